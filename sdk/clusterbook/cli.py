@@ -1,0 +1,160 @@
+"""The ``clusterbook`` command: ``demo`` and ``run``."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+from clusterbook.cluster import Cluster
+from clusterbook.errors import ClusterError, ConfigError
+from clusterbook.launch.job import Job
+from clusterbook.launch.logs import LAUNCHER_RANK
+from clusterbook.spec import NodeSpec, parse_host_slots
+
+__all__ = ["main"]
+
+EXIT_TIMEOUT = 124
+EXIT_INTERRUPTED = 130
+EXIT_USAGE = 2
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of the ``clusterbook`` command; returns the exit code."""
+    parser = _parser()
+    args = parser.parse_args(argv)
+    if not hasattr(args, "func"):
+        parser.print_help()
+        return EXIT_USAGE
+    try:
+        return int(args.func(args))
+    except ClusterError as exc:
+        print(f"clusterbook: error: {exc}", file=sys.stderr)
+        return EXIT_USAGE if isinstance(exc, ConfigError) else 1
+    except KeyboardInterrupt:
+        return EXIT_INTERRUPTED
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="clusterbook", description="Run MPI on a handful of machines."
+    )
+    sub = parser.add_subparsers(title="commands")
+
+    demo = sub.add_parser("demo", help="run an mpi4py allreduce on a local cluster")
+    demo.add_argument("--workers", type=int, default=2, help="nodes (default 2)")
+    demo.add_argument("--slots", type=int, default=2, help="slots per node (default 2)")
+    demo.add_argument("--mpi", choices=["openmpi", "mpich"], help="MPI flavour to use")
+    demo.set_defaults(func=_demo)
+
+    run = sub.add_parser(
+        "run",
+        help="run a command as an MPI job",
+        description="Run CMD as an MPI job of N ranks and exit with its exit code "
+        "(124 when it timed out, 130 when interrupted).",
+        usage="clusterbook run -n N [--hosts H:S,...] [options] -- CMD [ARG ...]",
+    )
+    run.add_argument("-n", "--np", type=int, required=True, metavar="N", help="number of ranks")
+    run.add_argument(
+        "--hosts",
+        metavar="H:S,...",
+        help="hosts and slots, like node1:4,node2:4, reached by the MPI launcher's own ssh "
+        "(default: this machine, one slot per core)",
+    )
+    run.add_argument("--timeout", type=float, metavar="S", help="stop the job after S seconds")
+    run.add_argument(
+        "--env",
+        action="append",
+        default=[],
+        metavar="NAME=VALUE",
+        help="set a variable for the ranks (repeatable)",
+    )
+    run.add_argument("--mpi", choices=["openmpi", "mpich"], help="MPI flavour to use")
+    run.add_argument("--launcher", metavar="PATH", help="mpirun/mpiexec to use")
+    run.add_argument("--oversubscribe", action="store_true", help="allow more ranks than slots")
+    run.add_argument("--run-dir", metavar="DIR", help="where the job's logs go")
+    run.add_argument("cmd", nargs=argparse.REMAINDER, metavar="CMD", help="program and arguments")
+    run.set_defaults(func=_run)
+    return parser
+
+
+def _run(args: argparse.Namespace) -> int:
+    cmd = list(args.cmd)
+    if cmd[:1] == ["--"]:
+        cmd = cmd[1:]
+    if not cmd:
+        raise ConfigError(
+            "No command given; write it after '--', like: clusterbook run -n 2 -- python train.py"
+        )
+    env = {}
+    for item in args.env:
+        name, sep, value = item.partition("=")
+        if not sep:
+            raise ConfigError(f"--env {item!r} has no '='; write it like --env SEED=1.")
+        env[name] = value
+    options = {"run_dir": args.run_dir, "mpi": args.mpi, "launcher": args.launcher}
+    if args.hosts:
+        nodes = [NodeSpec(h, h, s) for h, s in (parse_host_slots(e) for e in _split(args.hosts))]
+        cluster = Cluster(nodes, kind="hosts", **options)
+    else:
+        cluster = Cluster.local(workers=1, **options)
+    with cluster:
+        job = cluster.mpirun(
+            cmd, np=args.np, env=env, timeout=args.timeout, oversubscribe=args.oversubscribe
+        )
+        _print_live(job)
+        result = job.wait()
+    if result.timed_out:
+        print(f"clusterbook: {result.summary()}", file=sys.stderr)
+        return EXIT_TIMEOUT
+    if not result.ok:
+        print(f"clusterbook: {result.summary()}", file=sys.stderr)
+        codes = [f.exit_code for f in result.failed]
+        return codes[0] if codes else (result.returncode if result.returncode > 0 else 1)
+    return 0
+
+
+def _split(hosts: str) -> list[str]:
+    entries = [h.strip() for h in hosts.split(",")]
+    if any(not e for e in entries):
+        raise ConfigError(f"--hosts {hosts!r} has an empty entry; write it like node1:4,node2:4.")
+    return entries
+
+
+def _print_live(job: Job) -> None:
+    try:
+        for record in job.stream():
+            prefix = "[launcher]" if record.rank == LAUNCHER_RANK else f"[{record.rank}]"
+            out = sys.stdout if record.stream == "stdout" else sys.stderr
+            print(f"{prefix} {record.line}", file=out, flush=True)
+    except KeyboardInterrupt:
+        job.cancel()
+        raise
+
+
+def _demo(args: argparse.Namespace) -> int:
+    t0 = time.perf_counter()
+    cluster = Cluster.local(workers=args.workers, slots=args.slots, mpi=args.mpi)
+    with cluster:
+        cluster.wait_ready(timeout=60)
+        started = time.perf_counter()
+        print(f"{cluster!r}\n")
+        print(cluster.status().to_string(index=False), end="\n\n")
+        program = Path(__file__).with_name("_demo_rank.py")
+        job = cluster.mpirun(["python", str(program)], np=cluster.total_slots, timeout=120)
+        _print_live(job)
+        result = job.wait()
+        finished = time.perf_counter()
+    print()
+    print(result.summary())
+    print(
+        f"cluster start {started - t0:.3f} s, job {result.duration:.3f} s, "
+        f"total {finished - t0:.3f} s; logs in {job.directory}"
+    )
+    return 0 if result.ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

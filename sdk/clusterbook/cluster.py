@@ -1,0 +1,426 @@
+"""The :class:`Cluster` facade: nodes from a provider, a run directory, MPI jobs on the nodes."""
+
+from __future__ import annotations
+
+import atexit
+import os
+import secrets
+import shutil
+import socket
+import sys
+import threading
+import time
+import weakref
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from clusterbook.errors import ClusterStateError, ConfigError, ProgramNotFoundError
+from clusterbook.launch.command import LaunchPlan, build_command, placement
+from clusterbook.launch.flavour import Launcher, MPIFlavour, find_launcher
+from clusterbook.launch.job import Job
+from clusterbook.launch.logs import LogStore
+from clusterbook.providers.local import local_nodes
+from clusterbook.spec import NodeSpec, validate_env, validate_np, validate_timeout
+from clusterbook.status import ClusterSnapshot, JobStatus, NodeStatus, nodes_frame
+
+if TYPE_CHECKING:
+    import pandas as pd
+
+__all__ = ["Cluster", "default_run_root"]
+
+_LOCAL_HOSTS = {"localhost", "127.0.0.1"}
+_PYTHON_NAMES = {"python", "python3"}
+_LIVE: weakref.WeakSet[Cluster] = weakref.WeakSet()
+
+
+def default_run_root() -> Path:
+    """Where run directories go: ``$CLUSTERBOOK_RUN_ROOT``, else ``~/.local/state/clusterbook``."""
+    if root := os.environ.get("CLUSTERBOOK_RUN_ROOT"):
+        return Path(root)
+    state = os.environ.get("XDG_STATE_HOME") or str(Path.home() / ".local" / "state")
+    return Path(state) / "clusterbook" / "runs"
+
+
+class Cluster:
+    """A set of nodes to run MPI jobs on.
+
+    Make one with :meth:`local`; use it as a context manager (``start()`` on enter,
+    ``stop()`` on exit, also on error). Every job's per-rank logs go to files under
+    :attr:`run_dir` as they arrive, and stay there after the cluster stops.
+    """
+
+    def __init__(
+        self,
+        nodes: Sequence[NodeSpec],
+        *,
+        kind: str,
+        name: str | None = None,
+        run_dir: str | os.PathLike[str] | None = None,
+        python: str | None = None,
+        launcher: str | None = None,
+        mpi: MPIFlavour | str | None = None,
+        env: Mapping[str, str] | None = None,
+    ) -> None:
+        if not nodes:
+            raise ConfigError("A cluster needs at least one node.")
+        self.nodes: tuple[NodeSpec, ...] = tuple(nodes)
+        self.kind = kind
+        self.name = name or f"{kind}-{secrets.token_hex(3)}"
+        self.python = python or sys.executable
+        self._launcher_path = launcher
+        self._mpi = mpi
+        self._env = validate_env(env)
+        self._run_dir = Path(run_dir) if run_dir is not None else None
+        self._state = "created"
+        self._started: float | None = None
+        self._launcher: Launcher | None = None
+        self._jobs: list[Job] = []
+        self._lock = threading.RLock()
+
+    @classmethod
+    def local(
+        cls,
+        workers: int = 1,
+        slots: int | None = None,
+        *,
+        name: str | None = None,
+        run_dir: str | os.PathLike[str] | None = None,
+        python: str | None = None,
+        launcher: str | None = None,
+        mpi: MPIFlavour | str | None = None,
+        env: Mapping[str, str] | None = None,
+    ) -> Cluster:
+        """A cluster of ``workers`` nodes on this machine, ``slots`` ranks each.
+
+        Parameters
+        ----------
+        workers
+            Number of nodes.
+        slots
+            Ranks per node before a job counts as oversubscribed (default: number of cores).
+        name
+            Name shown in status and used for the run directory.
+        run_dir
+            Directory for job logs (default: a new one under :func:`default_run_root`).
+        python
+            Interpreter that ``"python"`` in a job's argv stands for (default: this one).
+        launcher, mpi
+            Path of mpirun/mpiexec, or the MPI flavour (``"openmpi"``, ``"mpich"``) to look
+            for; by default the launcher next to ``python`` is used, then the one on PATH.
+        env
+            Variables every job's ranks get (a job's own ``env`` adds to them).
+        """
+        return cls(
+            local_nodes(workers, slots),
+            kind="local",
+            name=name,
+            run_dir=run_dir,
+            python=python,
+            launcher=launcher,
+            mpi=mpi,
+            env=env,
+        )
+
+    # -- lifecycle ------------------------------------------------------------------------
+
+    @property
+    def state(self) -> str:
+        """created, running or stopped."""
+        return self._state
+
+    @property
+    def run_dir(self) -> Path:
+        """Directory of this cluster's job logs (created by ``start()``)."""
+        if self._run_dir is None:
+            stamp = time.strftime("%Y%m%d-%H%M%S")
+            self._run_dir = default_run_root() / f"{self.name}-{stamp}"
+        return self._run_dir
+
+    @property
+    def launcher(self) -> Launcher:
+        """The MPI launcher jobs use (found at ``start()``)."""
+        if self._launcher is None:
+            self._launcher = find_launcher(self.python, self._launcher_path, self._mpi)
+        return self._launcher
+
+    def start(self) -> Cluster:
+        """Find the MPI launcher and prepare the run directory. Returns the cluster."""
+        with self._lock:
+            if self._state == "running":
+                return self
+            if self._state == "stopped":
+                raise ClusterStateError(
+                    f"Cluster {self.name!r} was stopped; make a new cluster to run again."
+                )
+            _ = self.launcher
+            self.run_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+            (self.run_dir / "jobs").mkdir(exist_ok=True)
+            self._started = time.monotonic()
+            self._state = "running"
+            _LIVE.add(self)
+        return self
+
+    def stop(self) -> None:
+        """Stop every job and release the nodes. Safe to call more than once."""
+        with self._lock:
+            if self._state != "running":
+                self._state = "stopped"
+                return
+            self._state = "stopping"
+            jobs = list(self._jobs)
+        for job in jobs:
+            if not job.done:
+                job.cancel()
+        with self._lock:
+            self._state = "stopped"
+            _LIVE.discard(self)
+
+    def __enter__(self) -> Cluster:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    def wait_ready(self, timeout: float = 60) -> None:
+        """Return when every node is ready to run ranks; raise if that takes over ``timeout``.
+
+        Nodes of a local cluster are ready as soon as the cluster has started.
+        """
+        validate_timeout(timeout)
+        self._require_running("wait_ready")
+
+    # -- jobs -----------------------------------------------------------------------------
+
+    @property
+    def total_slots(self) -> int:
+        return sum(n.slots for n in self.nodes)
+
+    @property
+    def jobs(self) -> list[Job]:
+        """Every job started on this cluster, oldest first."""
+        with self._lock:
+            return list(self._jobs)
+
+    def mpirun(
+        self,
+        argv: Sequence[str],
+        np: int | None = None,
+        *,
+        env: Mapping[str, str] | None = None,
+        cwd: str | os.PathLike[str] | None = None,
+        timeout: float | None = None,
+        oversubscribe: bool = False,
+        launcher_args: Sequence[str] = (),
+    ) -> Job:
+        """Start ``argv`` as an MPI program of ``np`` ranks on the cluster's nodes.
+
+        Parameters
+        ----------
+        argv
+            The program and its arguments, as a list; ``"python"`` stands for the cluster's
+            interpreter.
+        np
+            Number of ranks (default: all slots).
+        env
+            Variables for the ranks, passed byte for byte.
+        cwd
+            Working directory of the ranks (default: the current one).
+        timeout
+            Seconds after which the job is stopped; Python ranks first dump their stacks.
+        oversubscribe
+            Allow more ranks than slots.
+        launcher_args
+            Extra arguments for mpirun/mpiexec, placed before the program.
+
+        Returns
+        -------
+        Job
+            The running job; ``job.wait()`` returns its :class:`JobResult`.
+        """
+        self._require_running("mpirun")
+        program = _check_argv(argv)
+        nodes = self.nodes
+        np = validate_np(
+            self.total_slots if np is None else np, self.total_slots, oversubscribe=oversubscribe
+        )
+        job_env = {**self._env, **validate_env(env)}
+        limit = validate_timeout(timeout)
+        workdir = _check_cwd(cwd)
+        base_env = dict(os.environ)
+        program = self._resolve_program(program, {**base_env, **job_env}, workdir)
+        with self._lock:
+            job_id = f"job-{len(self._jobs) + 1:04d}"
+        directory = self.run_dir / "jobs" / job_id
+        directory.mkdir(parents=True, mode=0o700)
+        plan = LaunchPlan(
+            launcher=self.launcher,
+            nodes=nodes,
+            np=np,
+            argv=tuple(program),
+            env=job_env,
+            hostfile=str(directory / "hostfile"),
+            output_dir=str(directory / "raw"),
+            as_root=hasattr(os, "geteuid") and os.geteuid() == 0,
+            oversubscribe=oversubscribe,
+            remote=any(n.host not in _LOCAL_HOSTS for n in nodes),
+            inherited_env=base_env,
+            launcher_args=tuple(launcher_args),
+        )
+        where = placement(nodes, np)
+        here = socket.gethostname()
+        hosts = {
+            r: here if nodes[i].host in _LOCAL_HOSTS else nodes[i].host for r, i in enumerate(where)
+        }
+        store = LogStore(directory, hosts, launcher_host=here)
+        job = Job(
+            job_id,
+            plan,
+            build_command(plan),
+            directory,
+            store,
+            base_env=base_env,
+            cwd=workdir,
+            timeout=limit,
+        )
+        with self._lock:
+            self._jobs.append(job)
+        return job
+
+    def _resolve_program(self, argv: list[str], env: dict[str, str], cwd: str) -> list[str]:
+        first = argv[0]
+        if first in _PYTHON_NAMES:
+            argv = [self.python, *argv[1:]]
+        elif os.sep not in first and any(n.host not in _LOCAL_HOSTS for n in self.nodes):
+            return argv  # looked up on each node by the launcher
+        else:
+            found = shutil.which(first, path=env.get("PATH"))
+            if found is None:
+                raise ProgramNotFoundError(
+                    f"Program {first!r} was not found"
+                    + (" on PATH" if os.sep not in first else "")
+                    + "; check the name, pass its full path, or install it."
+                )
+            argv = [found if os.sep not in first else first, *argv[1:]]
+        if _is_python(argv[0], self.python) and len(argv) > 1:
+            script = argv[1]
+            if not script.startswith("-") and not Path(cwd, script).is_file():
+                raise ProgramNotFoundError(
+                    f"Python script {script!r} does not exist in {cwd}; check the name or pass "
+                    "cwd= to run it from another directory."
+                )
+        return argv
+
+    # -- status ---------------------------------------------------------------------------
+
+    def snapshot(self) -> ClusterSnapshot:
+        """An immutable view of the cluster now (what widgets and ``status()`` render)."""
+        with self._lock:
+            jobs = list(self._jobs)
+            state = self._state
+        busy: dict[int, tuple[str, list[int]]] = {}
+        for job in jobs:
+            if job.done:
+                continue
+            for rank, i in enumerate(placement(self.nodes, job.np)):
+                busy.setdefault(i, (job.id, []))[1].append(rank)
+        node_state = {"created": "pending", "running": "ready"}.get(state, "left")
+        nodes = tuple(
+            NodeStatus(
+                name=n.name,
+                host=n.host,
+                slots=n.slots,
+                state="running" if i in busy else node_state,
+                ranks=tuple(busy[i][1]) if i in busy else (),
+                job=busy[i][0] if i in busy else None,
+            )
+            for i, n in enumerate(self.nodes)
+        )
+        return ClusterSnapshot(
+            name=self.name,
+            kind=self.kind,
+            state=state,
+            nodes=nodes,
+            jobs=tuple(_job_status(j) for j in jobs),
+            launcher=self._launcher.path if self._launcher else None,
+            run_dir=str(self.run_dir),
+            uptime=None if self._started is None else time.monotonic() - self._started,
+        )
+
+    def status(self) -> pd.DataFrame:
+        """One row per node: node, host, slots, state, ranks, job."""
+        return nodes_frame(self.snapshot())
+
+    def __repr__(self) -> str:
+        launcher = ""
+        if self._launcher is not None:
+            launcher = f" {self._launcher.flavour.value} {self._launcher.version}"
+        return (
+            f"<Cluster {self.name!r} {self.kind} {self._state}: {len(self.nodes)} nodes, "
+            f"{self.total_slots} slots{launcher}>"
+        )
+
+    def _require_running(self, what: str) -> None:
+        if self._state == "created":
+            raise ClusterStateError(
+                f"Cluster {self.name!r} is not started; call cluster.start() or use "
+                f"'with cluster:' before {what}()."
+            )
+        if self._state != "running":
+            raise ClusterStateError(
+                f"Cluster {self.name!r} is {self._state}; make a new cluster to {what}()."
+            )
+
+
+def _job_status(job: Job) -> JobStatus:
+    r = job.result
+    if r is None:
+        state = "running"
+    elif r.ok:
+        state = "succeeded"
+    elif r.timed_out:
+        state = "timed out"
+    elif r.cancelled:
+        state = "cancelled"
+    else:
+        state = "failed"
+    return JobStatus(
+        id=job.id,
+        np=job.np,
+        argv=tuple(job.argv),
+        state=state,
+        returncode=None if r is None else r.returncode,
+        duration=None if r is None else r.duration,
+        failed_ranks=() if r is None else tuple(r.failed_ranks),
+    )
+
+
+def _check_argv(argv: object) -> list[str]:
+    if isinstance(argv, str):
+        raise ConfigError(
+            f"argv must be a list of words, not the string {argv!r}; write it like "
+            f"{argv.split()!r} (shlex.split() splits a command line the way a shell does)."
+        )
+    if not isinstance(argv, Sequence) or not argv:
+        raise ConfigError(f"argv must be a non-empty list of strings, got {argv!r}.")
+    bad = [a for a in argv if not isinstance(a, str) or "\0" in a]
+    if bad:
+        raise ConfigError(f"Every word of argv must be a string without NUL; {bad[0]!r} is not.")
+    return list(argv)
+
+
+def _check_cwd(cwd: str | os.PathLike[str] | None) -> str:
+    path = Path.cwd() if cwd is None else Path(cwd).expanduser()
+    if not path.is_dir():
+        raise ConfigError(f"cwd {str(path)!r} is not a directory; pass an existing directory.")
+    return str(path.resolve())
+
+
+def _is_python(path: str, python: str) -> bool:
+    return path == python or Path(path).name.startswith("python")
+
+
+@atexit.register
+def _stop_all() -> None:
+    for cluster in list(_LIVE):
+        cluster.stop()

@@ -1,0 +1,1 @@
+"""Launching MPI jobs: launcher discovery, argv builders, running jobs and collecting logs."""

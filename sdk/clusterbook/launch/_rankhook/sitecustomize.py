@@ -1,0 +1,80 @@
+"""Loaded by every Python rank of a clusterbook job (its directory is put first on PYTHONPATH).
+
+It makes a Python rank behave well under MPI, whatever program it runs:
+
+- SIGUSR1 dumps every thread's stack to stderr (mpirun forwards SIGUSR1 to the ranks), so a
+  job that times out shows where each rank was stuck.
+- An uncaught exception, or ``sys.exit`` with a non-zero code, aborts the whole MPI job (as
+  ``python -m mpi4py`` does), so no other rank is left hanging in a collective.
+- A marker line on stderr tells the head which rank failed and how, even when the launcher
+  then kills every process before their wrappers can report.
+
+Then any other ``sitecustomize`` module on the path is run, as if this one were not there.
+"""
+
+import os
+import sys
+
+_MARK = "\x1eCB"
+
+
+def _install() -> None:
+    import faulthandler
+    import signal
+
+    os.environ.pop("CLUSTERBOOK_RANK_HOOK", None)
+    faulthandler.register(signal.SIGUSR1, all_threads=True)
+    # The rank wrapper starts the program as a background job of sh, which ignores SIGINT.
+    if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+
+    def abort(code: int) -> None:
+        mpi = sys.modules.get("mpi4py.MPI")
+        if mpi is None or not mpi.Is_initialized() or mpi.Is_finalized():
+            return
+        for stream in (sys.stdout, sys.stderr):
+            try:  # noqa: SIM105 - contextlib costs an import in every rank
+                stream.flush()
+            except Exception:  # noqa: S110 - a closed stream must not stop the abort
+                pass
+        os.write(2, f"{_MARK} exit {code}\n".encode())
+        mpi.COMM_WORLD.Abort(code)
+
+    previous_hook = sys.excepthook
+
+    def excepthook(kind, value, tb):  # type: ignore[no-untyped-def]
+        previous_hook(kind, value, tb)
+        abort(1)
+
+    real_exit = sys.exit
+
+    def exit(code=None):  # type: ignore[no-untyped-def]
+        if code not in (None, 0):
+            if not isinstance(code, int):
+                print(code, file=sys.stderr)
+                abort(1)
+            else:
+                abort(code)
+        real_exit(code)
+
+    sys.excepthook = excepthook
+    sys.exit = exit
+
+
+def _chain() -> None:
+    import importlib.machinery
+    import importlib.util
+
+    here = os.path.dirname(os.path.abspath(__file__))
+    rest = [p for p in sys.path if os.path.abspath(p or os.curdir) != here]
+    spec = importlib.machinery.PathFinder.find_spec("sitecustomize", rest)
+    if spec is None or spec.loader is None:
+        return
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["sitecustomize"] = module
+    spec.loader.exec_module(module)
+
+
+if os.environ.get("CLUSTERBOOK_RANK_HOOK") == "1":
+    _install()
+_chain()

@@ -1,0 +1,291 @@
+"""A running MPI job: the launcher process, its output readers, its timeout and its end."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import subprocess
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from clusterbook.errors import JobTimeoutError
+from clusterbook.launch import proc as procs
+from clusterbook.launch.command import LaunchCommand, LaunchPlan
+from clusterbook.launch.flavour import MPIFlavour
+from clusterbook.launch.logs import LAUNCHER_RANK, LogRecord, LogStore, records_frame
+from clusterbook.launch.parse import LineSplitter, OmpiTagParser
+from clusterbook.launch.result import JobResult, RankFailure, failed_ranks
+from clusterbook.spec import validate_timeout
+
+if TYPE_CHECKING:
+    import pandas as pd
+
+__all__ = ["Job"]
+
+_READ = 65536
+
+
+class Job:
+    """An MPI job started by ``cluster.mpirun``.
+
+    Output of every rank is parsed into records as it arrives, appended to ``rank-N.log`` in
+    :attr:`directory`, kept in a bounded buffer (:meth:`logs`) and streamed (:meth:`stream`).
+    """
+
+    def __init__(
+        self,
+        job_id: str,
+        plan: LaunchPlan,
+        command: LaunchCommand,
+        directory: Path,
+        store: LogStore,
+        *,
+        base_env: dict[str, str],
+        cwd: str | None,
+        timeout: float | None,
+        grace: float = 3.0,
+        stack_grace: float = 1.0,
+        failure_grace: float = 2.0,
+    ) -> None:
+        self.id = job_id
+        self.plan = plan
+        self.directory = directory
+        self.np = plan.np
+        self.argv = list(plan.argv)
+        self.timeout = timeout
+        self._store = store
+        self._grace = grace
+        self._stack_grace = stack_grace
+        self._failure_grace = failure_grace
+        self._lock = threading.Lock()
+        self._stop_reason: str | None = None  # "timeout" | "cancel" | "failure"
+        self._stopped_at_exit_count: int | None = None
+        self._done = threading.Event()
+        self._result: JobResult | None = None
+        self._listeners: list[object] = []
+
+        (directory / "hostfile").write_text(command.hostfile_text)
+        (directory / "job.json").write_text(
+            json.dumps(
+                {
+                    "id": job_id,
+                    "argv": self.argv,
+                    "np": plan.np,
+                    "launcher": plan.launcher.path,
+                    "flavour": plan.launcher.flavour.value,
+                    "launcher_argv": command.argv,
+                    "started": time.time(),
+                },
+                indent=2,
+            )
+        )
+        if plan.launcher.flavour is MPIFlavour.MPICH:
+            Path(plan.output_dir).mkdir(parents=True, exist_ok=True)
+        store.on_exit(self._on_rank_exit)
+        self.started = time.time()
+        self._t0 = time.monotonic()
+        self._proc = procs.spawn(command.argv, env={**base_env, **command.env}, cwd=cwd)
+        self._readers = self._start_readers()
+        self._timer: threading.Timer | None = None
+        if timeout is not None:
+            self._timer = threading.Timer(timeout, self._stop, args=("timeout",))
+            self._timer.daemon = True
+            self._timer.start()
+        threading.Thread(target=self._supervise, name=f"clusterbook-{job_id}", daemon=True).start()
+
+    # -- public API -----------------------------------------------------------------------
+
+    @property
+    def pid(self) -> int:
+        """Process id of the launcher (mpirun / mpiexec)."""
+        return self._proc.pid
+
+    @property
+    def done(self) -> bool:
+        return self._done.is_set()
+
+    @property
+    def result(self) -> JobResult | None:
+        """The result once the job has ended, else None."""
+        return self._result
+
+    def wait(self, timeout: float | None = None) -> JobResult:
+        """Wait for the job to end and return its :class:`JobResult`.
+
+        ``timeout`` bounds this wait only: when it passes, :class:`JobTimeoutError` is raised
+        and the job goes on (use the job's own ``timeout=`` to stop it). An interrupt
+        (Ctrl-C, a notebook's stop button) cancels the job before it propagates.
+        """
+        limit = validate_timeout(timeout)
+        try:
+            if not self._done.wait(limit):
+                raise JobTimeoutError(
+                    f"Job {self.id} is still running after waiting {limit:g} s; wait longer, "
+                    "or call job.cancel() to stop it.",
+                    timeout=limit or 0.0,
+                )
+        except KeyboardInterrupt:
+            self.cancel()
+            raise
+        assert self._result is not None
+        return self._result
+
+    def cancel(self) -> JobResult:
+        """Stop every process of the job (SIGTERM, then SIGKILL after a grace period)."""
+        self._stop("cancel")
+        self._done.wait()
+        assert self._result is not None
+        return self._result
+
+    def logs(self, rank: int | None = None) -> pd.DataFrame:
+        """Output so far as a DataFrame (time, rank, host, stream, line); launcher lines have
+        rank -1. Older lines than the buffer holds are in the job directory's files."""
+        records = self._store.records()
+        if rank is not None:
+            records = [r for r in records if r.rank == rank]
+        return records_frame(records)
+
+    def stream(self, *, from_start: bool = True) -> Iterator[LogRecord]:
+        """Yield output records live, until the job has ended and all output is read."""
+        return self._store.stream(from_start=from_start)
+
+    def __repr__(self) -> str:
+        state = (
+            "running" if not self.done else ("ok" if self._result and self._result.ok else "failed")
+        )
+        return f"<Job {self.id} np={self.np} {state} argv={self.argv!r}>"
+
+    # -- internals ------------------------------------------------------------------------
+
+    def _start_readers(self) -> list[threading.Thread]:
+        assert self._proc.stdout is not None
+        assert self._proc.stderr is not None
+        if self.plan.launcher.flavour is MPIFlavour.OPENMPI:
+            targets = [
+                (self._read_tagged, self._proc.stdout),
+                (self._read_tagged, self._proc.stderr),
+            ]
+        else:
+            targets = [
+                (self._read_launcher, self._proc.stdout),
+                (self._read_launcher, self._proc.stderr),
+                (self._tail_files, None),
+            ]
+        threads = []
+        for target, pipe in targets:
+            t = threading.Thread(
+                target=target, args=(pipe,), daemon=True, name=f"clusterbook-{self.id}-io"
+            )
+            t.start()
+            threads.append(t)
+        return threads
+
+    def _read_tagged(self, pipe: object) -> None:
+        parser = OmpiTagParser()
+        fd = pipe.fileno()  # type: ignore[attr-defined]
+        while chunk := os.read(fd, _READ):
+            for line in parser.feed(chunk):
+                self._store.add(line.rank, line.stream, line.text)
+        for line in parser.flush():
+            self._store.add(line.rank, line.stream, line.text)
+
+    def _read_launcher(self, pipe: object) -> None:
+        splitter = LineSplitter()
+        fd = pipe.fileno()  # type: ignore[attr-defined]
+        stream = "stdout" if pipe is self._proc.stdout else "stderr"
+        while chunk := os.read(fd, _READ):
+            for text in splitter.feed(chunk):
+                self._store.add(None, stream, text)
+        for text in splitter.flush():
+            self._store.add(None, stream, text)
+
+    def _tail_files(self, _: object) -> None:
+        # MPICH writes each rank's streams to their own file; follow them until the launcher
+        # has exited, then read what is left.
+        out = Path(self.plan.output_dir)
+        tails: dict[str, tuple[object, LineSplitter, int, str]] = {}
+        while True:
+            finished = self._proc.poll() is not None
+            for path in out.iterdir():
+                name = path.name
+                if name not in tails:
+                    rank_text, _, kind = name.removeprefix("rank-").partition(".")
+                    if not rank_text.isdigit() or kind not in ("stdout", "stderr"):
+                        continue
+                    tails[name] = (open(path, "rb"), LineSplitter(), int(rank_text), kind)  # noqa: SIM115
+                f, splitter, rank, kind = tails[name]
+                while chunk := f.read(_READ):  # type: ignore[attr-defined]
+                    for text in splitter.feed(chunk):
+                        self._store.add(rank, kind, text)
+            if finished:
+                break
+            time.sleep(0.02)
+        for f, splitter, rank, kind in tails.values():
+            for text in splitter.flush():
+                self._store.add(rank, kind, text)
+            f.close()  # type: ignore[attr-defined]
+
+    def _on_rank_exit(self, rank: int, code: int) -> None:
+        if code != 0 and self._failure_grace is not None:
+            # Launchers end the job when a rank fails; make sure of it even when one doesn't
+            # (a rank stuck in MPI_Finalize, say).
+            t = threading.Timer(self._failure_grace, self._stop, args=("failure",))
+            t.daemon = True
+            t.start()
+
+    def _stop(self, reason: str) -> None:
+        with self._lock:
+            if self._stop_reason is not None or self._proc.poll() is not None:
+                return
+            self._stop_reason = reason
+            self._stopped_at_exit_count = len(self._store.exit_order)
+        if reason == "timeout":
+            # Python ranks dump every thread's stack on SIGUSR1 (the rank hook); the launcher
+            # forwards the signal to them.
+            with contextlib.suppress(ProcessLookupError):
+                self._proc.send_signal(signal.SIGUSR1)
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                self._proc.wait(timeout=self._stack_grace)
+        procs.kill_tree(self._proc, self._grace)
+
+    def _supervise(self) -> None:
+        returncode = self._proc.wait()
+        for t in self._readers:
+            # A process that outlived the launcher may still hold its pipes open; its output
+            # is not waited for forever.
+            t.join(timeout=5.0)
+        if self._timer is not None:
+            self._timer.cancel()
+        duration = time.monotonic() - self._t0
+        self._store.close()
+        self._result = self._make_result(returncode, duration)
+        with contextlib.suppress(OSError):
+            (self.directory / "result.json").write_text(
+                json.dumps(self._result.to_dict(), indent=2)
+            )
+        self._done.set()
+
+    def _make_result(self, returncode: int, duration: float) -> JobResult:
+        store = self._store
+        order = list(store.exit_order)
+        cut = self._stopped_at_exit_count
+        stopped = set(order[cut:]) if cut is not None and self._stop_reason != "failure" else set()
+        failed = failed_ranks(order, store.exit_codes, stopped_by_us=stopped)
+        return JobResult(
+            job_id=self.id,
+            returncode=returncode,
+            rank_exit_codes={r: store.exit_codes.get(r) for r in range(self.np)},
+            failed=tuple(
+                RankFailure(r, store.hosts.get(r, "?"), store.exit_codes[r], tuple(store.tail(r)))
+                for r in failed
+            ),
+            duration=duration,
+            timed_out=self._stop_reason == "timeout",
+            cancelled=self._stop_reason == "cancel",
+            launcher_tail=tuple(store.tail(LAUNCHER_RANK)),
+        )

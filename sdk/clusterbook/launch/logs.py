@@ -1,0 +1,202 @@
+"""Per-rank log records: written to files as they arrive, kept in a bounded buffer, streamed.
+
+On disk, a job directory holds ``rank-N.log`` per rank and ``launcher.log`` for the launcher's
+own output, one line per record: ``ISO-TIME out|err TEXT``. Files are flushed record by record,
+so a dead kernel or a killed rank leaves every line that arrived readable.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import deque
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import IO, TYPE_CHECKING
+
+from clusterbook.launch.rankwrap import parse_marker
+
+if TYPE_CHECKING:
+    import pandas as pd
+
+__all__ = ["LAUNCHER_RANK", "LogRecord", "LogStore", "read_log_file", "records_frame"]
+
+#: Rank number of lines the launcher itself wrote (not any rank).
+LAUNCHER_RANK = -1
+COLUMNS = ("time", "rank", "host", "stream", "line")
+_SHORT = {"stdout": "out", "stderr": "err"}
+_LONG = {v: k for k, v in _SHORT.items()}
+
+
+@dataclass(frozen=True, slots=True)
+class LogRecord:
+    """One line a rank wrote: when it arrived (epoch seconds), rank, host, stream, text."""
+
+    time: float
+    rank: int
+    host: str
+    stream: str
+    line: str
+
+
+class LogStore:
+    """Where a job's output goes: files, a bounded in-memory buffer, and live readers.
+
+    Also keeps what the rank wrapper reports (host, pid, exit code per rank) and the last lines
+    of every rank, so a failure report has them even when the buffer has moved on.
+    """
+
+    def __init__(
+        self,
+        directory: Path,
+        hosts: dict[int, str],
+        *,
+        launcher_host: str,
+        max_records: int = 100_000,
+        tail_lines: int = 40,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.directory = directory
+        self.hosts = dict(hosts)
+        self.pids: dict[int, int] = {}
+        self.exit_codes: dict[int, int] = {}
+        self.exit_order: list[int] = []
+        self._launcher_host = launcher_host
+        self._clock = clock
+        self._records: deque[LogRecord] = deque(maxlen=max_records)
+        self._seq = 0  # number of records ever added
+        self._tails: dict[int, deque[str]] = {}
+        self._tail_lines = tail_lines
+        self._files: dict[int, IO[str]] = {}
+        self._cond = threading.Condition()
+        self._closed = False
+        self._exit_listeners: list[Callable[[int, int], None]] = []
+
+    # -- writing ---------------------------------------------------------------------------
+
+    def on_exit(self, callback: Callable[[int, int], None]) -> None:
+        """Call ``callback(rank, code)`` when a rank reports its exit."""
+        self._exit_listeners.append(callback)
+
+    def add(self, rank: int | None, stream: str | None, text: str) -> None:
+        """Record a line of ``rank`` (None: the launcher) on ``stream``."""
+        rank = LAUNCHER_RANK if rank is None else rank
+        stream = stream or "stderr"
+        exited: int | None = None
+        if stream == "stderr" and rank != LAUNCHER_RANK:
+            text, marker = parse_marker(text)
+            if marker is not None:
+                if marker.kind == "start":
+                    self.hosts[rank] = marker.host or self.hosts.get(rank, "?")
+                    if marker.pid is not None:
+                        self.pids[rank] = marker.pid
+                elif rank not in self.exit_codes and marker.code is not None:
+                    self.exit_codes[rank] = exited = marker.code
+                    self.exit_order.append(rank)
+                if not text:
+                    if exited is not None:
+                        self._notify_exit(rank, exited)
+                    return
+        host = self._launcher_host if rank == LAUNCHER_RANK else self.hosts.get(rank, "?")
+        record = LogRecord(self._clock(), rank, host, stream, text)
+        with self._cond:
+            if self._closed:
+                return
+            self._write(record)
+            self._records.append(record)
+            self._seq += 1
+            self._tails.setdefault(rank, deque(maxlen=self._tail_lines)).append(text)
+            self._cond.notify_all()
+        if exited is not None:
+            self._notify_exit(rank, exited)
+
+    def _notify_exit(self, rank: int, code: int) -> None:
+        for callback in self._exit_listeners:
+            callback(rank, code)
+
+    def _write(self, record: LogRecord) -> None:
+        f = self._files.get(record.rank)
+        if f is None:
+            name = "launcher.log" if record.rank == LAUNCHER_RANK else f"rank-{record.rank}.log"
+            f = self._files[record.rank] = open(  # noqa: SIM115 - closed in close()
+                self.directory / name, "a", encoding="utf-8", errors="replace", buffering=1
+            )
+        stamp = datetime.fromtimestamp(record.time, timezone.utc).isoformat(timespec="microseconds")
+        f.write(f"{stamp} {_SHORT[record.stream]} {record.line}\n")
+
+    def close(self) -> None:
+        """Stop accepting records, close the files and wake every live reader."""
+        with self._cond:
+            self._closed = True
+            for f in self._files.values():
+                f.close()
+            self._files.clear()
+            self._cond.notify_all()
+
+    # -- reading ---------------------------------------------------------------------------
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    def records(self) -> list[LogRecord]:
+        """The records still in the buffer, oldest first."""
+        with self._cond:
+            return list(self._records)
+
+    def tail(self, rank: int) -> list[str]:
+        """The last lines ``rank`` wrote (stdout and stderr)."""
+        with self._cond:
+            return list(self._tails.get(rank, ()))
+
+    def stream(self, *, from_start: bool = True, poll: float | None = None) -> Iterator[LogRecord]:
+        """Yield records as they arrive until the store is closed.
+
+        Records that fall out of the bounded buffer before a slow reader gets to them are
+        skipped here (they are in the files). ``poll`` bounds each wait, for callers that
+        need to check something else between records.
+        """
+        with self._cond:
+            cursor = self._seq - (len(self._records) if from_start else 0)
+        while True:
+            with self._cond:
+                while cursor >= self._seq and not self._closed:
+                    if not self._cond.wait(poll):
+                        break
+                first = self._seq - len(self._records)
+                cursor = max(cursor, first)
+                batch = [self._records[i - first] for i in range(cursor, self._seq)]
+                cursor = self._seq
+                done = self._closed
+            yield from batch
+            if done and not batch:
+                return
+
+    def wait_closed(self, timeout: float | None) -> bool:
+        with self._cond:
+            return self._cond.wait_for(lambda: self._closed, timeout)
+
+
+def records_frame(records: Iterable[LogRecord]) -> pd.DataFrame:
+    """A DataFrame of records with columns time (UTC), rank, host, stream, line."""
+    import pandas as pd
+
+    rows = [(r.time, r.rank, r.host, r.stream, r.line) for r in records]
+    frame = pd.DataFrame(rows, columns=list(COLUMNS))
+    frame["time"] = pd.to_datetime(frame["time"], unit="s", utc=True)
+    frame["rank"] = frame["rank"].astype("int64")
+    return frame
+
+
+def read_log_file(path: Path, rank: int, host: str = "?") -> list[LogRecord]:
+    """Read a ``rank-N.log`` file back into records (to page in lines the buffer dropped)."""
+    out: list[LogRecord] = []
+    with open(path, encoding="utf-8", errors="replace") as f:
+        for raw in f:
+            stamp, _, rest = raw.rstrip("\n").partition(" ")
+            short, _, line = rest.partition(" ")
+            when = datetime.fromisoformat(stamp).timestamp()
+            out.append(LogRecord(when, rank, host, _LONG.get(short, "stdout"), line))
+    return out

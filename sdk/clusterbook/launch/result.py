@@ -1,0 +1,129 @@
+"""What a finished job leaves: :class:`JobResult` and the decision of which ranks failed."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass, field
+
+from clusterbook.errors import JobFailedError
+
+__all__ = ["JobResult", "RankFailure", "excerpt", "failed_ranks"]
+
+# Exit codes of a rank killed by SIGTERM or SIGKILL (as the rank wrapper reports them):
+# after another rank failed, that is the launcher tearing the job down, not a failure.
+_KILLED = {128 + 15, 128 + 9}
+
+
+@dataclass(frozen=True, slots=True)
+class RankFailure:
+    """A rank that failed on its own: its exit code, host and last lines of output."""
+
+    rank: int
+    host: str
+    exit_code: int
+    last_lines: tuple[str, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class JobResult:
+    """How a job ended.
+
+    Attributes
+    ----------
+    returncode
+        The launcher's exit code (negative: killed by that signal).
+    rank_exit_codes
+        Exit code of each rank; None where the rank was killed before it could report.
+    failed
+        Ranks that failed on their own, first failure first (not the ranks the launcher then
+        killed), each with host and last lines.
+    duration
+        Seconds from start to end.
+    timed_out, cancelled
+        Whether the job was stopped by its ``timeout`` or by ``cancel()``.
+    launcher_tail
+        Last lines the launcher itself wrote (its own error messages).
+    """
+
+    job_id: str
+    returncode: int
+    rank_exit_codes: Mapping[int, int | None]
+    failed: tuple[RankFailure, ...]
+    duration: float
+    timed_out: bool = False
+    cancelled: bool = False
+    launcher_tail: tuple[str, ...] = field(default=())
+
+    @property
+    def ok(self) -> bool:
+        """True when the job ran to the end and every rank exited 0."""
+        return self.returncode == 0 and not (self.timed_out or self.cancelled or self.failed)
+
+    @property
+    def failed_ranks(self) -> list[int]:
+        return [f.rank for f in self.failed]
+
+    def summary(self) -> str:
+        """One paragraph saying how the job ended."""
+        if self.ok:
+            return (
+                f"Job {self.job_id} succeeded: {len(self.rank_exit_codes)} ranks in "
+                f"{self.duration:.2f} s."
+            )
+        if self.timed_out:
+            head = f"Job {self.job_id} timed out after {self.duration:.1f} s and was stopped"
+        elif self.cancelled:
+            head = f"Job {self.job_id} was cancelled after {self.duration:.1f} s"
+        else:
+            head = f"Job {self.job_id} failed (launcher exit code {self.returncode})"
+        parts = [head + "."]
+        for f in self.failed:
+            parts.append(f"Rank {f.rank} on {f.host} exited with code {f.exit_code}:")
+            parts.extend(f"    {line}" for line in excerpt(f.last_lines))
+        if not self.failed and self.launcher_tail and not (self.timed_out or self.cancelled):
+            parts.append("The launcher said:")
+            parts.extend(f"    {line}" for line in self.launcher_tail[-8:])
+        return "\n".join(parts)
+
+    def check(self) -> JobResult:
+        """Return self if the job succeeded, else raise :class:`JobFailedError`."""
+        if not self.ok:
+            raise JobFailedError(self.summary(), result=self)
+        return self
+
+    def to_dict(self) -> dict[str, object]:
+        data = asdict(self)
+        data["rank_exit_codes"] = {str(k): v for k, v in self.rank_exit_codes.items()}
+        return data
+
+
+def failed_ranks(
+    exit_order: list[int], exit_codes: Mapping[int, int], *, stopped_by_us: set[int]
+) -> list[int]:
+    """Ranks that failed on their own, in the order they exited.
+
+    A non-zero exit is a failure unless the rank was stopped by us (timeout or cancel), or it
+    is a SIGTERM/SIGKILL death that came after an earlier failure (the launcher's clean-up).
+    """
+    out: list[int] = []
+    for rank in exit_order:
+        code = exit_codes[rank]
+        if code == 0 or rank in stopped_by_us:
+            continue
+        if out and code in _KILLED:
+            continue
+        out.append(rank)
+    return out
+
+
+def excerpt(lines: tuple[str, ...] | list[str], limit: int = 12) -> list[str]:
+    """The telling part of a rank's last lines: its last Python traceback if it has one (up
+    to the exception line), else the last ``limit`` lines."""
+    start = max((i for i, line in enumerate(lines) if line.startswith("Traceback (")), default=-1)
+    if start < 0:
+        return list(lines[-limit:])
+    end = start + 1
+    while end < len(lines) and (lines[end].startswith(" ") or not lines[end]):
+        end += 1
+    chosen = list(lines[start : end + 1])
+    return chosen if len(chosen) <= limit else [chosen[0], "    ...", *chosen[-(limit - 2) :]]

@@ -1,0 +1,1 @@
+"""Where a cluster's nodes come from."""

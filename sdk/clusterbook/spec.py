@@ -1,0 +1,159 @@
+"""Validated, immutable descriptions of what a cluster is made of, and the checks on user input.
+
+Every check raises :class:`~clusterbook.errors.ConfigError` with a message that names the value,
+the rule and the fix, so that bad input never surfaces as a traceback from deep inside.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from clusterbook.errors import ConfigError
+
+__all__ = [
+    "NodeSpec",
+    "parse_host_slots",
+    "validate_env",
+    "validate_host",
+    "validate_np",
+    "validate_positive_int",
+    "validate_timeout",
+]
+
+# A DNS name or an IPv4 address: what mpirun hostfiles and ssh accept without quoting. The
+# first character is never "-", so a host can never be read as an option by ssh or mpirun.
+_HOST_RE = re.compile(r"[A-Za-z0-9_](?:[A-Za-z0-9._-]{0,252})")
+_ENV_NAME_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+
+
+def validate_host(host: object) -> str:
+    """Return ``host`` if it is a plain host name or IPv4 address, else raise ConfigError."""
+    if not isinstance(host, str) or not host:
+        raise ConfigError(f"Host {host!r} is empty or not a string; give a host name like 'node1'.")
+    if host.startswith("-"):
+        raise ConfigError(
+            f"Host {host!r} starts with '-', which ssh and mpirun would read as an option; "
+            "give a host name like 'node1'."
+        )
+    if not _HOST_RE.fullmatch(host):
+        bad = sorted({c for c in host if not re.fullmatch(r"[A-Za-z0-9._-]", c)})
+        raise ConfigError(
+            f"Host {host!r} contains characters {''.join(bad)!r} that are not allowed in a host "
+            "name; use letters, digits, '.', '-' and '_' only (like 'node1' or '10.0.0.5')."
+        )
+    return host
+
+
+def validate_positive_int(value: object, name: str) -> int:
+    """Return ``value`` as an int if it is an integer >= 1, else raise ConfigError."""
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ConfigError(f"{name} must be a whole number >= 1, got {value!r}.")
+    if value < 1:
+        raise ConfigError(f"{name} must be >= 1, got {value}.")
+    return value
+
+
+def parse_host_slots(text: object, default_slots: int = 1) -> tuple[str, int]:
+    """Parse ``"node1:4"`` into ``("node1", 4)``; ``"node1"`` gets ``default_slots``."""
+    if not isinstance(text, str):
+        raise ConfigError(f"Host entry {text!r} must be a string like 'node1:4'.")
+    host, sep, slots_text = text.partition(":")
+    validate_host(host)
+    if not sep:
+        return host, default_slots
+    try:
+        slots = int(slots_text, 10)
+    except ValueError:
+        raise ConfigError(
+            f"Slots {slots_text!r} in host entry {text!r} is not a number; write it like "
+            f"'{host}:4'."
+        ) from None
+    if slots < 1:
+        raise ConfigError(
+            f"Slots in host entry {text!r} must be >= 1, got {slots}; write it like '{host}:4'."
+        )
+    return host, slots
+
+
+@dataclass(frozen=True, slots=True)
+class NodeSpec:
+    """One node of a cluster: where ranks run and how many of them fit.
+
+    Parameters
+    ----------
+    name
+        Name shown in status tables (``local-0``, ``node1``).
+    host
+        Host name or address the MPI launcher uses to reach the node.
+    slots
+        Number of ranks the node takes before it counts as oversubscribed.
+    cores
+        Cores of the node when known; ranks above that many turn core binding off.
+    """
+
+    name: str
+    host: str
+    slots: int
+    cores: int | None = None
+
+    def __post_init__(self) -> None:
+        validate_host(self.host)
+        validate_positive_int(self.slots, f"Slots of node {self.name!r}")
+
+
+def validate_np(np: object, total_slots: int, *, oversubscribe: bool) -> int:
+    """Check the number of ranks of a job against the cluster's slots."""
+    if isinstance(np, bool) or not isinstance(np, int):
+        raise ConfigError(f"np must be a whole number of ranks >= 1, got {np!r}.")
+    if np < 1:
+        raise ConfigError(f"np must be >= 1 (the number of MPI ranks), got {np}.")
+    if np > total_slots and not oversubscribe:
+        raise ConfigError(
+            f"np={np} is more than the cluster's {total_slots} slots; ask for np <= "
+            f"{total_slots}, give the cluster more slots, or pass oversubscribe=True "
+            "(--oversubscribe on the command line) to run more than one rank per slot."
+        )
+    return np
+
+
+def validate_timeout(timeout: object, name: str = "timeout") -> float | None:
+    """Return ``timeout`` as float seconds (None means no limit); reject <= 0, NaN and infinity."""
+    if timeout is None:
+        return None
+    if isinstance(timeout, bool) or not isinstance(timeout, (int, float)):
+        raise ConfigError(f"{name} must be a number of seconds > 0 or None, got {timeout!r}.")
+    if not math.isfinite(timeout) or timeout <= 0:
+        raise ConfigError(
+            f"{name} must be a number of seconds > 0, got {timeout!r}; use None for no limit."
+        )
+    return float(timeout)
+
+
+def validate_env(env: Mapping[str, str] | None) -> dict[str, str]:
+    """Check that env names are valid variable names and values are strings without NUL."""
+    if env is None:
+        return {}
+    if not isinstance(env, Mapping):
+        raise ConfigError(f"env must be a mapping of names to strings, got {type(env).__name__}.")
+    out: dict[str, str] = {}
+    for name, value in env.items():
+        if not isinstance(name, str) or not _ENV_NAME_RE.fullmatch(name):
+            raise ConfigError(
+                f"Environment variable name {name!r} is invalid; names are letters, digits and "
+                "'_', not starting with a digit (like 'SEED' or 'OMP_NUM_THREADS')."
+            )
+        if not isinstance(value, str):
+            raise ConfigError(
+                f"Environment variable {name} has value {value!r} of type "
+                f"{type(value).__name__}; pass a string, like {name}={str(value)!r}."
+            )
+        if "\0" in value:
+            raise ConfigError(
+                f"Environment variable {name} contains a NUL character, which no process "
+                "environment can carry; remove it."
+            )
+        out[name] = value
+    return out

@@ -1,0 +1,68 @@
+"""Immutable snapshots of a cluster, and their table form.
+
+Widgets and the CLI render these; they never reach into a live cluster.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    import pandas as pd
+
+__all__ = ["ClusterSnapshot", "JobStatus", "NodeStatus", "nodes_frame"]
+
+
+@dataclass(frozen=True, slots=True)
+class NodeStatus:
+    """One node as it is now. ``state`` is pending, ready, running or left."""
+
+    name: str
+    host: str
+    slots: int
+    state: str
+    ranks: tuple[int, ...] = ()
+    job: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class JobStatus:
+    """One job as it is now. ``state`` is running, succeeded, failed, timed out or cancelled."""
+
+    id: str
+    np: int
+    argv: tuple[str, ...]
+    state: str
+    returncode: int | None
+    duration: float | None
+    failed_ranks: tuple[int, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class ClusterSnapshot:
+    """A cluster as it is now: its nodes and its jobs."""
+
+    name: str
+    kind: str
+    state: str
+    nodes: tuple[NodeStatus, ...]
+    jobs: tuple[JobStatus, ...]
+    launcher: str | None
+    run_dir: str
+    uptime: float | None
+
+    @property
+    def total_slots(self) -> int:
+        return sum(n.slots for n in self.nodes)
+
+
+NODE_COLUMNS = ("node", "host", "slots", "state", "ranks", "job")
+
+
+def nodes_frame(snapshot: ClusterSnapshot) -> pd.DataFrame:
+    """One row per node: node, host, slots, state, ranks (of the running job), job."""
+    import pandas as pd
+
+    rows = [(n.name, n.host, n.slots, n.state, list(n.ranks), n.job or "") for n in snapshot.nodes]
+    return pd.DataFrame(rows, columns=list(NODE_COLUMNS))
