@@ -47,6 +47,7 @@ def _parser() -> argparse.ArgumentParser:
     demo.add_argument("--workers", type=int, default=2, help="nodes (default 2)")
     demo.add_argument("--slots", type=int, default=2, help="slots per node (default 2)")
     demo.add_argument("--mpi", choices=["openmpi", "mpich"], help="MPI flavour to use")
+    demo.add_argument("--python", metavar="PATH", help="interpreter for the ranks (with mpi4py)")
     demo.set_defaults(func=_demo)
 
     run = sub.add_parser(
@@ -136,7 +137,9 @@ def _print_live(job: Job) -> None:
 
 def _demo(args: argparse.Namespace) -> int:
     t0 = time.perf_counter()
-    cluster = Cluster.local(workers=args.workers, slots=args.slots, mpi=args.mpi)
+    cluster = Cluster.local(
+        workers=args.workers, slots=args.slots, mpi=args.mpi, python=args.python
+    )
     with cluster:
         cluster.wait_ready(timeout=60)
         started = time.perf_counter()

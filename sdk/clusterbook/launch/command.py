@@ -11,6 +11,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from clusterbook.launch.flavour import Launcher, MPIFlavour
+from clusterbook.launch.guard import ENV as GUARD_ENV
 from clusterbook.launch.rankwrap import HOOK_DIR, wrap_argv
 from clusterbook.spec import NodeSpec
 
@@ -45,6 +46,7 @@ class LaunchPlan:
     remote: bool = False
     inherited_env: Mapping[str, str] = field(default_factory=dict)
     launcher_args: tuple[str, ...] = ()
+    job_token: str = ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -95,6 +97,8 @@ def rank_env(plan: LaunchPlan) -> dict[str, str]:
     base = env.get("PYTHONPATH", plan.inherited_env.get("PYTHONPATH", ""))
     env["PYTHONPATH"] = HOOK_DIR + (os.pathsep + base if base else "")
     env["CLUSTERBOOK_RANK_HOOK"] = "1"
+    if plan.job_token:
+        env[GUARD_ENV] = plan.job_token
     return env
 
 

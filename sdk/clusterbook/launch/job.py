@@ -17,6 +17,7 @@ from clusterbook.errors import JobTimeoutError
 from clusterbook.launch import proc as procs
 from clusterbook.launch.command import LaunchCommand, LaunchPlan
 from clusterbook.launch.flavour import MPIFlavour
+from clusterbook.launch.guard import guard, kill_tagged
 from clusterbook.launch.logs import LAUNCHER_RANK, LogRecord, LogStore, records_frame
 from clusterbook.launch.parse import LineSplitter, OmpiTagParser
 from clusterbook.launch.result import JobResult, RankFailure, failed_ranks
@@ -89,6 +90,8 @@ class Job:
         store.on_exit(self._on_rank_exit)
         self.started = time.time()
         self._t0 = time.monotonic()
+        self._token = plan.job_token
+        guard.watch(self._token)
         self._proc = procs.spawn(command.argv, env={**base_env, **command.env}, cwd=cwd)
         self._readers = self._start_readers()
         self._timer: threading.Timer | None = None
@@ -193,6 +196,7 @@ class Job:
                 self._store.add(line.rank, line.stream, line.text)
         for line in parser.flush():
             self._store.add(line.rank, line.stream, line.text)
+        pipe.close()  # type: ignore[attr-defined]
 
     def _read_launcher(self, pipe: object) -> None:
         splitter = LineSplitter()
@@ -203,6 +207,7 @@ class Job:
                 self._store.add(None, stream, text)
         for text in splitter.flush():
             self._store.add(None, stream, text)
+        pipe.close()  # type: ignore[attr-defined]
 
     def _tail_files(self, _: object) -> None:
         # MPICH writes each rank's streams to their own file; follow them until the launcher
@@ -251,7 +256,7 @@ class Job:
                 self._proc.send_signal(signal.SIGUSR1)
             with contextlib.suppress(subprocess.TimeoutExpired):
                 self._proc.wait(timeout=self._stack_grace)
-        procs.kill_tree(self._proc, self._grace)
+        procs.kill_tree(self._proc, self._grace, self._token)
 
     def _supervise(self) -> None:
         returncode = self._proc.wait()
@@ -262,6 +267,9 @@ class Job:
         if self._timer is not None:
             self._timer.cancel()
         duration = time.monotonic() - self._t0
+        # Whatever a rank left behind (a daemonized child, say) goes with the job.
+        kill_tagged([self._token], self._grace)
+        guard.release(self._token)
         self._store.close()
         self._result = self._make_result(returncode, duration)
         with contextlib.suppress(OSError):

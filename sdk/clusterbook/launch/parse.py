@@ -45,7 +45,7 @@ class LineSplitter:
         """Add bytes; return the lines they complete."""
         self._buf += data
         lines = [_decode(c) for raw in _take_lines(self._buf) for c in _cut(raw, self._max)]
-        while len(self._buf) >= self._max:
+        while len(self._buf) > self._max:
             lines.append(_decode(bytes(self._buf[: self._max])))
             del self._buf[: self._max]
         return lines
@@ -92,8 +92,11 @@ class OmpiTagParser:
                 self._carry = (int(m.group(2)), _stream(m.group(3)))
                 del self._buf[: m.end()]
             nxt = _TAG.search(self._buf)
-            size = min(nxt.start(), self._max) if nxt and nxt.start() > 0 else self._max
             rank, stream = self._carry
+            if nxt is not None and nxt.start() == 0:  # a tag with nothing after it
+                out.append(TaggedLine(rank, stream, ""))
+                continue
+            size = min(nxt.start(), self._max) if nxt else self._max
             out.append(TaggedLine(rank, stream, _decode(bytes(self._buf[:size]))))
             del self._buf[:size]
         return out

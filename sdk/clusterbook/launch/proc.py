@@ -15,6 +15,8 @@ from concurrent.futures import ThreadPoolExecutor
 
 import psutil
 
+from clusterbook.launch.guard import tagged
+
 __all__ = ["kill_tree", "spawn", "tree"]
 
 _PR_SET_PDEATHSIG = 1
@@ -61,9 +63,10 @@ def tree(pid: int) -> list[psutil.Process]:
         return []
 
 
-def kill_tree(proc: subprocess.Popen[bytes], grace: float) -> None:
+def kill_tree(proc: subprocess.Popen[bytes], grace: float, token: str = "") -> None:
     """SIGTERM the process (which passes it on to its ranks), SIGKILL what is left after
-    ``grace`` seconds, including descendants that no longer have a parent."""
+    ``grace`` seconds: its descendants, and every process tagged with job ``token`` (which
+    finds them even after they lost their parent)."""
     members = tree(proc.pid)
     with contextlib.suppress(ProcessLookupError):
         proc.send_signal(signal.SIGTERM)
@@ -71,6 +74,8 @@ def kill_tree(proc: subprocess.Popen[bytes], grace: float) -> None:
     with contextlib.suppress(subprocess.TimeoutExpired):
         proc.wait(timeout=grace)
     members += tree(proc.pid)
+    if token:
+        members += [p for pid in tagged([token]) if (p := _process(pid)) is not None]
     alive = [p for p in dict.fromkeys(members) if _alive(p)]
     if alive:
         psutil.wait_procs(alive, timeout=max(0.0, deadline - time.monotonic()))
@@ -79,6 +84,13 @@ def kill_tree(proc: subprocess.Popen[bytes], grace: float) -> None:
             p.kill()
     with contextlib.suppress(subprocess.TimeoutExpired):
         proc.wait(timeout=5)
+
+
+def _process(pid: int) -> psutil.Process | None:
+    try:
+        return psutil.Process(pid)
+    except psutil.Error:
+        return None
 
 
 def _alive(p: psutil.Process) -> bool:

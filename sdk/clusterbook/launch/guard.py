@@ -1,0 +1,55 @@
+"""Make sure a job's processes die with the Python process that started them.
+
+Every process of a job carries ``CLUSTERBOOK_JOB=<token>`` in its environment (the launcher
+passes it to the ranks; their children inherit it). A guard process, one per Python process,
+holds the read end of a pipe from us. When we die, even by SIGKILL, the kernel closes the pipe;
+the guard then finds every process whose environment carries a live job's token, wherever it
+was reparented to, and stops it (SIGTERM, SIGKILL a second later). A launcher's own clean-up
+on its parent's death is not relied on: it can die half-way (seen with Open MPI's prterun).
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+from clusterbook.launch._reaper import ENV, kill_tagged, tagged
+
+__all__ = ["ENV", "Guard", "guard", "kill_tagged", "tagged"]
+
+_SCRIPT = str(Path(__file__).with_name("_reaper.py"))
+
+
+class Guard:
+    """The guard process of this Python process, started on first use."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._proc: subprocess.Popen[bytes] | None = None
+
+    def _send(self, line: str) -> None:
+        with self._lock:
+            if self._proc is None or self._proc.poll() is not None:
+                self._proc = subprocess.Popen(
+                    [sys.executable, "-S", _SCRIPT],
+                    stdin=subprocess.PIPE,
+                    stdout=subprocess.DEVNULL,
+                    stderr=subprocess.DEVNULL,
+                    start_new_session=True,  # an interrupt sent to our group does not reach it
+                )
+            assert self._proc.stdin is not None
+            self._proc.stdin.write(line.encode() + b"\n")
+            self._proc.stdin.flush()
+
+    def watch(self, token: str) -> None:
+        """Kill the processes tagged with ``token`` if this process dies."""
+        self._send(f"+ {token}")
+
+    def release(self, token: str) -> None:
+        """The job has ended: nothing to do for ``token`` any more."""
+        self._send(f"- {token}")
+
+
+guard = Guard()

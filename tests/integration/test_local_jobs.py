@@ -1,0 +1,234 @@
+"""Jobs on local clusters with the real Open MPI and the real MPICH (both from PyPI)."""
+
+from __future__ import annotations
+
+import json
+import socket
+import threading
+from pathlib import Path
+
+import pytest
+
+import clusterbook as cb
+from clusterbook.launch.logs import read_log_file
+
+pytestmark = pytest.mark.mpi
+
+ALLREDUCE = """\
+from mpi4py import MPI
+import sys
+comm = MPI.COMM_WORLD
+total = comm.allreduce(comm.rank + 1)
+print(f"rank {comm.rank} of {comm.size} sum {total}", flush=True)
+print(f"note from {comm.rank}", file=sys.stderr, flush=True)
+"""
+
+RAISES = """\
+from mpi4py import MPI
+comm = MPI.COMM_WORLD
+if comm.rank == 1:
+    raise ValueError("rank one gives up")
+comm.Barrier()
+print("never here")
+"""
+
+EXITS = """\
+import sys
+from mpi4py import MPI
+comm = MPI.COMM_WORLD
+if comm.rank == 0:
+    sys.exit(3)
+comm.Barrier()
+"""
+
+HANGS = """\
+import time
+from mpi4py import MPI
+comm = MPI.COMM_WORLD
+print("started", flush=True)
+if comm.rank == 0:
+    time.sleep(600)  # rank zero never reaches the barrier
+comm.Barrier()
+"""
+
+
+def test_allreduce_on_four_ranks(mpi_python, make_cluster, program):
+    cluster = make_cluster(mpi_python, workers=2, slots=2)
+    job = cluster.mpirun(["python", program("allreduce.py", ALLREDUCE)], np=4, timeout=120)
+    result = job.wait()
+
+    assert result.ok, result.summary()
+    assert result.rank_exit_codes == {0: 0, 1: 0, 2: 0, 3: 0}
+    logs = job.logs()
+    assert list(logs.columns) == ["time", "rank", "host", "stream", "line"]
+    out = logs[logs.stream == "stdout"].sort_values("rank")
+    assert out.line.tolist() == [f"rank {r} of 4 sum 10" for r in range(4)]
+    err = logs[logs.stream == "stderr"].sort_values("rank")
+    assert err.line.tolist() == [f"note from {r}" for r in range(4)]
+    assert set(logs.host) == {socket.gethostname()}
+    assert not any("\x1e" in line for line in logs.line)  # wrapper markers are not log lines
+    for rank in range(4):
+        on_disk = read_log_file(job.directory / f"rank-{rank}.log", rank)
+        assert [r.line for r in on_disk if r.stream == "stdout"] == [f"rank {rank} of 4 sum 10"]
+    saved = json.loads((job.directory / "result.json").read_text())
+    assert saved["returncode"] == 0
+
+
+def test_env_arrives_byte_for_byte(mpi_python, make_cluster, program):
+    value = "it's \"quoted\" $HOME `id` \\back\nnew line\ttab é €"
+    script = program("env.py", "import os\nprint(repr(os.environ['TRICKY']))\n")
+    cluster = make_cluster(mpi_python)
+    job = cluster.mpirun(["python", script], np=2, env={"TRICKY": value}, timeout=120)
+    assert job.wait().ok
+    assert job.logs().line.tolist() == [repr(value)] * 2
+
+
+def test_a_rank_that_raises_ends_the_job(mpi_python, make_cluster, program):
+    cluster = make_cluster(mpi_python)
+    job = cluster.mpirun(["python", program("raises.py", RAISES)], np=2, timeout=120)
+    result = job.wait()
+
+    assert not result.ok
+    assert not result.timed_out  # the other rank did not hang in its barrier
+    assert result.failed_ranks == [1]
+    failure = result.failed[0]
+    assert failure.host == socket.gethostname()
+    assert "ValueError: rank one gives up" in failure.last_lines
+    assert "ValueError: rank one gives up" in result.summary()
+    with pytest.raises(cb.JobFailedError, match="Rank 1"):
+        result.check()
+    assert "never here" not in job.logs().line.tolist()
+
+
+def test_a_rank_that_exits_nonzero_ends_the_job(mpi_python, make_cluster, program):
+    cluster = make_cluster(mpi_python)
+    job = cluster.mpirun(["python", program("exits.py", EXITS)], np=2, timeout=120)
+    result = job.wait()
+    assert not result.timed_out
+    assert result.failed_ranks == [0]
+    assert result.failed[0].exit_code == 3
+
+
+def test_timeout_dumps_every_rank_stack_then_stops(mpi_python, make_cluster, program):
+    script = program("hangs.py", HANGS)
+    cluster = make_cluster(mpi_python)
+    job = cluster.mpirun(["python", script], np=2, timeout=3)
+    result = job.wait(timeout=120)
+
+    assert result.timed_out and not result.ok
+    assert "timed out" in result.summary()
+    logs = job.logs()
+    for rank, where in ((0, "time.sleep(600)"), (1, "comm.Barrier()")):
+        lines = logs[(logs["rank"] == rank) & (logs.stream == "stderr")].line.tolist()
+        assert any("most recent call first" in line for line in lines), lines
+        line_no = HANGS.splitlines().index(
+            next(s for s in HANGS.splitlines() if where in s)) + 1
+        assert any(f'File "{script}", line {line_no}' in line for line in lines), lines
+
+
+def test_cancel_stops_every_process(mpi_python, make_cluster, program, tmp_path):
+    script = program("sleeper.py", HANGS)
+    cluster = make_cluster(mpi_python)
+    job = cluster.mpirun(["python", script], np=2)
+    first = next(iter(job.stream()))
+    assert first.line == "started"
+    result = job.cancel()
+    assert result.cancelled and not result.ok
+    assert result.failed == ()  # ranks we stopped did not fail on their own
+    from tests.conftest import processes_mentioning
+
+    assert processes_mentioning(script) == []
+
+
+def test_stream_yields_records_while_the_job_runs(mpi_python, make_cluster, program, tmp_path):
+    gate = tmp_path / "gate"
+    script = program(
+        "gated.py",
+        "import os, time\nprint('waiting', flush=True)\n"
+        f"while not os.path.exists({str(gate)!r}): time.sleep(0.01)\nprint('through')\n",
+    )
+    cluster = make_cluster(mpi_python)
+    job = cluster.mpirun(["python", script], np=1, timeout=120)
+    seen = []
+    for record in job.stream():
+        seen.append(record.line)
+        if record.line == "waiting":
+            assert not job.done  # live: the job cannot end before the gate opens
+            gate.touch()
+    assert seen == ["waiting", "through"]
+    assert job.wait().ok
+
+
+def test_awkward_output_survives(mpi_python, make_cluster, program):
+    script = program(
+        "awkward.py",
+        "import os, sys\n"
+        "os.write(1, b'half'); sys.stdout.flush()\n"
+        "os.write(1, b' and half\\n')\n"
+        "os.write(1, b'bad \\xff\\xfe bytes\\n')\n"
+        "os.write(1, b'x' * 200000 + b'\\n')\n"
+        "os.write(1, b'no newline at the end')\n",
+    )
+    cluster = make_cluster(mpi_python)
+    job = cluster.mpirun(["python", script], np=1, timeout=120)
+    assert job.wait().ok
+    lines = job.logs().line.tolist()
+    assert lines[0] == "half and half"
+    assert lines[1] == "bad \ufffd\ufffd bytes"
+    assert "".join(lines[2:-1]) == "x" * 200000
+    assert max(len(line) for line in lines) <= 64 * 1024
+    assert lines[-1] == "no newline at the end"
+
+
+def test_oversubscribe_runs_more_ranks_than_slots(mpi_python, make_cluster, program):
+    cluster = make_cluster(mpi_python, workers=1, slots=1)
+    with pytest.raises(cb.ConfigError, match="np=3 is more than the cluster's 1 slots"):
+        cluster.mpirun(["python", "-c", "pass"], np=3)
+    job = cluster.mpirun(["python", program("a.py", ALLREDUCE)], np=3, oversubscribe=True,
+                         timeout=120)
+    assert job.wait().ok, job.wait().summary()
+
+
+def test_stop_leaves_no_process(mpi_python, tmp_path, program):
+    script = program("sleeper.py", HANGS)
+    cluster = cb.Cluster.local(1, 2, python=mpi_python, run_dir=tmp_path / "run")
+    with cluster:
+        jobs = [cluster.mpirun(["python", script], np=2) for _ in range(2)]
+        for job in jobs:
+            next(iter(job.stream()))
+        assert cluster.status().state.tolist() == ["running"]
+    from tests.conftest import processes_mentioning
+
+    assert processes_mentioning(script) == []
+    assert all(job.result is not None and job.result.cancelled for job in jobs)
+    assert cluster.status().state.tolist() == ["left"]
+    cluster.stop()  # idempotent
+
+
+def test_status_shows_nodes_and_ranks(mpi_python, make_cluster, program):
+    cluster = make_cluster(mpi_python, workers=2, slots=2)
+    frame = cluster.status()
+    assert frame.node.tolist() == ["local-0", "local-1"]
+    assert frame.state.tolist() == ["ready", "ready"]
+    job = cluster.mpirun(["python", program("s.py", HANGS)], np=3)
+    next(iter(job.stream()))
+    frame = cluster.status()
+    assert frame.state.tolist() == ["running", "running"]
+    assert frame.ranks.tolist() == [[0, 1], [2]]
+    job.cancel()
+    assert cluster.status().state.tolist() == ["ready", "ready"]
+    assert "2 nodes, 4 slots" in repr(cluster)
+
+
+def test_logs_are_on_disk_while_the_job_runs(mpi_python, make_cluster, program):
+    cluster = make_cluster(mpi_python)
+    job = cluster.mpirun(["python", program("s.py", HANGS)], np=2)
+    got = threading.Event()
+    for record in job.stream():
+        if record.line == "started":
+            got.set()
+            break
+    assert got.is_set()
+    path = Path(job.directory) / f"rank-{record.rank}.log"
+    assert "started" in path.read_text()  # readable before the job ends
+    job.cancel()

@@ -1,0 +1,63 @@
+"""A job dies with the Python process that started it, even when that one is SIGKILLed."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+
+import pytest
+
+from tests.conftest import processes_mentioning, wait_gone
+
+pytestmark = pytest.mark.mpi
+
+DRIVER = """\
+import sys, time
+import clusterbook as cb
+python, script, run_dir = sys.argv[1:4]
+cluster = cb.Cluster.local(1, 2, python=python, run_dir=run_dir).start()
+job = cluster.mpirun(["python", script], np=2)
+seen = 0
+for record in job.stream():
+    seen += record.line == "started"
+    if seen == 2:
+        break
+print("ready", flush=True)
+time.sleep(600)
+"""
+
+SLEEPER = """\
+import time
+from mpi4py import MPI
+MPI.COMM_WORLD.Barrier()
+print("started", flush=True)
+time.sleep(600)
+"""
+
+
+def test_sigkill_of_the_parent_kills_the_job_within_two_seconds(mpi_python, tmp_path):
+    script = tmp_path / "sleeper.py"
+    script.write_text(SLEEPER)
+    driver = subprocess.Popen(
+        [sys.executable, "-c", DRIVER, mpi_python, str(script), str(tmp_path / "run")],
+        stdout=subprocess.PIPE, text=True,
+    )
+    try:
+        assert driver.stdout is not None
+        assert driver.stdout.readline().strip() == "ready"
+        ranks = [
+            p for p in processes_mentioning(str(script))
+            if p.pid != driver.pid and "cb-rank" not in p.cmdline()
+        ]
+        assert len(ranks) == 2  # both ranks run before the parent dies
+        os.kill(driver.pid, signal.SIGKILL)
+        driver.wait(timeout=10)
+        survivors = wait_gone(str(script), timeout=2.0)
+        assert survivors == [], [p.cmdline() for p in survivors]
+    finally:
+        driver.kill()
+        driver.wait(timeout=10)
+        for p in processes_mentioning(str(script)):
+            p.kill()

@@ -1,0 +1,380 @@
+"""Golden tests of the launcher command lines, hostfiles, placement and binding."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+from clusterbook.launch.command import (
+    OPENMPI_TUNING,
+    LaunchPlan,
+    binding,
+    build_command,
+    placement,
+    render_hostfile,
+)
+from clusterbook.launch.flavour import Launcher, MPIFlavour
+from clusterbook.launch.rankwrap import HOOK_DIR, WRAPPER, wrap_argv
+from clusterbook.spec import NodeSpec
+
+OMPI = Launcher(path="/opt/mpi/bin/mpirun", flavour=MPIFlavour.OPENMPI, version="5.0.11")
+MPICH = Launcher(path="/opt/mpich/bin/mpiexec", flavour=MPIFlavour.MPICH, version="4.2.3")
+PROGRAM = ("/usr/bin/python3", "-u", "train.py", "--epochs", "3")
+HOSTFILE = "/tmp/cb/job-1/hostfile"
+OUT = "/tmp/cb/job-1"
+LOCAL = (NodeSpec("local-0", "localhost", 4, cores=8),)
+# A value a shell would mangle and `ps` must never show.
+NASTY = "it's \"quoted\" $HOME $(id) `id` ; rm -rf x\nsecond line \u00e9"
+
+
+def plan(launcher: Launcher = OMPI, **changes: object) -> LaunchPlan:
+    base = LaunchPlan(
+        launcher=launcher,
+        nodes=LOCAL,
+        np=2,
+        argv=PROGRAM,
+        env={},
+        hostfile=HOSTFILE,
+        output_dir=OUT,
+    )
+    return replace(base, **changes)
+
+
+def x_names(argv: list[str]) -> list[str]:
+    return [argv[i + 1] for i, a in enumerate(argv) if a == "-x"]
+
+
+# -- Open MPI ------------------------------------------------------------------------------
+
+
+def test_openmpi_minimal_golden() -> None:
+    cmd = build_command(plan())
+    assert cmd.argv == [
+        "/opt/mpi/bin/mpirun",
+        "--hostfile",
+        HOSTFILE,
+        "-n",
+        "2",
+        "--map-by",
+        "slot",
+        "--bind-to",
+        "core",
+        "--output",
+        "tag",
+        "-x",
+        "CLUSTERBOOK_RANK_HOOK",
+        "-x",
+        "PYTHONPATH",
+        *wrap_argv(list(PROGRAM)),
+    ]
+    assert cmd.argv[-9:] == ["/bin/sh", "-c", WRAPPER, "cb-rank", *PROGRAM]
+    assert cmd.env == {
+        "OMPI_MCA_btl": "^ofi",
+        "OMPI_MCA_mtl": "^ofi",
+        "PYTHONPATH": HOOK_DIR,
+        "CLUSTERBOOK_RANK_HOOK": "1",
+    }
+    assert cmd.hostfile_text == "localhost slots=4\n"
+
+
+def test_openmpi_everything_on_golden() -> None:
+    nodes = (
+        NodeSpec("node1", "node1", 2, cores=2),
+        NodeSpec("node2", "10.0.0.5", 2, cores=None),
+    )
+    cmd = build_command(
+        plan(
+            nodes=nodes,
+            np=6,
+            env={"SEED": "42", "A_FLAG": "on"},
+            as_root=True,
+            oversubscribe=True,
+            remote=True,
+            launcher_args=("--mca", "btl_tcp_if_include", "eth0"),
+        )
+    )
+    assert cmd.argv == [
+        "/opt/mpi/bin/mpirun",
+        "--hostfile",
+        HOSTFILE,
+        "-n",
+        "6",
+        "--map-by",
+        "slot:OVERSUBSCRIBE",
+        "--bind-to",
+        "none",
+        "--output",
+        "tag",
+        "--allow-run-as-root",
+        "--prefix",
+        "/opt/mpi",
+        "-x",
+        "A_FLAG",
+        "-x",
+        "CLUSTERBOOK_RANK_HOOK",
+        "-x",
+        "PYTHONPATH",
+        "-x",
+        "SEED",
+        "--mca",
+        "btl_tcp_if_include",
+        "eth0",
+        *wrap_argv(list(PROGRAM)),
+    ]
+    assert cmd.hostfile_text == "node1 slots=2\n10.0.0.5 slots=2\n"
+
+
+@pytest.mark.parametrize(
+    ("flag", "present"),
+    [("as_root", "--allow-run-as-root"), ("remote", "--prefix")],
+)
+def test_openmpi_optional_flags_only_when_asked(flag: str, present: str) -> None:
+    assert present not in build_command(plan()).argv
+    assert present in build_command(plan(**{flag: True})).argv
+
+
+def test_openmpi_oversubscribe_changes_mapping() -> None:
+    def map_by(argv: list[str]) -> str:
+        return argv[argv.index("--map-by") + 1]
+
+    assert map_by(build_command(plan()).argv) == "slot"
+    assert map_by(build_command(plan(oversubscribe=True)).argv) == "slot:OVERSUBSCRIBE"
+
+
+def test_openmpi_prefix_is_install_dir_above_bin() -> None:
+    launcher = replace(OMPI, path="/home/u/venv/bin/mpirun")
+    argv = build_command(plan(launcher, remote=True)).argv
+    assert argv[argv.index("--prefix") + 1] == "/home/u/venv"
+
+
+@pytest.mark.parametrize(
+    ("nodes", "np", "expected"),
+    [
+        (LOCAL, 8, "core"),  # 8 ranks, 8 cores
+        (LOCAL, 9, "none"),  # wraps onto the node: more ranks than cores
+        ((NodeSpec("n", "n", 2, cores=None),), 1, "none"),  # unknown core count
+    ],
+)
+def test_openmpi_bind_to_follows_binding(
+    nodes: tuple[NodeSpec, ...], np: int, expected: str
+) -> None:
+    argv = build_command(plan(nodes=nodes, np=np, oversubscribe=True)).argv
+    assert argv[argv.index("--bind-to") + 1] == expected
+
+
+def test_openmpi_env_names_sorted_values_never_in_argv() -> None:
+    env = {"ZED": NASTY, "ALPHA": "x$(whoami)y", "MIDDLE": "plain value"}
+    cmd = build_command(plan(env=env))
+    assert x_names(cmd.argv) == [
+        "ALPHA",
+        "CLUSTERBOOK_RANK_HOOK",
+        "MIDDLE",
+        "PYTHONPATH",
+        "ZED",
+    ]
+    for value in (*env.values(), cmd.env["PYTHONPATH"], "^ofi"):
+        assert not any(value in arg for arg in cmd.argv), value
+    for part in ("second line", '"quoted"', "$(whoami)", "plain value"):
+        assert not any(part in arg for arg in cmd.argv), part
+    # The values reach the launcher through its environment, byte for byte.
+    assert cmd.env["ZED"] == NASTY
+    assert cmd.env["ZED"].encode() == NASTY.encode()
+    assert cmd.env["ALPHA"] == "x$(whoami)y"
+    assert cmd.env["MIDDLE"] == "plain value"
+
+
+def test_user_env_is_not_mutated() -> None:
+    env = {"SEED": "1"}
+    build_command(plan(env=env))
+    build_command(plan(MPICH, env=env))
+    assert env == {"SEED": "1"}
+
+
+@pytest.mark.parametrize("launcher", [OMPI, MPICH], ids=["openmpi", "mpich"])
+def test_pythonpath_hook_first_keeps_inherited(launcher: Launcher) -> None:
+    inherited = {"PYTHONPATH": f"/site/a{os.pathsep}/site/b"}
+    cmd = build_command(plan(launcher, inherited_env=inherited))
+    assert cmd.env["PYTHONPATH"] == f"{HOOK_DIR}{os.pathsep}/site/a{os.pathsep}/site/b"
+    assert cmd.env["CLUSTERBOOK_RANK_HOOK"] == "1"
+
+
+@pytest.mark.parametrize("launcher", [OMPI, MPICH], ids=["openmpi", "mpich"])
+def test_pythonpath_user_value_wins_over_inherited(launcher: Launcher) -> None:
+    cmd = build_command(
+        plan(launcher, env={"PYTHONPATH": "/mine"}, inherited_env={"PYTHONPATH": "/site"})
+    )
+    assert cmd.env["PYTHONPATH"] == f"{HOOK_DIR}{os.pathsep}/mine"
+
+
+@pytest.mark.parametrize("launcher", [OMPI, MPICH], ids=["openmpi", "mpich"])
+def test_pythonpath_without_any_base_is_just_the_hook(launcher: Launcher) -> None:
+    assert build_command(plan(launcher)).env["PYTHONPATH"] == HOOK_DIR
+    assert build_command(plan(launcher, env={"PYTHONPATH": ""})).env["PYTHONPATH"] == HOOK_DIR
+
+
+def test_hook_dir_holds_the_rank_hook() -> None:
+    assert (Path(HOOK_DIR) / "sitecustomize.py").is_file()
+
+
+def test_rank_hook_flag_cannot_be_turned_off_by_user_env() -> None:
+    cmd = build_command(plan(env={"CLUSTERBOOK_RANK_HOOK": "0"}))
+    assert cmd.env["CLUSTERBOOK_RANK_HOOK"] == "1"
+
+
+def test_openmpi_tuning_applied_unless_inherited() -> None:
+    assert dict(OPENMPI_TUNING) == {"OMPI_MCA_btl": "^ofi", "OMPI_MCA_mtl": "^ofi"}
+    cmd = build_command(plan(inherited_env={"OMPI_MCA_btl": "tcp,self"}))
+    # The inherited value stays in effect: nothing of ours overrides it.
+    assert "OMPI_MCA_btl" not in cmd.env
+    assert cmd.env["OMPI_MCA_mtl"] == "^ofi"
+    both = {"OMPI_MCA_btl": "tcp,self", "OMPI_MCA_mtl": "cm"}
+    cmd = build_command(plan(inherited_env=both))
+    assert not any(name.startswith("OMPI_MCA") for name in cmd.env)
+
+
+def test_openmpi_user_env_overrides_tuning_and_is_exported() -> None:
+    cmd = build_command(plan(env={"OMPI_MCA_btl": "self,vader"}))
+    assert cmd.env["OMPI_MCA_btl"] == "self,vader"
+    assert cmd.env["OMPI_MCA_mtl"] == "^ofi"
+    assert "OMPI_MCA_btl" in x_names(cmd.argv)
+    assert "OMPI_MCA_mtl" not in x_names(cmd.argv)
+
+
+# -- MPICH ---------------------------------------------------------------------------------
+
+
+def test_mpich_minimal_golden() -> None:
+    cmd = build_command(plan(MPICH))
+    assert cmd.argv == [
+        "/opt/mpich/bin/mpiexec",
+        "-f",
+        HOSTFILE,
+        "-n",
+        "2",
+        "-bind-to",
+        "core",
+        "-outfile-pattern",
+        "/tmp/cb/job-1/rank-%r.stdout",
+        "-errfile-pattern",
+        "/tmp/cb/job-1/rank-%r.stderr",
+        "-genvall",
+        *wrap_argv(list(PROGRAM)),
+    ]
+    assert cmd.env == {"PYTHONPATH": HOOK_DIR, "CLUSTERBOOK_RANK_HOOK": "1"}
+    assert cmd.hostfile_text == "localhost:4\n"
+
+
+def test_mpich_everything_on_golden() -> None:
+    nodes = (NodeSpec("a", "node1", 1, cores=4), NodeSpec("b", "node2", 3, cores=4))
+    cmd = build_command(
+        plan(
+            MPICH,
+            nodes=nodes,
+            np=4,
+            env={"SEED": NASTY},
+            as_root=True,
+            oversubscribe=True,
+            remote=True,
+            output_dir="/var/tmp/out dir",
+            launcher_args=("-verbose",),
+        )
+    )
+    # No Open MPI flags: Hydra needs none of them.
+    assert cmd.argv == [
+        "/opt/mpich/bin/mpiexec",
+        "-f",
+        HOSTFILE,
+        "-n",
+        "4",
+        "-bind-to",
+        "core",
+        "-outfile-pattern",
+        "/var/tmp/out dir/rank-%r.stdout",
+        "-errfile-pattern",
+        "/var/tmp/out dir/rank-%r.stderr",
+        "-genvall",
+        "-verbose",
+        *wrap_argv(list(PROGRAM)),
+    ]
+    assert cmd.env == {"SEED": NASTY, "PYTHONPATH": HOOK_DIR, "CLUSTERBOOK_RANK_HOOK": "1"}
+    assert not any(NASTY in arg or "second line" in arg for arg in cmd.argv)
+    assert cmd.hostfile_text == "node1:1\nnode2:3\n"
+
+
+def test_mpich_no_openmpi_tuning_in_env() -> None:
+    cmd = build_command(plan(MPICH, inherited_env={}))
+    assert not any(name.startswith("OMPI_") for name in cmd.env)
+    assert "-x" not in cmd.argv
+
+
+def test_mpich_bind_none_when_too_few_cores() -> None:
+    nodes = (NodeSpec("a", "node1", 4, cores=2),)
+    argv = build_command(plan(MPICH, nodes=nodes, np=4)).argv
+    assert argv[argv.index("-bind-to") + 1] == "none"
+
+
+# -- hostfile, placement, binding ----------------------------------------------------------
+
+
+def test_render_hostfile_formats() -> None:
+    nodes = (
+        NodeSpec("n1", "node1", 4),
+        NodeSpec("n2", "10.0.0.5", 2),
+        NodeSpec("n3", "node1", 3),
+        NodeSpec("n4", "my-host_2.example.com", 1),
+    )
+    assert render_hostfile(nodes, MPIFlavour.OPENMPI) == (
+        "node1 slots=7\n10.0.0.5 slots=2\nmy-host_2.example.com slots=1\n"
+    )
+    assert render_hostfile(nodes, MPIFlavour.MPICH) == (
+        "node1:7\n10.0.0.5:2\nmy-host_2.example.com:1\n"
+    )
+
+
+def test_render_hostfile_keeps_first_appearance_order() -> None:
+    nodes = (NodeSpec("z", "zeta", 1), NodeSpec("a", "alpha", 1), NodeSpec("z2", "zeta", 1))
+    assert render_hostfile(nodes, MPIFlavour.OPENMPI) == "zeta slots=2\nalpha slots=1\n"
+
+
+@pytest.mark.parametrize(
+    ("slots", "np", "expected"),
+    [
+        ((2, 1), 3, [0, 0, 1]),
+        ((2, 1), 5, [0, 0, 1, 0, 0]),
+        ((2, 1), 1, [0]),
+        ((1, 1, 1), 7, [0, 1, 2, 0, 1, 2, 0]),
+        ((3,), 4, [0, 0, 0, 0]),
+        ((1, 3), 4, [0, 1, 1, 1]),
+    ],
+)
+def test_placement_fills_then_wraps(slots: tuple[int, ...], np: int, expected: list[int]) -> None:
+    nodes = tuple(NodeSpec(f"n{i}", f"node{i}", s) for i, s in enumerate(slots))
+    assert placement(nodes, np) == expected
+
+
+def test_binding_core_only_when_every_host_has_a_core_per_rank() -> None:
+    two = (NodeSpec("a", "a", 2, cores=2), NodeSpec("b", "b", 2, cores=3))
+    assert binding(two, 4) == "core"
+    assert binding(two, 5) == "none"  # the 5th rank wraps to a: 3 ranks on 2 cores
+    three = (NodeSpec("a", "a", 2, cores=3), NodeSpec("b", "b", 2, cores=2))
+    assert binding(three, 5) == "core"
+    assert binding(three, 6) == "none"
+
+
+def test_binding_counts_ranks_per_host_across_nodes_on_same_host() -> None:
+    # Two nodes on one host with 4 cores: 3 + 3 ranks do not fit, 2 + 2 do.
+    same = (NodeSpec("a", "box", 3, cores=4), NodeSpec("b", "box", 3, cores=4))
+    assert binding(same, 4) == "core"  # placement 0,0,0,1 -> 4 ranks on box
+    assert binding(same, 5) == "none"
+    apart = (NodeSpec("a", "box1", 3, cores=4), NodeSpec("b", "box2", 3, cores=4))
+    assert binding(apart, 6) == "core"
+
+
+def test_binding_unknown_cores_is_none() -> None:
+    nodes = (NodeSpec("a", "a", 1, cores=64), NodeSpec("b", "b", 1, cores=None))
+    assert binding(nodes, 2) == "none"
+    known = (NodeSpec("a", "a", 1, cores=64), NodeSpec("b", "b", 1, cores=1))
+    assert binding(known, 2) == "core"
