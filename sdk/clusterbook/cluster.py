@@ -265,7 +265,8 @@ class Cluster:
             oversubscribe=oversubscribe,
             remote=any(n.host not in _LOCAL_HOSTS for n in nodes),
             inherited_env=base_env,
-            launcher_args=tuple(launcher_args), job_token=secrets.token_hex(8),
+            launcher_args=tuple(launcher_args),
+            job_token=secrets.token_hex(8),
         )
         where = placement(nodes, np)
         here = socket.gethostname()

@@ -38,6 +38,10 @@ def validate_host(host: object) -> str:
             f"Host {host!r} starts with '-', which ssh and mpirun would read as an option; "
             "give a host name like 'node1'."
         )
+    if len(host) > 253:
+        raise ConfigError(
+            f"Host {host[:40]!r}... is {len(host)} characters long; host names have at most 253."
+        )
     if not _HOST_RE.fullmatch(host):
         bad = sorted({c for c in host if not re.fullmatch(r"[A-Za-z0-9._-]", c)})
         raise ConfigError(
@@ -61,16 +65,17 @@ def parse_host_slots(text: object, default_slots: int = 1) -> tuple[str, int]:
     if not isinstance(text, str):
         raise ConfigError(f"Host entry {text!r} must be a string like 'node1:4'.")
     host, sep, slots_text = text.partition(":")
+    if not host:
+        raise ConfigError(f"Host entry {text!r} has no host name; write it like 'node1:4'.")
     validate_host(host)
     if not sep:
         return host, default_slots
-    try:
-        slots = int(slots_text, 10)
-    except ValueError:
+    if not re.fullmatch(r"-?[0-9]+", slots_text):
         raise ConfigError(
             f"Slots {slots_text!r} in host entry {text!r} is not a number; write it like "
             f"'{host}:4'."
-        ) from None
+        )
+    slots = int(slots_text)
     if slots < 1:
         raise ConfigError(
             f"Slots in host entry {text!r} must be >= 1, got {slots}; write it like '{host}:4'."
@@ -125,7 +130,11 @@ def validate_timeout(timeout: object, name: str = "timeout") -> float | None:
         return None
     if isinstance(timeout, bool) or not isinstance(timeout, (int, float)):
         raise ConfigError(f"{name} must be a number of seconds > 0 or None, got {timeout!r}.")
-    if not math.isfinite(timeout) or timeout <= 0:
+    try:
+        finite = math.isfinite(timeout)
+    except OverflowError:  # an int too big for a float
+        finite = False
+    if not finite or timeout <= 0:
         raise ConfigError(
             f"{name} must be a number of seconds > 0, got {timeout!r}; use None for no limit."
         )

@@ -17,17 +17,23 @@ CLI = [sys.executable, "-m", "clusterbook.cli"]
 
 def run(args: list[str], tmp_path: Path, timeout: float = 120) -> subprocess.CompletedProcess:
     env = {**os.environ, "CLUSTERBOOK_RUN_ROOT": str(tmp_path / "runs")}
-    return subprocess.run([*CLI, *args], capture_output=True, text=True, env=env,
-                          timeout=timeout, check=False)
+    return subprocess.run(
+        [*CLI, *args], capture_output=True, text=True, env=env, timeout=timeout, check=False
+    )
 
 
 def test_demo_runs_an_allreduce_on_every_rank(openmpi_python, tmp_path):
     proc = run(["demo"], tmp_path)
     assert proc.returncode == 0, proc.stderr
     for rank in range(4):
-        assert re.search(rf"^\[{rank}\] rank {rank}/4 on \S+: allreduce\(rank\+1\) = 10 "
-                         r"\(expected 10\)", proc.stdout, re.M), proc.stdout
-    assert "local-0" in proc.stdout and "local-1" in proc.stdout  # the node table
+        assert re.search(
+            rf"^\[{rank}\] rank {rank}/4 on \S+: allreduce\(rank\+1\) = 10 "
+            r"\(expected 10\)",
+            proc.stdout,
+            re.M,
+        ), proc.stdout
+    assert "local-0" in proc.stdout
+    assert "local-1" in proc.stdout
     assert re.search(r"cluster start [\d.]+ s, job [\d.]+ s, total [\d.]+ s", proc.stdout)
 
 
@@ -47,24 +53,41 @@ def test_demo_without_the_flavour_names_the_extra_to_install(tmp_path):
 
 def test_run_returns_the_failing_rank_exit_code(openmpi_python, tmp_path):
     script = tmp_path / "fail.py"
-    script.write_text("import sys\nfrom mpi4py import MPI\n"
-                      "if MPI.COMM_WORLD.rank == 1:\n    sys.exit(7)\nMPI.COMM_WORLD.Barrier()\n")
+    script.write_text(
+        "import sys\nfrom mpi4py import MPI\n"
+        "if MPI.COMM_WORLD.rank == 1:\n    sys.exit(7)\nMPI.COMM_WORLD.Barrier()\n"
+    )
     proc = run(["run", "-n", "2", "--", "python", str(script)], tmp_path)
     assert proc.returncode == 7, proc.stderr
-    assert "Rank 1" in proc.stderr and "exited with code 7" in proc.stderr
+    assert "Rank 1" in proc.stderr
+    assert "exited with code 7" in proc.stderr
 
 
 def test_run_streams_output_with_rank_prefix(openmpi_python, tmp_path):
-    proc = run(["run", "-n", "2", "--env", "WHO=there", "--", "python", "-c",
-                "import os; from mpi4py import MPI; "
-                "print('hello', os.environ['WHO'], MPI.COMM_WORLD.rank)"], tmp_path)
+    proc = run(
+        [
+            "run",
+            "-n",
+            "2",
+            "--env",
+            "WHO=there",
+            "--",
+            "python",
+            "-c",
+            "import os; from mpi4py import MPI; "
+            "print('hello', os.environ['WHO'], MPI.COMM_WORLD.rank)",
+        ],
+        tmp_path,
+    )
     assert proc.returncode == 0, proc.stderr
     assert sorted(proc.stdout.splitlines()) == ["[0] hello there 0", "[1] hello there 1"]
 
 
 def test_run_timeout_exits_124_with_stacks(openmpi_python, tmp_path):
-    proc = run(["run", "-n", "1", "--timeout", "2", "--", "python", "-c",
-                "import time; time.sleep(600)"], tmp_path)
+    proc = run(
+        ["run", "-n", "1", "--timeout", "2", "--", "python", "-c", "import time; time.sleep(600)"],
+        tmp_path,
+    )
     assert proc.returncode == 124
     assert "most recent call first" in proc.stderr
     assert "timed out" in proc.stderr
@@ -83,8 +106,10 @@ def test_run_timeout_exits_124_with_stacks(openmpi_python, tmp_path):
         (["run", "-n", "1", "--hosts=-oProxyCommand=x", "--", "true"], "starts with '-'"),
         (["run", "-n", "1", "--hosts", "a:1,,b:1", "--", "true"], "empty entry"),
         (["run", "-n", "1", "--hosts", "a:zero", "--", "true"], "is not a number"),
-        (["run", "-n", "1", "--launcher", "/nonexistent/mpirun", "--", "true"],
-         "does not exist or is not executable"),
+        (
+            ["run", "-n", "1", "--launcher", "/nonexistent/mpirun", "--", "true"],
+            "does not exist or is not executable",
+        ),
     ],
 )
 def test_bad_input_gets_a_clear_message_and_exit_2(args, message, tmp_path):
@@ -97,4 +122,5 @@ def test_bad_input_gets_a_clear_message_and_exit_2(args, message, tmp_path):
 def test_help_lists_the_commands(tmp_path):
     proc = run(["run", "--help"], tmp_path)
     assert proc.returncode == 0
-    assert "--hosts" in proc.stdout and "--timeout" in proc.stdout
+    assert "--hosts" in proc.stdout
+    assert "--timeout" in proc.stdout

@@ -75,7 +75,7 @@ def test_allreduce_on_four_ranks(mpi_python, make_cluster, program):
 
 
 def test_env_arrives_byte_for_byte(mpi_python, make_cluster, program):
-    value = "it's \"quoted\" $HOME `id` \\back\nnew line\ttab é €"
+    value = 'it\'s "quoted" $HOME `id` \\back\nnew line\ttab é €'
     script = program("env.py", "import os\nprint(repr(os.environ['TRICKY']))\n")
     cluster = make_cluster(mpi_python)
     job = cluster.mpirun(["python", script], np=2, env={"TRICKY": value}, timeout=120)
@@ -115,14 +115,14 @@ def test_timeout_dumps_every_rank_stack_then_stops(mpi_python, make_cluster, pro
     job = cluster.mpirun(["python", script], np=2, timeout=3)
     result = job.wait(timeout=120)
 
-    assert result.timed_out and not result.ok
+    assert result.timed_out
+    assert not result.ok
     assert "timed out" in result.summary()
     logs = job.logs()
     for rank, where in ((0, "time.sleep(600)"), (1, "comm.Barrier()")):
         lines = logs[(logs["rank"] == rank) & (logs.stream == "stderr")].line.tolist()
         assert any("most recent call first" in line for line in lines), lines
-        line_no = HANGS.splitlines().index(
-            next(s for s in HANGS.splitlines() if where in s)) + 1
+        line_no = HANGS.splitlines().index(next(s for s in HANGS.splitlines() if where in s)) + 1
         assert any(f'File "{script}", line {line_no}' in line for line in lines), lines
 
 
@@ -133,7 +133,8 @@ def test_cancel_stops_every_process(mpi_python, make_cluster, program, tmp_path)
     first = next(iter(job.stream()))
     assert first.line == "started"
     result = job.cancel()
-    assert result.cancelled and not result.ok
+    assert result.cancelled
+    assert not result.ok
     assert result.failed == ()  # ranks we stopped did not fail on their own
     from tests.conftest import processes_mentioning
 
@@ -184,8 +185,9 @@ def test_oversubscribe_runs_more_ranks_than_slots(mpi_python, make_cluster, prog
     cluster = make_cluster(mpi_python, workers=1, slots=1)
     with pytest.raises(cb.ConfigError, match="np=3 is more than the cluster's 1 slots"):
         cluster.mpirun(["python", "-c", "pass"], np=3)
-    job = cluster.mpirun(["python", program("a.py", ALLREDUCE)], np=3, oversubscribe=True,
-                         timeout=120)
+    job = cluster.mpirun(
+        ["python", program("a.py", ALLREDUCE)], np=3, oversubscribe=True, timeout=120
+    )
     assert job.wait().ok, job.wait().summary()
 
 

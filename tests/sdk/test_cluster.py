@@ -35,7 +35,8 @@ def test_lifecycle(cluster, tmp_path):
     with pytest.raises(cb.ClusterStateError, match="not started"):
         cluster.wait_ready(timeout=1)
     with cluster as same:
-        assert same is cluster and cluster.state == "running"
+        assert same is cluster
+        assert cluster.state == "running"
         cluster.wait_ready(timeout=1)
         assert (tmp_path / "run" / "jobs").is_dir()
         assert (tmp_path / "run").stat().st_mode & 0o077 == 0  # logs are private
@@ -68,11 +69,17 @@ def test_stop_runs_on_error_inside_with(cluster):
         ({"argv": ["true"], "timeout": 0}, cb.ConfigError, "timeout must be a number of seconds"),
         ({"argv": ["true"], "timeout": -5}, cb.ConfigError, "got -5"),
         ({"argv": ["true"], "cwd": "/no/such/dir"}, cb.ConfigError, "'/no/such/dir' is not a dir"),
-        ({"argv": ["no-such-program-xyz"]}, cb.ProgramNotFoundError,
-         "'no-such-program-xyz' was not found on PATH"),
+        (
+            {"argv": ["no-such-program-xyz"]},
+            cb.ProgramNotFoundError,
+            "'no-such-program-xyz' was not found on PATH",
+        ),
         ({"argv": ["/opt/none/prog"]}, cb.ProgramNotFoundError, "'/opt/none/prog' was not found"),
-        ({"argv": ["python", "trian.py"]}, cb.ProgramNotFoundError,
-         "script 'trian.py' does not exist in"),
+        (
+            {"argv": ["python", "trian.py"]},
+            cb.ProgramNotFoundError,
+            "script 'trian.py' does not exist in",
+        ),
     ],
 )
 def test_bad_job_input_is_refused_before_anything_runs(cluster, kwargs, error, message):

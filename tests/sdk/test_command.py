@@ -17,6 +17,7 @@ from clusterbook.launch.command import (
     render_hostfile,
 )
 from clusterbook.launch.flavour import Launcher, MPIFlavour
+from clusterbook.launch.guard import ENV as GUARD_ENV
 from clusterbook.launch.rankwrap import HOOK_DIR, WRAPPER, wrap_argv
 from clusterbook.spec import NodeSpec
 
@@ -27,7 +28,7 @@ HOSTFILE = "/tmp/cb/job-1/hostfile"
 OUT = "/tmp/cb/job-1"
 LOCAL = (NodeSpec("local-0", "localhost", 4, cores=8),)
 # A value a shell would mangle and `ps` must never show.
-NASTY = "it's \"quoted\" $HOME $(id) `id` ; rm -rf x\nsecond line \u00e9"
+NASTY = 'it\'s "quoted" $HOME $(id) `id` ; rm -rf x\nsecond line \u00e9'
 
 
 def plan(launcher: Launcher = OMPI, **changes: object) -> LaunchPlan:
@@ -241,6 +242,18 @@ def test_openmpi_user_env_overrides_tuning_and_is_exported() -> None:
     assert cmd.env["OMPI_MCA_mtl"] == "^ofi"
     assert "OMPI_MCA_btl" in x_names(cmd.argv)
     assert "OMPI_MCA_mtl" not in x_names(cmd.argv)
+
+
+@pytest.mark.parametrize("launcher", [OMPI, MPICH], ids=["openmpi", "mpich"])
+def test_job_token_reaches_ranks_through_env_only(launcher: Launcher) -> None:
+    assert GUARD_ENV == "CLUSTERBOOK_JOB"
+    assert GUARD_ENV not in build_command(plan(launcher)).env
+    tag = "5f3a9c0e71d24b88"
+    cmd = build_command(plan(launcher, job_token=tag))
+    assert cmd.env[GUARD_ENV] == tag
+    assert not any(tag in arg for arg in cmd.argv)
+    if launcher is OMPI:
+        assert x_names(cmd.argv) == ["CLUSTERBOOK_JOB", "CLUSTERBOOK_RANK_HOOK", "PYTHONPATH"]
 
 
 # -- MPICH ---------------------------------------------------------------------------------

@@ -44,7 +44,10 @@ def test_the_launcher_next_to_the_interpreter_wins(env_bin, tmp_path, monkeypatc
     monkeypatch.setenv("PATH", str(elsewhere.parent))
     found = find_launcher(str(env_bin / "python"))
     assert (found.path, found.flavour, found.version) == (
-        str(env_bin / "mpiexec"), MPIFlavour.MPICH, "5.0.2")
+        str(env_bin / "mpiexec"),
+        MPIFlavour.MPICH,
+        "5.0.2",
+    )
     # Asking for a flavour skips launchers of the other one.
     assert find_launcher(str(env_bin / "python"), flavour="openmpi").path == str(elsewhere)
 

@@ -4,6 +4,7 @@ It reads ``+ TOKEN`` / ``- TOKEN`` lines from stdin. At end of input, which mean
 that started it has died, it kills every process tagged with a token still registered.
 """
 
+import contextlib
 import os
 import signal
 import sys
@@ -37,10 +38,8 @@ def kill_tagged(tokens, grace):  # type: ignore[no-untyped-def]
     for sig, pause in ((signal.SIGTERM, grace), (signal.SIGKILL, 0.0)):
         pids = tagged(tokens)
         for pid in pids:
-            try:
+            with contextlib.suppress(OSError):
                 os.kill(pid, sig)
-            except OSError:
-                pass
         deadline = time.monotonic() + pause
         while pids and time.monotonic() < deadline:
             time.sleep(0.05)

@@ -151,20 +151,18 @@ class LogStore:
         with self._cond:
             return list(self._tails.get(rank, ()))
 
-    def stream(self, *, from_start: bool = True, poll: float | None = None) -> Iterator[LogRecord]:
+    def stream(self, *, from_start: bool = True) -> Iterator[LogRecord]:
         """Yield records as they arrive until the store is closed.
 
         Records that fall out of the bounded buffer before a slow reader gets to them are
-        skipped here (they are in the files). ``poll`` bounds each wait, for callers that
-        need to check something else between records.
+        skipped here (they are in the files).
         """
         with self._cond:
             cursor = self._seq - (len(self._records) if from_start else 0)
         while True:
             with self._cond:
                 while cursor >= self._seq and not self._closed:
-                    if not self._cond.wait(poll):
-                        break
+                    self._cond.wait()
                 first = self._seq - len(self._records)
                 cursor = max(cursor, first)
                 batch = [self._records[i - first] for i in range(cursor, self._seq)]

@@ -126,4 +126,8 @@ def excerpt(lines: tuple[str, ...] | list[str], limit: int = 12) -> list[str]:
     while end < len(lines) and (lines[end].startswith(" ") or not lines[end]):
         end += 1
     chosen = list(lines[start : end + 1])
-    return chosen if len(chosen) <= limit else [chosen[0], "    ...", *chosen[-(limit - 2) :]]
+    if len(chosen) <= limit:
+        return chosen
+    if limit < 3:
+        return chosen[-limit:] if limit > 0 else []
+    return [chosen[0], "    ...", *chosen[-(limit - 2) :]]

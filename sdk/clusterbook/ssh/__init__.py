@@ -1,0 +1,1 @@
+"""SSH: user-level sshd and the pieces that reach nodes over SSH."""

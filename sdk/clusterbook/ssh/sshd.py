@@ -1,0 +1,509 @@
+"""A user-level OpenSSH sshd for nodes that have none.
+
+No root is needed: the daemon gets its own host key, config, pid file and log in one directory
+and listens on a high port, the way the Kubeflow MPI base image runs sshd as a plain user and
+the way Binder users get SSH at all. It runs in the foreground (``sshd -D``) as our child, so we
+own its pid, and it gets SIGTERM when the process that started it dies.
+
+>>> from clusterbook.ssh.sshd import start_sshd
+>>> with start_sshd("~/.clusterbook/sshd") as sshd:                  # doctest: +SKIP
+...     print(sshd.port, sshd.host_public_key)
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import ipaddress
+import os
+import re
+import shlex
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from types import TracebackType
+
+import psutil
+
+from clusterbook.errors import ClusterError, ConfigError
+from clusterbook.spec import validate_host, validate_timeout
+
+__all__ = ["HOST_KEY_NAME", "Sshd", "SshdConfig", "SshdError", "render_sshd_config", "start_sshd"]
+
+HOST_KEY_NAME = "ssh_host_ed25519_key"
+_DEFAULT_SSHD = "/usr/sbin/sshd"
+_INSTALL_HINT = "install OpenSSH's server with `apt-get install openssh-server`"
+_PR_SET_PDEATHSIG = 1
+_NAME_RE = re.compile(r"[A-Za-z0-9_][A-Za-z0-9._-]{0,62}")
+# Characters sshd_config cannot carry inside a path, quoted or not.
+_BAD_PATH_CHARS = frozenset('"\\\n\r\t\0')
+
+
+class SshdError(ClusterError):
+    """sshd could not be started, or did not answer in time.
+
+    The message names the address, port and directory and ends with the last lines of the
+    sshd log (which say why, e.g. "Address already in use"); they are also in ``log_tail``.
+    """
+
+    def __init__(self, message: str, *, port: int, directory: Path, log_tail: str = "") -> None:
+        super().__init__(message)
+        self.port = port
+        self.directory = directory
+        self.log_tail = log_tail
+
+
+@dataclass(frozen=True, slots=True)
+class SshdConfig:
+    """What a user-level sshd listens on and where its files are.
+
+    Parameters
+    ----------
+    directory
+        Absolute directory holding the host key, config, pid file and log.
+    port
+        TCP port to listen on, 1-65535.
+    listen
+        Address to listen on; ``127.0.0.1`` keeps it private to this machine.
+    authorized_keys
+        The file of public keys allowed to log in; ``directory/"authorized_keys"`` if None.
+    """
+
+    directory: Path
+    port: int
+    listen: str = "127.0.0.1"
+    authorized_keys: Path | None = None
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "directory", _check_path(self.directory, "directory"))
+        if isinstance(self.port, bool) or not isinstance(self.port, int):
+            raise ConfigError(f"sshd port must be a whole number 1-65535, got {self.port!r}.")
+        if not 1 <= self.port <= 65535:
+            raise ConfigError(
+                f"sshd port must be 1-65535, got {self.port}; start_sshd(port=0) picks a free one."
+            )
+        _check_listen(self.listen)
+        keys = self.authorized_keys
+        keys = self.directory / "authorized_keys" if keys is None else keys
+        object.__setattr__(self, "authorized_keys", _check_path(keys, "authorized_keys"))
+
+
+def render_sshd_config(cfg: SshdConfig, *, host_key: Path, pid_file: Path) -> str:
+    """Return the text of an sshd_config for ``cfg``: public keys only, no PAM, no forwarding.
+
+    Parameters
+    ----------
+    cfg
+        Port, listen address and authorized_keys file.
+    host_key
+        The private host key file.
+    pid_file
+        Where sshd writes its pid.
+
+    Returns
+    -------
+    str
+        The config text, one ``Keyword value`` per line.
+    """
+    assert cfg.authorized_keys is not None  # filled in by SshdConfig
+    # AuthorizedKeysFile expands %-tokens (%h, %u) at login; HostKey and PidFile do not.
+    keys = _quote(str(cfg.authorized_keys)).replace("%", "%%")
+    lines = [
+        ("Port", str(cfg.port)),
+        ("ListenAddress", cfg.listen),
+        ("HostKey", _quote(str(_check_path(host_key, "host_key")))),
+        ("PidFile", _quote(str(_check_path(pid_file, "pid_file")))),
+        ("UsePAM", "no"),
+        ("StrictModes", "no"),
+        ("PasswordAuthentication", "no"),
+        ("KbdInteractiveAuthentication", "no"),
+        ("PubkeyAuthentication", "yes"),
+        ("AuthorizedKeysFile", keys),
+        ("PermitRootLogin", "prohibit-password"),
+        ("AllowTcpForwarding", "no"),
+        ("X11Forwarding", "no"),
+        ("PrintMotd", "no"),
+        ("AcceptEnv", "none"),
+        ("LogLevel", "VERBOSE"),
+        # Many nodes handshake at once when a cluster starts; the default 10:30:100 drops them.
+        ("MaxStartups", "64:30:128"),
+        ("Subsystem", "sftp internal-sftp"),
+    ]
+    return "".join(f"{key} {value}\n" for key, value in lines)
+
+
+class Sshd:
+    """A running sshd started by :func:`start_sshd`; :meth:`stop` it, or use it in ``with``.
+
+    Attributes
+    ----------
+    port, listen
+        Where it accepts connections.
+    host_public_key
+        Its host key as ``"ssh-ed25519 AAAA..."``, for a known_hosts line.
+    pid
+        The sshd listener's pid (our child).
+    directory, config_path, log_path, host_key_path
+        Its files.
+    """
+
+    def __init__(
+        self,
+        proc: subprocess.Popen[bytes],
+        cfg: SshdConfig,
+        *,
+        host_public_key: str,
+        config_path: Path,
+        log_path: Path,
+        host_key_path: Path,
+    ) -> None:
+        self._proc = proc
+        self.port = cfg.port
+        self.listen = cfg.listen
+        self.directory = cfg.directory
+        self.authorized_keys: Path = cfg.authorized_keys  # type: ignore[assignment]
+        self.host_public_key = host_public_key
+        self.pid = proc.pid
+        self.config_path = config_path
+        self.log_path = log_path
+        self.host_key_path = host_key_path
+
+    @property
+    def running(self) -> bool:
+        """True while the sshd listener has not exited."""
+        return self._proc.poll() is None
+
+    def stop(self, timeout: float = 5.0) -> None:
+        """Stop sshd and the sessions it started: SIGTERM, then SIGKILL after ``timeout`` s.
+
+        Calling it again does nothing.
+        """
+        if self._proc.poll() is not None:
+            return
+        try:
+            sessions = psutil.Process(self.pid).children(recursive=True)
+        except psutil.Error:
+            sessions = []
+        with contextlib.suppress(ProcessLookupError):
+            self._proc.terminate()
+            self._proc.send_signal(signal.SIGCONT)  # a paused sshd would never see SIGTERM
+        try:
+            self._proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            self._proc.kill()
+            self._proc.wait()
+        for p in sessions:
+            with contextlib.suppress(psutil.Error):
+                p.kill()
+
+    def __enter__(self) -> Sshd:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.stop()
+
+    def __repr__(self) -> str:
+        state = "running" if self.running else "stopped"
+        return f"<Sshd {self.listen}:{self.port} pid={self.pid} {state} dir={self.directory}>"
+
+
+def start_sshd(
+    directory: str | os.PathLike[str],
+    port: int = 0,
+    listen: str = "127.0.0.1",
+    *,
+    authorized_keys: str | os.PathLike[str] | None = None,
+    sshd_path: str | os.PathLike[str] | None = None,
+    timeout: float = 10.0,
+    netns: str | None = None,
+    hostname: str | None = None,
+) -> Sshd:
+    """Start an sshd as the current user and return once it answers with an SSH banner.
+
+    An ed25519 host key is made in ``directory`` on first use and reused after, so a restarted
+    sshd keeps its identity. The sshd gets SIGTERM when the *thread* that started it exits
+    (Linux parent-death signal), so start it from a thread that lives as long as it should.
+
+    Parameters
+    ----------
+    directory
+        Directory for the host key, ``sshd_config``, ``sshd.pid`` and ``sshd.log`` (made 0700).
+    port
+        Port to listen on; 0 picks a free one.
+    listen
+        Address to listen on. The caller must be able to reach it (readiness is checked by
+        connecting to it).
+    authorized_keys
+        Public keys allowed to log in; default ``directory/"authorized_keys"`` (made empty, 0600).
+    sshd_path
+        The sshd binary; default ``sshd`` on PATH or ``/usr/sbin/sshd``.
+    timeout
+        Seconds to wait for the banner.
+    netns
+        Root only: run sshd in this network namespace (``ip netns exec``); needs an explicit port.
+    hostname
+        Root only: run sshd in a new UTS namespace with this hostname, so sessions see it.
+
+    Returns
+    -------
+    Sshd
+        The running daemon.
+
+    Raises
+    ------
+    ConfigError
+        A bad argument (the message says which and why).
+    SshdError
+        sshd is missing, exited, or did not answer within ``timeout``; the message holds the
+        last lines of its log.
+    """
+    limit = validate_timeout(timeout)
+    if limit is None:
+        raise ConfigError("start_sshd timeout must be a number of seconds > 0, got None.")
+    _check_listen(listen)
+    root_only = {"netns": netns, "hostname": hostname}
+    for name, value in root_only.items():
+        if value is None:
+            continue
+        if not isinstance(value, str) or not _NAME_RE.fullmatch(value):
+            raise ConfigError(
+                f"{name} {value!r} must be letters, digits, '.', '-' or '_', not starting with '-'."
+            )
+        if os.geteuid() != 0:
+            raise ConfigError(f"{name}={value!r} needs root; leave it out to run sshd as a user.")
+    if netns is not None and port == 0:
+        raise ConfigError(f"start_sshd(netns={netns!r}) needs an explicit port, like port=22.")
+    directory = _check_path(Path(directory).expanduser(), "directory")
+    directory.mkdir(mode=0o700, parents=True, exist_ok=True)
+    sshd = _find_sshd(sshd_path, directory, port)
+    if authorized_keys is None:
+        keys = directory / "authorized_keys"
+        if not keys.exists():
+            _write_private(keys, "")
+    else:
+        keys = Path(authorized_keys).expanduser()
+    host_key = directory / HOST_KEY_NAME
+    host_public_key = _ensure_host_key(host_key, directory, port)
+    if os.geteuid() == 0:
+        # Debian's sshd refuses to start as root without its privilege separation directory.
+        os.makedirs("/run/sshd", mode=0o755, exist_ok=True)
+    # A port picked here can be taken before sshd binds it; then pick again.
+    attempts = 3 if port == 0 else 1
+    for attempt in range(attempts):
+        cfg = SshdConfig(directory, port or _free_port(listen), listen, keys)
+        try:
+            return _launch(sshd, cfg, host_key, host_public_key, limit, netns, hostname)
+        except SshdError as exc:
+            if attempt + 1 == attempts or "Address already in use" not in exc.log_tail:
+                raise
+    raise AssertionError("unreachable")
+
+
+def _launch(
+    sshd: str,
+    cfg: SshdConfig,
+    host_key: Path,
+    host_public_key: str,
+    timeout: float,
+    netns: str | None,
+    hostname: str | None,
+) -> Sshd:
+    config_path = cfg.directory / "sshd_config"
+    log_path = cfg.directory / "sshd.log"
+    pid_file = cfg.directory / "sshd.pid"
+    _write_private(config_path, render_sshd_config(cfg, host_key=host_key, pid_file=pid_file))
+    argv = [sshd, "-D", "-f", str(config_path), "-E", str(log_path)]
+    if hostname is not None:
+        script = f"hostname {shlex.quote(hostname)} && exec {shlex.join(argv)}"
+        argv = ["unshare", "--uts", "sh", "-c", script]
+    if netns is not None:
+        argv = ["ip", "netns", "exec", netns, *argv]  # ip, unshare and sh all exec: pid is sshd's
+    log_start = log_path.stat().st_size if log_path.exists() else 0
+    log_fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+    with os.fdopen(log_fd, "ab") as log:  # errors of ip/unshare/sh land in the same log
+        proc = subprocess.Popen(
+            argv,
+            stdin=subprocess.DEVNULL,
+            stdout=log,
+            stderr=log,
+            start_new_session=True,  # a Ctrl-C in the terminal is not meant for sshd
+            preexec_fn=_die_with_parent(),
+        )
+    where = f"{cfg.listen}:{cfg.port}"
+    deadline = time.monotonic() + timeout
+    while True:
+        code = proc.poll()
+        if code is not None:
+            tail = _log_tail(log_path, log_start)
+            raise SshdError(
+                f"sshd for {where} (directory {cfg.directory}) exited with code {code} at start; "
+                f"its log says:\n{tail}",
+                port=cfg.port,
+                directory=cfg.directory,
+                log_tail=tail,
+            )
+        # The log line proves that our sshd bound the port (not some other server on it).
+        bound = "Server listening on" in _log_tail(log_path, log_start, lines=1000)
+        if bound and _answers_ssh(cfg.listen, cfg.port, max(0.05, deadline - time.monotonic())):
+            break
+        if time.monotonic() >= deadline:
+            proc.kill()
+            proc.wait()
+            tail = _log_tail(log_path, log_start)
+            raise SshdError(
+                f"sshd for {where} (directory {cfg.directory}) did not answer with an SSH banner "
+                f"within {timeout:g} s; its log says:\n{tail or '(nothing)'}",
+                port=cfg.port,
+                directory=cfg.directory,
+                log_tail=tail,
+            )
+        time.sleep(0.02)
+    return Sshd(
+        proc,
+        cfg,
+        host_public_key=host_public_key,
+        config_path=config_path,
+        log_path=log_path,
+        host_key_path=host_key,
+    )
+
+
+def _find_sshd(sshd_path: str | os.PathLike[str] | None, directory: Path, port: int) -> str:
+    if sshd_path is None:
+        found = shutil.which("sshd", path=f"{os.environ.get('PATH', '')}:/usr/sbin:/usr/local/sbin")
+        candidate = Path(found or _DEFAULT_SSHD)
+    else:
+        candidate = Path(sshd_path).expanduser()
+    # sshd re-executes itself for every connection, which needs an absolute path.
+    candidate = candidate.absolute()
+    if not (candidate.is_file() and os.access(candidate, os.X_OK)):
+        raise SshdError(
+            f"No sshd binary at {candidate} (needed for the sshd in {directory}); "
+            f"{_INSTALL_HINT}, or pass sshd_path=.",
+            port=port,
+            directory=directory,
+        )
+    return str(candidate)
+
+
+def _ensure_host_key(host_key: Path, directory: Path, port: int) -> str:
+    public = host_key.with_name(host_key.name + ".pub")
+    if not (host_key.exists() and public.exists()):
+        for stale in (host_key, public):  # ssh-keygen would stop to ask before overwriting
+            stale.unlink(missing_ok=True)
+        keygen = shutil.which("ssh-keygen")
+        if keygen is None:
+            raise SshdError(
+                f"No ssh-keygen to make a host key in {directory} (port {port}); {_INSTALL_HINT}.",
+                port=port,
+                directory=directory,
+            )
+        old_umask = os.umask(0o077)  # the key files are never readable by others, not even briefly
+        try:
+            done = subprocess.run(
+                [keygen, "-q", "-t", "ed25519", "-N", "", "-C", "", "-f", str(host_key)],
+                stdin=subprocess.DEVNULL,
+                capture_output=True,
+                text=True,
+                check=False,
+            )
+        finally:
+            os.umask(old_umask)
+        if done.returncode != 0:
+            raise SshdError(
+                f"ssh-keygen could not make a host key at {host_key} (port {port}): "
+                f"{done.stderr.strip()}",
+                port=port,
+                directory=directory,
+                log_tail=done.stderr,
+            )
+    return " ".join(public.read_text().split()[:2])
+
+
+def _answers_ssh(host: str, port: int, timeout: float) -> bool:
+    """Connect and read the server's identification line; True if it starts with SSH-2.0."""
+    connect_to = {"0.0.0.0": "127.0.0.1", "::": "::1"}.get(host, host)  # noqa: S104
+    try:
+        with socket.create_connection((connect_to, port), timeout=timeout) as sock:
+            return sock.recv(64).startswith(b"SSH-2.0")
+    except OSError:
+        return False
+
+
+def _free_port(listen: str) -> int:
+    family = socket.AF_INET6 if ":" in listen else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as sock:
+        sock.bind((listen, 0))
+        return int(sock.getsockname()[1])
+
+
+def _die_with_parent() -> Callable[[], None] | None:
+    """A preexec_fn asking Linux to SIGTERM the child when its parent thread ends."""
+    if not sys.platform.startswith("linux"):
+        return None
+    libc = ctypes.CDLL(None, use_errno=True)  # loaded before fork: nothing to import after it
+    parent = os.getpid()
+
+    def preexec() -> None:
+        libc.prctl(_PR_SET_PDEATHSIG, int(signal.SIGTERM))
+        if os.getppid() != parent:  # the parent died before prctl took effect
+            os._exit(1)
+
+    return preexec
+
+
+def _log_tail(log_path: Path, start: int, lines: int = 12) -> str:
+    try:
+        with open(log_path, "rb") as f:
+            f.seek(start)
+            text = f.read().decode(errors="replace")
+    except OSError:
+        return ""
+    return "\n".join(text.strip().splitlines()[-lines:])
+
+
+def _write_private(path: Path, text: str) -> None:
+    """Write ``text`` to ``path``, created 0600 in one step (never readable by others)."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as f:
+        os.fchmod(f.fileno(), 0o600)
+        f.write(text)
+
+
+def _check_listen(listen: object) -> str:
+    if isinstance(listen, str):
+        with contextlib.suppress(ValueError):
+            ipaddress.ip_address(listen)
+            return listen
+    try:
+        return validate_host(listen)
+    except ConfigError as exc:
+        raise ConfigError(f"sshd listen address: {exc}") from None
+
+
+def _check_path(path: object, name: str) -> Path:
+    if not isinstance(path, (str, os.PathLike)):
+        raise ConfigError(f"sshd {name} must be a path, got {path!r}.")
+    path = Path(path).absolute()
+    bad = sorted(set(str(path)) & _BAD_PATH_CHARS)
+    if bad:
+        raise ConfigError(
+            f"sshd {name} {str(path)!r} contains {''.join(bad)!r}, which sshd_config cannot "
+            "hold; choose a path without quotes, backslashes or control characters."
+        )
+    return path
+
+
+def _quote(value: str) -> str:
+    return f'"{value}"' if any(c in value for c in " #'") else value
