@@ -5,6 +5,8 @@ as a user would type it with the same environment tuning (for Open MPI also with
 information), and wall times are compared. The goal is clusterbook/bare (median) <= 1.10.
 
     python benchmarks/launch_overhead.py [--repeat 20] [--mpich-python /path/to/python]
+
+The exit status is 1 when a flavour misses the goal.
 """
 
 from __future__ import annotations
@@ -77,13 +79,12 @@ def run_bare(argv: list[str], env: dict[str, str], cwd: Path) -> None:
         sys.exit(f"{shlex.join(argv)} failed ({proc.returncode}):\n{proc.stdout}{proc.stderr}")
 
 
-def make_flavour(python: str, mpi: str, run_dir: Path, hello: Path) -> Flavour:
-    cluster = cb.Cluster.local(workers=1, slots=2, run_dir=run_dir, python=python, mpi=mpi)
-    cluster.start()
+def make_flavour(cluster: cb.Cluster, hello: Path) -> Flavour:
     launcher = cluster.launcher
-    title = f"{'Open MPI' if mpi == 'openmpi' else 'MPICH'} {launcher.version} ({launcher.path})"
-    program = [python, str(hello)]
-    if mpi == "mpich":
+    mpich = launcher.flavour is cb.MPIFlavour.MPICH
+    title = f"{'MPICH' if mpich else 'Open MPI'} {launcher.version} ({launcher.path})"
+    program = [cluster.python, str(hello)]
+    if mpich:
         mpiexec = Path(launcher.path).with_name("mpiexec")  # Hydra's mpirun is the same program
         path = str(mpiexec) if os.access(mpiexec, os.X_OK) else launcher.path
         bare = {"bare mpiexec": ([path, "-n", "2", *program], dict(os.environ))}
@@ -110,6 +111,12 @@ def shown_argv(argv: list[str]) -> str:
     return shlex.join(argv).replace(shlex.quote(WRAPPER), f"'<rank wrapper, {lines} lines>'")
 
 
+def shown_bare(argv: list[str], env: dict[str, str]) -> str:
+    """A bare command as typed in a shell, with the tuning variables it sets."""
+    tuning = [f"{k}={env[k]}" for k in OPENMPI_TUNING if k in env]
+    return shlex.join([*tuning, *argv])
+
+
 def report(flavour: Flavour, repeat: int, warmup: int) -> bool:
     print(f"\n{flavour.title}: {repeat} runs each, after {warmup} warm-up rounds")
     print(f"  {'':26} {'median':>8} {'min':>8} {'p90':>8}  (ms)")
@@ -122,7 +129,42 @@ def report(flavour: Flavour, repeat: int, warmup: int) -> bool:
     verdict = "PASS" if ratio <= GOAL else "MISS"
     print(f"  ratio clusterbook/bare (median): {ratio:.3f}   goal <= {GOAL:.2f}: {verdict}")
     print(f"  clusterbook ran: {shown_argv(flavour.launcher_argv)}")
+    for label, (argv, env) in flavour.bare.items():
+        print(f"  {label} ran: {shown_bare(argv, env)}")
     return ratio <= GOAL
+
+
+def measure(repeat: int, warmup: int, mpich_python: str | None) -> bool:
+    """Run every flavour's variants in turn, print the tables; True if every goal is met."""
+    started = time.perf_counter()
+    print(f"clusterbook {cb.__version__}, Python {sys.version.split()[0]}, {os.cpu_count()} CPUs")
+    with tempfile.TemporaryDirectory(prefix="cb-launch-") as tmp, contextlib.ExitStack() as stack:
+        hello = Path(tmp, "hello.py")
+        hello.write_text(HELLO)
+        wanted = [(sys.executable, "openmpi")]
+        if mpich_python:
+            wanted.append((mpich_python, "mpich"))
+        flavours = []
+        for python, mpi in wanted:
+            cluster = cb.Cluster.local(1, 2, run_dir=Path(tmp, mpi), python=python, mpi=mpi)
+            flavours.append(make_flavour(stack.enter_context(cluster), hello))
+
+        for round_ in range(warmup + repeat):
+            for flavour in flavours:
+                # Rotate the order every round so that no variant always runs right after
+                # the same other one (caches, CPU frequency).
+                labels = list(flavour.times)
+                shift = round_ % len(labels)
+                for label in labels[shift:] + labels[:shift]:
+                    t0 = time.perf_counter()
+                    flavour.run(label, hello)
+                    elapsed = time.perf_counter() - t0
+                    if round_ >= warmup:
+                        flavour.times[label].append(elapsed)
+
+        results = [report(f, repeat, warmup) for f in flavours]
+    print(f"\ntotal {time.perf_counter() - started:.1f} s")
+    return all(results)
 
 
 def main() -> int:
@@ -139,36 +181,11 @@ def main() -> int:
     if args.repeat < 1 or args.warmup < 0:
         parser.error("--repeat must be >= 1 and --warmup >= 0")
 
-    started = time.perf_counter()
-    print(f"clusterbook {cb.__version__}, Python {sys.version.split()[0]}, {os.cpu_count()} CPUs")
-    with tempfile.TemporaryDirectory(prefix="cb-launch-") as tmp, contextlib.ExitStack() as stack:
-        hello = Path(tmp, "hello.py")
-        hello.write_text(HELLO)
-        wanted = [(sys.executable, "openmpi")]
-        if args.mpich_python:
-            wanted.append((args.mpich_python, "mpich"))
-        flavours = []
-        for python, mpi in wanted:
-            flavour = make_flavour(python, mpi, Path(tmp, f"runs-{mpi}"), hello)
-            stack.callback(flavour.cluster.stop)
-            flavours.append(flavour)
-
-        for round_ in range(args.warmup + args.repeat):
-            for flavour in flavours:
-                # Rotate the order every round so that no variant always runs right after
-                # the same other one (caches, CPU frequency).
-                labels = list(flavour.times)
-                shift = round_ % len(labels)
-                for label in labels[shift:] + labels[:shift]:
-                    t0 = time.perf_counter()
-                    flavour.run(label, hello)
-                    elapsed = time.perf_counter() - t0
-                    if round_ >= args.warmup:
-                        flavour.times[label].append(elapsed)
-
-        results = [report(f, args.repeat, args.warmup) for f in flavours]
-    print(f"\ntotal {time.perf_counter() - started:.1f} s")
-    return 0 if all(results) else 1
+    try:
+        ok = measure(args.repeat, args.warmup, args.mpich_python)
+    except cb.ClusterError as exc:
+        sys.exit(f"error: {exc}")
+    return 0 if ok else 1
 
 
 if __name__ == "__main__":

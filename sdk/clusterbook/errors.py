@@ -12,6 +12,13 @@ and what to do about it. Errors of third-party libraries are translated at the b
     │   └── ProgramNotFoundError            the program (or script) of a job does not exist
     ├── ClusterStateError                   the call does not fit the cluster's state
     ├── ReadyTimeoutError (also TimeoutError)   wait_ready() gave up
+    ├── SSHError                            something about a host's ssh; names the host
+    │   ├── SSHConnectError                 name does not resolve, refused, unreachable
+    │   ├── SSHTimeoutError (also TimeoutError)  no answer, or a command ran over its time
+    │   ├── SSHAuthError                    the host refused our key
+    │   ├── HostKeyUnknownError             the host's key is in no known_hosts we trust
+    │   ├── HostKeyChangedError             the host's key differs from the one on record
+    │   └── RemoteCommandError              a remote command failed (check=True)
     └── JobError
         ├── JobTimeoutError (also TimeoutError) job.wait(timeout) returned before the job ended
         └── JobFailedError                  JobResult.check() on a failed job
@@ -28,12 +35,19 @@ __all__ = [
     "ClusterError",
     "ClusterStateError",
     "ConfigError",
+    "HostKeyChangedError",
+    "HostKeyUnknownError",
     "JobError",
     "JobFailedError",
     "JobTimeoutError",
     "LauncherNotFoundError",
     "ProgramNotFoundError",
     "ReadyTimeoutError",
+    "RemoteCommandError",
+    "SSHAuthError",
+    "SSHConnectError",
+    "SSHError",
+    "SSHTimeoutError",
 ]
 
 
@@ -84,3 +98,48 @@ class JobFailedError(JobError):
     def __init__(self, message: str, *, result: JobResult) -> None:
         super().__init__(message)
         self.result = result
+
+
+class SSHError(ClusterError):
+    """Something went wrong talking to ``host`` over ssh."""
+
+    def __init__(self, message: str, *, host: str) -> None:
+        super().__init__(message)
+        self.host = host
+
+
+class SSHConnectError(SSHError):
+    """The host could not be reached: its name does not resolve, or it refused or dropped us."""
+
+
+class SSHTimeoutError(SSHError, TimeoutError):
+    """The host did not answer in time, or a remote command ran over its time."""
+
+
+class SSHAuthError(SSHError):
+    """The host refused our key."""
+
+
+class HostKeyUnknownError(SSHError):
+    """The host's key is in no known_hosts we trust; ``fingerprint`` is the key it showed."""
+
+    def __init__(self, message: str, *, host: str, fingerprint: str) -> None:
+        super().__init__(message, host=host)
+        self.fingerprint = fingerprint
+
+
+class HostKeyChangedError(SSHError):
+    """The host showed a key other than the one on record: refused under every policy."""
+
+    def __init__(self, message: str, *, host: str, fingerprint: str) -> None:
+        super().__init__(message, host=host)
+        self.fingerprint = fingerprint
+
+
+class RemoteCommandError(SSHError):
+    """A remote command exited non-zero (raised by ``run(..., check=True)``)."""
+
+    def __init__(self, message: str, *, host: str, returncode: int, stderr: str) -> None:
+        super().__init__(message, host=host)
+        self.returncode = returncode
+        self.stderr = stderr

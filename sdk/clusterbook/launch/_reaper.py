@@ -37,6 +37,8 @@ def kill_tagged(tokens, grace):  # type: ignore[no-untyped-def]
     """SIGTERM the tagged processes, SIGKILL those still there after ``grace`` seconds."""
     for sig, pause in ((signal.SIGTERM, grace), (signal.SIGKILL, 0.0)):
         pids = tagged(tokens)
+        if not pids:
+            return
         for pid in pids:
             with contextlib.suppress(OSError):
                 os.kill(pid, sig)

@@ -67,6 +67,7 @@ class Job:
         self._stop_reason: str | None = None  # "timeout" | "cancel" | "failure"
         self._stopped_at_exit_count: int | None = None
         self._done = threading.Event()
+        self._exited = threading.Event()  # the launcher has exited
         self._result: JobResult | None = None
         self._listeners: list[object] = []
 
@@ -215,7 +216,7 @@ class Job:
         out = Path(self.plan.output_dir)
         tails: dict[str, tuple[object, LineSplitter, int, str]] = {}
         while True:
-            finished = self._proc.poll() is not None
+            finished = self._exited.is_set()
             for path in out.iterdir():
                 name = path.name
                 if name not in tails:
@@ -229,7 +230,7 @@ class Job:
                         self._store.add(rank, kind, text)
             if finished:
                 break
-            time.sleep(0.02)
+            self._exited.wait(0.02)
         for f, splitter, rank, kind in tails.values():
             for text in splitter.flush():
                 self._store.add(rank, kind, text)
@@ -260,6 +261,7 @@ class Job:
 
     def _supervise(self) -> None:
         returncode = self._proc.wait()
+        self._exited.set()
         for t in self._readers:
             # A process that outlived the launcher may still hold its pipes open; its output
             # is not waited for forever.

@@ -3,15 +3,10 @@
 from __future__ import annotations
 
 import contextlib
-import ctypes
-import ctypes.util
-import os
 import signal
 import subprocess
-import sys
 import time
 from collections.abc import Mapping, Sequence
-from concurrent.futures import ThreadPoolExecutor
 
 import psutil
 
@@ -19,39 +14,22 @@ from clusterbook.launch.guard import tagged
 
 __all__ = ["kill_tree", "spawn", "tree"]
 
-_PR_SET_PDEATHSIG = 1
-# A parent-death signal fires when the *thread* that forked exits, so processes are forked
-# from one thread that lives as long as the interpreter.
-_SPAWNER = ThreadPoolExecutor(max_workers=1, thread_name_prefix="clusterbook-spawn")
-
-
-def _die_with_parent(parent: int) -> None:
-    libc = ctypes.CDLL(ctypes.util.find_library("c"), use_errno=True)
-    libc.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
-    if os.getppid() != parent:  # the parent died before prctl took effect
-        os._exit(1)
-
 
 def spawn(
-    argv: Sequence[str], *, env: Mapping[str, str], cwd: str | None, stdout_file: int | None = None
+    argv: Sequence[str], *, env: Mapping[str, str], cwd: str | None
 ) -> subprocess.Popen[bytes]:
-    """Start ``argv`` in its own session with piped output; it gets SIGTERM if we die."""
-    parent = os.getpid()
-    preexec = (lambda: _die_with_parent(parent)) if sys.platform == "linux" else None
-
-    def start() -> subprocess.Popen[bytes]:
-        return subprocess.Popen(
-            list(argv),
-            env=dict(env),
-            cwd=cwd,
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.PIPE if stdout_file is None else stdout_file,
-            stderr=subprocess.PIPE,
-            start_new_session=True,
-            preexec_fn=preexec,
-        )
-
-    return _SPAWNER.submit(start).result()
+    """Start ``argv`` in its own session (an interrupt meant for us does not reach it) with
+    piped output. No pre-exec hook, so Python can use vfork: starting is ~5 ms faster.
+    Its death with ours is the guard's business (:mod:`clusterbook.launch.guard`)."""
+    return subprocess.Popen(
+        list(argv),
+        env=dict(env),
+        cwd=cwd,
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        start_new_session=True,
+    )
 
 
 def tree(pid: int) -> list[psutil.Process]:

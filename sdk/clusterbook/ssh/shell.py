@@ -1,0 +1,99 @@
+"""The :class:`RemoteShell` protocol: what bootstrap needs from a connection to a node.
+
+Commands are argv lists; every word is quoted with :func:`shlex.quote` before it reaches the
+remote shell, so nothing is ever interpreted that the caller did not write as a word.
+"""
+
+from __future__ import annotations
+
+import shlex
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Protocol, runtime_checkable
+
+from clusterbook.errors import RemoteCommandError
+from clusterbook.spec import validate_env
+
+__all__ = ["CommandResult", "RemoteShell", "command_line", "write_file_argv"]
+
+
+@dataclass(frozen=True, slots=True)
+class CommandResult:
+    """How a command ended on a host."""
+
+    host: str
+    argv: tuple[str, ...]
+    returncode: int
+    stdout: str
+    stderr: str
+
+    def check(self) -> CommandResult:
+        """Return self if the command exited 0, else raise :class:`RemoteCommandError`."""
+        if self.returncode != 0:
+            tail = self.stderr.strip().splitlines()[-5:]
+            raise RemoteCommandError(
+                f"Command {shlex.join(self.argv)!r} failed on {self.host} with exit code "
+                f"{self.returncode}" + (": " + " / ".join(tail) if tail else "."),
+                host=self.host,
+                returncode=self.returncode,
+                stderr=self.stderr,
+            )
+        return self
+
+
+@runtime_checkable
+class RemoteShell(Protocol):
+    """A connection to one node, reused for every step of its bootstrap."""
+
+    host: str
+
+    def run(
+        self,
+        argv: Sequence[str],
+        *,
+        timeout: float | None = None,
+        env: Mapping[str, str] | None = None,
+        input: bytes | None = None,
+        check: bool = False,
+    ) -> CommandResult:
+        """Run ``argv`` on the node and wait for it (at most ``timeout`` seconds)."""
+        ...
+
+    def write_file(self, path: str, data: bytes, mode: int = 0o600) -> None:
+        """Write ``data`` to ``path`` atomically (temp file + rename), created with ``mode``."""
+        ...
+
+    def copy(self, local: Path, remote: str, mode: int = 0o644) -> None:
+        """Copy a local file to the node, atomically."""
+        ...
+
+    def remove(self, paths: Sequence[str]) -> None:
+        """Remove files the bootstrap created (missing ones are fine)."""
+        ...
+
+    def close(self) -> None:
+        """Close the connection. Safe to call more than once."""
+        ...
+
+
+def command_line(argv: Sequence[str], env: Mapping[str, str] | None = None) -> str:
+    """The one line a remote shell runs for ``argv``: every word quoted, env set by
+    ``env NAME=VALUE`` words (so values arrive byte for byte)."""
+    words = list(argv)
+    if not words:
+        raise ValueError("argv is empty")
+    variables = validate_env(env)
+    if variables:
+        words = ["env", *(f"{k}={v}" for k, v in variables.items()), *words]
+    return shlex.join(words)
+
+
+# Atomic write with the mode set before any byte lands: umask 077 makes the temp file private
+# from its creation, chmod sets the final mode, mv renames in one step.
+_WRITE = 'umask 077 && t="$1.tmp.$$" && cat > "$t" && chmod "$2" "$t" && mv -f "$t" "$1"'
+
+
+def write_file_argv(path: str, mode: int) -> list[str]:
+    """argv of the remote command that writes stdin to ``path`` atomically with ``mode``."""
+    return ["sh", "-c", _WRITE, "cb-write", path, format(mode, "o")]
