@@ -14,12 +14,19 @@ from clusterbook.errors import (
     ClusterError,
     ClusterStateError,
     ConfigError,
+    HostKeyChangedError,
+    HostKeyUnknownError,
     JobError,
     JobFailedError,
     JobTimeoutError,
     LauncherNotFoundError,
     ProgramNotFoundError,
     ReadyTimeoutError,
+    RemoteCommandError,
+    SSHAuthError,
+    SSHConnectError,
+    SSHError,
+    SSHTimeoutError,
 )
 from clusterbook.launch.flavour import Launcher, MPIFlavour
 from clusterbook.launch.job import Job
@@ -36,6 +43,8 @@ __all__ = [
     "ClusterSnapshot",
     "ClusterStateError",
     "ConfigError",
+    "HostKeyChangedError",
+    "HostKeyUnknownError",
     "Job",
     "JobError",
     "JobFailedError",
@@ -51,6 +60,11 @@ __all__ = [
     "ProgramNotFoundError",
     "RankFailure",
     "ReadyTimeoutError",
+    "RemoteCommandError",
+    "SSHAuthError",
+    "SSHConnectError",
+    "SSHError",
+    "SSHTimeoutError",
     "load_ipython_extension",
 ]
 

@@ -16,10 +16,10 @@ negations and the ``@revoked`` marker.
 from __future__ import annotations
 
 import base64
-import fnmatch
 import hashlib
 import hmac
 import os
+import re
 from abc import ABC, abstractmethod
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
@@ -76,6 +76,12 @@ class _Entry:
     where: str
 
 
+def _glob(pattern: str, name: str) -> bool:
+    # OpenSSH patterns know only * and ?; "[host]:port" brackets are literal.
+    regex = "".join(".*" if c == "*" else "." if c == "?" else re.escape(c) for c in pattern)
+    return re.fullmatch(regex, name, re.IGNORECASE) is not None
+
+
 def _matches(patterns: tuple[str, ...], name: str) -> bool:
     hit = False
     for pattern in patterns:
@@ -88,9 +94,9 @@ def _matches(patterns: tuple[str, ...], name: str) -> bool:
             if hmac.compare_digest(base64.b64encode(mac).decode(), digest):
                 hit = True
         elif pattern.startswith("!"):
-            if fnmatch.fnmatchcase(name, pattern[1:]):
+            if _glob(pattern[1:], name):
                 return False
-        elif fnmatch.fnmatchcase(name, pattern):
+        elif _glob(pattern, name):
             hit = True
     return hit
 

@@ -27,7 +27,6 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from types import TracebackType
 
 import psutil
 
@@ -157,7 +156,6 @@ class Sshd:
         self,
         proc: subprocess.Popen[bytes],
         cfg: SshdConfig,
-        *,
         host_public_key: str,
         config_path: Path,
         log_path: Path,
@@ -180,9 +178,12 @@ class Sshd:
         return self._proc.poll() is None
 
     def stop(self, timeout: float = 5.0) -> None:
-        """Stop sshd and the sessions it started: SIGTERM, then SIGKILL after ``timeout`` s.
+        """Stop sshd and the sessions it started; calling it again does nothing.
 
-        Calling it again does nothing.
+        Parameters
+        ----------
+        timeout
+            Seconds to wait after SIGTERM before SIGKILL.
         """
         if self._proc.poll() is not None:
             return
@@ -205,12 +206,7 @@ class Sshd:
     def __enter__(self) -> Sshd:
         return self
 
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
+    def __exit__(self, *exc_info: object) -> None:
         self.stop()
 
     def __repr__(self) -> str:
@@ -340,19 +336,11 @@ def _launch(
             start_new_session=True,  # a Ctrl-C in the terminal is not meant for sshd
             preexec_fn=_die_with_parent(),
         )
-    where = f"{cfg.listen}:{cfg.port}"
     deadline = time.monotonic() + timeout
     while True:
         code = proc.poll()
         if code is not None:
-            tail = _log_tail(log_path, log_start)
-            raise SshdError(
-                f"sshd for {where} (directory {cfg.directory}) exited with code {code} at start; "
-                f"its log says:\n{tail}",
-                port=cfg.port,
-                directory=cfg.directory,
-                log_tail=tail,
-            )
+            raise _start_error(cfg, f"exited with code {code} at start", log_path, log_start)
         # The log line proves that our sshd bound the port (not some other server on it).
         bound = "Server listening on" in _log_tail(log_path, log_start, lines=1000)
         if bound and _answers_ssh(cfg.listen, cfg.port, max(0.05, deadline - time.monotonic())):
@@ -360,22 +348,20 @@ def _launch(
         if time.monotonic() >= deadline:
             proc.kill()
             proc.wait()
-            tail = _log_tail(log_path, log_start)
-            raise SshdError(
-                f"sshd for {where} (directory {cfg.directory}) did not answer with an SSH banner "
-                f"within {timeout:g} s; its log says:\n{tail or '(nothing)'}",
-                port=cfg.port,
-                directory=cfg.directory,
-                log_tail=tail,
-            )
+            what = f"did not answer with an SSH banner within {timeout:g} s"
+            raise _start_error(cfg, what, log_path, log_start)
         time.sleep(0.02)
-    return Sshd(
-        proc,
-        cfg,
-        host_public_key=host_public_key,
-        config_path=config_path,
-        log_path=log_path,
-        host_key_path=host_key,
+    return Sshd(proc, cfg, host_public_key, config_path, log_path, host_key)
+
+
+def _start_error(cfg: SshdConfig, what: str, log_path: Path, log_start: int) -> SshdError:
+    tail = _log_tail(log_path, log_start)
+    return SshdError(
+        f"sshd for {cfg.listen}:{cfg.port} (directory {cfg.directory}) {what}; its log "
+        f"{log_path} says:\n{tail or '(nothing)'}",
+        port=cfg.port,
+        directory=cfg.directory,
+        log_tail=tail,
     )
 
 
@@ -409,17 +395,13 @@ def _ensure_host_key(host_key: Path, directory: Path, port: int) -> str:
                 port=port,
                 directory=directory,
             )
-        old_umask = os.umask(0o077)  # the key files are never readable by others, not even briefly
-        try:
-            done = subprocess.run(
-                [keygen, "-q", "-t", "ed25519", "-N", "", "-C", "", "-f", str(host_key)],
-                stdin=subprocess.DEVNULL,
-                capture_output=True,
-                text=True,
-                check=False,
-            )
-        finally:
-            os.umask(old_umask)
+        done = subprocess.run(  # it makes the private key 0600 itself
+            [keygen, "-q", "-t", "ed25519", "-N", "", "-C", "", "-f", str(host_key)],
+            stdin=subprocess.DEVNULL,
+            capture_output=True,
+            text=True,
+            check=False,
+        )
         if done.returncode != 0:
             raise SshdError(
                 f"ssh-keygen could not make a host key at {host_key} (port {port}): "
@@ -428,6 +410,7 @@ def _ensure_host_key(host_key: Path, directory: Path, port: int) -> str:
                 directory=directory,
                 log_tail=done.stderr,
             )
+        public.chmod(0o600)
     return " ".join(public.read_text().split()[:2])
 
 

@@ -1,0 +1,223 @@
+"""The ssh :class:`~clusterbook.ssh.shell.RemoteShell`: one paramiko connection per host.
+
+The only module that imports paramiko. Its errors (and the socket's) are translated here into
+:class:`~clusterbook.errors.SSHError` subclasses that name the host and what to do.
+"""
+
+from __future__ import annotations
+
+import select
+import socket
+import threading
+import time
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+
+import paramiko
+
+from clusterbook.errors import (
+    ConfigError,
+    SSHAuthError,
+    SSHConnectError,
+    SSHError,
+    SSHTimeoutError,
+)
+from clusterbook.spec import validate_host
+from clusterbook.ssh.hostkeys import HostKey, HostKeyPolicy, host_entry_name
+from clusterbook.ssh.shell import CommandResult, command_line, write_file_argv
+
+__all__ = ["ParamikoShell", "connect", "handshake_count"]
+
+_handshakes = 0
+_count_lock = threading.Lock()
+
+
+def handshake_count() -> int:
+    """Number of ssh handshakes this process has made (for benchmarks and tests)."""
+    return _handshakes
+
+
+def _load_key(identity: str | Path) -> paramiko.PKey:
+    path = Path(identity).expanduser()
+    try:
+        return paramiko.PKey.from_path(path)
+    except FileNotFoundError:
+        raise ConfigError(
+            f"Identity file {str(path)!r} does not exist; pass the path of "
+            "your private key, like '~/.ssh/id_ed25519'."
+        ) from None
+    except (paramiko.SSHException, ValueError) as exc:
+        raise ConfigError(
+            f"Identity file {str(path)!r} is not a usable private key "
+            f"({exc}); pass an unencrypted OpenSSH private key."
+        ) from exc
+
+
+def connect(
+    host: str,
+    *,
+    user: str,
+    identity: str | Path,
+    policy: HostKeyPolicy,
+    port: int = 22,
+    timeout: float = 10.0,
+) -> ParamikoShell:
+    """Open an authenticated connection to ``host``, checking its key against ``policy``.
+
+    Raises
+    ------
+    SSHConnectError, SSHTimeoutError, HostKeyUnknownError, HostKeyChangedError, SSHAuthError
+        Each naming the host and what to do.
+    """
+    global _handshakes
+    validate_host(host)
+    name = host_entry_name(host, port)
+    pkey = _load_key(identity)
+    try:
+        sock = socket.create_connection((host, port), timeout=timeout)
+    except socket.gaierror:
+        raise SSHConnectError(
+            f"Host name {host!r} does not resolve; check the name, or use its IP address.",
+            host=host,
+        ) from None
+    except ConnectionRefusedError:
+        raise SSHConnectError(
+            f"{name} refused the connection: no sshd listens on port {port}; start sshd "
+            "there (clusterbook can start a user-level one) or give the right port.",
+            host=host,
+        ) from None
+    except TimeoutError:
+        raise SSHTimeoutError(
+            f"No answer from {name} within {timeout:g} s: the host is down, unreachable or "
+            f"firewalled; check that it is up and that port {port} is open.",
+            host=host,
+        ) from None
+    except OSError as exc:
+        raise SSHConnectError(f"Cannot reach {name}: {exc.strerror or exc}.", host=host) from exc
+    transport = paramiko.Transport(sock)
+    try:
+        preferred = policy.preferred_types(host, port)
+        options = transport.get_security_options()
+        if preferred:
+            options.key_types = [*preferred, *(t for t in options.key_types if t not in preferred)]
+        with _count_lock:
+            _handshakes += 1
+        started = time.monotonic()
+        try:
+            transport.start_client(timeout=timeout)
+            server_key = transport.get_remote_server_key()
+        except (paramiko.SSHException, EOFError, OSError) as exc:
+            if time.monotonic() - started >= timeout or isinstance(exc, TimeoutError):
+                raise SSHTimeoutError(
+                    f"{name} did not complete the ssh handshake within {timeout:g} s; its sshd "
+                    "may be hung or overloaded.",
+                    host=host,
+                ) from exc
+            raise SSHConnectError(f"ssh handshake with {name} failed: {exc}.", host=host) from exc
+        policy.check(host, port, HostKey(server_key.get_name(), server_key.get_base64()))
+        try:
+            transport.auth_publickey(user, pkey)
+        except paramiko.AuthenticationException:
+            raise SSHAuthError(
+                f"{name} refused key {str(Path(identity).expanduser())!r} for user {user!r}; "
+                f"add its public key to ~{user}/.ssh/authorized_keys there, or give another "
+                "user or identity.",
+                host=host,
+            ) from None
+        except (paramiko.SSHException, OSError) as exc:
+            raise SSHConnectError(f"Authentication with {name} failed: {exc}.", host=host) from exc
+    except BaseException:
+        transport.close()
+        raise
+    return ParamikoShell(host, port, transport, timeout=timeout)
+
+
+class ParamikoShell:
+    """An authenticated ssh connection to one host, reused for every command."""
+
+    def __init__(
+        self, host: str, port: int, transport: paramiko.Transport, *, timeout: float = 10.0
+    ) -> None:
+        self.host = host
+        self.port = port
+        self._transport = transport
+        self._timeout = timeout
+
+    def __repr__(self) -> str:
+        state = "open" if self._transport.is_active() else "closed"
+        return f"<ParamikoShell {host_entry_name(self.host, self.port)} {state}>"
+
+    def run(
+        self,
+        argv: Sequence[str],
+        *,
+        timeout: float | None = None,
+        env: Mapping[str, str] | None = None,
+        input: bytes | None = None,
+        check: bool = False,
+    ) -> CommandResult:
+        line = command_line(argv, env)
+        deadline = None if timeout is None else time.monotonic() + timeout
+        try:
+            chan = self._transport.open_session(timeout=self._timeout)
+        except (paramiko.SSHException, OSError, EOFError) as exc:
+            raise SSHConnectError(
+                f"Lost the connection to {self.host}: {exc or type(exc).__name__}.", host=self.host
+            ) from exc
+        try:
+            chan.exec_command(line)
+            if input:
+                chan.sendall(input)
+            chan.shutdown_write()
+            out, err = bytearray(), bytearray()
+            while True:
+                got = False
+                while chan.recv_ready():
+                    out += chan.recv(65536)
+                    got = True
+                while chan.recv_stderr_ready():
+                    err += chan.recv_stderr(65536)
+                    got = True
+                if (
+                    chan.exit_status_ready()
+                    and not chan.recv_ready()
+                    and not (chan.recv_stderr_ready())
+                ):
+                    break
+                if chan.closed and not got:
+                    break
+                if deadline is not None and time.monotonic() > deadline:
+                    raise SSHTimeoutError(
+                        f"Command {argv[0]!r} on {self.host} ran over its {timeout:g} s; it was "
+                        "stopped.",
+                        host=self.host,
+                    )
+                if not got:
+                    select.select([chan], [], [], 0.01)
+            code = chan.recv_exit_status()
+        except SSHError:
+            raise
+        except (paramiko.SSHException, OSError, EOFError) as exc:
+            raise SSHConnectError(
+                f"Lost the connection to {self.host} while running {argv[0]!r}: {exc}.",
+                host=self.host,
+            ) from exc
+        finally:
+            chan.close()
+        result = CommandResult(
+            self.host, tuple(argv), code, out.decode(errors="replace"), err.decode(errors="replace")
+        )
+        return result.check() if check else result
+
+    def write_file(self, path: str, data: bytes, mode: int = 0o600) -> None:
+        self.run(write_file_argv(path, mode), input=data, check=True, timeout=60)
+
+    def copy(self, local: Path, remote: str, mode: int = 0o644) -> None:
+        self.write_file(remote, Path(local).read_bytes(), mode)
+
+    def remove(self, paths: Sequence[str]) -> None:
+        if paths:
+            self.run(["rm", "-f", "--", *paths], check=True, timeout=60)
+
+    def close(self) -> None:
+        self._transport.close()
