@@ -42,13 +42,15 @@ def test_sigkill_of_the_parent_kills_the_job_within_two_seconds(mpi_python, tmp_
     script.write_text(SLEEPER)
     driver = subprocess.Popen(
         [sys.executable, "-c", DRIVER, mpi_python, str(script), str(tmp_path / "run")],
-        stdout=subprocess.PIPE, text=True,
+        stdout=subprocess.PIPE,
+        text=True,
     )
     try:
         assert driver.stdout is not None
         assert driver.stdout.readline().strip() == "ready"
         ranks = [
-            p for p in processes_mentioning(str(script))
+            p
+            for p in processes_mentioning(str(script))
             if p.pid != driver.pid and "cb-rank" not in p.cmdline()
         ]
         assert len(ranks) == 2  # both ranks run before the parent dies

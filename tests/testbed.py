@@ -1,0 +1,382 @@
+"""Fake hosts for integration tests: a network namespace, hostname and sshd per host (root only).
+
+Testbed number ``N`` (1-254, picked so that parallel test sessions never share one) looks like::
+
+    head (this machine, root namespace) 10.77.N.1 on bridge br-cbN
+      ├── vcbN-h1 ── eth0 10.77.N.11 in netns cbN-h1: hostname node1, sshd on port 22
+      ├── vcbN-h2 ── eth0 10.77.N.12 in netns cbN-h2: hostname node2, sshd on port 22
+      └── ...
+
+All hosts share one L2 bridge, so the head reaches every host and the hosts reach each other
+without routing or firewall changes. Each sshd accepts ``Testbed.identity`` as root; the
+``known_hosts`` file next to it holds every host key. ``/run/clusterbook-testbed/N.json`` names
+the owner (pid and start time): :func:`cleanup_stale` removes the testbeds of owners that are
+gone, and any ``cbN-h*`` namespace or ``br-cbN``/``vcbN-h*`` link without such a file.
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import fcntl
+import json
+import os
+import re
+import shlex
+import shutil
+import signal
+import subprocess
+import time
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import psutil
+import pytest
+
+from clusterbook.ssh.sshd import Sshd, start_sshd
+from tests.conftest import require
+
+STATE_DIR = Path("/run/clusterbook-testbed")
+SSH_PORT = 22
+MAX_HOSTS = 200
+TOOLS = ("ip", "unshare", "ssh", "ssh-keygen")
+_NETNS_RE = re.compile(r"cb(\d+)-h\d+")
+_LINK_RE = re.compile(r"br-cb(\d+)|vcb(\d+)-h\d+")
+
+
+class TestbedError(RuntimeError):
+    """Setting up or tearing down fake hosts failed; the message holds the command's stderr."""
+
+    __test__ = False  # not a test class, whatever pytest thinks of the name
+
+
+@dataclass
+class FakeHost:
+    """One fake host: a network namespace with its own address, hostname and sshd."""
+
+    name: str
+    addr: str
+    netns: str
+    veth: str
+    sshd: Sshd
+    authorized_keys: Path
+    host_public_key: str
+
+    def run(self, argv: Sequence[str], **kw: Any) -> subprocess.CompletedProcess[Any]:
+        """Run ``argv`` in this host's network namespace (its hostname is the head's: ssh in
+        to see ``node1``). Output is captured as text unless ``kw`` says otherwise."""
+        if "stdout" not in kw and "stderr" not in kw:
+            kw.setdefault("capture_output", True)
+        kw.setdefault("text", True)
+        kw.setdefault("timeout", 60)
+        return subprocess.run(["ip", "netns", "exec", self.netns, *argv], check=False, **kw)
+
+    def link_down(self) -> None:
+        """Unplug the host: its veth on the bridge goes down, packets to and from it are lost."""
+        _run(["ip", "link", "set", self.veth, "down"])
+
+    def link_up(self) -> None:
+        """Plug the host back in."""
+        _run(["ip", "link", "set", self.veth, "up"])
+
+    def pause_sshd(self) -> None:
+        """Freeze sshd (SIGSTOP): connections are accepted by the kernel but never answered."""
+        os.kill(self.sshd.pid, signal.SIGSTOP)
+
+    def resume_sshd(self) -> None:
+        """Let a paused sshd run again (SIGCONT)."""
+        os.kill(self.sshd.pid, signal.SIGCONT)
+
+    def swap_host_key(self) -> None:
+        """Restart sshd with a newly made host key, as a reinstalled (or spoofed) host would."""
+        self.sshd.stop()
+        for path in (self.sshd.host_key_path, self.sshd.host_key_path.with_suffix(".pub")):
+            path.unlink(missing_ok=True)
+        self.sshd = _start_host_sshd(
+            self.sshd.directory, self.name, self.addr, self.netns, self.authorized_keys
+        )
+        self.host_public_key = self.sshd.host_public_key
+
+    def processes(self) -> list[int]:
+        """Pids of the processes running in this host's network namespace."""
+        return _netns_pids(self.netns)
+
+
+class Testbed:
+    """Fake hosts made by :func:`make_testbed`; :meth:`close` removes every trace of them."""
+
+    __test__ = False
+
+    def __init__(self, index: int, directory: Path) -> None:
+        self.index = index
+        self.bridge = f"br-cb{index}"
+        self.head_addr = f"10.77.{index}.1"
+        self.directory = directory
+        self.identity = directory / "id_ed25519"
+        self.known_hosts = directory / "known_hosts"
+        self.hosts: list[FakeHost] = []
+        self._closed = False
+
+    def ssh_options(self) -> list[str]:
+        """OpenSSH client options that log in as root with the testbed's key, strictly."""
+        return [
+            "-F", "none",
+            "-i", str(self.identity),
+            "-o", "IdentitiesOnly=yes",
+            "-o", "BatchMode=yes",
+            "-o", "StrictHostKeyChecking=yes",
+            "-o", f"UserKnownHostsFile={self.known_hosts}",
+            "-o", "ConnectTimeout=5",
+        ]  # fmt: skip
+
+    def ssh(
+        self,
+        host: FakeHost,
+        argv: Sequence[str],
+        *,
+        via: FakeHost | None = None,
+        options: Sequence[str] = (),
+        timeout: float = 30,
+    ) -> subprocess.CompletedProcess[str]:
+        """Run ``argv`` on ``host`` over ssh as root, from the head or from host ``via``.
+
+        ``argv`` is quoted for the remote shell, so each item arrives as one argument.
+        """
+        # ssh keeps the first value it sees for an option: ``options`` must come first.
+        remote = shlex.join(argv)
+        cmd = ["ssh", *options, *self.ssh_options(), f"root@{host.addr}", "--", remote]
+        if via is not None:
+            return via.run(cmd, timeout=timeout)
+        return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, check=False)
+
+    def write_known_hosts(self) -> Path:
+        """(Re)write ``known_hosts`` with every host's current key; return its path."""
+        lines = "".join(f"{h.addr} {h.host_public_key}\n" for h in self.hosts)
+        self.known_hosts.write_text(lines)
+        return self.known_hosts
+
+    def close(self) -> None:
+        """Stop every sshd and kill every process of the hosts, then delete the namespaces,
+        links and bridge. Safe to call twice, and after a half-finished setup."""
+        if self._closed:
+            return
+        self._closed = True
+        for host in self.hosts:
+            with contextlib.suppress(Exception):
+                host.sshd.stop(timeout=2)
+        with _locked():
+            _destroy(self.index)
+            (STATE_DIR / f"{self.index}.json").unlink(missing_ok=True)
+        left = leftovers(self.index)
+        if left:
+            raise TestbedError(f"testbed {self.index} left behind: {left}")
+
+    def __enter__(self) -> Testbed:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return f"<Testbed {self.index} {self.bridge} hosts={[h.name for h in self.hosts]}>"
+
+
+def make_testbed(n: int, directory: Path) -> Testbed:
+    """Make ``n`` fake hosts node1..nodeN, each answering ssh on 10.77.N.(10+i) port 22.
+
+    Leftovers of crashed earlier runs are removed first; if setup fails half-way, whatever
+    was made is removed before the error propagates.
+    """
+    if os.geteuid() != 0:
+        raise PermissionError("fake hosts need root (network namespaces, bridges, veths)")
+    if not 1 <= n <= MAX_HOSTS:
+        raise ValueError(f"a testbed has 1-{MAX_HOSTS} hosts, got {n}")
+    directory = Path(directory).absolute()
+    directory.mkdir(parents=True, exist_ok=True)
+    cleanup_stale()
+    with _locked():
+        index = _allocate()
+        me = psutil.Process()
+        state = {"owner": me.pid, "started": me.create_time(), "directory": str(directory)}
+        (STATE_DIR / f"{index}.json").write_text(json.dumps(state))
+    bed = Testbed(index, directory)
+    atexit.register(_close_quietly, bed)
+    try:
+        _build(bed, n)
+    except BaseException:
+        _close_quietly(bed)
+        raise
+    return bed
+
+
+def cleanup_stale() -> list[int]:
+    """Remove testbeds whose owner process is gone, and unowned ``cb`` namespaces and links.
+
+    Returns the testbed numbers that were removed.
+    """
+    removed = []
+    with _locked():
+        owned = set()
+        for state_file in STATE_DIR.glob("*.json"):
+            index = int(state_file.stem)
+            if _owner_alive(state_file):
+                owned.add(index)
+                continue
+            _destroy(index)
+            state_file.unlink(missing_ok=True)
+            removed.append(index)
+        for index in sorted(_indices_in_use() - owned):
+            _destroy(index)
+            removed.append(index)
+    return sorted(set(removed))
+
+
+@pytest.fixture(scope="module")
+def testbed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Testbed]:
+    """Three fake hosts (node1..node3) for the tests of one module, removed afterwards."""
+    require_testbed()
+    bed = make_testbed(3, tmp_path_factory.mktemp("testbed"))
+    try:
+        yield bed
+    finally:
+        bed.close()
+
+
+def require_testbed() -> None:
+    """Skip (or, under CLUSTERBOOK_REQUIRE_TESTBED=1, fail) unless fake hosts can be made."""
+    require(os.geteuid() == 0, "fake hosts need root (network namespaces)")
+    missing = [t for t in TOOLS if shutil.which(t) is None]
+    require(not missing, f"fake hosts need {missing} (apt-get install openssh-client iproute2)")
+    require(
+        Path("/usr/sbin/sshd").exists() or shutil.which("sshd") is not None,
+        "fake hosts need sshd (apt-get install openssh-server)",
+    )
+
+
+def _build(bed: Testbed, n: int) -> None:
+    _run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", "", "-f", str(bed.identity)])
+    client_key = bed.identity.with_suffix(".pub").read_text()
+    # forward_delay 0: a port (re)plugged into the bridge forwards at once.
+    _run(["ip", "link", "add", bed.bridge, "type", "bridge", "forward_delay", "0"])
+    _run(["ip", "addr", "add", f"{bed.head_addr}/24", "dev", bed.bridge])
+    _run(["ip", "link", "set", bed.bridge, "up"])
+    for i in range(1, n + 1):
+        netns, veth = f"cb{bed.index}-h{i}", f"vcb{bed.index}-h{i}"
+        addr = f"10.77.{bed.index}.{10 + i}"
+        _run(["ip", "netns", "add", netns])
+        _run(["ip", "link", "add", veth, "type", "veth", "peer", "name", "eth0", "netns", netns])
+        _run(["ip", "link", "set", veth, "master", bed.bridge, "up"])
+        _run(["ip", "-n", netns, "addr", "add", f"{addr}/24", "dev", "eth0"])
+        _run(["ip", "-n", netns, "link", "set", "eth0", "up"])
+        _run(["ip", "-n", netns, "link", "set", "lo", "up"])
+        host_dir = bed.directory / f"node{i}"
+        host_dir.mkdir(mode=0o700, exist_ok=True)
+        keys = host_dir / "authorized_keys"
+        keys.write_text(client_key)
+        keys.chmod(0o600)
+        sshd = _start_host_sshd(host_dir / "sshd", f"node{i}", addr, netns, keys)
+        host = FakeHost(f"node{i}", addr, netns, veth, sshd, keys, sshd.host_public_key)
+        bed.hosts.append(host)
+    bed.write_known_hosts()
+
+
+def _start_host_sshd(directory: Path, name: str, addr: str, netns: str, keys: Path) -> Sshd:
+    return start_sshd(directory, SSH_PORT, addr, authorized_keys=keys, netns=netns, hostname=name)
+
+
+def _destroy(index: int) -> None:
+    """Kill every process in testbed ``index``'s namespaces, then delete them and its links."""
+    namespaces = [ns for ns in _netns_list() if _index_of(_NETNS_RE, ns) == index]
+    for ns in namespaces:
+        _kill_netns(ns)
+        subprocess.run(["ip", "netns", "del", ns], capture_output=True, check=False)
+    for link in _links():
+        if _index_of(_LINK_RE, link) == index:
+            subprocess.run(["ip", "link", "del", link], capture_output=True, check=False)
+
+
+def _kill_netns(netns: str, timeout: float = 5.0) -> None:
+    deadline = time.monotonic() + timeout
+    while (pids := _netns_pids(netns)) and time.monotonic() < deadline:
+        for pid in pids:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        time.sleep(0.02)
+
+
+def leftovers(index: int) -> list[str]:
+    """Namespaces and links of testbed ``index`` that still exist (empty once it is gone)."""
+    left = [f"netns {ns}" for ns in _netns_list() if _index_of(_NETNS_RE, ns) == index]
+    left += [f"link {link}" for link in _links() if _index_of(_LINK_RE, link) == index]
+    return left
+
+
+def _allocate() -> int:
+    """A testbed number nobody uses; called with the lock held."""
+    taken = _indices_in_use() | {int(p.stem) for p in STATE_DIR.glob("*.json")}
+    addrs = _run(["ip", "-o", "-4", "addr", "show"]) + _run(["ip", "-4", "route", "show"])
+    start = os.getpid() % 254
+    for k in range(254):
+        index = (start + k) % 254 + 1
+        if index not in taken and f"10.77.{index}." not in addrs:
+            return index
+    raise TestbedError("all 254 testbed numbers (10.77.1-254.0/24) are in use")
+
+
+def _indices_in_use() -> set[int]:
+    found = {_index_of(_NETNS_RE, ns) for ns in _netns_list()}
+    found |= {_index_of(_LINK_RE, link) for link in _links()}
+    return {i for i in found if i is not None}
+
+
+def _owner_alive(state_file: Path) -> bool:
+    try:
+        state = json.loads(state_file.read_text())
+        owner = psutil.Process(state["owner"])
+        return abs(owner.create_time() - state["started"]) < 0.01
+    except (OSError, ValueError, KeyError, psutil.Error):
+        return False
+
+
+def _index_of(pattern: re.Pattern[str], name: str) -> int | None:
+    match = pattern.fullmatch(name)
+    if match is None:
+        return None
+    return int(next(g for g in match.groups() if g is not None))
+
+
+def _netns_list() -> list[str]:
+    out = _run(["ip", "netns", "list"])
+    return [line.split()[0] for line in out.splitlines() if line.strip()]
+
+
+def _links() -> list[str]:
+    out = _run(["ip", "-o", "link", "show"])
+    return [line.split(":")[1].strip().split("@")[0] for line in out.splitlines() if ":" in line]
+
+
+def _netns_pids(netns: str) -> list[int]:
+    done = subprocess.run(["ip", "netns", "pids", netns], capture_output=True, text=True)
+    return [int(p) for p in done.stdout.split()] if done.returncode == 0 else []
+
+
+@contextlib.contextmanager
+def _locked() -> Iterator[None]:
+    STATE_DIR.mkdir(mode=0o700, exist_ok=True)
+    with open(STATE_DIR / "lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        yield
+
+
+def _run(argv: Sequence[str]) -> str:
+    done = subprocess.run(argv, capture_output=True, text=True, check=False, timeout=60)
+    if done.returncode != 0:
+        raise TestbedError(f"{' '.join(argv)} failed ({done.returncode}): {done.stderr.strip()}")
+    return done.stdout
+
+
+def _close_quietly(bed: Testbed) -> None:
+    with contextlib.suppress(Exception):
+        bed.close()
