@@ -8,10 +8,20 @@ Testbed number ``N`` (1-254, picked so that parallel test sessions never share o
       └── ...
 
 All hosts share one L2 bridge, so the head reaches every host and the hosts reach each other
-without routing or firewall changes. Each sshd accepts ``Testbed.identity`` as root; the
-``known_hosts`` file next to it holds every host key. ``/run/clusterbook-testbed/N.json`` names
-the owner (pid and start time): :func:`cleanup_stale` removes the testbeds of owners that are
-gone, and any ``cbN-h*`` namespace or ``br-cbN``/``vcbN-h*`` link without such a file.
+without routing or firewall changes.
+
+The hosts share the head's filesystem, except for what a cluster bootstrap writes into the home
+of the login user (root): each sshd runs in a private mount namespace where ``~/.ssh`` and
+``~/.clusterbook`` are bind mounts of the host's own ``DIR/nodeI/home/.ssh`` and
+``.clusterbook`` (``FakeHost.home``), so every session on ``nodeI`` sees those and nothing else
+does; the rest of ``~`` (Python installs, venvs) is the head's. The mounts propagate nowhere
+and vanish with the host's processes. Each sshd reads the standard ``.ssh/authorized_keys`` of
+the home, where the testbed puts the public key of ``Testbed.identity``; ``Testbed.known_hosts``
+holds every host key.
+
+``/run/clusterbook-testbed/N.json`` names the owner (pid and start time): :func:`cleanup_stale`
+removes the testbeds of owners that are gone, and any ``cbN-h*`` namespace or
+``br-cbN``/``vcbN-h*`` link without such a file.
 """
 
 from __future__ import annotations
@@ -21,6 +31,7 @@ import contextlib
 import fcntl
 import json
 import os
+import pwd
 import re
 import shlex
 import shutil
@@ -35,13 +46,15 @@ from typing import Any
 import psutil
 import pytest
 
-from clusterbook.ssh.sshd import Sshd, start_sshd
+from clusterbook.ssh.sshd import Sshd, _start_sshd
 from tests.conftest import require
 
 STATE_DIR = Path("/run/clusterbook-testbed")
 SSH_PORT = 22
 MAX_HOSTS = 200
-TOOLS = ("ip", "unshare", "ssh", "ssh-keygen")
+TOOLS = ("ip", "unshare", "mount", "ssh", "ssh-keygen")
+# What each host keeps for itself in the login user's home; everything else there is shared.
+HOME_DIRS = (".ssh", ".clusterbook")
 _NETNS_RE = re.compile(r"cb(\d+)-h\d+")
 _LINK_RE = re.compile(r"br-cb(\d+)|vcb(\d+)-h\d+")
 
@@ -54,19 +67,26 @@ class TestbedError(RuntimeError):
 
 @dataclass
 class FakeHost:
-    """One fake host: a network namespace with its own address, hostname and sshd."""
+    """One fake host: a network namespace with its own address, hostname, sshd and the
+    ``~/.ssh`` and ``~/.clusterbook`` of its sessions (kept in ``home`` on the head)."""
 
     name: str
     addr: str
     netns: str
     veth: str
     sshd: Sshd
-    authorized_keys: Path
+    home: Path
     host_public_key: str
 
+    @property
+    def authorized_keys(self) -> Path:
+        """The host's ``~/.ssh/authorized_keys`` as the head sees it."""
+        return self.home / ".ssh" / "authorized_keys"
+
     def run(self, argv: Sequence[str], **kw: Any) -> subprocess.CompletedProcess[Any]:
-        """Run ``argv`` in this host's network namespace (its hostname is the head's: ssh in
-        to see ``node1``). Output is captured as text unless ``kw`` says otherwise."""
+        """Run ``argv`` in this host's network namespace only: its hostname and home are the
+        head's (ssh in to see ``node1`` and its ``~/.ssh``). Output is captured as text unless
+        ``kw`` says otherwise."""
         if "stdout" not in kw and "stderr" not in kw:
             kw.setdefault("capture_output", True)
         kw.setdefault("text", True)
@@ -95,7 +115,7 @@ class FakeHost:
         for path in (self.sshd.host_key_path, self.sshd.host_key_path.with_suffix(".pub")):
             path.unlink(missing_ok=True)
         self.sshd = _start_host_sshd(
-            self.sshd.directory, self.name, self.addr, self.netns, self.authorized_keys
+            self.sshd.directory, self.name, self.addr, self.netns, self.home
         )
         self.host_public_key = self.sshd.host_public_key
 
@@ -272,18 +292,33 @@ def _build(bed: Testbed, n: int) -> None:
         _run(["ip", "-n", netns, "link", "set", "eth0", "up"])
         _run(["ip", "-n", netns, "link", "set", "lo", "up"])
         host_dir = bed.directory / f"node{i}"
-        host_dir.mkdir(mode=0o700, exist_ok=True)
-        keys = host_dir / "authorized_keys"
+        home = host_dir / "home"
+        for path in (host_dir, home, *(home / d for d in HOME_DIRS)):
+            path.mkdir(mode=0o700, exist_ok=True)
+        keys = home / ".ssh" / "authorized_keys"
         keys.write_text(client_key)
         keys.chmod(0o600)
-        sshd = _start_host_sshd(host_dir / "sshd", f"node{i}", addr, netns, keys)
-        host = FakeHost(f"node{i}", addr, netns, veth, sshd, keys, sshd.host_public_key)
+        sshd = _start_host_sshd(host_dir / "sshd", f"node{i}", addr, netns, home)
+        host = FakeHost(f"node{i}", addr, netns, veth, sshd, home, sshd.host_public_key)
         bed.hosts.append(host)
     bed.write_known_hosts()
 
 
-def _start_host_sshd(directory: Path, name: str, addr: str, netns: str, keys: Path) -> Sshd:
-    return start_sshd(directory, SSH_PORT, addr, authorized_keys=keys, netns=netns, hostname=name)
+def _start_host_sshd(directory: Path, name: str, addr: str, netns: str, home: Path) -> Sshd:
+    """sshd in ``netns``, in new UTS and mount namespaces: hostname ``name`` and the login
+    user's ``~/.ssh`` and ``~/.clusterbook`` bound to those in ``home``. Missing ones are made
+    (empty, 0700) on the head as mount points; their contents there are never touched."""
+    login_home = Path(pwd.getpwuid(os.geteuid()).pw_dir)
+    return _start_sshd(
+        directory,
+        SSH_PORT,
+        addr,
+        authorized_keys=home / ".ssh" / "authorized_keys",  # what the line below means here
+        netns=netns,
+        hostname=name,
+        binds=[(home / d, login_home / d) for d in HOME_DIRS],
+        keys_file=".ssh/authorized_keys",
+    )
 
 
 def _destroy(index: int) -> None:

@@ -11,11 +11,14 @@ from typing import Any
 
 from clusterbook.cluster import Cluster
 from clusterbook.errors import (
+    BootstrapError,
+    CleanupWarning,
     ClusterError,
     ClusterStateError,
     ConfigError,
     HostKeyChangedError,
     HostKeyUnknownError,
+    HostNotFoundError,
     JobError,
     JobFailedError,
     JobTimeoutError,
@@ -38,6 +41,8 @@ from clusterbook.status import ClusterSnapshot, JobStatus, NodeStatus
 __version__ = "0.1.0"
 
 __all__ = [
+    "BootstrapError",
+    "CleanupWarning",
     "Cluster",
     "ClusterError",
     "ClusterSnapshot",
@@ -45,6 +50,7 @@ __all__ = [
     "ConfigError",
     "HostKeyChangedError",
     "HostKeyUnknownError",
+    "HostNotFoundError",
     "Job",
     "JobError",
     "JobFailedError",

@@ -12,7 +12,6 @@ from clusterbook.cluster import Cluster
 from clusterbook.errors import ClusterError, ConfigError
 from clusterbook.launch.job import Job
 from clusterbook.launch.logs import LAUNCHER_RANK
-from clusterbook.spec import NodeSpec, parse_host_slots
 
 __all__ = ["main"]
 
@@ -61,9 +60,20 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument(
         "--hosts",
         metavar="H:S,...",
-        help="hosts and slots, like node1:4,node2:4, reached by the MPI launcher's own ssh "
+        help="SSH hosts and slots, like node1:4,node2:4, bootstrapped with a per-cluster key "
         "(default: this machine, one slot per core)",
     )
+    run.add_argument("--user", help="ssh login user on the hosts (default: yours)")
+    run.add_argument(
+        "--identity", metavar="FILE", help="ssh private key (default ~/.ssh/id_ed25519)"
+    )
+    run.add_argument("--known-hosts", metavar="FILE", help="known_hosts file to trust")
+    run.add_argument(
+        "--accept-new-host-keys",
+        action="store_true",
+        help="trust hosts seen for the first time (changed keys stay refused)",
+    )
+    run.add_argument("--port", type=int, default=22, help="sshd port of the hosts (default 22)")
     run.add_argument("--timeout", type=float, metavar="S", help="stop the job after S seconds")
     run.add_argument(
         "--env",
@@ -97,8 +107,15 @@ def _run(args: argparse.Namespace) -> int:
         env[name] = value
     options = {"run_dir": args.run_dir, "mpi": args.mpi, "launcher": args.launcher}
     if args.hosts:
-        nodes = [NodeSpec(h, h, s) for h, s in (parse_host_slots(e) for e in _split(args.hosts))]
-        cluster = Cluster(nodes, kind="hosts", **options)
+        cluster = Cluster.ssh(
+            _split(args.hosts),
+            user=args.user,
+            identity=args.identity,
+            known_hosts=args.known_hosts,
+            port=args.port,
+            host_keys="accept-new" if args.accept_new_host_keys else None,
+            **options,
+        )
     else:
         cluster = Cluster.local(workers=1, **options)
     with cluster:

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import atexit
 import os
+import re
 import secrets
-import shutil
 import socket
 import sys
 import threading
@@ -15,22 +15,26 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from clusterbook.errors import ClusterStateError, ConfigError, ProgramNotFoundError
+from clusterbook.errors import ClusterStateError, ConfigError
 from clusterbook.launch.command import LaunchPlan, build_command, placement
 from clusterbook.launch.flavour import Launcher, MPIFlavour, find_launcher
 from clusterbook.launch.job import Job
 from clusterbook.launch.logs import LogStore
+from clusterbook.launch.program import check_argv, check_cwd, resolve_program
+from clusterbook.providers.base import LocalProvider, Provider, StartContext
 from clusterbook.providers.local import local_nodes
 from clusterbook.spec import NodeSpec, validate_env, validate_np, validate_timeout
-from clusterbook.status import ClusterSnapshot, JobStatus, NodeStatus, nodes_frame
+from clusterbook.status import ClusterSnapshot, NodeStatus, job_status, nodes_frame
+
+if TYPE_CHECKING:
+    from clusterbook.ssh.hostkeys import HostKeyPolicy
 
 if TYPE_CHECKING:
     import pandas as pd
 
 __all__ = ["Cluster", "default_run_root"]
 
-_LOCAL_HOSTS = {"localhost", "127.0.0.1"}
-_PYTHON_NAMES = {"python", "python3"}
+_NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,62}")
 _LIVE: weakref.WeakSet[Cluster] = weakref.WeakSet()
 
 
@@ -52,9 +56,8 @@ class Cluster:
 
     def __init__(
         self,
-        nodes: Sequence[NodeSpec],
+        provider: Provider,
         *,
-        kind: str,
         name: str | None = None,
         run_dir: str | os.PathLike[str] | None = None,
         python: str | None = None,
@@ -62,11 +65,14 @@ class Cluster:
         mpi: MPIFlavour | str | None = None,
         env: Mapping[str, str] | None = None,
     ) -> None:
-        if not nodes:
-            raise ConfigError("A cluster needs at least one node.")
-        self.nodes: tuple[NodeSpec, ...] = tuple(nodes)
-        self.kind = kind
-        self.name = name or f"{kind}-{secrets.token_hex(3)}"
+        self._provider = provider
+        self.kind = provider.kind
+        self.name = name or f"{provider.kind}-{secrets.token_hex(3)}"
+        if not isinstance(self.name, str) or not _NAME_RE.fullmatch(self.name):
+            raise ConfigError(
+                f"Cluster name {self.name!r} must be 1-63 letters, digits, '.', '-' or '_', "
+                "starting with a letter or digit."
+            )
         self.python = python or sys.executable
         self._launcher_path = launcher
         self._mpi = mpi
@@ -112,8 +118,7 @@ class Cluster:
             Variables every job's ranks get (a job's own ``env`` adds to them).
         """
         return cls(
-            local_nodes(workers, slots),
-            kind="local",
+            LocalProvider(local_nodes(workers, slots)),
             name=name,
             run_dir=run_dir,
             python=python,
@@ -121,6 +126,79 @@ class Cluster:
             mpi=mpi,
             env=env,
         )
+
+    @classmethod
+    def ssh(
+        cls,
+        hosts: Sequence[str],
+        *,
+        user: str | None = None,
+        identity: str | os.PathLike[str] | None = None,
+        known_hosts: str | os.PathLike[str] | None = None,
+        host_keys: str | HostKeyPolicy | Mapping[str, str] | None = None,
+        port: int = 22,
+        connect_timeout: float = 30.0,
+        name: str | None = None,
+        run_dir: str | os.PathLike[str] | None = None,
+        python: str | None = None,
+        launcher: str | None = None,
+        mpi: MPIFlavour | str | None = None,
+        env: Mapping[str, str] | None = None,
+    ) -> Cluster:
+        """A cluster of SSH hosts, bootstrapped securely at ``start()``.
+
+        Each node must have the head's Python environment at the same path (a shared file
+        system, the same image, or the same ``pip install``). ``start()`` connects to every
+        host once (in parallel, retrying until ``connect_timeout`` while sshd comes up),
+        checks Python, clusterbook, mpi4py and MPI against the head and cores against slots,
+        then installs a per-cluster key pair and known_hosts so that the MPI launcher's own
+        ssh (node to node too) checks host keys strictly. ``stop()`` removes the key, the
+        files and every process of the cluster from every node.
+
+        Parameters
+        ----------
+        hosts
+            ``["node1:4", "node2:4"]``: host names or addresses, with slots (default 1).
+        user, identity
+            Login user (default: yours) and private key (default ``~/.ssh/id_ed25519``).
+        known_hosts, host_keys
+            Host key policy: by default keys must be in ``known_hosts`` (default the user's
+            ``~/.ssh/known_hosts``); ``host_keys="accept-new"`` trusts new hosts on first use
+            (recorded in ``known_hosts`` if given, else ``~/.clusterbook/known_hosts``; later
+            changes are refused); a mapping of host to
+            ``"SHA256:..."`` fingerprint pins keys. A changed key is always refused.
+        port
+            sshd port of every node.
+        connect_timeout
+            Seconds to wait for every node's sshd to answer.
+        name, run_dir, python, launcher, mpi, env
+            As for :meth:`local`.
+        """
+        from clusterbook.providers.ssh import SSHProvider
+
+        provider = SSHProvider(
+            hosts,
+            user=user,
+            identity=identity,
+            known_hosts=known_hosts,
+            host_keys=host_keys,
+            port=port,
+            connect_timeout=connect_timeout,
+        )
+        return cls(
+            provider,
+            name=name,
+            run_dir=run_dir,
+            python=python,
+            launcher=launcher,
+            mpi=mpi,
+            env=env,
+        )
+
+    @property
+    def nodes(self) -> tuple[NodeSpec, ...]:
+        """The nodes, as the provider knows them (cores filled in once started)."""
+        return self._provider.nodes
 
     # -- lifecycle ------------------------------------------------------------------------
 
@@ -153,9 +231,10 @@ class Cluster:
                 raise ClusterStateError(
                     f"Cluster {self.name!r} was stopped; make a new cluster to run again."
                 )
-            _ = self.launcher
+            launcher = self.launcher
             self.run_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
             (self.run_dir / "jobs").mkdir(exist_ok=True)
+            self._provider.start(StartContext(self.name, self.python, launcher, self._env))
             self._started = time.monotonic()
             self._state = "running"
             _LIVE.add(self)
@@ -169,12 +248,15 @@ class Cluster:
                 return
             self._state = "stopping"
             jobs = list(self._jobs)
-        for job in jobs:
-            if not job.done:
-                job.cancel()
-        with self._lock:
-            self._state = "stopped"
-            _LIVE.discard(self)
+        try:
+            for job in jobs:
+                if not job.done:
+                    job.cancel()
+        finally:
+            self._provider.stop()
+            with self._lock:
+                self._state = "stopped"
+                _LIVE.discard(self)
 
     def __enter__(self) -> Cluster:
         return self.start()
@@ -239,20 +321,28 @@ class Cluster:
             The running job; ``job.wait()`` returns its :class:`JobResult`.
         """
         self._require_running("mpirun")
-        program = _check_argv(argv)
+        program = check_argv(argv)
         nodes = self.nodes
         np = validate_np(
             self.total_slots if np is None else np, self.total_slots, oversubscribe=oversubscribe
         )
         job_env = {**self._env, **validate_env(env)}
         limit = validate_timeout(timeout)
-        workdir = _check_cwd(cwd)
+        workdir = check_cwd(cwd)
         base_env = dict(os.environ)
-        program = self._resolve_program(program, {**base_env, **job_env}, workdir)
+        remote = self._provider.remote()
+        program = resolve_program(
+            program,
+            python=self.python,
+            path_env={**base_env, **job_env}.get("PATH"),
+            cwd=workdir,
+            local=remote is None,
+        )
         with self._lock:
             job_id = f"job-{len(self._jobs) + 1:04d}"
         directory = self.run_dir / "jobs" / job_id
         directory.mkdir(parents=True, mode=0o700)
+        token = f"{self.name}-{secrets.token_hex(6)}"
         plan = LaunchPlan(
             launcher=self.launcher,
             nodes=nodes,
@@ -263,17 +353,19 @@ class Cluster:
             output_dir=str(directory / "raw"),
             as_root=hasattr(os, "geteuid") and os.geteuid() == 0,
             oversubscribe=oversubscribe,
-            remote=any(n.host not in _LOCAL_HOSTS for n in nodes),
+            remote=remote,
             inherited_env=base_env,
             launcher_args=tuple(launcher_args),
-            job_token=secrets.token_hex(8),
+            job_token=token,
         )
-        where = placement(nodes, np)
         here = socket.gethostname()
+        names = remote.hostnames if remote else {}
         hosts = {
-            r: here if nodes[i].host in _LOCAL_HOSTS else nodes[i].host for r, i in enumerate(where)
+            r: names.get(nodes[i].host, nodes[i].host) if remote else here
+            for r, i in enumerate(placement(nodes, np))
         }
         store = LogStore(directory, hosts, launcher_host=here)
+        stop_job = self._provider.stop_job if remote else None
         job = Job(
             job_id,
             plan,
@@ -283,34 +375,11 @@ class Cluster:
             base_env=base_env,
             cwd=workdir,
             timeout=limit,
+            on_failure=stop_job,
         )
         with self._lock:
             self._jobs.append(job)
         return job
-
-    def _resolve_program(self, argv: list[str], env: dict[str, str], cwd: str) -> list[str]:
-        first = argv[0]
-        if first in _PYTHON_NAMES:
-            argv = [self.python, *argv[1:]]
-        elif os.sep not in first and any(n.host not in _LOCAL_HOSTS for n in self.nodes):
-            return argv  # looked up on each node by the launcher
-        else:
-            found = shutil.which(first, path=env.get("PATH"))
-            if found is None:
-                raise ProgramNotFoundError(
-                    f"Program {first!r} was not found"
-                    + (" on PATH" if os.sep not in first else "")
-                    + "; check the name, pass its full path, or install it."
-                )
-            argv = [found if os.sep not in first else first, *argv[1:]]
-        if _is_python(argv[0], self.python) and len(argv) > 1:
-            script = argv[1]
-            if not script.startswith("-") and not Path(cwd, script).is_file():
-                raise ProgramNotFoundError(
-                    f"Python script {script!r} does not exist in {cwd}; check the name or pass "
-                    "cwd= to run it from another directory."
-                )
-        return argv
 
     # -- status ---------------------------------------------------------------------------
 
@@ -342,7 +411,7 @@ class Cluster:
             kind=self.kind,
             state=state,
             nodes=nodes,
-            jobs=tuple(_job_status(j) for j in jobs),
+            jobs=tuple(job_status(j) for j in jobs),
             launcher=self._launcher.path if self._launcher else None,
             run_dir=str(self.run_dir),
             uptime=None if self._started is None else time.monotonic() - self._started,
@@ -371,54 +440,6 @@ class Cluster:
             raise ClusterStateError(
                 f"Cluster {self.name!r} is {self._state}; make a new cluster to {what}()."
             )
-
-
-def _job_status(job: Job) -> JobStatus:
-    r = job.result
-    if r is None:
-        state = "running"
-    elif r.ok:
-        state = "succeeded"
-    elif r.timed_out:
-        state = "timed out"
-    elif r.cancelled:
-        state = "cancelled"
-    else:
-        state = "failed"
-    return JobStatus(
-        id=job.id,
-        np=job.np,
-        argv=tuple(job.argv),
-        state=state,
-        returncode=None if r is None else r.returncode,
-        duration=None if r is None else r.duration,
-        failed_ranks=() if r is None else tuple(r.failed_ranks),
-    )
-
-
-def _check_argv(argv: object) -> list[str]:
-    if isinstance(argv, str):
-        raise ConfigError(
-            f"argv must be a list of words, not the string {argv!r}; write it like "
-            f"{argv.split()!r} (shlex.split() splits a command line the way a shell does)."
-        )
-    if not isinstance(argv, Sequence) or not argv:
-        raise ConfigError(f"argv must be a non-empty list of strings, got {argv!r}.")
-    bad = [a for a in argv if not isinstance(a, str) or "\0" in a]
-    if bad:
-        raise ConfigError(f"Every word of argv must be a string without NUL; {bad[0]!r} is not.")
-    return list(argv)
-
-
-def _check_cwd(cwd: str | os.PathLike[str] | None) -> str:
-    path = Path.cwd() if cwd is None else Path(cwd).expanduser()
-    if not path.is_dir():
-        raise ConfigError(f"cwd {str(path)!r} is not a directory; pass an existing directory.")
-    return str(path.resolve())
-
-
-def _is_python(path: str, python: str) -> bool:
-    return path == python or Path(path).name.startswith("python")
 
 
 @atexit.register

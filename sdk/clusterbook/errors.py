@@ -13,15 +13,20 @@ and what to do about it. Errors of third-party libraries are translated at the b
     ├── ClusterStateError                   the call does not fit the cluster's state
     ├── ReadyTimeoutError (also TimeoutError)   wait_ready() gave up
     ├── SSHError                            something about a host's ssh; names the host
-    │   ├── SSHConnectError                 name does not resolve, refused, unreachable
+    │   ├── SSHConnectError                 refused, unreachable, connection lost
+    │   │   └── HostNotFoundError           the host name does not resolve
     │   ├── SSHTimeoutError (also TimeoutError)  no answer, or a command ran over its time
     │   ├── SSHAuthError                    the host refused our key
     │   ├── HostKeyUnknownError             the host's key is in no known_hosts we trust
     │   ├── HostKeyChangedError             the host's key differs from the one on record
-    │   └── RemoteCommandError              a remote command failed (check=True)
+    │   ├── RemoteCommandError              a remote command failed (check=True)
+    │   └── BootstrapError                  some nodes could not join; ``problems`` by host
     └── JobError
         ├── JobTimeoutError (also TimeoutError) job.wait(timeout) returned before the job ended
         └── JobFailedError                  JobResult.check() on a failed job
+
+Warnings: :class:`CleanupWarning` when ``stop()`` could not clean a node (it says what may be
+left there).
 """
 
 from __future__ import annotations
@@ -32,11 +37,14 @@ if TYPE_CHECKING:
     from clusterbook.launch.result import JobResult
 
 __all__ = [
+    "BootstrapError",
+    "CleanupWarning",
     "ClusterError",
     "ClusterStateError",
     "ConfigError",
     "HostKeyChangedError",
     "HostKeyUnknownError",
+    "HostNotFoundError",
     "JobError",
     "JobFailedError",
     "JobTimeoutError",
@@ -112,6 +120,10 @@ class SSHConnectError(SSHError):
     """The host could not be reached: its name does not resolve, or it refused or dropped us."""
 
 
+class HostNotFoundError(SSHConnectError):
+    """The host name does not resolve (waiting will not help)."""
+
+
 class SSHTimeoutError(SSHError, TimeoutError):
     """The host did not answer in time, or a remote command ran over its time."""
 
@@ -143,3 +155,18 @@ class RemoteCommandError(SSHError):
         super().__init__(message, host=host)
         self.returncode = returncode
         self.stderr = stderr
+
+
+class BootstrapError(SSHError):
+    """Some nodes failed the bootstrap; ``problems`` maps each such host to what is wrong."""
+
+    def __init__(self, problems: dict[str, list[str]]) -> None:
+        lines = [f"{len(problems)} node(s) cannot join the cluster:"]
+        for host, items in problems.items():
+            lines.extend(f"  {host}: {item}" for item in items)
+        super().__init__("\n".join(lines), host=next(iter(problems), ""))
+        self.problems = problems
+
+
+class CleanupWarning(UserWarning):
+    """``stop()`` could not remove everything from some nodes; the message says what and where."""

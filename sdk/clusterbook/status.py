@@ -11,7 +11,9 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     import pandas as pd
 
-__all__ = ["ClusterSnapshot", "JobStatus", "NodeStatus", "nodes_frame"]
+    from clusterbook.launch.job import Job
+
+__all__ = ["ClusterSnapshot", "JobStatus", "NodeStatus", "job_status", "nodes_frame"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -66,3 +68,27 @@ def nodes_frame(snapshot: ClusterSnapshot) -> pd.DataFrame:
 
     rows = [(n.name, n.host, n.slots, n.state, list(n.ranks), n.job or "") for n in snapshot.nodes]
     return pd.DataFrame(rows, columns=list(NODE_COLUMNS))
+
+
+def job_status(job: Job) -> JobStatus:
+    """A job's snapshot."""
+    r = job.result
+    if r is None:
+        state = "running"
+    elif r.ok:
+        state = "succeeded"
+    elif r.timed_out:
+        state = "timed out"
+    elif r.cancelled:
+        state = "cancelled"
+    else:
+        state = "failed"
+    return JobStatus(
+        id=job.id,
+        np=job.np,
+        argv=tuple(job.argv),
+        state=state,
+        returncode=None if r is None else r.returncode,
+        duration=None if r is None else r.duration,
+        failed_ranks=() if r is None else tuple(r.failed_ranks),
+    )

@@ -14,7 +14,8 @@ import sysconfig
 import tempfile
 import textwrap
 import time
-from collections.abc import Iterator
+import uuid
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 
 import psutil
@@ -25,7 +26,14 @@ from clusterbook.errors import ClusterError, ConfigError
 from clusterbook.ssh.sshd import SshdConfig, SshdError, render_sshd_config, start_sshd
 from tests import testbed as fake_hosts
 from tests.conftest import require
-from tests.testbed import Testbed, cleanup_stale, leftovers, make_testbed, require_testbed
+from tests.testbed import (
+    HOME_DIRS,
+    Testbed,
+    cleanup_stale,
+    leftovers,
+    make_testbed,
+    require_testbed,
+)
 
 testbed = fake_hosts.testbed  # the module-scoped fixture of three fake hosts
 
@@ -53,6 +61,29 @@ def gone(pid: int) -> bool:
         return psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
     except psutil.NoSuchProcess:
         return True
+
+
+LOGIN_HOME = Path(pwd.getpwuid(0).pw_dir)  # root's: the fake hosts are logged in to as root
+PRIVATE_DIRS = {str(LOGIN_HOME / d) for d in HOME_DIRS}
+
+
+def mount_points(pid: int | str = "self") -> set[str]:
+    """Where something is mounted in the mount namespace of ``pid`` (``self``: the head's)."""
+    lines = Path(f"/proc/{pid}/mountinfo").read_text().splitlines()
+    return {line.split()[4].replace("\\040", " ") for line in lines}
+
+
+def in_mount_namespaces(namespaces: Iterable[str]) -> list[int]:
+    """Pids of every process in one of ``namespaces`` (``os.readlink`` of /proc/PID/ns/mnt)."""
+    wanted, found = set(namespaces), []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                if os.readlink(entry / "ns" / "mnt") in wanted:
+                    found.append(int(entry.name))
+            except OSError:  # gone meanwhile
+                continue
+    return found
 
 
 # --- the config, and errors that need no running sshd ------------------------------------
@@ -347,7 +378,57 @@ def test_swapped_host_key_is_refused_by_strict_checking(testbed: Testbed):
 
 @pytest.mark.sshd
 @pytest.mark.root
-def test_close_leaves_no_namespace_link_or_process(tmp_path):
+def test_each_host_has_its_own_ssh_and_clusterbook_dirs_in_a_shared_home(testbed: Testbed):
+    node1, node2, _ = testbed.hosts
+    name = f"x-{uuid.uuid4().hex[:8]}"
+    script = f'echo written-on-node1 > ~/.clusterbook/{name} && echo "$HOME"'
+    done = testbed.ssh(node1, ["sh", "-c", script])
+    try:
+        assert done.returncode == 0, done.stderr
+        assert done.stdout.strip() == str(LOGIN_HOME)  # the home itself is not replaced
+        assert (node1.home / ".clusterbook" / name).read_text() == "written-on-node1\n"
+        assert not (node2.home / ".clusterbook" / name).exists()
+        assert not (LOGIN_HOME / ".clusterbook" / name).exists()
+        elsewhere = testbed.ssh(node2, ["test", "-e", f"{LOGIN_HOME}/.clusterbook/{name}"])
+        assert elsewhere.returncode == 1, elsewhere.stderr
+    finally:
+        (node1.home / ".clusterbook" / name).unlink(missing_ok=True)
+    # The rest of the home is the head's: the interpreter running these tests (pyenv in ~).
+    assert testbed.ssh(node1, ["test", "-x", os.path.realpath(sys.executable)]).returncode == 0
+    # The bind mounts exist in the hosts' mount namespaces, never in the head's.
+    for host in testbed.hosts:
+        assert mount_points(host.sshd.pid) >= PRIVATE_DIRS
+    assert not PRIVATE_DIRS & mount_points()
+
+
+@pytest.mark.sshd
+@pytest.mark.root
+def test_each_host_reads_its_own_authorized_keys(testbed: Testbed):
+    node1, node2, _ = testbed.hosts
+    assert "\nAuthorizedKeysFile .ssh/authorized_keys\n" in node2.sshd.config_path.read_text()
+    assert node2.authorized_keys == node2.home / ".ssh" / "authorized_keys"
+    assert node2.authorized_keys.stat().st_mode & 0o777 == 0o600
+    assert node2.authorized_keys.parent.stat().st_mode & 0o777 == 0o700
+    client_key = testbed.identity.with_suffix(".pub").read_text().strip()
+    original = node2.authorized_keys.read_text()
+    lines = original.splitlines(keepends=True)
+    assert client_key in [line.strip() for line in lines]
+    node2.authorized_keys.write_text("".join(x for x in lines if x.strip() != client_key))
+    try:
+        refused = testbed.ssh(node2, ["true"])
+        assert refused.returncode == 255
+        assert "Permission denied" in refused.stderr, refused.stderr
+        assert testbed.ssh(node1, ["hostname"]).stdout.strip() == "node1"
+    finally:
+        node2.authorized_keys.write_text(original)
+    assert testbed.ssh(node2, ["hostname"]).stdout.strip() == "node2"
+    head_keys = LOGIN_HOME / ".ssh" / "authorized_keys"
+    assert not head_keys.exists() or client_key not in head_keys.read_text()
+
+
+@pytest.mark.sshd
+@pytest.mark.root
+def test_close_leaves_no_namespace_link_process_or_mount(tmp_path):
     require_testbed()
     bed = make_testbed(2, tmp_path)
     try:
@@ -358,8 +439,14 @@ def test_close_leaves_no_namespace_link_or_process(tmp_path):
         assert {h.sshd.pid for h in bed.hosts} <= set(pids)
         assert len(pids) >= 3  # two sshds and the session's sleep
         names = [bed.bridge] + [h.veth for h in bed.hosts] + [h.netns for h in bed.hosts]
+        mount_namespaces = {os.readlink(f"/proc/{h.sshd.pid}/ns/mnt") for h in bed.hosts}
+        assert os.readlink("/proc/self/ns/mnt") not in mount_namespaces
+        assert in_mount_namespaces(mount_namespaces)  # the sshds and the sleep
     finally:
         bed.close()
+    # No process is left in the hosts' mount namespaces, so they and their mounts are gone.
+    assert in_mount_namespaces(mount_namespaces) == []
+    assert not PRIVATE_DIRS & mount_points()
     bed.close()  # again: nothing to do
     namespaces = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
     links = subprocess.run(["ip", "-o", "link"], capture_output=True, text=True).stdout

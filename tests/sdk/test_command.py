@@ -19,12 +19,18 @@ from clusterbook.launch.command import (
 from clusterbook.launch.flavour import Launcher, MPIFlavour
 from clusterbook.launch.guard import ENV as GUARD_ENV
 from clusterbook.launch.rankwrap import HOOK_DIR, WRAPPER, wrap_argv
+from clusterbook.providers.base import RemoteLaunch
 from clusterbook.spec import NodeSpec
 
 OMPI = Launcher(path="/opt/mpi/bin/mpirun", flavour=MPIFlavour.OPENMPI, version="5.0.11")
 MPICH = Launcher(path="/opt/mpich/bin/mpiexec", flavour=MPIFlavour.MPICH, version="4.2.3")
 PROGRAM = ("/usr/bin/python3", "-u", "train.py", "--epochs", "3")
 HOSTFILE = "/tmp/cb/job-1/hostfile"
+REMOTE = RemoteLaunch(
+    ssh_args=("-o", "IdentityFile=~/.clusterbook/clusters/c1/id_ed25519", "-o", "User=me"),
+    ssh_wrapper="/home/me/.clusterbook/clusters/c1/ssh",
+    head_addr="10.0.0.1",
+)
 OUT = "/tmp/cb/job-1"
 LOCAL = (NodeSpec("local-0", "localhost", 4, cores=8),)
 # A value a shell would mangle and `ps` must never show.
@@ -93,7 +99,7 @@ def test_openmpi_everything_on_golden() -> None:
             env={"SEED": "42", "A_FLAG": "on"},
             as_root=True,
             oversubscribe=True,
-            remote=True,
+            remote=REMOTE,
             launcher_args=("--mca", "btl_tcp_if_include", "eth0"),
         )
     )
@@ -112,6 +118,9 @@ def test_openmpi_everything_on_golden() -> None:
         "--allow-run-as-root",
         "--prefix",
         "/opt/mpi",
+        "--prtemca",
+        "plm_ssh_args",
+        "-o IdentityFile=~/.clusterbook/clusters/c1/id_ed25519 -o User=me",
         "-x",
         "A_FLAG",
         "-x",
@@ -134,7 +143,8 @@ def test_openmpi_everything_on_golden() -> None:
 )
 def test_openmpi_optional_flags_only_when_asked(flag: str, present: str) -> None:
     assert present not in build_command(plan()).argv
-    assert present in build_command(plan(**{flag: True})).argv
+    value = REMOTE if flag == "remote" else True
+    assert present in build_command(plan(**{flag: value})).argv
 
 
 def test_openmpi_oversubscribe_changes_mapping() -> None:
@@ -147,7 +157,7 @@ def test_openmpi_oversubscribe_changes_mapping() -> None:
 
 def test_openmpi_prefix_is_install_dir_above_bin() -> None:
     launcher = replace(OMPI, path="/home/u/venv/bin/mpirun")
-    argv = build_command(plan(launcher, remote=True)).argv
+    argv = build_command(plan(launcher, remote=REMOTE)).argv
     assert argv[argv.index("--prefix") + 1] == "/home/u/venv"
 
 
@@ -290,7 +300,7 @@ def test_mpich_everything_on_golden() -> None:
             env={"SEED": NASTY},
             as_root=True,
             oversubscribe=True,
-            remote=True,
+            remote=REMOTE,
             output_dir="/var/tmp/out dir",
             launcher_args=("-verbose",),
         )
@@ -304,6 +314,12 @@ def test_mpich_everything_on_golden() -> None:
         "4",
         "-bind-to",
         "core",
+        "-launcher",
+        "ssh",
+        "-launcher-exec",
+        "/home/me/.clusterbook/clusters/c1/ssh",
+        "-localhost",
+        "10.0.0.1",
         "-outfile-pattern",
         "/var/tmp/out dir/rank-%r.stdout",
         "-errfile-pattern",

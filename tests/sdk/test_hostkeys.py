@@ -123,7 +123,10 @@ def test_fingerprints_policy():
 def test_make_policy(tmp_path):
     assert isinstance(make_policy(None, None, tmp_path / "k"), KnownHosts)
     assert not isinstance(make_policy(None, None, tmp_path / "k"), AcceptNew)
-    assert isinstance(make_policy("accept-new", None, tmp_path / "k"), AcceptNew)
+    tofu = make_policy("accept-new", None, tmp_path / "k")
+    assert isinstance(tofu, AcceptNew)
+    assert tofu.record == tmp_path / "k"
+    assert make_policy("accept-new", tmp_path / "given").record == tmp_path / "given"
     assert isinstance(make_policy({"n": A.fingerprint}, None, tmp_path / "k"), Fingerprints)
     with pytest.raises(cb.ConfigError, match="no policy that accepts any key"):
         make_policy("auto-add", None, tmp_path / "k")

@@ -9,11 +9,15 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from clusterbook.launch.flavour import Launcher, MPIFlavour
 from clusterbook.launch.guard import ENV as GUARD_ENV
 from clusterbook.launch.rankwrap import HOOK_DIR, wrap_argv
 from clusterbook.spec import NodeSpec
+
+if TYPE_CHECKING:
+    from clusterbook.providers.base import RemoteLaunch
 
 __all__ = [
     "OPENMPI_TUNING",
@@ -43,7 +47,7 @@ class LaunchPlan:
     output_dir: str
     as_root: bool = False
     oversubscribe: bool = False
-    remote: bool = False
+    remote: RemoteLaunch | None = None
     inherited_env: Mapping[str, str] = field(default_factory=dict)
     launcher_args: tuple[str, ...] = ()
     job_token: str = ""
@@ -117,8 +121,11 @@ def _openmpi(plan: LaunchPlan) -> LaunchCommand:
     argv += ["--map-by", mapping, "--bind-to", binding(plan.nodes, plan.np), "--output", "tag"]
     if plan.as_root:
         argv.append("--allow-run-as-root")
-    if plan.remote:
+    if plan.remote is not None:
+        # Remote shells do not have the venv's PATH: prted is found through --prefix. The
+        # launcher's ssh (tree spawn too) uses the cluster's key and strict known_hosts.
         argv += ["--prefix", plan.launcher.prefix]
+        argv += ["--prtemca", "plm_ssh_args", " ".join(plan.remote.ssh_args)]
     # -x NAME exports the value from mpirun's own environment: byte for byte, and not on
     # the command line where `ps` would show it.
     for name in sorted(env):
@@ -132,6 +139,10 @@ def _mpich(plan: LaunchPlan) -> LaunchCommand:
     out = plan.output_dir
     argv = [plan.launcher.path, "-f", plan.hostfile, "-n", str(plan.np)]
     argv += ["-bind-to", binding(plan.nodes, plan.np)]
+    if plan.remote is not None:
+        # Hydra's proxies connect back to the head: give them an address they can reach.
+        argv += ["-launcher", "ssh", "-launcher-exec", plan.remote.ssh_wrapper]
+        argv += ["-localhost", plan.remote.head_addr]
     argv += [
         "-outfile-pattern",
         f"{out}/rank-%r.stdout",

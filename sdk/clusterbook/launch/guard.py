@@ -10,6 +10,8 @@ on its parent's death is not relied on: it can die half-way (seen with Open MPI'
 
 from __future__ import annotations
 
+import atexit
+import contextlib
 import subprocess
 import sys
 import threading
@@ -51,5 +53,18 @@ class Guard:
         """The job has ended: nothing to do for ``token`` any more."""
         self._send(f"- {token}")
 
+    def close(self) -> None:
+        """At exit: end the guard the way our death would (jobs still registered die)."""
+        with self._lock:
+            proc, self._proc = self._proc, None
+        if proc is None:
+            return
+        assert proc.stdin is not None
+        with contextlib.suppress(OSError):
+            proc.stdin.close()
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            proc.wait(timeout=5)
+
 
 guard = Guard()
+atexit.register(guard.close)

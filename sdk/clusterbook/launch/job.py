@@ -9,7 +9,7 @@ import signal
 import subprocess
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -52,6 +52,7 @@ class Job:
         grace: float = 3.0,
         stack_grace: float = 1.0,
         failure_grace: float = 2.0,
+        on_failure: Callable[[str], None] | None = None,
     ) -> None:
         self.id = job_id
         self.plan = plan
@@ -63,6 +64,7 @@ class Job:
         self._grace = grace
         self._stack_grace = stack_grace
         self._failure_grace = failure_grace
+        self._on_failure = on_failure
         self._lock = threading.Lock()
         self._stop_reason: str | None = None  # "timeout" | "cancel" | "failure"
         self._stopped_at_exit_count: int | None = None
@@ -269,8 +271,12 @@ class Job:
         if self._timer is not None:
             self._timer.cancel()
         duration = time.monotonic() - self._t0
-        # Whatever a rank left behind (a daemonized child, say) goes with the job.
+        # Whatever a rank left behind (a daemonized child, say) goes with the job; on remote
+        # nodes too when the job did not end cleanly.
         kill_tagged([self._token], self._grace)
+        if returncode != 0 and self._on_failure is not None:
+            with contextlib.suppress(Exception):
+                self._on_failure(self._token)
         guard.release(self._token)
         self._store.close()
         self._result = self._make_result(returncode, duration)

@@ -240,13 +240,14 @@ class Fingerprints(HostKeyPolicy):
 def make_policy(
     host_keys: str | HostKeyPolicy | Mapping[str, str] | None,
     known_hosts: str | os.PathLike[str] | None,
-    cluster_known_hosts: Path,
+    record: Path | None = None,
 ) -> HostKeyPolicy:
     """The policy for ``Cluster.ssh(host_keys=..., known_hosts=...)``.
 
     ``None`` / ``"known-hosts"``: the given known_hosts file (default the user's);
-    ``"accept-new"``: trust on first use, recorded in ``cluster_known_hosts``; a mapping:
-    fingerprints by host; a :class:`HostKeyPolicy`: used as it is.
+    ``"accept-new"``: trust on first use, recorded in the given known_hosts file, else in
+    ``record`` (default ``~/.clusterbook/known_hosts``), so that a later change is caught;
+    a mapping: fingerprints by host; a :class:`HostKeyPolicy`: used as it is.
     """
     if isinstance(host_keys, HostKeyPolicy):
         return host_keys
@@ -256,7 +257,7 @@ def make_policy(
     if host_keys in (None, "known-hosts"):
         return KnownHosts(*files)
     if host_keys == "accept-new":
-        return AcceptNew(cluster_known_hosts, *files)
+        return AcceptNew(known_hosts or record or Path.home() / ".clusterbook" / "known_hosts")
     raise ConfigError(
         f"host_keys={host_keys!r} is not a policy; use 'known-hosts' (the default), "
         "'accept-new' (trust on first use) or a mapping of host to 'SHA256:...' fingerprint. "

@@ -17,6 +17,7 @@ import paramiko
 
 from clusterbook.errors import (
     ConfigError,
+    HostNotFoundError,
     SSHAuthError,
     SSHConnectError,
     SSHError,
@@ -76,7 +77,7 @@ def connect(
     try:
         sock = socket.create_connection((host, port), timeout=timeout)
     except socket.gaierror:
-        raise SSHConnectError(
+        raise HostNotFoundError(
             f"Host name {host!r} does not resolve; check the name, or use its IP address.",
             host=host,
         ) from None
@@ -143,8 +144,13 @@ class ParamikoShell:
         self._transport = transport
         self._timeout = timeout
 
+    @property
+    def active(self) -> bool:
+        """Whether the connection is still up."""
+        return self._transport.is_active()
+
     def __repr__(self) -> str:
-        state = "open" if self._transport.is_active() else "closed"
+        state = "open" if self.active else "closed"
         return f"<ParamikoShell {host_entry_name(self.host, self.port)} {state}>"
 
     def run(

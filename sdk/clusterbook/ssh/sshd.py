@@ -24,7 +24,7 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -264,6 +264,41 @@ def start_sshd(
         sshd is missing, exited, or did not answer within ``timeout``; the message holds the
         last lines of its log.
     """
+    return _start_sshd(
+        directory,
+        port,
+        listen,
+        authorized_keys=authorized_keys,
+        sshd_path=sshd_path,
+        timeout=timeout,
+        netns=netns,
+        hostname=hostname,
+    )
+
+
+def _start_sshd(
+    directory: str | os.PathLike[str],
+    port: int = 0,
+    listen: str = "127.0.0.1",
+    *,
+    authorized_keys: str | os.PathLike[str] | None = None,
+    sshd_path: str | os.PathLike[str] | None = None,
+    timeout: float = 10.0,
+    netns: str | None = None,
+    hostname: str | None = None,
+    binds: Sequence[tuple[str | os.PathLike[str], str | os.PathLike[str]]] = (),
+    keys_file: str | None = None,
+) -> Sshd:
+    """:func:`start_sshd`, plus what a fake machine in tests needs.
+
+    binds
+        Root only: ``(source, target)`` pairs bind-mounted in a private mount namespace of
+        sshd, so sshd and its sessions see ``source`` at ``target`` and nothing else does.
+        Missing targets are made (empty, 0700) first.
+    keys_file
+        The ``AuthorizedKeysFile`` value as written, instead of ``authorized_keys``; e.g.
+        ``.ssh/authorized_keys``, which sshd reads relative to the home of the user logging in.
+    """
     limit = validate_timeout(timeout)
     if limit is None:
         raise ConfigError("start_sshd timeout must be a number of seconds > 0, got None.")
@@ -280,6 +315,11 @@ def start_sshd(
             raise ConfigError(f"{name}={value!r} needs root; leave it out to run sshd as a user.")
     if netns is not None and port == 0:
         raise ConfigError(f"start_sshd(netns={netns!r}) needs an explicit port, like port=22.")
+    mounts = [(Path(src).absolute(), Path(dst).absolute()) for src, dst in binds]
+    if mounts and os.geteuid() != 0:
+        raise ConfigError("binds need root (a mount namespace); leave them out.")
+    if keys_file is not None and (not keys_file or set(keys_file) & _BAD_PATH_CHARS):
+        raise ConfigError(f"sshd keys_file {keys_file!r} cannot be written into sshd_config.")
     directory = _check_path(Path(directory).expanduser(), "directory")
     directory.mkdir(mode=0o700, parents=True, exist_ok=True)
     sshd = _find_sshd(sshd_path, directory, port)
@@ -294,12 +334,16 @@ def start_sshd(
     if os.geteuid() == 0:
         # Debian's sshd refuses to start as root without its privilege separation directory.
         os.makedirs("/run/sshd", mode=0o755, exist_ok=True)
+    for _, target in mounts:
+        target.mkdir(mode=0o700, parents=True, exist_ok=True)
     # A port picked here can be taken before sshd binds it; then pick again.
     attempts = 3 if port == 0 else 1
     for attempt in range(attempts):
         cfg = SshdConfig(directory, port or _free_port(listen), listen, keys)
         try:
-            return _launch(sshd, cfg, host_key, host_public_key, limit, netns, hostname)
+            return _launch(
+                sshd, cfg, host_key, host_public_key, limit, netns, hostname, mounts, keys_file
+            )
         except SshdError as exc:
             if attempt + 1 == attempts or "Address already in use" not in exc.log_tail:
                 raise
@@ -314,15 +358,31 @@ def _launch(
     timeout: float,
     netns: str | None,
     hostname: str | None,
+    mounts: Sequence[tuple[Path, Path]] = (),
+    keys_file: str | None = None,
 ) -> Sshd:
     config_path = cfg.directory / "sshd_config"
     log_path = cfg.directory / "sshd.log"
     pid_file = cfg.directory / "sshd.pid"
-    _write_private(config_path, render_sshd_config(cfg, host_key=host_key, pid_file=pid_file))
+    text = render_sshd_config(cfg, host_key=host_key, pid_file=pid_file)
+    if keys_file is not None:
+        line = f"AuthorizedKeysFile {_quote(keys_file)}"
+        text = re.sub(r"(?m)^AuthorizedKeysFile .*$", lambda _: line, text)
+    _write_private(config_path, text)
     argv = [sshd, "-D", "-f", str(config_path), "-E", str(log_path)]
+    flags: list[str] = []
+    steps: list[str] = []
     if hostname is not None:
-        script = f"hostname {shlex.quote(hostname)} && exec {shlex.join(argv)}"
-        argv = ["unshare", "--uts", "sh", "-c", script]
+        flags.append("--uts")
+        steps.append(f"hostname {shlex.quote(hostname)}")
+    if mounts:
+        # A mount namespace of its own whose mounts propagate nowhere: the binds are seen by
+        # sshd and its sessions only, and vanish with the last of them.
+        flags += ["--mount", "--propagation", "private"]
+        steps += [f"mount --bind {shlex.quote(str(s))} {shlex.quote(str(t))}" for s, t in mounts]
+    if flags:
+        script = " && ".join([*steps, f"exec {shlex.join(argv)}"])
+        argv = ["unshare", *flags, "sh", "-c", script]
     if netns is not None:
         argv = ["ip", "netns", "exec", netns, *argv]  # ip, unshare and sh all exec: pid is sshd's
     log_start = log_path.stat().st_size if log_path.exists() else 0

@@ -1,0 +1,84 @@
+"""What a provider (where nodes come from) gives a :class:`~clusterbook.Cluster`."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Protocol
+
+from clusterbook.launch.flavour import Launcher
+from clusterbook.spec import NodeSpec
+
+__all__ = ["Provider", "RemoteLaunch", "StartContext"]
+
+
+@dataclass(frozen=True, slots=True)
+class StartContext:
+    """What a provider needs to bring its nodes up."""
+
+    cluster_id: str
+    python: str
+    launcher: Launcher
+    env: Mapping[str, str]
+
+
+@dataclass(frozen=True, slots=True)
+class RemoteLaunch:
+    """How the MPI launcher reaches the nodes: ssh options, an ssh wrapper (MPICH), and the
+    head's address as the nodes see it."""
+
+    ssh_args: tuple[str, ...]
+    ssh_wrapper: str
+    head_addr: str
+    hostnames: Mapping[str, str] = field(default_factory=dict)
+
+
+class Provider(Protocol):
+    """Where a cluster's nodes come from, and how they are brought up and released."""
+
+    kind: str
+    nodes: tuple[NodeSpec, ...]
+
+    def start(self, ctx: StartContext) -> None:
+        """Bring the nodes up; raise a ClusterError naming what failed."""
+        ...
+
+    def stop(self) -> None:
+        """Release the nodes: no process and no key of the cluster left on them."""
+        ...
+
+    def remote(self) -> RemoteLaunch | None:
+        """How to launch on the nodes, or None when they are this machine."""
+        ...
+
+    def stop_job(self, token: str) -> None:
+        """Make sure no process of job ``token`` is left on any node."""
+        ...
+
+
+class LocalProvider:
+    """Nodes on this machine: nothing to bring up."""
+
+    kind = "local"
+
+    def __init__(self, nodes: tuple[NodeSpec, ...]) -> None:
+        self.nodes = nodes
+
+    def start(self, ctx: StartContext) -> None:
+        pass
+
+    def stop(self) -> None:
+        pass
+
+    def remote(self) -> RemoteLaunch | None:
+        return None
+
+    def stop_job(self, token: str) -> None:
+        pass  # the job's own clean-up sees every local process
+
+
+def head_cluster_dir(cluster_id: str) -> Path:
+    from clusterbook.ssh.bootstrap import CLUSTERS_DIR
+
+    return Path.home() / CLUSTERS_DIR / cluster_id

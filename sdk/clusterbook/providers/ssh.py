@@ -1,0 +1,267 @@
+"""Nodes reached over SSH: parse the host list, bootstrap the nodes, release them."""
+
+from __future__ import annotations
+
+import getpass
+import json
+import os
+import shutil
+import time
+import warnings
+from collections.abc import Sequence
+from dataclasses import replace
+from pathlib import Path
+
+from clusterbook.errors import BootstrapError, CleanupWarning, ConfigError
+from clusterbook.providers.base import RemoteLaunch, StartContext, head_cluster_dir
+from clusterbook.spec import NodeSpec, parse_host_slots, validate_positive_int, validate_timeout
+from clusterbook.ssh.bootstrap import (
+    Connection,
+    cluster_files,
+    connect_all,
+    encode_files,
+    node_ssh_args,
+    parallel,
+    run_task,
+)
+from clusterbook.ssh.hostkeys import HostKeyPolicy, make_policy
+from clusterbook.ssh.keys import authorized_keys_line, generate_keypair, key_tag
+from clusterbook.ssh.local_shell import LocalShell
+from clusterbook.ssh.paramiko_shell import ParamikoShell, connect
+from clusterbook.ssh.preflight import NodeFacts, problems
+
+__all__ = ["SSHProvider", "parse_hosts"]
+
+
+def parse_hosts(hosts: Sequence[str] | str, default_slots: int = 1) -> tuple[NodeSpec, ...]:
+    """``["node1:4", "node2"]`` into nodes; empty lists and duplicate hosts are refused."""
+    if isinstance(hosts, str):
+        raise ConfigError(
+            f"hosts must be a list like ['node1:4', 'node2:4'], not the string {hosts!r}."
+        )
+    nodes = []
+    seen: set[str] = set()
+    for entry in hosts:
+        host, slots = parse_host_slots(entry, default_slots)
+        if host in seen:
+            raise ConfigError(
+                f"Host {host!r} is listed twice; list each host once and give it all its slots "
+                f"('{host}:N')."
+            )
+        seen.add(host)
+        nodes.append(NodeSpec(host, host, slots))
+    if not nodes:
+        raise ConfigError("hosts is empty; give at least one host, like ['node1:4'].")
+    return tuple(nodes)
+
+
+class SSHProvider:
+    """Bootstraps SSH hosts: one connection each, a per-cluster key, checks, clean-up."""
+
+    kind = "ssh"
+
+    def __init__(
+        self,
+        hosts: Sequence[str],
+        *,
+        user: str | None = None,
+        identity: str | os.PathLike[str] | None = None,
+        known_hosts: str | os.PathLike[str] | None = None,
+        host_keys: str | HostKeyPolicy | dict[str, str] | None = None,
+        port: int = 22,
+        connect_timeout: float = 30.0,
+    ) -> None:
+        self.nodes = parse_hosts(hosts)
+        self.user = user or getpass.getuser()
+        self.identity = Path(identity or "~/.ssh/id_ed25519").expanduser()
+        self.port = validate_positive_int(port, "port")
+        if self.port > 65535:
+            raise ConfigError(f"port must be at most 65535, got {port}.")
+        self.connect_timeout = validate_timeout(connect_timeout, "connect_timeout") or 30.0
+        self._known_hosts = known_hosts
+        self._host_keys = host_keys
+        self._policy = make_policy(host_keys, known_hosts)  # validated now, not at start
+        self._conns: dict[str, Connection] = {}
+        self._facts: dict[str, NodeFacts] = {}
+        self._ctx: StartContext | None = None
+        self._remote: RemoteLaunch | None = None
+        self.timings: dict[str, float] = {}
+        self.stop_problems: dict[str, Exception] = {}
+
+    # -- start --------------------------------------------------------------------------
+
+    def start(self, ctx: StartContext) -> None:
+        self._ctx = ctx
+        head_dir = head_cluster_dir(ctx.cluster_id)
+        head_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+        policy = self._policy = make_policy(self._host_keys, self._known_hosts)
+        hosts = [n.host for n in self.nodes]
+        t0 = time.monotonic()
+        try:
+            self._conns = connect_all(
+                hosts,
+                user=self.user,
+                identity=self.identity,
+                policy=policy,
+                port=self.port,
+                timeout=self.connect_timeout,
+            )
+            self.timings["connect"] = time.monotonic() - t0
+            self._preflight(ctx)
+            self.timings["preflight"] = time.monotonic() - t0
+            self._install(ctx, head_dir)
+            self.timings["install"] = time.monotonic() - t0
+        except BaseException:
+            self.stop()
+            raise
+
+    def _preflight(self, ctx: StartContext) -> None:
+        args = {"prefix": ctx.launcher.prefix, "flavour": ctx.launcher.flavour.value}
+        head = NodeFacts.from_json(run_task(LocalShell(), ctx.python, "probe", args))
+
+        def probe(host: str) -> NodeFacts:
+            return NodeFacts.from_json(run_task(self._conns[host].shell, ctx.python, "probe", args))
+
+        facts, failed = parallel(list(self._conns), probe)
+        found = {h: [str(e)] for h, e in failed.items()}
+        for node in self.nodes:
+            if node.host in facts:
+                issues = problems(
+                    head,
+                    facts[node.host],
+                    host=node.host,
+                    slots=node.slots,
+                    prefix=ctx.launcher.prefix,
+                    flavour=ctx.launcher.flavour.value,
+                )
+                if issues:
+                    found[node.host] = issues
+        if found:
+            raise BootstrapError(found)
+        self._facts = facts
+        self.nodes = tuple(
+            NodeSpec(n.name, n.host, n.slots, cores=facts[n.host].cores) for n in self.nodes
+        )
+
+    def _install(self, ctx: StartContext, head_dir: Path) -> None:
+        keys_dir = head_dir / "keys"
+        if keys_dir.exists():
+            shutil.rmtree(keys_dir)
+        keys = generate_keypair(keys_dir, ctx.cluster_id)
+        ssh_args = node_ssh_args(ctx.cluster_id, user=self.user, port=self.port)
+        hostnames = {h: f.hostname for h, f in self._facts.items()}
+        files = cluster_files(
+            ctx.cluster_id,
+            keys,
+            self._conns,
+            hostnames,
+            port=self.port,
+            ssh_args=ssh_args,
+            env=ctx.env,
+        )
+        payload = {
+            "cluster_id": ctx.cluster_id,
+            "files": encode_files(files),
+            "authorized_key": authorized_keys_line(keys),
+        }
+
+        def install(host: str) -> dict[str, object]:
+            return run_task(self._conns[host].shell, ctx.python, "install", payload)
+
+        # The head gets the same files (no authorized_keys line): its mpirun uses them too.
+        run_task(LocalShell(), ctx.python, "install", {**payload, "authorized_key": None})
+        _, failed = parallel(list(self._conns), install)
+        if failed:
+            raise BootstrapError({h: [str(e)] for h, e in failed.items()})
+        status = json.dumps(
+            {
+                "cluster": ctx.cluster_id,
+                "state": "ready",
+                "time": time.time(),
+                "nodes": [
+                    {"host": n.host, "hostname": hostnames[n.host], "slots": n.slots}
+                    for n in self.nodes
+                ],
+            }
+        ).encode()
+        home = {h: self._facts[h].home for h in self._conns}
+
+        def mark_ready(host: str) -> None:
+            path = f"{home[host]}/.clusterbook/clusters/{ctx.cluster_id}/status.json"
+            self._conns[host].shell.write_file(path, status, 0o644)
+
+        _, failed = parallel(list(self._conns), mark_ready)
+        if failed:
+            raise BootstrapError({h: [str(e)] for h, e in failed.items()})
+        head_addr = next(iter(self._conns.values())).local_addr
+        self._remote = RemoteLaunch(
+            ssh_args=tuple(ssh_args),
+            ssh_wrapper=str(head_dir / "ssh"),
+            head_addr=head_addr,
+            hostnames=hostnames,
+        )
+
+    # -- running ------------------------------------------------------------------------
+
+    def remote(self) -> RemoteLaunch | None:
+        return self._remote
+
+    def stop_job(self, token: str) -> None:
+        if self._ctx is None:
+            return
+        python = self._ctx.python
+
+        def kill(host: str) -> object:
+            return run_task(self._shell(host), python, "kill", {"prefix": token}, timeout=15)
+
+        parallel(list(self._conns), kill)
+
+    def _shell(self, host: str) -> ParamikoShell:
+        """The host's connection, opened again (same host key policy) if it was lost."""
+        conn = self._conns[host]
+        if not conn.shell.active:
+            shell = connect(
+                host,
+                user=self.user,
+                identity=self.identity,
+                policy=self._policy,
+                port=self.port,
+                timeout=min(10.0, self.connect_timeout),
+            )
+            conn = self._conns[host] = replace(conn, shell=shell)
+        return conn.shell
+
+    # -- stop ---------------------------------------------------------------------------
+
+    def stop(self) -> None:
+        """Remove the cluster's processes, key and files from every node; close connections."""
+        ctx = self._ctx
+        self._remote = None
+        if ctx is None:
+            return
+        args = {"cluster_id": ctx.cluster_id, "tag": key_tag(ctx.cluster_id), "grace": 2.0}
+
+        def clean(host: str) -> object:
+            try:
+                return run_task(self._shell(host), ctx.python, "cleanup", args, timeout=15)
+            finally:
+                self._conns[host].shell.close()
+
+        # Best effort: a node that cannot be reached (or whose host key changed) cannot be
+        # cleaned; say which, and what is left there.
+        _, self.stop_problems = parallel(list(self._conns), clean)
+        self._ctx, self._conns = None, {}
+        run_task(LocalShell(), ctx.python, "cleanup", {**args, "tag": None})
+        if self.stop_problems:
+            lines = [f"  {h}: {e}" for h, e in self.stop_problems.items()]
+            warnings.warn(
+                CleanupWarning(
+                    f"Could not clean up {len(lines)} node(s) of cluster {ctx.cluster_id!r}; "
+                    f"its key (tagged {key_tag(ctx.cluster_id)!r} in ~/.ssh/authorized_keys) "
+                    "and ~/.clusterbook/clusters/"
+                    + ctx.cluster_id
+                    + " may remain there:\n"
+                    + "\n".join(lines)
+                ),
+                stacklevel=3,
+            )

@@ -1,0 +1,181 @@
+"""What bootstrap runs on each node, in one Python process per step (plain stdlib).
+
+Sent as source (``python -c SOURCE TASK JSON``) so that nothing has to be on the node first;
+each task prints one JSON object. Importable too, for tests.
+
+- ``probe``: facts about the node (hostname, Python, cores, mpi4py and its MPI, launcher).
+- ``install``: write the cluster's files atomically with their modes under
+  ``~/.clusterbook/clusters/ID`` and add the cluster's key to ``~/.ssh/authorized_keys``.
+- ``cleanup``: stop the cluster's processes, remove its key lines and its directory.
+- ``kill``: stop the processes of one job.
+"""
+
+import base64
+import contextlib
+import json
+import os
+import shutil
+import signal
+import socket
+import sys
+import tempfile
+import time
+
+JOB_ENV = "CLUSTERBOOK_JOB"
+
+
+def probe(args):
+    facts = {
+        "hostname": socket.gethostname(),
+        "home": os.path.expanduser("~"),
+        "python": sys.executable,
+        "python_version": ".".join(map(str, sys.version_info[:3])),
+        "cores": len(os.sched_getaffinity(0))
+        if hasattr(os, "sched_getaffinity")
+        else os.cpu_count(),
+        "mpi4py": None,
+        "mpi_library": None,
+        "clusterbook": None,
+        "launcher_found": None,
+    }
+    try:
+        from importlib.metadata import version
+
+        facts["clusterbook"] = version("clusterbook")
+    except Exception:  # noqa: S110 - not installed: the head's check says what to do
+        pass
+    try:
+        import mpi4py
+
+        mpi4py.rc.initialize = False
+        mpi4py.rc.finalize = False
+        from mpi4py import MPI
+
+        facts["mpi4py"] = mpi4py.__version__
+        facts["mpi_library"] = MPI.Get_library_version().strip().splitlines()[0]
+    except Exception as exc:
+        facts["mpi4py_error"] = f"{type(exc).__name__}: {exc}"
+    prefix = args.get("prefix")
+    if prefix:
+        names = {"openmpi": "prted", "mpich": "hydra_pmi_proxy"}
+        name = names.get(args.get("flavour"), "mpirun")
+        facts["launcher_found"] = os.access(os.path.join(prefix, "bin", name), os.X_OK)
+    return facts
+
+
+def _write_atomic(path, data, mode):
+    directory = os.path.dirname(path)
+    fd, tmp = tempfile.mkstemp(dir=directory, prefix=".cb-")
+    try:
+        os.fchmod(fd, mode)
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
+
+
+def _cluster_dir(cluster_id):
+    if not cluster_id or "/" in cluster_id or cluster_id.startswith("."):
+        raise ValueError(f"bad cluster id {cluster_id!r}")
+    return os.path.join(os.path.expanduser("~"), ".clusterbook", "clusters", cluster_id)
+
+
+def install(args):
+    directory = _cluster_dir(args["cluster_id"])
+    os.makedirs(directory, mode=0o700, exist_ok=True)
+    os.chmod(directory, 0o700)
+    for name, (mode, data) in sorted(args["files"].items()):
+        if "/" in name or name.startswith("."):
+            raise ValueError(f"bad file name {name!r}")
+        _write_atomic(os.path.join(directory, name), base64.b64decode(data), int(mode, 8))
+    line = args.get("authorized_key")
+    if line:
+        ssh_dir = os.path.join(os.path.expanduser("~"), ".ssh")
+        os.makedirs(ssh_dir, mode=0o700, exist_ok=True)
+        keys = os.path.join(ssh_dir, "authorized_keys")
+        try:
+            with open(keys, "rb") as f:
+                old = f.read()
+            mode = os.stat(keys).st_mode & 0o777
+        except FileNotFoundError:
+            old, mode = b"", 0o600
+        lines = old.decode("utf-8", "replace").splitlines()
+        if line not in lines:
+            text = old.decode("utf-8", "replace")
+            if text and not text.endswith("\n"):
+                text += "\n"
+            _write_atomic(keys, (text + line + "\n").encode(), mode)
+    return {"home": os.path.expanduser("~"), "dir": directory}
+
+
+def _tagged(prefix):
+    mark = (JOB_ENV + "=" + prefix).encode()
+    found = []
+    for pid in os.listdir("/proc"):
+        if not pid.isdigit() or int(pid) == os.getpid():
+            continue
+        try:
+            with open(f"/proc/{pid}/environ", "rb") as f:
+                if any(v.startswith(mark) for v in f.read().split(b"\0")):
+                    found.append(int(pid))
+        except OSError:
+            pass
+    return found
+
+
+def kill_jobs(prefix, grace):
+    """SIGTERM the processes whose job token starts with ``prefix``, SIGKILL after grace."""
+    killed = set()
+    for sig, pause in ((signal.SIGTERM, grace), (signal.SIGKILL, 0.0)):
+        pids = _tagged(prefix)
+        if not pids:
+            break
+        for pid in pids:
+            try:
+                os.kill(pid, sig)
+                killed.add(pid)
+            except OSError:
+                pass
+        deadline = time.monotonic() + pause
+        while pause and _tagged(prefix) and time.monotonic() < deadline:
+            time.sleep(0.05)
+    return sorted(killed)
+
+
+def cleanup(args):
+    cluster_id = args["cluster_id"]
+    killed = kill_jobs(cluster_id + "-", float(args.get("grace", 2.0)))
+    tag = args.get("tag")
+    removed = 0
+    keys = os.path.join(os.path.expanduser("~"), ".ssh", "authorized_keys")
+    if tag and os.path.exists(keys):
+        with open(keys, "rb") as f:
+            lines = f.read().decode("utf-8", "replace").splitlines()
+        kept = [ln for ln in lines if not ln.endswith(" " + tag)]
+        removed = len(lines) - len(kept)
+        if removed:
+            data = ("\n".join(kept) + "\n" if kept else "").encode()
+            _write_atomic(keys, data, os.stat(keys).st_mode & 0o777)
+    directory = _cluster_dir(cluster_id)
+    shutil.rmtree(directory, ignore_errors=True)
+    return {"killed": killed, "keys_removed": removed, "dir_removed": not os.path.exists(directory)}
+
+
+def kill(args):
+    return {"killed": kill_jobs(args["prefix"], float(args.get("grace", 1.0)))}
+
+
+TASKS = {"probe": probe, "install": install, "cleanup": cleanup, "kill": kill}
+
+
+def main(argv):
+    task, payload = argv[1], argv[2] if len(argv) > 2 else "{}"
+    args = json.loads(sys.stdin.read() if payload == "-" else payload)
+    print(json.dumps(TASKS[task](args)))
+
+
+if __name__ == "__main__":
+    main(sys.argv)

@@ -1,0 +1,219 @@
+"""Bootstrap of SSH nodes: connect, check, install the cluster's key and files, clean up.
+
+Modelled on the bootstrap_master_node / bootstrap_worker_node / write_status_file_to_workers
+steps of managed training services: every host is handled in parallel over one connection
+(one handshake per host), each step is one remote command (the login shell starts once per
+step, not per file), and failures are gathered per host into one :class:`BootstrapError`.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import shlex
+import time
+from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, TypeVar
+
+from clusterbook.errors import (
+    BootstrapError,
+    HostNotFoundError,
+    SSHConnectError,
+    SSHError,
+    SSHTimeoutError,
+)
+from clusterbook.ssh.hostkeys import HostKey, HostKeyPolicy, host_entry_name, known_hosts_line
+from clusterbook.ssh.keys import KeyPair
+from clusterbook.ssh.paramiko_shell import ParamikoShell, connect
+from clusterbook.ssh.shell import RemoteShell
+
+__all__ = [
+    "CLUSTERS_DIR",
+    "Connection",
+    "cluster_files",
+    "connect_all",
+    "node_ssh_args",
+    "parallel",
+    "run_task",
+]
+
+#: Where a cluster's files live, relative to the home of the user on every node and the head.
+CLUSTERS_DIR = ".clusterbook/clusters"
+_TASKS = (Path(__file__).with_name("_node_tasks.py")).read_text()
+T = TypeVar("T")
+
+
+@dataclass(frozen=True, slots=True)
+class Connection:
+    """An open connection to a node, with the host key it showed."""
+
+    host: str
+    shell: ParamikoShell
+    host_key: HostKey
+    local_addr: str  # our address as the node sees it
+
+
+def parallel(
+    items: Sequence[str], work: Callable[[str], T]
+) -> tuple[dict[str, T], dict[str, Exception]]:
+    """Run ``work(item)`` for every item in threads; return results and errors by item."""
+    done: dict[str, T] = {}
+    failed: dict[str, Exception] = {}
+    if not items:
+        return done, failed
+    with ThreadPoolExecutor(max_workers=min(32, len(items))) as pool:
+        futures = {item: pool.submit(work, item) for item in items}
+        for item, future in futures.items():
+            try:
+                done[item] = future.result()
+            except Exception as exc:  # gathered, re-raised as one BootstrapError
+                failed[item] = exc
+    return done, failed
+
+
+def connect_all(
+    hosts: Sequence[str],
+    *,
+    user: str,
+    identity: str | Path,
+    policy: HostKeyPolicy,
+    port: int,
+    timeout: float,
+) -> dict[str, Connection]:
+    """Connect to every host in parallel, retrying while sshd is not up yet, until ``timeout``.
+
+    Host key and authentication failures are final at once; a name that does not resolve too.
+    """
+    deadline = time.monotonic() + timeout
+
+    def one(host: str) -> Connection:
+        pause = 0.1
+        while True:
+            left = deadline - time.monotonic()
+            try:
+                shell = connect(
+                    host,
+                    user=user,
+                    identity=identity,
+                    policy=policy,
+                    port=port,
+                    timeout=max(0.5, min(5.0, left)),
+                )
+                break
+            except HostNotFoundError:
+                raise
+            except (SSHConnectError, SSHTimeoutError):
+                if time.monotonic() + pause >= deadline:
+                    raise
+                time.sleep(pause)
+                pause = min(pause * 2, 1.0)
+        transport = shell._transport
+        key = transport.get_remote_server_key()
+        return Connection(
+            host, shell, HostKey(key.get_name(), key.get_base64()), transport.sock.getsockname()[0]
+        )
+
+    done, failed = parallel(hosts, one)
+    if failed:
+        for conn in done.values():
+            conn.shell.close()
+        raise BootstrapError({h: [_reason(e)] for h, e in failed.items()})
+    return done
+
+
+def _reason(exc: Exception) -> str:
+    return str(exc) if isinstance(exc, SSHError) else f"{type(exc).__name__}: {exc}"
+
+
+def run_task(
+    shell: RemoteShell, python: str, task: str, args: Mapping[str, Any], timeout: float = 60.0
+) -> dict[str, Any]:
+    """Run a node task (see ``_node_tasks``) with ``python`` on the node; return its JSON."""
+    result = shell.run(
+        [python, "-c", _TASKS, task, "-"], input=json.dumps(args).encode(), timeout=timeout
+    )
+    if result.returncode == 127:
+        raise SSHError(
+            f"Python {python!r} is missing on {shell.host}; install the same environment there "
+            "as on the head (same path), or pass python= with its path on the nodes.",
+            host=shell.host,
+        )
+    if result.returncode != 0:
+        tail = " / ".join(result.stderr.strip().splitlines()[-3:])
+        raise SSHError(f"The {task} step failed on {shell.host}: {tail}", host=shell.host)
+    try:
+        return json.loads(result.stdout.strip().splitlines()[-1])
+    except (ValueError, IndexError):
+        raise SSHError(
+            f"The {task} step on {shell.host} printed no result (its shell start-up files may "
+            f"print to stdout): {result.stdout[:200]!r}",
+            host=shell.host,
+        ) from None
+
+
+def node_ssh_args(cluster_id: str, *, user: str, port: int) -> list[str]:
+    """ssh options for head-to-node and node-to-node connections made by the MPI launcher.
+
+    Paths start with ``~`` (expanded by ssh) so the same options work on the head and on every
+    node, whatever their home directories. Host keys are checked strictly against the
+    cluster's own known_hosts, built from the keys the nodes showed at bootstrap.
+    """
+    base = f"~/{CLUSTERS_DIR}/{cluster_id}"
+    args = [
+        "-o",
+        f"IdentityFile={base}/id_ed25519",
+        "-o",
+        "IdentitiesOnly=yes",
+        "-o",
+        f"UserKnownHostsFile={base}/known_hosts",
+        "-o",
+        "StrictHostKeyChecking=yes",
+        "-o",
+        "UpdateHostKeys=no",
+        "-o",
+        "BatchMode=yes",
+        "-o",
+        "ConnectTimeout=10",
+        "-o",
+        f"User={user}",
+    ]
+    if port != 22:
+        args += ["-o", f"Port={port}"]
+    return args
+
+
+def cluster_files(
+    cluster_id: str,
+    keys: KeyPair,
+    connections: Mapping[str, Connection],
+    hostnames: Mapping[str, str],
+    *,
+    port: int,
+    ssh_args: Sequence[str],
+    env: Mapping[str, str],
+) -> dict[str, tuple[str, bytes]]:
+    """The files every node (and the head) gets: name -> (octal mode, content)."""
+    known = "".join(
+        known_hosts_line(
+            dict.fromkeys([host_entry_name(h, port), host_entry_name(hostnames.get(h, h), port)]),
+            c.host_key,
+        )
+        for h, c in connections.items()
+    )
+    wrapper = "#!/bin/sh\nexec ssh " + shlex.join(ssh_args) + ' "$@"\n'
+    env_sh = "".join(f"export {k}={shlex.quote(v)}\n" for k, v in env.items())
+    return {
+        "id_ed25519": ("600", keys.private_path.read_bytes()),
+        "id_ed25519.pub": ("644", (keys.public_line + "\n").encode()),
+        "known_hosts": ("644", known.encode()),
+        "ssh": ("755", wrapper.encode()),
+        "env.sh": ("600", env_sh.encode()),
+    }
+
+
+def encode_files(files: Mapping[str, tuple[str, bytes]]) -> dict[str, list[str]]:
+    """Files as the install task takes them (base64 content)."""
+    return {name: [mode, base64.b64encode(data).decode()] for name, (mode, data) in files.items()}

@@ -1,0 +1,68 @@
+"""Pre-flight checks of a node against the head: pure decisions over probed facts."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+__all__ = ["NodeFacts", "problems"]
+
+
+@dataclass(frozen=True, slots=True)
+class NodeFacts:
+    """What the probe found on a node (or on the head)."""
+
+    hostname: str
+    home: str
+    python: str
+    python_version: str
+    cores: int
+    mpi4py: str | None
+    mpi_library: str | None
+    clusterbook: str | None
+    launcher_found: bool | None
+    mpi4py_error: str | None = None
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> NodeFacts:
+        fields = {name: data.get(name) for name in cls.__slots__}  # type: ignore[attr-defined]
+        return cls(**fields)
+
+    @property
+    def minor(self) -> str:
+        return ".".join(self.python_version.split(".")[:2])
+
+
+def problems(
+    head: NodeFacts, node: NodeFacts, *, host: str, slots: int, prefix: str, flavour: str
+) -> list[str]:
+    """What keeps ``node`` from running ranks with the head's environment; empty when fine."""
+    found: list[str] = []
+    env_hint = f"install the head's environment there (pip install 'clusterbook[{flavour}]')"
+    if node.minor != head.minor:
+        found.append(
+            f"Python {node.python_version} at {node.python}, but the head runs "
+            f"{head.python_version}; ranks need the same minor version: {env_hint}."
+        )
+    if node.clusterbook != head.clusterbook:
+        have = f"clusterbook {node.clusterbook}" if node.clusterbook else "no clusterbook"
+        found.append(f"{have} for {node.python}, the head has {head.clusterbook}: {env_hint}.")
+    if node.mpi4py is None:
+        why = f" ({node.mpi4py_error})" if node.mpi4py_error else ""
+        found.append(f"mpi4py does not import with {node.python}{why}: {env_hint}.")
+    elif node.mpi4py != head.mpi4py:
+        found.append(f"mpi4py {node.mpi4py}, but the head has {head.mpi4py}: {env_hint}.")
+    if node.mpi4py is not None and node.mpi_library != head.mpi_library:
+        found.append(
+            f"MPI is {node.mpi_library!r}, but the head's is {head.mpi_library!r}; every node "
+            f"needs the same MPI: {env_hint}."
+        )
+    if node.launcher_found is False:
+        found.append(f"the {flavour} launcher is missing under {prefix}: {env_hint}.")
+    if node.cores < slots:
+        found.append(
+            f"{slots} slots asked, but the node has {node.cores} cores; ask for at most "
+            f"{node.cores} slots there (like '{host}:{node.cores}')."
+        )
+    return found

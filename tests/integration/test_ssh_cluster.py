@@ -1,0 +1,231 @@
+"""SSH clusters on fake hosts (network namespaces with their own hostname and real sshd):
+bootstrap, MPI across hosts with both flavours, host key refusal, clean-up."""
+
+from __future__ import annotations
+
+import contextlib
+import shutil
+import stat
+import time
+
+import psutil
+import pytest
+
+import clusterbook as cb
+from tests.testbed import testbed as fake_hosts
+
+pytestmark = [pytest.mark.root, pytest.mark.sshd, pytest.mark.mpi]
+testbed = fake_hosts
+
+HOSTNAME_ALLREDUCE = """\
+import os, socket
+from mpi4py import MPI
+comm = MPI.COMM_WORLD
+total = comm.allreduce(comm.rank)
+print(f"rank {comm.rank} on {socket.gethostname()} sum {total} env {os.environ['TRICKY']!r}")
+"""
+TRICKY = 'it\'s "q" $HOME `id` \\ \nline two'
+SLEEPER = """\
+import time
+from mpi4py import MPI
+MPI.COMM_WORLD.Barrier()
+print("started", flush=True)
+time.sleep(600)
+"""
+
+
+@pytest.fixture(autouse=True)
+def no_cluster_keys_left(testbed):
+    """Every test leaves the nodes' authorized_keys as it found them."""
+    yield
+    left = {h.name: h.authorized_keys.read_text().count("clusterbook:") for h in testbed.hosts}
+    assert set(left.values()) == {0}, f"cluster keys left behind: {left}"
+
+
+def ssh_cluster(bed, python, tmp_path, slots=1, **kw):
+    hosts = [f"{h.addr}:{slots}" for h in bed.hosts]
+    kw.setdefault("known_hosts", bed.write_known_hosts())
+    kw.setdefault("connect_timeout", 10)
+    return cb.Cluster.ssh(
+        hosts, identity=bed.identity, python=python, run_dir=tmp_path / "run", **kw
+    )
+
+
+def cluster_dir(host, cluster):
+    return host.home / ".clusterbook" / "clusters" / cluster.name
+
+
+def stray_processes(bed, wait=5.0):
+    """Command lines of processes in the fake hosts other than their sshd, after giving
+    closing ssh sessions up to ``wait`` seconds to end."""
+    deadline = time.monotonic() + wait
+    while True:
+        out = {}
+        for h in bed.hosts:
+            for pid in h.processes():
+                if pid == h.sshd.pid:
+                    continue
+                with contextlib.suppress(psutil.Error):
+                    out.setdefault(h.name, []).append(" ".join(psutil.Process(pid).cmdline()))
+        if not out or time.monotonic() > deadline:
+            return out
+        time.sleep(0.1)
+
+
+def test_mpirun_across_hosts_and_clean_stop(testbed, mpi_python, tmp_path):
+    script = tmp_path / "allreduce.py"
+    script.write_text(HOSTNAME_ALLREDUCE)
+    cluster = ssh_cluster(testbed, mpi_python, tmp_path, env={"TRICKY": TRICKY})
+    with cluster:
+        for h in testbed.hosts:
+            d = cluster_dir(h, cluster)
+            assert stat.S_IMODE((d / "id_ed25519").stat().st_mode) == 0o600
+            assert stat.S_IMODE(d.stat().st_mode) == 0o700
+            known = (d / "known_hosts").read_text()
+            for other in testbed.hosts:  # node-to-node trust comes from the real host keys
+                assert other.host_public_key.split()[1] in known
+            assert f"clusterbook:{cluster.name}" in h.authorized_keys.read_text()
+            assert '"state": "ready"' in (d / "status.json").read_text()
+        job = cluster.mpirun(["python", str(script)], np=len(testbed.hosts), timeout=120)
+        result = job.wait()
+        assert result.ok, result.summary() + "\n" + "\n".join(job.logs().line)
+        logs = job.logs()
+        lines = sorted(logs[logs.stream == "stdout"].line)
+        n = len(testbed.hosts)
+        total = n * (n - 1) // 2
+        assert lines == [f"rank {r} on node{r + 1} sum {total} env {TRICKY!r}" for r in range(n)]
+        by_rank = logs[logs["rank"] >= 0].groupby("rank").host.first().to_dict()
+        assert by_rank == {r: f"node{r + 1}" for r in range(n)}
+        frame = cluster.status()
+        assert frame.node.tolist() == [h.addr for h in testbed.hosts]
+    for h in testbed.hosts:
+        assert not cluster_dir(h, cluster).exists()
+        keys = h.authorized_keys.read_text()
+        assert "clusterbook:" not in keys
+        assert keys.strip()  # the testbed's own key is still there
+    assert stray_processes(testbed) == {}
+
+
+def test_stop_kills_running_ranks_on_every_host(testbed, mpi_python, tmp_path):
+    script = tmp_path / "sleeper.py"
+    script.write_text(SLEEPER)
+    cluster = ssh_cluster(testbed, mpi_python, tmp_path)
+    with cluster:
+        job = cluster.mpirun(["python", str(script)], np=len(testbed.hosts))
+        seen = set()
+        for record in job.stream():
+            if record.line == "started":
+                seen.add(record.host)
+            if len(seen) == len(testbed.hosts):
+                break
+        assert seen == {h.name for h in testbed.hosts}
+    assert job.result is not None
+    assert job.result.cancelled
+    assert stray_processes(testbed) == {}
+
+
+def test_unknown_hosts_are_refused_at_once(testbed, tmp_path, openmpi_python):
+    empty = tmp_path / "known_hosts"
+    empty.write_text("")
+    cluster = ssh_cluster(testbed, openmpi_python, tmp_path, known_hosts=empty)
+    with pytest.raises(cb.BootstrapError) as info:
+        cluster.start()
+    assert set(info.value.problems) == {h.addr for h in testbed.hosts}
+    assert "is not known" in str(info.value)
+    assert "accept-new" in str(info.value)
+    assert stray_processes(testbed) == {}
+
+
+def test_accept_new_then_a_changed_key_is_refused(testbed, tmp_path, openmpi_python):
+    record = tmp_path / "tofu_known_hosts"
+    cluster = ssh_cluster(
+        testbed, openmpi_python, tmp_path, host_keys="accept-new", known_hosts=record
+    )
+    with cluster:
+        pass
+    assert len(record.read_text().splitlines()) == len(testbed.hosts)
+    victim = testbed.hosts[1]
+    victim.swap_host_key()
+    again = ssh_cluster(
+        testbed, openmpi_python, tmp_path, host_keys="accept-new", known_hosts=record
+    )
+    try:
+        with pytest.raises(cb.BootstrapError, match="CHANGED") as info:
+            again.start()
+        assert list(info.value.problems) == [victim.addr]
+        assert again.state == "created"
+    finally:
+        again.stop()
+        testbed.write_known_hosts()
+
+
+def test_node_to_node_ssh_refuses_a_changed_key(testbed, mpi_python, tmp_path):
+    script = tmp_path / "allreduce.py"
+    script.write_text(HOSTNAME_ALLREDUCE)
+    victim = testbed.hosts[2]
+    cluster = ssh_cluster(testbed, mpi_python, tmp_path, env={"TRICKY": "x"})
+    cluster.start()
+    try:
+        victim.swap_host_key()  # after bootstrap: the launcher's own ssh must refuse it
+        job = cluster.mpirun(["python", str(script)], np=len(testbed.hosts), timeout=60)
+        result = job.wait()
+        assert not result.ok
+        text = "\n".join(job.logs().line)
+        assert "Host key verification failed" in text or "CHANGED" in text, text
+    finally:
+        # stop() will not talk to a host whose key changed, and says so.
+        with pytest.warns(cb.CleanupWarning, match=rf"{victim.addr}: .*CHANGED"):
+            cluster.stop()
+        # What an administrator then does by hand on that host:
+        keys = victim.authorized_keys
+        keys.write_text(
+            "".join(
+                ln for ln in keys.read_text().splitlines(keepends=True) if "clusterbook:" not in ln
+            )
+        )
+        shutil.rmtree(cluster_dir(victim, cluster))
+        testbed.write_known_hosts()
+    for h in testbed.hosts[:2]:
+        assert not cluster_dir(h, cluster).exists()
+
+
+def test_link_down_is_reported_with_the_host(testbed, tmp_path, openmpi_python):
+    down = testbed.hosts[0]
+    down.link_down()
+    try:
+        cluster = ssh_cluster(testbed, openmpi_python, tmp_path, connect_timeout=2)
+        with pytest.raises(cb.BootstrapError) as info:
+            cluster.start()
+        assert list(info.value.problems) == [down.addr]
+        assert "No answer" in str(info.value) or "did not complete" in str(info.value)
+    finally:
+        down.link_up()
+
+
+def test_paused_sshd_times_out(testbed, tmp_path, openmpi_python):
+    paused = testbed.hosts[1]
+    paused.pause_sshd()
+    try:
+        cluster = ssh_cluster(testbed, openmpi_python, tmp_path, connect_timeout=2)
+        with pytest.raises(cb.BootstrapError) as info:
+            cluster.start()
+        assert list(info.value.problems) == [paused.addr]
+    finally:
+        paused.resume_sshd()
+
+
+def test_wrong_port_is_refused(testbed, tmp_path, openmpi_python):
+    cluster = ssh_cluster(testbed, openmpi_python, tmp_path, port=2222, connect_timeout=1)
+    with pytest.raises(cb.BootstrapError, match="refused the connection"):
+        cluster.start()
+
+
+def test_preflight_names_the_host_and_the_fix(testbed, tmp_path, openmpi_python):
+    cluster = ssh_cluster(testbed, openmpi_python, tmp_path, slots=64)
+    with pytest.raises(cb.BootstrapError) as info:
+        cluster.start()
+    for h in testbed.hosts:
+        (problem,) = info.value.problems[h.addr]
+        assert "64 slots asked, but the node has" in problem
+    for h in testbed.hosts:  # nothing was installed
+        assert "clusterbook:" not in h.authorized_keys.read_text()
