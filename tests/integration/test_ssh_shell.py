@@ -4,6 +4,7 @@ and every failure translated into an SSHError that names the host."""
 from __future__ import annotations
 
 import os
+import shlex
 import shutil
 import signal
 import socket
@@ -275,3 +276,24 @@ def test_private_key_is_0600_and_never_shown(tmp_path):
     assert pair.public_line.endswith(" clusterbook:c1")
     with pytest.raises(FileExistsError):
         generate_keypair(tmp_path / "k", "c1")  # never overwritten
+
+
+@pytest.mark.parametrize("impl", ["ssh", "local"])
+def test_output_streams_while_the_command_runs(impl, shell, tmp_path):
+    sh = shell if impl == "ssh" else LocalShell()
+    gate = tmp_path / "gate"
+    seen: list[tuple[str, bytes]] = []
+
+    def on_output(stream: str, chunk: bytes) -> None:
+        seen.append((stream, chunk))
+        if b"waiting" in chunk:
+            assert not gate.exists()  # the command is still running when its output arrives
+            gate.touch()
+
+    script = (
+        f"echo waiting; while [ ! -e {shlex.quote(str(gate))} ]; do sleep 0.01; done; echo done >&2"
+    )
+    result = sh.run(["sh", "-c", script], on_output=on_output, timeout=30)
+    assert result.returncode == 0
+    assert b"".join(c for s, c in seen if s == "stdout") == b"waiting\n"
+    assert b"".join(c for s, c in seen if s == "stderr") == b"done\n"

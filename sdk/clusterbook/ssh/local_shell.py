@@ -8,11 +8,13 @@ import shutil
 import socket
 import subprocess
 import tempfile
+import threading
 from collections.abc import Mapping, Sequence
 from pathlib import Path
+from typing import IO
 
 from clusterbook.errors import SSHTimeoutError
-from clusterbook.ssh.shell import CommandResult
+from clusterbook.ssh.shell import CommandResult, OutputCallback
 
 __all__ = ["LocalShell"]
 
@@ -32,31 +34,59 @@ class LocalShell:
         env: Mapping[str, str] | None = None,
         input: bytes | None = None,
         check: bool = False,
+        on_output: OutputCallback | None = None,
     ) -> CommandResult:
         try:
-            proc = subprocess.run(
+            proc = subprocess.Popen(
                 list(argv),
-                input=input,
-                capture_output=True,
-                timeout=timeout,
-                check=False,
+                stdin=subprocess.PIPE if input is not None else subprocess.DEVNULL,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
                 env={**os.environ, **env} if env else None,
             )
+        except FileNotFoundError:
+            result = CommandResult(self.host, tuple(argv), 127, "", f"{argv[0]}: not found")
+            return result.check() if check else result
+        chunks: dict[str, bytearray] = {"stdout": bytearray(), "stderr": bytearray()}
+
+        def pump(name: str, pipe: IO[bytes]) -> None:
+            while data := pipe.read1(65536):  # type: ignore[attr-defined]
+                chunks[name] += data
+                if on_output is not None:
+                    on_output(name, data)
+
+        assert proc.stdout is not None
+        assert proc.stderr is not None
+        readers = [
+            threading.Thread(target=pump, args=("stdout", proc.stdout), daemon=True),
+            threading.Thread(target=pump, args=("stderr", proc.stderr), daemon=True),
+        ]
+        for t in readers:
+            t.start()
+        if proc.stdin is not None:
+            with contextlib.suppress(BrokenPipeError):
+                proc.stdin.write(input or b"")
+            proc.stdin.close()
+        try:
+            code = proc.wait(timeout=timeout)
         except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
             raise SSHTimeoutError(
-                f"Command {argv[0]!r} on {self.host} ran over its {timeout:g} s; it was killed.",
+                f"Command {argv[0]!r} on {self.host} ran over its {timeout:g} s; it was stopped.",
                 host=self.host,
             ) from None
-        except FileNotFoundError:
-            proc = subprocess.CompletedProcess(
-                list(argv), 127, b"", f"{argv[0]}: not found".encode()
-            )
+        finally:
+            for t in readers:
+                t.join(timeout=5)
+            proc.stdout.close()
+            proc.stderr.close()
         result = CommandResult(
             self.host,
             tuple(argv),
-            proc.returncode,
-            proc.stdout.decode(errors="replace"),
-            proc.stderr.decode(errors="replace"),
+            code,
+            chunks["stdout"].decode(errors="replace"),
+            chunks["stderr"].decode(errors="replace"),
         )
         return result.check() if check else result
 

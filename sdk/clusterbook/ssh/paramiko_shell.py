@@ -25,7 +25,7 @@ from clusterbook.errors import (
 )
 from clusterbook.spec import validate_host
 from clusterbook.ssh.hostkeys import HostKey, HostKeyPolicy, host_entry_name
-from clusterbook.ssh.shell import CommandResult, command_line, write_file_argv
+from clusterbook.ssh.shell import CommandResult, OutputCallback, command_line, write_file_argv
 
 __all__ = ["ParamikoShell", "connect", "handshake_count"]
 
@@ -161,6 +161,7 @@ class ParamikoShell:
         env: Mapping[str, str] | None = None,
         input: bytes | None = None,
         check: bool = False,
+        on_output: OutputCallback | None = None,
     ) -> CommandResult:
         line = command_line(argv, env)
         deadline = None if timeout is None else time.monotonic() + timeout
@@ -179,10 +180,16 @@ class ParamikoShell:
             while True:
                 got = False
                 while chan.recv_ready():
-                    out += chan.recv(65536)
+                    chunk = chan.recv(65536)
+                    out += chunk
+                    if on_output is not None:
+                        on_output("stdout", chunk)
                     got = True
                 while chan.recv_stderr_ready():
-                    err += chan.recv_stderr(65536)
+                    chunk = chan.recv_stderr(65536)
+                    err += chunk
+                    if on_output is not None:
+                        on_output("stderr", chunk)
                     got = True
                 if (
                     chan.exit_status_ready()

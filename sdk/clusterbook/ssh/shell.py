@@ -7,7 +7,7 @@ remote shell, so nothing is ever interpreted that the caller did not write as a 
 from __future__ import annotations
 
 import shlex
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol, runtime_checkable
@@ -15,7 +15,10 @@ from typing import Protocol, runtime_checkable
 from clusterbook.errors import RemoteCommandError
 from clusterbook.spec import validate_env
 
-__all__ = ["CommandResult", "RemoteShell", "command_line", "write_file_argv"]
+__all__ = ["CommandResult", "OutputCallback", "RemoteShell", "command_line", "write_file_argv"]
+
+#: Called with ("stdout" | "stderr", bytes) as a command's output arrives.
+OutputCallback = Callable[[str, bytes], None]
 
 
 @dataclass(frozen=True, slots=True)
@@ -56,8 +59,10 @@ class RemoteShell(Protocol):
         env: Mapping[str, str] | None = None,
         input: bytes | None = None,
         check: bool = False,
+        on_output: OutputCallback | None = None,
     ) -> CommandResult:
-        """Run ``argv`` on the node and wait for it (at most ``timeout`` seconds)."""
+        """Run ``argv`` on the node and wait for it (at most ``timeout`` seconds);
+        ``on_output`` gets the output as it arrives."""
         ...
 
     def write_file(self, path: str, data: bytes, mode: int = 0o600) -> None:

@@ -1,0 +1,187 @@
+"""Bootstrap time of ``Cluster.ssh(...).start()`` on fake hosts, by number of hosts.
+
+For each size N a testbed of N fake hosts (network namespaces with a real sshd each; its set-up
+is timed apart and not counted) is made; then a 1-slot-per-host cluster is started and stopped
+``--repeat`` times, recording the provider's phase timings and the ssh handshakes made. For
+comparison, one plain OpenSSH round per host (``ssh ... root@host true``, all hosts at once) is
+timed too: the floor of any bootstrap that logs in to every host.
+
+Goals: median bootstrap of 8 hosts <= 2.0 x that of 1 host, and one handshake per host.
+
+    python benchmarks/ssh_bootstrap.py [--repeat 5] [--sizes 1,4,8]   (as root)
+
+The exit status is 1 when a goal is missed, 2 when not run as root.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import clusterbook as cb
+from clusterbook.ssh.paramiko_shell import handshake_count
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests.testbed: the fake hosts
+from tests.testbed import Testbed, make_testbed
+
+GOAL = 2.0
+PHASES = ("connect", "probe", "install+status", "other")  # "other": launcher lookup, dirs
+
+
+@dataclass
+class Runs:
+    """Measurements of one size, in seconds (handshakes as counted per run)."""
+
+    hosts: int
+    setup: float = 0.0
+    start: list[float] = field(default_factory=list)
+    stop: list[float] = field(default_factory=list)
+    openssh: list[float] = field(default_factory=list)
+    phases: dict[str, list[float]] = field(default_factory=lambda: {p: [] for p in PHASES})
+    handshakes: list[int] = field(default_factory=list)
+
+
+def run_cluster(bed: Testbed, known_hosts: Path, run_dir: Path, runs: Runs | None) -> None:
+    """Start and stop one cluster on every host of ``bed``; record into ``runs`` if given."""
+    cluster = cb.Cluster.ssh(
+        [f"{h.addr}:1" for h in bed.hosts],
+        identity=bed.identity,
+        known_hosts=known_hosts,
+        python=sys.executable,
+        run_dir=run_dir,
+        connect_timeout=10,
+    )
+    before = handshake_count()
+    t0 = time.perf_counter()
+    try:
+        cluster.start()
+        started = time.perf_counter() - t0
+        handshakes = handshake_count() - before
+        timings = dict(cluster._provider.timings)  # cumulative since the provider's start
+    finally:
+        t1 = time.perf_counter()
+        cluster.stop()
+        stopped = time.perf_counter() - t1
+    if runs is None:
+        return
+    runs.start.append(started)
+    runs.stop.append(stopped)
+    runs.handshakes.append(handshakes)
+    runs.phases["connect"].append(timings["connect"])
+    runs.phases["probe"].append(timings["preflight"] - timings["connect"])
+    runs.phases["install+status"].append(timings["install"] - timings["preflight"])
+    runs.phases["other"].append(started - timings["install"])
+
+
+def run_openssh(bed: Testbed, known_hosts: Path) -> float:
+    """Seconds for ``ssh root@host true`` to every host, all started together."""
+    options = ["-i", str(bed.identity), "-o", f"UserKnownHostsFile={known_hosts}"]
+    options += ["-o", "StrictHostKeyChecking=yes", "-o", "BatchMode=yes"]
+    t0 = time.perf_counter()
+    procs = [
+        subprocess.Popen(
+            ["ssh", *options, f"root@{h.addr}", "true"],
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+        )
+        for h in bed.hosts
+    ]
+    outputs = [p.communicate(timeout=60) for p in procs]
+    elapsed = time.perf_counter() - t0
+    for proc, (_, err) in zip(procs, outputs, strict=True):
+        if proc.returncode != 0:
+            sys.exit(f"plain ssh failed ({proc.returncode}): {err.decode().strip()}")
+    return elapsed
+
+
+def measure(n: int, repeat: int, warmup: int, tmp: Path) -> Runs:
+    """Make a testbed of ``n`` hosts, time bootstraps and ssh rounds on it, tear it down."""
+    runs = Runs(n)
+    t0 = time.perf_counter()
+    bed = make_testbed(n, tmp / f"bed{n}")
+    runs.setup = time.perf_counter() - t0
+    try:
+        known_hosts = bed.write_known_hosts()
+        for i in range(warmup + repeat):
+            counted = i >= warmup
+            run_cluster(bed, known_hosts, tmp / f"run-{n}-{i}", runs if counted else None)
+            elapsed = run_openssh(bed, known_hosts)
+            if counted:
+                runs.openssh.append(elapsed)
+    finally:
+        bed.close()
+    return runs
+
+
+def row(label: str, times: list[float]) -> str:
+    ms = [t * 1000 for t in times]
+    return f"  {label:42} {statistics.median(ms):8.1f} {min(ms):8.1f}"
+
+
+def report(runs: Runs, repeat: int, warmup: int) -> None:
+    print(f"\n{runs.hosts} host(s), testbed up in {runs.setup:.2f} s (not counted)")
+    title = f"{repeat} runs after {warmup} warm-up"
+    print(f"  {title:42} {'median':>8} {'min':>8}  (ms)")
+    print(row("start() (bootstrap)", runs.start))
+    for phase in PHASES:
+        print(row(f"  {phase}", runs.phases[phase]))
+    print(row("stop()", runs.stop))
+    print(row("floor: plain OpenSSH, 1 round per host", runs.openssh))
+    per_host = sorted({h / runs.hosts for h in runs.handshakes})
+    print(f"  handshakes per host during start(): {', '.join(f'{x:.1f}' for x in per_host)}")
+
+
+def leftover_namespaces() -> list[str]:
+    out = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True, check=False)
+    return [ln.split()[0] for ln in out.stdout.splitlines() if ln.startswith("cb")]
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--repeat", type=int, default=5, help="counted runs per size (default 5)")
+    parser.add_argument("--warmup", type=int, default=1, help="uncounted runs per size (default 1)")
+    parser.add_argument("--sizes", default="1,4,8", help="host counts (default 1,4,8)")
+    args = parser.parse_args()
+    try:
+        sizes = sorted({int(s) for s in args.sizes.split(",")})
+    except ValueError:
+        parser.error(f"--sizes must be comma-separated integers, got {args.sizes!r}")
+    if args.repeat < 1 or args.warmup < 0 or sizes[0] < 1:
+        parser.error("--repeat and every size must be >= 1, --warmup >= 0")
+    if os.geteuid() != 0:
+        print("error: fake hosts need root (network namespaces); run as root.", file=sys.stderr)
+        return 2
+
+    print(f"clusterbook {cb.__version__}, Python {sys.version.split()[0]}, {os.cpu_count()} CPUs")
+    results: dict[int, Runs] = {}
+    try:
+        with tempfile.TemporaryDirectory(prefix="cb-sshbench-") as tmp:
+            for n in sizes:
+                results[n] = measure(n, args.repeat, args.warmup, Path(tmp))
+                report(results[n], args.repeat, args.warmup)
+    finally:
+        if left := leftover_namespaces():
+            print(f"\nWARNING: network namespaces remain: {' '.join(left)}", file=sys.stderr)
+
+    small, large = results[sizes[0]], results[sizes[-1]]
+    ratio = statistics.median(large.start) / statistics.median(small.start)
+    ratio_ok = ratio <= GOAL
+    one_each = all(h == r.hosts for r in results.values() for h in r.handshakes)
+    print(
+        f"\nbootstrap median {large.hosts} hosts / {small.hosts} host(s): {ratio:.2f}   "
+        f"goal <= {GOAL:.1f}: {'PASS' if ratio_ok else 'MISS'}"
+    )
+    print(f"one handshake per host: {'PASS' if one_each else 'MISS'}")
+    return 0 if ratio_ok and one_each else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

