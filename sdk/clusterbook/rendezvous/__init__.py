@@ -1,0 +1,1 @@
+"""Elastic rendezvous: nodes join, heartbeat and leave; ranks are assigned per round."""

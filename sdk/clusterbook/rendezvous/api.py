@@ -1,0 +1,165 @@
+"""The rendezvous store contract, its settings and its errors.
+
+A :class:`RendezvousBackend` is a tiny compare-and-set store for one opaque state blob, the
+way torch elastic's dynamic rendezvous keeps its state:
+
+- ``get_state()`` returns ``(state, token)`` or ``None`` when no state was ever set.
+- ``set_state(state, token)`` writes ``state`` only if ``token`` is the token of the state
+  currently stored (or ``None`` when nothing is stored yet). It returns ``(state, token,
+  won)``: the state and token stored *after* the call, and whether this call wrote them.
+- Tokens are fencing tokens: every successful write gets a new token, strictly greater than
+  all before it, so a writer holding an old token can never overwrite a newer state. A stale,
+  ``None`` (once a state exists) or malformed token never wins.
+- ``watch(token, timeout)`` returns as soon as the stored token differs from ``token``, or at
+  ``timeout``, with the current ``(state, token)``: waiters wake on change instead of polling.
+
+Errors are :class:`RendezvousError` subclasses: a store that cannot be reached raises
+:class:`RendezvousConnectionError` within its timeout; a state that does not decode raises
+:class:`RendezvousStateError`.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from abc import ABC, abstractmethod
+from dataclasses import dataclass, field
+
+from clusterbook.errors import ClusterError, ConfigError
+
+__all__ = [
+    "RendezvousBackend",
+    "RendezvousClosedError",
+    "RendezvousConnectionError",
+    "RendezvousError",
+    "RendezvousSettings",
+    "RendezvousStateError",
+    "RendezvousTimeout",
+    "RendezvousTimeoutError",
+    "Token",
+]
+
+Token = int
+
+
+class RendezvousError(ClusterError):
+    """Base class of rendezvous errors."""
+
+
+class RendezvousClosedError(RendezvousError):
+    """The rendezvous is closed: no node may join it any more."""
+
+
+class RendezvousTimeoutError(RendezvousError, TimeoutError):
+    """The rendezvous did not complete in time."""
+
+
+class RendezvousConnectionError(RendezvousError):
+    """The store cannot be reached."""
+
+
+class RendezvousStateError(RendezvousError):
+    """The stored state is corrupt (does not decode)."""
+
+
+class RendezvousBackend(ABC):
+    """A compare-and-set store for the rendezvous state (semantics in the module docstring)."""
+
+    name: str = "backend"
+
+    @abstractmethod
+    def get_state(self) -> tuple[bytes, Token] | None:
+        """The stored state and its token, or None if no state was ever set."""
+
+    @abstractmethod
+    def set_state(self, state: bytes, token: Token | None = None) -> tuple[bytes, Token, bool]:
+        """Write ``state`` if ``token`` matches the stored one; return (state, token, won)."""
+
+    def watch(self, token: Token | None, timeout: float) -> tuple[bytes, Token] | None:
+        """Wait until the stored token differs from ``token`` (or ``timeout`` seconds pass)
+        and return the current state. This default polls; real backends push."""
+        deadline = time.monotonic() + max(0.0, timeout)
+        while True:
+            current = self.get_state()
+            current_token = None if current is None else current[1]
+            left = deadline - time.monotonic()
+            if current_token != token or left <= 0:
+                return current
+            time.sleep(min(0.02, left))
+
+    def close(self) -> None:  # noqa: B027 - optional for backends without resources
+        """Release connections or files. Safe to call more than once."""
+
+
+def _positive(value: object, name: str) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        raise ConfigError(f"The {name} must be a number of seconds > 0, got {value!r}.")
+    if value <= 0:
+        raise ConfigError(f"The {name} must be greater than 0, got {value!r}.")
+    return float(value)
+
+
+@dataclass(frozen=True, slots=True)
+class RendezvousTimeout:
+    """Timeouts of a rendezvous, in seconds (torch elastic's names and meanings).
+
+    join: how long a node may wait for a round to complete.
+    last_call: once ``min_nodes`` have joined, how long to wait for more before completing.
+    close: how long to wait for the others when closing.
+    heartbeat: how often a node heartbeats.
+    """
+
+    join: float = 600.0
+    last_call: float = 1.0
+    close: float = 30.0
+    heartbeat: float = 1.0
+
+    def __post_init__(self) -> None:
+        for name in ("join", "last_call", "close", "heartbeat"):
+            _positive(getattr(self, name), f"{name} timeout")
+
+
+@dataclass(frozen=True, slots=True)
+class RendezvousSettings:
+    """What a rendezvous is: its id, how many nodes, its timeouts, its keep-alive.
+
+    A node is removed once it missed ``keep_alive_max_attempt`` heartbeats of
+    ``keep_alive_interval`` seconds (defaults 1 s x 3 for interactive use).
+    """
+
+    run_id: str
+    min_nodes: int
+    max_nodes: int
+    timeout: RendezvousTimeout = field(default_factory=RendezvousTimeout)
+    keep_alive_interval: float = 1.0
+    keep_alive_max_attempt: int = 3
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.run_id, str) or not self.run_id:
+            raise ConfigError(f"The run id must be a non-empty string, got {self.run_id!r}.")
+        for name in ("min_nodes", "max_nodes"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int):
+                raise ConfigError(
+                    f"The {name.replace('_', ' ')} must be a whole number, got {value!r}."
+                )
+        if self.min_nodes < 1:
+            raise ConfigError(
+                f"The minimum number of nodes ({self.min_nodes}) must be greater than zero."
+            )
+        if self.max_nodes < self.min_nodes:
+            raise ConfigError(
+                f"The maximum number of nodes ({self.max_nodes}) must be greater than or equal "
+                f"to the minimum number of nodes ({self.min_nodes})."
+            )
+        _positive(self.keep_alive_interval, "keep-alive interval")
+        attempts = self.keep_alive_max_attempt
+        if isinstance(attempts, bool) or not isinstance(attempts, int) or attempts < 1:
+            raise ConfigError(
+                f"The keep-alive max attempt must be a whole number >= 1, got {attempts!r}."
+            )
+
+    @property
+    def dead_after(self) -> float:
+        """Seconds without a heartbeat after which a node counts as dead."""
+        return self.keep_alive_interval * self.keep_alive_max_attempt

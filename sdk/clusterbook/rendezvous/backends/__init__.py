@@ -1,0 +1,1 @@
+"""Rendezvous stores: memory (tests, one process), file (shared directory), tcp (the head)."""
