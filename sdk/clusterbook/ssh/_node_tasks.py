@@ -63,7 +63,8 @@ def probe(args):
     return facts
 
 
-def _write_atomic(path, data, mode):
+def write_atomic(path, data, mode):
+    """Write ``data`` to ``path`` via a temp file created with ``mode``, then rename."""
     directory = os.path.dirname(path)
     fd, tmp = tempfile.mkstemp(dir=directory, prefix=".cb-")
     try:
@@ -90,7 +91,7 @@ def install(args):
     for name, (mode, data) in sorted(args["files"].items()):
         if "/" in name or name.startswith("."):
             raise ValueError(f"bad file name {name!r}")
-        _write_atomic(os.path.join(directory, name), base64.b64decode(data), int(mode, 8))
+        write_atomic(os.path.join(directory, name), base64.b64decode(data), int(mode, 8))
     line = args.get("authorized_key")
     if line:
         ssh_dir = os.path.join(os.path.expanduser("~"), ".ssh")
@@ -107,7 +108,7 @@ def install(args):
             text = old.decode("utf-8", "replace")
             if text and not text.endswith("\n"):
                 text += "\n"
-            _write_atomic(keys, (text + line + "\n").encode(), mode)
+            write_atomic(keys, (text + line + "\n").encode(), mode)
     return {"home": os.path.expanduser("~"), "dir": directory}
 
 
@@ -158,7 +159,7 @@ def cleanup(args):
         removed = len(lines) - len(kept)
         if removed:
             data = ("\n".join(kept) + "\n" if kept else "").encode()
-            _write_atomic(keys, data, os.stat(keys).st_mode & 0o777)
+            write_atomic(keys, data, os.stat(keys).st_mode & 0o777)
     directory = _cluster_dir(cluster_id)
     shutil.rmtree(directory, ignore_errors=True)
     return {"killed": killed, "keys_removed": removed, "dir_removed": not os.path.exists(directory)}

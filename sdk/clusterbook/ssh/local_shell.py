@@ -4,16 +4,15 @@ from __future__ import annotations
 
 import contextlib
 import os
-import shutil
 import socket
 import subprocess
-import tempfile
 import threading
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import IO
 
 from clusterbook.errors import SSHTimeoutError
+from clusterbook.ssh._node_tasks import write_atomic
 from clusterbook.ssh.shell import CommandResult, OutputCallback
 
 __all__ = ["LocalShell"]
@@ -91,30 +90,10 @@ class LocalShell:
         return result.check() if check else result
 
     def write_file(self, path: str, data: bytes, mode: int = 0o600) -> None:
-        target = Path(path)
-        fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.")
-        try:
-            os.fchmod(fd, mode)
-            with os.fdopen(fd, "wb") as f:
-                f.write(data)
-            os.replace(tmp, target)
-        except BaseException:
-            with contextlib.suppress(OSError):
-                os.unlink(tmp)
-            raise
+        write_atomic(path, data, mode)
 
     def copy(self, local: Path, remote: str, mode: int = 0o644) -> None:
-        target = Path(remote)
-        fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.")
-        os.close(fd)
-        try:
-            shutil.copyfile(local, tmp)
-            os.chmod(tmp, mode)
-            os.replace(tmp, target)
-        except BaseException:
-            with contextlib.suppress(OSError):
-                os.unlink(tmp)
-            raise
+        write_atomic(remote, Path(local).read_bytes(), mode)
 
     def remove(self, paths: Sequence[str]) -> None:
         for path in paths:
