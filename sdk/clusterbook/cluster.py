@@ -11,11 +11,12 @@ import sys
 import threading
 import time
 import weakref
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from clusterbook.errors import ClusterStateError, ConfigError
+from clusterbook.events import Subscribers
 from clusterbook.launch.command import LaunchPlan, build_command, placement
 from clusterbook.launch.flavour import Launcher, MPIFlavour, find_launcher
 from clusterbook.launch.job import Job
@@ -83,6 +84,7 @@ class Cluster:
         self._launcher: Launcher | None = None
         self._jobs: list[Job] = []
         self._lock = threading.RLock()
+        self._subscribers: Subscribers[ClusterSnapshot] = Subscribers()
 
     @classmethod
     def local(
@@ -238,6 +240,7 @@ class Cluster:
             self._started = time.monotonic()
             self._state = "running"
             _LIVE.add(self)
+        self._changed()
         return self
 
     def stop(self) -> None:
@@ -257,6 +260,7 @@ class Cluster:
             with self._lock:
                 self._state = "stopped"
                 _LIVE.discard(self)
+            self._changed()
 
     def __enter__(self) -> Cluster:
         return self.start()
@@ -376,9 +380,11 @@ class Cluster:
             cwd=workdir,
             timeout=limit,
             on_failure=stop_job,
+            on_done=lambda _: self._changed(),
         )
         with self._lock:
             self._jobs.append(job)
+        self._changed()
         return job
 
     # -- status ---------------------------------------------------------------------------
@@ -416,6 +422,16 @@ class Cluster:
             run_dir=str(self.run_dir),
             uptime=None if self._started is None else time.monotonic() - self._started,
         )
+
+    def subscribe(self, callback: Callable[[ClusterSnapshot], None]) -> Callable[[], None]:
+        """Call ``callback(snapshot)`` whenever the cluster changes (started, stopped, a job
+        started or ended); returns the function that unsubscribes. Callbacks run on the
+        thread that made the change and must be quick."""
+        return self._subscribers.subscribe(callback)
+
+    def _changed(self) -> None:
+        if len(self._subscribers):
+            self._subscribers.publish(self.snapshot())
 
     def status(self) -> pd.DataFrame:
         """One row per node: node, host, slots, state, ranks, job."""

@@ -234,3 +234,30 @@ def test_logs_are_on_disk_while_the_job_runs(mpi_python, make_cluster, program):
     path = Path(job.directory) / f"rank-{record.rank}.log"
     assert "started" in path.read_text()  # readable before the job ends
     job.cancel()
+
+
+def test_subscribers_see_every_change(mpi_python, tmp_path, program):
+    seen: list[cb.ClusterSnapshot] = []
+    done = threading.Event()
+
+    def record(snapshot: cb.ClusterSnapshot) -> None:
+        seen.append(snapshot)
+        if snapshot.jobs and snapshot.jobs[-1].state == "succeeded":
+            done.set()
+
+    cluster = cb.Cluster.local(1, 2, python=mpi_python, run_dir=tmp_path / "run")
+    unsubscribe = cluster.subscribe(record)
+    with cluster:
+        job = cluster.mpirun(["python", program("a.py", ALLREDUCE)], np=2, timeout=120)
+        job.wait()
+        assert done.wait(10)
+        unsubscribe()
+        cluster.mpirun(["python", "-c", "pass"], np=1, timeout=120).wait()
+    states = [(s.state, tuple(j.state for j in s.jobs)) for s in seen]
+    assert states == [
+        ("running", ()),
+        ("running", ("running",)),
+        ("running", ("succeeded",)),
+    ]
+    assert seen[1].nodes[0].state == "running"
+    assert seen[1].nodes[0].ranks == (0, 1)

@@ -53,6 +53,7 @@ class Job:
         stack_grace: float = 1.0,
         failure_grace: float = 2.0,
         on_failure: Callable[[str], None] | None = None,
+        on_done: Callable[[JobResult], None] | None = None,
     ) -> None:
         self.id = job_id
         self.plan = plan
@@ -65,6 +66,7 @@ class Job:
         self._stack_grace = stack_grace
         self._failure_grace = failure_grace
         self._on_failure = on_failure
+        self._on_done = on_done
         self._lock = threading.Lock()
         self._stop_reason: str | None = None  # "timeout" | "cancel" | "failure"
         self._stopped_at_exit_count: int | None = None
@@ -285,6 +287,8 @@ class Job:
                 json.dumps(self._result.to_dict(), indent=2)
             )
         self._done.set()
+        if self._on_done is not None:
+            self._on_done(self._result)
 
     def _make_result(self, returncode: int, duration: float) -> JobResult:
         store = self._store
