@@ -46,6 +46,14 @@ class Runs:
     openssh: list[float] = field(default_factory=list)
     phases: dict[str, list[float]] = field(default_factory=lambda: {p: [] for p in PHASES})
     handshakes: list[int] = field(default_factory=list)
+    cpu: list[float] = field(default_factory=list)  # machine CPU busy during start()
+
+
+def busy_cpu() -> float:
+    """CPU seconds the whole machine (head and fake hosts alike) has spent busy since boot."""
+    with open("/proc/stat") as f:
+        ticks = [int(v) for v in f.readline().split()[1:]]
+    return (sum(ticks) - ticks[3] - ticks[4]) / os.sysconf("SC_CLK_TCK")  # minus idle, iowait
 
 
 def run_cluster(bed: Testbed, known_hosts: Path, run_dir: Path, runs: Runs | None) -> None:
@@ -58,12 +66,12 @@ def run_cluster(bed: Testbed, known_hosts: Path, run_dir: Path, runs: Runs | Non
         run_dir=run_dir,
         connect_timeout=10,
     )
-    before = handshake_count()
+    before, cpu0 = handshake_count(), busy_cpu()
     t0 = time.perf_counter()
     try:
         cluster.start()
         started = time.perf_counter() - t0
-        handshakes = handshake_count() - before
+        handshakes, cpu = handshake_count() - before, busy_cpu() - cpu0
         timings = dict(cluster._provider.timings)  # cumulative since the provider's start
     finally:
         t1 = time.perf_counter()
@@ -74,6 +82,7 @@ def run_cluster(bed: Testbed, known_hosts: Path, run_dir: Path, runs: Runs | Non
     runs.start.append(started)
     runs.stop.append(stopped)
     runs.handshakes.append(handshakes)
+    runs.cpu.append(cpu)
     runs.phases["connect"].append(timings["connect"])
     runs.phases["probe"].append(timings["preflight"] - timings["connect"])
     runs.phases["install+status"].append(timings["install"] - timings["preflight"])
@@ -135,6 +144,11 @@ def report(runs: Runs, repeat: int, warmup: int) -> None:
         print(row(f"  {phase}", runs.phases[phase]))
     print(row("stop()", runs.stop))
     print(row("floor: plain OpenSSH, 1 round per host", runs.openssh))
+    start, floor = statistics.median(runs.start), statistics.median(runs.openssh)
+    cpus = os.cpu_count() or 1
+    share = statistics.median(c / (t * cpus) for c, t in zip(runs.cpu, runs.start, strict=True))
+    print(f"  start() / floor (medians): {start / floor:.2f}")
+    print(f"  machine CPU busy during start(): {share:.0%} of {cpus} CPUs")
     per_host = sorted({h / runs.hosts for h in runs.handshakes})
     print(f"  handshakes per host during start(): {', '.join(f'{x:.1f}' for x in per_host)}")
 
@@ -154,8 +168,8 @@ def main() -> int:
         sizes = sorted({int(s) for s in args.sizes.split(",")})
     except ValueError:
         parser.error(f"--sizes must be comma-separated integers, got {args.sizes!r}")
-    if args.repeat < 1 or args.warmup < 0 or sizes[0] < 1:
-        parser.error("--repeat and every size must be >= 1, --warmup >= 0")
+    if args.repeat < 1 or args.warmup < 0 or sizes[0] < 1 or len(sizes) < 2:
+        parser.error("give two sizes or more, each >= 1; --repeat >= 1, --warmup >= 0")
     if os.geteuid() != 0:
         print("error: fake hosts need root (network namespaces); run as root.", file=sys.stderr)
         return 2
@@ -174,11 +188,11 @@ def main() -> int:
     small, large = results[sizes[0]], results[sizes[-1]]
     ratio = statistics.median(large.start) / statistics.median(small.start)
     ratio_ok = ratio <= GOAL
-    one_each = all(h == r.hosts for r in results.values() for h in r.handshakes)
     print(
         f"\nbootstrap median {large.hosts} hosts / {small.hosts} host(s): {ratio:.2f}   "
         f"goal <= {GOAL:.1f}: {'PASS' if ratio_ok else 'MISS'}"
     )
+    one_each = all(h == r.hosts for r in results.values() for h in r.handshakes)
     print(f"one handshake per host: {'PASS' if one_each else 'MISS'}")
     return 0 if ratio_ok and one_each else 1
 

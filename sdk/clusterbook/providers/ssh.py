@@ -17,6 +17,7 @@ from clusterbook.providers.base import RemoteLaunch, StartContext, head_cluster_
 from clusterbook.spec import NodeSpec, parse_host_slots, validate_positive_int, validate_timeout
 from clusterbook.ssh.bootstrap import (
     Connection,
+    NodeSession,
     cluster_files,
     connect_all,
     encode_files,
@@ -31,6 +32,8 @@ from clusterbook.ssh.paramiko_shell import ParamikoShell, connect
 from clusterbook.ssh.preflight import NodeFacts, problems
 
 __all__ = ["SSHProvider", "parse_hosts"]
+
+_HEAD = "(head)"  # key of the head among hosts (never a valid host name)
 
 
 def parse_hosts(hosts: Sequence[str] | str, default_slots: int = 1) -> tuple[NodeSpec, ...]:
@@ -97,6 +100,7 @@ class SSHProvider:
         policy = self._policy = make_policy(self._host_keys, self._known_hosts)
         hosts = [n.host for n in self.nodes]
         t0 = time.monotonic()
+        sessions: dict[str, NodeSession] = {}
         try:
             self._conns = connect_all(
                 hosts,
@@ -107,22 +111,29 @@ class SSHProvider:
                 timeout=self.connect_timeout,
             )
             self.timings["connect"] = time.monotonic() - t0
-            self._preflight(ctx)
+            self._preflight(ctx, sessions)
             self.timings["preflight"] = time.monotonic() - t0
-            self._install(ctx, head_dir)
+            self._install(ctx, head_dir, sessions)
             self.timings["install"] = time.monotonic() - t0
         except BaseException:
             self.stop()
             raise
+        finally:
+            parallel(list(sessions), lambda key: sessions[key].close())
 
-    def _preflight(self, ctx: StartContext) -> None:
+    def _preflight(self, ctx: StartContext, sessions: dict[str, NodeSession]) -> None:
         args = {"prefix": ctx.launcher.prefix, "flavour": ctx.launcher.flavour.value}
-        head = NodeFacts.from_json(run_task(LocalShell(), ctx.python, "probe", args))
 
-        def probe(host: str) -> NodeFacts:
-            return NodeFacts.from_json(run_task(self._conns[host].shell, ctx.python, "probe", args))
+        def probe(key: str) -> NodeFacts:
+            shell = LocalShell() if key == _HEAD else self._conns[key].shell
+            session = sessions[key] = NodeSession(shell, ctx.python)
+            return NodeFacts.from_json(session.call("probe", args))
 
-        facts, failed = parallel(list(self._conns), probe)
+        # The head is probed alongside the nodes: its facts are what they are checked against.
+        facts, failed = parallel([_HEAD, *self._conns], probe)
+        if _HEAD in failed:
+            raise failed[_HEAD]
+        head = facts.pop(_HEAD)
         found = {h: [str(e)] for h, e in failed.items()}
         for node in self.nodes:
             if node.host in facts:
@@ -143,7 +154,7 @@ class SSHProvider:
             NodeSpec(n.name, n.host, n.slots, cores=facts[n.host].cores) for n in self.nodes
         )
 
-    def _install(self, ctx: StartContext, head_dir: Path) -> None:
+    def _install(self, ctx: StartContext, head_dir: Path, sessions: dict[str, NodeSession]) -> None:
         keys_dir = head_dir / "keys"
         if keys_dir.exists():
             shutil.rmtree(keys_dir)
@@ -165,14 +176,13 @@ class SSHProvider:
             "authorized_key": authorized_keys_line(keys),
         }
 
-        def install(host: str) -> dict[str, object]:
-            return run_task(self._conns[host].shell, ctx.python, "install", payload)
+        def install(key: str) -> object:
+            # The head gets the same files but no authorized_keys line: its mpirun uses them.
+            return sessions[key].call(
+                "install", payload if key != _HEAD else {**payload, "authorized_key": None}
+            )
 
-        # The head gets the same files (no authorized_keys line): its mpirun uses them too.
-        run_task(LocalShell(), ctx.python, "install", {**payload, "authorized_key": None})
-        _, failed = parallel(list(self._conns), install)
-        if failed:
-            raise BootstrapError({h: [str(e)] for h, e in failed.items()})
+        self._check(parallel(list(sessions), install)[1])
         status = json.dumps(
             {
                 "cluster": ctx.cluster_id,
@@ -184,15 +194,12 @@ class SSHProvider:
                 ],
             }
         ).encode()
-        home = {h: self._facts[h].home for h in self._conns}
-
-        def mark_ready(host: str) -> None:
-            path = f"{home[host]}/.clusterbook/clusters/{ctx.cluster_id}/status.json"
-            self._conns[host].shell.write_file(path, status, 0o644)
-
-        _, failed = parallel(list(self._conns), mark_ready)
-        if failed:
-            raise BootstrapError({h: [str(e)] for h, e in failed.items()})
+        ready = {
+            "cluster_id": ctx.cluster_id,
+            "files": encode_files({"status.json": ("644", status)}),
+        }
+        # Last, once every node has everything: the status file that workers can wait on.
+        self._check(parallel(list(sessions), lambda key: sessions[key].call("install", ready))[1])
         head_addr = next(iter(self._conns.values())).local_addr
         self._remote = RemoteLaunch(
             ssh_args=tuple(ssh_args),
@@ -200,6 +207,13 @@ class SSHProvider:
             head_addr=head_addr,
             hostnames=hostnames,
         )
+
+    @staticmethod
+    def _check(failed: dict[str, Exception]) -> None:
+        if _HEAD in failed:
+            raise failed[_HEAD]
+        if failed:
+            raise BootstrapError({h: [str(e)] for h, e in failed.items()})
 
     # -- running ------------------------------------------------------------------------
 
@@ -249,9 +263,14 @@ class SSHProvider:
 
         # Best effort: a node that cannot be reached (or whose host key changed) cannot be
         # cleaned; say which, and what is left there.
-        _, self.stop_problems = parallel(list(self._conns), clean)
+        def clean_any(key: str) -> object:
+            if key == _HEAD:
+                return run_task(LocalShell(), ctx.python, "cleanup", {**args, "tag": None})
+            return clean(key)
+
+        _, problems_found = parallel([_HEAD, *self._conns], clean_any)
+        self.stop_problems = {k: e for k, e in problems_found.items() if k != _HEAD}
         self._ctx, self._conns = None, {}
-        run_task(LocalShell(), ctx.python, "cleanup", {**args, "tag": None})
         if self.stop_problems:
             lines = [f"  {h}: {e}" for h, e in self.stop_problems.items()]
             warnings.warn(

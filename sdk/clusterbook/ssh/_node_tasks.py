@@ -172,7 +172,26 @@ def kill(args):
 TASKS = {"probe": probe, "install": install, "cleanup": cleanup, "kill": kill}
 
 
+REPLY = "\x1eCBT "
+
+
+def session():
+    """Run tasks as they come, one JSON request per line on stdin, one reply line each,
+    so that a node pays for one login shell and one Python start for all of its bootstrap."""
+    for line in sys.stdin:
+        request = json.loads(line)
+        try:
+            reply = {"ok": TASKS[request["task"]](request["args"])}
+        except Exception as exc:
+            reply = {"error": f"{type(exc).__name__}: {exc}"}
+        sys.stdout.write(REPLY + json.dumps(reply) + "\n")
+        sys.stdout.flush()
+
+
 def main(argv):
+    if argv[1] == "session":
+        session()
+        return
     task, payload = argv[1], argv[2] if len(argv) > 2 else "{}"
     args = json.loads(sys.stdin.read() if payload == "-" else payload)
     print(json.dumps(TASKS[task](args)))

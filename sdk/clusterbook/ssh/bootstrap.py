@@ -217,3 +217,45 @@ def cluster_files(
 def encode_files(files: Mapping[str, tuple[str, bytes]]) -> dict[str, list[str]]:
     """Files as the install task takes them (base64 content)."""
     return {name: [mode, base64.b64encode(data).decode()] for name, (mode, data) in files.items()}
+
+
+class NodeSession:
+    """One Python process on a node running the bootstrap tasks one after another (one login
+    shell and one interpreter start for the whole bootstrap, instead of one per step)."""
+
+    def __init__(self, shell: RemoteShell, python: str) -> None:
+        self.host = shell.host
+        self._python = python
+        self._proc = shell.start([python, "-c", _TASKS, "session"])
+
+    def call(self, task: str, args: Mapping[str, Any], timeout: float = 60.0) -> dict[str, Any]:
+        """Run ``task`` on the node and return its result."""
+        self._proc.send(json.dumps({"task": task, "args": args}).encode() + b"\n")
+        deadline = time.monotonic() + timeout
+        while True:
+            line = self._proc.readline(max(0.0, deadline - time.monotonic()))
+            if not line:
+                code, err = self._proc.close(timeout=5)
+                if code == 127:
+                    raise SSHError(
+                        f"Python {self._python!r} is missing on {self.host}; install the same "
+                        "environment there as on the head (same path), or pass python= with "
+                        "its path on the nodes.",
+                        host=self.host,
+                    )
+                tail = " / ".join(err.strip().splitlines()[-3:]) or f"exit code {code}"
+                raise SSHError(f"The {task} step ended on {self.host}: {tail}", host=self.host)
+            text = line.decode(errors="replace")
+            if text.startswith(_REPLY):  # anything else is noise from shell start-up files
+                reply = json.loads(text[len(_REPLY) :])
+                if "error" in reply:
+                    raise SSHError(
+                        f"The {task} step failed on {self.host}: {reply['error']}", host=self.host
+                    )
+                return reply["ok"]
+
+    def close(self) -> None:
+        self._proc.close(timeout=10)
+
+
+_REPLY = "\x1eCBT "

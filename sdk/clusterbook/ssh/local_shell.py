@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import queue
 import socket
 import subprocess
 import threading
@@ -89,6 +90,9 @@ class LocalShell:
         )
         return result.check() if check else result
 
+    def start(self, argv: Sequence[str], *, env: Mapping[str, str] | None = None) -> _Process:
+        return _Process(self.host, list(argv), env)
+
     def write_file(self, path: str, data: bytes, mode: int = 0o600) -> None:
         write_atomic(path, data, mode)
 
@@ -102,3 +106,65 @@ class LocalShell:
 
     def close(self) -> None:
         pass
+
+
+class _Process:
+    """A local process, read line by line (a thread moves its stdout lines to a queue)."""
+
+    def __init__(self, host: str, argv: list[str], env: Mapping[str, str] | None) -> None:
+        self.host = host
+        self._lines: queue.Queue[bytes] = queue.Queue()
+        try:
+            self._proc: subprocess.Popen[bytes] | None = subprocess.Popen(
+                argv,
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                env={**os.environ, **env} if env else None,
+            )
+        except FileNotFoundError:
+            self._proc = None
+            self._lines.put(b"")
+            return
+        threading.Thread(target=self._pump, daemon=True).start()
+
+    def _pump(self) -> None:
+        assert self._proc is not None
+        assert self._proc.stdout is not None
+        for line in self._proc.stdout:
+            self._lines.put(line)
+        self._lines.put(b"")
+
+    def send(self, data: bytes) -> None:
+        if self._proc is not None and self._proc.stdin is not None:
+            with contextlib.suppress(BrokenPipeError):
+                self._proc.stdin.write(data)
+                self._proc.stdin.flush()
+
+    def readline(self, timeout: float) -> bytes:
+        try:
+            return self._lines.get(timeout=timeout)
+        except queue.Empty:
+            raise SSHTimeoutError(
+                f"No answer from the bootstrap step on {self.host} within {timeout:g} s.",
+                host=self.host,
+            ) from None
+
+    def close(self, timeout: float = 10.0) -> tuple[int | None, str]:
+        proc = self._proc
+        if proc is None:
+            return 127, "not found"
+        assert proc.stdin is not None
+        assert proc.stderr is not None
+        with contextlib.suppress(BrokenPipeError):
+            proc.stdin.close()
+        try:
+            code: int | None = proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            code = proc.wait()
+        err = proc.stderr.read().decode(errors="replace")
+        proc.stderr.close()
+        if proc.stdout is not None:
+            proc.stdout.close()
+        return code, err

@@ -76,6 +76,8 @@ def connect(
     pkey = _load_key(identity)
     try:
         sock = socket.create_connection((host, port), timeout=timeout)
+        # ssh sends many small messages; without this each waits ~40 ms for a delayed ACK.
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
     except socket.gaierror:
         raise HostNotFoundError(
             f"Host name {host!r} does not resolve; check the name, or use its IP address.",
@@ -222,6 +224,16 @@ class ParamikoShell:
         )
         return result.check() if check else result
 
+    def start(self, argv: Sequence[str], *, env: Mapping[str, str] | None = None) -> _Process:
+        try:
+            chan = self._transport.open_session(timeout=self._timeout)
+            chan.exec_command(command_line(argv, env))
+        except (paramiko.SSHException, OSError, EOFError) as exc:
+            raise SSHConnectError(
+                f"Lost the connection to {self.host}: {exc or type(exc).__name__}.", host=self.host
+            ) from exc
+        return _Process(self.host, chan)
+
     def write_file(self, path: str, data: bytes, mode: int = 0o600) -> None:
         self.run(write_file_argv(path, mode), input=data, check=True, timeout=60)
 
@@ -234,3 +246,66 @@ class ParamikoShell:
 
     def close(self) -> None:
         self._transport.close()
+
+
+class _Process:
+    """A command running on a channel, read line by line."""
+
+    def __init__(self, host: str, chan: paramiko.Channel) -> None:
+        self.host = host
+        self._chan = chan
+        self._buf = bytearray()
+        self._err = bytearray()
+
+    def send(self, data: bytes) -> None:
+        try:
+            self._chan.sendall(data)
+        except (paramiko.SSHException, OSError) as exc:
+            raise SSHConnectError(
+                f"Lost the connection to {self.host}: {exc}.", host=self.host
+            ) from exc
+
+    def readline(self, timeout: float) -> bytes:
+        deadline = time.monotonic() + timeout
+        while (nl := self._buf.find(b"\n")) < 0:
+            while self._chan.recv_stderr_ready():
+                self._err += self._chan.recv_stderr(65536)
+            if self._chan.recv_ready():
+                chunk = self._chan.recv(65536)
+                if not chunk:
+                    break
+                self._buf += chunk
+                continue
+            if self._chan.exit_status_ready() and not self._chan.recv_ready():
+                break
+            if time.monotonic() > deadline:
+                raise SSHTimeoutError(
+                    f"No answer from the bootstrap step on {self.host} within {timeout:g} s.",
+                    host=self.host,
+                )
+            select.select([self._chan], [], [], 0.01)
+        if nl < 0:
+            line, self._buf = bytes(self._buf), bytearray()
+            return line
+        line = bytes(self._buf[: nl + 1])
+        del self._buf[: nl + 1]
+        return line
+
+    def close(self, timeout: float = 10.0) -> tuple[int | None, str]:
+        deadline = time.monotonic() + timeout
+        try:
+            self._chan.shutdown_write()
+            while not self._chan.exit_status_ready() and time.monotonic() < deadline:
+                while self._chan.recv_stderr_ready():
+                    self._err += self._chan.recv_stderr(65536)
+                select.select([self._chan], [], [], 0.01)
+                while self._chan.recv_ready():
+                    self._chan.recv(65536)
+            while self._chan.recv_stderr_ready():
+                self._err += self._chan.recv_stderr(65536)
+            code = self._chan.recv_exit_status() if self._chan.exit_status_ready() else None
+        except (paramiko.SSHException, OSError, EOFError):
+            code = None
+        finally:
+            self._chan.close()
+        return code, self._err.decode(errors="replace")

@@ -15,7 +15,14 @@ from typing import Protocol, runtime_checkable
 from clusterbook.errors import RemoteCommandError
 from clusterbook.spec import validate_env
 
-__all__ = ["CommandResult", "OutputCallback", "RemoteShell", "command_line", "write_file_argv"]
+__all__ = [
+    "CommandResult",
+    "OutputCallback",
+    "RemoteProcess",
+    "RemoteShell",
+    "command_line",
+    "write_file_argv",
+]
 
 #: Called with ("stdout" | "stderr", bytes) as a command's output arrives.
 OutputCallback = Callable[[str, bytes], None]
@@ -46,6 +53,25 @@ class CommandResult:
 
 
 @runtime_checkable
+class RemoteProcess(Protocol):
+    """A process running on a node, started by :meth:`RemoteShell.start`."""
+
+    host: str
+
+    def send(self, data: bytes) -> None:
+        """Write to its stdin."""
+        ...
+
+    def readline(self, timeout: float) -> bytes:
+        """The next line of its stdout (b"" at end); SSHTimeoutError after ``timeout``."""
+        ...
+
+    def close(self, timeout: float = 10.0) -> tuple[int | None, str]:
+        """Close its stdin, wait for it to end; return its exit code and stderr."""
+        ...
+
+
+@runtime_checkable
 class RemoteShell(Protocol):
     """A connection to one node, reused for every step of its bootstrap."""
 
@@ -63,6 +89,10 @@ class RemoteShell(Protocol):
     ) -> CommandResult:
         """Run ``argv`` on the node and wait for it (at most ``timeout`` seconds);
         ``on_output`` gets the output as it arrives."""
+        ...
+
+    def start(self, argv: Sequence[str], *, env: Mapping[str, str] | None = None) -> RemoteProcess:
+        """Start ``argv`` on the node and return it running, to talk to it line by line."""
         ...
 
     def write_file(self, path: str, data: bytes, mode: int = 0o600) -> None:

@@ -1,0 +1,334 @@
+"""Rendezvous decisions: pure functions of a state, a node, the settings and the time.
+
+Nothing here sleeps, reads a clock or opens a socket. The caller passes ``now`` (wall-clock
+epoch seconds, the clock the state's ``deadline`` and ``last_heartbeats`` use) and the
+``deadline`` of the operation it runs, on the same clock. Each operation (join, exit, close,
+keep-alive) looks at the state and returns the next :class:`Action`; the caller applies the
+mutating ones with :func:`apply`, writes the new state with compare-and-set, and repeats until
+``FINISH`` (or an error). On ``SYNC`` the caller waits for a change of the stored state, at most
+until :func:`next_wakeup`, when the decision could change by the passing of time alone.
+
+The semantics follow torch elastic's dynamic rendezvous: a node joins the participants of the
+current round; once ``min_nodes`` joined, a last call of ``timeout.last_call`` seconds starts,
+after which the round completes (at once when ``max_nodes`` joined); ranks are assigned by
+sorted node id. A node arriving at a complete round waits in the wait list for the next one,
+which starts when every participant of the complete round has left. Nodes whose last heartbeat
+is older than ``keep_alive_interval * keep_alive_max_attempt`` are removed by whoever reads the
+state next (:func:`sanitize`). Unlike torch there is no redundancy list: every node that cannot
+be a participant now (the round is complete, or full) waits in the wait list.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import replace
+
+from clusterbook.rendezvous.api import RendezvousSettings
+from clusterbook.rendezvous.state import RendezvousState
+
+__all__ = [
+    "MUTATING_ACTIONS",
+    "ROLLBACK_PERIOD",
+    "Action",
+    "apply",
+    "close_action",
+    "exit_action",
+    "expired_nodes",
+    "join_action",
+    "keep_alive_action",
+    "next_wakeup",
+    "rank_of",
+    "remove_node",
+    "sanitize",
+    "world_size",
+]
+
+ROLLBACK_PERIOD = 5.0
+"""Seconds after a join deadline during which a node still removes itself from the state (its
+keep-alive would expire anyway, but leaving at once lets the others go on sooner)."""
+
+
+class Action(enum.Enum):
+    """The next step of an operation, decided from the state."""
+
+    KEEP_ALIVE = 1
+    ADD_TO_PARTICIPANTS = 2
+    ADD_TO_WAIT_LIST = 3
+    REMOVE_FROM_PARTICIPANTS = 4
+    REMOVE_FROM_WAIT_LIST = 5
+    MARK_RENDEZVOUS_COMPLETE = 6
+    MARK_RENDEZVOUS_CLOSED = 7
+    SYNC = 8
+    ERROR_CLOSED = 9
+    ERROR_TIMEOUT = 10
+    FINISH = 11
+
+
+MUTATING_ACTIONS = frozenset(
+    {
+        Action.KEEP_ALIVE,
+        Action.ADD_TO_PARTICIPANTS,
+        Action.ADD_TO_WAIT_LIST,
+        Action.REMOVE_FROM_PARTICIPANTS,
+        Action.REMOVE_FROM_WAIT_LIST,
+        Action.MARK_RENDEZVOUS_COMPLETE,
+        Action.MARK_RENDEZVOUS_CLOSED,
+    }
+)
+"""The actions :func:`apply` turns into a new state (the others change nothing)."""
+
+
+# --- decisions -------------------------------------------------------------------------------
+
+
+def _should_keep_alive(
+    state: RendezvousState, node: str, settings: RendezvousSettings, now: float
+) -> bool:
+    """Whether ``node`` is known to the state and its heartbeat is due."""
+    last = state.last_heartbeats.get(node)
+    return last is not None and last <= now - settings.keep_alive_interval
+
+
+def join_action(
+    state: RendezvousState, node: str, settings: RendezvousSettings, now: float, deadline: float
+) -> Action:
+    """The next step for ``node`` to become a participant of a complete round."""
+    if state.closed:
+        return Action.ERROR_CLOSED
+
+    is_participant = node in state.participants
+    if state.complete and is_participant:
+        return Action.FINISH
+
+    if now > deadline:
+        # Within the rollback period, leave the state so the others need not wait for our
+        # keep-alive to expire; after it (or once out), give up.
+        if now <= deadline + ROLLBACK_PERIOD:
+            if is_participant:
+                return Action.REMOVE_FROM_PARTICIPANTS
+            if node in state.wait_list:
+                return Action.REMOVE_FROM_WAIT_LIST
+        return Action.ERROR_TIMEOUT
+
+    if state.complete:
+        # Not a participant of the complete round: wait for the next one.
+        if node not in state.wait_list:
+            return Action.ADD_TO_WAIT_LIST
+    elif is_participant:
+        if (
+            len(state.participants) >= settings.min_nodes
+            and state.deadline is not None
+            and state.deadline < now
+        ):
+            return Action.MARK_RENDEZVOUS_COMPLETE
+    elif len(state.participants) < settings.max_nodes:
+        return Action.ADD_TO_PARTICIPANTS
+    elif node not in state.wait_list:
+        return Action.ADD_TO_WAIT_LIST
+
+    if _should_keep_alive(state, node, settings, now):
+        return Action.KEEP_ALIVE
+
+    # Either a participant waiting for the others (or for the last call to end), or a node in
+    # the wait list waiting for the next round.
+    return Action.SYNC
+
+
+def exit_action(
+    state: RendezvousState, node: str, settings: RendezvousSettings, now: float, deadline: float
+) -> Action:
+    """The next step for ``node`` to leave the rendezvous (its round, or the wait list)."""
+    if node in state.participants:
+        if now > deadline:
+            return Action.ERROR_TIMEOUT
+        return Action.REMOVE_FROM_PARTICIPANTS
+    if node in state.wait_list:
+        if now > deadline:
+            return Action.ERROR_TIMEOUT
+        return Action.REMOVE_FROM_WAIT_LIST
+    return Action.FINISH
+
+
+def close_action(
+    state: RendezvousState, node: str, settings: RendezvousSettings, now: float, deadline: float
+) -> Action:
+    """The next step to close the rendezvous for good."""
+    if state.closed:
+        return Action.FINISH
+    if now > deadline:
+        return Action.ERROR_TIMEOUT
+    return Action.MARK_RENDEZVOUS_CLOSED
+
+
+def keep_alive_action(
+    state: RendezvousState, node: str, settings: RendezvousSettings, now: float, deadline: float
+) -> Action:
+    """The next step of a heartbeat: write one if due (and the node is still known)."""
+    if _should_keep_alive(state, node, settings, now):
+        if now > deadline:
+            return Action.ERROR_TIMEOUT
+        return Action.KEEP_ALIVE
+    return Action.FINISH
+
+
+# --- mutations -------------------------------------------------------------------------------
+
+
+def _keep_alive(heartbeats: dict[str, float], node: str, now: float) -> dict[str, float]:
+    return {**heartbeats, node: now}
+
+
+def _without(mapping: dict[str, float] | dict[str, int], node: str) -> dict:
+    return {k: v for k, v in mapping.items() if k != node}
+
+
+def _remove_participant_epilogue(
+    state: RendezvousState, settings: RendezvousSettings
+) -> RendezvousState:
+    """After participants were removed: a complete round that emptied gives way to the next
+    round; an incomplete one that fell below ``min_nodes`` has no last call any more."""
+    if state.complete:
+        if not state.participants:
+            return replace(state, complete=False, round=state.round + 1)
+        return state
+    if len(state.participants) < settings.min_nodes and state.deadline is not None:
+        return replace(state, deadline=None)
+    return state
+
+
+def _mark_complete(state: RendezvousState) -> RendezvousState:
+    ranks = {node: rank for rank, node in enumerate(sorted(state.participants))}
+    return replace(state, complete=True, deadline=None, participants=ranks)
+
+
+def apply(
+    action: Action, state: RendezvousState, node: str, settings: RendezvousSettings, now: float
+) -> RendezvousState:
+    """The state after ``node`` took ``action`` at ``now`` (a new state; ``state`` is kept)."""
+    if action is Action.KEEP_ALIVE:
+        return replace(state, last_heartbeats=_keep_alive(state.last_heartbeats, node, now))
+
+    if action is Action.ADD_TO_PARTICIPANTS:
+        participants = {**state.participants, node: 0}  # ranks are set on completion
+        new = replace(
+            state,
+            participants=participants,
+            wait_list=state.wait_list - {node},
+            last_heartbeats=_keep_alive(state.last_heartbeats, node, now),
+        )
+        if len(participants) >= settings.min_nodes and new.deadline is None:
+            new = replace(new, deadline=now + settings.timeout.last_call)
+        if len(participants) >= settings.max_nodes:
+            new = _mark_complete(new)
+        return new
+
+    if action is Action.ADD_TO_WAIT_LIST:
+        return replace(
+            state,
+            wait_list=state.wait_list | {node},
+            last_heartbeats=_keep_alive(state.last_heartbeats, node, now),
+        )
+
+    if action is Action.REMOVE_FROM_PARTICIPANTS:
+        if node not in state.participants:
+            raise ValueError(f"Node {node!r} is not a participant; it cannot leave the round.")
+        new = replace(
+            state,
+            participants=_without(state.participants, node),
+            last_heartbeats=_without(state.last_heartbeats, node),
+        )
+        return _remove_participant_epilogue(new, settings)
+
+    if action is Action.REMOVE_FROM_WAIT_LIST:
+        if node not in state.wait_list:
+            raise ValueError(f"Node {node!r} is not in the wait list; it cannot leave it.")
+        return replace(
+            state,
+            wait_list=state.wait_list - {node},
+            last_heartbeats=_without(state.last_heartbeats, node),
+        )
+
+    if action is Action.MARK_RENDEZVOUS_COMPLETE:
+        return _mark_complete(state)
+
+    if action is Action.MARK_RENDEZVOUS_CLOSED:
+        return replace(state, closed=True)
+
+    raise ValueError(f"{action} does not change the state; only {_names()} do.")
+
+
+def _names() -> str:
+    return ", ".join(sorted(a.name for a in MUTATING_ACTIONS))
+
+
+def remove_node(state: RendezvousState, node: str, settings: RendezvousSettings) -> RendezvousState:
+    """The state without ``node`` at all (participant, wait list, heartbeat), as when its
+    connection to the store was lost; the same epilogue as a participant leaving."""
+    return _remove_nodes(state, {node}, settings)
+
+
+def expired_nodes(state: RendezvousState, settings: RendezvousSettings, now: float) -> set[str]:
+    """Nodes whose last heartbeat is more than ``dead_after`` seconds before ``now``."""
+    dead_after = settings.dead_after
+    return {node for node, last in state.last_heartbeats.items() if last + dead_after < now}
+
+
+def sanitize(state: RendezvousState, settings: RendezvousSettings, now: float) -> RendezvousState:
+    """The state without the nodes that missed ``keep_alive_max_attempt`` heartbeats.
+
+    A node is removed once ``now`` is past ``last heartbeat + interval * attempts`` (strictly:
+    not at that instant). Returns ``state`` itself when nobody expired.
+    """
+    dead = expired_nodes(state, settings, now)
+    return _remove_nodes(state, dead, settings) if dead else state
+
+
+def _remove_nodes(
+    state: RendezvousState, nodes: set[str], settings: RendezvousSettings
+) -> RendezvousState:
+    known = set(state.participants) | state.wait_list | set(state.last_heartbeats)
+    if not nodes & known:
+        return state
+    was_participant = any(node in state.participants for node in nodes)
+    new = replace(
+        state,
+        participants={k: v for k, v in state.participants.items() if k not in nodes},
+        wait_list=state.wait_list - nodes,
+        last_heartbeats={k: v for k, v in state.last_heartbeats.items() if k not in nodes},
+    )
+    return _remove_participant_epilogue(new, settings) if was_participant else new
+
+
+# --- timing and queries ----------------------------------------------------------------------
+
+
+def next_wakeup(
+    state: RendezvousState, node: str, settings: RendezvousSettings, now: float, deadline: float
+) -> float:
+    """The earliest wall time at which a decision of ``node`` could change without any write.
+
+    That is the soonest of: the end of the last call (of an incomplete round), this node's next
+    heartbeat, the expiry of any other node's heartbeat, and the operation's ``deadline``.
+    The caller should wait a hair past it: the comparisons at those instants are strict.
+    """
+    times = [deadline]
+    if not state.complete and state.deadline is not None:
+        times.append(state.deadline)
+    own = state.last_heartbeats.get(node)
+    if own is not None:
+        times.append(own + settings.keep_alive_interval)
+    dead_after = settings.dead_after
+    times.extend(t + dead_after for other, t in state.last_heartbeats.items() if other != node)
+    return min(times)
+
+
+def rank_of(state: RendezvousState, node: str) -> int | None:
+    """The rank of ``node`` in a complete round, or None (not complete, or not a participant)."""
+    if not state.complete:
+        return None
+    return state.participants.get(node)
+
+
+def world_size(state: RendezvousState) -> int:
+    """The number of participants of the current round."""
+    return len(state.participants)
