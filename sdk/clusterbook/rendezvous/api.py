@@ -106,7 +106,8 @@ class RendezvousTimeout:
     join: how long a node may wait for a round to complete.
     last_call: once ``min_nodes`` have joined, how long to wait for more before completing.
     close: how long to wait for the others when closing.
-    heartbeat: how often a node heartbeats.
+    heartbeat: how long one heartbeat write may take (how often heartbeats are sent is
+    ``RendezvousSettings.keep_alive_interval``).
     """
 
     join: float = 600.0

@@ -232,7 +232,7 @@ class RendezvousHandler:
                 raw, token = new, new_token
             else:
                 # Someone wrote first: decide again on what is there now.
-                pass
+                raw, token = self._decode(self._backend.get_state())
 
     def _read(self) -> RendezvousState:
         raw, token = self._decode(self._backend.get_state())
