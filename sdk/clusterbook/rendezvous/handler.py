@@ -17,6 +17,7 @@ import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from types import MappingProxyType
+from typing import Any
 
 from clusterbook.errors import ConfigError
 from clusterbook.rendezvous.api import (
@@ -36,6 +37,7 @@ from clusterbook.rendezvous.ops import (
     keep_alive_action,
     next_wakeup,
     sanitize,
+    with_info,
     world_size,
 )
 from clusterbook.rendezvous.state import RendezvousState, decode, encode
@@ -48,6 +50,8 @@ _WATCH_CAP = 1.0
 """Longest single wait in ``backend.watch``: a bound on how stale a waiter's clock view gets."""
 _SLACK = 0.005
 """Added to every wait: decisions compare times strictly, so wake a hair past the instant."""
+_REPORTS = frozenset({Action.ADD_TO_PARTICIPANTS, Action.ADD_TO_WAIT_LIST, Action.KEEP_ALIVE})
+"""The writes that carry the node's own report (``info``): joining and heartbeats."""
 
 Op = Callable[[RendezvousState, str, RendezvousSettings, float, float], Action]
 
@@ -92,6 +96,7 @@ class RendezvousHandler:
         clock: Callable[[], float] = time.time,
         monotonic: Callable[[], float] = time.monotonic,
         on_change: Callable[[RendezvousState], None] | None = None,
+        info: Callable[[], dict[str, Any]] | None = None,
     ) -> None:
         if not isinstance(node, str) or not node:
             raise ConfigError(f"The node id must be a non-empty string, got {node!r}.")
@@ -101,6 +106,7 @@ class RendezvousHandler:
         self._clock = clock
         self._monotonic = monotonic
         self._on_change = on_change
+        self._info = info
         self._lock = threading.Lock()  # guards the last observed state and token
         self._state = RendezvousState()
         self._token: Token | None = None
@@ -227,6 +233,8 @@ class RendezvousHandler:
                 continue
 
             new = apply(action, state, node, settings, now)
+            if self._info is not None and action in _REPORTS:
+                new = with_info(new, node, self._info())
             _, new_token, won = self._backend.set_state(encode(new), token)
             if won:
                 raw, token = new, new_token

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import enum
 from dataclasses import replace
+from typing import Any
 
 from clusterbook.rendezvous.api import RendezvousSettings
 from clusterbook.rendezvous.state import RendezvousState
@@ -40,6 +41,7 @@ __all__ = [
     "rank_of",
     "remove_node",
     "sanitize",
+    "with_info",
     "world_size",
 ]
 
@@ -236,6 +238,7 @@ def apply(
             state,
             participants=_without(state.participants, node),
             last_heartbeats=_without(state.last_heartbeats, node),
+            node_info=_without(state.node_info, node),
         )
         return _remove_participant_epilogue(new, settings)
 
@@ -246,6 +249,7 @@ def apply(
             state,
             wait_list=state.wait_list - {node},
             last_heartbeats=_without(state.last_heartbeats, node),
+            node_info=_without(state.node_info, node),
         )
 
     if action is Action.MARK_RENDEZVOUS_COMPLETE:
@@ -259,6 +263,13 @@ def apply(
 
 def _names() -> str:
     return ", ".join(sorted(a.name for a in MUTATING_ACTIONS))
+
+
+def with_info(state: RendezvousState, node: str, info: dict[str, Any]) -> RendezvousState:
+    """The state with ``node``'s report replaced by ``info`` (only for a node it knows)."""
+    if node not in state.last_heartbeats:
+        return state
+    return replace(state, node_info={**state.node_info, node: dict(info)})
 
 
 def remove_node(state: RendezvousState, node: str, settings: RendezvousSettings) -> RendezvousState:
@@ -295,6 +306,7 @@ def _remove_nodes(
         participants={k: v for k, v in state.participants.items() if k not in nodes},
         wait_list=state.wait_list - nodes,
         last_heartbeats={k: v for k, v in state.last_heartbeats.items() if k not in nodes},
+        node_info={k: v for k, v in state.node_info.items() if k not in nodes},
     )
     return _remove_participant_epilogue(new, settings) if was_participant else new
 

@@ -34,6 +34,8 @@ class RendezvousState:
         Nodes that arrived while a round was complete: they join the next round.
     last_heartbeats
         Node id -> wall-clock time of its last heartbeat.
+    node_info
+        Node id -> what the node reports about itself (facts at join, load with heartbeats).
     """
 
     round: int = 0
@@ -43,6 +45,7 @@ class RendezvousState:
     participants: dict[str, int] = field(default_factory=dict)
     wait_list: frozenset[str] = frozenset()
     last_heartbeats: dict[str, float] = field(default_factory=dict)
+    node_info: dict[str, dict[str, Any]] = field(default_factory=dict)
 
 
 def encode(state: RendezvousState) -> bytes:
@@ -56,6 +59,7 @@ def encode(state: RendezvousState) -> bytes:
         "participants": state.participants,
         "wait_list": sorted(state.wait_list),
         "last_heartbeats": state.last_heartbeats,
+        "node_info": state.node_info,
     }
     return json.dumps(data, sort_keys=True, separators=(",", ":")).encode()
 
@@ -76,6 +80,7 @@ def decode(blob: bytes) -> RendezvousState:
             participants={str(k): _int(v) for k, v in _dict(data["participants"]).items()},
             wait_list=frozenset(str(n) for n in _list(data["wait_list"])),
             last_heartbeats={str(k): float(v) for k, v in _dict(data["last_heartbeats"]).items()},
+            node_info={str(k): _dict(v) for k, v in _dict(data.get("node_info", {})).items()},
         )
     except (ValueError, KeyError, TypeError, UnicodeDecodeError) as exc:
         raise RendezvousStateError(

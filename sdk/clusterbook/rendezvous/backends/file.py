@@ -162,6 +162,8 @@ class FileBackend(RendezvousBackend):
         try:
             return os.open(self._state_path, os.O_RDONLY | _CLOEXEC)
         except FileNotFoundError:
+            if not os.path.isdir(self._dir):  # no state, or no store any more?
+                raise self._error(FileNotFoundError(errno.ENOENT, "it vanished")) from None
             return None
         except OSError as exc:
             raise self._error(exc, " (reading its state)") from exc

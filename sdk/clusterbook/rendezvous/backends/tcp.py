@@ -41,6 +41,7 @@ missed heartbeats.
 from __future__ import annotations
 
 import contextlib
+import errno
 import hmac
 import logging
 import math
@@ -120,7 +121,7 @@ class _Stopping(Exception):
     """The server is closing."""
 
 
-# --- secrets -----------------------------------------------------------------------------------
+# --- secrets --------------------------------------------------------------------------------------
 
 
 def _check_secret(secret: object) -> bytes:
@@ -207,7 +208,7 @@ def read_secret(path: str | os.PathLike[str]) -> bytes:
     return _check_secret(secret)
 
 
-# --- addresses ---------------------------------------------------------------------------------
+# --- addresses ------------------------------------------------------------------------------------
 
 
 def parse_url(url: object) -> tuple[str, int]:
@@ -250,11 +251,13 @@ def _seconds(value: object, name: str, *, zero: bool = False) -> float:
     return float(value)
 
 
-# --- framing -----------------------------------------------------------------------------------
+# --- framing --------------------------------------------------------------------------------------
 
 
 def _readable(sock: socket.socket, timeout: float) -> bool:
     """Whether ``sock`` has data or an end of file to read (poll: no FD_SETSIZE limit)."""
+    if sock.fileno() < 0:
+        raise OSError(errno.EBADF, "closed socket")
     if hasattr(select, "poll"):
         poller = select.poll()
         poller.register(sock, select.POLLIN)
@@ -389,7 +392,7 @@ def _spec(token: object) -> bytes:
     return _SPEC.pack(_ANY, 0)
 
 
-# --- server ------------------------------------------------------------------------------------
+# --- server ---------------------------------------------------------------------------------------
 
 
 class StoreServer:
@@ -724,7 +727,7 @@ class StoreServer:
         _log.warning("on_lost(%r): the state kept changing; gave up.", node)
 
 
-# --- client ------------------------------------------------------------------------------------
+# --- client ---------------------------------------------------------------------------------------
 
 
 class TcpBackend(RendezvousBackend):
@@ -805,9 +808,10 @@ class TcpBackend(RendezvousBackend):
                     chan.sock.close()
             finally:
                 self._lock.release()
-        elif first is not None:  # a call is stuck waiting on the store: end it
-            with contextlib.suppress(OSError):
-                first.sock.shutdown(socket.SHUT_RDWR)
+        else:  # a call is stuck waiting on the store: end it
+            for chan in {first, self._chan} - {None}:
+                with contextlib.suppress(OSError):
+                    chan.sock.shutdown(socket.SHUT_RDWR)
 
     def __enter__(self) -> TcpBackend:
         return self
@@ -849,20 +853,21 @@ class TcpBackend(RendezvousBackend):
         with self._lock:
             start = time.monotonic()
             for attempt in (1, 2):
-                if self._closed:
-                    raise RendezvousConnectionError(
-                        f"This client of the rendezvous store at {self._url} is closed; "
-                        "make a new TcpBackend."
-                    )
                 chan = self._chan
                 reused = chan is not None
-                if chan is not None and _readable(chan.sock, 0):
-                    # Nothing may arrive between calls: the store closed this connection.
+                if chan is not None and _stale(chan.sock):
                     self._drop()
                     chan, reused = None, False
+                if self._closed:
+                    self._drop()
+                    raise self._closed_error()
                 try:
                     if chan is None:
                         chan = self._chan = self._connect(start + self._timeout)
+                        if self._closed:  # close() began meanwhile and may not have seen it
+                            _goodbye(chan)
+                            self._drop()
+                            raise self._closed_error()
                     chan.send(request(max(0.0, start + wait - time.monotonic())))
                     return _decode(chan.recv(start + self._timeout + wait), kind)
                 except _AuthFailed as exc:
@@ -879,6 +884,11 @@ class TcpBackend(RendezvousBackend):
                         continue
                     raise self._unreachable(exc, wait) from exc
             raise AssertionError("unreachable")  # pragma: no cover
+
+    def _closed_error(self) -> RendezvousConnectionError:
+        return RendezvousConnectionError(
+            f"This client of the rendezvous store at {self._url} is closed; make a new TcpBackend."
+        )
 
     def _unreachable(self, exc: BaseException, wait: float) -> RendezvousConnectionError:
         if self._closed:
@@ -902,6 +912,15 @@ class TcpBackend(RendezvousBackend):
             f"store server is running and listening there, and that this machine can reach "
             f"{self._host} port {self._port} (address, firewall)."
         )
+
+
+def _stale(sock: socket.socket) -> bool:
+    """Whether a connection between calls is unusable: nothing may arrive then, so anything
+    readable means the store closed it (or broke the protocol)."""
+    try:
+        return _readable(sock, 0)
+    except (OSError, ValueError):
+        return True
 
 
 def _goodbye(chan: _Channel) -> None:
