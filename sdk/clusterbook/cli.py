@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import time
 from collections.abc import Sequence
@@ -88,7 +89,85 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("--run-dir", metavar="DIR", help="where the job's logs go")
     run.add_argument("cmd", nargs=argparse.REMAINDER, metavar="CMD", help="program and arguments")
     run.set_defaults(func=_run)
+
+    worker = sub.add_parser("worker", help="run this machine as a node of an elastic cluster")
+    worker_sub = worker.add_subparsers(title="worker commands")
+    join = worker_sub.add_parser(
+        "join",
+        help="join an elastic cluster and stay until it closes",
+        description="Join the elastic cluster at URL (as the head printed it) and stay, "
+        "heartbeating, until the cluster closes or the head is gone for longer than the lease.",
+    )
+    join.add_argument("url", help="join URL printed by the head (tcp://HOST:PORT/NAME?...)")
+    join.add_argument(
+        "--token-file",
+        required=True,
+        metavar="F",
+        help="file with the cluster's secret (mode 0600)",
+    )
+    join.add_argument(
+        "--slots",
+        type=int,
+        default=os.cpu_count() or 1,
+        help="ranks this node takes (default: its cores)",
+    )
+    join.add_argument("--node-id", help="this node's id (default: HOSTNAME-PID)")
+    join.add_argument(
+        "--lease",
+        type=float,
+        default=10.0,
+        help="seconds without the head before exiting (default 10)",
+    )
+    join.add_argument(
+        "--start-sshd",
+        type=int,
+        metavar="PORT",
+        help="start a user-level sshd on PORT and report its host key",
+    )
+    join.set_defaults(func=_worker_join)
     return parser
+
+
+def _worker_join(args: argparse.Namespace) -> int:
+    import logging
+    import signal
+    import socket
+
+    from clusterbook.rendezvous.agent import Agent, node_facts
+    from clusterbook.rendezvous.backends.tcp import read_secret
+    from clusterbook.spec import validate_positive_int
+
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
+    slots = validate_positive_int(args.slots, "--slots")
+    secret = read_secret(args.token_file)
+    node_id = args.node_id or f"{socket.gethostname()}-{os.getpid()}"
+    sshd = None
+    if args.start_sshd is not None:
+        from clusterbook.ssh.sshd import start_sshd
+
+        everywhere = "0.0.0.0"  # noqa: S104 - the other nodes must reach this sshd
+        sshd = start_sshd(
+            Path.home() / ".clusterbook" / f"sshd-{node_id}",
+            port=args.start_sshd,
+            listen=everywhere,
+        )
+    facts = node_facts(
+        slots,
+        sshd_host_key=sshd.host_public_key if sshd else None,
+        sshd_port=sshd.port if sshd else None,
+    )
+    agent = Agent(args.url, secret, node_id=node_id, slots=slots, lease=args.lease, facts=facts)
+
+    def stop(signum: int, _frame: object) -> None:
+        agent.stop_event.set()
+        raise SystemExit(128 + signum)
+
+    signal.signal(signal.SIGTERM, stop)
+    try:
+        return agent.run()
+    finally:
+        if sshd is not None:
+            sshd.stop()
 
 
 def _run(args: argparse.Namespace) -> int:

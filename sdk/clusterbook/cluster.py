@@ -12,6 +12,7 @@ import threading
 import time
 import weakref
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -67,6 +68,8 @@ class Cluster:
         env: Mapping[str, str] | None = None,
     ) -> None:
         self._provider = provider
+        if hasattr(provider, "changed"):
+            provider.changed = lambda: self._changed()
         self.kind = provider.kind
         self.name = name or f"{provider.kind}-{secrets.token_hex(3)}"
         if not isinstance(self.name, str) or not _NAME_RE.fullmatch(self.name):
@@ -197,6 +200,61 @@ class Cluster:
             env=env,
         )
 
+    @classmethod
+    def elastic(
+        cls,
+        min_nodes: int,
+        max_nodes: int,
+        *,
+        listen: str = "127.0.0.1",
+        port: int = 0,
+        last_call: float = 1.0,
+        join_timeout: float = 600.0,
+        keep_alive_interval: float = 1.0,
+        keep_alive_max_attempt: int = 3,
+        name: str | None = None,
+        run_dir: str | os.PathLike[str] | None = None,
+        python: str | None = None,
+        launcher: str | None = None,
+        mpi: MPIFlavour | str | None = None,
+        env: Mapping[str, str] | None = None,
+    ) -> Cluster:
+        """A cluster whose nodes join by themselves.
+
+        ``start()`` serves the rendezvous on ``listen:port`` and prints the command nodes join
+        with (``clusterbook worker join URL --token-file F``; also :attr:`join_command`).
+        ``wait_ready()`` returns once a round completes: ``min_nodes`` joined and the last
+        call (``last_call`` seconds) passed, or ``max_nodes`` joined. Nodes heartbeat every
+        ``keep_alive_interval`` seconds and are dropped after ``keep_alive_max_attempt``
+        missed beats, or at once when their connection drops.
+        """
+        from clusterbook.providers.elastic import ElasticProvider
+
+        provider = ElasticProvider(
+            min_nodes,
+            max_nodes,
+            listen=listen,
+            port=port,
+            last_call=last_call,
+            join_timeout=join_timeout,
+            keep_alive_interval=keep_alive_interval,
+            keep_alive_max_attempt=keep_alive_max_attempt,
+        )
+        return cls(
+            provider,
+            name=name,
+            run_dir=run_dir,
+            python=python,
+            launcher=launcher,
+            mpi=mpi,
+            env=env,
+        )
+
+    @property
+    def join_command(self) -> str | None:
+        """For elastic clusters once started: the command a node joins with."""
+        return getattr(self._provider, "join_command", None)
+
     @property
     def nodes(self) -> tuple[NodeSpec, ...]:
         """The nodes, as the provider knows them (cores filled in once started)."""
@@ -271,10 +329,15 @@ class Cluster:
     def wait_ready(self, timeout: float = 60) -> None:
         """Return when every node is ready to run ranks; raise if that takes over ``timeout``.
 
-        Nodes of a local cluster are ready as soon as the cluster has started.
+        Nodes of local and SSH clusters are ready once ``start()`` returned; an elastic
+        cluster is ready when a rendezvous round completed (``min_nodes`` plus the last call,
+        or ``max_nodes``), else :class:`ReadyTimeoutError` says who joined.
         """
-        validate_timeout(timeout)
+        limit = validate_timeout(timeout)
         self._require_running("wait_ready")
+        wait = getattr(self._provider, "wait_ready", None)
+        if wait is not None and limit is not None:
+            wait(limit)
 
     # -- jobs -----------------------------------------------------------------------------
 
@@ -327,6 +390,10 @@ class Cluster:
         self._require_running("mpirun")
         program = check_argv(argv)
         nodes = self.nodes
+        if not nodes:
+            raise ClusterStateError(
+                f"Cluster {self.name!r} has no nodes yet; call cluster.wait_ready() first."
+            )
         np = validate_np(
             self.total_slots if np is None else np, self.total_slots, oversubscribe=oversubscribe
         )
@@ -394,23 +461,24 @@ class Cluster:
         with self._lock:
             jobs = list(self._jobs)
             state = self._state
-        busy: dict[int, tuple[str, list[int]]] = {}
+        busy: dict[str, tuple[str, list[int]]] = {}
         for job in jobs:
             if job.done:
                 continue
-            for rank, i in enumerate(placement(self.nodes, job.np)):
-                busy.setdefault(i, (job.id, []))[1].append(rank)
-        node_state = {"created": "pending", "running": "ready"}.get(state, "left")
+            where = job.plan.nodes  # the nodes the job was launched on
+            for rank, i in enumerate(placement(where, job.np)):
+                busy.setdefault(where[i].name, (job.id, []))[1].append(rank)
+        statuses = getattr(self._provider, "node_statuses", None)
+        if statuses is not None:
+            base = list(statuses())
+        else:
+            node_state = {"created": "pending", "running": "ready"}.get(state, "left")
+            base = [NodeStatus(n.name, n.host, n.slots, node_state) for n in self.nodes]
         nodes = tuple(
-            NodeStatus(
-                name=n.name,
-                host=n.host,
-                slots=n.slots,
-                state="running" if i in busy else node_state,
-                ranks=tuple(busy[i][1]) if i in busy else (),
-                job=busy[i][0] if i in busy else None,
-            )
-            for i, n in enumerate(self.nodes)
+            replace(s, state="running", ranks=tuple(busy[s.name][1]), job=busy[s.name][0])
+            if s.name in busy
+            else s
+            for s in base
         )
         return ClusterSnapshot(
             name=self.name,

@@ -18,7 +18,8 @@ __all__ = ["ClusterSnapshot", "JobStatus", "NodeStatus", "job_status", "nodes_fr
 
 @dataclass(frozen=True, slots=True)
 class NodeStatus:
-    """One node as it is now. ``state`` is pending, ready, running or left."""
+    """One node as it is now. ``state`` is pending, ready, joined, running, lost or left;
+    elastic nodes also have their rendezvous round, heartbeat age (s), load and pid."""
 
     name: str
     host: str
@@ -26,6 +27,10 @@ class NodeStatus:
     state: str
     ranks: tuple[int, ...] = ()
     job: str | None = None
+    round: int | None = None
+    heartbeat_age: float | None = None
+    load: float | None = None
+    pid: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -59,14 +64,40 @@ class ClusterSnapshot:
         return sum(n.slots for n in self.nodes)
 
 
-NODE_COLUMNS = ("node", "host", "slots", "state", "ranks", "job")
+NODE_COLUMNS = (
+    "node",
+    "host",
+    "slots",
+    "state",
+    "ranks",
+    "job",
+    "round",
+    "heartbeat_age",
+    "load",
+    "pid",
+)
 
 
 def nodes_frame(snapshot: ClusterSnapshot) -> pd.DataFrame:
-    """One row per node: node, host, slots, state, ranks (of the running job), job."""
+    """One row per node: node, host, slots, state, ranks (of the running job), job, and for
+    elastic nodes round, heartbeat age (s), load and pid (None elsewhere)."""
     import pandas as pd
 
-    rows = [(n.name, n.host, n.slots, n.state, list(n.ranks), n.job or "") for n in snapshot.nodes]
+    rows = [
+        (
+            n.name,
+            n.host,
+            n.slots,
+            n.state,
+            list(n.ranks),
+            n.job or "",
+            n.round,
+            n.heartbeat_age,
+            n.load,
+            n.pid,
+        )
+        for n in snapshot.nodes
+    ]
     return pd.DataFrame(rows, columns=list(NODE_COLUMNS))
 
 

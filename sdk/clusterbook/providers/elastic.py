@@ -1,0 +1,255 @@
+"""Nodes that join by themselves: the head serves the rendezvous store, agents join it.
+
+``Cluster.elastic(min_nodes, max_nodes)`` starts a :class:`StoreServer` with a per-cluster
+secret (a 0600 token file), prints the command nodes join with, and follows the rendezvous
+state. The cluster is ready once a round completes (``min_nodes`` plus the last call, or
+``max_nodes``); the MPI hostfile is built from that round. A node whose connection drops is
+removed at once (the store's connection-loss fast path); one that stops heartbeating, after
+``keep_alive_interval x keep_alive_max_attempt`` seconds.
+"""
+
+from __future__ import annotations
+
+import socket
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import replace
+from pathlib import Path
+
+from clusterbook.errors import ClusterError, ReadyTimeoutError
+from clusterbook.providers.base import RemoteLaunch, StartContext, head_cluster_dir
+from clusterbook.rendezvous.agent import join_url
+from clusterbook.rendezvous.api import (
+    RendezvousConnectionError,
+    RendezvousSettings,
+    RendezvousTimeout,
+)
+from clusterbook.rendezvous.backends.tcp import StoreServer, TcpBackend, write_secret
+from clusterbook.rendezvous.ops import Action, apply, remove_node
+from clusterbook.rendezvous.state import RendezvousState, decode, encode
+from clusterbook.spec import NodeSpec
+from clusterbook.status import NodeStatus
+
+__all__ = ["ElasticProvider"]
+
+_LOCAL = {"127.0.0.1", "localhost"}
+
+
+class ElasticProvider:
+    """The head side of an elastic cluster."""
+
+    kind = "elastic"
+
+    def __init__(
+        self,
+        min_nodes: int,
+        max_nodes: int,
+        *,
+        listen: str = "127.0.0.1",
+        port: int = 0,
+        last_call: float = 1.0,
+        join_timeout: float = 600.0,
+        keep_alive_interval: float = 1.0,
+        keep_alive_max_attempt: int = 3,
+    ) -> None:
+        # Validated now (torch's messages), with the real run id set at start().
+        self._settings = RendezvousSettings(
+            run_id="pending",
+            min_nodes=min_nodes,
+            max_nodes=max_nodes,
+            timeout=RendezvousTimeout(join=join_timeout, last_call=last_call),
+            keep_alive_interval=keep_alive_interval,
+            keep_alive_max_attempt=keep_alive_max_attempt,
+        )
+        self._listen = listen
+        self._port = port
+        self._cond = threading.Condition()
+        self._state = RendezvousState()
+        self._seen: dict[str, dict[str, object]] = {}  # every node ever seen: its last report
+        self._gone: dict[str, str] = {}  # node -> "lost" | "left"
+        self._server: StoreServer | None = None
+        self._watcher: TcpBackend | None = None
+        self._stop = threading.Event()
+        self.changed: Callable[[], None] = lambda: None
+        self.join_command: str | None = None
+        self.token_file: Path | None = None
+
+    # -- lifecycle ----------------------------------------------------------------------
+
+    @property
+    def settings(self) -> RendezvousSettings:
+        return self._settings
+
+    def start(self, ctx: StartContext) -> None:
+        self._settings = replace(self._settings, run_id=ctx.cluster_id)
+        directory = head_cluster_dir(ctx.cluster_id)
+        directory.mkdir(parents=True, exist_ok=True, mode=0o700)
+        self.token_file = directory / "token"
+        self.token_file.unlink(missing_ok=True)
+        secret = write_secret(self.token_file)
+        self._server = StoreServer(self._listen, self._port, secret=secret, on_lost=self._lost)
+        self._server.start()
+        host, port = self._server.address
+        url = join_url(f"tcp://{host}:{port}", self._settings)
+        self.join_command = f"clusterbook worker join '{url}' --token-file {self.token_file}"
+        self._watcher = TcpBackend(self._server.url, secret)
+        threading.Thread(target=self._follow, name="clusterbook-elastic", daemon=True).start()
+        print(f"Nodes join cluster {ctx.cluster_id!r} with:\n  {self.join_command}", flush=True)
+
+    def stop(self) -> None:
+        server, self._server = self._server, None
+        if server is None:
+            return
+        watcher = self._watcher
+        try:
+            if watcher is not None:
+                self._close_rendezvous(watcher)
+                # Agents leave when they see it closed; give them a moment to go cleanly.
+                deadline = time.monotonic() + 3.0
+                with self._cond:
+                    while self._state.participants or self._state.wait_list:
+                        left = deadline - time.monotonic()
+                        if left <= 0 or not self._cond.wait(left):
+                            break
+        finally:
+            self._stop.set()
+            if watcher is not None:
+                watcher.close()
+            server.close()
+            if self.token_file is not None:
+                self.token_file.unlink(missing_ok=True)
+
+    def _close_rendezvous(self, backend: TcpBackend) -> None:
+        for _ in range(50):
+            current = backend.get_state()
+            state, token = (
+                (RendezvousState(), None) if current is None else (decode(current[0]), current[1])
+            )
+            closed = apply(
+                Action.MARK_RENDEZVOUS_CLOSED, state, "head", self._settings, time.time()
+            )
+            if backend.set_state(encode(closed), token)[2]:
+                return
+
+    # -- following the state ------------------------------------------------------------
+
+    def _lost(self, node: str, blob: bytes) -> bytes | None:
+        state = decode(blob)
+        if node not in state.last_heartbeats:
+            return None
+        with self._cond:
+            self._gone[node] = "lost"
+        return encode(remove_node(state, node, self._settings))
+
+    def _follow(self) -> None:
+        token = None
+        assert self._watcher is not None
+        while not self._stop.is_set():
+            try:
+                current = self._watcher.watch(token, 1.0)
+            except RendezvousConnectionError:
+                if self._stop.wait(0.1):
+                    return
+                continue
+            if current is None or current[1] == token:
+                continue
+            token = current[1]
+            self._observe(decode(current[0]))
+
+    def _observe(self, state: RendezvousState) -> None:
+        now = time.time()
+        with self._cond:
+            before = set(self._state.last_heartbeats)
+            for node, report in state.node_info.items():
+                self._seen[node] = report
+                self._gone.pop(node, None)
+            for node in before - set(state.last_heartbeats):
+                if node not in self._gone:
+                    last = self._state.last_heartbeats.get(node, 0.0)
+                    dead = now - last > self._settings.keep_alive_interval * 1.5
+                    self._gone[node] = "lost" if dead else "left"
+            self._state = state
+            self._cond.notify_all()
+        self.changed()
+
+    # -- what the cluster asks ----------------------------------------------------------
+
+    @property
+    def nodes(self) -> tuple[NodeSpec, ...]:
+        """The participants of the last complete round, by rank."""
+        with self._cond:
+            state, seen = self._state, dict(self._seen)
+        if not state.complete:
+            return ()
+        out = []
+        for node, _ in sorted(state.participants.items(), key=lambda kv: kv[1]):
+            report = seen.get(node, {})
+            host = "localhost" if _is_here(report) else str((report.get("addresses") or ["?"])[0])
+            slots = int(report.get("slots") or 1)  # type: ignore[call-overload]
+            out.append(NodeSpec(node, host, slots, cores=report.get("cores")))  # type: ignore[arg-type]
+        return tuple(out)
+
+    def wait_ready(self, timeout: float) -> None:
+        deadline = time.monotonic() + timeout
+        with self._cond:
+            while not (self._state.complete and self._state.participants):
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    joined = sorted(self._state.participants)
+                    reason = (
+                        f"{len(joined)} of at least {self._settings.min_nodes} nodes joined "
+                        f"({', '.join(joined) or 'none'})"
+                    )
+                    raise ReadyTimeoutError(
+                        f"The elastic cluster is not ready after {timeout:g} s: {reason}. Start "
+                        f"more nodes with: {self.join_command}",
+                        timeout=timeout,
+                        reason=reason,
+                    )
+                self._cond.wait(left)
+
+    def remote(self) -> RemoteLaunch | None:
+        far = [n.name for n in self.nodes if n.host != "localhost"]
+        if far:
+            raise ClusterError(
+                f"Nodes {', '.join(far)} run on other machines; MPI jobs on elastic clusters "
+                "reach only agents on this machine so far. Use Cluster.ssh for other machines."
+            )
+        return None
+
+    def stop_job(self, token: str) -> None:
+        pass  # agents here are on this machine: the job's own clean-up sees their processes
+
+    def node_statuses(self) -> list[NodeStatus]:
+        """Every node seen: pending (waiting), joined, lost or left, with heartbeat and load."""
+        now = time.time()
+        with self._cond:
+            state, seen, gone = self._state, dict(self._seen), dict(self._gone)
+        rows = []
+        for node in sorted(set(seen) | set(state.last_heartbeats)):
+            report = seen.get(node, {})
+            if node in state.participants:
+                status = "joined" if state.complete else "pending"
+            elif node in state.wait_list:
+                status = "pending"
+            else:
+                status = gone.get(node, "left")
+            last = state.last_heartbeats.get(node)
+            rows.append(
+                NodeStatus(
+                    name=node,
+                    host=str(report.get("hostname", "?")),
+                    slots=int(report.get("slots") or 1),  # type: ignore[call-overload]
+                    state=status,
+                    round=state.round if node in state.participants else None,
+                    heartbeat_age=None if last is None else max(0.0, now - last),
+                    load=report.get("load"),  # type: ignore[arg-type]
+                    pid=report.get("pid"),  # type: ignore[arg-type]
+                )
+            )
+        return rows
+
+
+def _is_here(report: dict[str, object]) -> bool:
+    return report.get("hostname") == socket.gethostname()

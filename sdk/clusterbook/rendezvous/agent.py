@@ -1,0 +1,237 @@
+"""The worker agent every node of an elastic cluster runs:
+``clusterbook worker join URL --token-file F [--slots N] [--start-sshd PORT]``.
+
+It joins the rendezvous, reports what the node is (hostname, addresses, cores, memory,
+Python, MPI, its sshd's host key) and heartbeats with its load. It re-joins when a new round
+forms (a node waits and there is room, a participant was lost, or it was itself dropped) and
+exits by itself when the rendezvous closes, or when it has lost the store for longer than its
+lease, so that no agent outlives a head that died.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import sys
+import threading
+import time
+from dataclasses import dataclass
+from typing import Any
+from urllib.parse import parse_qs, urlencode, urlsplit
+
+import psutil
+
+from clusterbook.errors import ConfigError
+from clusterbook.rendezvous.api import (
+    RendezvousClosedError,
+    RendezvousConnectionError,
+    RendezvousError,
+    RendezvousSettings,
+    RendezvousTimeout,
+)
+from clusterbook.rendezvous.backends.tcp import TcpBackend
+from clusterbook.rendezvous.handler import RendezvousHandler
+from clusterbook.rendezvous.state import RendezvousState, decode
+
+__all__ = ["Agent", "join_url", "node_facts", "parse_join_url"]
+
+_log = logging.getLogger("clusterbook.agent")
+
+EXIT_CLOSED = 0
+EXIT_LOST_STORE = 3
+
+
+def join_url(store_url: str, settings: RendezvousSettings) -> str:
+    """The URL agents join with: the store's address, the run id and the settings."""
+    query = urlencode(
+        {
+            "min": settings.min_nodes,
+            "max": settings.max_nodes,
+            "last_call": settings.timeout.last_call,
+            "join": settings.timeout.join,
+            "interval": settings.keep_alive_interval,
+            "attempts": settings.keep_alive_max_attempt,
+        }
+    )
+    return f"{store_url}/{settings.run_id}?{query}"
+
+
+def parse_join_url(url: str) -> tuple[str, RendezvousSettings]:
+    """Split a join URL into the store URL and the rendezvous settings."""
+    parts = urlsplit(url)
+    run_id = parts.path.strip("/")
+    if parts.scheme != "tcp" or not parts.netloc or not run_id:
+        raise ConfigError(
+            f"Join URL {url!r} is not a clusterbook join URL; copy the whole URL the head "
+            "printed, like tcp://10.0.0.1:29400/my-cluster?min=2&max=8."
+        )
+    query = {k: v[-1] for k, v in parse_qs(parts.query).items()}
+    try:
+        settings = RendezvousSettings(
+            run_id=run_id,
+            min_nodes=int(query.get("min", "1")),
+            max_nodes=int(query.get("max", query.get("min", "1"))),
+            timeout=RendezvousTimeout(
+                join=float(query.get("join", "600")),
+                last_call=float(query.get("last_call", "1")),
+                close=3.0,  # leaving must not hold up an agent that is told to stop
+            ),
+            keep_alive_interval=float(query.get("interval", "1")),
+            keep_alive_max_attempt=int(query.get("attempts", "3")),
+        )
+    except ValueError as exc:
+        raise ConfigError(f"Join URL {url!r} has a bad setting ({exc}).") from None
+    return f"tcp://{parts.netloc}", settings
+
+
+def node_facts(
+    slots: int, *, sshd_host_key: str | None = None, sshd_port: int | None = None
+) -> dict[str, Any]:
+    """What a node reports when it joins (no reverse DNS: addresses come from interfaces)."""
+    addresses = [
+        a.address
+        for name, addrs in psutil.net_if_addrs().items()
+        for a in addrs
+        if a.family == socket.AF_INET and not a.address.startswith("127.")
+    ]
+    mpi = None
+    try:
+        from clusterbook.launch.flavour import find_launcher
+
+        launcher = find_launcher(sys.executable)
+        mpi = f"{launcher.flavour.value} {launcher.version}"
+    except ConfigError:
+        pass
+    return {
+        "hostname": socket.gethostname(),
+        "addresses": addresses or ["127.0.0.1"],
+        "cores": len(os.sched_getaffinity(0))
+        if hasattr(os, "sched_getaffinity")
+        else os.cpu_count(),
+        "memory": psutil.virtual_memory().total,
+        "python": sys.executable,
+        "python_version": ".".join(map(str, sys.version_info[:3])),
+        "mpi": mpi,
+        "slots": slots,
+        "pid": os.getpid(),
+        "sshd_host_key": sshd_host_key,
+        "sshd_port": sshd_port,
+    }
+
+
+@dataclass
+class Agent:
+    """One node's agent; :meth:`run` returns the process exit code."""
+
+    url: str
+    secret: bytes
+    node_id: str
+    slots: int
+    lease: float = 10.0
+    facts: dict[str, Any] | None = None
+
+    def __post_init__(self) -> None:
+        self.store_url, self.settings = parse_join_url(self.url)
+        self.stop_event = threading.Event()
+        self._facts = self.facts or node_facts(self.slots)
+        self._store_lost = False
+
+    def report(self) -> dict[str, Any]:
+        """Facts plus the current load: sent at join and with every heartbeat."""
+        return {
+            **self._facts,
+            "load": os.getloadavg()[0] if hasattr(os, "getloadavg") else None,
+            "memory_used": psutil.virtual_memory().percent,
+        }
+
+    def run(self) -> int:
+        backend = TcpBackend(self.store_url, self.secret, node=self.node_id)
+        watcher = TcpBackend(self.store_url, self.secret)
+        handler = RendezvousHandler(backend, self.settings, self.node_id, info=self.report)
+        try:
+            return self._loop(handler, watcher)
+        finally:
+            if not self._store_lost:  # leave cleanly, so the others need not wait for expiry
+                handler.shutdown()
+            watcher.close()
+            backend.close()
+
+    def _loop(self, handler: RendezvousHandler, watcher: TcpBackend) -> int:
+        while not self.stop_event.is_set():
+            try:
+                info = handler.next_rendezvous()
+            except RendezvousClosedError:
+                _log.info("The rendezvous is closed; agent %s exits.", self.node_id)
+                return EXIT_CLOSED
+            except RendezvousConnectionError as exc:
+                if self._wait_for_store(watcher, exc):
+                    continue
+                return EXIT_LOST_STORE
+            _log.info(
+                "Node %s has rank %d of %d in round %d.",
+                self.node_id,
+                info.rank,
+                info.world_size,
+                info.round,
+            )
+            outcome = self._follow(watcher, info.round, set(info.participants))
+            if outcome is not None:
+                return outcome
+        return EXIT_CLOSED
+
+    def _follow(self, watcher: TcpBackend, round_: int, members: set[str]) -> int | None:
+        """Watch the state until this node must join again (None) or exit (a code)."""
+        token = None
+        last_ok = time.monotonic()
+        while not self.stop_event.is_set():
+            try:
+                current = watcher.watch(token, 1.0)
+                last_ok = time.monotonic()
+            except RendezvousConnectionError as exc:
+                if time.monotonic() - last_ok > self.lease:
+                    self._store_lost = True
+                    _log.error(
+                        "Agent %s lost the store for over %g s (%s); it exits.",
+                        self.node_id,
+                        self.lease,
+                        exc,
+                    )
+                    return EXIT_LOST_STORE
+                self.stop_event.wait(0.2)
+                continue
+            if current is None:
+                continue
+            token = current[1]
+            try:
+                state = decode(current[0])
+            except RendezvousError:
+                continue
+            if state.closed:
+                return EXIT_CLOSED
+            if self._must_rejoin(state, round_, members):
+                return None
+        return EXIT_CLOSED
+
+    def _must_rejoin(self, state: RendezvousState, round_: int, members: set[str]) -> bool:
+        me = self.node_id
+        if me not in state.participants and me not in state.wait_list:
+            return True  # dropped (paused too long, say): join again
+        if state.round != round_:
+            return True
+        room = len(state.participants) < self.settings.max_nodes
+        if state.complete and state.wait_list and room:
+            return True  # newcomers wait for a new round that has room for them
+        return state.complete and set(state.participants) != members  # someone was lost
+
+    def _wait_for_store(self, watcher: TcpBackend, exc: Exception) -> bool:
+        deadline = time.monotonic() + self.lease
+        while time.monotonic() < deadline and not self.stop_event.is_set():
+            try:
+                watcher.get_state()
+                return True
+            except RendezvousConnectionError:
+                self.stop_event.wait(0.2)
+        self._store_lost = True
+        _log.error("Agent %s cannot reach the store (%s); it exits.", self.node_id, exc)
+        return False

@@ -1,0 +1,363 @@
+"""The wire protocol of the TCP rendezvous store, shared by its server and its clients.
+
+The head runs a :class:`~clusterbook.rendezvous.backends.tcp_server.StoreServer`; every node (the
+head too) talks to it through a :class:`~clusterbook.rendezvous.backends.tcp.TcpBackend`. Both
+sides share a per-cluster secret (:func:`write_secret` makes the token file, :func:`read_secret`
+reads it back). No pickle anywhere.
+
+Wire protocol (version 1). Every frame is a 4-byte big-endian length and that many bytes. The
+handshake frames are small (at most 256 bytes) and not authenticated::
+
+    client -> server   MAGIC + client_nonce                      (nonces: 32 random bytes)
+    server -> client   MAGIC + server_nonce + HMAC(secret, "server proof" | cn | sn)
+    client -> server   HMAC(secret, "client proof" | cn | sn)
+
+Each side checks the other's proof, so both prove they know the secret, which itself never
+crosses the wire. After the handshake every frame is ``payload + tag``, with
+``tag = HMAC(key, seq | payload)``: one key per direction derived from the secret and both
+nonces, ``seq`` counting that direction's frames. A frame cannot be forged, altered, replayed,
+reordered or moved to another connection; the peer that tries is dropped. Frames hold at most
+:data:`MAX_FRAME` bytes. Frames are authenticated, not encrypted: whoever sees the traffic can
+read the state (node ids, ranks, heartbeat times), but cannot change it.
+
+Requests (client payloads) and their replies::
+
+    H node              hello, the first request; announces the node id ("" for none) -> O
+    G                   get                                   -> s has:u8 token:i64 state
+    S spec state        compare-and-set                       -> r won:u8 token:i64 state
+    W spec timeout:f64  long-poll watch                       -> s has:u8 token:i64 state
+    B                   goodbye: the server closes the connection without calling on_lost
+
+``spec`` is the caller's token: ``kind:u8 value:i64`` with kind 0 for None, 1 for an integer
+and 2 for anything else (it matches no stored token, so it never wins a write and a watch on it
+returns at once).
+
+Connection loss: when a connection that announced a node id ends without a goodbye (the process
+died, the machine vanished, the network broke), the server waits ``lost_grace`` seconds; unless
+the same node id connected again meanwhile, it calls ``on_lost(node, state)`` and writes what
+that returns as the new state, so the other nodes learn of the loss at once instead of after
+missed heartbeats.
+"""
+
+from __future__ import annotations
+
+import errno
+import hmac
+import math
+import os
+import secrets
+import select
+import socket
+import stat
+import struct
+import threading
+import time
+from hashlib import sha256
+from urllib.parse import urlsplit
+
+from clusterbook.errors import ConfigError
+
+MAX_FRAME = 16 * 1024 * 1024
+"""The largest frame (payload and tag) either side sends or accepts, in bytes."""
+
+_TAG = 32
+_LEN = struct.Struct(">I")
+_SEQ = struct.Struct(">Q")
+_SPEC = struct.Struct(">Bq")
+_HEAD = struct.Struct(">Bq")
+_SECONDS = struct.Struct(">d")
+
+MAX_STATE = MAX_FRAME - _TAG - 1 - _HEAD.size
+"""The largest state the store holds, in bytes."""
+
+_MAGIC = b"CBRDZV1\n"
+_NONCE = 32
+_HANDSHAKE_MAX = 256
+_WATCH_MAX = 86400.0
+_MIN_SECRET = 16
+_MAX_NODE = 1024
+
+_ANY, _NONE, _INT = 2, 0, 1
+
+
+class _ProtocolError(Exception):
+    """The peer broke the protocol: bad frame, bad tag, unexpected message."""
+
+
+class _AuthFailed(Exception):
+    """The peer does not know the secret."""
+
+
+class _PeerClosed(ConnectionError):
+    """The peer closed the connection."""
+
+
+# --- secrets --------------------------------------------------------------------------------------
+
+
+def _check_secret(secret: object) -> bytes:
+    if not isinstance(secret, bytes):
+        raise ConfigError(
+            f"The rendezvous secret must be bytes, got {type(secret).__name__}; use "
+            "read_secret(path) on the cluster's token file."
+        )
+    if len(secret) < _MIN_SECRET:
+        raise ConfigError(
+            f"The rendezvous secret is {len(secret)} bytes; it must have at least {_MIN_SECRET} "
+            "(write_secret() makes a random 32-byte one)."
+        )
+    return secret
+
+
+def write_secret(path: str | os.PathLike[str], secret: bytes | None = None) -> bytes:
+    """Create the token file ``path`` holding ``secret`` (random 32 bytes if None) in hex.
+
+    The file is created with mode 0600 in one step, so it is never readable by others, not even
+    for a moment; an existing file is never overwritten. Returns the secret.
+    """
+    secret = _check_secret(secrets.token_bytes(32) if secret is None else secret)
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0)
+    try:
+        fd = os.open(path, flags, 0o600)
+    except FileExistsError:
+        raise ConfigError(
+            f"Refusing to overwrite the secret file {os.fspath(path)}: it exists. Read it with "
+            "read_secret(), or delete it first to give the cluster a new secret (every node "
+            "must then use the new one)."
+        ) from None
+    except OSError as exc:
+        raise ConfigError(
+            f"Cannot create the secret file {os.fspath(path)}: {exc.strerror or exc}."
+        ) from exc
+    try:
+        data = memoryview(secret.hex().encode() + b"\n")
+        while data:
+            data = data[os.write(fd, data) :]
+        os.fsync(fd)
+    except BaseException:
+        os.close(fd)
+        os.unlink(path)
+        raise
+    os.close(fd)
+    return secret
+
+
+def read_secret(path: str | os.PathLike[str]) -> bytes:
+    """The secret in the token file ``path`` (see :func:`write_secret`).
+
+    Refuses a file that its group or other users may access: a secret others can read is no
+    secret.
+    """
+    name = os.fspath(path)
+    try:
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
+    except FileNotFoundError:
+        raise ConfigError(
+            f"There is no secret file at {name}; the head writes it with write_secret()."
+        ) from None
+    except OSError as exc:
+        raise ConfigError(f"Cannot read the secret file {name}: {exc.strerror or exc}.") from exc
+    try:
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode):
+            raise ConfigError(f"The secret file {name} is not a regular file.")
+        mode = stat.S_IMODE(info.st_mode)
+        if mode & 0o077:
+            raise ConfigError(
+                f"The secret file {name} is open to its group or other users (mode "
+                f"{mode:04o}); run `chmod 600 {name}` so only its owner can read it."
+            )
+        text = os.read(fd, 4096)
+    finally:
+        os.close(fd)
+    try:
+        secret = bytes.fromhex(text.decode("ascii").strip())
+    except (UnicodeDecodeError, ValueError):
+        raise ConfigError(
+            f"The secret file {name} does not hold a hex secret; write it with write_secret()."
+        ) from None
+    return _check_secret(secret)
+
+
+# --- addresses ------------------------------------------------------------------------------------
+
+
+def parse_url(url: object) -> tuple[str, int]:
+    """``(host, port)`` of a ``tcp://host:port`` URL (IPv6 hosts in brackets)."""
+    example = "tcp://host:port, for example tcp://10.0.0.1:29400"
+    if not isinstance(url, str):
+        raise ConfigError(f"The rendezvous store URL must be a string like {example}; got {url!r}.")
+    try:
+        parts = urlsplit(url)
+        port = parts.port
+    except ValueError as exc:
+        raise ConfigError(
+            f"The rendezvous store URL {url!r} is not valid ({exc}); use {example}."
+        ) from None
+    if (
+        url != url.strip()
+        or parts.scheme != "tcp"
+        or not parts.hostname
+        or port is None
+        or port == 0
+        or parts.path not in ("", "/")
+        or parts.query
+        or parts.fragment
+        or parts.username is not None
+        or parts.password is not None
+    ):
+        raise ConfigError(f"The rendezvous store URL {url!r} is not of the form {example}.")
+    return parts.hostname, port
+
+
+def _format_url(host: str, port: int) -> str:
+    return f"tcp://[{host}]:{port}" if ":" in host else f"tcp://{host}:{port}"
+
+
+def _seconds(value: object, name: str, *, zero: bool = False) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        raise ConfigError(f"The {name} must be a number of seconds, got {value!r}.")
+    if value < 0 or (value == 0 and not zero):
+        raise ConfigError(f"The {name} must be greater than {'or equal to ' if zero else ''}0.")
+    return float(value)
+
+
+# --- framing --------------------------------------------------------------------------------------
+
+
+def _readable(sock: socket.socket, timeout: float) -> bool:
+    """Whether ``sock`` has data or an end of file to read (poll: no FD_SETSIZE limit)."""
+    if sock.fileno() < 0:
+        raise OSError(errno.EBADF, "closed socket")
+    if hasattr(select, "poll"):
+        poller = select.poll()
+        poller.register(sock, select.POLLIN)
+        return bool(poller.poll(max(0, int(timeout * 1000))))
+    return bool(select.select([sock], [], [], timeout)[0])
+
+
+def _recv_exact(sock: socket.socket, size: int, deadline: float | None) -> bytes:
+    buf = bytearray(size)
+    view = memoryview(buf)
+    got = 0
+    while got < size:
+        if deadline is not None:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise TimeoutError("timed out")
+            sock.settimeout(left)
+        n = sock.recv_into(view[got:], size - got)
+        if n == 0:
+            raise _PeerClosed("the peer closed the connection")
+        got += n
+    return bytes(buf)
+
+
+def _send_plain(sock: socket.socket, payload: bytes) -> None:
+    sock.sendall(_LEN.pack(len(payload)) + payload)
+
+
+def _recv_plain(sock: socket.socket, deadline: float | None) -> bytes:
+    (size,) = _LEN.unpack(_recv_exact(sock, _LEN.size, deadline))
+    if size > _HANDSHAKE_MAX:
+        raise _ProtocolError(f"handshake frame of {size} bytes")
+    return _recv_exact(sock, size, deadline)
+
+
+def _derive(secret: bytes, label: bytes, client_nonce: bytes, server_nonce: bytes) -> bytes:
+    message = b"clusterbook rendezvous v1 " + label + b"\x00" + client_nonce + server_nonce
+    return hmac.digest(secret, message, "sha256")
+
+
+class _Channel:
+    """Authenticated frames over a connected socket (see the module docstring)."""
+
+    def __init__(self, sock: socket.socket, send_key: bytes, recv_key: bytes) -> None:
+        self.sock = sock
+        self._send_key = send_key
+        self._recv_key = recv_key
+        self._send_seq = 0
+        self._recv_seq = 0
+        self._send_lock = threading.Lock()
+
+    def _tag(self, key: bytes, seq: int, payload: bytes) -> bytes:
+        mac = hmac.new(key, _SEQ.pack(seq), sha256)
+        mac.update(payload)
+        return mac.digest()
+
+    def send(self, payload: bytes) -> None:
+        size = len(payload) + _TAG
+        if size > MAX_FRAME:
+            raise _ProtocolError(f"frame of {size} bytes is over the {MAX_FRAME}-byte limit")
+        with self._send_lock:
+            tag = self._tag(self._send_key, self._send_seq, payload)
+            self._send_seq += 1
+            self.sock.sendall(b"".join((_LEN.pack(size), payload, tag)))
+
+    def recv(self, deadline: float | None) -> bytes:
+        (size,) = _LEN.unpack(_recv_exact(self.sock, _LEN.size, deadline))
+        if size < _TAG or size > MAX_FRAME:
+            raise _ProtocolError(f"frame of {size} bytes (limit {MAX_FRAME})")
+        body = _recv_exact(self.sock, size, deadline)
+        payload, tag = body[:-_TAG], body[-_TAG:]
+        if not hmac.compare_digest(tag, self._tag(self._recv_key, self._recv_seq, payload)):
+            raise _ProtocolError("frame with a bad tag (forged, altered or replayed)")
+        self._recv_seq += 1
+        return payload
+
+
+def _client_handshake(sock: socket.socket, secret: bytes, deadline: float | None) -> _Channel:
+    client_nonce = secrets.token_bytes(_NONCE)
+    _send_plain(sock, _MAGIC + client_nonce)
+    reply = _recv_plain(sock, deadline)
+    if len(reply) != len(_MAGIC) + _NONCE + 32 or not reply.startswith(_MAGIC):
+        raise _ProtocolError("the peer is not a clusterbook rendezvous store of this version")
+    server_nonce, proof = reply[len(_MAGIC) : -32], reply[-32:]
+    if not hmac.compare_digest(proof, _derive(secret, b"server proof", client_nonce, server_nonce)):
+        raise _AuthFailed("the store's secret differs from this client's")
+    _send_plain(sock, _derive(secret, b"client proof", client_nonce, server_nonce))
+    return _Channel(
+        sock,
+        send_key=_derive(secret, b"client to server", client_nonce, server_nonce),
+        recv_key=_derive(secret, b"server to client", client_nonce, server_nonce),
+    )
+
+
+def _server_handshake(sock: socket.socket, secret: bytes, deadline: float | None) -> _Channel:
+    hello = _recv_plain(sock, deadline)
+    if len(hello) != len(_MAGIC) + _NONCE or not hello.startswith(_MAGIC):
+        raise _ProtocolError("not a clusterbook rendezvous client of this version")
+    client_nonce = hello[len(_MAGIC) :]
+    server_nonce = secrets.token_bytes(_NONCE)
+    proof = _derive(secret, b"server proof", client_nonce, server_nonce)
+    _send_plain(sock, _MAGIC + server_nonce + proof)
+    answer = _recv_plain(sock, deadline)
+    if not hmac.compare_digest(
+        answer, _derive(secret, b"client proof", client_nonce, server_nonce)
+    ):
+        raise _AuthFailed("the client does not know the secret")
+    return _Channel(
+        sock,
+        send_key=_derive(secret, b"server to client", client_nonce, server_nonce),
+        recv_key=_derive(secret, b"client to server", client_nonce, server_nonce),
+    )
+
+
+def _tune(sock: socket.socket) -> None:
+    """Small frames go out at once; a peer that vanished without a word is noticed in ~20 s."""
+    try:
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
+        for option, value in (("TCP_KEEPIDLE", 10), ("TCP_KEEPINTVL", 3), ("TCP_KEEPCNT", 3)):
+            if hasattr(socket, option):
+                sock.setsockopt(socket.IPPROTO_TCP, getattr(socket, option), value)
+    except OSError:
+        pass
+
+
+def _spec(token: object) -> bytes:
+    if token is None:
+        return _SPEC.pack(_NONE, 0)
+    if isinstance(token, int) and not isinstance(token, bool) and -(2**63) <= token < 2**63:
+        return _SPEC.pack(_INT, token)
+    return _SPEC.pack(_ANY, 0)

@@ -1,0 +1,208 @@
+"""Elastic clusters with real agent processes: join, heartbeat, loss, pause, late arrival,
+closing, and a lost head."""
+
+from __future__ import annotations
+
+import shlex
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+
+import pytest
+
+import clusterbook as cb
+from clusterbook.rendezvous.backends.tcp import StoreServer, write_secret
+from clusterbook.rendezvous.state import RendezvousState, encode
+
+pytestmark = pytest.mark.mpi
+
+
+@pytest.fixture
+def agents() -> Iterator[Callable[..., subprocess.Popen[str]]]:
+    """Start agent processes (``clusterbook worker join ...``); all are gone at teardown."""
+    started: list[subprocess.Popen[str]] = []
+
+    def start(command: str, node: str, *extra: str) -> subprocess.Popen[str]:
+        argv = shlex.split(command)[1:]  # drop the program name: run it with this Python
+        proc = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "clusterbook.cli",
+                *argv,
+                "--node-id",
+                node,
+                "--slots",
+                "1",
+                *extra,
+            ],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        started.append(proc)
+        return proc
+
+    yield start
+    for proc in started:
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGCONT)
+            proc.kill()
+        proc.wait(timeout=10)
+        proc.stderr.close()
+
+
+def eventually(check: Callable[[], bool], timeout: float = 20.0) -> float:
+    """Wait until ``check()`` holds; return how long it took (fail after ``timeout``)."""
+    t0 = time.monotonic()
+    while not check():
+        if time.monotonic() - t0 > timeout:
+            pytest.fail(f"condition not met within {timeout} s")
+        time.sleep(0.01)
+    return time.monotonic() - t0
+
+
+def states(cluster: cb.Cluster) -> dict[str, str]:
+    frame = cluster.status()
+    return dict(zip(frame.node, frame.state, strict=True))
+
+
+@pytest.fixture
+def elastic(tmp_path) -> Iterator[Callable[..., cb.Cluster]]:
+    made: list[cb.Cluster] = []
+
+    def make(min_nodes: int, max_nodes: int, **kw: object) -> cb.Cluster:
+        cluster = cb.Cluster.elastic(min_nodes, max_nodes, run_dir=tmp_path / f"r{len(made)}", **kw)
+        made.append(cluster)
+        return cluster.start()
+
+    yield make
+    for cluster in made:
+        cluster.stop()
+
+
+def test_agents_join_and_run_a_job(elastic, agents, program):
+    cluster = elastic(2, 3, last_call=0.5)
+    seen: list[cb.ClusterSnapshot] = []
+    cluster.subscribe(seen.append)
+    for i in range(3):
+        agents(cluster.join_command, f"n{i}")
+    cluster.wait_ready(timeout=60)
+    frame = cluster.status()
+    assert frame.node.tolist() == ["n0", "n1", "n2"]
+    assert frame.state.tolist() == ["joined"] * 3
+    assert frame["round"].tolist() == [0, 0, 0]
+    assert (frame.heartbeat_age < 10).all()
+    assert [n.name for n in cluster.nodes] == ["n0", "n1", "n2"]  # by rank
+    job = cluster.mpirun(
+        ["python", "-c", "from mpi4py import MPI; print(MPI.COMM_WORLD.size)"], np=3, timeout=120
+    )
+    assert job.wait().ok
+    assert job.logs().line.tolist() == ["3"] * 3
+    assert any(len(s.nodes) == 3 for s in seen)  # subscribers saw the nodes arrive
+
+
+def test_a_killed_agent_is_dropped_at_once_and_a_new_round_forms(elastic, agents):
+    cluster = elastic(2, 3, last_call=0.5)
+    procs = [agents(cluster.join_command, f"n{i}") for i in range(3)]
+    cluster.wait_ready(timeout=60)
+    procs[1].send_signal(signal.SIGKILL)
+    took = eventually(lambda: states(cluster)["n1"] == "lost")
+    # Faster than a missed heartbeat could tell (interval 1 s x 3): the connection-loss path.
+    assert took < cluster._provider.settings.dead_after
+
+    def next_round_without_n1() -> bool:
+        rounds = cluster.status().set_index("node")["round"].to_dict()
+        return rounds["n0"] == rounds["n2"] == 1 and [n.name for n in cluster.nodes] == ["n0", "n2"]
+
+    eventually(next_round_without_n1)
+
+
+def test_a_paused_agent_is_dropped_after_missed_heartbeats_then_rejoins(elastic, agents):
+    cluster = elastic(2, 3, last_call=0.5)
+    procs = [agents(cluster.join_command, f"n{i}") for i in range(3)]
+    cluster.wait_ready(timeout=60)
+    dead_after = cluster._provider.settings.dead_after
+    procs[2].send_signal(signal.SIGSTOP)
+    t0 = time.monotonic()
+    eventually(lambda: states(cluster)["n2"] == "lost", timeout=30)
+    assert time.monotonic() - t0 >= dead_after - 1.0  # not before its heartbeats expired
+    eventually(lambda: sorted(n.name for n in cluster.nodes) == ["n0", "n1"])
+    procs[2].send_signal(signal.SIGCONT)
+    eventually(lambda: sorted(n.name for n in cluster.nodes) == ["n0", "n1", "n2"], timeout=30)
+    assert set(states(cluster).values()) == {"joined"}
+
+
+def test_a_late_node_waits_then_joins_the_next_round(elastic, agents):
+    cluster = elastic(2, 3, last_call=0.3)
+    for i in range(2):
+        agents(cluster.join_command, f"n{i}")
+    cluster.wait_ready(timeout=60)
+    first_round = cluster.status()["round"].max()
+    assert [n.name for n in cluster.nodes] == ["n0", "n1"]
+    agents(cluster.join_command, "late")
+    eventually(lambda: sorted(n.name for n in cluster.nodes) == ["late", "n0", "n1"], timeout=30)
+    assert cluster.status()["round"].max() == first_round + 1
+
+
+def test_wait_ready_names_who_joined(elastic, agents):
+    cluster = elastic(2, 2)
+    agents(cluster.join_command, "alone")
+    eventually(lambda: "alone" in states(cluster))
+    with pytest.raises(cb.ReadyTimeoutError, match=r"1 of at least 2 nodes joined \(alone\)"):
+        cluster.wait_ready(timeout=1)
+    with pytest.raises(cb.ClusterStateError, match="no nodes yet"):
+        cluster.mpirun(["true"], np=1)
+
+
+def test_stop_closes_the_rendezvous_and_agents_leave(elastic, agents):
+    cluster = elastic(1, 2, last_call=0.2)
+    procs = [agents(cluster.join_command, f"n{i}") for i in range(2)]
+    cluster.wait_ready(timeout=60)
+    cluster.stop()
+    assert [p.wait(timeout=30) for p in procs] == [0, 0]
+    assert cluster._provider.token_file is not None
+    assert not cluster._provider.token_file.exists()
+
+
+def test_agents_exit_when_the_head_is_gone_for_their_lease(tmp_path, agents):
+    secret = write_secret(tmp_path / "token")
+    server = StoreServer(secret=secret).start()
+    url = f"{server.url}/lease-test?min=1&max=1&last_call=0.1"
+    try:
+        proc = agents(
+            f"x worker join {url} --token-file {tmp_path / 'token'}", "n0", "--lease", "1"
+        )
+        time.sleep(1.0)  # joined and heartbeating
+        assert proc.poll() is None
+    finally:
+        server.close()  # the head dies without closing the rendezvous
+    assert proc.wait(timeout=30) == 3
+    assert "exits" in proc.stderr.read()
+
+
+def test_joining_a_closed_rendezvous_exits(tmp_path, agents):
+    secret = write_secret(tmp_path / "token")
+    with StoreServer(secret=secret) as server:
+        server.start()
+        from clusterbook.rendezvous.backends.tcp import TcpBackend
+
+        with TcpBackend(server.url, secret) as client:
+            client.set_state(encode(RendezvousState(closed=True)))
+        url = f"{server.url}/closed-test?min=1&max=2"
+        proc = agents(f"x worker join {url} --token-file {tmp_path / 'token'}", "n0")
+        assert proc.wait(timeout=30) == 0
+        assert "closed" in proc.stderr.read()
+
+
+def test_bad_settings_are_refused_like_torch():
+    with pytest.raises(
+        cb.ConfigError,
+        match=r"The maximum number of nodes \(1\) must be greater "
+        r"than or equal to the minimum number of nodes \(2\)\.",
+    ):
+        cb.Cluster.elastic(2, 1)
+    with pytest.raises(cb.ConfigError, match="last_call timeout must be greater than 0"):
+        cb.Cluster.elastic(1, 2, last_call=0)
