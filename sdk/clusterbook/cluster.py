@@ -436,7 +436,7 @@ class Cluster:
             for r, i in enumerate(placement(nodes, np))
         }
         store = LogStore(directory, hosts, launcher_host=here)
-        stop_job = self._provider.stop_job if remote else None
+        stop_job = self._provider.stop_job
         job = Job(
             job_id,
             plan,

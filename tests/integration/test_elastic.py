@@ -206,3 +206,26 @@ def test_bad_settings_are_refused_like_torch():
         cb.Cluster.elastic(2, 1)
     with pytest.raises(cb.ConfigError, match="last_call timeout must be greater than 0"):
         cb.Cluster.elastic(1, 2, last_call=0)
+
+
+def test_the_head_asks_agents_to_stop_a_jobs_processes(elastic, agents):
+    cluster = elastic(1, 1, last_call=0.1)
+    agents(cluster.join_command, "n0")
+    cluster.wait_ready(timeout=60)
+    token = f"{cluster.name}-feedbeef"
+    stray = subprocess.Popen(  # a rank the launcher lost track of, tagged with its job
+        [sys.executable, "-c", "import time; time.sleep(600)"],
+        env={"CLUSTERBOOK_JOB": token, "PATH": "/usr/bin:/bin"},
+    )
+    bystander = subprocess.Popen(
+        [sys.executable, "-c", "import time; time.sleep(600)"],
+        env={"CLUSTERBOOK_JOB": f"{cluster.name}-otherjob", "PATH": "/usr/bin:/bin"},
+    )
+    try:
+        cluster._provider.stop_job(token)
+        assert stray.wait(timeout=30) != 0
+        assert bystander.poll() is None
+    finally:
+        for p in (stray, bystander):
+            p.kill()
+            p.wait()

@@ -33,7 +33,7 @@ from clusterbook.status import NodeStatus
 
 __all__ = ["ElasticProvider"]
 
-_LOCAL = {"127.0.0.1", "localhost"}
+_KEEP_STOPS = 16  # stop requests kept in the state (agents act on the ones they have not seen)
 
 
 class ElasticProvider:
@@ -219,7 +219,18 @@ class ElasticProvider:
         return None
 
     def stop_job(self, token: str) -> None:
-        pass  # agents here are on this machine: the job's own clean-up sees their processes
+        """Ask every agent to stop the processes of job ``token`` on its node."""
+        watcher = self._watcher
+        if watcher is None:
+            return
+        for _ in range(50):
+            current = watcher.get_state()
+            if current is None:
+                return
+            state = decode(current[0])
+            asked = replace(state, stop_jobs=(*state.stop_jobs, token)[-_KEEP_STOPS:])
+            if watcher.set_state(encode(asked), current[1])[2]:
+                return
 
     def node_statuses(self) -> list[NodeStatus]:
         """Every node seen: pending (waiting), joined, lost or left, with heartbeat and load."""

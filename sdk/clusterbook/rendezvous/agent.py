@@ -3,9 +3,10 @@
 
 It joins the rendezvous, reports what the node is (hostname, addresses, cores, memory,
 Python, MPI, its sshd's host key) and heartbeats with its load. It re-joins when a new round
-forms (a node waits and there is room, a participant was lost, or it was itself dropped) and
-exits by itself when the rendezvous closes, or when it has lost the store for longer than its
-lease, so that no agent outlives a head that died.
+forms (a node waits and there is room, a participant was lost, or it was itself dropped),
+stops the processes of a job when the head asks (every process of a job carries the job's
+token in its environment), and exits by itself when the rendezvous closes, or when it has lost
+the store for longer than its lease, so that no agent outlives a head that died.
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ from clusterbook.rendezvous.api import (
 from clusterbook.rendezvous.backends.tcp import TcpBackend
 from clusterbook.rendezvous.handler import RendezvousHandler
 from clusterbook.rendezvous.state import RendezvousState, decode
+from clusterbook.ssh._node_tasks import kill_jobs
 
 __all__ = ["Agent", "join_url", "node_facts", "parse_join_url"]
 
@@ -136,6 +138,7 @@ class Agent:
         self.stop_event = threading.Event()
         self._facts = self.facts or node_facts(self.slots)
         self._store_lost = False
+        self._stopped: set[str] = set()
 
     def report(self) -> dict[str, Any]:
         """Facts plus the current load: sent at join and with every heartbeat."""
@@ -209,9 +212,17 @@ class Agent:
                 continue
             if state.closed:
                 return EXIT_CLOSED
+            self._stop_jobs(state.stop_jobs)
             if self._must_rejoin(state, round_, members):
                 return None
         return EXIT_CLOSED
+
+    def _stop_jobs(self, tokens: tuple[str, ...]) -> None:
+        """Stop, on this node, the processes of jobs the head asked to stop."""
+        for token in tokens:
+            if token not in self._stopped:
+                self._stopped.add(token)
+                threading.Thread(target=kill_jobs, args=(token, 1.0), daemon=True).start()
 
     def _must_rejoin(self, state: RendezvousState, round_: int, members: set[str]) -> bool:
         me = self.node_id

@@ -36,6 +36,8 @@ class RendezvousState:
         Node id -> wall-clock time of its last heartbeat.
     node_info
         Node id -> what the node reports about itself (facts at join, load with heartbeats).
+    stop_jobs
+        Job tokens whose processes every agent must stop on its node (newest last).
     """
 
     round: int = 0
@@ -46,6 +48,7 @@ class RendezvousState:
     wait_list: frozenset[str] = frozenset()
     last_heartbeats: dict[str, float] = field(default_factory=dict)
     node_info: dict[str, dict[str, Any]] = field(default_factory=dict)
+    stop_jobs: tuple[str, ...] = ()
 
 
 def encode(state: RendezvousState) -> bytes:
@@ -60,6 +63,7 @@ def encode(state: RendezvousState) -> bytes:
         "wait_list": sorted(state.wait_list),
         "last_heartbeats": state.last_heartbeats,
         "node_info": state.node_info,
+        "stop_jobs": list(state.stop_jobs),
     }
     return json.dumps(data, sort_keys=True, separators=(",", ":")).encode()
 
@@ -81,6 +85,7 @@ def decode(blob: bytes) -> RendezvousState:
             wait_list=frozenset(str(n) for n in _list(data["wait_list"])),
             last_heartbeats={str(k): float(v) for k, v in _dict(data["last_heartbeats"]).items()},
             node_info={str(k): _dict(v) for k, v in _dict(data.get("node_info", {})).items()},
+            stop_jobs=tuple(str(t) for t in _list(data.get("stop_jobs", []))),
         )
     except (ValueError, KeyError, TypeError, UnicodeDecodeError) as exc:
         raise RendezvousStateError(
