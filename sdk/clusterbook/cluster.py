@@ -23,8 +23,8 @@ from clusterbook.launch.flavour import Launcher, MPIFlavour, find_launcher
 from clusterbook.launch.job import Job
 from clusterbook.launch.logs import LogStore
 from clusterbook.launch.program import check_argv, check_cwd, resolve_program
-from clusterbook.providers.base import LocalProvider, Provider, StartContext
-from clusterbook.providers.local import local_nodes
+from clusterbook.providers.base import Provider, StartContext
+from clusterbook.providers.local import LocalAgentsProvider, local_nodes
 from clusterbook.spec import NodeSpec, validate_env, validate_np, validate_timeout
 from clusterbook.status import ClusterSnapshot, NodeStatus, job_status, nodes_frame
 
@@ -123,7 +123,7 @@ class Cluster:
             Variables every job's ranks get (a job's own ``env`` adds to them).
         """
         return cls(
-            LocalProvider(local_nodes(workers, slots)),
+            LocalAgentsProvider(local_nodes(workers, slots)),
             name=name,
             run_dir=run_dir,
             python=python,

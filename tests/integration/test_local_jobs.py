@@ -211,14 +211,14 @@ def test_status_shows_nodes_and_ranks(mpi_python, make_cluster, program):
     cluster = make_cluster(mpi_python, workers=2, slots=2)
     frame = cluster.status()
     assert frame.node.tolist() == ["local-0", "local-1"]
-    assert frame.state.tolist() == ["ready", "ready"]
+    assert frame.state.tolist() == ["joined", "joined"]
     job = cluster.mpirun(["python", program("s.py", HANGS)], np=3)
     next(iter(job.stream()))
     frame = cluster.status()
     assert frame.state.tolist() == ["running", "running"]
     assert frame.ranks.tolist() == [[0, 1], [2]]
     job.cancel()
-    assert cluster.status().state.tolist() == ["ready", "ready"]
+    assert cluster.status().state.tolist() == ["joined", "joined"]
     assert "2 nodes, 4 slots" in repr(cluster)
 
 
@@ -253,11 +253,18 @@ def test_subscribers_see_every_change(mpi_python, tmp_path, program):
         assert done.wait(10)
         unsubscribe()
         cluster.mpirun(["python", "-c", "pass"], np=1, timeout=120).wait()
-    states = [(s.state, tuple(j.state for j in s.jobs)) for s in seen]
-    assert states == [
+    # Heartbeats publish too; what matters is the order of the changes seen.
+    states: list[tuple[str, tuple[str, ...]]] = []
+    for s in seen:
+        entry = (s.state, tuple(j.state for j in s.jobs))
+        if not states or states[-1] != entry:
+            states.append(entry)
+    assert states[-3:] == [
         ("running", ()),
         ("running", ("running",)),
         ("running", ("succeeded",)),
     ]
-    assert seen[1].nodes[0].state == "running"
-    assert seen[1].nodes[0].ranks == (0, 1)
+    assert all(len(s.jobs) <= 1 for s in seen)  # nothing after unsubscribe
+    running = next(s for s in seen if s.jobs and s.jobs[0].state == "running")
+    assert running.nodes[0].state == "running"
+    assert running.nodes[0].ranks == (0, 1)

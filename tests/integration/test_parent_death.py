@@ -16,8 +16,8 @@ pytestmark = pytest.mark.mpi
 DRIVER = """\
 import sys, time
 import clusterbook as cb
-python, script, run_dir = sys.argv[1:4]
-cluster = cb.Cluster.local(1, 2, python=python, run_dir=run_dir).start()
+python, script, run_dir, name = sys.argv[1:5]
+cluster = cb.Cluster.local(1, 2, python=python, run_dir=run_dir, name=name).start()
 job = cluster.mpirun(["python", script], np=2)
 seen = 0
 for record in job.stream():
@@ -40,8 +40,9 @@ time.sleep(600)
 def test_sigkill_of_the_parent_kills_the_job_within_two_seconds(mpi_python, tmp_path):
     script = tmp_path / "sleeper.py"
     script.write_text(SLEEPER)
+    name = f"pd-{os.getpid()}-{tmp_path.name[-12:]}".replace("_", "-")
     driver = subprocess.Popen(
-        [sys.executable, "-c", DRIVER, mpi_python, str(script), str(tmp_path / "run")],
+        [sys.executable, "-c", DRIVER, mpi_python, str(script), str(tmp_path / "run"), name],
         stdout=subprocess.PIPE,
         text=True,
     )
@@ -54,12 +55,15 @@ def test_sigkill_of_the_parent_kills_the_job_within_two_seconds(mpi_python, tmp_
             if p.pid != driver.pid and "cb-rank" not in p.cmdline()
         ]
         assert len(ranks) == 2  # both ranks run before the parent dies
+        assert processes_mentioning(f"/{name}?")  # and its node agent
         os.kill(driver.pid, signal.SIGKILL)
         driver.wait(timeout=10)
         survivors = wait_gone(str(script), timeout=2.0)
         assert survivors == [], [p.cmdline() for p in survivors]
+        agents = wait_gone(f"/{name}?", timeout=2.0)  # the node agents go too
+        assert agents == [], [p.cmdline() for p in agents]
     finally:
         driver.kill()
         driver.wait(timeout=10)
-        for p in processes_mentioning(str(script)):
+        for p in processes_mentioning(str(script)) + processes_mentioning(f"/{name}?"):
             p.kill()

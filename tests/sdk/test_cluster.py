@@ -40,7 +40,7 @@ def test_lifecycle(cluster, tmp_path):
         cluster.wait_ready(timeout=1)
         assert (tmp_path / "run" / "jobs").is_dir()
         assert (tmp_path / "run").stat().st_mode & 0o077 == 0  # logs are private
-        assert cluster.status().state.tolist() == ["ready", "ready"]
+        assert cluster.status().state.tolist() == ["joined", "joined"]
         assert repr(cluster).endswith("running: 2 nodes, 4 slots openmpi 5.0.11>")
     assert cluster.state == "stopped"
     cluster.stop()

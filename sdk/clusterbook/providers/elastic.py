@@ -70,10 +70,12 @@ class ElasticProvider:
         self._gone: dict[str, str] = {}  # node -> "lost" | "left"
         self._server: StoreServer | None = None
         self._watcher: TcpBackend | None = None
+        self._writer: TcpBackend | None = None
         self._stop = threading.Event()
         self.changed: Callable[[], None] = lambda: None
         self.join_command: str | None = None
         self.token_file: Path | None = None
+        self.announce = True
 
     # -- lifecycle ----------------------------------------------------------------------
 
@@ -94,17 +96,21 @@ class ElasticProvider:
         url = join_url(f"tcp://{host}:{port}", self._settings)
         self.join_command = f"clusterbook worker join '{url}' --token-file {self.token_file}"
         self._watcher = TcpBackend(self._server.url, secret)
+        # Writes go on their own connection: the watcher's is held by a long-poll most of
+        # the time, and a write queued behind it would wait up to a second.
+        self._writer = TcpBackend(self._server.url, secret)
         threading.Thread(target=self._follow, name="clusterbook-elastic", daemon=True).start()
-        print(f"Nodes join cluster {ctx.cluster_id!r} with:\n  {self.join_command}", flush=True)
+        if self.announce:
+            print(f"Nodes join cluster {ctx.cluster_id!r} with:\n  {self.join_command}", flush=True)
 
     def stop(self) -> None:
         server, self._server = self._server, None
         if server is None:
             return
-        watcher = self._watcher
+        watcher, writer = self._watcher, self._writer
         try:
-            if watcher is not None:
-                self._close_rendezvous(watcher)
+            if writer is not None:
+                self._close_rendezvous(writer)
                 # Agents leave when they see it closed; give them a moment to go cleanly.
                 deadline = time.monotonic() + 3.0
                 with self._cond:
@@ -114,8 +120,9 @@ class ElasticProvider:
                             break
         finally:
             self._stop.set()
-            if watcher is not None:
-                watcher.close()
+            for client in (watcher, writer):
+                if client is not None:
+                    client.close()
             server.close()
             if self.token_file is not None:
                 self.token_file.unlink(missing_ok=True)
@@ -220,16 +227,16 @@ class ElasticProvider:
 
     def stop_job(self, token: str) -> None:
         """Ask every agent to stop the processes of job ``token`` on its node."""
-        watcher = self._watcher
-        if watcher is None:
+        writer = self._writer
+        if writer is None:
             return
         for _ in range(50):
-            current = watcher.get_state()
+            current = writer.get_state()
             if current is None:
                 return
             state = decode(current[0])
             asked = replace(state, stop_jobs=(*state.stop_jobs, token)[-_KEEP_STOPS:])
-            if watcher.set_state(encode(asked), current[1])[2]:
+            if writer.set_state(encode(asked), current[1])[2]:
                 return
 
     def node_statuses(self) -> list[NodeStatus]:
