@@ -98,6 +98,10 @@ def test_mpirun_across_hosts_and_clean_stop(testbed, mpi_python, tmp_path):
         assert by_rank == {r: f"node{r + 1}" for r in range(n)}
         frame = cluster.status()
         assert frame.node.tolist() == [h.addr for h in testbed.hosts]
+        # One agent per node, started over its ssh connection, heartbeating from the node.
+        assert frame.host.tolist() == [h.name for h in testbed.hosts]
+        assert set(frame.state) == {"joined"}
+        assert frame.heartbeat_age.notna().all()
     for h in testbed.hosts:
         assert not cluster_dir(h, cluster).exists()
         keys = h.authorized_keys.read_text()

@@ -74,6 +74,7 @@ class ElasticProvider:
         self._stop = threading.Event()
         self.changed: Callable[[], None] = lambda: None
         self.join_command: str | None = None
+        self.join_url: str | None = None
         self.token_file: Path | None = None
         self.announce = True
 
@@ -93,8 +94,10 @@ class ElasticProvider:
         self._server = StoreServer(self._listen, self._port, secret=secret, on_lost=self._lost)
         self._server.start()
         host, port = self._server.address
-        url = join_url(f"tcp://{host}:{port}", self._settings)
-        self.join_command = f"clusterbook worker join '{url}' --token-file {self.token_file}"
+        self.join_url = join_url(f"tcp://{host}:{port}", self._settings)
+        self.join_command = (
+            f"clusterbook worker join '{self.join_url}' --token-file {self.token_file}"
+        )
         self._watcher = TcpBackend(self._server.url, secret)
         # Writes go on their own connection: the watcher's is held by a long-poll most of
         # the time, and a write queued behind it would wait up to a second.

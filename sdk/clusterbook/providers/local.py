@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import shlex
 import subprocess
 import sys
 import time
@@ -49,8 +48,9 @@ class LocalAgentsProvider(ElasticProvider):
 
     def start(self, ctx: StartContext) -> None:
         super().start(ctx)
-        assert self.join_command is not None
-        argv = shlex.split(self.join_command)[1:]
+        assert self.join_url is not None
+        assert self.token_file is not None
+        argv = ["worker", "join", self.join_url, "--token-file", str(self.token_file)]
         # Tagged like a job's processes, so they die with us even if we are SIGKILLed.
         self._token = f"{ctx.cluster_id}-agents"
         guard.watch(self._token)

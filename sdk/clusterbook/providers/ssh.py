@@ -6,16 +6,19 @@ import getpass
 import json
 import os
 import shutil
+import sys
 import time
 import warnings
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import replace
 from pathlib import Path
 
-from clusterbook.errors import BootstrapError, CleanupWarning, ConfigError
+from clusterbook.errors import BootstrapError, CleanupWarning, ClusterError, ConfigError
 from clusterbook.providers.base import RemoteLaunch, StartContext, head_cluster_dir
+from clusterbook.providers.elastic import ElasticProvider
 from clusterbook.spec import NodeSpec, parse_host_slots, validate_positive_int, validate_timeout
 from clusterbook.ssh.bootstrap import (
+    CLUSTERS_DIR,
     Connection,
     NodeSession,
     cluster_files,
@@ -30,6 +33,8 @@ from clusterbook.ssh.keys import authorized_keys_line, generate_keypair, key_tag
 from clusterbook.ssh.local_shell import LocalShell
 from clusterbook.ssh.paramiko_shell import ParamikoShell, connect
 from clusterbook.ssh.preflight import NodeFacts, problems
+from clusterbook.ssh.shell import RemoteProcess
+from clusterbook.status import NodeStatus
 
 __all__ = ["SSHProvider", "parse_hosts"]
 
@@ -89,6 +94,10 @@ class SSHProvider:
         self._ctx: StartContext | None = None
         self._remote: RemoteLaunch | None = None
         self.timings: dict[str, float] = {}
+        self.changed: Callable[[], None] = lambda: None
+        self._rendezvous: ElasticProvider | None = None
+        self._agents: dict[str, RemoteProcess] = {}
+        self._head_facts: NodeFacts | None = None
         self.stop_problems: dict[str, Exception] = {}
 
     # -- start --------------------------------------------------------------------------
@@ -113,8 +122,11 @@ class SSHProvider:
             self.timings["connect"] = time.monotonic() - t0
             self._preflight(ctx, sessions)
             self.timings["preflight"] = time.monotonic() - t0
+            self._start_rendezvous(ctx)
             self._install(ctx, head_dir, sessions)
             self.timings["install"] = time.monotonic() - t0
+            self._start_agents(ctx)
+            self.timings["agents"] = time.monotonic() - t0
         except BaseException:
             self.stop()
             raise
@@ -133,7 +145,7 @@ class SSHProvider:
         facts, failed = parallel([_HEAD, *self._conns], probe)
         if _HEAD in failed:
             raise failed[_HEAD]
-        head = facts.pop(_HEAD)
+        head = self._head_facts = facts.pop(_HEAD)
         found = {h: [str(e)] for h, e in failed.items()}
         for node in self.nodes:
             if node.host in facts:
@@ -154,6 +166,60 @@ class SSHProvider:
             NodeSpec(n.name, n.host, n.slots, cores=facts[n.host].cores) for n in self.nodes
         )
 
+    def _start_rendezvous(self, ctx: StartContext) -> None:
+        """Serve the rendezvous on the address the nodes reach us at; agents join it."""
+        head_addr = next(iter(self._conns.values())).local_addr
+        rendezvous = ElasticProvider(
+            len(self.nodes), len(self.nodes), listen=head_addr, last_call=0.1
+        )
+        rendezvous.announce = False
+        rendezvous.changed = lambda: self.changed()
+        rendezvous.start(ctx)
+        self._rendezvous = rendezvous
+
+    def _start_agents(self, ctx: StartContext) -> None:
+        """One agent per node, over the node's one connection; wait until all joined."""
+        rendezvous = self._rendezvous
+        assert rendezvous is not None
+        url = rendezvous.join_url
+        assert url is not None
+        # The agent needs clusterbook: the ranks' Python if it has it, else ours (same path).
+        has_it = self._head_facts is not None and self._head_facts.clusterbook
+        python = ctx.python if has_it else sys.executable
+        for node in self.nodes:
+            token = f"{self._facts[node.host].home}/{CLUSTERS_DIR}/{ctx.cluster_id}/token"
+            argv = [
+                python,
+                "-m",
+                "clusterbook.cli",
+                "worker",
+                "join",
+                url,
+                "--token-file",
+                token,
+                "--node-id",
+                node.host,
+                "--slots",
+                str(node.slots),
+            ]
+            # Tagged like a job: the clean-up at stop() finds it whatever happened.
+            env = {"CLUSTERBOOK_JOB": f"{ctx.cluster_id}-agents"}
+            self._agents[node.host] = self._conns[node.host].shell.start(argv, env=env)
+        try:
+            rendezvous.wait_ready(min(60.0, self.connect_timeout * 2))
+        except ClusterError as exc:
+            raise BootstrapError(
+                {h: [f"its agent did not join: {exc}"] for h in self._conns}
+            ) from None
+
+    def node_statuses(self) -> list[NodeStatus]:
+        """The nodes as their agents report them (pending until they joined)."""
+        rendezvous = self._rendezvous
+        seen = {s.name: s for s in rendezvous.node_statuses()} if rendezvous else {}
+        return [
+            seen.get(n.name) or NodeStatus(n.name, n.host, n.slots, "pending") for n in self.nodes
+        ]
+
     def _install(self, ctx: StartContext, head_dir: Path, sessions: dict[str, NodeSession]) -> None:
         keys_dir = head_dir / "keys"
         if keys_dir.exists():
@@ -161,6 +227,9 @@ class SSHProvider:
         keys = generate_keypair(keys_dir, ctx.cluster_id)
         ssh_args = node_ssh_args(ctx.cluster_id, user=self.user, port=self.port)
         hostnames = {h: f.hostname for h, f in self._facts.items()}
+        assert self._rendezvous is not None
+        assert self._rendezvous.token_file is not None
+        token = ("600", self._rendezvous.token_file.read_bytes())
         files = cluster_files(
             ctx.cluster_id,
             keys,
@@ -172,7 +241,7 @@ class SSHProvider:
         )
         payload = {
             "cluster_id": ctx.cluster_id,
-            "files": encode_files(files),
+            "files": encode_files({**files, "token": token}),
             "authorized_key": authorized_keys_line(keys),
         }
 
@@ -253,6 +322,11 @@ class SSHProvider:
         self._remote = None
         if ctx is None:
             return
+        rendezvous, self._rendezvous = self._rendezvous, None
+        if rendezvous is not None:
+            rendezvous.stop()  # closed: the agents leave and exit
+        agents, self._agents = self._agents, {}
+        parallel(list(agents), lambda host: agents[host].close(timeout=5))
         args = {"cluster_id": ctx.cluster_id, "tag": key_tag(ctx.cluster_id), "grace": 2.0}
 
         def clean(host: str) -> object:
