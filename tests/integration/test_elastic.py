@@ -229,3 +229,44 @@ def test_the_head_asks_agents_to_stop_a_jobs_processes(elastic, agents):
         for p in (stray, bystander):
             p.kill()
             p.wait()
+
+
+@pytest.mark.sshd
+def test_an_agent_can_start_its_own_sshd_and_report_its_key(elastic, agents, tmp_path):
+    import shutil
+    import socket
+    from pathlib import Path
+
+    from tests.conftest import require
+
+    require(Path("/usr/sbin/sshd").exists(), "OpenSSH sshd is not installed")
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    node = f"sshd-{tmp_path.name[-10:]}".replace("_", "-")
+    cluster = elastic(1, 1, last_call=0.1)
+    try:
+        agents(cluster.join_command, node, "--start-sshd", str(port))
+        cluster.wait_ready(timeout=60)
+        report = cluster._provider._seen[node]
+        assert report["sshd_port"] == port
+        key = report["sshd_host_key"]
+        assert key.startswith("ssh-ed25519 ")
+        with socket.create_connection(("127.0.0.1", port), timeout=10) as conn:
+            assert conn.recv(64).startswith(b"SSH-2.0-")
+        on_disk = Path.home() / ".clusterbook" / f"sshd-{node}" / "ssh_host_ed25519_key.pub"
+        assert on_disk.read_text().split()[:2] == key.split()[:2]
+        cluster.stop()
+        eventually(lambda: _refused(port), timeout=20)  # the agent stopped its sshd on exit
+    finally:
+        shutil.rmtree(Path.home() / ".clusterbook" / f"sshd-{node}", ignore_errors=True)
+
+
+def _refused(port: int) -> bool:
+    import socket
+
+    try:
+        socket.create_connection(("127.0.0.1", port), timeout=1).close()
+    except OSError:
+        return True
+    return False
