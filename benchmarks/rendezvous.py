@@ -1,0 +1,972 @@
+"""Rendezvous speed: clusterbook's elastic rendezvous side by side with torch elastic's (c10d).
+
+Four parts, in one run:
+
+1. Latency of one round for N processes already started (min = max = N): from the release of
+   the waiting processes to the moment every one of them holds its rank. clusterbook: a
+   ``StoreServer`` here, one ``TcpBackend`` + ``RendezvousHandler`` per process. torch: a
+   master ``TCPStore`` here, one c10d ``DynamicRendezvousHandler`` per process. Goal:
+   clusterbook at least 20x faster than torch at every N.
+2. Last-call excess (min 2, max 4, two processes, last call 0.5 s): how long after the end of the
+   last call (the moment the second node joined + 0.5 s) every process holds its rank.
+   Goal <= 20 ms for clusterbook (torch's figure for information).
+3. Failure detection with real agents (``clusterbook worker join``) of an elastic cluster
+   (``Cluster.elastic(3, 3)``): SIGKILL one, time until the head's status says ``lost``
+   (goal <= 0.5 s); SIGSTOP one, the same (expected: keep-alive 1 s x 3).
+4. 1,000 simulated nodes complete one round in one process against ``MemoryBackend``.
+   Goal < 2 s.
+
+    python benchmarks/rendezvous.py [--sizes 2,4,8,16,32,64] [--repeat 3] [--no-torch]
+
+Parts 1 and 2 start, per library, one pool of max(sizes) worker processes (this script with
+--worker) before any timing, and reuse them: a round uses the first N. Before each round every
+process imports nothing more: it makes its store client (connected: clusterbook's ``TcpBackend``
+reads the store once, as torch's ``TCPStore`` client connects when made) and its handler, says
+it is ready, and blocks on its stdin; the release writes to every stdin. Each process reports
+``time.time()`` when ``next_rendezvous()`` returned; a round lasts from the release to the
+latest of those. The libraries take turns round by round; both use keep-alive 1 s x 3 and
+127.0.0.1 everywhere (no name is ever resolved).
+
+torch is not a dependency of clusterbook: its figures appear when this interpreter can import
+torch (for instance a separate venv with torch and clusterbook installed), else a note says
+so. The exit status is 1 when a goal is missed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import importlib.util
+import io
+import json
+import os
+import selectors
+import shlex
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import traceback
+import uuid
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Protocol
+
+GOAL_SPEEDUP = 20.0
+GOAL_LAST_CALL_EXCESS = 0.020
+GOAL_KILL = 0.5
+GOAL_SIMULATED = 2.0
+LAST_CALL = 0.5  # part 2
+SIM_NODES = 1_000  # part 4
+KEEP_ALIVE_INTERVAL = 1.0  # both libraries: heartbeat every second, dead after 3 missed
+KEEP_ALIVE_ATTEMPTS = 3
+JOIN_TIMEOUT = 120.0  # of a round; generous: a round that takes this long is a failure
+START_TIMEOUT = 600.0  # for a pool of worker processes to import their library
+REPLY_TIMEOUT = 120.0  # for a worker to answer a command
+SETTLE = 0.1  # pause between "every process is ready" and the release
+LOCAL = "127.0.0.1"  # never a host name: nothing may reverse-resolve anything
+
+
+# --- worker processes ------------------------------------------------------------------------
+#
+# A worker is this script run with --worker LIB. It imports LIB, then follows JSON-line
+# commands on stdin and answers on its original stdout (its own output goes to a log file):
+#   {"cmd": "setup", "spec": {...}} -> {"ok": "ready"}   build the store client and the handler
+#   {"cmd": "go"}                   -> {"ok": "done", "rank", "world_size", "t"}  (t: time.time())
+#   {"cmd": "leave"}                -> {"ok": "left"}    leave the rendezvous, drop the handler
+#   {"cmd": "quit"}                 -> exits
+# Any failure answers {"error": traceback} and exits.
+
+
+class Node(Protocol):
+    """One node's side of a rendezvous, in a worker process."""
+
+    def setup(self, spec: dict[str, Any]) -> None: ...
+
+    def rendezvous(self) -> tuple[int, int]: ...
+
+    def leave(self) -> None: ...
+
+
+class ClusterbookNode:
+    """A ``TcpBackend`` to the parent's ``StoreServer`` and a ``RendezvousHandler``."""
+
+    def __init__(self, name: str) -> None:
+        from clusterbook.rendezvous.backends.tcp import TcpBackend
+        from clusterbook.rendezvous.handler import RendezvousHandler
+
+        self.name = name
+        self.handler: RendezvousHandler | None = None
+        self.backend: TcpBackend | None = None
+
+    def setup(self, spec: dict[str, Any]) -> None:
+        from clusterbook.rendezvous.api import RendezvousSettings, RendezvousTimeout
+        from clusterbook.rendezvous.backends.tcp import TcpBackend, read_secret
+        from clusterbook.rendezvous.handler import RendezvousHandler
+
+        settings = RendezvousSettings(
+            run_id=spec["run_id"],
+            min_nodes=spec["min_nodes"],
+            max_nodes=spec["max_nodes"],
+            timeout=RendezvousTimeout(join=JOIN_TIMEOUT, last_call=spec["last_call"]),
+            keep_alive_interval=KEEP_ALIVE_INTERVAL,
+            keep_alive_max_attempt=KEEP_ALIVE_ATTEMPTS,
+        )
+        secret = read_secret(spec["secret_file"])
+        self.backend = TcpBackend(spec["store"], secret, node=self.name)
+        self.backend.get_state()  # connect now, as torch's TCPStore client does when made
+        self.handler = RendezvousHandler(self.backend, settings, self.name)
+
+    def rendezvous(self) -> tuple[int, int]:
+        assert self.handler is not None
+        info = self.handler.next_rendezvous()
+        return info.rank, info.world_size
+
+    def leave(self) -> None:
+        if self.handler is not None:
+            self.handler.shutdown()
+        if self.backend is not None:
+            self.backend.close()
+        self.handler = self.backend = None
+
+
+class TorchNode:
+    """A c10d backend (a ``TCPStore`` client of the parent's master store) and torch's
+    ``DynamicRendezvousHandler``, made as ``create_handler`` makes them, but with timeouts in
+    fractions of a second (``create_handler`` reads whole seconds)."""
+
+    def __init__(self, name: str) -> None:
+        import torch.distributed.elastic.rendezvous.dynamic_rendezvous  # noqa: F401
+
+        self.name = name
+        self.handler: Any = None
+
+    def setup(self, spec: dict[str, Any]) -> None:
+        from datetime import timedelta
+
+        from torch.distributed.elastic.rendezvous import RendezvousParameters
+        from torch.distributed.elastic.rendezvous.c10d_rendezvous_backend import create_backend
+        from torch.distributed.elastic.rendezvous.dynamic_rendezvous import (
+            DynamicRendezvousHandler,
+            RendezvousTimeout,
+        )
+
+        params = RendezvousParameters(
+            backend="c10d",
+            endpoint=spec["store"],
+            run_id=spec["run_id"],
+            min_nodes=spec["min_nodes"],
+            max_nodes=spec["max_nodes"],
+            local_addr=LOCAL,
+            is_host=False,
+            read_timeout=int(JOIN_TIMEOUT),
+        )
+        backend, store = create_backend(params)
+        self.handler = DynamicRendezvousHandler.from_backend(
+            run_id=spec["run_id"],
+            store=store,
+            backend=backend,
+            min_nodes=spec["min_nodes"],
+            max_nodes=spec["max_nodes"],
+            local_addr=LOCAL,
+            timeout=RendezvousTimeout(
+                join=timedelta(seconds=JOIN_TIMEOUT),
+                last_call=timedelta(seconds=spec["last_call"]),
+            ),
+            keep_alive_interval=KEEP_ALIVE_INTERVAL,
+            keep_alive_max_attempt=KEEP_ALIVE_ATTEMPTS,
+        )
+
+    def rendezvous(self) -> tuple[int, int]:
+        info = self.handler.next_rendezvous()
+        return info.rank, info.world_size
+
+    def leave(self) -> None:
+        if self.handler is not None:
+            self.handler.shutdown()
+        self.handler = None
+
+
+def worker_main(lib: str, index: int, log: str) -> int:
+    """The loop of a worker process (see the protocol above)."""
+    answers = os.fdopen(os.dup(1), "w", buffering=1)
+    out = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+    os.dup2(out, 1)
+    os.dup2(out, 2)
+    os.close(out)
+
+    def answer(**message: Any) -> None:
+        answers.write(json.dumps(message) + "\n")
+
+    try:
+        t0 = time.perf_counter()
+        name = f"node-{index:03d}"
+        node: Node = ClusterbookNode(name) if lib == "clusterbook" else TorchNode(name)
+        answer(ok="up", import_s=time.perf_counter() - t0)
+        for line in sys.stdin:
+            command = json.loads(line)
+            cmd = command["cmd"]
+            if cmd == "setup":
+                node.setup(command["spec"])
+                answer(ok="ready")
+            elif cmd == "go":
+                rank, size = node.rendezvous()
+                answer(ok="done", t=time.time(), rank=rank, world_size=size)
+            elif cmd == "leave":
+                node.leave()
+                answer(ok="left")
+            elif cmd == "quit":
+                break
+    except BaseException:
+        answer(error=traceback.format_exc())
+        return 1
+    return 0
+
+
+# --- the parent's side of the workers --------------------------------------------------------
+
+
+class WorkerError(RuntimeError):
+    """A worker failed, died or did not answer in time."""
+
+
+@dataclass
+class Worker:
+    proc: subprocess.Popen[bytes]
+    index: int
+    log: Path
+
+    def send(self, **command: Any) -> None:
+        assert self.proc.stdin is not None
+        self.proc.stdin.write(json.dumps(command).encode() + b"\n")
+        self.proc.stdin.flush()
+
+    def tail(self, lines: int = 15) -> str:
+        try:
+            return "\n".join(self.log.read_text(errors="replace").splitlines()[-lines:])
+        except OSError:
+            return ""
+
+
+def gather(workers: list[Worker], expect: str, timeout: float) -> dict[int, dict[str, Any]]:
+    """One answer ``expect`` from every worker (index -> answer), within ``timeout``."""
+    answers: dict[int, dict[str, Any]] = {}
+    deadline = time.monotonic() + timeout
+    with selectors.DefaultSelector() as selector:
+        for w in workers:
+            assert w.proc.stdout is not None
+            selector.register(w.proc.stdout, selectors.EVENT_READ, w)
+        while len(answers) < len(workers):
+            left = deadline - time.monotonic()
+            if left <= 0:
+                missing = sorted(w.index for w in workers if w.index not in answers)
+                raise WorkerError(f"no {expect!r} within {timeout:g} s from workers {missing}")
+            for key, _ in selector.select(left):
+                w = key.data
+                line = w.proc.stdout.readline()
+                selector.unregister(key.fileobj)
+                if not line:
+                    raise WorkerError(
+                        f"worker {w.index} exited ({w.proc.poll()}) before {expect!r}:\n{w.tail()}"
+                    )
+                message = json.loads(line)
+                if "error" in message:
+                    raise WorkerError(f"worker {w.index} failed:\n{message['error']}")
+                if message.get("ok") != expect:
+                    raise WorkerError(f"worker {w.index} answered {message}, not {expect!r}")
+                answers[w.index] = message
+    return answers
+
+
+@dataclass
+class Round:
+    """One rendezvous round: when it was released and when each process held its rank."""
+
+    released: float
+    done: list[float]
+
+    @property
+    def latency(self) -> float:
+        return max(self.done) - self.released
+
+
+class Pool:
+    """``size`` started worker processes of one library, reused round after round."""
+
+    def __init__(self, lib: str, size: int, workdir: Path) -> None:
+        self.lib = lib
+        self.size = size
+        self.workdir = workdir
+        self.workers: list[Worker] = []
+        self.import_s: float = 0.0
+
+    def start(self) -> float:
+        """Start every worker and wait until each imported its library; returns seconds."""
+        t0 = time.perf_counter()
+        script = str(Path(__file__).resolve())
+        for i in range(self.size):
+            log = self.workdir / f"{self.lib}-{i:03d}.log"
+            argv = [sys.executable, script, "--worker", self.lib, "--index", str(i)]
+            proc = subprocess.Popen(
+                [*argv, "--log", str(log)],
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.DEVNULL,
+                cwd=self.workdir,
+                start_new_session=True,  # a Ctrl-C here reaches only this process
+            )
+            self.workers.append(Worker(proc, i, log))
+        answers = gather(self.workers, "up", START_TIMEOUT)
+        self.import_s = statistics.median(a["import_s"] for a in answers.values())
+        return time.perf_counter() - t0
+
+    def round(self, n: int, spec: dict[str, Any]) -> Round:
+        """Set up the first ``n`` workers, release them at once, and time the round."""
+        workers = self.workers[:n]
+        for w in workers:
+            w.send(cmd="setup", spec=spec)
+        gather(workers, "ready", REPLY_TIMEOUT)
+        time.sleep(SETTLE)
+        released = time.time()
+        for w in workers:
+            w.send(cmd="go")
+        answers = gather(workers, "done", JOIN_TIMEOUT + REPLY_TIMEOUT)
+        for w in workers:  # only once all are done: leaving costs CPU the others would miss
+            w.send(cmd="leave")
+        gather(workers, "left", REPLY_TIMEOUT)
+        ranks = sorted(a["rank"] for a in answers.values())
+        sizes = {a["world_size"] for a in answers.values()}
+        if ranks != list(range(n)) or sizes != {n}:
+            raise WorkerError(f"{self.lib}: bad round: ranks {ranks}, world sizes {sizes}")
+        return Round(released, [a["t"] for a in answers.values()])
+
+    def close(self) -> None:
+        """Ask every worker to quit; kill those that do not within a few seconds."""
+        for w in self.workers:
+            with contextlib.suppress(OSError, ValueError):
+                w.send(cmd="quit")
+                assert w.proc.stdin is not None
+                w.proc.stdin.close()
+        deadline = time.monotonic() + 10.0
+        for w in self.workers:
+            try:
+                w.proc.wait(timeout=max(0.1, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                w.proc.kill()
+                w.proc.wait()
+            if w.proc.stdout is not None:
+                w.proc.stdout.close()
+        self.workers = []
+
+
+# --- the stores, on the parent's side --------------------------------------------------------
+
+
+class Library(Protocol):
+    """How the parent serves one library's rendezvous store and reads its state."""
+
+    name: str
+
+    def store_for(self, run_id: str) -> contextlib.AbstractContextManager[str]: ...
+
+    def deadline_watch(
+        self, store: str, run_id: str
+    ) -> contextlib.AbstractContextManager[Callable[[], float | None]]: ...
+
+
+class Clusterbook:
+    """A fresh ``StoreServer`` per round, wired like the elastic head's (a node whose connection
+    drops is removed at once)."""
+
+    name = "clusterbook"
+
+    def __init__(self, workdir: Path) -> None:
+        from clusterbook.rendezvous.backends.tcp import write_secret
+
+        self.secret_file = workdir / "token"
+        self.secret = write_secret(self.secret_file)
+
+    @contextlib.contextmanager
+    def store_for(self, run_id: str) -> Iterator[str]:
+        from clusterbook.rendezvous.api import RendezvousSettings
+        from clusterbook.rendezvous.backends.tcp import StoreServer
+        from clusterbook.rendezvous.ops import remove_node
+        from clusterbook.rendezvous.state import decode, encode
+
+        settings = RendezvousSettings(run_id, 1, 1)  # remove_node reads min_nodes only
+
+        def on_lost(node: str, blob: bytes) -> bytes | None:
+            state = decode(blob)
+            if node not in state.last_heartbeats:
+                return None
+            return encode(remove_node(state, node, settings))
+
+        server = StoreServer(LOCAL, 0, secret=self.secret, on_lost=on_lost)
+        try:
+            server.start()
+            yield server.url
+        finally:
+            server.close()
+
+    @contextlib.contextmanager
+    def deadline_watch(self, store: str, run_id: str) -> Iterator[Callable[[], float | None]]:
+        from clusterbook.rendezvous.api import RendezvousError
+        from clusterbook.rendezvous.backends.tcp import TcpBackend
+        from clusterbook.rendezvous.state import decode
+
+        seen: list[float] = []
+        stop = threading.Event()
+        backend = TcpBackend(store, self.secret)
+
+        def follow() -> None:
+            token = None
+            while not stop.is_set():
+                try:
+                    current = backend.watch(token, 0.05)
+                except RendezvousError:
+                    return
+                if current is not None and current[1] != token:
+                    token = current[1]
+                    deadline = decode(current[0]).deadline
+                    if deadline is not None:
+                        seen.append(deadline)
+
+        thread = threading.Thread(target=follow, name="deadline-watch", daemon=True)
+        thread.start()
+        try:
+            yield lambda: seen[-1] if seen else None
+        finally:
+            stop.set()
+            thread.join(5.0)
+            backend.close()
+
+
+class Torch:
+    """One master ``TCPStore`` here (multi-tenant), one key per run id."""
+
+    name = "torch"
+
+    def __init__(self) -> None:
+        from torch.distributed import TCPStore
+
+        self.master = TCPStore(LOCAL, 0, is_master=True, multi_tenant=True, wait_for_workers=False)
+        self.endpoint = f"{LOCAL}:{self.master.port}"
+
+    @contextlib.contextmanager
+    def store_for(self, run_id: str) -> Iterator[str]:
+        yield self.endpoint
+
+    @contextlib.contextmanager
+    def deadline_watch(self, store: str, run_id: str) -> Iterator[Callable[[], float | None]]:
+        import pickle
+
+        from torch.distributed.elastic.rendezvous.c10d_rendezvous_backend import (
+            C10dRendezvousBackend,
+        )
+
+        seen: list[float] = []
+        stop = threading.Event()
+        backend = C10dRendezvousBackend(self.master, run_id)
+
+        def poll() -> None:  # torch's store has no watch: read its state every 2 ms
+            while not stop.wait(0.002):
+                current = backend.get_state()
+                if current is not None:
+                    state = pickle.loads(current[0])  # noqa: S301 - torch's own state, our store
+                    if state.deadline is not None:
+                        seen.append(state.deadline.timestamp())
+
+        thread = threading.Thread(target=poll, name="deadline-poll", daemon=True)
+        thread.start()
+        try:
+            yield lambda: seen[-1] if seen else None
+        finally:
+            stop.set()
+            thread.join(5.0)
+
+
+def spec_for(store: str, run_id: str, lib: Library, **settings: Any) -> dict[str, Any]:
+    spec = {"store": store, "run_id": run_id, **settings}
+    if isinstance(lib, Clusterbook):
+        spec["secret_file"] = str(lib.secret_file)
+    return spec
+
+
+def one_round(
+    pool: Pool, lib: Library, n: int, min_nodes: int, max_nodes: int, last_call: float
+) -> Round:
+    run_id = f"bench-{n}-{uuid.uuid4().hex[:8]}"
+    with lib.store_for(run_id) as store:
+        spec = spec_for(
+            store, run_id, lib, min_nodes=min_nodes, max_nodes=max_nodes, last_call=last_call
+        )
+        return pool.round(n, spec)
+
+
+def last_call_round(pool: Pool, lib: Library) -> float:
+    """Part 2: seconds from the end of the last call to the last process holding its rank."""
+    run_id = f"bench-last-call-{uuid.uuid4().hex[:8]}"
+    with lib.store_for(run_id) as store, lib.deadline_watch(store, run_id) as deadline:
+        spec = spec_for(store, run_id, lib, min_nodes=2, max_nodes=4, last_call=LAST_CALL)
+        result = pool.round(2, spec)
+        end_of_last_call = deadline()
+    if end_of_last_call is None:
+        raise WorkerError(f"{lib.name}: the store never showed a last-call deadline")
+    return max(result.done) - end_of_last_call
+
+
+# --- part 3: failure detection with real agents ----------------------------------------------
+
+
+def detection_trial(
+    sig: signal.Signals, workdir: Path, trial: int, timeout: float
+) -> tuple[float, float]:
+    """Seconds from sending ``sig`` to one of 3 agents until the head's status says lost, and
+    the same from the victim's last heartbeat before the signal."""
+    import clusterbook as cb
+
+    run_dir = workdir / f"detect-{sig.name}-{trial}"
+    cluster = cb.Cluster.elastic(3, 3, run_dir=run_dir, last_call=0.5)
+    agents: list[subprocess.Popen[bytes]] = []
+    try:
+        with contextlib.redirect_stdout(io.StringIO()):  # the join command it prints
+            cluster.start()
+        assert cluster.join_command is not None
+        # The join command without its program name: run the CLI with this Python.
+        join = [sys.executable, "-m", "clusterbook.cli", *shlex.split(cluster.join_command)[1:]]
+        for i in range(3):
+            log = (run_dir / f"agent-n{i}.log").open("wb")
+            with log:
+                agents.append(
+                    subprocess.Popen(
+                        [*join, "--node-id", f"n{i}", "--slots", "1"],
+                        stdout=subprocess.DEVNULL,
+                        stderr=log,
+                        start_new_session=True,
+                    )
+                )
+        cluster.wait_ready(timeout=60)
+        time.sleep(1.5)  # every agent has heartbeated since the round completed
+
+        def victim() -> tuple[str, float]:
+            """n1's state and heartbeat age in the head's status."""
+            frame = cluster.status().set_index("node")
+            return frame.at["n1", "state"], frame.at["n1", "heartbeat_age"]
+
+        state, age = victim()
+        if state != "joined":
+            raise WorkerError(f"n1 is {state}, not joined, before {sig.name}")
+        t0 = time.monotonic()
+        agents[1].send_signal(sig)
+        while victim()[0] != "lost":
+            if time.monotonic() - t0 > timeout:
+                raise WorkerError(f"n1 not lost {timeout:g} s after {sig.name}")
+            time.sleep(0.002)
+        took = time.monotonic() - t0
+        return took, took + age
+    finally:
+        for proc in agents[1:2]:  # the victim first: a stopped agent never leaves by itself
+            if proc.poll() is None:
+                proc.send_signal(signal.SIGCONT)
+                proc.kill()
+        cluster.stop()  # closes the rendezvous: the others leave and exit
+        for proc in agents:
+            try:
+                proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+
+
+# --- part 4: many simulated nodes ------------------------------------------------------------
+
+
+def simulate(nodes: int) -> tuple[float, int]:
+    """Every node in turn reads the store, decides (ops) and writes, until all hold a rank.
+    Returns (seconds, store writes)."""
+    from clusterbook.rendezvous.api import RendezvousSettings, RendezvousTimeout
+    from clusterbook.rendezvous.backends.memory import MemoryBackend
+    from clusterbook.rendezvous.ops import (
+        MUTATING_ACTIONS,
+        Action,
+        apply,
+        join_action,
+        rank_of,
+        sanitize,
+    )
+    from clusterbook.rendezvous.state import RendezvousState, decode, encode
+
+    settings = RendezvousSettings(
+        "simulated",
+        nodes,
+        nodes,
+        timeout=RendezvousTimeout(join=600.0, last_call=600.0),
+        keep_alive_interval=600.0,  # simulated time moves 0.1 ms a step: no heartbeat falls due
+        keep_alive_max_attempt=3,
+    )
+    names = [f"node-{i:04d}" for i in range(nodes)]
+    backend = MemoryBackend()
+    t0 = time.perf_counter()
+    now = time.time()
+    deadline = now + settings.timeout.join
+    ranks: dict[str, int] = {}
+    pending, writes = names, 0
+    for _ in range(5):
+        still = []
+        for node in pending:
+            now += 1e-4
+            current = backend.get_state()
+            state = RendezvousState() if current is None else decode(current[0])
+            token = None if current is None else current[1]
+            state = sanitize(state, settings, now)
+            action = join_action(state, node, settings, now, deadline)
+            if action is Action.FINISH:
+                rank = rank_of(state, node)
+                assert rank is not None
+                ranks[node] = rank
+                continue
+            if action in MUTATING_ACTIONS:
+                new = apply(action, state, node, settings, now)
+                if not backend.set_state(encode(new), token)[2]:
+                    raise AssertionError("a lone writer lost a compare-and-set")
+                writes += 1
+            still.append(node)
+        pending = still
+        if not pending:
+            break
+    elapsed = time.perf_counter() - t0
+    if pending or ranks != {node: i for i, node in enumerate(names)}:
+        raise AssertionError(f"the simulated round did not complete ({len(pending)} pending)")
+    return elapsed, writes
+
+
+# --- reporting -------------------------------------------------------------------------------
+
+
+def ms(seconds: float) -> str:
+    return f"{seconds * 1000:.1f}"
+
+
+def verdict(ok: bool) -> str:
+    return "PASS" if ok else "MISS"
+
+
+@dataclass
+class Results:
+    ok: bool = True
+    notes: list[str] = field(default_factory=list)
+
+    def check(self, ok: bool) -> str:
+        self.ok &= ok
+        return verdict(ok)
+
+
+def table(title: str, header: list[str], rows: list[list[str]]) -> None:
+    widths = [max(len(r[i]) for r in [header, *rows]) for i in range(len(header))]
+    print(f"\n{title}")
+    print("  " + "  ".join(h.rjust(w) for h, w in zip(header, widths, strict=True)))
+    print("  " + "  ".join("-" * w for w in widths))
+    for row in rows:
+        print("  " + "  ".join(c.rjust(w) for c, w in zip(row, widths, strict=True)))
+
+
+def spread(times: list[float]) -> str:
+    return f"{ms(min(times))}-{ms(max(times))}"
+
+
+# --- the run ---------------------------------------------------------------------------------
+
+
+def torch_status(wanted: bool) -> tuple[bool, str]:
+    if not wanted:
+        return False, "torch skipped (--no-torch)"
+    if importlib.util.find_spec("torch") is None:
+        return False, f"torch is not installed for {sys.executable}: clusterbook figures only"
+    import torch
+
+    return True, f"torch {torch.__version__}"
+
+
+def part1_and_2(
+    sizes: list[int], torch_sizes: list[int], repeat: int, warmup: int, workdir: Path, res: Results
+) -> None:
+    libs: list[tuple[Library, Pool]] = []
+    try:
+        cb_lib = Clusterbook(workdir)
+        cb_pool = Pool("clusterbook", max(sizes), workdir)
+        libs.append((cb_lib, cb_pool))
+        took = cb_pool.start()
+        print(
+            f"\nclusterbook: {cb_pool.size} worker processes up in {took:.1f} s "
+            f"(import {ms(cb_pool.import_s)} ms each)"
+        )
+        if torch_sizes:
+            torch_lib = Torch()
+            torch_pool = Pool("torch", max(torch_sizes), workdir)
+            libs.append((torch_lib, torch_pool))
+            took = torch_pool.start()
+            print(
+                f"torch: {torch_pool.size} worker processes up in {took:.1f} s "
+                f"(import {ms(torch_pool.import_s)} ms each)"
+            )
+
+        # Part 1. Warm-up rounds with the whole pool (first calls import and allocate), then,
+        # per N, the libraries take turns round after round.
+        for lib, pool in libs:
+            for _ in range(warmup):
+                one_round(pool, lib, pool.size, pool.size, pool.size, 1.0)
+        latencies: dict[str, dict[int, list[float]]] = {lib.name: {} for lib, _ in libs}
+        for n in sizes:
+            for r in range(repeat):
+                turn = libs if r % 2 == 0 else libs[::-1]
+                for lib, pool in turn:
+                    if lib.name == "torch" and n not in torch_sizes:
+                        continue
+                    result = one_round(pool, lib, n, n, n, 1.0)
+                    latencies[lib.name].setdefault(n, []).append(result.latency)
+            cb_times = latencies["clusterbook"][n]
+            line = f"  N={n:<3} clusterbook {ms(statistics.median(cb_times))} ms"
+            if n in latencies.get("torch", {}):
+                line += f", torch {ms(statistics.median(latencies['torch'][n]))} ms"
+            print(line, flush=True)
+
+        rows = []
+        for n in sizes:
+            cb_times = latencies["clusterbook"][n]
+            cb_median = statistics.median(cb_times)
+            torch_times = latencies.get("torch", {}).get(n)
+            if torch_times:
+                torch_median = statistics.median(torch_times)
+                speedup = torch_median / cb_median
+                rows.append(
+                    [
+                        str(n),
+                        ms(cb_median),
+                        spread(cb_times),
+                        ms(torch_median),
+                        spread(torch_times),
+                        f"{speedup:.1f}x",
+                        res.check(speedup >= GOAL_SPEEDUP),
+                    ]
+                )
+            else:
+                rows.append([str(n), ms(cb_median), spread(cb_times), "-", "-", "-", "n/a"])
+        table(
+            f"Part 1. Rendezvous latency, N processes already started, min = max = N "
+            f"(median of {repeat}; ms from release until every process holds its rank; "
+            f"goal: torch/clusterbook >= {GOAL_SPEEDUP:g}x)",
+            [
+                "N",
+                "clusterbook",
+                "(min-max)",
+                "torch",
+                "(min-max)",
+                "torch/clusterbook",
+                "goal",
+            ],
+            rows,
+        )
+        skipped = [n for n in sizes if n not in torch_sizes]
+        if libs[1:] and skipped:
+            print(f"  torch not run at N = {', '.join(map(str, skipped))} (--torch-max-size)")
+
+        # Part 2.
+        excess: dict[str, list[float]] = {lib.name: [] for lib, _ in libs}
+        for r in range(repeat):
+            for lib, pool in libs if r % 2 == 0 else libs[::-1]:
+                excess[lib.name].append(last_call_round(pool, lib))
+        rows = []
+        for lib, _ in libs:
+            times = excess[lib.name]
+            median = statistics.median(times)
+            if lib.name == "clusterbook":
+                goal = f"<= {ms(GOAL_LAST_CALL_EXCESS)}"
+                result = res.check(median <= GOAL_LAST_CALL_EXCESS)
+            else:
+                goal, result = "(info)", ""
+            rows.append([lib.name, ms(median), spread(times), goal, result])
+        table(
+            f"Part 2. Last-call excess: min 2, max 4, 2 processes, last call {LAST_CALL:g} s "
+            f"(median of {repeat}; ms from the end of the last call until both hold their rank)",
+            ["library", "excess", "(min-max)", "goal", "result"],
+            rows,
+        )
+    finally:
+        for _, pool in libs:
+            pool.close()
+
+
+def part3(repeat: int, workdir: Path, res: Results) -> None:
+    import clusterbook as cb
+
+    trials: dict[signal.Signals, list[tuple[float, float]]] = {}
+    try:
+        for sig in (signal.SIGKILL, signal.SIGSTOP):
+            trials[sig] = [detection_trial(sig, workdir, i, timeout=30.0) for i in range(repeat)]
+    except cb.LauncherNotFoundError as exc:
+        print(f"\nPart 3 skipped: Cluster.start() needs an MPI launcher here ({exc})")
+        res.notes.append("part 3 not run: no MPI launcher")
+        return
+    dead_after = KEEP_ALIVE_INTERVAL * KEEP_ALIVE_ATTEMPTS
+    rows = []
+    for sig, label in (
+        (signal.SIGKILL, "SIGKILL (connection lost)"),
+        (signal.SIGSTOP, "SIGSTOP (heartbeats stop)"),
+    ):
+        took = [t for t, _ in trials[sig]]
+        since_beat = [t for _, t in trials[sig]]
+        median = statistics.median(took)
+        if sig is signal.SIGKILL:
+            goal, result = f"<= {ms(GOAL_KILL)}", res.check(median <= GOAL_KILL)
+        else:
+            goal, result = f"~{ms(dead_after)} (info)", ""
+        rows.append(
+            [
+                label,
+                ms(median),
+                spread(took),
+                "-" if sig is signal.SIGKILL else ms(statistics.median(since_beat)),
+                goal,
+                result,
+            ]
+        )
+    table(
+        f"Part 3. Failure detection: 3 agents of Cluster.elastic(3, 3), keep-alive "
+        f"{KEEP_ALIVE_INTERVAL:g} s x {KEEP_ALIVE_ATTEMPTS} (median of {repeat}; ms from the "
+        "signal, and from the victim's last heartbeat, until the head's status says lost)",
+        ["signal", "detected", "(min-max)", "after last beat", "goal", "result"],
+        rows,
+    )
+
+
+def part4(repeat: int, res: Results) -> None:
+    runs = [simulate(SIM_NODES) for _ in range(repeat)]
+    times = [t for t, _ in runs]
+    median = statistics.median(times)
+    table(
+        f"Part 4. {SIM_NODES:,} simulated nodes complete one round in one process "
+        f"(MemoryBackend, ops driven directly; median of {repeat})",
+        ["nodes", "seconds", "(min-max)", "store writes", "goal", "result"],
+        [
+            [
+                f"{SIM_NODES:,}",
+                f"{median:.3f}",
+                f"{min(times):.3f}-{max(times):.3f}",
+                str(runs[0][1]),
+                f"< {GOAL_SIMULATED:g} s",
+                res.check(median < GOAL_SIMULATED),
+            ]
+        ],
+    )
+
+
+def leftover_children() -> list[str]:
+    """Kill and name any child process still alive (there should be none)."""
+    import psutil
+
+    left = []
+    for child in psutil.Process().children(recursive=True):
+        with contextlib.suppress(psutil.Error):
+            left.append(f"{child.pid} {' '.join(child.cmdline())[:80]}")
+            child.kill()
+    return left
+
+
+def sizes_arg(text: str) -> list[int]:
+    try:
+        sizes = [int(s) for s in text.split(",") if s.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"not a comma-separated list of numbers: {text!r}"
+        ) from None
+    if not sizes or min(sizes) < 2:
+        raise argparse.ArgumentTypeError("every size must be >= 2")
+    return sorted(set(sizes))
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0],
+        epilog="Parts: 1 latency at N, 2 last-call excess, 3 failure detection, "
+        "4 1,000 simulated nodes.",
+    )
+    parser.add_argument(
+        "--sizes",
+        type=sizes_arg,
+        default=sizes_arg("2,4,8,16,32,64"),
+        help="process counts of part 1 (default 2,4,8,16,32,64)",
+    )
+    parser.add_argument("--repeat", type=int, default=3, help="rounds per figure (default 3)")
+    parser.add_argument(
+        "--warmup", type=int, default=1, help="uncounted rounds per library first (default 1)"
+    )
+    parser.add_argument(
+        "--torch",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="also measure torch elastic, when importable (default: yes)",
+    )
+    parser.add_argument(
+        "--torch-max-size",
+        type=int,
+        default=None,
+        help="run torch only at sizes up to this (its processes are heavy); default: all",
+    )
+    parser.add_argument("--parts", default="1,2,3,4", help="which parts to run (default 1,2,3,4)")
+    parser.add_argument("--worker", choices=["clusterbook", "torch"], help=argparse.SUPPRESS)
+    parser.add_argument("--index", type=int, default=0, help=argparse.SUPPRESS)
+    parser.add_argument("--log", default=os.devnull, help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.worker:
+        return worker_main(args.worker, args.index, args.log)
+    if args.repeat < 1 or args.warmup < 0:
+        parser.error("--repeat must be >= 1 and --warmup >= 0")
+    parts = {p.strip() for p in args.parts.split(",")}
+    if not parts <= {"1", "2", "3", "4"}:
+        parser.error("--parts takes numbers among 1,2,3,4")
+
+    import clusterbook
+
+    has_torch, torch_note = torch_status(args.torch)
+    torch_sizes = [
+        n
+        for n in args.sizes
+        if has_torch and (args.torch_max_size is None or n <= args.torch_max_size)
+    ]
+    started = time.perf_counter()
+    print(
+        f"clusterbook {clusterbook.__version__}, {torch_note}; Python {sys.version.split()[0]}, "
+        f"{os.cpu_count()} CPUs; sizes {','.join(map(str, args.sizes))}, repeat {args.repeat}"
+    )
+    res = Results()
+    left: list[str] = []
+    try:
+        with tempfile.TemporaryDirectory(prefix="cb-rendezvous-") as tmp:
+            workdir = Path(tmp)
+            if parts & {"1", "2"}:
+                part1_and_2(args.sizes, torch_sizes, args.repeat, args.warmup, workdir, res)
+            if "3" in parts:
+                part3(args.repeat, workdir, res)
+            if "4" in parts:
+                part4(args.repeat, res)
+    finally:
+        left = leftover_children()
+    if not has_torch:
+        print(f"\nNote: {torch_note}. Part 1 has no torch/clusterbook ratio without torch.")
+    for note in res.notes:
+        print(f"Note: {note}")
+    if left:
+        print(f"\nChild processes left behind (now killed): {'; '.join(left)}")
+        res.ok = False
+    else:
+        print("\nNo child process left behind.")
+    print(f"Total {time.perf_counter() - started:.0f} s: {'every goal met' if res.ok else 'MISS'}")
+    return 0 if res.ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
