@@ -14,7 +14,7 @@ import weakref
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from clusterbook.errors import ClusterStateError, ConfigError
 from clusterbook.events import Subscribers
@@ -513,6 +513,15 @@ class Cluster:
             f"<Cluster {self.name!r} {self.kind} {self._state}: {len(self.nodes)} nodes, "
             f"{self.total_slots} slots{launcher}>"
         )
+
+    def _repr_mimebundle_(self, **kwargs: Any) -> dict[str, Any] | None:
+        """In a notebook, a cluster shows itself as a live widget (the Jupyter layer is
+        imported here, on display, never at import)."""
+        try:
+            from clusterbook_widgets import display_cluster
+        except ImportError:  # no Jupyter layer installed: plain repr
+            return None
+        return display_cluster(self)._repr_mimebundle_(**kwargs)
 
     def _require_running(self, what: str) -> None:
         if self._state == "created":

@@ -1,11 +1,30 @@
-"""The Jupyter layer of clusterbook (``%load_ext clusterbook`` lands here)."""
+"""The Jupyter layer of clusterbook: live widgets, the log viewer and the magics.
+
+``%load_ext clusterbook`` (or ``%load_ext clusterbook_widgets``) registers the magics; the
+widgets import ipywidgets only when used.
+"""
 
 from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["load_ipython_extension"]
+from clusterbook_widgets.cluster_widget import ClusterWidget, display_cluster
+from clusterbook_widgets.log_viewer import LogViewer
+from clusterbook_widgets.throttle import Scheduler, ThreadScheduler, Throttle
+
+__all__ = [
+    "ClusterWidget",
+    "LogViewer",
+    "Scheduler",
+    "ThreadScheduler",
+    "Throttle",
+    "display_cluster",
+    "load_ipython_extension",
+]
 
 
 def load_ipython_extension(ipython: Any) -> None:
-    """Register clusterbook's magics with ``ipython``."""
+    """Register clusterbook's magics (``%cluster``, ``%%mpirun``) with ``ipython``."""
+    from clusterbook_widgets.magics import ClusterMagics
+
+    ipython.register_magics(ClusterMagics)

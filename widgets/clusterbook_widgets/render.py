@@ -1,0 +1,321 @@
+"""Pure functions that render cluster snapshots and log records to HTML.
+
+Nothing here imports ipywidgets or touches a live cluster: each function takes immutable values
+(:class:`~clusterbook.status.ClusterSnapshot`, :class:`~clusterbook.launch.logs.LogRecord`)
+and returns a string, so the widgets only assign it and tests need no frontend. Node names,
+hosts, argv and log lines are user data and always pass through :func:`html.escape`. Only the
+fields of a snapshot are rendered; nothing from job environments or token files ever is.
+"""
+
+from __future__ import annotations
+
+import html
+import re
+import shlex
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+from clusterbook.launch.logs import LAUNCHER_RANK, LogRecord
+from clusterbook.status import ClusterSnapshot, JobStatus, NodeStatus
+
+__all__ = [
+    "STATE_COLOURS",
+    "filter_records",
+    "render_header",
+    "render_jobs",
+    "render_lines",
+    "render_nodes",
+    "render_progress",
+]
+
+#: Badge colour of every node, job and cluster state.
+STATE_COLOURS: dict[str, str] = {
+    # nodes
+    "pending": "#b7791f",
+    "ready": "#2f855a",
+    "joined": "#2f855a",
+    "running": "#2b6cb0",
+    "lost": "#c53030",
+    "left": "#718096",
+    # jobs
+    "succeeded": "#2f855a",
+    "failed": "#c53030",
+    "timed out": "#c05621",
+    "cancelled": "#718096",
+    # clusters
+    "created": "#718096",
+    "stopping": "#b7791f",
+    "stopped": "#718096",
+}
+_OTHER_COLOUR = "#4a5568"
+_STDERR_COLOUR = "#c53030"
+_UP = frozenset({"ready", "joined", "running"})
+_GONE = frozenset({"lost", "left"})
+_ARGV_CHARS = 160
+
+_TABLE = 'style="border-collapse:collapse;font-size:12px;margin:2px 0"'
+_TH = 'style="text-align:left;padding:2px 10px 2px 0;border-bottom:1px solid #cbd5e0"'
+_TD = 'style="padding:2px 10px 2px 0;border-bottom:1px solid #edf2f7"'
+_MUTED = 'style="color:#718096"'
+_FAILED = f'style="color:{STATE_COLOURS["failed"]};font-weight:bold"'
+
+
+def _e(value: object) -> str:
+    return html.escape(str(value), quote=True)
+
+
+def _badge(state: str) -> str:
+    colour = STATE_COLOURS.get(state, _OTHER_COLOUR)
+    slug = re.sub(r"[^a-z0-9]+", "-", state.lower()).strip("-") or "unknown"
+    return (
+        f'<span class="cb-state cb-state-{slug}" style="color:#fff;background:{colour};'
+        f'padding:0 6px;border-radius:8px;white-space:nowrap">{_e(state)}</span>'
+    )
+
+
+def _seconds(value: float | None) -> str:
+    if value is None:
+        return "—"
+    if value < 60:
+        return f"{value:.1f} s"
+    minutes, seconds = divmod(int(value), 60)
+    if minutes < 60:
+        return f"{minutes}m {seconds:02d}s"
+    hours, minutes = divmod(minutes, 60)
+    return f"{hours}h {minutes:02d}m"
+
+
+def _bytes(value: float) -> str:
+    size = float(value)
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if abs(size) < 1024 or unit == "TiB":
+            return f"{size:.0f} {unit}" if unit == "B" else f"{size:.1f} {unit}"
+        size /= 1024
+    raise AssertionError("unreachable")
+
+
+def _memory(node: NodeStatus) -> Any:
+    # NodeStatus has no memory field today; providers that report one may add it.
+    return getattr(node, "memory", None)
+
+
+def _table(headers: Sequence[str], rows: Iterable[Sequence[str]], cls: str) -> str:
+    head = "".join(f"<th {_TH}>{_e(h)}</th>" for h in headers)
+    body = "".join("<tr>" + "".join(f"<td {_TD}>{c}</td>" for c in row) + "</tr>" for row in rows)
+    return (
+        f'<table class="{cls}" {_TABLE}><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>'
+    )
+
+
+def _empty(cls: str, text: str) -> str:
+    return f'<div class="{cls} cb-empty" {_MUTED}>{_e(text)}</div>'
+
+
+# -- cluster ---------------------------------------------------------------------------------
+
+
+def render_header(snapshot: ClusterSnapshot) -> str:
+    """One line about the cluster: name, kind, state, rendezvous round, world size, uptime.
+
+    The round is the newest round any node is in ("—" when no node reports one); the world
+    size counts the slots of nodes that have not been lost or left.
+    """
+    rounds = [n.round for n in snapshot.nodes if n.round is not None]
+    active = [n for n in snapshot.nodes if n.state not in _GONE]
+    slots = sum(n.slots for n in active)
+    parts = [
+        f"<b>{_e(snapshot.name)}</b>",
+        _e(snapshot.kind),
+        _badge(snapshot.state),
+        f"round {max(rounds) if rounds else '—'}",
+        f"world size {slots} ({len(active)} node{'' if len(active) == 1 else 's'})",
+        f"up {_seconds(snapshot.uptime)}",
+    ]
+    return '<div class="cb-header">' + " · ".join(parts) + "</div>"
+
+
+def render_progress(
+    snapshot: ClusterSnapshot,
+    min_nodes: int | None = None,
+    max_nodes: int | None = None,
+    last_call_left: float | None = None,
+) -> str:
+    """A bar of how many nodes are up, against ``min_nodes``/``max_nodes`` for an elastic
+    cluster (else against every node that has not been lost or left), with the nodes still
+    waiting and, when given, the seconds left before the rendezvous' last call closes."""
+    if min_nodes is not None and max_nodes is not None and min_nodes > max_nodes:
+        raise ValueError(
+            f"min_nodes ({min_nodes}) must be less than or equal to max_nodes ({max_nodes})."
+        )
+    up = sum(1 for n in snapshot.nodes if n.state in _UP)
+    waiting = sum(1 for n in snapshot.nodes if n.state == "pending")
+    if min_nodes is None and max_nodes is None:
+        need = target = sum(1 for n in snapshot.nodes if n.state not in _GONE)
+        text = f"{up} of {target} nodes ready" if target else "no nodes yet"
+    else:
+        low = min_nodes if min_nodes is not None else 1
+        high = max_nodes if max_nodes is not None else low
+        need, target = low, high
+        text = f"{up} nodes joined (min {low}, max {high})"
+        if up < low:
+            text += f", {low - up} more needed"
+    if waiting:
+        text += f", {waiting} waiting"
+    if last_call_left is not None:
+        text += f"; last call closes in {max(0.0, last_call_left):.1f} s"
+    pct = 100.0 if target == 0 and up else (min(100.0, 100.0 * up / target) if target else 0.0)
+    colour = STATE_COLOURS["ready"] if up >= need and up else STATE_COLOURS["pending"]
+    return (
+        '<div class="cb-progress" style="display:flex;align-items:center;gap:8px">'
+        '<div style="width:200px;height:10px;background:#edf2f7;border-radius:5px;overflow:hidden">'
+        f'<div class="cb-progress-bar" style="width:{pct:.0f}%;height:100%;background:{colour}">'
+        f'</div></div><span class="cb-progress-text">{_e(text)}</span></div>'
+    )
+
+
+def render_nodes(snapshot: ClusterSnapshot) -> str:
+    """A table of the nodes: name, host, slots, state (coloured), ranks of the running job,
+    heartbeat age, load, and memory when a node reports it."""
+    if not snapshot.nodes:
+        return _empty("cb-nodes", "No nodes yet.")
+    with_memory = any(_memory(n) is not None for n in snapshot.nodes)
+    headers = ["Node", "Host", "Slots", "State", "Ranks", "Heartbeat", "Load"]
+    if with_memory:
+        headers.append("Memory")
+    rows = []
+    for n in snapshot.nodes:
+        ranks = ",".join(str(r) for r in n.ranks)
+        row = [
+            _e(n.name),
+            _e(n.host),
+            _e(n.slots),
+            _badge(n.state),
+            _e(f"{ranks} ({n.job})" if ranks and n.job else ranks),
+            "—" if n.heartbeat_age is None else f"{n.heartbeat_age:.1f} s ago",
+            "—" if n.load is None else _e(f"{n.load:.2f}"),
+        ]
+        if with_memory:
+            memory = _memory(n)
+            if memory is None:
+                row.append("—")
+            elif isinstance(memory, (int, float)):
+                row.append(_bytes(memory))
+            else:
+                row.append(_e(memory))
+        rows.append(row)
+    return _table(headers, rows, "cb-nodes")
+
+
+def _job_order(jobs: Sequence[JobStatus]) -> list[JobStatus]:
+    running = [j for j in jobs if j.state == "running"]
+    finished = [j for j in reversed(jobs) if j.state != "running"]
+    return running + finished
+
+
+def render_jobs(snapshot: ClusterSnapshot) -> str:
+    """A table of the jobs, running ones first, then finished ones newest first: id, np,
+    command, state (coloured), exit code, duration and failed ranks."""
+    if not snapshot.jobs:
+        return _empty("cb-jobs", "No jobs yet.")
+    rows = []
+    for j in _job_order(snapshot.jobs):
+        command = shlex.join(j.argv)
+        shown = command if len(command) <= _ARGV_CHARS else command[: _ARGV_CHARS - 1] + "…"
+        failed = ", ".join(str(r) for r in j.failed_ranks)
+        rows.append(
+            [
+                _e(j.id),
+                _e(j.np),
+                f'<code title="{_e(command)}">{_e(shown)}</code>',
+                _badge(j.state),
+                "—" if j.returncode is None else _e(j.returncode),
+                _seconds(j.duration),
+                f'<span class="cb-failed" {_FAILED}>{_e(failed)}</span>' if failed else "—",
+            ]
+        )
+    headers = ["Job", "np", "Command", "State", "Exit code", "Duration", "Failed ranks"]
+    return _table(headers, rows, "cb-jobs")
+
+
+# -- logs ------------------------------------------------------------------------------------
+
+
+def _as_set(value: Any) -> frozenset[Any] | None:
+    if value is None:
+        return None
+    if isinstance(value, (str, int)):
+        return frozenset([value])
+    return frozenset(value)
+
+
+def filter_records(
+    records: Iterable[LogRecord],
+    *,
+    rank: int | Iterable[int] | None = None,
+    host: str | Iterable[str] | None = None,
+    search: str = "",
+) -> list[LogRecord]:
+    """The records of ``rank`` (one or several; None: all, -1: the launcher) on ``host``
+    (one or several; None: all) whose line contains ``search`` (case-insensitive)."""
+    ranks, hosts = _as_set(rank), _as_set(host)
+    needle = search.casefold()
+    return [
+        r
+        for r in records
+        if (ranks is None or r.rank in ranks)
+        and (hosts is None or r.host in hosts)
+        and (not needle or needle in r.line.casefold())
+    ]
+
+
+def _highlight(text: str, pattern: re.Pattern[str] | None) -> str:
+    if pattern is None:
+        return _e(text)
+    out, pos = [], 0
+    for m in pattern.finditer(text):
+        out.append(_e(text[pos : m.start()]))
+        out.append(f"<mark>{_e(m.group())}</mark>")
+        pos = m.end()
+    out.append(_e(text[pos:]))
+    return "".join(out)
+
+
+def render_lines(
+    records: Iterable[LogRecord],
+    *,
+    rank: int | Iterable[int] | None = None,
+    host: str | Iterable[str] | None = None,
+    search: str = "",
+    limit: int = 2000,
+) -> str:
+    """The newest ``limit`` records that pass :func:`filter_records`, oldest first, each
+    tagged with its rank and host; stderr lines are red (class ``cb-err``), search matches
+    are marked."""
+    if limit < 0:
+        raise ValueError(f"limit ({limit}) must be 0 or more.")
+    records = list(records)
+    if not records:
+        return _empty("cb-log", "No output yet.")
+    matched = filter_records(records, rank=rank, host=host, search=search)
+    if not matched:
+        return _empty("cb-log", "No matching lines.")
+    shown = matched[-limit:] if limit else []
+    pattern = re.compile(re.escape(search), re.IGNORECASE) if search else None
+    lines = []
+    if len(shown) < len(matched):
+        hidden = len(matched) - len(shown)
+        lines.append(f'<div class="cb-more" {_MUTED}>… {hidden} earlier lines not shown</div>')
+    for r in shown:
+        who = "launcher" if r.rank == LAUNCHER_RANK else f"rank {r.rank}"
+        tag = f'<span class="cb-tag" {_MUTED}>[{_e(who)}@{_e(r.host)}]</span> '
+        if r.stream == "stderr":
+            lines.append(
+                f'<div class="cb-line cb-err" style="color:{_STDERR_COLOUR}">'
+                f"{tag}{_highlight(r.line, pattern)}</div>"
+            )
+        else:
+            lines.append(f'<div class="cb-line cb-out">{tag}{_highlight(r.line, pattern)}</div>')
+    return (
+        '<div class="cb-log" style="font-family:monospace;font-size:12px;white-space:pre-wrap;'
+        'word-break:break-all">' + "".join(lines) + "</div>"
+    )
