@@ -65,5 +65,7 @@ def test_sigkill_of_the_parent_kills_the_job_within_two_seconds(mpi_python, tmp_
     finally:
         driver.kill()
         driver.wait(timeout=10)
+        if driver.stdout is not None:
+            driver.stdout.close()
         for p in processes_mentioning(str(script)) + processes_mentioning(f"/{name}?"):
             p.kill()

@@ -8,7 +8,8 @@ launcher's own output forwarding (so it works across hosts too):
 - ``<RS>CB exit CODE`` when it ends (128+N when killed by signal N).
 
 It survives the signals mpirun forwards (which reach the program as well, being sent to the
-process group) so that it can still report the program's exit code.
+process group) so that it can still report the program's exit code; the shell's own
+"Terminated" notice is silenced (the exit code says it).
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ trap : TERM INT HUP QUIT USR1 USR2
 "$@" <&0 &
 c=$!
 printf '\\036CB start %s %s\\n' "$h" "$c" >&2
-while :; do wait "$c"; r=$?; kill -0 "$c" 2>/dev/null || break; done
+while :; do wait "$c" 2>/dev/null; r=$?; kill -0 "$c" 2>/dev/null || break; done
 printf '\\036CB exit %s\\n' "$r" >&2
 exit "$r"
 """

@@ -1,0 +1,576 @@
+"""``%cluster`` and ``%%mpirun``: the pure parts, then the magics in a real IPython shell with
+real local clusters and the venv's Open MPI."""
+
+from __future__ import annotations
+
+import contextlib
+import importlib.util
+import os
+import pickle
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import psutil
+import pytest
+from IPython.testing.globalipapp import start_ipython
+from IPython.utils.capture import capture_output
+
+import clusterbook as cb
+from clusterbook.launch.result import RankFailure
+from clusterbook_widgets.magics import ClusterMagics
+from clusterbook_widgets.mpirun_cell import (
+    ArgsError,
+    HelpRequested,
+    MpirunArgs,
+    OutputFilter,
+    build_script,
+    failure_report,
+    group_errors,
+    last_traceback,
+    parse_cluster_args,
+    parse_mpirun_args,
+    rank_list,
+)
+from tests.conftest import processes_mentioning, wait_gone
+
+RULE = "-" * 74
+TB = (
+    "Traceback (most recent call last):",
+    '  File "<mpirun cell 1>", line 2, in <module>',
+    "    raise ValueError('boom')",
+    "ValueError: boom",
+)
+
+# -- argument parsing -------------------------------------------------------------------------
+
+
+def test_mpirun_args_parsed() -> None:
+    args = parse_mpirun_args("-n 2 --timeout 1.5 --push a,b --push c,a --pull y --oversubscribe")
+    assert args == MpirunArgs(np=2, timeout=1.5, push=("a", "b", "c"), pull="y", oversubscribe=True)
+    assert parse_mpirun_args("") == MpirunArgs()
+
+
+@pytest.mark.parametrize(
+    ("line", "said"),
+    [
+        ("-n 0", "-n must be >= 1, got 0"),
+        ("-n x", "-n must be a whole number >= 1, got 'x'"),
+        ("-n -3", "-n must be >= 1, got -3"),
+        ("-n", "expected one argument"),
+        ("--pull 1bad", "'1bad' is not a Python variable name"),
+        ("--pull class", "'class' is not a Python variable name"),
+        ("--push a,,b", "'' is not a Python variable name"),
+        ("--timeout 0", "timeout must be a number of seconds > 0, got '0'"),
+        ("--timeout nan", "timeout must be a number of seconds > 0, got 'nan'"),
+        ("--frob", "unrecognized arguments: --frob"),
+        ("--time 3", "unrecognized arguments: --time 3"),  # no abbreviations
+        ("-n '2", "No closing quotation"),
+    ],
+)
+def test_bad_mpirun_args_say_what_and_how(line: str, said: str) -> None:
+    with pytest.raises(ArgsError) as info:
+        parse_mpirun_args(line)
+    assert info.value.message.startswith("%%mpirun: ")
+    assert said in info.value.message
+    assert info.value.usage.startswith("usage: %%mpirun [-h] [-n N] [--timeout S]")
+
+
+def test_mpirun_help_is_text_not_an_exit() -> None:
+    with pytest.raises(HelpRequested) as info:
+        parse_mpirun_args("--help")
+    assert "--pull NAME" in info.value.text
+    assert "usage: %%mpirun" in info.value.text
+
+
+def test_cluster_args_parsed() -> None:
+    local = parse_cluster_args("local --workers 3 --slots 2")
+    assert (local.command, local.workers, local.slots) == ("local", 3, 2)
+    assert parse_cluster_args("local").workers == 1
+    ssh = parse_cluster_args(
+        "ssh node1:4 10.0.0.2 --user me --identity '~/my key' --port 2222 --accept-new-host-keys"
+    )
+    assert ssh.hosts == ["node1:4", "10.0.0.2"]
+    assert (ssh.user, ssh.identity, ssh.port) == ("me", "~/my key", 2222)
+    assert ssh.accept_new_host_keys is True
+    assert parse_cluster_args("ssh h").accept_new_host_keys is False
+    assert parse_cluster_args("status").command == "status"
+    assert parse_cluster_args("stop").command == "stop"
+
+
+@pytest.mark.parametrize(
+    ("line", "said"),
+    [
+        ("", "required"),
+        ("start", "invalid choice: 'start'"),
+        ("local --workers 0", "--workers must be >= 1"),
+        ("local --slots two", "--slots must be a whole number"),
+        ("ssh", "required: HOST[:SLOTS]"),
+        ("ssh h --port 0", "--port must be >= 1"),
+    ],
+)
+def test_bad_cluster_args(line: str, said: str) -> None:
+    with pytest.raises(ArgsError) as info:
+        parse_cluster_args(line)
+    assert said in info.value.message
+    assert "usage: %cluster" in info.value.usage
+
+
+# -- the rank script --------------------------------------------------------------------------
+
+
+def run_script(
+    tmp_path: Path, cell: str, rank: int = 1, **kw: object
+) -> subprocess.CompletedProcess:
+    script = tmp_path / "cell.py"
+    script.write_text(build_script(cell, filename="<mpirun cell 7>", **kw))  # type: ignore[arg-type]
+    env = {**os.environ, "OMPI_COMM_WORLD_RANK": str(rank)}
+    return subprocess.run(
+        [sys.executable, str(script)],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=tmp_path,
+        timeout=30,
+    )
+
+
+def test_script_pushes_and_pulls(tmp_path: Path) -> None:
+    push = tmp_path / "push.pkl"
+    push.write_bytes(pickle.dumps({"x": [1, 2], "word": "hi"}))
+    (tmp_path / "pull").mkdir()
+    tricky = "s = '''a\\\\b\"\"\" \u00e9'''\n"  # quotes, a backslash, non-ASCII: kept as they are
+    cell = tricky + "import os\ny = (x, word, s, os.environ['OMPI_COMM_WORLD_RANK'])\nprint(y)\n"
+    done = run_script(
+        tmp_path, cell, push_file=str(push), pull="y", pull_dir=str(tmp_path / "pull")
+    )
+    assert done.returncode == 0, done.stderr
+    value = ([1, 2], "hi", 'a\\b""" \u00e9', "1")
+    assert done.stdout == f"{value}\n"
+    assert pickle.loads((tmp_path / "pull" / "rank-1.pkl").read_bytes()) == value  # noqa: S301
+    assert not list((tmp_path / "pull").glob("*.part"))
+
+
+def test_script_imports_from_the_working_directory(tmp_path: Path) -> None:
+    (tmp_path / "mymod.py").write_text("VALUE = 42\n")
+    sub = tmp_path / "cells"
+    sub.mkdir()
+    script = sub / "cell.py"
+    script.write_text(build_script("import mymod\nprint(mymod.VALUE)\n", filename="<c>"))
+    done = subprocess.run(
+        [sys.executable, str(script)], capture_output=True, text=True, cwd=tmp_path, timeout=30
+    )
+    assert done.stdout == "42\n", done.stderr
+
+
+def test_script_traceback_is_the_cells_own(tmp_path: Path) -> None:
+    t0 = time.monotonic()
+    done = run_script(tmp_path, "a = 1\nraise ValueError(f'boom {a}')\n", error_grace=0.4)
+    assert time.monotonic() - t0 >= 0.4  # other ranks failing alike get time to report
+    assert done.returncode == 1
+    lines = done.stderr.splitlines()
+    assert lines == [
+        "Traceback (most recent call last):",
+        '  File "<mpirun cell 7>", line 2, in <module>',
+        "    raise ValueError(f'boom {a}')",
+        "ValueError: boom 1",
+    ]
+
+
+def test_script_pull_of_an_undefined_name_fails(tmp_path: Path) -> None:
+    (tmp_path / "pull").mkdir()
+    done = run_script(tmp_path, "z = 1\n", pull="y", pull_dir=str(tmp_path / "pull"))
+    assert done.returncode == 1
+    assert "--pull y: name 'y' is not defined on rank 1" in done.stderr
+    assert not list((tmp_path / "pull").iterdir())
+
+
+def test_script_of_an_empty_cell_runs(tmp_path: Path) -> None:
+    done = run_script(tmp_path, "")
+    assert (done.returncode, done.stdout, done.stderr) == (0, "", "")
+
+
+# -- what is shown ----------------------------------------------------------------------------
+
+
+def feed_all(f: OutputFilter, rank: int, lines: list[str], stream: str = "stderr") -> list[str]:
+    return [out for line in lines for out in f.feed(rank, stream, line)]
+
+
+def test_filter_holds_tracebacks_and_passes_the_rest() -> None:
+    f = OutputFilter()
+    assert feed_all(f, 0, ["hello", *TB]) == ["hello"]
+    assert f.tracebacks == {}  # a chained exception may still follow
+    assert f.feed(0, "stderr", "after") == ["after"]
+    assert f.tracebacks == {0: [TB]}
+    # stdout is never held, whatever it looks like
+    assert feed_all(f, 1, list(TB), stream="stdout") == list(TB)
+
+
+def test_filter_keeps_chained_exceptions_in_one_block() -> None:
+    chained = [
+        *TB,
+        "",
+        "During handling of the above exception, another exception occurred:",
+        "",
+        "Traceback (most recent call last):",
+        '  File "<mpirun cell 1>", line 4, in <module>',
+        "KeyError: 'k'",
+    ]
+    f = OutputFilter()
+    assert feed_all(f, 2, chained) == []
+    assert f.finish() == {}
+    assert f.tracebacks == {2: [tuple(chained)]}
+
+
+def test_filter_releases_blank_lines_after_a_traceback() -> None:
+    f = OutputFilter()
+    assert feed_all(f, 0, [*TB, "", "next"]) == ["", "next"]
+    assert f.tracebacks == {0: [TB]}
+
+
+def test_filter_drops_abort_banners_but_not_others() -> None:
+    f = OutputFilter()
+    abort = [RULE, "MPI_ABORT was invoked on rank 1 in communicator MPI_COMM_WORLD", RULE]
+    assert feed_all(f, 1, abort) == []
+    launcher = [RULE, "prterun has exited due to process rank 1 with PID 0 on node vm calling"]
+    assert feed_all(f, -1, [*launcher, '"abort". This may have caused other processes', RULE]) == []
+    other = [RULE, "prterun noticed that process rank 0 exited on signal 9 (Killed).", RULE]
+    assert feed_all(f, -1, other) == other
+    assert feed_all(f, -1, [RULE, "cut short"]) == []
+    assert f.finish() == {(-1, "stderr"): [RULE, "cut short"]}
+
+
+def test_filter_reads_a_traceback_around_a_banner_inside_it() -> None:
+    # Open MPI's abort banner travels apart from the rank's stderr and may arrive mid-way.
+    abort = [RULE, "MPI_ABORT was invoked on rank 0 in communicator MPI_COMM_WORLD", RULE]
+    f = OutputFilter()
+    assert feed_all(f, 0, [TB[0], *abort, *TB[1:], "Terminated"]) == ["Terminated"]
+    assert f.tracebacks == {0: [TB]}
+
+
+def test_filter_records_an_unfinished_traceback_at_the_end() -> None:
+    f = OutputFilter()
+    assert feed_all(f, 3, list(TB[:2])) == []
+    f.finish()
+    assert f.tracebacks == {3: [TB[:2]]}
+
+
+def test_filter_hides_the_runner_frames_of_stack_dumps() -> None:
+    f = OutputFilter(runner="/run/cell.py")
+    dump = [
+        "Current thread 0x00007f (most recent call first):",
+        '  File "<mpirun cell 3>", line 3 in <module>',
+        '  File "/run/cell.py", line 21 in _clusterbook_cell',
+    ]
+    assert feed_all(f, 0, dump) == dump[:2]
+
+
+def test_identical_tracebacks_are_grouped_by_rank() -> None:
+    other = (*TB[:3], "ValueError: other")
+    groups = group_errors({1: [TB], 0: [TB], 3: [other], 2: [TB, TB]})
+    assert [(g.ranks, g.lines) for g in groups] == [((0, 1, 2), TB), ((3,), other)]
+    assert groups[0].render() == ["Error on ranks 0-2:", *TB]
+
+
+@pytest.mark.parametrize(
+    ("ranks", "text"),
+    [([3], "rank 3"), ([1, 0], "ranks 0, 1"), ([0, 1, 2, 3, 7, 9, 10], "ranks 0-3, 7, 9, 10")],
+)
+def test_rank_list(ranks: list[int], text: str) -> None:
+    assert rank_list(ranks) == text
+
+
+def test_last_traceback_of_last_lines() -> None:
+    assert last_traceback(["x", *TB, "Terminated"]) == TB
+    assert last_traceback(["x", "y"]) is None
+
+
+def test_failure_report_shows_each_error_once() -> None:
+    failed = [
+        RankFailure(0, "vm", 1, ("out", *TB, RULE)),  # its traceback only in its last lines
+        RankFailure(2, "vm", 3, ("bye",)),
+        RankFailure(3, "vm", 3, ()),
+    ]
+    report = failure_report({1: [TB]}, failed)
+    assert report == ["Error on ranks 0, 1:", *TB, "Ranks 2, 3 exited with code 3."]
+    assert failure_report({}, []) == []
+
+
+# -- the magics, for real ---------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def ip():  # type: ignore[no-untyped-def]
+    return start_ipython()
+
+
+def cluster_processes(before: set[int]) -> list[psutil.Process]:
+    """Live descendants of this process that were not there before (but the session's guard,
+    which watches every job for as long as the kernel lives)."""
+    found = []
+    for p in psutil.Process().children(recursive=True):
+        try:
+            if p.pid in before or p.status() == psutil.STATUS_ZOMBIE:
+                continue
+            if not any(arg.endswith("_reaper.py") for arg in p.cmdline()):
+                found.append(p)
+        except psutil.Error:
+            continue
+    return found
+
+
+@pytest.fixture
+def magics(ip, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[ClusterMagics]:  # type: ignore[no-untyped-def]
+    """The magics on the test shell, with run directories under ``tmp_path``; no process of
+    any cluster may be left afterwards."""
+    monkeypatch.setenv("CLUSTERBOOK_RUN_ROOT", str(tmp_path))
+    before = {p.pid for p in psutil.Process().children(recursive=True)}
+    m = ClusterMagics(ip)
+    ip.register_magics(m)
+    yield m
+    m.stop_cluster()
+    deadline = time.monotonic() + 5
+    while (left := cluster_processes(before)) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    left += wait_gone(str(tmp_path), timeout=0.5)
+    names = []
+    for p in left:
+        with contextlib.suppress(psutil.Error):
+            names.append(p.cmdline())
+            p.kill()
+    assert not left, f"processes left after the test: {names}"
+
+
+@pytest.fixture
+def cluster(magics: ClusterMagics, openmpi_python: str, tmp_path: Path) -> cb.Cluster:
+    """A started local cluster of one node with two slots, current in ``magics``."""
+    magics.cluster = cb.Cluster.local(1, 2, python=openmpi_python, run_dir=tmp_path / "run")
+    return magics.cluster.start()
+
+
+def test_mpirun_streams_every_rank_with_its_prefix(ip, cluster: cb.Cluster) -> None:  # type: ignore[no-untyped-def]
+    cell = "import sys\nfrom mpi4py import MPI\nr = MPI.COMM_WORLD.Get_rank()\n"
+    cell += "print('hello from', r)\nprint('note', r, file=sys.stderr)\n"
+    with capture_output() as out:
+        ip.run_cell_magic("mpirun", "-n 2", cell)
+    assert "[0] hello from 0\n" in out.stdout
+    assert "[1] hello from 1\n" in out.stdout
+    assert "[0] note 0\n" in out.stderr
+    assert "[1] note 1\n" in out.stderr
+    assert "note" not in out.stdout
+    (job,) = cluster.jobs
+    assert job.result is not None
+    assert job.result.ok
+    assert job.np == 2
+    script = (cluster.run_dir / "cells" / "cell-0001" / "cell.py").read_text()
+    assert repr("print('hello from', r)\n") in script  # the cell, in the cluster's run dir
+
+
+def test_push_makes_variables_visible_on_every_rank(ip, cluster: cb.Cluster) -> None:  # type: ignore[no-untyped-def]
+    ip.user_ns["x"] = {"alpha": [1, 2, 3]}
+    ip.user_ns["k"] = 7
+    cell = "import os\nprint('got', x['alpha'], k, os.environ['OMPI_COMM_WORLD_RANK'])\n"
+    with capture_output() as out:
+        ip.run_cell_magic("mpirun", "-n 2 --push x,k", cell)
+    assert "[0] got [1, 2, 3] 7 0\n" in out.stdout
+    assert "[1] got [1, 2, 3] 7 1\n" in out.stdout
+    push = next((cluster.run_dir / "cells").glob("*/push.pkl"))
+    assert push.stat().st_mode & 0o777 == 0o600  # notebook values are nobody else's
+
+
+def test_push_of_an_undefined_name_says_so(ip, magics: ClusterMagics) -> None:  # type: ignore[no-untyped-def]
+    ip.user_ns.pop("nothing_here", None)
+    with capture_output() as out:
+        ip.run_cell_magic("mpirun", "-n 1 --push nothing_here", "print(1)")
+    assert "--push: nothing_here not defined in the notebook" in out.stderr
+    assert magics.cluster is None  # nothing was started for a cell that cannot run
+
+
+def test_pull_sets_the_ranks_values_in_rank_order(ip, cluster: cb.Cluster) -> None:  # type: ignore[no-untyped-def]
+    ip.user_ns.pop("y", None)
+    cell = "from mpi4py import MPI\nr = MPI.COMM_WORLD.Get_rank()\n"
+    cell += "y = {'rank': r, 'sq': (r + 3) ** 2}\n"
+    with capture_output() as out:
+        ip.run_cell_magic("mpirun", "-n 2 --pull y", cell)
+    assert out.stderr == ""
+    assert ip.user_ns["y"] == [{"rank": 0, "sq": 9}, {"rank": 1, "sq": 16}]
+
+
+def test_an_error_on_both_ranks_is_shown_once_with_its_ranks(ip, cluster: cb.Cluster) -> None:  # type: ignore[no-untyped-def]
+    ip.user_ns.pop("y", None)
+    cell = "from mpi4py import MPI\nMPI.COMM_WORLD.Barrier()\n"
+    cell += "def f():\n    raise ValueError('boom on purpose')\nf()\ny = 1\n"
+    with capture_output() as out:
+        ip.run_cell_magic("mpirun", "-n 2 --pull y", cell)
+    err = out.stderr
+    assert err.count("ValueError: boom on purpose") == 1, err
+    assert err.count("Traceback (most recent call last):") == 1, err
+    assert "Error on ranks 0, 1:\nTraceback (most recent call last):\n" in err
+    assert '  File "<mpirun cell 1>", line 5, in <module>\n    f()\n' in err
+    assert "MPI_ABORT" not in err  # the launcher's banner says nothing the error does not
+    assert "--pull y: not set, the job did not succeed." in err
+    assert "y" not in ip.user_ns
+    (job,) = cluster.jobs
+    assert job.result is not None
+    assert not job.result.ok
+
+
+def test_timeout_shows_each_ranks_stack_and_stops(ip, cluster: cb.Cluster) -> None:  # type: ignore[no-untyped-def]
+    cell = "import time\nprint('waiting', flush=True)\nwhile True:\n    time.sleep(0.1)\n"
+    t0 = time.monotonic()
+    with capture_output() as out:
+        ip.run_cell_magic("mpirun", "-n 2 --timeout 2", cell)
+    assert time.monotonic() - t0 < 15
+    err = out.stderr
+    for rank in (0, 1):
+        assert f"[{rank}] Current thread 0x" in err, err
+        assert f'[{rank}]   File "<mpirun cell 1>", line 4 in <module>' in err
+    assert "most recent call first" in err
+    assert "_clusterbook_cell" not in err  # the runner's own frames are not the user's
+    assert "%%mpirun: timed out after 2 s" in err
+    (job,) = cluster.jobs
+    assert job.result is not None
+    assert job.result.timed_out
+    assert processes_mentioning(str(cluster.run_dir / "cells")) == []
+
+
+def test_interrupt_cancels_the_job_and_propagates(ip, cluster: cb.Cluster, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    started = tmp_path / "started"
+    cell = f"import time\nopen({str(started)!r}, 'a').close()\ntime.sleep(120)\n"
+
+    def interrupt() -> None:  # what the notebook's stop button does to the kernel
+        deadline = time.monotonic() + 20
+        while not started.exists() and time.monotonic() < deadline:
+            time.sleep(0.02)
+        os.kill(os.getpid(), signal.SIGINT)
+
+    threading.Thread(target=interrupt, daemon=True).start()
+    t0 = time.monotonic()
+    with capture_output() as out, pytest.raises(KeyboardInterrupt):
+        ip.run_cell_magic("mpirun", "-n 2", cell)
+    assert time.monotonic() - t0 < 20
+    assert started.exists()
+    (job,) = cluster.jobs
+    assert job.done
+    assert job.result is not None
+    assert job.result.cancelled
+    assert "interrupted; job-0001 was cancelled" in out.stderr
+    assert processes_mentioning(str(cluster.run_dir / "cells")) == []
+
+
+@pytest.mark.parametrize(
+    ("line", "said"),
+    [
+        ("-n 0", "-n must be >= 1, got 0"),
+        ("-n x", "-n must be a whole number >= 1, got 'x'"),
+        ("--pull 1bad", "'1bad' is not a Python variable name"),
+        ("--frob", "unrecognized arguments: --frob"),
+    ],
+)
+def test_bad_mpirun_arguments_print_usage_not_a_traceback(
+    ip, magics: ClusterMagics, line: str, said: str
+) -> None:  # type: ignore[no-untyped-def]
+    with capture_output() as out:
+        result = ip.run_cell_magic("mpirun", line, "print('should not run')")
+    assert result is None
+    assert out.stderr.startswith("usage: %%mpirun [-h] [-n N]")
+    assert said in out.stderr
+    assert "Traceback" not in out.stderr + out.stdout
+    assert "should not run" not in out.stdout
+    assert magics.cluster is None
+
+
+def test_a_syntax_error_is_told_once_and_nothing_runs(ip, magics: ClusterMagics) -> None:  # type: ignore[no-untyped-def]
+    with capture_output() as out:
+        ip.run_cell_magic("mpirun", "-n 2", "x = (\n")
+    assert "SyntaxError" in out.stderr
+    assert "Traceback" not in out.stderr
+    assert magics.cluster is None
+
+
+def test_mpirun_without_a_cluster_starts_a_local_one(ip, magics: ClusterMagics) -> None:  # type: ignore[no-untyped-def]
+    with capture_output() as out:
+        ip.run_cell_magic("mpirun", "-n 1", "print('alone')")
+    assert "[0] alone\n" in out.stdout
+    assert out.stdout.startswith("Started <Cluster ")
+    assert magics.cluster is not None
+    assert magics.cluster.kind == "local"
+    assert magics.cluster.state == "running"
+
+
+def test_too_many_ranks_is_a_message(ip, cluster: cb.Cluster) -> None:  # type: ignore[no-untyped-def]
+    with capture_output() as out:
+        ip.run_cell_magic("mpirun", "-n 3", "print(1)")
+    assert out.stderr.startswith("%%mpirun: np=3 is more than the cluster's 2 slots")
+    assert "Traceback" not in out.stderr
+    assert cluster.jobs == []
+
+
+def test_cluster_local_status_stop(ip, magics: ClusterMagics) -> None:  # type: ignore[no-untyped-def]
+    with capture_output() as out:
+        ip.run_line_magic("cluster", "local --workers 1 --slots 2")
+    first = magics.cluster
+    assert first is not None
+    assert first.state == "running"
+    assert out.stdout == f"Started {first!r}.\n"
+    assert [n.slots for n in first.nodes] == [2]
+
+    with capture_output() as out:  # a bad new cluster leaves the current one alone
+        ip.run_line_magic("cluster", "ssh -- -evil:2")
+    assert out.stderr.startswith("%cluster: Host '-evil' starts with '-'")
+    assert "Traceback" not in out.stderr
+    assert magics.cluster is first
+    assert first.state == "running"
+
+    with capture_output() as out:
+        ip.run_line_magic("cluster", "status")
+    (shown,) = out.outputs
+    if importlib.util.find_spec("clusterbook_widgets.cluster_widget") is None:
+        assert "local-0" in shown.data["text/plain"]
+    else:  # the live widget stands in for the table
+        assert "application/vnd.jupyter.widget-view+json" in shown.data
+        assert first.name in shown.data["text/plain"]
+
+    with capture_output() as out:
+        ip.run_line_magic("cluster", "local --workers 1 --slots 1")
+    second = magics.cluster
+    assert second is not first
+    assert second is not None
+    assert first.state == "stopped"  # a new cluster replaces the old one
+    assert f"Stopped cluster {first.name!r}." in out.stdout
+
+    with capture_output() as out:
+        ip.run_line_magic("cluster", "stop")
+    assert out.stdout == f"Stopped cluster {second.name!r}.\n"
+    assert second.state == "stopped"
+    assert magics.cluster is None
+
+    with capture_output() as out:
+        ip.run_line_magic("cluster", "status")
+        ip.run_line_magic("cluster", "stop")
+    assert out.stdout == (
+        "No cluster is running; start one with %cluster local --workers 2.\nNo cluster to stop.\n"
+    )
+
+
+@pytest.mark.parametrize(
+    ("line", "said"),
+    [
+        ("", "usage: %cluster"),
+        ("launch", "invalid choice: 'launch'"),
+        ("local --workers 0", "--workers must be >= 1"),
+        ("ssh", "HOST[:SLOTS]"),
+    ],
+)
+def test_bad_cluster_arguments_print_usage(ip, magics: ClusterMagics, line: str, said: str) -> None:  # type: ignore[no-untyped-def]
+    with capture_output() as out:
+        ip.run_line_magic("cluster", line)
+    assert out.stderr.startswith("usage: %cluster")
+    assert said in out.stderr
+    assert "Traceback" not in out.stderr
+    assert magics.cluster is None

@@ -1,0 +1,294 @@
+"""``%cluster`` and ``%%mpirun``: the notebook's cluster, and cells run as MPI programs on it.
+
+Loaded on request (``%load_ext clusterbook``). The parsing, the rank script and the grouping of
+errors are pure functions in :mod:`clusterbook_widgets.mpirun_cell`; this module does the I/O.
+"""
+
+from __future__ import annotations
+
+import os
+import pickle
+import sys
+import traceback
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from IPython.core.magic import Magics, cell_magic, line_magic, magics_class
+from IPython.display import display
+
+import clusterbook as cb
+from clusterbook.errors import ClusterError
+from clusterbook_widgets.mpirun_cell import (
+    ArgsError,
+    HelpRequested,
+    MpirunArgs,
+    OutputFilter,
+    build_script,
+    failure_report,
+    parse_cluster_args,
+    parse_mpirun_args,
+)
+
+__all__ = ["ClusterMagics"]
+
+_NO_CLUSTER = "No cluster is running; start one with %cluster local --workers 2."
+
+
+class _CellError(Exception):
+    """A problem with the cell's inputs, told to the user as a message."""
+
+
+def _err(text: str) -> None:
+    print(text, file=sys.stderr, flush=True)
+
+
+@magics_class
+class ClusterMagics(Magics):
+    """``%cluster local|ssh|status|stop`` and ``%%mpirun``.
+
+    The current cluster is :attr:`cluster` (one per shell); starting a new one stops the old
+    one, and the kernel's exit stops it.
+    """
+
+    def __init__(self, shell: Any = None) -> None:
+        super().__init__(shell)
+        self.cluster: cb.Cluster | None = None
+
+    # -- %cluster -----------------------------------------------------------------------------
+
+    @line_magic
+    def cluster(self, line: str) -> None:
+        """Start, show or stop the notebook's cluster.
+
+        ``%cluster local [--workers N] [--slots S]``,
+        ``%cluster ssh HOST[:SLOTS] ... [--user U] [--identity F] [--port P]
+        [--accept-new-host-keys]``, ``%cluster status``, ``%cluster stop``.
+        """
+        try:
+            args = parse_cluster_args(line)
+        except HelpRequested as h:
+            print(h.text, end="")
+            return
+        except ArgsError as exc:
+            _err(f"{exc.usage}{exc.message}")
+            return
+        if args.command == "local":
+            self._start(lambda: cb.Cluster.local(args.workers, args.slots))
+        elif args.command == "ssh":
+            self._start(
+                lambda: cb.Cluster.ssh(
+                    args.hosts,
+                    user=args.user,
+                    identity=args.identity,
+                    port=args.port,
+                    host_keys="accept-new" if args.accept_new_host_keys else None,
+                )
+            )
+        elif args.command == "status":
+            self._status()
+        else:
+            self._stop()
+
+    def _start(self, make: Callable[[], cb.Cluster]) -> cb.Cluster | None:
+        try:
+            cluster = make()  # bad input fails here, before the old cluster is stopped
+        except ClusterError as exc:
+            _err(f"%cluster: {exc}")
+            return None
+        self._stop(quiet=True)
+        try:
+            cluster.start()
+        except ClusterError as exc:
+            cluster.stop()
+            _err(f"%cluster: {exc}")
+            return None
+        except BaseException:  # an interrupt while nodes come up: leave nothing behind
+            cluster.stop()
+            raise
+        self.cluster = cluster
+        print(f"Started {cluster!r}.", flush=True)
+        return cluster
+
+    def _running(self) -> cb.Cluster | None:
+        if self.cluster is not None and self.cluster.state == "running":
+            return self.cluster
+        return None
+
+    def _status(self) -> None:
+        cluster = self._running()
+        if cluster is None:
+            print(_NO_CLUSTER)
+            return
+        try:  # the live widget, where that module is there
+            from clusterbook_widgets.cluster_widget import ClusterWidget
+        except ImportError:
+            display(cluster.status())
+        else:
+            display(ClusterWidget(cluster))
+
+    def _stop(self, *, quiet: bool = False) -> None:
+        cluster, self.cluster = self.cluster, None
+        if cluster is None or cluster.state == "stopped":
+            if not quiet:
+                print("No cluster to stop.")
+            return
+        cluster.stop()
+        print(f"Stopped cluster {cluster.name!r}.", flush=True)
+
+    def stop_cluster(self) -> None:
+        """Stop the current cluster, if any (what ``%cluster stop`` does, silently)."""
+        cluster, self.cluster = self.cluster, None
+        if cluster is not None:
+            cluster.stop()
+
+    # -- %%mpirun ----------------------------------------------------------------------------
+
+    @cell_magic
+    def mpirun(self, line: str, cell: str) -> None:
+        """Run the cell as an MPI program on the current cluster.
+
+        ``%%mpirun [-n N] [--timeout S] [--push a,b] [--pull NAME] [--oversubscribe]``. Each
+        rank's output is shown as it comes, prefixed ``[rank]``; an error raised on several
+        ranks is shown once, with its ranks. ``--push`` gives every rank the notebook's
+        values of a, b; ``--pull NAME`` sets NAME in the notebook to the ranks' values of
+        NAME, in rank order. Interrupting the kernel stops every rank.
+        """
+        try:
+            args = parse_mpirun_args(line)
+        except HelpRequested as h:
+            print(h.text, end="")
+            return
+        except ArgsError as exc:
+            _err(f"{exc.usage}{exc.message}")
+            return
+        try:
+            compile(cell, "<mpirun cell>", "exec")
+        except SyntaxError as exc:  # the same on every rank: say it once, start nothing
+            _err("".join(traceback.format_exception_only(type(exc), exc)).rstrip())
+            return
+        try:
+            values = self._push_values(args)
+            cluster = self._running() or self._start(lambda: cb.Cluster.local())
+            if cluster is None:
+                return
+            job, script, pull_dir = self._launch(cluster, args, cell, values)
+        except (ClusterError, _CellError) as exc:
+            _err(f"%%mpirun: {exc}")
+            return
+        result, tracebacks = self._follow(job, str(script))
+        for text in failure_report(tracebacks, result.failed):
+            _err(text)
+        if result.timed_out:
+            _err(
+                f"%%mpirun: timed out after {args.timeout:g} s; the job was stopped. Where each "
+                "rank was is in its stack above (most recent call first)."
+            )
+        elif not result.ok and not result.failed and not tracebacks:
+            _err(result.summary())
+        if args.pull is not None:
+            self._pull(args.pull, result, pull_dir, job.np)
+
+    def _push_values(self, args: MpirunArgs) -> dict[str, Any]:
+        ns = self.shell.user_ns
+        missing = [name for name in args.push if name not in ns]
+        if missing:
+            raise _CellError(f"--push: {', '.join(missing)} not defined in the notebook.")
+        return {name: ns[name] for name in args.push}
+
+    def _launch(
+        self, cluster: cb.Cluster, args: MpirunArgs, cell: str, values: dict[str, Any]
+    ) -> tuple[cb.Job, Path, Path | None]:
+        cells = cluster.run_dir / "cells"
+        cells.mkdir(mode=0o700, exist_ok=True)
+        number = len(list(cells.iterdir())) + 1
+        while True:
+            directory = cells / f"cell-{number:04d}"
+            try:
+                directory.mkdir(mode=0o700)
+                break
+            except FileExistsError:
+                number += 1
+        push_file = None
+        if values:
+            push_file = directory / "push.pkl"
+            try:
+                data = pickle.dumps(values)
+            except Exception as exc:
+                raise _CellError(f"--push: cannot pickle the values: {exc}") from exc
+            _write_private(push_file, data)
+        pull_dir = None
+        if args.pull is not None:
+            pull_dir = directory / "pull"
+            pull_dir.mkdir(mode=0o700)
+        script = directory / "cell.py"
+        script.write_text(
+            build_script(
+                cell,
+                filename=f"<mpirun cell {number}>",
+                push_file=None if push_file is None else str(push_file),
+                pull=args.pull,
+                pull_dir=None if pull_dir is None else str(pull_dir),
+            ),
+            encoding="utf-8",  # what Python reads source as, whatever the locale
+        )
+        job = cluster.mpirun(
+            ["python", str(script)],
+            np=args.np,
+            env={"PYTHONUNBUFFERED": "1"},  # output as it is printed, not when a buffer fills
+            timeout=args.timeout,
+            oversubscribe=args.oversubscribe,
+        )
+        return job, script, pull_dir
+
+    def _follow(
+        self, job: cb.Job, script: str
+    ) -> tuple[cb.JobResult, dict[int, list[tuple[str, ...]]]]:
+        launcher = Path(job.plan.launcher.path).name
+        shown = OutputFilter(runner=script)
+
+        def emit(rank: int, stream: str, text: str) -> None:
+            prefix = f"[{launcher}]" if rank < 0 else f"[{rank}]"
+            out = sys.stderr if stream == "stderr" else sys.stdout
+            print(f"{prefix} {text}", file=out, flush=True)
+
+        try:
+            for record in job.stream():
+                for text in shown.feed(record.rank, record.stream, record.line):
+                    emit(record.rank, record.stream, text)
+            result = job.wait()
+        except KeyboardInterrupt:
+            job.cancel()
+            _err(f"%%mpirun: interrupted; {job.id} was cancelled and every rank stopped.")
+            raise
+        for (rank, stream), lines in shown.finish().items():
+            for text in lines:
+                emit(rank, stream, text)
+        return result, shown.tracebacks
+
+    def _pull(self, name: str, result: cb.JobResult, pull_dir: Path | None, np: int) -> None:
+        if not result.ok:
+            _err(f"%%mpirun: --pull {name}: not set, the job did not succeed.")
+            return
+        assert pull_dir is not None
+        values = []
+        for rank in range(np):
+            path = pull_dir / f"rank-{rank}.pkl"
+            try:
+                with open(path, "rb") as f:
+                    # Written by this job's own ranks, in the cluster's private run directory.
+                    values.append(pickle.load(f))  # noqa: S301
+            except FileNotFoundError:
+                _err(f"%%mpirun: --pull {name}: rank {rank} left no value; {name} not set.")
+                return
+            except Exception as exc:
+                _err(f"%%mpirun: --pull {name}: cannot read rank {rank}'s value: {exc}")
+                return
+        self.shell.user_ns[name] = values
+
+
+def _write_private(path: Path, data: bytes) -> None:
+    # Notebook values may be secret: 0600 from the start, never readable by others.
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(fd, "wb") as f:
+        f.write(data)

@@ -1,0 +1,470 @@
+"""The pure parts of the ``%cluster`` and ``%%mpirun`` magics: argument parsing, the script a
+cell runs as on every rank, and how the ranks' output is shown (tracebacks grouped by rank)."""
+
+from __future__ import annotations
+
+import argparse
+import keyword
+import math
+import shlex
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+
+from clusterbook.launch.result import RankFailure
+
+__all__ = [
+    "ArgsError",
+    "ErrorGroup",
+    "HelpRequested",
+    "MpirunArgs",
+    "OutputFilter",
+    "build_script",
+    "failure_report",
+    "group_errors",
+    "last_traceback",
+    "parse_cluster_args",
+    "parse_mpirun_args",
+    "rank_list",
+]
+
+
+# -- arguments --------------------------------------------------------------------------------
+
+
+class ArgsError(Exception):
+    """Bad magic arguments: ``message`` says what is wrong, ``usage`` how to call the magic."""
+
+    def __init__(self, message: str, usage: str) -> None:
+        super().__init__(message)
+        self.message = message
+        self.usage = usage
+
+
+class HelpRequested(Exception):
+    """``-h`` was given; ``text`` is the help to print."""
+
+    def __init__(self, text: str) -> None:
+        super().__init__(text)
+        self.text = text
+
+
+class _Parser(argparse.ArgumentParser):
+    # argparse prints and calls sys.exit(); a magic must print a usage message and go on.
+    def __init__(self, *args: object, **kwargs: object) -> None:
+        kwargs.setdefault("allow_abbrev", False)
+        super().__init__(*args, **kwargs)  # type: ignore[arg-type]
+        self._printed: list[str] = []
+
+    def error(self, message: str) -> None:  # type: ignore[override]
+        raise ArgsError(f"{self.prog}: {message}", self.format_usage())
+
+    def _print_message(self, message: str, file: object = None) -> None:
+        self._printed.append(message)
+
+    def exit(self, status: int = 0, message: str | None = None) -> None:  # type: ignore[override]
+        raise HelpRequested("".join(self._printed) + (message or ""))
+
+
+def _split(parser: _Parser, line: str) -> list[str]:
+    try:
+        return shlex.split(line)
+    except ValueError as exc:
+        raise ArgsError(f"{parser.prog}: {exc} in {line!r}", parser.format_usage()) from exc
+
+
+def _count(what: str):  # type: ignore[no-untyped-def]
+    def convert(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(
+                f"{what} must be a whole number >= 1, got {text!r}"
+            ) from None
+        if value < 1:
+            raise argparse.ArgumentTypeError(f"{what} must be >= 1, got {value}")
+        return value
+
+    return convert
+
+
+def _seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not math.isfinite(value) or value <= 0:
+        raise argparse.ArgumentTypeError(f"timeout must be a number of seconds > 0, got {text!r}")
+    return value
+
+
+def _identifier(text: str) -> str:
+    if not text.isidentifier() or keyword.iskeyword(text):
+        raise argparse.ArgumentTypeError(f"{text!r} is not a Python variable name")
+    return text
+
+
+def _identifiers(text: str) -> list[str]:
+    return [_identifier(name.strip()) for name in text.split(",")]
+
+
+@dataclass(frozen=True)
+class MpirunArgs:
+    """What ``%%mpirun`` was asked: ranks, time limit, variables to push and to pull."""
+
+    np: int | None = None
+    timeout: float | None = None
+    push: tuple[str, ...] = ()
+    pull: str | None = None
+    oversubscribe: bool = False
+
+
+def _mpirun_parser() -> _Parser:
+    p = _Parser(
+        prog="%%mpirun",
+        description="Run the cell as an MPI program on the current cluster (a local one is "
+        "started if there is none), showing each rank's output as it comes.",
+    )
+    p.add_argument("-n", "--np", type=_count("-n"), metavar="N", help="number of ranks")
+    p.add_argument("--timeout", type=_seconds, metavar="S", help="stop the job after S seconds")
+    p.add_argument(
+        "--push",
+        type=_identifiers,
+        action="append",
+        default=[],
+        metavar="A,B",
+        help="notebook variables every rank gets (pickled)",
+    )
+    p.add_argument(
+        "--pull",
+        type=_identifier,
+        metavar="NAME",
+        help="set NAME in the notebook to the list of the ranks' values of NAME",
+    )
+    p.add_argument(
+        "--oversubscribe", action="store_true", help="allow more ranks than the cluster's slots"
+    )
+    return p
+
+
+def parse_mpirun_args(line: str) -> MpirunArgs:
+    """Parse the line of ``%%mpirun``; raise :class:`ArgsError` (or :class:`HelpRequested`)."""
+    parser = _mpirun_parser()
+    ns = parser.parse_args(_split(parser, line))
+    push = tuple(dict.fromkeys(name for names in ns.push for name in names))
+    return MpirunArgs(ns.np, ns.timeout, push, ns.pull, ns.oversubscribe)
+
+
+def _cluster_parser() -> _Parser:
+    p = _Parser(prog="%cluster", description="Start, show or stop the notebook's cluster.")
+    sub = p.add_subparsers(dest="command", metavar="{local,ssh,status,stop}", required=True)
+    local = sub.add_parser("local", help="a cluster on this machine")
+    local.add_argument("--workers", type=_count("--workers"), default=1, metavar="N")
+    local.add_argument("--slots", type=_count("--slots"), default=None, metavar="S")
+    ssh = sub.add_parser("ssh", help="a cluster of SSH hosts")
+    ssh.add_argument("hosts", nargs="+", metavar="HOST[:SLOTS]")
+    ssh.add_argument("--user", metavar="U")
+    ssh.add_argument("--identity", metavar="F", help="private key file")
+    ssh.add_argument("--port", type=_count("--port"), default=22, metavar="P")
+    ssh.add_argument(
+        "--accept-new-host-keys",
+        action="store_true",
+        help="trust hosts not yet in known_hosts on first use (a changed key is still refused)",
+    )
+    sub.add_parser("status", help="show the cluster's nodes")
+    sub.add_parser("stop", help="stop the cluster and every process of it")
+    return p
+
+
+def parse_cluster_args(line: str) -> argparse.Namespace:
+    """Parse the line of ``%cluster``; raise :class:`ArgsError` (or :class:`HelpRequested`)."""
+    parser = _cluster_parser()
+    return parser.parse_args(_split(parser, line))
+
+
+# -- the script every rank runs ------------------------------------------------------------
+
+_TEMPLATE = """\
+# Written by clusterbook's %%mpirun: the notebook cell below runs on every rank.
+
+
+def _clusterbook_cell(source, filename, push, pull, pull_dir):
+    import linecache
+    import os
+    import pickle
+    import sys
+    import time
+    import traceback
+
+    g = globals()
+    del g["_clusterbook_cell"]
+    sys.path[0] = ""  # import from the working directory, as the notebook does
+    if push is not None:
+        with open(push, "rb") as f:
+            g.update(pickle.load(f))
+    # Tracebacks and stack dumps show the cell's own lines.
+    linecache.cache[filename] = (len(source), None, source.splitlines(True), filename)
+    code = compile(source, filename, "exec")
+    try:
+        exec(code, g)
+    except Exception as exc:
+        # Without this frame, the traceback is the cell's alone. One write: the rank may be
+        # killed any time now, and half a traceback would tell nothing.
+        tb = traceback.format_exception(type(exc), exc, exc.__traceback__.tb_next)
+        sys.stderr.flush()
+        os.write(2, "".join(tb).encode("utf-8", "backslashreplace"))
+        # exit(1) aborts the job: first, other ranks failing the same way get to say so.
+        time.sleep({grace!r})
+        sys.exit(1)
+    if pull is None:
+        return
+    rank = os.environ.get("OMPI_COMM_WORLD_RANK") or os.environ.get("PMI_RANK")
+    if rank is None:
+        from mpi4py import MPI
+
+        rank = MPI.COMM_WORLD.Get_rank()
+    if pull not in g:
+        print(f"--pull {{pull}}: name {{pull!r}} is not defined on rank {{rank}}", file=sys.stderr)
+        sys.exit(1)
+    path = os.path.join(pull_dir, f"rank-{{rank}}.pkl")
+    with open(path + ".part", "wb") as f:
+        pickle.dump(g[pull], f)
+    os.replace(path + ".part", path)
+
+
+_clusterbook_cell(
+    source={source},
+    filename={filename!r},
+    push={push!r},
+    pull={pull!r},
+    pull_dir={pull_dir!r},
+)
+"""
+
+
+def build_script(
+    cell: str,
+    *,
+    filename: str,
+    push_file: str | None = None,
+    pull: str | None = None,
+    pull_dir: str | None = None,
+    error_grace: float = 0.25,
+) -> str:
+    """The Python program that runs ``cell`` on a rank.
+
+    It loads the pickled dict in ``push_file`` (if any) into its globals, runs the cell as
+    ``filename`` (so tracebacks and stack dumps show the cell's lines), prints an uncaught
+    exception's traceback without the runner's frame and exits 1 ``error_grace`` seconds
+    later (so that ranks failing at the same time all report it), and, if ``pull`` is given,
+    pickles the rank's value of ``pull`` to ``pull_dir/rank-N.pkl``.
+    """
+    if (pull is None) != (pull_dir is None):
+        raise ValueError("pull and pull_dir go together")
+    # The cell goes in as a literal: no quoting of its text can break the program.
+    literal = "(\n" + "".join(f"        {line!r}\n" for line in cell.splitlines(True)) + "    )"
+    if not cell:
+        literal = "''"
+    return _TEMPLATE.format(
+        source=literal,
+        filename=filename,
+        push=push_file,
+        pull=pull,
+        pull_dir=pull_dir,
+        grace=error_grace,
+    )
+
+
+# -- output -----------------------------------------------------------------------------------
+
+_CHAIN = (
+    "During handling of the above exception, another exception occurred:",
+    "The above exception was the direct cause of the following exception:",
+)
+# Open MPI's banners after an abort repeat what the traceback and exit codes already say.
+_ABORT_BANNER = ("MPI_ABORT was invoked", 'calling\n"abort"', 'calling "abort"')
+
+
+_RULE = "-" * 74  # Open MPI's banners start and end with it
+_BANNER_MAX = 40  # lines; a longer "banner" is someone's output, shown as it is
+
+
+def _is_rule(line: str) -> bool:
+    return line.rstrip() == _RULE
+
+
+def _starts_traceback(line: str) -> bool:
+    return line.startswith("Traceback (most recent call last):")
+
+
+@dataclass
+class _State:
+    block: list[str] | None = None  # a traceback being read
+    complete: bool = False  # the block has its exception line; a chained one may follow
+    pending: list[str] = field(default_factory=list)  # blank lines after a complete block
+    banner: list[str] | None = None  # lines of a ----- banner being read
+
+
+class OutputFilter:
+    """Decides which output lines to show as they arrive.
+
+    Everything is shown at once except Python tracebacks on a rank's stderr, which are
+    collected in :attr:`tracebacks` (rank -> blocks) so that an error every rank hit can be
+    shown once (:func:`group_errors`); Open MPI's abort banners, which are dropped; and the
+    frames of the ``runner`` script in stack dumps (only the cell's frames are of interest).
+    """
+
+    def __init__(self, runner: str | None = None) -> None:
+        self.tracebacks: dict[int, list[tuple[str, ...]]] = {}
+        self._states: dict[tuple[int, str], _State] = {}
+        self._runner_frame = None if runner is None else f'  File "{runner}", line '
+
+    def feed(self, rank: int, stream: str, line: str) -> list[str]:
+        """The lines to show now, for ``line`` that ``rank`` wrote on ``stream``."""
+        if stream != "stderr":
+            return [line]
+        state = self._states.setdefault((rank, stream), _State())
+        if state.banner is not None:
+            return self._banner_line(state, line)
+        if _is_rule(line):
+            # Open MPI sends its banners by another path than the rank's stderr: one can
+            # land in the middle of a traceback, which goes on after it.
+            state.banner = [line]
+            return []
+        if state.block is not None and rank >= 0:
+            out = self._traceback_line(rank, state, line)
+            if out is not None:
+                return out
+        if rank >= 0 and _starts_traceback(line):
+            state.block, state.complete = [line], False
+            return []
+        if self._runner_frame is not None and line.startswith(self._runner_frame):
+            return []
+        return [line]
+
+    def finish(self) -> dict[tuple[int, str], list[str]]:
+        """At the end of the job: record unfinished tracebacks, return the lines still held."""
+        left: dict[tuple[int, str], list[str]] = {}
+        for (rank, stream), state in self._states.items():
+            if state.block is not None:
+                self._close(rank, state)
+                if state.pending:
+                    left.setdefault((rank, stream), []).extend(state.pending)
+            if state.banner is not None:
+                left.setdefault((rank, stream), []).extend(state.banner)
+            state.pending, state.banner = [], None
+        return left
+
+    def _traceback_line(self, rank: int, state: _State, line: str) -> list[str] | None:
+        assert state.block is not None
+        if not state.complete:
+            state.block.append(line)
+            if line and not line.startswith(" "):
+                state.complete = True  # the exception line
+            return []
+        if not line:
+            state.pending.append(line)
+            return []
+        if line in _CHAIN or (_starts_traceback(line) and state.block[-1] in _CHAIN):
+            state.block.extend([*state.pending, line])
+            state.pending = []
+            state.complete = line in _CHAIN
+            return []
+        # Not part of the traceback: it ends here, and this line is read afresh.
+        pending = state.pending
+        self._close(rank, state)
+        state.pending = []
+        return None if not pending else [*pending, *(self.feed(rank, "stderr", line))]
+
+    def _close(self, rank: int, state: _State) -> None:
+        assert state.block is not None
+        self.tracebacks.setdefault(rank, []).append(tuple(state.block))
+        state.block, state.complete = None, False
+
+    @staticmethod
+    def _banner_line(state: _State, line: str) -> list[str]:
+        assert state.banner is not None
+        state.banner.append(line)
+        if not _is_rule(line):
+            if len(state.banner) < _BANNER_MAX:
+                return []
+            banner, state.banner = state.banner, None
+            return banner
+        banner, state.banner = state.banner, None
+        text = "\n".join(banner)
+        if any(mark in text for mark in _ABORT_BANNER):
+            return []
+        return banner
+
+
+def last_traceback(lines: Sequence[str]) -> tuple[str, ...] | None:
+    """The last Python traceback in ``lines`` (up to its exception line), or None."""
+    start = max((i for i, line in enumerate(lines) if _starts_traceback(line)), default=-1)
+    if start < 0:
+        return None
+    end = start + 1
+    while end < len(lines) and (lines[end].startswith(" ") or not lines[end]):
+        end += 1
+    return tuple(lines[start : end + 1])
+
+
+def rank_list(ranks: Iterable[int]) -> str:
+    """``"rank 3"``, ``"ranks 0, 1"``, ``"ranks 0-3, 7"`` (runs of three or more shortened)."""
+    ordered = sorted(set(ranks))
+    parts: list[str] = []
+    i = 0
+    while i < len(ordered):
+        j = i
+        while j + 1 < len(ordered) and ordered[j + 1] == ordered[j] + 1:
+            j += 1
+        if j - i >= 2:
+            parts.append(f"{ordered[i]}-{ordered[j]}")
+        else:
+            parts.extend(str(r) for r in ordered[i : j + 1])
+        i = j + 1
+    return ("rank " if len(ordered) == 1 else "ranks ") + ", ".join(parts)
+
+
+@dataclass(frozen=True)
+class ErrorGroup:
+    """One traceback and the ranks that printed it."""
+
+    ranks: tuple[int, ...]
+    lines: tuple[str, ...]
+
+    def render(self) -> list[str]:
+        return [f"Error on {rank_list(self.ranks)}:", *self.lines]
+
+
+def group_errors(tracebacks: Mapping[int, Sequence[Sequence[str]]]) -> list[ErrorGroup]:
+    """Identical tracebacks as one group each, with their ranks; groups in rank order of first
+    appearance."""
+    groups: dict[tuple[str, ...], list[int]] = {}
+    for rank in sorted(tracebacks):
+        for block in tracebacks[rank]:
+            ranks = groups.setdefault(tuple(block), [])
+            if rank not in ranks:
+                ranks.append(rank)
+    return [ErrorGroup(tuple(ranks), lines) for lines, ranks in groups.items()]
+
+
+def failure_report(
+    tracebacks: Mapping[int, Sequence[Sequence[str]]], failed: Sequence[RankFailure]
+) -> list[str]:
+    """What to say about errors after a job: each distinct traceback once with its ranks
+    (a failed rank's last lines stand in when its traceback was not seen live), then the
+    failed ranks that left no traceback, by exit code."""
+    blocks = {rank: list(b) for rank, b in tracebacks.items()}
+    for f in failed:
+        if f.rank not in blocks and (tb := last_traceback(f.last_lines)) is not None:
+            blocks[f.rank] = [tb]
+    out: list[str] = []
+    for group in group_errors(blocks):
+        out.extend(group.render())
+    by_code: dict[int, list[int]] = {}
+    for f in failed:
+        if f.rank not in blocks:
+            by_code.setdefault(f.exit_code, []).append(f.rank)
+    for code, ranks in by_code.items():
+        what = rank_list(ranks)
+        out.append(f"{what[0].upper()}{what[1:]} exited with code {code}.")
+    return out
