@@ -200,16 +200,30 @@ def _python_for(user: str) -> tuple[str, dict[str, str]]:
     sdk = str(Path(clusterbook.__file__).resolve().parents[1])
     paths = {sysconfig.get_paths()["purelib"], sysconfig.get_paths()["platlib"]}
     env = {"PYTHONPATH": os.pathsep.join([sdk, *sorted(paths)])}
-    candidates = [sys.executable, f"/usr/bin/python{sys.version_info[0]}.{sys.version_info[1]}"]
-    for python in candidates:
+    system = f"/usr/bin/python{sys.version_info[0]}.{sys.version_info[1]}"
+    candidates = [(sys.executable, env), (system, env)]
+    # Last resort when the checkout itself is unreadable to others: a world-readable copy of
+    # clusterbook and psutil (all that importing clusterbook.ssh.sshd needs) in /tmp.
+    shared = Path(tempfile.mkdtemp(prefix="cb-user-sshd-"))
+    shared.chmod(0o755)
+    for module in (clusterbook, psutil):
+        source = Path(module.__file__).resolve().parent
+        shutil.copytree(source, shared / source.name, ignore=shutil.ignore_patterns("__pycache__"))
+    for path in shared.rglob("*"):
+        path.chmod(0o755 if path.is_dir() else 0o644)
+    candidates.append((system, {"PYTHONPATH": str(shared)}))
+    for python, extra in candidates:
         probe = subprocess.run(
             [*_as_user(user), python, "-c", "import clusterbook.ssh.sshd"],
-            env={**_user_env(user), **env},
+            env={**_user_env(user), **extra},
             capture_output=True,
             check=False,
         )
         if probe.returncode == 0:
-            return python, env
+            if extra is env:
+                shutil.rmtree(shared)
+            return python, extra
+    shutil.rmtree(shared)
     pytest.fail(f"no Python that user {user} can run imports clusterbook: {candidates}")
 
 
