@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from clusterbook.ssh import _node_tasks as tasks
+from clusterbook import _node_tasks as tasks
 from clusterbook.ssh.preflight import NodeFacts, problems
 
 HEAD = NodeFacts(
@@ -144,3 +144,19 @@ def test_cleanup_removes_only_this_clusters_lines_dir_and_processes(home):
         for p in (sleeper, bystander):
             p.kill()
             p.wait()
+
+
+def test_tagged_matches_whole_tokens_unless_asked_for_a_prefix():
+    env = {**os.environ, "CLUSTERBOOK_JOB": "c1-abcdef"}
+    proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"], env=env)
+    try:
+        time.sleep(0.2)
+        assert proc.pid in tasks.tagged(["c1-abcdef"])
+        assert proc.pid not in tasks.tagged(["c1-abc"])  # a job token is matched whole
+        assert proc.pid in tasks.tagged(["c1-"], prefix=True)  # a cluster's clean-up
+        assert proc.pid not in tasks.tagged(["c10-"], prefix=True)
+        assert tasks.kill_tagged(["c1-abcdef"], 1.0) == [proc.pid]
+        assert proc.wait(timeout=5) != 0
+    finally:
+        proc.kill()
+        proc.wait()

@@ -15,13 +15,15 @@ import contextlib
 import subprocess
 import sys
 import threading
-from pathlib import Path
 
-from clusterbook.launch._reaper import ENV, kill_tagged, tagged
+from clusterbook import _node_tasks
+from clusterbook._node_tasks import JOB_ENV as ENV
+from clusterbook._node_tasks import kill_tagged, tagged
 
 __all__ = ["ENV", "Guard", "guard", "kill_tagged", "tagged"]
 
-_SCRIPT = str(Path(__file__).with_name("_reaper.py"))
+# Run as a script with -S: it imports nothing but the standard library.
+_SCRIPT = _node_tasks.__file__
 
 
 class Guard:
@@ -35,7 +37,7 @@ class Guard:
         with self._lock:
             if self._proc is None or self._proc.poll() is not None:
                 self._proc = subprocess.Popen(
-                    [sys.executable, "-S", _SCRIPT],
+                    [sys.executable, "-S", _SCRIPT, "reap"],
                     stdin=subprocess.PIPE,
                     stdout=subprocess.DEVNULL,
                     stderr=subprocess.DEVNULL,

@@ -35,7 +35,12 @@ class RemoteLaunch:
 
 
 class Provider(Protocol):
-    """Where a cluster's nodes come from, and how they are brought up and released."""
+    """Where a cluster's nodes come from, and how they are brought up and released.
+
+    Providers whose nodes come and go (agents) also have ``changed`` (a callback the cluster
+    sets, called on every change), ``wait_ready(timeout)`` and ``node_statuses()``; the
+    cluster uses them when present.
+    """
 
     kind: str
     nodes: tuple[NodeSpec, ...]
@@ -55,27 +60,6 @@ class Provider(Protocol):
     def stop_job(self, token: str) -> None:
         """Make sure no process of job ``token`` is left on any node."""
         ...
-
-
-class LocalProvider:
-    """Nodes on this machine: nothing to bring up."""
-
-    kind = "local"
-
-    def __init__(self, nodes: tuple[NodeSpec, ...]) -> None:
-        self.nodes = nodes
-
-    def start(self, ctx: StartContext) -> None:
-        pass
-
-    def stop(self) -> None:
-        pass
-
-    def remote(self) -> RemoteLaunch | None:
-        return None
-
-    def stop_job(self, token: str) -> None:
-        pass  # the job's own clean-up sees every local process
 
 
 def head_cluster_dir(cluster_id: str) -> Path:

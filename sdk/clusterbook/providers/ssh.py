@@ -295,7 +295,7 @@ class SSHProvider:
         python = self._ctx.python
 
         def kill(host: str) -> object:
-            return run_task(self._shell(host), python, "kill", {"prefix": token}, timeout=15)
+            return run_task(self._shell(host), python, "kill", {"token": token}, timeout=15)
 
         parallel(list(self._conns), kill)
 

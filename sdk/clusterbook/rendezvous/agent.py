@@ -23,6 +23,7 @@ from urllib.parse import parse_qs, urlencode, urlsplit
 
 import psutil
 
+from clusterbook._node_tasks import kill_tagged
 from clusterbook.errors import ConfigError
 from clusterbook.rendezvous.api import (
     RendezvousClosedError,
@@ -34,7 +35,6 @@ from clusterbook.rendezvous.api import (
 from clusterbook.rendezvous.backends.tcp import TcpBackend
 from clusterbook.rendezvous.handler import RendezvousHandler
 from clusterbook.rendezvous.state import RendezvousState, decode
-from clusterbook.ssh._node_tasks import kill_jobs
 
 __all__ = ["Agent", "join_url", "node_facts", "parse_join_url"]
 
@@ -222,7 +222,7 @@ class Agent:
         for token in tokens:
             if token not in self._stopped:
                 self._stopped.add(token)
-                threading.Thread(target=kill_jobs, args=(token, 1.0), daemon=True).start()
+                threading.Thread(target=kill_tagged, args=([token], 1.0), daemon=True).start()
 
     def _must_rejoin(self, state: RendezvousState, round_: int, members: set[str]) -> bool:
         me = self.node_id

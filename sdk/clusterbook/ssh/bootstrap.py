@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
+from clusterbook import _node_tasks
 from clusterbook.errors import (
     BootstrapError,
     HostNotFoundError,
@@ -42,7 +43,7 @@ __all__ = [
 
 #: Where a cluster's files live, relative to the home of the user on every node and the head.
 CLUSTERS_DIR = ".clusterbook/clusters"
-_TASKS = (Path(__file__).with_name("_node_tasks.py")).read_text()
+_TASKS = Path(_node_tasks.__file__).read_text()
 T = TypeVar("T")
 
 

@@ -8,6 +8,7 @@ each task prints one JSON object. Importable too, for tests.
   ``~/.clusterbook/clusters/ID`` and add the cluster's key to ``~/.ssh/authorized_keys``.
 - ``cleanup``: stop the cluster's processes, remove its key lines and its directory.
 - ``kill``: stop the processes of one job.
+- ``reap`` (local only): the guard that stops a Python process's jobs when it dies.
 """
 
 import base64
@@ -112,26 +113,33 @@ def install(args):
     return {"home": os.path.expanduser("~"), "dir": directory}
 
 
-def _tagged(prefix):
-    mark = (JOB_ENV + "=" + prefix).encode()
+def tagged(values, *, prefix=False):
+    """Pids of live processes whose ``CLUSTERBOOK_JOB`` equals one of ``values`` (or starts
+    with one, with ``prefix``); this process is never among them."""
+    marks = [(JOB_ENV + "=" + v).encode() for v in values]
     found = []
-    for pid in os.listdir("/proc"):
+    try:
+        entries = os.listdir("/proc")
+    except OSError:
+        return found
+    for pid in entries:
         if not pid.isdigit() or int(pid) == os.getpid():
             continue
         try:
             with open(f"/proc/{pid}/environ", "rb") as f:
-                if any(v.startswith(mark) for v in f.read().split(b"\0")):
-                    found.append(int(pid))
+                env = f.read().split(b"\0")
         except OSError:
-            pass
+            continue
+        if any((v.startswith(m) if prefix else v == m) for v in env for m in marks):
+            found.append(int(pid))
     return found
 
 
-def kill_jobs(prefix, grace):
-    """SIGTERM the processes whose job token starts with ``prefix``, SIGKILL after grace."""
+def kill_tagged(values, grace, *, prefix=False):
+    """SIGTERM the processes :func:`tagged` finds, SIGKILL those left after ``grace`` s."""
     killed = set()
     for sig, pause in ((signal.SIGTERM, grace), (signal.SIGKILL, 0.0)):
-        pids = _tagged(prefix)
+        pids = tagged(values, prefix=prefix)
         if not pids:
             break
         for pid in pids:
@@ -141,14 +149,14 @@ def kill_jobs(prefix, grace):
             except OSError:
                 pass
         deadline = time.monotonic() + pause
-        while pause and _tagged(prefix) and time.monotonic() < deadline:
+        while pause and tagged(values, prefix=prefix) and time.monotonic() < deadline:
             time.sleep(0.05)
     return sorted(killed)
 
 
 def cleanup(args):
     cluster_id = args["cluster_id"]
-    killed = kill_jobs(cluster_id + "-", float(args.get("grace", 2.0)))
+    killed = kill_tagged([cluster_id + "-"], float(args.get("grace", 2.0)), prefix=True)
     tag = args.get("tag")
     removed = 0
     keys = os.path.join(os.path.expanduser("~"), ".ssh", "authorized_keys")
@@ -166,7 +174,22 @@ def cleanup(args):
 
 
 def kill(args):
-    return {"killed": kill_jobs(args["prefix"], float(args.get("grace", 1.0)))}
+    return {"killed": kill_tagged([args["token"]], float(args.get("grace", 1.0)))}
+
+
+def reap():
+    """The guard of a Python process (``python -S _node_tasks.py reap``): it reads ``+ TOKEN``
+    and ``- TOKEN`` lines on stdin; at end of input, which means that process has died, it
+    kills every process of the jobs still registered."""
+    tokens = set()
+    for line in sys.stdin:
+        op, _, token = line.strip().partition(" ")
+        if op == "+":
+            tokens.add(token)
+        else:
+            tokens.discard(token)
+    if tokens:
+        kill_tagged(sorted(tokens), 1.0)
 
 
 TASKS = {"probe": probe, "install": install, "cleanup": cleanup, "kill": kill}
@@ -191,6 +214,9 @@ def session():
 def main(argv):
     if argv[1] == "session":
         session()
+        return
+    if argv[1] == "reap":
+        reap()
         return
     task, payload = argv[1], argv[2] if len(argv) > 2 else "{}"
     args = json.loads(sys.stdin.read() if payload == "-" else payload)
