@@ -8,11 +8,15 @@ import sys
 import time
 from collections.abc import Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from clusterbook.cluster import Cluster
 from clusterbook.errors import ClusterError, ConfigError
 from clusterbook.launch.job import Job
 from clusterbook.launch.logs import LAUNCHER_RANK
+
+if TYPE_CHECKING:
+    from clusterbook.ssh.sshd import Sshd
 
 __all__ = ["main"]
 
@@ -143,14 +147,7 @@ def _worker_join(args: argparse.Namespace) -> int:
     node_id = args.node_id or f"{socket.gethostname()}-{os.getpid()}"
     sshd = None
     if args.start_sshd is not None:
-        from clusterbook.ssh.sshd import start_sshd
-
-        everywhere = "0.0.0.0"  # noqa: S104 - the other nodes must reach this sshd
-        sshd = start_sshd(
-            Path.home() / ".clusterbook" / f"sshd-{node_id}",
-            port=args.start_sshd,
-            listen=everywhere,
-        )
+        sshd = _agent_sshd(args.url, secret, node_id, args.start_sshd)
     facts = node_facts(
         slots,
         sshd_host_key=sshd.host_public_key if sshd else None,
@@ -168,6 +165,25 @@ def _worker_join(args: argparse.Namespace) -> int:
     finally:
         if sshd is not None:
             sshd.stop()
+
+
+def _agent_sshd(url: str, secret: bytes, node_id: str, port: int) -> Sshd:
+    """The agent's own sshd; it lets in the cluster's key only (derived from the secret)."""
+    from clusterbook.rendezvous.agent import parse_join_url
+    from clusterbook.ssh.keys import derived_public_line
+    from clusterbook.ssh.sshd import start_sshd
+
+    _, settings = parse_join_url(url)
+    directory = Path.home() / ".clusterbook" / f"sshd-{node_id}"
+    directory.mkdir(mode=0o700, parents=True, exist_ok=True)
+    keys = directory / "authorized_keys"
+    # Rewritten for each cluster: a key of an earlier cluster must not get in.
+    fd = os.open(keys, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as f:
+        os.fchmod(f.fileno(), 0o600)
+        f.write("restrict " + derived_public_line(secret, settings.run_id) + "\n")
+    everywhere = "0.0.0.0"  # noqa: S104 - the head must reach this sshd
+    return start_sshd(directory, port=port, listen=everywhere, authorized_keys=keys)
 
 
 def _run(args: argparse.Namespace) -> int:

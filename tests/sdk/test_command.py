@@ -407,3 +407,12 @@ def test_binding_unknown_cores_is_none() -> None:
     assert binding(nodes, 2) == "none"
     known = (NodeSpec("a", "a", 1, cores=64), NodeSpec("b", "b", 1, cores=1))
     assert binding(known, 2) == "core"
+
+
+def test_openmpi_starts_every_daemon_from_the_head_when_nodes_hold_no_key() -> None:
+    with_tree = build_command(plan(remote=REMOTE)).argv
+    assert "plm_ssh_no_tree_spawn" not in with_tree
+    argv = build_command(plan(remote=replace(REMOTE, tree_spawn=False))).argv
+    at = argv.index("plm_ssh_no_tree_spawn")
+    assert argv[at - 1 : at + 2] == ["--prtemca", "plm_ssh_no_tree_spawn", "1"]
+    assert argv.index("plm_ssh_args") < at < argv.index("-x")

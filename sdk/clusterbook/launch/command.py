@@ -126,6 +126,8 @@ def _openmpi(plan: LaunchPlan) -> LaunchCommand:
         # launcher's ssh (tree spawn too) uses the cluster's key and strict known_hosts.
         argv += ["--prefix", plan.launcher.prefix]
         argv += ["--prtemca", "plm_ssh_args", " ".join(plan.remote.ssh_args)]
+        if not plan.remote.tree_spawn:
+            argv += ["--prtemca", "plm_ssh_no_tree_spawn", "1"]
     # -x NAME exports the value from mpirun's own environment: byte for byte, and not on
     # the command line where `ps` would show it.
     for name in sorted(env):

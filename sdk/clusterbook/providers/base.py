@@ -26,12 +26,14 @@ class StartContext:
 @dataclass(frozen=True, slots=True)
 class RemoteLaunch:
     """How the MPI launcher reaches the nodes: ssh options, an ssh wrapper (MPICH), and the
-    head's address as the nodes see it."""
+    head's address as the nodes see it. ``tree_spawn`` is off when the nodes cannot ssh to
+    each other (only the head holds the key), so every daemon is started from the head."""
 
     ssh_args: tuple[str, ...]
     ssh_wrapper: str
     head_addr: str
     hostnames: Mapping[str, str] = field(default_factory=dict)
+    tree_spawn: bool = True
 
 
 class Provider(Protocol):

@@ -5,11 +5,13 @@ secret (a 0600 token file), prints the command nodes join with, and follows the 
 state. The cluster is ready once a round completes (``min_nodes`` plus the last call, or
 ``max_nodes``); the MPI hostfile is built from that round. A node whose connection drops is
 removed at once (the store's connection-loss fast path); one that stops heartbeating, after
-``keep_alive_interval x keep_alive_max_attempt`` seconds.
+``keep_alive_interval x keep_alive_max_attempt`` seconds. Nodes on other machines run MPI
+ranks through the sshd their agent started (see :mod:`clusterbook.providers.elastic_reach`).
 """
 
 from __future__ import annotations
 
+import shutil
 import socket
 import threading
 import time
@@ -17,8 +19,11 @@ from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 
+import psutil
+
 from clusterbook.errors import ClusterError, ReadyTimeoutError
 from clusterbook.providers.base import RemoteLaunch, StartContext, head_cluster_dir
+from clusterbook.providers.elastic_reach import Reach, pick_address
 from clusterbook.rendezvous.agent import join_url
 from clusterbook.rendezvous.api import (
     RendezvousConnectionError,
@@ -29,6 +34,7 @@ from clusterbook.rendezvous.backends.tcp import StoreServer, TcpBackend, write_s
 from clusterbook.rendezvous.ops import Action, apply, remove_node
 from clusterbook.rendezvous.state import RendezvousState, decode, encode
 from clusterbook.spec import NodeSpec
+from clusterbook.ssh.keys import derive_keypair
 from clusterbook.status import NodeStatus
 
 __all__ = ["ElasticProvider"]
@@ -77,6 +83,9 @@ class ElasticProvider:
         self.join_url: str | None = None
         self.token_file: Path | None = None
         self.announce = True
+        self._ctx: StartContext | None = None
+        self._reach: Reach | None = None
+        self._networks: list[str] = []
 
     # -- lifecycle ----------------------------------------------------------------------
 
@@ -91,6 +100,11 @@ class ElasticProvider:
         self.token_file = directory / "token"
         self.token_file.unlink(missing_ok=True)
         secret = write_secret(self.token_file)
+        keys = directory / "keys"
+        shutil.rmtree(keys, ignore_errors=True)
+        pair = derive_keypair(keys, ctx.cluster_id, secret)
+        self._ctx, self._reach = ctx, Reach(directory, pair.private_path)
+        self._networks = _networks_here()
         self._server = StoreServer(self._listen, self._port, secret=secret, on_lost=self._lost)
         self._server.start()
         host, port = self._server.address
@@ -129,6 +143,10 @@ class ElasticProvider:
             server.close()
             if self.token_file is not None:
                 self.token_file.unlink(missing_ok=True)
+                directory = self.token_file.parent
+                shutil.rmtree(directory / "keys", ignore_errors=True)
+                for name in ("known_hosts", "ssh_config", "ssh"):
+                    (directory / name).unlink(missing_ok=True)
 
     def _close_rendezvous(self, backend: TcpBackend) -> None:
         for _ in range(50):
@@ -195,7 +213,8 @@ class ElasticProvider:
         out = []
         for node, _ in sorted(state.participants.items(), key=lambda kv: kv[1]):
             report = seen.get(node, {})
-            host = "localhost" if _is_here(report) else str((report.get("addresses") or ["?"])[0])
+            addresses = [str(a) for a in report.get("addresses") or ["?"]]  # type: ignore[attr-defined]
+            host = "localhost" if _is_here(report) else pick_address(addresses, self._networks)
             slots = int(report.get("slots") or 1)  # type: ignore[call-overload]
             out.append(NodeSpec(node, host, slots, cores=report.get("cores")))  # type: ignore[arg-type]
         return tuple(out)
@@ -220,13 +239,15 @@ class ElasticProvider:
                 self._cond.wait(left)
 
     def remote(self) -> RemoteLaunch | None:
-        far = [n.name for n in self.nodes if n.host != "localhost"]
-        if far:
-            raise ClusterError(
-                f"Nodes {', '.join(far)} run on other machines; MPI jobs on elastic clusters "
-                "reach only agents on this machine so far. Use Cluster.ssh for other machines."
-            )
-        return None
+        """None when every node is on this machine; else the checked ssh path to them."""
+        nodes = self.nodes
+        if all(n.host == "localhost" for n in nodes):
+            return None
+        if self._reach is None or self._ctx is None:
+            raise ClusterError("The elastic cluster is not started; call start() first.")
+        with self._cond:
+            reports = dict(self._seen)
+        return self._reach.launch(self._ctx, nodes, reports)
 
     def stop_job(self, token: str) -> None:
         """Ask every agent to stop the processes of job ``token`` on its node."""
@@ -274,3 +295,13 @@ class ElasticProvider:
 
 def _is_here(report: dict[str, object]) -> bool:
     return report.get("hostname") == socket.gethostname()
+
+
+def _networks_here() -> list[str]:
+    """This machine's IPv4 networks (``addr/netmask``), to pick the node address to use."""
+    return [
+        f"{a.address}/{a.netmask}"
+        for addrs in psutil.net_if_addrs().values()
+        for a in addrs
+        if a.family == socket.AF_INET and a.netmask and not a.address.startswith("127.")
+    ]

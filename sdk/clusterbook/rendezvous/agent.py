@@ -11,6 +11,7 @@ the store for longer than its lease, so that no agent outlives a head that died.
 
 from __future__ import annotations
 
+import getpass
 import logging
 import os
 import socket
@@ -107,6 +108,7 @@ def node_facts(
         pass
     return {
         "hostname": socket.gethostname(),
+        "user": getpass.getuser(),
         "addresses": addresses or ["127.0.0.1"],
         "cores": len(os.sched_getaffinity(0))
         if hasattr(os, "sched_getaffinity")

@@ -4,6 +4,10 @@ A cluster's private key is written 0600 in one step (``O_CREAT | O_EXCL`` with t
 it is never readable by others, not even for an instant) and is never printed. Its public key
 goes into each node's authorized_keys tagged with the cluster id, so that ``stop()`` removes
 exactly the lines it added.
+
+Elastic clusters derive their key from the cluster's rendezvous secret instead (HKDF-SHA256):
+an agent that holds the token file can authorize the head's key in its own sshd without any
+key being sent, and nothing but the token holders (the cluster's nodes) can make it.
 """
 
 from __future__ import annotations
@@ -13,10 +17,21 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-from cryptography.hazmat.primitives import serialization
+from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+from cryptography.hazmat.primitives.kdf.hkdf import HKDF
 
-__all__ = ["KeyPair", "authorized_keys_line", "generate_keypair", "key_tag", "write_private"]
+__all__ = [
+    "KeyPair",
+    "authorized_keys_line",
+    "derive_keypair",
+    "derived_public_line",
+    "generate_keypair",
+    "key_tag",
+    "write_private",
+]
+
+_DERIVE_INFO = b"clusterbook cluster ssh key v1"
 
 _TAG_RE = re.compile(r"[A-Za-z0-9_.-]+")
 
@@ -48,17 +63,41 @@ def write_private(path: Path, data: bytes) -> None:
 
 def generate_keypair(directory: Path, cluster_id: str) -> KeyPair:
     """Make an ed25519 key pair in ``directory`` (``id_ed25519`` and ``id_ed25519.pub``)."""
+    return _write_keypair(directory, cluster_id, Ed25519PrivateKey.generate())
+
+
+def derive_keypair(directory: Path, cluster_id: str, secret: bytes) -> KeyPair:
+    """Write the key pair derived from ``secret`` in ``directory``, like generate_keypair."""
+    return _write_keypair(directory, cluster_id, _derived_key(secret))
+
+
+def derived_public_line(secret: bytes, cluster_id: str) -> str:
+    """The public key line (tagged) of the key pair derived from ``secret``."""
+    return _public_line(_derived_key(secret), cluster_id)
+
+
+def _derived_key(secret: bytes) -> Ed25519PrivateKey:
+    if len(secret) < 16:
+        raise ValueError("a secret to derive a key from has at least 16 bytes")
+    seed = HKDF(algorithm=hashes.SHA256(), length=32, salt=None, info=_DERIVE_INFO).derive(secret)
+    return Ed25519PrivateKey.from_private_bytes(seed)
+
+
+def _public_line(key: Ed25519PrivateKey, cluster_id: str) -> str:
+    public = key.public_key().public_bytes(
+        serialization.Encoding.OpenSSH, serialization.PublicFormat.OpenSSH
+    )
+    return f"{public.decode()} {key_tag(cluster_id)}"
+
+
+def _write_keypair(directory: Path, cluster_id: str, key: Ed25519PrivateKey) -> KeyPair:
     directory.mkdir(parents=True, exist_ok=True, mode=0o700)
-    key = Ed25519PrivateKey.generate()
     private = key.private_bytes(
         serialization.Encoding.PEM,
         serialization.PrivateFormat.OpenSSH,
         serialization.NoEncryption(),
     )
-    public = key.public_key().public_bytes(
-        serialization.Encoding.OpenSSH, serialization.PublicFormat.OpenSSH
-    )
-    line = f"{public.decode()} {key_tag(cluster_id)}"
+    line = _public_line(key, cluster_id)
     path = directory / "id_ed25519"
     write_private(path, private)
     (directory / "id_ed25519.pub").write_text(line + "\n")

