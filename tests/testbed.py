@@ -119,6 +119,15 @@ class FakeHost:
         )
         self.host_public_key = self.sshd.host_public_key
 
+    def rebind(self, extra: Sequence[tuple[Path, Path]] = ()) -> None:
+        """Restart sshd with ``extra`` ``(source, target)`` binds seen by its sessions only
+        (none: as built). ``[(env, elsewhere), (empty_dir, env)]`` makes a host whose
+        environment is installed at another path than the head's."""
+        self.sshd.stop()
+        self.sshd = _start_host_sshd(
+            self.sshd.directory, self.name, self.addr, self.netns, self.home, extra
+        )
+
     def processes(self) -> list[int]:
         """Pids of the processes running in this host's network namespace."""
         return _netns_pids(self.netns)
@@ -304,10 +313,18 @@ def _build(bed: Testbed, n: int) -> None:
     bed.write_known_hosts()
 
 
-def _start_host_sshd(directory: Path, name: str, addr: str, netns: str, home: Path) -> Sshd:
+def _start_host_sshd(
+    directory: Path,
+    name: str,
+    addr: str,
+    netns: str,
+    home: Path,
+    extra: Sequence[tuple[Path, Path]] = (),
+) -> Sshd:
     """sshd in ``netns``, in new UTS and mount namespaces: hostname ``name`` and the login
-    user's ``~/.ssh`` and ``~/.clusterbook`` bound to those in ``home``. Missing ones are made
-    (empty, 0700) on the head as mount points; their contents there are never touched."""
+    user's ``~/.ssh`` and ``~/.clusterbook`` bound to those in ``home`` (then the ``extra``
+    binds). Missing targets are made (empty, 0700) on the head as mount points; their contents
+    there are never touched."""
     login_home = Path(pwd.getpwuid(os.geteuid()).pw_dir)
     return _start_sshd(
         directory,
@@ -316,7 +333,7 @@ def _start_host_sshd(directory: Path, name: str, addr: str, netns: str, home: Pa
         authorized_keys=home / ".ssh" / "authorized_keys",  # what the line below means here
         netns=netns,
         hostname=name,
-        binds=[(home / d, login_home / d) for d in HOME_DIRS],
+        binds=[*((home / d, login_home / d) for d in HOME_DIRS), *extra],
         keys_file=".ssh/authorized_keys",
     )
 

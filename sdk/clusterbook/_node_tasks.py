@@ -90,9 +90,15 @@ def install(args):
     os.makedirs(directory, mode=0o700, exist_ok=True)
     os.chmod(directory, 0o700)
     for name, (mode, data) in sorted(args["files"].items()):
-        if "/" in name or name.startswith("."):
-            raise ValueError(f"bad file name {name!r}")
-        write_atomic(os.path.join(directory, name), base64.b64decode(data), int(mode, 8))
+        path = _inside(directory, name)
+        os.makedirs(os.path.dirname(path), mode=0o700, exist_ok=True)
+        write_atomic(path, base64.b64decode(data), int(mode, 8))
+    for name, target in sorted(args.get("links", {}).items()):
+        # A link to this node's own environment, at the same path on every node.
+        path = _inside(directory, name)
+        tmp = f"{path}.{os.getpid()}.tmp"
+        os.symlink(target, tmp)
+        os.replace(tmp, path)
     line = args.get("authorized_key")
     if line:
         ssh_dir = os.path.join(os.path.expanduser("~"), ".ssh")
@@ -111,6 +117,14 @@ def install(args):
                 text += "\n"
             write_atomic(keys, (text + line + "\n").encode(), mode)
     return {"home": os.path.expanduser("~"), "dir": directory}
+
+
+def _inside(directory, name):
+    """``directory/name`` for a relative name of plain parts (``sub/file`` at most)."""
+    parts = name.split("/")
+    if len(parts) > 2 or any(not p or p.startswith(".") for p in parts):
+        raise ValueError(f"bad file name {name!r}")
+    return os.path.join(directory, *parts)
 
 
 def tagged(values, *, prefix=False):

@@ -23,6 +23,7 @@ from clusterbook.launch.flavour import Launcher, MPIFlavour, find_launcher
 from clusterbook.launch.job import Job
 from clusterbook.launch.logs import LogStore
 from clusterbook.launch.program import check_argv, check_cwd, resolve_program
+from clusterbook.launch.rankwrap import HOOK_DIR
 from clusterbook.providers.base import Provider, StartContext
 from clusterbook.providers.local import LocalAgentsProvider, local_nodes
 from clusterbook.spec import NodeSpec, validate_env, validate_np, validate_timeout
@@ -143,6 +144,7 @@ class Cluster:
         host_keys: str | HostKeyPolicy | Mapping[str, str] | None = None,
         port: int = 22,
         connect_timeout: float = 30.0,
+        node_python: Mapping[str, str] | None = None,
         name: str | None = None,
         run_dir: str | os.PathLike[str] | None = None,
         python: str | None = None,
@@ -152,13 +154,14 @@ class Cluster:
     ) -> Cluster:
         """A cluster of SSH hosts, bootstrapped securely at ``start()``.
 
-        Each node must have the head's Python environment at the same path (a shared file
-        system, the same image, or the same ``pip install``). ``start()`` connects to every
-        host once (in parallel, retrying until ``connect_timeout`` while sshd comes up),
-        checks Python, clusterbook, mpi4py and MPI against the head and cores against slots,
-        then installs a per-cluster key pair and known_hosts so that the MPI launcher's own
-        ssh (node to node too) checks host keys strictly. ``stop()`` removes the key, the
-        files and every process of the cluster from every node.
+        Each node needs the head's Python environment (the same Python minor version,
+        clusterbook, mpi4py and MPI): at the same path, or where ``node_python`` says.
+        ``start()`` connects to every host once (in parallel, retrying until
+        ``connect_timeout`` while sshd comes up), checks Python, clusterbook, mpi4py and MPI
+        against the head and cores against slots, then installs a per-cluster key pair and
+        known_hosts so that the MPI launcher's own ssh (node to node too) checks host keys
+        strictly. ``stop()`` removes the key, the files and every process of the cluster from
+        every node.
 
         Parameters
         ----------
@@ -176,6 +179,11 @@ class Cluster:
             sshd port of every node.
         connect_timeout
             Seconds to wait for every node's sshd to answer.
+        node_python
+            Interpreters of nodes whose environment is at another path than the head's, like
+            ``{"node2": "/opt/venv/bin/python"}`` (its MPI launcher must be beside it). Jobs
+            then run through a per-cluster link to each node's own environment, which needs
+            the same home directory on every node.
         name, run_dir, python, launcher, mpi, env
             As for :meth:`local`.
         """
@@ -189,6 +197,7 @@ class Cluster:
             host_keys=host_keys,
             port=port,
             connect_timeout=connect_timeout,
+            node_python=node_python,
         )
         return cls(
             provider,
@@ -402,9 +411,12 @@ class Cluster:
         workdir = check_cwd(cwd)
         base_env = dict(os.environ)
         remote = self._provider.remote()
+        # Nodes whose environments differ in path run the same per-cluster link on each node.
+        python = (remote and remote.python) or self.python
+        launcher = (remote and remote.launcher) or self.launcher
         program = resolve_program(
             program,
-            python=self.python,
+            python=python,
             path_env={**base_env, **job_env}.get("PATH"),
             cwd=workdir,
             local=remote is None,
@@ -415,7 +427,7 @@ class Cluster:
         directory.mkdir(parents=True, mode=0o700)
         token = f"{self.name}-{secrets.token_hex(6)}"
         plan = LaunchPlan(
-            launcher=self.launcher,
+            launcher=launcher,
             nodes=nodes,
             np=np,
             argv=tuple(program),
@@ -428,6 +440,7 @@ class Cluster:
             inherited_env=base_env,
             launcher_args=tuple(launcher_args),
             job_token=token,
+            hook_dir=(remote and remote.hook_dir) or HOOK_DIR,
         )
         here = socket.gethostname()
         names = remote.hostnames if remote else {}

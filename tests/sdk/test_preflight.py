@@ -105,7 +105,7 @@ def test_install_creates_ssh_dir_private(home):
     assert stat.S_IMODE((home / ".ssh" / "authorized_keys").stat().st_mode) == 0o600
 
 
-@pytest.mark.parametrize("bad", ["../x", ".hidden", "", "a/b"])
+@pytest.mark.parametrize("bad", ["../x", ".hidden", "", "a/b/c", "a/../b", "/abs", "a/.b"])
 def test_install_refuses_bad_names(home, bad):
     with pytest.raises(ValueError, match="bad"):
         tasks.install({"cluster_id": bad, "files": {}})
@@ -113,6 +113,30 @@ def test_install_refuses_bad_names(home, bad):
         tasks.install(
             {"cluster_id": "c1", "files": files(**{"x": ("600", b"")}) | {bad or "/": ["600", ""]}}
         )
+    with pytest.raises(ValueError, match="bad file name"):
+        tasks.install({"cluster_id": "c1", "files": {}, "links": {bad or "/": "/opt"}})
+
+
+def test_install_makes_one_level_of_subdirectory_and_links(home, tmp_path):
+    env = tmp_path / "venv"
+    env.mkdir()
+    tasks.install(
+        {
+            "cluster_id": "c1",
+            "files": files(**{"hook/site.py": ("644", b"x = 1\n")}),
+            "links": {"env": str(env)},
+        }
+    )
+    directory = home / ".clusterbook" / "clusters" / "c1"
+    assert (directory / "hook" / "site.py").read_text() == "x = 1\n"
+    assert stat.S_IMODE((directory / "hook").stat().st_mode) == 0o700
+    assert (directory / "env").readlink() == env
+    # Installed again (a retry): the link is replaced, not an error.
+    tasks.install({"cluster_id": "c1", "files": {}, "links": {"env": str(tmp_path)}})
+    assert (directory / "env").readlink() == tmp_path
+    tasks.cleanup({"cluster_id": "c1", "tag": None, "grace": 0.1})
+    assert not directory.exists()
+    assert env.exists()  # clean-up removes the link, never what it points to
 
 
 def test_cleanup_removes_only_this_clusters_lines_dir_and_processes(home):

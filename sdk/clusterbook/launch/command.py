@@ -51,6 +51,7 @@ class LaunchPlan:
     inherited_env: Mapping[str, str] = field(default_factory=dict)
     launcher_args: tuple[str, ...] = ()
     job_token: str = ""
+    hook_dir: str = HOOK_DIR
 
 
 @dataclass(frozen=True, slots=True)
@@ -99,7 +100,7 @@ def rank_env(plan: LaunchPlan) -> dict[str, str]:
     """Variables every rank gets: the user's, plus the rank hook on PYTHONPATH."""
     env = dict(plan.env)
     base = env.get("PYTHONPATH", plan.inherited_env.get("PYTHONPATH", ""))
-    env["PYTHONPATH"] = HOOK_DIR + (os.pathsep + base if base else "")
+    env["PYTHONPATH"] = plan.hook_dir + (os.pathsep + base if base else "")
     env["CLUSTERBOOK_RANK_HOOK"] = "1"
     if plan.job_token:
         env[GUARD_ENV] = plan.job_token

@@ -27,13 +27,20 @@ class StartContext:
 class RemoteLaunch:
     """How the MPI launcher reaches the nodes: ssh options, an ssh wrapper (MPICH), and the
     head's address as the nodes see it. ``tree_spawn`` is off when the nodes cannot ssh to
-    each other (only the head holds the key), so every daemon is started from the head."""
+    each other (only the head holds the key), so every daemon is started from the head.
+
+    When the nodes' environments live at different paths, ``python``, ``launcher`` and
+    ``hook_dir`` are paths that are the same on every node (per-cluster links to each node's
+    own environment) and replace the cluster's for the job."""
 
     ssh_args: tuple[str, ...]
     ssh_wrapper: str
     head_addr: str
     hostnames: Mapping[str, str] = field(default_factory=dict)
     tree_spawn: bool = True
+    python: str | None = None
+    launcher: Launcher | None = None
+    hook_dir: str | None = None
 
 
 class Provider(Protocol):

@@ -9,11 +9,12 @@ import shutil
 import sys
 import time
 import warnings
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
 from pathlib import Path
 
 from clusterbook.errors import BootstrapError, CleanupWarning, ClusterError, ConfigError
+from clusterbook.launch.rankwrap import HOOK_DIR
 from clusterbook.providers.base import RemoteLaunch, StartContext, head_cluster_dir
 from clusterbook.providers.elastic import ElasticProvider
 from clusterbook.spec import NodeSpec, parse_host_slots, validate_positive_int, validate_timeout
@@ -27,6 +28,14 @@ from clusterbook.ssh.bootstrap import (
     node_ssh_args,
     parallel,
     run_task,
+)
+from clusterbook.ssh.envlink import (
+    ENV_LINK,
+    HOOK_SUBDIR,
+    env_prefix,
+    link_problems,
+    linked_paths,
+    validate_node_python,
 )
 from clusterbook.ssh.hostkeys import HostKeyPolicy, make_policy
 from clusterbook.ssh.keys import authorized_keys_line, generate_keypair, key_tag
@@ -78,8 +87,10 @@ class SSHProvider:
         host_keys: str | HostKeyPolicy | dict[str, str] | None = None,
         port: int = 22,
         connect_timeout: float = 30.0,
+        node_python: Mapping[str, str] | None = None,
     ) -> None:
         self.nodes = parse_hosts(hosts)
+        self.node_python = validate_node_python(node_python, [n.host for n in self.nodes])
         self.user = user or getpass.getuser()
         self.identity = Path(identity or "~/.ssh/id_ed25519").expanduser()
         self.port = validate_positive_int(port, "port")
@@ -91,6 +102,7 @@ class SSHProvider:
         self._policy = make_policy(host_keys, known_hosts)  # validated now, not at start
         self._conns: dict[str, Connection] = {}
         self._facts: dict[str, NodeFacts] = {}
+        self._unprobed: set[str] = set()  # nodes the probe failed on: nothing was put there
         self._ctx: StartContext | None = None
         self._remote: RemoteLaunch | None = None
         self.timings: dict[str, float] = {}
@@ -133,12 +145,25 @@ class SSHProvider:
         finally:
             parallel(list(sessions), lambda key: sessions[key].close())
 
+    def _python(self, host: str) -> str:
+        """The interpreter on ``host`` (the head's path unless node_python says otherwise)."""
+        assert self._ctx is not None
+        return self.node_python.get(host, self._ctx.python)
+
+    def _prefix(self, host: str) -> str:
+        """Where ``host``'s MPI launcher is installed."""
+        assert self._ctx is not None
+        if host in self.node_python:
+            return env_prefix(self.node_python[host])
+        return self._ctx.launcher.prefix
+
     def _preflight(self, ctx: StartContext, sessions: dict[str, NodeSession]) -> None:
-        args = {"prefix": ctx.launcher.prefix, "flavour": ctx.launcher.flavour.value}
+        flavour = ctx.launcher.flavour.value
 
         def probe(key: str) -> NodeFacts:
             shell = LocalShell() if key == _HEAD else self._conns[key].shell
-            session = sessions[key] = NodeSession(shell, ctx.python)
+            session = sessions[key] = NodeSession(shell, self._python(key))
+            args = {"prefix": self._prefix(key), "flavour": flavour}
             return NodeFacts.from_json(session.call("probe", args))
 
         # The head is probed alongside the nodes: its facts are what they are checked against.
@@ -146,6 +171,7 @@ class SSHProvider:
         if _HEAD in failed:
             raise failed[_HEAD]
         head = self._head_facts = facts.pop(_HEAD)
+        self._unprobed = set(failed)
         found = {h: [str(e)] for h, e in failed.items()}
         for node in self.nodes:
             if node.host in facts:
@@ -154,11 +180,17 @@ class SSHProvider:
                     facts[node.host],
                     host=node.host,
                     slots=node.slots,
-                    prefix=ctx.launcher.prefix,
-                    flavour=ctx.launcher.flavour.value,
+                    prefix=self._prefix(node.host),
+                    flavour=flavour,
                 )
                 if issues:
                     found[node.host] = issues
+        if self.node_python:
+            nodes = {h: (self._python(h), f.home) for h, f in facts.items()}
+            for host, issues in link_problems(
+                ctx.python, head.home, ctx.launcher.path, nodes
+            ).items():
+                found.setdefault(host, []).extend(issues)
         if found:
             raise BootstrapError(found)
         self._facts = facts
@@ -185,8 +217,10 @@ class SSHProvider:
         assert url is not None
         # The agent needs clusterbook: the ranks' Python if it has it, else ours (same path).
         has_it = self._head_facts is not None and self._head_facts.clusterbook
-        python = ctx.python if has_it else sys.executable
         for node in self.nodes:
+            python = ctx.python if has_it else sys.executable
+            if node.host in self.node_python and self._facts[node.host].clusterbook:
+                python = self.node_python[node.host]
             token = f"{self._facts[node.host].home}/{CLUSTERS_DIR}/{ctx.cluster_id}/token"
             argv = [
                 python,
@@ -239,17 +273,22 @@ class SSHProvider:
             ssh_args=ssh_args,
             env=ctx.env,
         )
+        files = {**files, "token": token}
+        if self.node_python:
+            hook = (Path(HOOK_DIR) / "sitecustomize.py").read_bytes()
+            files[f"{HOOK_SUBDIR}/sitecustomize.py"] = ("644", hook)
         payload = {
             "cluster_id": ctx.cluster_id,
-            "files": encode_files({**files, "token": token}),
+            "files": encode_files(files),
             "authorized_key": authorized_keys_line(keys),
         }
 
         def install(key: str) -> object:
             # The head gets the same files but no authorized_keys line: its mpirun uses them.
-            return sessions[key].call(
-                "install", payload if key != _HEAD else {**payload, "authorized_key": None}
-            )
+            args = payload if key != _HEAD else {**payload, "authorized_key": None}
+            if self.node_python:
+                args = {**args, "links": {ENV_LINK: self._prefix(key)}}
+            return sessions[key].call("install", args)
 
         self._check(parallel(list(sessions), install)[1])
         status = json.dumps(
@@ -276,6 +315,17 @@ class SSHProvider:
             head_addr=head_addr,
             hostnames=hostnames,
         )
+        if self.node_python:
+            assert self._head_facts is not None
+            paths = linked_paths(
+                self._head_facts.home, CLUSTERS_DIR, ctx.cluster_id, ctx.python, ctx.launcher.path
+            )
+            self._remote = replace(
+                self._remote,
+                python=paths.python,
+                launcher=replace(ctx.launcher, path=paths.launcher),
+                hook_dir=paths.hook_dir,
+            )
 
     @staticmethod
     def _check(failed: dict[str, Exception]) -> None:
@@ -292,10 +342,11 @@ class SSHProvider:
     def stop_job(self, token: str) -> None:
         if self._ctx is None:
             return
-        python = self._ctx.python
 
         def kill(host: str) -> object:
-            return run_task(self._shell(host), python, "kill", {"token": token}, timeout=15)
+            return run_task(
+                self._shell(host), self._python(host), "kill", {"token": token}, timeout=15
+            )
 
         parallel(list(self._conns), kill)
 
@@ -331,7 +382,9 @@ class SSHProvider:
 
         def clean(host: str) -> object:
             try:
-                return run_task(self._shell(host), ctx.python, "cleanup", args, timeout=15)
+                if host in self._unprobed:
+                    return None
+                return run_task(self._shell(host), self._python(host), "cleanup", args, timeout=15)
             finally:
                 self._conns[host].shell.close()
 

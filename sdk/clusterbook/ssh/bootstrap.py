@@ -129,6 +129,13 @@ def _reason(exc: Exception) -> str:
     return str(exc) if isinstance(exc, SSHError) else f"{type(exc).__name__}: {exc}"
 
 
+def _missing_python(python: str, host: str) -> str:
+    return (
+        f"Python {python!r} is missing on {host}; install the head's environment there at "
+        f"the same path, or give its path there with node_python={{{host!r}: '/path/bin/python'}}."
+    )
+
+
 def run_task(
     shell: RemoteShell, python: str, task: str, args: Mapping[str, Any], timeout: float = 60.0
 ) -> dict[str, Any]:
@@ -137,11 +144,7 @@ def run_task(
         [python, "-c", _TASKS, task, "-"], input=json.dumps(args).encode(), timeout=timeout
     )
     if result.returncode == 127:
-        raise SSHError(
-            f"Python {python!r} is missing on {shell.host}; install the same environment there "
-            "as on the head (same path), or pass python= with its path on the nodes.",
-            host=shell.host,
-        )
+        raise SSHError(_missing_python(python, shell.host), host=shell.host)
     if result.returncode != 0:
         tail = " / ".join(result.stderr.strip().splitlines()[-3:])
         raise SSHError(f"The {task} step failed on {shell.host}: {tail}", host=shell.host)
@@ -238,12 +241,7 @@ class NodeSession:
             if not line:
                 code, err = self._proc.close(timeout=5)
                 if code == 127:
-                    raise SSHError(
-                        f"Python {self._python!r} is missing on {self.host}; install the same "
-                        "environment there as on the head (same path), or pass python= with "
-                        "its path on the nodes.",
-                        host=self.host,
-                    )
+                    raise SSHError(_missing_python(self._python, self.host), host=self.host)
                 tail = " / ".join(err.strip().splitlines()[-3:]) or f"exit code {code}"
                 raise SSHError(f"The {task} step ended on {self.host}: {tail}", host=self.host)
             text = line.decode(errors="replace")
