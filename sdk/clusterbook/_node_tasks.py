@@ -206,7 +206,48 @@ def reap():
         kill_tagged(sorted(tokens), 1.0)
 
 
-TASKS = {"probe": probe, "install": install, "cleanup": cleanup, "kill": kill}
+def spawn(args):
+    """Start ``argv`` detached (its own session, so it outlives this one) with ``env`` added,
+    its output appended to ``log`` in the cluster's directory; return its pid."""
+    import subprocess
+
+    path = _inside(_cluster_dir(args["cluster_id"]), args["log"])
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+    try:
+        proc = subprocess.Popen(
+            args["argv"],
+            stdin=subprocess.DEVNULL,
+            stdout=fd,
+            stderr=fd,
+            env={**os.environ, **args.get("env", {})},
+            cwd=os.path.expanduser("~"),
+            start_new_session=True,
+        )
+    finally:
+        os.close(fd)
+    return {"pid": proc.pid}
+
+
+def tail(args):
+    """The last ``lines`` lines of file ``name`` in the cluster's directory ("" if none)."""
+    path = _inside(_cluster_dir(args["cluster_id"]), args["name"])
+    try:
+        with open(path, "rb") as f:
+            f.seek(max(0, os.fstat(f.fileno()).st_size - 8192))
+            data = f.read().decode("utf-8", "replace")
+    except FileNotFoundError:
+        return {"text": ""}
+    return {"text": " / ".join(data.strip().splitlines()[-int(args["lines"]) :])}
+
+
+TASKS = {
+    "probe": probe,
+    "install": install,
+    "cleanup": cleanup,
+    "kill": kill,
+    "spawn": spawn,
+    "tail": tail,
+}
 
 
 REPLY = "\x1eCBT "

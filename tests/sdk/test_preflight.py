@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import base64
+import contextlib
 import os
+import signal
 import stat
 import subprocess
 import sys
@@ -184,3 +186,30 @@ def test_tagged_matches_whole_tokens_unless_asked_for_a_prefix():
     finally:
         proc.kill()
         proc.wait()
+
+
+def test_spawn_starts_a_detached_process_logging_to_the_cluster_dir(home):
+    tasks.install({"cluster_id": "c1", "files": {}})
+    argv = ["sh", "-c", 'echo "out $CB_X"; echo err >&2; exec sleep 30']
+    pid = tasks.spawn({"cluster_id": "c1", "argv": argv, "env": {"CB_X": "1"}, "log": "a.log"})[
+        "pid"
+    ]
+    try:
+        assert os.getsid(pid) == pid  # its own session: closing ours does not end it
+        log = home / ".clusterbook" / "clusters" / "c1" / "a.log"
+        deadline = time.monotonic() + 10
+        while log.read_text().count("\n") < 2 and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert sorted(log.read_text().splitlines()) == ["err", "out 1"]
+        assert stat.S_IMODE(log.stat().st_mode) == 0o600
+        assert tasks.tail({"cluster_id": "c1", "name": "a.log", "lines": 1})["text"] in (
+            "err",
+            "out 1",
+        )
+        assert tasks.tail({"cluster_id": "c1", "name": "none.log", "lines": 5}) == {"text": ""}
+    finally:
+        os.kill(pid, signal.SIGKILL)
+        with contextlib.suppress(ChildProcessError):  # maybe reaped by subprocess already
+            os.waitpid(pid, 0)
+    with pytest.raises(ValueError, match="bad file name"):
+        tasks.spawn({"cluster_id": "c1", "argv": ["true"], "log": "../x"})

@@ -34,7 +34,6 @@ from clusterbook.rendezvous.backends.tcp import StoreServer, TcpBackend, write_s
 from clusterbook.rendezvous.ops import Action, apply, remove_node
 from clusterbook.rendezvous.state import RendezvousState, decode, encode
 from clusterbook.spec import NodeSpec
-from clusterbook.ssh.keys import derive_keypair
 from clusterbook.status import NodeStatus
 
 __all__ = ["ElasticProvider"]
@@ -100,6 +99,8 @@ class ElasticProvider:
         self.token_file = directory / "token"
         self.token_file.unlink(missing_ok=True)
         secret = write_secret(self.token_file)
+        from clusterbook.ssh.keys import derive_keypair  # cryptography: only when started
+
         keys = directory / "keys"
         shutil.rmtree(keys, ignore_errors=True)
         pair = derive_keypair(keys, ctx.cluster_id, secret)

@@ -42,12 +42,12 @@ from clusterbook.ssh.keys import authorized_keys_line, generate_keypair, key_tag
 from clusterbook.ssh.local_shell import LocalShell
 from clusterbook.ssh.paramiko_shell import ParamikoShell, connect
 from clusterbook.ssh.preflight import NodeFacts, problems
-from clusterbook.ssh.shell import RemoteProcess
 from clusterbook.status import NodeStatus
 
 __all__ = ["SSHProvider", "parse_hosts"]
 
-_HEAD = "(head)"  # key of the head among hosts (never a valid host name)
+_HEAD = "(head)"
+_AGENT_LOG = "agent.log"  # key of the head among hosts (never a valid host name)
 
 
 def parse_hosts(hosts: Sequence[str] | str, default_slots: int = 1) -> tuple[NodeSpec, ...]:
@@ -108,7 +108,6 @@ class SSHProvider:
         self.timings: dict[str, float] = {}
         self.changed: Callable[[], None] = lambda: None
         self._rendezvous: ElasticProvider | None = None
-        self._agents: dict[str, RemoteProcess] = {}
         self._head_facts: NodeFacts | None = None
         self.stop_problems: dict[str, Exception] = {}
 
@@ -137,7 +136,7 @@ class SSHProvider:
             self._start_rendezvous(ctx)
             self._install(ctx, head_dir, sessions)
             self.timings["install"] = time.monotonic() - t0
-            self._start_agents(ctx)
+            self._start_agents(ctx, sessions)
             self.timings["agents"] = time.monotonic() - t0
         except BaseException:
             self.stop()
@@ -209,8 +208,10 @@ class SSHProvider:
         rendezvous.start(ctx)
         self._rendezvous = rendezvous
 
-    def _start_agents(self, ctx: StartContext) -> None:
-        """One agent per node, over the node's one connection; wait until all joined."""
+    def _start_agents(self, ctx: StartContext, sessions: dict[str, NodeSession]) -> None:
+        """One agent per node, started by the node's bootstrap session (no second login);
+        wait until all joined. The agents outlive the sessions: they leave when the
+        rendezvous closes, and exit by themselves when they lose the head."""
         rendezvous = self._rendezvous
         assert rendezvous is not None
         url = rendezvous.join_url
@@ -238,12 +239,20 @@ class SSHProvider:
             ]
             # Tagged like a job: the clean-up at stop() finds it whatever happened.
             env = {"CLUSTERBOOK_JOB": f"{ctx.cluster_id}-agents"}
-            self._agents[node.host] = self._conns[node.host].shell.start(argv, env=env)
+            spawn = {"cluster_id": ctx.cluster_id, "argv": argv, "env": env, "log": _AGENT_LOG}
+            sessions[node.host].call("spawn", spawn)
         try:
             rendezvous.wait_ready(min(60.0, self.connect_timeout * 2))
         except ClusterError as exc:
+            joined = {s.name for s in rendezvous.node_statuses() if s.state == "joined"}
+            late = [n.host for n in self.nodes if n.host not in joined]
+            args = {"cluster_id": ctx.cluster_id, "name": _AGENT_LOG, "lines": 5}
+            logs, _ = parallel(late, lambda h: sessions[h].call("tail", args)["text"])
             raise BootstrapError(
-                {h: [f"its agent did not join: {exc}"] for h in self._conns}
+                {
+                    h: [f"its agent did not join ({exc}); its log ends: {logs.get(h) or '-'}"]
+                    for h in late
+                }
             ) from None
 
     def node_statuses(self) -> list[NodeStatus]:
@@ -376,8 +385,6 @@ class SSHProvider:
         rendezvous, self._rendezvous = self._rendezvous, None
         if rendezvous is not None:
             rendezvous.stop()  # closed: the agents leave and exit
-        agents, self._agents = self._agents, {}
-        parallel(list(agents), lambda host: agents[host].close(timeout=5))
         args = {"cluster_id": ctx.cluster_id, "tag": key_tag(ctx.cluster_id), "grace": 2.0}
 
         def clean(host: str) -> object:
