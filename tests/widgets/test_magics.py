@@ -17,6 +17,7 @@ from pathlib import Path
 
 import psutil
 import pytest
+from IPython import get_ipython
 from IPython.testing.globalipapp import start_ipython
 from IPython.utils.capture import capture_output
 
@@ -306,7 +307,8 @@ def test_failure_report_shows_each_error_once() -> None:
 
 @pytest.fixture(scope="module")
 def ip():  # type: ignore[no-untyped-def]
-    return start_ipython()
+    # start_ipython() returns the shell only the first time it is called in a session.
+    return start_ipython() or get_ipython()
 
 
 def cluster_processes(before: set[int]) -> list[psutil.Process]:

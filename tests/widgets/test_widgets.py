@@ -515,6 +515,23 @@ def test_viewer_filters_by_rank_host_and_search(tmp_path: Path):
     viewer.close()
 
 
+def test_viewer_filters_show_all_selected_also_after_choosing_it_again(tmp_path: Path):
+    # A Dropdown whose value is None shows no option selected: "all" needs its own value.
+    viewer, clock = finished_viewer(SAMPLE, tmp_path)
+    for dropdown in (viewer.rank_filter, viewer.host_filter):
+        assert (dropdown.index, dropdown.label) == (0, "all")
+    viewer.rank_filter.index = 2  # what picking "1" in the browser sends
+    clock.advance(0.1)
+    assert len(body_lines(viewer.output_html.value)) == 2
+    viewer.rank_filter.index = 0
+    clock.advance(0.1)
+    assert (viewer.rank_filter.index, viewer.rank_filter.label) == (0, "all")
+    assert len(body_lines(viewer.output_html.value)) == 5
+    viewer.rank_filter.value = None  # None from code also means all, and shows it
+    assert (viewer.rank_filter.index, viewer.rank_filter.label) == (0, "all")
+    viewer.close()
+
+
 def test_viewer_styles_stderr_and_escapes_lines(tmp_path: Path):
     records = [rec(0, "<script>alert(1)</script>"), rec(0, "oops", "stderr")]
     viewer, _ = finished_viewer(records, tmp_path)

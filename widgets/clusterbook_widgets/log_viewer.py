@@ -33,6 +33,21 @@ _EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)
 _MICROSECOND = timedelta(microseconds=1)
 
 
+class _All:
+    """The value of the filters' "all" option: a Dropdown shows no option as selected when
+    its value is None, so "all" needs a value of its own."""
+
+    def __repr__(self) -> str:
+        return "all"
+
+
+_ALL = _All()
+
+
+def _chosen(value: Any) -> Any:
+    return None if value is None or value is _ALL else value
+
+
 class _Job(Protocol):
     """What the viewer needs of a job (:class:`clusterbook.launch.job.Job` has it all)."""
 
@@ -83,10 +98,10 @@ class LogViewer(widgets.VBox):
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"{name} ({value!r}) must be a whole number, 1 or more.")
         self.rank_filter = widgets.Dropdown(
-            description="Rank", options=[("all", None)], layout=widgets.Layout(width="160px")
+            description="Rank", options=[("all", _ALL)], layout=widgets.Layout(width="160px")
         )
         self.host_filter = widgets.Dropdown(
-            description="Host", options=[("all", None)], layout=widgets.Layout(width="220px")
+            description="Host", options=[("all", _ALL)], layout=widgets.Layout(width="220px")
         )
         self.search_box = widgets.Text(
             description="Search", placeholder="text in a line", continuous_update=True
@@ -248,9 +263,13 @@ class LogViewer(widgets.VBox):
             self._ended.set()
             self._throttle.push(None)
 
-    def _on_control(self, _change: dict[str, Any]) -> None:
-        if not self._syncing:
-            self._throttle.push(None)
+    def _on_control(self, change: dict[str, Any]) -> None:
+        if self._syncing:
+            return
+        if change["new"] is None and change["owner"] in (self.rank_filter, self.host_filter):
+            change["owner"].value = _ALL  # None means "all" too; show it selected
+            return
+        self._throttle.push(None)
 
     def _on_follow(self, change: dict[str, Any]) -> None:
         self.follow_toggle.icon = "play" if change["new"] else "pause"
@@ -267,10 +286,10 @@ class LogViewer(widgets.VBox):
         with self._lock:
             hosts = dict(self._hosts)
         ranks = sorted(set(range(self._np)) | {r for r in hosts if r != LAUNCHER_RANK})
-        rank_options = [("all", None), *((str(r), r) for r in ranks)]
+        rank_options = [("all", _ALL), *((str(r), r) for r in ranks)]
         if LAUNCHER_RANK in hosts:
             rank_options.append(("launcher", LAUNCHER_RANK))
-        host_options = [("all", None), *((h, h) for h in sorted(set(hosts.values())))]
+        host_options = [("all", _ALL), *((h, h) for h in sorted(set(hosts.values())))]
         self._syncing = True
         try:
             for dropdown, options in (
@@ -293,8 +312,8 @@ class LogViewer(widgets.VBox):
         records = self.records
         self.output_html.value = render_lines(
             records,
-            rank=self.rank_filter.value,
-            host=self.host_filter.value,
+            rank=_chosen(self.rank_filter.value),
+            host=_chosen(self.host_filter.value),
             search=self.search_box.value,
             limit=len(records),
         )

