@@ -19,7 +19,8 @@ __all__ = ["ClusterSnapshot", "JobStatus", "NodeStatus", "job_status", "nodes_fr
 @dataclass(frozen=True, slots=True)
 class NodeStatus:
     """One node as it is now. ``state`` is pending, ready, joined, running, lost or left;
-    elastic nodes also have their rendezvous round, heartbeat age (s), load and pid."""
+    nodes with an agent also have their rendezvous round, heartbeat age (s), load (1-minute
+    load average), memory in use (percent), total memory (bytes) and the agent's pid."""
 
     name: str
     host: str
@@ -31,6 +32,8 @@ class NodeStatus:
     heartbeat_age: float | None = None
     load: float | None = None
     pid: int | None = None
+    memory_used: float | None = None
+    memory: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -74,13 +77,16 @@ NODE_COLUMNS = (
     "round",
     "heartbeat_age",
     "load",
+    "memory_used",
+    "memory",
     "pid",
 )
 
 
 def nodes_frame(snapshot: ClusterSnapshot) -> pd.DataFrame:
     """One row per node: node, host, slots, state, ranks (of the running job), job, and for
-    elastic nodes round, heartbeat age (s), load and pid (None elsewhere)."""
+    nodes with an agent round, heartbeat age (s), load, memory used (%), memory (bytes) and
+    pid (None elsewhere)."""
     import pandas as pd
 
     rows = [
@@ -94,6 +100,8 @@ def nodes_frame(snapshot: ClusterSnapshot) -> pd.DataFrame:
             n.round,
             n.heartbeat_age,
             n.load,
+            n.memory_used,
+            n.memory,
             n.pid,
         )
         for n in snapshot.nodes

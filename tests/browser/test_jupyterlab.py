@@ -58,9 +58,9 @@ CELLS = [
     "%%mpirun -n 4 --timeout 60\n"
     "from mpi4py import MPI\n\n"
     'print(f"hello from rank {MPI.COMM_WORLD.Get_rank()}")',
-    "from clusterbook_widgets import LogViewer\n\n"
+    "from clusterbook_widgets import LogViewer, current_cluster\n\n"
     "# The job %%mpirun just ran, on the cluster %cluster started.\n"
-    "cluster = get_ipython().find_magic('cluster').__self__.cluster\n"
+    "cluster = current_cluster()\n"
     "LogViewer(cluster.jobs[-1])",
 ]
 

@@ -212,6 +212,12 @@ def test_status_shows_nodes_and_ranks(mpi_python, make_cluster, program):
     frame = cluster.status()
     assert frame.node.tolist() == ["local-0", "local-1"]
     assert frame.state.tolist() == ["joined", "joined"]
+    # What the agents report: load, memory in use and the machine's memory.
+    import psutil
+
+    assert frame["memory"].tolist() == [psutil.virtual_memory().total] * 2
+    assert all(0 < used < 100 for used in frame["memory_used"])
+    assert all(load >= 0 for load in frame["load"])
     job = cluster.mpirun(["python", program("s.py", HANGS)], np=3)
     next(iter(job.stream()))
     frame = cluster.status()

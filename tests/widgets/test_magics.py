@@ -576,3 +576,18 @@ def test_bad_cluster_arguments_print_usage(ip, magics: ClusterMagics, line: str,
     assert said in out.stderr
     assert "Traceback" not in out.stderr
     assert magics.cluster is None
+
+
+def test_current_cluster_is_the_one_the_magics_started(ip, magics) -> None:
+    from clusterbook_widgets import current_cluster
+
+    assert current_cluster(ip) is None
+    with capture_output():
+        ip.run_line_magic("cluster", "local --workers 1 --slots 1")
+    cluster = current_cluster(ip)
+    assert cluster is magics.cluster
+    assert cluster.state == "running"
+    assert current_cluster() is cluster  # the running IPython is ip
+    with capture_output():
+        ip.run_line_magic("cluster", "stop")
+    assert current_cluster(ip) is None

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
 
 import pytest
 
@@ -120,8 +119,17 @@ def test_every_node_state_has_its_own_colour():
     assert len({STATE_COLOURS[s] for s in ("pending", "ready", "running", "lost", "left")}) == 5
 
 
-def test_node_table_shows_slots_ranks_heartbeat_and_load():
-    n = node("w1", "running", ranks=(0, 1), job="job-0002", heartbeat_age=0.25, load=1.5)
+def test_node_table_shows_slots_ranks_heartbeat_load_and_memory():
+    n = node(
+        "w1",
+        "running",
+        ranks=(0, 1),
+        job="job-0002",
+        heartbeat_age=0.25,
+        load=1.5,
+        memory_used=37.4,
+        memory=int(23.5 * 1024**3),
+    )
     (row,) = rows(render_nodes(snap(nodes=[n])))
     cells = re.findall(r"<td[^>]*>(.*?)</td>", row)
     assert cells[0] == "w1"
@@ -130,24 +138,20 @@ def test_node_table_shows_slots_ranks_heartbeat_and_load():
     assert cells[4] == "0,1 (job-0002)"
     assert cells[5] == "0.2 s ago"
     assert cells[6] == "1.50"
-    assert "Memory" not in render_nodes(snap(nodes=[n]))
+    assert cells[7] == "37% of 23.5 GiB"
 
 
-def test_memory_column_appears_when_a_node_reports_memory():
-    @dataclass(frozen=True)
-    class NodeWithMemory(NodeStatus):
-        memory: object = None
-
+def test_memory_shows_what_is_known_of_it():
     nodes = [
-        NodeWithMemory("a", "a", 1, "ready", memory=1.5 * 1024**3),
-        NodeWithMemory("b", "b", 1, "ready", memory=EVIL),
-        NodeWithMemory("c", "c", 1, "ready"),
+        node("a", memory_used=12.0),
+        node("b", memory=1024**3),
+        node("c"),
     ]
-    out = render_nodes(snap(nodes=nodes))
-    assert "<th" in out
-    assert ">Memory</th>" in out
-    assert "1.5 GiB" in out
-    assert "<script>" not in out
+    cells = [
+        re.findall(r"<td[^>]*>(.*?)</td>", r)[7] for r in rows(render_nodes(snap(nodes=nodes)))
+    ]
+    assert cells == ["12%", "? of 1.0 GiB", "—"]
+    assert ">Memory</th>" in render_nodes(snap(nodes=nodes))
 
 
 def test_node_names_and_hosts_are_escaped():

@@ -18,9 +18,17 @@ __all__ = [
     "Scheduler",
     "ThreadScheduler",
     "Throttle",
+    "current_cluster",
     "display_cluster",
     "load_ipython_extension",
 ]
+
+
+def current_cluster(shell: Any = None) -> Any:
+    """The cluster ``%cluster`` started (the one ``%%mpirun`` uses), or None."""
+    from clusterbook_widgets.magics import current_cluster as current
+
+    return current(shell)
 
 
 def load_ipython_extension(ipython: Any) -> None:

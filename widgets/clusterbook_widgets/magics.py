@@ -39,6 +39,17 @@ class _CellError(Exception):
     """A problem with the cell's inputs, told to the user as a message."""
 
 
+def current_cluster(shell: Any = None) -> cb.Cluster | None:
+    """The cluster that ``%cluster`` started in ``shell`` (default: the running IPython), the
+    one ``%%mpirun`` runs on; None if there is none."""
+    if shell is None:
+        from IPython import get_ipython
+
+        shell = get_ipython()
+    magics = shell.magics_manager.registry.get("ClusterMagics") if shell is not None else None
+    return magics.cluster if magics is not None else None
+
+
 def _err(text: str) -> None:
     print(text, file=sys.stderr, flush=True)
 

@@ -94,9 +94,12 @@ def _bytes(value: float) -> str:
     raise AssertionError("unreachable")
 
 
-def _memory(node: NodeStatus) -> Any:
-    # NodeStatus has no memory field today; providers that report one may add it.
-    return getattr(node, "memory", None)
+def _memory(node: NodeStatus) -> str:
+    """``37% of 23.5 GiB``, or what is known of it."""
+    if node.memory_used is None and node.memory is None:
+        return "—"
+    used = "?" if node.memory_used is None else f"{node.memory_used:.0f}%"
+    return _e(used if node.memory is None else f"{used} of {_bytes(node.memory)}")
 
 
 def _table(headers: Sequence[str], rows: Iterable[Sequence[str]], cls: str) -> str:
@@ -175,13 +178,10 @@ def render_progress(
 
 def render_nodes(snapshot: ClusterSnapshot) -> str:
     """A table of the nodes: name, host, slots, state (coloured), ranks of the running job,
-    heartbeat age, load, and memory when a node reports it."""
+    heartbeat age, load, and memory in use."""
     if not snapshot.nodes:
         return _empty("cb-nodes", "No nodes yet.")
-    with_memory = any(_memory(n) is not None for n in snapshot.nodes)
-    headers = ["Node", "Host", "Slots", "State", "Ranks", "Heartbeat", "Load"]
-    if with_memory:
-        headers.append("Memory")
+    headers = ["Node", "Host", "Slots", "State", "Ranks", "Heartbeat", "Load", "Memory"]
     rows = []
     for n in snapshot.nodes:
         ranks = ",".join(str(r) for r in n.ranks)
@@ -193,15 +193,8 @@ def render_nodes(snapshot: ClusterSnapshot) -> str:
             _e(f"{ranks} ({n.job})" if ranks and n.job else ranks),
             "—" if n.heartbeat_age is None else f"{n.heartbeat_age:.1f} s ago",
             "—" if n.load is None else _e(f"{n.load:.2f}"),
+            _memory(n),
         ]
-        if with_memory:
-            memory = _memory(n)
-            if memory is None:
-                row.append("—")
-            elif isinstance(memory, (int, float)):
-                row.append(_bytes(memory))
-            else:
-                row.append(_e(memory))
         rows.append(row)
     return _table(headers, rows, "cb-nodes")
 

@@ -288,6 +288,8 @@ class ElasticProvider:
                     round=state.round if node in state.participants else None,
                     heartbeat_age=None if last is None else max(0.0, now - last),
                     load=report.get("load"),  # type: ignore[arg-type]
+                    memory_used=report.get("memory_used"),  # type: ignore[arg-type]
+                    memory=report.get("memory"),  # type: ignore[arg-type]
                     pid=report.get("pid"),  # type: ignore[arg-type]
                 )
             )
