@@ -33,6 +33,7 @@ if TYPE_CHECKING:
     from clusterbook.ssh.hostkeys import HostKeyPolicy
 
 if TYPE_CHECKING:
+    import ipyparallel
     import pandas as pd
 
 __all__ = ["Cluster", "default_run_root"]
@@ -89,6 +90,7 @@ class Cluster:
         self._jobs: list[Job] = []
         self._lock = threading.RLock()
         self._subscribers: Subscribers[ClusterSnapshot] = Subscribers()
+        self._stoppers: list[Callable[[], None]] = []
 
     @classmethod
     def local(
@@ -319,6 +321,7 @@ class Cluster:
             self._state = "stopping"
             jobs = list(self._jobs)
         try:
+            self.stop_engines()
             for job in jobs:
                 if not job.done:
                     job.cancel()
@@ -466,6 +469,50 @@ class Cluster:
             self._jobs.append(job)
         self._changed()
         return job
+
+    def engines(
+        self, n: int | None = None, *, timeout: float = 60.0, env: Mapping[str, str] | None = None
+    ) -> ipyparallel.Client:
+        """Start ``n`` ipyparallel engines as an MPI job on the nodes; return a connected client.
+
+        A controller starts on the head with a fresh key; the engines run under the cluster's
+        launcher (one per rank, engine id = MPI rank, ``mpi4py``'s ``COMM_WORLD`` spans them)
+        and show in the cluster's jobs. In IPython, ``%%px`` runs on them. They stop with
+        :meth:`stop_engines` or :meth:`stop`. Needs ``pip install 'clusterbook[jupyter]'``.
+
+        Parameters
+        ----------
+        n
+            Number of engines (default: all slots).
+        timeout
+            Seconds to wait for every engine; past it they are stopped and
+            :class:`ReadyTimeoutError` is raised (:class:`JobFailedError` if they died).
+        env
+            Variables for the engines, as for :meth:`mpirun`.
+
+        Returns
+        -------
+        ipyparallel.Client
+            Connected to the ``n`` engines.
+        """
+        self._require_running("engines")
+        from clusterbook_widgets.engines import start_engines
+
+        remote = self._provider.remote()
+        head = remote.head_addr if remote is not None else None
+        return start_engines(self, n, timeout=timeout, env=env, head_addr=head)
+
+    def stop_engines(self) -> None:
+        """Stop every engine and controller :meth:`engines` started (``stop()`` does too)."""
+        with self._lock:
+            stoppers, self._stoppers = self._stoppers, []
+        for stop in reversed(stoppers):
+            stop()
+
+    def _on_stop(self, stop: Callable[[], None]) -> None:
+        """Have :meth:`stop_engines` and :meth:`stop` call ``stop()`` (services of a job)."""
+        with self._lock:
+            self._stoppers.append(stop)
 
     # -- status ---------------------------------------------------------------------------
 

@@ -10,6 +10,7 @@ fields of a snapshot are rendered; nothing from job environments or token files 
 from __future__ import annotations
 
 import html
+import itertools
 import re
 import shlex
 from collections.abc import Iterable, Sequence
@@ -17,10 +18,13 @@ from typing import Any
 
 from clusterbook.launch.logs import LAUNCHER_RANK, LogRecord
 from clusterbook.status import ClusterSnapshot, JobStatus, NodeStatus
+from clusterbook_widgets.ipp_config import ENGINE_MODULE
 
 __all__ = [
+    "ENGINES_LABEL",
     "STATE_COLOURS",
     "filter_records",
+    "job_label",
     "render_header",
     "render_jobs",
     "render_lines",
@@ -52,6 +56,8 @@ _STDERR_COLOUR = "#c53030"
 _UP = frozenset({"ready", "joined", "running"})
 _GONE = frozenset({"lost", "left"})
 _ARGV_CHARS = 160
+#: What the jobs table calls a job of ipyparallel engines (``python -m ipyparallel.engine``).
+ENGINES_LABEL = "ipyparallel engines"
 
 _TABLE = 'style="border-collapse:collapse;font-size:12px;margin:2px 0"'
 _TH = 'style="text-align:left;padding:2px 10px 2px 0;border-bottom:1px solid #cbd5e0"'
@@ -205,9 +211,20 @@ def _job_order(jobs: Sequence[JobStatus]) -> list[JobStatus]:
     return running + finished
 
 
+def job_label(job: JobStatus) -> str | None:
+    """The name a well-known job is shown under: :data:`ENGINES_LABEL` for ipyparallel
+    engines (what ``cluster.engines()`` starts), else None."""
+    argv = job.argv
+    for flag, module in itertools.pairwise(argv):
+        if flag == "-m" and module == ENGINE_MODULE:
+            return ENGINES_LABEL
+    return None
+
+
 def render_jobs(snapshot: ClusterSnapshot) -> str:
     """A table of the jobs, running ones first, then finished ones newest first: id, np,
-    command, state (coloured), exit code, duration and failed ranks."""
+    command (under its name for well-known jobs, see :func:`job_label`), state (coloured),
+    exit code, duration and failed ranks."""
     if not snapshot.jobs:
         return _empty("cb-jobs", "No jobs yet.")
     rows = []
@@ -215,11 +232,14 @@ def render_jobs(snapshot: ClusterSnapshot) -> str:
         command = shlex.join(j.argv)
         shown = command if len(command) <= _ARGV_CHARS else command[: _ARGV_CHARS - 1] + "…"
         failed = ", ".join(str(r) for r in j.failed_ranks)
+        code = f'<code title="{_e(command)}">{_e(shown)}</code>'
+        if (label := job_label(j)) is not None:
+            code = f'<b class="cb-job-label">{_e(label)}</b> <small {_MUTED}>{code}</small>'
         rows.append(
             [
                 _e(j.id),
                 _e(j.np),
-                f'<code title="{_e(command)}">{_e(shown)}</code>',
+                code,
                 _badge(j.state),
                 "—" if j.returncode is None else _e(j.returncode),
                 _seconds(j.duration),

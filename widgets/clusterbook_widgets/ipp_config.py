@@ -1,0 +1,128 @@
+"""What an ipyparallel controller and its MPI engines are started with: pure builders.
+
+The connection information is ipyparallel's connection-file format (one dict for engines, one
+for clients); the command lines are the controller's and an engine's. Nothing here starts a
+process; :mod:`clusterbook_widgets.engines` does.
+"""
+
+from __future__ import annotations
+
+import socket
+from typing import Any
+
+__all__ = [
+    "CONNECTION_ENV",
+    "ENGINE_MODULE",
+    "PORTS",
+    "Hidden",
+    "connection_info",
+    "controller_argv",
+    "engine_argv",
+    "free_ports",
+]
+
+#: What ipyparallel's engine reads its connection information from.
+CONNECTION_ENV = "IPP_CONNECTION_INFO"
+#: The module an engine job runs (``python -m ipyparallel.engine``).
+ENGINE_MODULE = "ipyparallel.engine"
+_SCRUB = f"import os as _os; _os.environ.pop({CONNECTION_ENV!r}, None); del _os"
+_ENGINE_PORTS = ("registration", "control", "mux", "task", "iopub", "hb_ping", "hb_pong")
+_CLIENT_PORTS = ("control", "mux", "task", "iopub", "notification", "broadcast")
+_LEAVES = 2  # broadcast scheduler leaves at ipyparallel's default depth of 1
+#: Ports a controller listens on for engines and clients (the registration port is shared).
+PORTS = len(_ENGINE_PORTS) + _LEAVES + len(_CLIENT_PORTS)
+
+
+def connection_info(
+    key: str, ports: list[int], *, engine_ip: str, client_ip: str
+) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The engine and client connection dicts of a controller (ipyparallel's file format).
+
+    ``ports`` holds :data:`PORTS` free ports. Each side's ``location`` is the address it
+    connects to, an IP literal: nobody looks a host name up, and the client (on the head,
+    at ``client_ip``) sees a controller on its own machine.
+    """
+    if len(ports) != PORTS:
+        raise ValueError(f"connection_info needs {PORTS} ports, got {len(ports)}.")
+    it = iter(ports)
+    common = {
+        "key": key,
+        "curve_serverkey": None,
+        "pack": "json",
+        "unpack": "json",
+        "signature_scheme": "hmac-sha256",
+        "ssh": "",
+    }
+    engine: dict[str, Any] = {"interface": f"tcp://{engine_ip}", "location": engine_ip}
+    engine.update({name: next(it) for name in _ENGINE_PORTS})
+    engine["broadcast"] = [next(it) for _ in range(_LEAVES)]
+    client: dict[str, Any] = {"interface": f"tcp://{client_ip}", "location": client_ip}
+    client["task_scheme"] = "leastload"
+    client["registration"] = engine["registration"]
+    client.update({name: next(it) for name in _CLIENT_PORTS})
+    return {**engine, **common}, {**client, **common}
+
+
+def controller_argv(
+    python: str, profile_dir: str, *, engine_ip: str, client_ip: str, heartbeat_ms: int
+) -> list[str]:
+    """The controller's command line: reuse the connection files in ``profile_dir``, beat
+    every ``heartbeat_ms`` and tolerate about ten seconds of missed beats (a busy machine)."""
+    misses = max(10, 10_000 // heartbeat_ms)
+    return [
+        python,
+        "-m",
+        "ipyparallel.controller",
+        f"--profile-dir={profile_dir}",
+        "--reuse",
+        f"--IPController.engine_ip={engine_ip}",
+        f"--IPController.client_ip={client_ip}",
+        f"--IPController.location={engine_ip}",
+        f"--HeartMonitor.period={heartbeat_ms}",
+        f"--HeartMonitor.max_heartmonitor_misses={misses}",
+        "--log-level=INFO",
+    ]
+
+
+def engine_argv(timeout: float) -> list[str]:
+    """An engine's command line: its MPI rank is its engine id and ``mpi4py`` is loaded; it
+    waits up to ``timeout`` seconds for the controller to answer its registration. The
+    engine's nanny stays on (about 0.2 s of start-up): it is what delivers an interrupt of a
+    ``%%px`` cell, which would otherwise wait for an answer forever. Logs at WARN: more
+    verbose levels print the engine's configuration, key included, into the rank logs."""
+    return [
+        "python",
+        "-m",
+        ENGINE_MODULE,
+        "--mpi",
+        f"--timeout={timeout:g}",
+        "--log-level=WARN",
+        "-c",
+        _SCRUB,
+    ]
+
+
+class Hidden(str):
+    """A string whose repr hides it: the engines job's environment is part of its plan,
+    which a user may print (``job.plan``); the value itself reaches the ranks unchanged."""
+
+    __slots__ = ()
+
+    def __repr__(self) -> str:
+        return "'<hidden>'"
+
+
+def free_ports(count: int) -> list[int]:
+    """``count`` distinct TCP ports free on every interface now."""
+    # Held open together so that they are distinct; bound on every interface so that a port
+    # is free on the engine-facing and the loopback address alike.
+    socks = []
+    try:
+        for _ in range(count):
+            s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+            s.bind(("0.0.0.0", 0))  # noqa: S104 - probing for a free port, nothing listens
+            socks.append(s)
+        return [s.getsockname()[1] for s in socks]
+    finally:
+        for s in socks:
+            s.close()
