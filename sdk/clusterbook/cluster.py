@@ -373,6 +373,7 @@ class Cluster:
         timeout: float | None = None,
         oversubscribe: bool = False,
         launcher_args: Sequence[str] = (),
+        abort_on_error: bool = True,
     ) -> Job:
         """Start ``argv`` as an MPI program of ``np`` ranks on the cluster's nodes.
 
@@ -393,6 +394,10 @@ class Cluster:
             Allow more ranks than slots.
         launcher_args
             Extra arguments for mpirun/mpiexec, placed before the program.
+        abort_on_error
+            A Python rank that raises, or calls ``sys.exit`` with a non-zero code, aborts the
+            whole MPI job, so that no other rank hangs in a collective. Turn it off for
+            programs that handle errors themselves (interactive engines).
 
         Returns
         -------
@@ -444,6 +449,7 @@ class Cluster:
             launcher_args=tuple(launcher_args),
             job_token=token,
             hook_dir=(remote and remote.hook_dir) or HOOK_DIR,
+            abort_on_error=abort_on_error,
         )
         here = socket.gethostname()
         names = remote.hostnames if remote else {}

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import base64
 import copy
+import json
 import os
 import shutil
 import threading
@@ -105,8 +106,9 @@ def secret_needles(text: str) -> set[str]:
 
 
 def harvest(home: Path, into: dict[str, set[str]]) -> None:
-    """Read every secret file under ``home`` (``~/.clusterbook`` today, but wherever they
-    are): rendezvous tokens (files named ``token``) and private keys."""
+    """Read every secret file under ``home`` (``~/.clusterbook`` and the run directories):
+    rendezvous tokens (files named ``token``), private keys, and the keys of ipyparallel
+    engine sets (``ipcontroller-*.json``)."""
     # os.walk skips directories that vanish while it reads (a cluster stopping meanwhile).
     for directory, _, files in os.walk(home):
         for name in files:
@@ -117,9 +119,19 @@ def harvest(home: Path, into: dict[str, set[str]]) -> None:
                 text = path.read_text(errors="replace")
             except OSError:
                 continue
-            is_secret = name == "token" or PRIVATE_KEY_MARK in text
+            engines = name.startswith("ipcontroller-") and name.endswith(".json")
+            if engines:
+                text = _ipp_key(text)  # an engine set's connection file: its key
+            is_secret = engines or name == "token" or PRIVATE_KEY_MARK in text
             if is_secret and (needles := secret_needles(text)):
                 into.setdefault(str(path.relative_to(home)), set()).update(needles)
+
+
+def _ipp_key(text: str) -> str:
+    try:
+        return str(json.loads(text).get("key") or "")
+    except ValueError:
+        return ""
 
 
 def _strings(value: Any) -> Iterator[str]:

@@ -89,3 +89,28 @@ def test_the_scan_finds_a_private_key(runner: ModuleType, tmp_path: Path) -> Non
         "cell 0 outputs: a private key ('PRIVATE KEY-----')"
     ]
     assert runner.find_leaks(notebook(pair.public_line), secrets) == []
+
+
+def test_the_scan_finds_an_engine_sets_key(runner: ModuleType, tmp_path: Path) -> None:
+    import json
+
+    import nbformat
+
+    home = tmp_path / "home"
+    security = home / "runs" / "r1" / "ipyparallel" / "controller-1" / "security"
+    security.mkdir(parents=True)
+    key = "0f" * 32
+    for name in ("ipcontroller-client.json", "ipcontroller-engine.json"):
+        (security / name).write_text(json.dumps({"key": key, "location": "127.0.0.1"}))
+    (security.parent / "job.json").write_text(json.dumps({"argv": ["python"], "np": 2}))
+    secrets: dict[str, set[str]] = {}
+    runner.harvest(home, secrets)
+    assert sorted(Path(k).name for k in secrets) == [
+        "ipcontroller-client.json",
+        "ipcontroller-engine.json",
+    ]
+    cell = nbformat.v4.new_code_cell("rc")
+    cell.outputs = [nbformat.v4.new_output("stream", name="stdout", text=f"key={key}")]
+    leaks = runner.find_leaks(nbformat.v4.new_notebook(cells=[cell]), secrets)
+    assert len(leaks) == 2
+    assert all(leak.startswith("cell 0 outputs: the content of ~/runs/") for leak in leaks)

@@ -14,6 +14,7 @@ from clusterbook.launch.command import (
     binding,
     build_command,
     placement,
+    rank_env,
     render_hostfile,
 )
 from clusterbook.launch.flavour import Launcher, MPIFlavour
@@ -416,3 +417,8 @@ def test_openmpi_starts_every_daemon_from_the_head_when_nodes_hold_no_key() -> N
     at = argv.index("plm_ssh_no_tree_spawn")
     assert argv[at - 1 : at + 2] == ["--prtemca", "plm_ssh_no_tree_spawn", "1"]
     assert argv.index("plm_ssh_args") < at < argv.index("-x")
+
+
+def test_jobs_that_handle_errors_themselves_keep_the_stacks_but_not_the_abort() -> None:
+    assert rank_env(plan())["CLUSTERBOOK_RANK_HOOK"] == "1"
+    assert rank_env(plan(abort_on_error=False))["CLUSTERBOOK_RANK_HOOK"] == "stacks"

@@ -12,6 +12,7 @@ import sys
 import time
 from pathlib import Path
 
+import ipyparallel as ipp
 import pytest
 from IPython import get_ipython
 from IPython.testing.globalipapp import start_ipython
@@ -30,6 +31,7 @@ from clusterbook_widgets.ipp_config import (
     engine_argv,
 )
 from clusterbook_widgets.render import ENGINES_LABEL, job_label, render_jobs
+from tests.conftest import require
 
 ALLREDUCE = """\
 from mpi4py import MPI
@@ -183,6 +185,10 @@ def test_stop_engines_leaves_the_cluster_running(make_cluster, openmpi_python) -
     rc = cluster.engines(1, timeout=60)
     assert rc.ids == [0]
     assert rc[0].apply_sync(lambda: 6 * 7) == 42
+    # A cell that exits is an error of that cell, as in any kernel: no engine ends.
+    with pytest.raises(ipp.error.CompositeError, match="SystemExit"):
+        rc[:].execute("import sys\nsys.exit(3)", block=True)
+    assert rc[:].apply_sync(lambda: 6 * 7) == [42]
     cluster.stop_engines()
     assert _wait_none(cluster) == []
     assert cluster.state == "running"
@@ -256,8 +262,7 @@ def test_sigkill_of_the_kernel_takes_controller_and_engines_along(openmpi_python
 @pytest.mark.mpich
 def test_mpich_engines(make_cluster, mpich_python) -> None:
     probe = subprocess.run([mpich_python, "-c", "import ipyparallel"], check=False)
-    if probe.returncode != 0:
-        pytest.skip("ipyparallel is not installed in the MPICH environment")
+    require(probe.returncode == 0, "ipyparallel is not installed in the MPICH environment")
     cluster = make_cluster(mpich_python, workers=1, slots=2)
     ip = _shell()
     rc = cluster.engines(2, timeout=60)

@@ -243,6 +243,7 @@ def start_engines(
             engine_argv(limit),
             np=n,
             env={**(env or {}), CONNECTION_ENV: Hidden(json.dumps(engine_info))},
+            abort_on_error=False,  # the engines' kernels catch what a cell raises
         )
         engines.job, engines.n = job, job.np
         engines.client = _connect(ipyparallel, security, engines, deadline, limit)

@@ -52,6 +52,7 @@ class LaunchPlan:
     launcher_args: tuple[str, ...] = ()
     job_token: str = ""
     hook_dir: str = HOOK_DIR
+    abort_on_error: bool = True
 
 
 @dataclass(frozen=True, slots=True)
@@ -101,7 +102,7 @@ def rank_env(plan: LaunchPlan) -> dict[str, str]:
     env = dict(plan.env)
     base = env.get("PYTHONPATH", plan.inherited_env.get("PYTHONPATH", ""))
     env["PYTHONPATH"] = plan.hook_dir + (os.pathsep + base if base else "")
-    env["CLUSTERBOOK_RANK_HOOK"] = "1"
+    env["CLUSTERBOOK_RANK_HOOK"] = "1" if plan.abort_on_error else "stacks"
     if plan.job_token:
         env[GUARD_ENV] = plan.job_token
     return env

@@ -54,9 +54,12 @@ def kill_tree(proc: subprocess.Popen[bytes], grace: float, token: str = "") -> N
     members += tree(proc.pid)
     if token:
         members += [p for pid in tagged([token]) if (p := _process(pid)) is not None]
+    # A zombie has ended, though it stays in /proc until its (new) parent reaps it, which
+    # can take a while when that is init: waiting for zombies to vanish wastes the grace.
     alive = [p for p in dict.fromkeys(members) if _alive(p)]
-    if alive:
-        psutil.wait_procs(alive, timeout=max(0.0, deadline - time.monotonic()))
+    while alive and time.monotonic() < deadline:
+        time.sleep(0.02)
+        alive = [p for p in alive if _alive(p)]
     for p in alive:
         with contextlib.suppress(psutil.Error):
             p.kill()

@@ -5,7 +5,9 @@ It makes a Python rank behave well under MPI, whatever program it runs:
 - SIGUSR1 dumps every thread's stack to stderr (mpirun forwards SIGUSR1 to the ranks), so a
   job that times out shows where each rank was stuck.
 - An uncaught exception, or ``sys.exit`` with a non-zero code, aborts the whole MPI job (as
-  ``python -m mpi4py`` does), so no other rank is left hanging in a collective.
+  ``python -m mpi4py`` does), so no other rank is left hanging in a collective. Not in jobs
+  that handle errors themselves (``CLUSTERBOOK_RANK_HOOK=stacks``, e.g. ipyparallel engines,
+  whose kernels catch what a cell raises, ``SystemExit`` included).
 - A marker line on stderr tells the head which rank failed and how, even when the launcher
   then kills every process before their wrappers can report.
 
@@ -18,7 +20,7 @@ import sys
 _MARK = "\x1eCB"
 
 
-def _install() -> None:
+def _install(abort_on_error: bool) -> None:
     # _signal, not signal: the latter imports enum and functools, ~7 ms in every rank.
     import _signal
     import faulthandler
@@ -28,6 +30,8 @@ def _install() -> None:
     # The rank wrapper starts the program as a background job of sh, which ignores SIGINT.
     if _signal.getsignal(_signal.SIGINT) == _signal.SIG_IGN:
         _signal.signal(_signal.SIGINT, _signal.default_int_handler)
+    if not abort_on_error:
+        return
 
     def abort(code: int) -> None:
         mpi = sys.modules.get("mpi4py.MPI")
@@ -76,6 +80,6 @@ def _chain() -> None:
     spec.loader.exec_module(module)
 
 
-if os.environ.get("CLUSTERBOOK_RANK_HOOK") == "1":
-    _install()
+if os.environ.get("CLUSTERBOOK_RANK_HOOK") in ("1", "stacks"):
+    _install(abort_on_error=os.environ["CLUSTERBOOK_RANK_HOOK"] == "1")
 _chain()
