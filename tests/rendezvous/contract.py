@@ -1,4 +1,5 @@
-"""The contract every rendezvous backend passes (compare-and-set, fencing, watch, errors).
+"""The contract every rendezvous backend passes (compare-and-set, fencing, watch, update,
+rendezvous steps, errors).
 
 A backend's test module subclasses :class:`BackendContract` (or :class:`RemoteBackendContract`
 for stores that can be unreachable) and provides the ``backend`` fixture (a fresh, empty store
@@ -12,8 +13,93 @@ import time
 
 import pytest
 
-from clusterbook.rendezvous.api import RendezvousBackend, RendezvousConnectionError
+from clusterbook.rendezvous.api import (
+    RendezvousBackend,
+    RendezvousConnectionError,
+    RendezvousSettings,
+    RendezvousTimeout,
+)
+from clusterbook.rendezvous.ops import MUTATING_ACTIONS, Action, apply, sanitize, with_info
 from clusterbook.rendezvous.state import RendezvousState, decode, encode
+from clusterbook.rendezvous.step import DECISIONS, Operation, Step
+
+T0 = 1_700_000_000.0
+SETTINGS = RendezvousSettings(
+    "contract",
+    2,
+    3,
+    timeout=RendezvousTimeout(join=60.0, last_call=5.0),
+    keep_alive_interval=1.0,
+    keep_alive_max_attempt=3,
+)
+REPORTS = {Action.ADD_TO_PARTICIPANTS, Action.ADD_TO_WAIT_LIST, Action.KEEP_ALIVE}
+JOIN, EXIT, CLOSE, KEEP_ALIVE = (
+    Operation.JOIN,
+    Operation.EXIT,
+    Operation.CLOSE,
+    Operation.KEEP_ALIVE,
+)
+
+STARTS = {
+    "empty": None,
+    "one joined": RendezvousState(participants={"a": 0}, last_heartbeats={"a": T0 - 2}),
+    "last call": RendezvousState(
+        participants={"a": 0, "b": 0},
+        deadline=T0 + 3,
+        last_heartbeats={"a": T0 - 2, "b": T0 - 0.5},
+    ),
+    "last call over": RendezvousState(
+        participants={"a": 0, "b": 0}, deadline=T0 - 1, last_heartbeats={"a": T0, "b": T0}
+    ),
+    "complete, one waiting": RendezvousState(
+        round=4,
+        complete=True,
+        participants={"a": 0, "b": 1},
+        wait_list=frozenset({"c"}),
+        last_heartbeats={"a": T0 - 1.5, "b": T0, "c": T0},
+        node_info={"a": {"slots": 2}},
+    ),
+    "one expired": RendezvousState(
+        participants={"a": 0, "x": 0},
+        deadline=T0 + 1,
+        last_heartbeats={"a": T0, "x": T0 - 100},
+    ),
+    "closed": RendezvousState(closed=True, participants={"a": 0}, last_heartbeats={"a": T0}),
+}
+STEPS = {
+    "newcomer joins": ((JOIN,), "n", None),
+    "newcomer joins and reports": ((JOIN,), "n", {"slots": 4}),
+    "a leaves and joins again": ((EXIT, JOIN), "a", None),
+    "a heartbeats": ((KEEP_ALIVE,), "a", {"load": 0.5}),
+    "a leaves": ((EXIT,), "a", None),
+    "closing": ((CLOSE,), "n", None),
+}
+
+
+def by_hand(
+    state: RendezvousState, ops: tuple[Operation, ...], node: str, info: dict | None
+) -> RendezvousState | None:
+    """What a node's handler wrote by compare-and-set, one decision at a time: drop the dead,
+    decide, apply, until the decision changes nothing (None: it never wrote)."""
+    now, deadline = T0, T0 + 60.0
+    current = sanitize(state, SETTINGS, now)
+    wrote = False
+    for op in ops:
+        while (action := DECISIONS[op](current, node, SETTINGS, now, deadline)) in (
+            MUTATING_ACTIONS
+        ):
+            current = apply(action, current, node, SETTINGS, now)
+            if info is not None and action in REPORTS:
+                current = with_info(current, node, info)
+            wrote = True
+        if action is not Action.FINISH:
+            break
+    return current if wrote else None
+
+
+def join_step(node: str, ops: tuple[Operation, ...] = (JOIN,), **kw: object) -> Step:
+    kw.setdefault("settings", SETTINGS)
+    return Step(ops, node, now=T0, deadline=T0 + 60.0, **kw)  # type: ignore[arg-type]
 
 
 class BackendContract:
@@ -99,6 +185,76 @@ class BackendContract:
         _, t2, _ = a.set_state(b"two", token)
         waiter.join(timeout=10)
         assert got == [(b"two", t2)]
+
+    # --- update and rendezvous steps ------------------------------------------------------------
+
+    def test_update_writes_what_the_change_returns_with_a_new_token(
+        self, backend: RendezvousBackend
+    ) -> None:
+        assert backend.update(lambda blob: None) is None
+        state, t1 = backend.update(lambda blob: b"first" if blob is None else blob + b"!")
+        assert (state, backend.get_state()) == (b"first", (b"first", t1))
+        state, t2 = backend.update(lambda blob: None if blob is None else blob + b"!")
+        assert (state, t2 > t1) == (b"first!", True)
+        assert backend.update(lambda blob: None) == (b"first!", t2)
+
+    def test_stale_token_never_wins_after_an_update(self, backend: RendezvousBackend) -> None:
+        _, t1, _ = backend.set_state(encode(RendezvousState()))
+        state, t2 = backend.update(join_step("n"))
+        assert t2 > t1
+        assert backend.set_state(b"stale", t1) == (state, t2, False)
+        assert backend.set_state(b"stale", None) == (state, t2, False)
+        assert backend.get_state() == (state, t2)
+
+    @pytest.mark.parametrize("start", STARTS)
+    @pytest.mark.parametrize("step", STEPS)
+    def test_a_step_writes_what_the_decisions_by_hand_would(
+        self, backend: RendezvousBackend, start: str, step: str
+    ) -> None:
+        state, (ops, node, info) = STARTS[start], STEPS[step]
+        before = None if state is None else backend.set_state(encode(state))[:2]
+        after = backend.update(join_step(node, ops, info=info))
+        expected = by_hand(state or RendezvousState(), ops, node, info)
+        if expected is None:
+            assert after == before
+        else:
+            assert after is not None
+            assert decode(after[0]) == expected
+            assert backend.get_state() == after
+            assert before is None or after[1] > before[1]
+
+    def test_racing_updates_are_atomic(self, backend_pair) -> None:
+        nodes = {client: [f"{i}-{n}" for n in range(10)] for i, client in enumerate(backend_pair)}
+        wide = RendezvousSettings("contract", 1, 100, timeout=RendezvousTimeout(last_call=600))
+        missing: list[str] = []
+
+        def join(client: RendezvousBackend, names: list[str]) -> None:
+            for name in names:
+                current = client.update(join_step(name, settings=wide))
+                if current is None or name not in decode(current[0]).participants:
+                    missing.append(name)
+
+        threads = [threading.Thread(target=join, args=item) for item in nodes.items()]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        assert missing == []
+        current = backend_pair[0].get_state()
+        assert current is not None
+        assert set(decode(current[0]).participants) == {n for ns in nodes.values() for n in ns}
+
+    def test_decision_watch_wakes_when_a_node_leaves(self, backend_pair) -> None:
+        a, b = backend_pair
+        _, token, _ = a.set_state(encode(STARTS["last call"]))
+        got = []
+        waiter = threading.Thread(target=lambda: got.append(b.watch_decisions(token, 30.0)))
+        waiter.start()
+        time.sleep(0.1)
+        left = a.update(join_step("b", (EXIT,)))
+        waiter.join(timeout=30)
+        assert got == [left]
+        assert set(decode(got[0][0]).participants) == {"a"}
 
     def test_close_is_idempotent(self, backend: RendezvousBackend) -> None:
         backend.close()

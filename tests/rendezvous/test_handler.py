@@ -10,6 +10,7 @@ import random
 import threading
 import time
 from collections.abc import Callable, Iterator
+from dataclasses import replace
 
 import pytest
 
@@ -310,7 +311,7 @@ def test_shutdown_leaves_and_is_idempotent(make, backend) -> None:
     s = make_settings(2, 2)
     a, b = make(s, "a"), make(s, "b")
     join_all(a, b)
-    beating = a._heartbeat_thread
+    beating = a._heartbeat.thread
     assert beating is not None
     assert beating.is_alive()
 
@@ -338,6 +339,51 @@ def test_next_rendezvous_again_leaves_the_old_round_first(make, backend) -> None
     assert {i.round for i in first} == {0}
     assert {i.round for i in second} == {1}
     assert sorted(i.rank for i in second) == [0, 1]
+
+
+class Interloper(MemoryBackend):
+    """Once armed, another node's heartbeat lands just before the next write."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.armed = False
+
+    def set_state(self, state, token=None):
+        if self.armed:
+            self.armed = False
+            current = decode(self.get_state()[0])
+            beats = {**current.last_heartbeats, "b": time.time()}
+            super().set_state(encode(replace(current, last_heartbeats=beats)), token)
+        return super().set_state(state, token)
+
+
+def test_next_rendezvous_leaves_first_even_when_its_first_write_loses() -> None:
+    store = Interloper()
+    s = make_settings(1, 2, last_call=0.1)
+    a, b = RendezvousHandler(store, s, "a"), RendezvousHandler(store, s, "b")
+    try:
+        join_all(a, b)
+        store.armed = True
+        again = Call(a)  # must leave round 0 (where b still is) and wait for round 1
+        eventually(lambda: "a" in stored(store).wait_list, "a waits for the next round")
+        assert not store.armed
+        b.shutdown()
+        info = again.get()
+        assert (info.round, dict(info.participants)) == (1, {"a": 0})
+    finally:
+        a.shutdown()
+        b.shutdown()
+
+
+def test_a_store_that_keeps_changing_makes_update_give_up() -> None:
+    class Busy(MemoryBackend):
+        def set_state(self, state, token=None):
+            current = self.get_state()
+            super().set_state(b"someone else", None if current is None else current[1])
+            return super().set_state(state, token)
+
+    with pytest.raises(RendezvousTimeoutError, match="changed under 1000 attempts"):
+        Busy().update(lambda blob: b"mine")
 
 
 def test_on_change_sees_each_new_state_and_its_errors_are_contained(make) -> None:

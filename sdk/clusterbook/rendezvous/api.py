@@ -12,6 +12,14 @@ way torch elastic's dynamic rendezvous keeps its state:
   ``None`` (once a state exists) or malformed token never wins.
 - ``watch(token, timeout)`` returns as soon as the stored token differs from ``token``, or at
   ``timeout``, with the current ``(state, token)``: waiters wake on change instead of polling.
+- ``watch_decisions(token, timeout)`` is the same, except that it may sleep through writes that
+  change no rendezvous decision (:func:`~.ops.decisions_may_change`: heartbeats, reports, a node
+  joining before the last call). Waking on every change, as ``watch`` does, is allowed.
+- ``update(change)`` applies a :data:`StateChange` (a pure function of the stored state)
+  atomically and returns the stored ``(state, token)`` after it; a write gets a new token. The
+  default is a compare-and-set loop (read, change, write unless another write came first, else
+  again on the newer state); a backend may run the change on its side instead (the TCP store
+  does so for rendezvous steps: one round trip, however many nodes write at once).
 
 Errors are :class:`RendezvousError` subclasses: a store that cannot be reached raises
 :class:`RendezvousConnectionError` within its timeout; a state that does not decode raises
@@ -23,6 +31,7 @@ from __future__ import annotations
 import math
 import time
 from abc import ABC, abstractmethod
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from clusterbook.errors import ClusterError, ConfigError
@@ -36,10 +45,17 @@ __all__ = [
     "RendezvousStateError",
     "RendezvousTimeout",
     "RendezvousTimeoutError",
+    "StateChange",
     "Token",
 ]
 
 Token = int
+
+_UPDATE_ATTEMPTS = 1000
+
+StateChange = Callable[[bytes | None], bytes | None]
+"""A change of the stored state: the stored state (None if none) -> the state to store instead,
+or None to leave it as it is. Pure: a backend may run it more than once, or on its own side."""
 
 
 class RendezvousError(ClusterError):
@@ -86,6 +102,30 @@ class RendezvousBackend(ABC):
             if current_token != token or left <= 0:
                 return current
             time.sleep(min(0.02, left))
+
+    def watch_decisions(self, token: Token | None, timeout: float) -> tuple[bytes, Token] | None:
+        """Like :meth:`watch`, but may sleep through writes that change no rendezvous decision.
+        This default wakes on every change."""
+        return self.watch(token, timeout)
+
+    def update(self, change: StateChange) -> tuple[bytes, Token] | None:
+        """Apply ``change`` atomically and return the stored state after it (by a
+        compare-and-set loop here: each lost attempt means another write won)."""
+        current = self.get_state()
+        for _ in range(_UPDATE_ATTEMPTS):
+            blob, token = (None, None) if current is None else current
+            new = change(blob)
+            if new is None:
+                return current
+            state, new_token, won = self.set_state(new, token)
+            if won:
+                return state, new_token
+            current = state, new_token  # what came first: no need to read it again
+        raise RendezvousTimeoutError(
+            f"The rendezvous state in the {self.name} store changed under {_UPDATE_ATTEMPTS} "
+            "attempts in a row to update it: too many nodes write it at once for this store. "
+            "Use the TCP store, whose server applies each node's step itself."
+        )
 
     def close(self) -> None:  # noqa: B027 - optional for backends without resources
         """Release connections or files. Safe to call more than once."""

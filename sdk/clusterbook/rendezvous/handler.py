@@ -1,12 +1,16 @@
 """The rendezvous handler: runs the decisions of :mod:`.ops` against a backend.
 
 One handler per node. :meth:`RendezvousHandler.next_rendezvous` leaves the node's previous round
-(if any), then loops: read the state, drop dead nodes, decide, and either write the decided
-change with compare-and-set (a lost race just means deciding again on the newer state) or, when
-there is nothing to do but wait, block in ``backend.watch`` until the state changes or until the
-next moment a decision could change by time alone (the end of the last call, a heartbeat due, a
-node expiring, the join deadline). Once the round is complete a daemon thread heartbeats every
-``keep_alive_interval`` seconds until the next call, :meth:`shutdown`, or the process ends.
+(if any), then joins the next. Each operation sends a :class:`~.step.Step` to the store
+(``backend.update``), which applies the decisions atomically and returns the state after them
+(the TCP store on its side, in one round trip; other stores by a compare-and-set loop). The
+handler then decides on that state itself: done, an error, another step, or, when there is
+nothing to do but wait, a block in ``backend.watch_decisions`` until a change that matters or
+the next moment a decision could change by time alone (the end of the last call, a heartbeat
+due, a node expiring, the join deadline); the TCP store holds the answer to a join step until
+then, so a waiting node needs no watch of its own. Once the round is complete a daemon thread
+heartbeats every ``keep_alive_interval`` seconds until the next call, :meth:`shutdown`, or the
+process ends.
 """
 
 from __future__ import annotations
@@ -28,32 +32,32 @@ from clusterbook.rendezvous.api import (
     RendezvousTimeoutError,
     Token,
 )
-from clusterbook.rendezvous.ops import (
-    Action,
-    apply,
-    close_action,
-    exit_action,
-    join_action,
-    keep_alive_action,
-    next_wakeup,
-    sanitize,
-    with_info,
-    world_size,
-)
-from clusterbook.rendezvous.state import RendezvousState, decode, encode
+from clusterbook.rendezvous.ops import Action, next_wakeup, sanitize, world_size
+from clusterbook.rendezvous.state import RendezvousState, decode
+from clusterbook.rendezvous.step import DECISIONS, WAKE_SLACK, Operation, Step
 
 __all__ = ["RendezvousHandler", "RendezvousInfo"]
 
 _log = logging.getLogger("clusterbook.rendezvous")
 
 _WATCH_CAP = 1.0
-"""Longest single wait in ``backend.watch``: a bound on how stale a waiter's clock view gets."""
-_SLACK = 0.005
-"""Added to every wait: decisions compare times strictly, so wake a hair past the instant."""
-_REPORTS = frozenset({Action.ADD_TO_PARTICIPANTS, Action.ADD_TO_WAIT_LIST, Action.KEEP_ALIVE})
-"""The writes that carry the node's own report (``info``): joining and heartbeats."""
+"""Longest single wait for the store (a watch, or a held join step): a bound on how stale a
+waiter's clock view gets."""
+_REPORTING = frozenset({Operation.JOIN, Operation.KEEP_ALIVE})
+"""The operations whose writes carry the node's own report (``info``)."""
 
-Op = Callable[[RendezvousState, str, RendezvousSettings, float, float], Action]
+
+@dataclass(slots=True)
+class _Heartbeat:
+    """One heartbeat thread: it beats once ``go`` is set, until ``stop`` is."""
+
+    go: threading.Event
+    stop: threading.Event
+    thread: threading.Thread | None = None
+
+    def halt(self) -> None:
+        self.stop.set()
+        self.go.set()
 
 
 @dataclass(frozen=True, slots=True)
@@ -110,9 +114,8 @@ class RendezvousHandler:
         self._lock = threading.Lock()  # guards the last observed state and token
         self._state = RendezvousState()
         self._token: Token | None = None
-        self._heartbeat_lock = threading.Lock()  # guards the heartbeat thread and its event
-        self._heartbeat_stop: threading.Event | None = None
-        self._heartbeat_thread: threading.Thread | None = None
+        self._heartbeat_lock = threading.Lock()  # guards the heartbeat thread and its events
+        self._heartbeat: _Heartbeat | None = None
 
     @property
     def node(self) -> str:
@@ -132,11 +135,18 @@ class RendezvousHandler:
         :class:`RendezvousStateError` if the stored state is corrupt.
         """
         self._stop_heartbeats()
-        join_timeout = self._settings.timeout.join
-        deadline = self._monotonic() + join_timeout
-        self._run(exit_action, deadline, lambda s: self._leave_timeout(s, "join", join_timeout))
-        state = self._run(join_action, deadline, self._join_timeout)
-        self._start_heartbeats()
+        deadline = self._monotonic() + self._settings.timeout.join
+        # The heartbeat thread starts now, idle until the round is complete: starting a thread
+        # takes a while, better spent while the others join than once they all have.
+        heartbeat = self._arm_heartbeats()
+        try:
+            # Leaving and joining go to the store as one step: within the deadline, leaving
+            # always finishes there, and joining then goes on from the state it left.
+            state = self._run(Operation.JOIN, deadline, self._join_timeout, leave_first=True)
+        except BaseException:
+            self._stop_heartbeats()
+            raise
+        heartbeat.go.set()
         return RendezvousInfo(
             rank=state.participants[self._node],
             world_size=world_size(state),
@@ -155,7 +165,7 @@ class RendezvousHandler:
                 "did not answer. Try again, or raise timeout.close."
             )
 
-        self._run(close_action, self._monotonic() + close, timeout)
+        self._run(Operation.CLOSE, self._monotonic() + close, timeout)
 
     def is_closed(self) -> bool:
         """Whether the rendezvous is closed (reads the store)."""
@@ -177,7 +187,7 @@ class RendezvousHandler:
         close = self._settings.timeout.close
         try:
             self._run(
-                exit_action,
+                Operation.EXIT,
                 self._monotonic() + close,
                 lambda s: self._leave_timeout(s, "close", close),
             )
@@ -197,25 +207,25 @@ class RendezvousHandler:
 
     def _run(
         self,
-        op: Op,
+        op: Operation,
         deadline: float,
         on_timeout: Callable[[RendezvousState], RendezvousTimeoutError],
+        *,
+        leave_first: bool = False,
     ) -> RendezvousState:
-        """Run ``op`` until it says FINISH; ``deadline`` is on the monotonic clock."""
-        settings, node = self._settings, self._node
-        current = self._backend.get_state()
-        raw, token = self._decode(current)
+        """Run ``op`` until it says FINISH (after leaving the rendezvous, if ``leave_first``);
+        ``deadline`` is on the monotonic clock."""
+        settings, node, decide = self._settings, self._node, DECISIONS[op]
+        raw, token = self._step((Operation.EXIT, op) if leave_first else (op,), deadline)
         in_time = raw
         while True:
             now = self._clock()
-            # The op deadline on the wall clock, recomputed each time so that a jump of the
-            # wall clock does not stretch or shrink this node's own timeout.
-            wall_deadline = now + (deadline - self._monotonic())
+            wall_deadline = self._wall_deadline(now, deadline)
             state = sanitize(raw, settings, now)
             self._observe(state, token)
             if now <= wall_deadline:
                 in_time = state
-            action = op(state, node, settings, now, wall_deadline)
+            action = decide(state, node, settings, now, wall_deadline)
 
             if action is Action.FINISH:
                 return state
@@ -228,19 +238,30 @@ class RendezvousHandler:
                 raise on_timeout(in_time)
             if action is Action.SYNC:
                 wakeup = next_wakeup(state, node, settings, now, wall_deadline)
-                wait = min(max(wakeup - now, 0.0) + _SLACK, _WATCH_CAP)
-                raw, token = self._decode(self._backend.watch(token, wait))
-                continue
-
-            new = apply(action, state, node, settings, now)
-            if self._info is not None and action in _REPORTS:
-                new = with_info(new, node, self._info())
-            _, new_token, won = self._backend.set_state(encode(new), token)
-            if won:
-                raw, token = new, new_token
+                wait = min(max(wakeup - now, 0.0) + WAKE_SLACK, _WATCH_CAP)
+                raw, token = self._decode(self._backend.watch_decisions(token, wait))
             else:
-                # Someone wrote first: decide again on what is there now.
-                raw, token = self._decode(self._backend.get_state())
+                # Something to write: the step decides again on the store's current state.
+                raw, token = self._step((op,), deadline)
+
+    def _step(
+        self, ops: tuple[Operation, ...], deadline: float
+    ) -> tuple[RendezvousState, Token | None]:
+        """Send one step of ``ops`` to the store; the state after it (kept: no re-read)."""
+        now = self._clock()
+        info = None
+        if self._info is not None and not _REPORTING.isdisjoint(ops):
+            info = self._info()
+        # A join that must wait for the others lets the store hold the answer until then.
+        wait = _WATCH_CAP if Operation.JOIN in ops else 0.0
+        wall_deadline = self._wall_deadline(now, deadline)
+        step = Step(ops, self._node, self._settings, now, wall_deadline, info, wait)
+        return self._decode(self._backend.update(step))
+
+    def _wall_deadline(self, now: float, deadline: float) -> float:
+        # The op deadline on the wall clock, recomputed each time so that a jump of the wall
+        # clock does not stretch or shrink this node's own timeout.
+        return now + (deadline - self._monotonic())
 
     def _read(self) -> RendezvousState:
         raw, token = self._decode(self._backend.get_state())
@@ -299,41 +320,44 @@ class RendezvousHandler:
 
     # --- heartbeats ---------------------------------------------------------------------------
 
-    def _start_heartbeats(self) -> None:
-        stop = threading.Event()
-        thread = threading.Thread(
+    def _arm_heartbeats(self) -> _Heartbeat:
+        """Start a heartbeat thread that waits for ``go`` (or ``stop``) before its first beat."""
+        heartbeat = _Heartbeat(threading.Event(), threading.Event())
+        heartbeat.thread = threading.Thread(
             target=self._heartbeat_loop,
-            args=(stop,),
+            args=(heartbeat,),
             name=f"clusterbook-rendezvous-heartbeat-{self._node}",
             daemon=True,
         )
         with self._heartbeat_lock:
-            old = self._heartbeat_stop
-            self._heartbeat_stop, self._heartbeat_thread = stop, thread
+            old, self._heartbeat = self._heartbeat, heartbeat
         if old is not None:
-            old.set()
-        thread.start()
+            old.halt()
+        heartbeat.thread.start()
+        return heartbeat
 
     def _stop_heartbeats(self) -> None:
         """Stop the heartbeat thread (if any) and wait for it; the node stays in the state
         (until it leaves, or its heartbeat expires)."""
         with self._heartbeat_lock:
-            stop, thread = self._heartbeat_stop, self._heartbeat_thread
-            self._heartbeat_stop = self._heartbeat_thread = None
-        if stop is not None:
-            stop.set()
+            heartbeat, self._heartbeat = self._heartbeat, None
+        if heartbeat is None:
+            return
+        heartbeat.halt()
+        thread = heartbeat.thread
         if thread is not None and thread is not threading.current_thread():
             # A heartbeat in flight finishes within its timeout; if the store hangs longer,
             # the thread exits after it (a late write loses its compare-and-set anyway).
             thread.join(timeout=self._settings.timeout.heartbeat + _WATCH_CAP)
 
-    def _heartbeat_loop(self, stop: threading.Event) -> None:
-        settings = self._settings
+    def _heartbeat_loop(self, heartbeat: _Heartbeat) -> None:
+        settings, stop = self._settings, heartbeat.stop
+        heartbeat.go.wait()
         delay = self._heartbeat_delay(self.state())
         while not stop.wait(delay):
             try:
                 state = self._run(
-                    keep_alive_action,
+                    Operation.KEEP_ALIVE,
                     self._monotonic() + settings.timeout.heartbeat,
                     self._heartbeat_timeout,
                 )
@@ -357,7 +381,7 @@ class RendezvousHandler:
         last = state.last_heartbeats.get(self._node)
         if last is None:
             return interval
-        return min(interval, max(last + interval - self._clock(), 0.0) + _SLACK)
+        return min(interval, max(last + interval - self._clock(), 0.0) + WAKE_SLACK)
 
     def _heartbeat_timeout(self, _: RendezvousState) -> RendezvousTimeoutError:
         return RendezvousTimeoutError(

@@ -33,6 +33,7 @@ __all__ = [
     "Action",
     "apply",
     "close_action",
+    "decisions_may_change",
     "exit_action",
     "expired_nodes",
     "join_action",
@@ -332,6 +333,26 @@ def next_wakeup(
     dead_after = settings.dead_after
     times.extend(t + dead_after for other, t in state.last_heartbeats.items() if other != node)
     return min(times)
+
+
+def decisions_may_change(before: RendezvousState, after: RendezvousState) -> bool:
+    """Whether a write from ``before`` to ``after`` may change the decision of a node waiting
+    in a join (``SYNC``): whether waiters must wake, or may sleep on until :func:`next_wakeup`.
+
+    They must when the round, its completion, its last-call deadline or the closing changes, or
+    when a node leaves the participants or the wait list (room for a waiter, a waiter dropped,
+    fewer than ``min_nodes``). Nothing else changes their decisions: a node joining changes them
+    only through the deadline (at ``min_nodes``) or completion (at ``max_nodes``); heartbeats,
+    reports and stop requests never do (heartbeats expire by time, which waiters keep anyway).
+    """
+    return (
+        before.round != after.round
+        or before.complete != after.complete
+        or before.closed != after.closed
+        or before.deadline != after.deadline
+        or not before.participants.keys() <= after.participants.keys()
+        or not before.wait_list <= after.wait_list
+    )
 
 
 def rank_of(state: RendezvousState, node: str) -> int | None:

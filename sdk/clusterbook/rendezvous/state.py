@@ -81,9 +81,9 @@ def decode(blob: bytes) -> RendezvousState:
             complete=_bool(data["complete"]),
             deadline=None if data["deadline"] is None else float(data["deadline"]),
             closed=_bool(data["closed"]),
-            participants={str(k): _int(v) for k, v in _dict(data["participants"]).items()},
+            participants=_ranks(_dict(data["participants"])),
             wait_list=frozenset(str(n) for n in _list(data["wait_list"])),
-            last_heartbeats={str(k): float(v) for k, v in _dict(data["last_heartbeats"]).items()},
+            last_heartbeats=_times(_dict(data["last_heartbeats"])),
             node_info={str(k): _dict(v) for k, v in _dict(data.get("node_info", {})).items()},
             stop_jobs=tuple(str(t) for t in _list(data.get("stop_jobs", []))),
         )
@@ -93,6 +93,22 @@ def decode(blob: bytes) -> RendezvousState:
             "version of clusterbook. Start a new rendezvous (a new run id) or clear the store."
         ) from exc
     return state
+
+
+# JSON object keys are always strings; the checks below look at the values only, in one pass
+# where the types are already exact (every node decodes the state after every change).
+
+
+def _ranks(data: dict[str, Any]) -> dict[str, int]:
+    if all(type(v) is int for v in data.values()):
+        return data
+    return {k: _int(v) for k, v in data.items()}
+
+
+def _times(data: dict[str, Any]) -> dict[str, float]:
+    if all(type(v) is float for v in data.values()):
+        return data
+    return {k: float(v) for k, v in data.items()}
 
 
 def _int(value: object) -> int:

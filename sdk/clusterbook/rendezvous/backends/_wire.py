@@ -5,7 +5,7 @@ head too) talks to it through a :class:`~clusterbook.rendezvous.backends.tcp.Tcp
 sides share a per-cluster secret (:func:`write_secret` makes the token file, :func:`read_secret`
 reads it back). No pickle anywhere.
 
-Wire protocol (version 1). Every frame is a 4-byte big-endian length and that many bytes. The
+Wire protocol (version 2). Every frame is a 4-byte big-endian length and that many bytes. The
 handshake frames are small (at most 256 bytes) and not authenticated::
 
     client -> server   MAGIC + client_nonce                      (nonces: 32 random bytes)
@@ -25,12 +25,19 @@ Requests (client payloads) and their replies::
     H node              hello, the first request; announces the node id ("" for none) -> O
     G                   get                                   -> s has:u8 token:i64 state
     S spec state        compare-and-set                       -> r won:u8 token:i64 state
+    U step              run a rendezvous step here            -> s has:u8 token:i64 state
     W spec timeout:f64  long-poll watch                       -> s has:u8 token:i64 state
+    D spec timeout:f64  long-poll watch for decisions         -> s has:u8 token:i64 state
     B                   goodbye: the server closes the connection without calling on_lost
 
 ``spec`` is the caller's token: ``kind:u8 value:i64`` with kind 0 for None, 1 for an integer
 and 2 for anything else (it matches no stored token, so it never wins a write and a watch on it
-returns at once).
+returns at once). ``step`` is a :class:`~clusterbook.rendezvous.step.Step` as JSON: the server
+runs it on the stored state under its lock and stores what it writes, so a node joins in one
+round trip however many join at once; while the step leaves its node waiting, the answer waits
+too, as a ``D`` would (up to the step's ``wait``). ``D`` waits like ``W`` but sleeps through
+writes that change no rendezvous decision (heartbeats, reports; see
+:func:`~clusterbook.rendezvous.ops.decisions_may_change`).
 
 Connection loss: when a connection that announced a node id ends without a goodbye (the process
 died, the machine vanished, the network broke), the server waits ``lost_grace`` seconds; unless
@@ -70,7 +77,7 @@ _SECONDS = struct.Struct(">d")
 MAX_STATE = MAX_FRAME - _TAG - 1 - _HEAD.size
 """The largest state the store holds, in bytes."""
 
-_MAGIC = b"CBRDZV1\n"
+_MAGIC = b"CBRDZV2\n"
 _NONCE = 32
 _HANDSHAKE_MAX = 256
 _WATCH_MAX = 86400.0

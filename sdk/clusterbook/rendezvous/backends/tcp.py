@@ -16,11 +16,17 @@ from collections.abc import Callable
 from typing import Any
 
 from clusterbook.errors import ConfigError
-from clusterbook.rendezvous.api import RendezvousBackend, RendezvousConnectionError, Token
+from clusterbook.rendezvous.api import (
+    RendezvousBackend,
+    RendezvousConnectionError,
+    StateChange,
+    Token,
+)
 from clusterbook.rendezvous.backends._wire import (
     _HEAD,
     _MAX_NODE,
     _SECONDS,
+    _TAG,
     _WATCH_MAX,
     MAX_FRAME,
     MAX_STATE,
@@ -47,6 +53,7 @@ from clusterbook.rendezvous.backends._wire import _derive as _derive
 from clusterbook.rendezvous.backends._wire import _recv_plain as _recv_plain
 from clusterbook.rendezvous.backends._wire import _send_plain as _send_plain
 from clusterbook.rendezvous.backends.tcp_server import StoreServer
+from clusterbook.rendezvous.step import Step
 
 __all__ = [
     "MAX_FRAME",
@@ -112,11 +119,33 @@ class TcpBackend(RendezvousBackend):
         request = b"S" + _spec(token) + state
         return self._call(lambda _left: request, b"r", idempotent=False)
 
+    def update(self, change: StateChange) -> tuple[bytes, Token] | None:
+        """A rendezvous :class:`~clusterbook.rendezvous.step.Step` runs on the store's side,
+        atomically, in one round trip (whose answer the store holds while the step leaves the
+        node waiting, up to ``step.wait``); any other change goes by compare-and-set."""
+        if not isinstance(change, Step):
+            return super().update(change)
+        request = b"U" + change.to_wire()
+        if len(request) + _TAG > MAX_FRAME:
+            raise ConfigError(
+                f"The rendezvous step of node {change.node!r} is {len(request)} bytes; frames "
+                f"hold at most {MAX_FRAME} bytes (is its report that large?)."
+            )
+        return self._call(
+            lambda _left: request, b"s", idempotent=change.repeatable, wait=change.wait
+        )
+
     def watch(self, token: Token | None, timeout: float) -> tuple[bytes, Token] | None:
+        return self._watch(b"W", token, timeout)
+
+    def watch_decisions(self, token: Token | None, timeout: float) -> tuple[bytes, Token] | None:
+        return self._watch(b"D", token, timeout)
+
+    def _watch(self, op: bytes, token: Token | None, timeout: float) -> tuple[bytes, Token] | None:
         wait = min(_WATCH_MAX, float(timeout)) if timeout > 0 else 0.0  # NaN -> 0
         spec = _spec(token)
         return self._call(
-            lambda left: b"W" + spec + _SECONDS.pack(left), b"s", idempotent=True, wait=wait
+            lambda left: op + spec + _SECONDS.pack(left), b"s", idempotent=True, wait=wait
         )
 
     def close(self) -> None:

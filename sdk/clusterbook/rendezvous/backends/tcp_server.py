@@ -1,7 +1,8 @@
 """The server side of the TCP rendezvous store: :class:`StoreServer`, which the head runs.
 
-It holds the state and its fencing token, serves the requests of the protocol described in
-:mod:`clusterbook.rendezvous.backends._wire`, and reports nodes whose connection was lost.
+It holds the state and its fencing token (a :class:`~._store.StateStore`), serves the requests
+of the protocol described in :mod:`clusterbook.rendezvous.backends._wire` (rendezvous steps run
+here, under the store's lock), and reports nodes whose connection was lost.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ import time
 from collections.abc import Callable
 
 from clusterbook.errors import ClusterStateError, ConfigError
-from clusterbook.rendezvous.api import Token
+from clusterbook.rendezvous.backends._store import StateStore
 from clusterbook.rendezvous.backends._wire import (
     _ANY,
     _HEAD,
@@ -38,6 +39,7 @@ from clusterbook.rendezvous.backends._wire import (
     _server_handshake,
     _tune,
 )
+from clusterbook.rendezvous.step import Step, StepFormatError
 
 __all__ = ["StoreServer"]
 
@@ -93,9 +95,8 @@ class StoreServer:
         self._secret = _check_secret(secret)
         self._lost_grace = _seconds(lost_grace, "lost grace", zero=True)
         self._on_lost = on_lost
-        self._cond = threading.Condition()
-        self._state: bytes | None = None
-        self._token: Token = 0
+        self._lock = threading.Lock()  # guards the store, the connections and the sessions
+        self._store = StateStore(self._lock)
         self._closed = False
         self._listener: socket.socket | None = None
         self._address: tuple[str, int] | None = None
@@ -110,7 +111,7 @@ class StoreServer:
 
     def start(self) -> StoreServer:
         """Listen and serve on background threads; returns the server."""
-        with self._cond:
+        with self._lock:
             if self._closed:
                 raise ClusterStateError("This store server is closed; start a new StoreServer.")
             if self._listener is not None:
@@ -146,10 +147,10 @@ class StoreServer:
 
     def close(self) -> None:
         """Stop serving: close every connection and join the server's threads. Idempotent."""
-        with self._cond:
+        with self._lock:
             first = not self._closed
             self._closed = True
-            self._cond.notify_all()
+            self._store.wake_all()
             for sock in self._connections:
                 with contextlib.suppress(OSError):
                     sock.shutdown(socket.SHUT_RDWR)
@@ -162,7 +163,7 @@ class StoreServer:
         for thread in [self._accepter, *threads, *timers]:
             if thread is not None and thread is not threading.current_thread():
                 thread.join(_JOIN)
-        with self._cond:
+        with self._lock:
             wake, self._wake = self._wake, None
         if wake is not None:
             for fd in wake:
@@ -189,7 +190,7 @@ class StoreServer:
     @property
     def connected_nodes(self) -> frozenset[str]:
         """Node ids with a live connection now."""
-        with self._cond:
+        with self._lock:
             return frozenset(self._live)
 
     # connections
@@ -214,7 +215,7 @@ class StoreServer:
                     _log.warning("The rendezvous store could not accept a connection: %s", exc)
                     time.sleep(0.1)
                     continue
-                with self._cond:
+                with self._lock:
                     if self._closed or len(self._connections) >= _MAX_CONNECTIONS:
                         sock.close()
                         continue
@@ -259,16 +260,32 @@ class StoreServer:
         finally:
             if announced:
                 self._session_ended(node, clean)
-            with self._cond:
+            with self._lock:
                 self._connections.pop(sock, None)
                 sock.close()
 
     def _handle(self, chan: _Channel, request: bytes) -> bytes:
         op, body = request[:1], request[1:]
         if op == b"G" and not body:
-            with self._cond:
+            with self._lock:
                 return self._reply_state()
-        if op in (b"S", b"W") and len(body) >= _SPEC.size:
+        if op == b"U":
+            try:
+                step = Step.from_wire(body)
+            except StepFormatError as exc:
+                raise _ProtocolError(str(exc)) from None
+            with self._lock:
+                try:
+                    hold = self._store.run(step, len(body))
+                except Exception:
+                    _log.exception("A rendezvous step of node %r failed; no change.", step.node)
+                    hold = 0.0
+                if hold <= 0:
+                    return self._reply_state()
+                token = self._store.token
+            # The step left its node waiting: answer once that may have changed.
+            return self._watch(chan, _INT, token, hold, decisions=True)
+        if op in (b"S", b"W", b"D") and len(body) >= _SPEC.size:
             kind, value = _SPEC.unpack_from(body)
             if kind not in (_NONE, _INT, _ANY):
                 raise _ProtocolError(f"token kind {kind}")
@@ -276,47 +293,40 @@ class StoreServer:
                 return self._set(kind, value, body[_SPEC.size :])
             if len(body) == _SPEC.size + _SECONDS.size:
                 (timeout,) = _SECONDS.unpack_from(body, _SPEC.size)
-                return self._watch(chan, kind, value, timeout)
+                return self._watch(chan, kind, value, timeout, decisions=op == b"D")
         raise _ProtocolError(f"unexpected request {op!r} of {len(request)} bytes")
 
-    # the store (call with self._cond held)
-
-    def _matches(self, kind: int, value: int) -> bool:
-        current = None if self._state is None else self._token
-        if kind == _NONE:
-            return current is None
-        return kind == _INT and current == value
+    # the store
 
     def _reply_state(self) -> bytes:
-        if self._state is None:
+        """The stored state as an ``s`` reply (call with the lock held)."""
+        current = self._store.current()
+        if current is None:
             return b"s" + _HEAD.pack(0, 0)
-        return b"s" + _HEAD.pack(1, self._token) + self._state
-
-    def _write(self, state: bytes) -> None:
-        self._state = state
-        self._token += 1
-        self._cond.notify_all()
+        return b"s" + _HEAD.pack(1, current[1]) + current[0]
 
     def _set(self, kind: int, value: int, state: bytes) -> bytes:
-        with self._cond:
-            won = self._matches(kind, value)
-            if won:
-                self._write(state)
-            return b"r" + _HEAD.pack(won, self._token) + (self._state or b"")
+        with self._lock:
+            won = self._store.compare_and_set(kind, value, state)
+            current = self._store.current()
+            return b"r" + _HEAD.pack(won, self._store.token) + (current[0] if current else b"")
 
-    def _watch(self, chan: _Channel, kind: int, value: int, timeout: float) -> bytes:
+    def _watch(
+        self, chan: _Channel, kind: int, value: int, timeout: float, *, decisions: bool
+    ) -> bytes:
         timeout = min(_WATCH_MAX, timeout) if timeout > 0 else 0.0  # NaN -> 0
         deadline = time.monotonic() + timeout
+        store = self._store
         while True:
-            with self._cond:
+            with self._lock:
                 for waited in (False, True):
                     if self._closed:
                         raise _Stopping
                     left = deadline - time.monotonic()
-                    if not self._matches(kind, value) or left <= 0:
+                    if store.settled(kind, value, decisions=decisions) or left <= 0:
                         return self._reply_state()
                     if not waited:
-                        self._cond.wait(min(left, _POLL))
+                        store.wait(min(left, _POLL), decisions=decisions)
             # A waiting client sends nothing but a goodbye: notice it, or the end of the
             # connection, while waiting, so a node that dies in a watch is seen as lost.
             if _readable(chan.sock, 0):
@@ -329,14 +339,14 @@ class StoreServer:
     def _session_started(self, node: str | None) -> None:
         if node is None:
             return
-        with self._cond:
+        with self._lock:
             self._live[node] = self._live.get(node, 0) + 1
             self._generation[node] = self._generation.get(node, 0) + 1
 
     def _session_ended(self, node: str | None, clean: bool) -> None:
         if node is None:
             return
-        with self._cond:
+        with self._lock:
             left = self._live.get(node, 0) - 1
             if left > 0:
                 self._live[node] = left
@@ -363,10 +373,11 @@ class StoreServer:
     def _lost(self, node: str, generation: int) -> None:
         assert self._on_lost is not None
         for _ in range(_LOST_ATTEMPTS):
-            with self._cond:
-                if not self._still_lost(node, generation) or self._state is None:
+            with self._lock:
+                current = self._store.current()
+                if not self._still_lost(node, generation) or current is None:
                     return
-                state, token = self._state, self._token
+                state, token = current
             try:
                 new = self._on_lost(node, state)
             except Exception:
@@ -382,10 +393,10 @@ class StoreServer:
                     MAX_STATE,
                 )
                 return
-            with self._cond:
+            with self._lock:
                 if not self._still_lost(node, generation):
                     return
-                if self._token == token:
-                    self._write(new)
+                if self._store.token == token:
+                    self._store.write(new)
                     return
         _log.warning("on_lost(%r): the state kept changing; gave up.", node)

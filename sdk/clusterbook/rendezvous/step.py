@@ -1,0 +1,218 @@
+"""A rendezvous step: what one node does to the stored state, in one go.
+
+A :class:`Step` names operations of :mod:`.ops` (join, exit, close, keep-alive), the node, the
+settings, and the node's view of time (``now`` and the operations' ``deadline``, wall clock).
+Run on a state, it drops dead nodes (:func:`~.ops.sanitize`) and applies the first operation's
+actions until one that changes nothing (wait, finish, or an error); on finish, the next
+operation's the same way (exit then join: leave the last round and join the next in one go).
+The caller then decides itself on the resulting state. Running a step of one operation twice
+has the effect of running it once (:attr:`Step.repeatable`).
+
+A step that leaves its node waiting (``SYNC``) may say how long the node would wait (``wait``):
+a store that runs it may then hold its answer until something that matters changes (or the
+node's next wake-up, :meth:`Step.hold`), which saves the node a watch of its own.
+
+A step is pure, and a :data:`~.api.StateChange`: a backend may run it wherever the state is.
+The TCP store runs it on its side under its lock, so a join is one round trip however many nodes
+join at once; other backends run it by compare-and-set (:meth:`~.api.RendezvousBackend.update`).
+Steps travel as JSON, never pickle.
+"""
+
+from __future__ import annotations
+
+import enum
+import json
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from clusterbook.rendezvous.api import RendezvousSettings, RendezvousTimeout
+from clusterbook.rendezvous.ops import (
+    MUTATING_ACTIONS,
+    Action,
+    apply,
+    close_action,
+    exit_action,
+    join_action,
+    keep_alive_action,
+    next_wakeup,
+    sanitize,
+    with_info,
+)
+from clusterbook.rendezvous.state import RendezvousState, decode, encode
+
+__all__ = ["DECISIONS", "WAKE_SLACK", "Operation", "Step", "StepFormatError"]
+
+WAKE_SLACK = 0.005
+"""Added to every wait until a wake-up time: decisions compare times strictly, so wake a hair
+past the instant."""
+
+_MAX_ACTIONS = 8
+"""More mutating actions than any operation takes in a row (exit: 1; join: add, complete)."""
+_REPORTS = frozenset({Action.ADD_TO_PARTICIPANTS, Action.ADD_TO_WAIT_LIST, Action.KEEP_ALIVE})
+"""The writes that carry the node's own report (``info``): joining and heartbeats."""
+_VERSION = 1
+
+
+class Operation(enum.Enum):
+    """What a node does to the rendezvous; each has its decision function in :data:`DECISIONS`."""
+
+    JOIN = "join"
+    EXIT = "exit"
+    CLOSE = "close"
+    KEEP_ALIVE = "keep_alive"
+
+
+Decision = Callable[[RendezvousState, str, RendezvousSettings, float, float], Action]
+
+DECISIONS: dict[Operation, Decision] = {
+    Operation.JOIN: join_action,
+    Operation.EXIT: exit_action,
+    Operation.CLOSE: close_action,
+    Operation.KEEP_ALIVE: keep_alive_action,
+}
+
+
+class StepFormatError(ValueError):
+    """A step on the wire is malformed."""
+
+
+@dataclass(frozen=True, slots=True)
+class Step:
+    """``node`` runs ``operations`` in turn at ``now`` (wall clock), with their ``deadline``;
+    each one after the previous finished.
+
+    ``info`` is the node's report, stored with the writes that join or heartbeat. ``wait`` is
+    the longest the node would wait if the step leaves it waiting (see :meth:`hold`).
+    """
+
+    operations: tuple[Operation, ...]
+    node: str
+    settings: RendezvousSettings
+    now: float
+    deadline: float
+    info: dict[str, Any] | None = None
+    wait: float = 0.0
+
+    def __post_init__(self) -> None:
+        if not self.operations or not all(isinstance(o, Operation) for o in self.operations):
+            raise TypeError(f"a step needs one or more operations, got {self.operations!r}")
+        if not 0 <= self.wait < math.inf:
+            raise ValueError(f"a step's wait must be a number of seconds >= 0, got {self.wait!r}")
+
+    @property
+    def repeatable(self) -> bool:
+        """Whether running the step again right after it ran changes nothing: true of each
+        operation alone, not of leaving then joining (it would leave the round it joined)."""
+        return len(self.operations) == 1
+
+    def run(self, state: RendezvousState) -> RendezvousState | None:
+        """The state after this step, or None when the step writes nothing."""
+        node, settings, now = self.node, self.settings, self.now
+        current = sanitize(state, settings, now)
+        wrote = False
+        for operation in self.operations:
+            decide = DECISIONS[operation]
+            for _ in range(_MAX_ACTIONS):
+                action = decide(current, node, settings, now, self.deadline)
+                if action not in MUTATING_ACTIONS:
+                    break
+                current = apply(action, current, node, settings, now)
+                if self.info is not None and action in _REPORTS:
+                    current = with_info(current, node, self.info)
+                wrote = True
+            if action is not Action.FINISH:
+                break
+        return current if wrote else None
+
+    def hold(self, state: RendezvousState) -> float:
+        """Seconds the node would wait on ``state`` (the state after this step) before it
+        looks again, at most ``wait``; 0 when it would not wait (it is done, or must write)."""
+        if self.wait <= 0:
+            return 0.0
+        node, settings, now, deadline = self.node, self.settings, self.now, self.deadline
+        current = sanitize(state, settings, now)
+        if (
+            DECISIONS[self.operations[-1]](current, node, settings, now, deadline)
+            is not Action.SYNC
+        ):
+            return 0.0
+        wakeup = next_wakeup(current, node, settings, now, deadline)
+        return min(self.wait, max(wakeup - now, 0.0) + WAKE_SLACK)
+
+    def __call__(self, blob: bytes | None) -> bytes | None:
+        """The step as a change of the stored bytes (see :data:`~.api.StateChange`)."""
+        new = self.run(RendezvousState() if blob is None else decode(blob))
+        return None if new is None else encode(new)
+
+    def to_wire(self) -> bytes:
+        """The step as compact JSON bytes."""
+        s = self.settings
+        data = {
+            "v": _VERSION,
+            "ops": [operation.value for operation in self.operations],
+            "node": self.node,
+            "now": self.now,
+            "deadline": self.deadline,
+            "info": self.info,
+            "wait": self.wait,
+            "settings": {
+                "run_id": s.run_id,
+                "min_nodes": s.min_nodes,
+                "max_nodes": s.max_nodes,
+                "join": s.timeout.join,
+                "last_call": s.timeout.last_call,
+                "close": s.timeout.close,
+                "heartbeat": s.timeout.heartbeat,
+                "keep_alive_interval": s.keep_alive_interval,
+                "keep_alive_max_attempt": s.keep_alive_max_attempt,
+            },
+        }
+        return json.dumps(data, separators=(",", ":")).encode()
+
+    @classmethod
+    def from_wire(cls, blob: bytes) -> Step:
+        """Decode what :meth:`to_wire` made; raise :class:`StepFormatError` on anything else."""
+        try:
+            data = json.loads(blob)
+            if not isinstance(data, dict) or data.get("v") != _VERSION:
+                raise ValueError("unknown step format")
+            s = data["settings"]
+            settings = RendezvousSettings(
+                run_id=s["run_id"],
+                min_nodes=s["min_nodes"],
+                max_nodes=s["max_nodes"],
+                timeout=RendezvousTimeout(
+                    join=s["join"],
+                    last_call=s["last_call"],
+                    close=s["close"],
+                    heartbeat=s["heartbeat"],
+                ),
+                keep_alive_interval=s["keep_alive_interval"],
+                keep_alive_max_attempt=s["keep_alive_max_attempt"],
+            )
+            node, info, ops = data["node"], data["info"], data["ops"]
+            if not isinstance(node, str) or not node:
+                raise ValueError(f"node id {node!r}")
+            if info is not None and not isinstance(info, dict):
+                raise ValueError(f"report {info!r}")
+            if not isinstance(ops, list) or not 1 <= len(ops) <= len(Operation):
+                raise ValueError(f"operations {ops!r}")
+            return cls(
+                tuple(Operation(op) for op in ops),
+                node,
+                settings,
+                _time(data["now"]),
+                _time(data["deadline"]),
+                info,
+                _time(data["wait"]),
+            )
+        except (ValueError, KeyError, TypeError, UnicodeDecodeError) as exc:  # ConfigError too
+            raise StepFormatError(f"malformed rendezvous step: {exc}") from None
+
+
+def _time(value: object) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        raise ValueError(f"time {value!r}")
+    return float(value)
