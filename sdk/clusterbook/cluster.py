@@ -79,7 +79,9 @@ class Cluster:
                 f"Cluster name {self.name!r} must be 1-63 letters, digits, '.', '-' or '_', "
                 "starting with a letter or digit."
             )
-        self.python = python or sys.executable
+        # A relative path would mean another file once a job runs in another directory.
+        self.python = os.path.abspath(python) if python and os.sep in python else python
+        self.python = self.python or sys.executable
         self._launcher_path = launcher
         self._mpi = mpi
         self._env = validate_env(env)

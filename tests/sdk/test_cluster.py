@@ -105,3 +105,10 @@ def test_errors_are_cluster_errors():
     assert issubclass(cb.JobTimeoutError, TimeoutError)
     for exc in (cb.ConfigError, cb.ClusterStateError, cb.JobFailedError, cb.ReadyTimeoutError):
         assert issubclass(exc, cb.ClusterError)
+
+
+def test_a_relative_python_path_is_made_absolute(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    cluster = cb.Cluster.local(1, 1, python="venv/bin/python", run_dir=tmp_path / "run")
+    assert cluster.python == str(tmp_path / "venv" / "bin" / "python")
+    assert cb.Cluster.local(1, 1, python="python3", run_dir=tmp_path / "run").python == "python3"
