@@ -25,7 +25,6 @@ from clusterbook.spec import NodeSpec
 from clusterbook.ssh.hostkeys import (
     Fingerprints,
     HostKey,
-    fingerprint,
     host_entry_name,
     known_hosts_line,
 )
@@ -172,11 +171,11 @@ class Reach:
         from clusterbook.ssh.bootstrap import parallel, run_task
         from clusterbook.ssh.local_shell import LocalShell
         from clusterbook.ssh.paramiko_shell import connect
-        from clusterbook.ssh.preflight import NodeFacts, problems
+        from clusterbook.ssh.preflight import NodeFacts, all_problems
 
         args = {"prefix": ctx.launcher.prefix, "flavour": ctx.launcher.flavour.value}
         by_name = {n.name: n for n in far}
-        pins = Fingerprints({f"{n.addr}:{n.port}": fingerprint(n.host_key.blob) for n in far})
+        pins = Fingerprints({f"{n.addr}:{n.port}": n.host_key.fingerprint for n in far})
 
         def probe(name: str) -> NodeFacts:
             if name == "":
@@ -192,18 +191,7 @@ class Reach:
         if "" in failed:
             raise failed[""]
         head = facts.pop("")
-        found = {name: [str(exc)] for name, exc in failed.items()}
-        for name, node_facts in facts.items():
-            n = by_name[name]
-            issues = problems(
-                head,
-                node_facts,
-                host=n.addr,
-                slots=n.slots,
-                prefix=ctx.launcher.prefix,
-                flavour=ctx.launcher.flavour.value,
-            )
-            if issues:
-                found[name] = issues
+        nodes = {n.name: (n.addr, n.slots, ctx.launcher.prefix) for n in far}
+        found = all_problems(head, facts, failed, nodes, ctx.launcher.flavour.value)
         if found:
             raise BootstrapError(found)

@@ -41,7 +41,7 @@ from clusterbook.ssh.hostkeys import HostKeyPolicy, make_policy
 from clusterbook.ssh.keys import authorized_keys_line, generate_keypair, key_tag
 from clusterbook.ssh.local_shell import LocalShell
 from clusterbook.ssh.paramiko_shell import ParamikoShell, connect
-from clusterbook.ssh.preflight import NodeFacts, problems
+from clusterbook.ssh.preflight import NodeFacts, all_problems
 from clusterbook.status import NodeStatus
 
 __all__ = ["SSHProvider", "parse_hosts"]
@@ -171,23 +171,12 @@ class SSHProvider:
             raise failed[_HEAD]
         head = self._head_facts = facts.pop(_HEAD)
         self._unprobed = set(failed)
-        found = {h: [str(e)] for h, e in failed.items()}
-        for node in self.nodes:
-            if node.host in facts:
-                issues = problems(
-                    head,
-                    facts[node.host],
-                    host=node.host,
-                    slots=node.slots,
-                    prefix=self._prefix(node.host),
-                    flavour=flavour,
-                )
-                if issues:
-                    found[node.host] = issues
+        nodes = {n.host: (n.host, n.slots, self._prefix(n.host)) for n in self.nodes}
+        found = all_problems(head, facts, failed, nodes, flavour)
         if self.node_python:
-            nodes = {h: (self._python(h), f.home) for h, f in facts.items()}
+            homes = {h: (self._python(h), f.home) for h, f in facts.items()}
             for host, issues in link_problems(
-                ctx.python, head.home, ctx.launcher.path, nodes
+                ctx.python, head.home, ctx.launcher.path, homes
             ).items():
                 found.setdefault(host, []).extend(issues)
         if found:

@@ -6,7 +6,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["NodeFacts", "problems"]
+__all__ = ["NodeFacts", "all_problems", "problems"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -65,4 +65,24 @@ def problems(
             f"{slots} slots asked, but the node has {node.cores} cores; ask for at most "
             f"{node.cores} slots there (like '{host}:{node.cores}')."
         )
+    return found
+
+
+def all_problems(
+    head: NodeFacts,
+    facts: Mapping[str, NodeFacts],
+    failed: Mapping[str, Exception],
+    nodes: Mapping[str, tuple[str, int, str]],
+    flavour: str,
+) -> dict[str, list[str]]:
+    """Problems by node key: a failed probe's error, else what :func:`problems` finds.
+
+    ``nodes`` maps each probed key to its (host, slots, launcher prefix).
+    """
+    found = {key: [str(exc)] for key, exc in failed.items()}
+    for key, node in facts.items():
+        host, slots, prefix = nodes[key]
+        issues = problems(head, node, host=host, slots=slots, prefix=prefix, flavour=flavour)
+        if issues:
+            found[key] = issues
     return found
