@@ -155,11 +155,14 @@ class Reach:
         known.write_text(known_hosts_text(far))
         config = self._dir / "ssh_config"
         config.write_text(ssh_config(far, identity=self._identity, known_hosts=known))
+        from clusterbook.ssh.bootstrap import ssh_wrapper
+
+        ssh_args = ("-F", str(config))
         wrapper = self._dir / "ssh"
-        wrapper.write_text(f'#!/bin/sh\nexec ssh -F "{config}" "$@"\n')
+        wrapper.write_text(ssh_wrapper(ssh_args))
         wrapper.chmod(0o755)
         return RemoteLaunch(
-            ssh_args=("-F", str(config)),
+            ssh_args=ssh_args,
             ssh_wrapper=str(wrapper),
             head_addr=head_address_towards(far[0].addr),
             hostnames={n.addr: n.hostname for n in far},

@@ -39,6 +39,7 @@ __all__ = [
     "node_ssh_args",
     "parallel",
     "run_task",
+    "ssh_wrapper",
 ]
 
 #: Where a cluster's files live, relative to the home of the user on every node and the head.
@@ -189,6 +190,11 @@ def node_ssh_args(cluster_id: str, *, user: str, port: int) -> list[str]:
     return args
 
 
+def ssh_wrapper(ssh_args: Sequence[str]) -> str:
+    """A script that runs ssh with ``ssh_args`` (MPICH's launcher takes one program)."""
+    return "#!/bin/sh\nexec ssh " + shlex.join(ssh_args) + ' "$@"\n'
+
+
 def cluster_files(
     cluster_id: str,
     keys: KeyPair,
@@ -207,7 +213,7 @@ def cluster_files(
         )
         for h, c in connections.items()
     )
-    wrapper = "#!/bin/sh\nexec ssh " + shlex.join(ssh_args) + ' "$@"\n'
+    wrapper = ssh_wrapper(ssh_args)
     env_sh = "".join(f"export {k}={shlex.quote(v)}\n" for k, v in env.items())
     return {
         "id_ed25519": ("600", keys.private_path.read_bytes()),
