@@ -395,7 +395,12 @@ def test_on_change_sees_each_new_state_and_its_errors_are_contained(make) -> Non
 
     a = make(s, "a", on_change=seen.append)
     b = make(s, "b", on_change=boom)
-    infos = join_all(a, b)
+    # a joins first, so that it waits in a round that is not complete yet (joining at once,
+    # b's join could complete the round in the same step that adds a).
+    first = Call(a)
+    eventually(lambda: any("a" in st.participants for st in seen), "a has joined")
+    second = Call(b)
+    infos = [first.get(), second.get()]
     assert sorted(i.rank for i in infos) == [0, 1]
     assert seen
     assert seen[-1].complete
