@@ -7,9 +7,9 @@
 
 from __future__ import annotations
 
-from typing import Any
+from importlib import import_module
+from typing import TYPE_CHECKING, Any
 
-from clusterbook.cluster import Cluster
 from clusterbook.errors import (
     BootstrapError,
     CleanupWarning,
@@ -31,12 +31,45 @@ from clusterbook.errors import (
     SSHError,
     SSHTimeoutError,
 )
-from clusterbook.launch.flavour import Launcher, MPIFlavour
-from clusterbook.launch.job import Job
-from clusterbook.launch.logs import LogRecord
-from clusterbook.launch.result import JobResult, RankFailure
-from clusterbook.spec import NodeSpec
-from clusterbook.status import ClusterSnapshot, JobStatus, NodeStatus
+
+if TYPE_CHECKING:
+    from clusterbook.cluster import Cluster
+    from clusterbook.launch.flavour import Launcher, MPIFlavour
+    from clusterbook.launch.job import Job
+    from clusterbook.launch.logs import LogRecord
+    from clusterbook.launch.result import JobResult, RankFailure
+    from clusterbook.spec import NodeSpec
+    from clusterbook.status import ClusterSnapshot, JobStatus, NodeStatus
+
+# Imported on first use, so that a process that needs one small part (a node's agent, the
+# rank hook) does not pay for all of it: ``import clusterbook.rendezvous.agent`` stays light.
+_LAZY = {
+    "Cluster": "clusterbook.cluster",
+    "ClusterSnapshot": "clusterbook.status",
+    "Job": "clusterbook.launch.job",
+    "JobResult": "clusterbook.launch.result",
+    "JobStatus": "clusterbook.status",
+    "Launcher": "clusterbook.launch.flavour",
+    "LogRecord": "clusterbook.launch.logs",
+    "MPIFlavour": "clusterbook.launch.flavour",
+    "NodeSpec": "clusterbook.spec",
+    "NodeStatus": "clusterbook.status",
+    "RankFailure": "clusterbook.launch.result",
+}
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'clusterbook' has no attribute {name!r}")
+    value = getattr(import_module(module), name)
+    globals()[name] = value  # once: later lookups do not come here
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *_LAZY})
+
 
 __version__ = "0.1.0"
 

@@ -10,12 +10,10 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from clusterbook.cluster import Cluster
 from clusterbook.errors import ClusterError, ConfigError
-from clusterbook.launch.job import Job
-from clusterbook.launch.logs import LAUNCHER_RANK
 
 if TYPE_CHECKING:
+    from clusterbook.launch.job import Job
     from clusterbook.ssh.sshd import Sshd
 
 __all__ = ["main"]
@@ -187,6 +185,8 @@ def _agent_sshd(url: str, secret: bytes, node_id: str, port: int) -> Sshd:
 
 
 def _run(args: argparse.Namespace) -> int:
+    from clusterbook.cluster import Cluster
+
     cmd = list(args.cmd)
     if cmd[:1] == ["--"]:
         cmd = cmd[1:]
@@ -237,6 +237,8 @@ def _split(hosts: str) -> list[str]:
 
 
 def _print_live(job: Job) -> None:
+    from clusterbook.launch.logs import LAUNCHER_RANK
+
     try:
         for record in job.stream():
             prefix = "[launcher]" if record.rank == LAUNCHER_RANK else f"[{record.rank}]"
@@ -248,6 +250,8 @@ def _print_live(job: Job) -> None:
 
 
 def _demo(args: argparse.Namespace) -> int:
+    from clusterbook.cluster import Cluster
+
     t0 = time.perf_counter()
     cluster = Cluster.local(
         workers=args.workers, slots=args.slots, mpi=args.mpi, python=args.python

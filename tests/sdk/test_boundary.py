@@ -5,6 +5,8 @@ from __future__ import annotations
 import subprocess
 import sys
 
+import pytest
+
 CHECK = """\
 import sys
 import clusterbook, clusterbook.cli, clusterbook.cluster
@@ -31,6 +33,42 @@ def test_importing_the_core_does_not_import_pandas():
         [sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=60
     )
     assert out.stdout.strip() == "False"
+
+
+AGENT_IMPORTS = """\
+import sys
+import clusterbook.cli, clusterbook.rendezvous.agent, clusterbook.rendezvous.backends.tcp
+print(",".join(sorted(m for m in sys.modules
+                      if m in {"clusterbook.cluster", "clusterbook.launch.job", "pandas",
+                               "paramiko", "clusterbook.providers.ssh"})))
+"""
+
+
+def test_a_node_agent_imports_only_what_it_runs():
+    # Every node of an SSH cluster starts an agent; on a node with few cores the whole
+    # SDK (cluster, launch, paramiko) would add ~80 ms of CPU to each bootstrap.
+    out = subprocess.run(
+        [sys.executable, "-c", AGENT_IMPORTS],
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=60,
+    )
+    assert out.stdout.strip() == ""
+
+
+def test_the_public_names_resolve_on_first_use():
+    import clusterbook
+
+    for name in clusterbook.__all__:
+        assert getattr(clusterbook, name) is not None, name
+        assert name in dir(clusterbook)
+    from clusterbook import Cluster
+    from clusterbook.cluster import Cluster as Defined
+
+    assert Cluster is Defined
+    with pytest.raises(AttributeError, match="Clustr"):
+        clusterbook.Clustr  # noqa: B018 - the typo is the test
 
 
 def test_load_ext_clusterbook_loads_the_notebook_layer():
