@@ -8,6 +8,8 @@ each task prints one JSON object. Importable too, for tests.
   ``~/.clusterbook/clusters/ID`` and add the cluster's key to ``~/.ssh/authorized_keys``.
 - ``cleanup``: stop the cluster's processes, remove its key lines and its directory.
 - ``kill``: stop the processes of one job.
+- ``put``: write files at the paths they have on the head (what it created is removed at
+  ``cleanup``); ``gather``: hand over, and remove, the files ranks wrote in a directory.
 - ``reap`` (local only): the guard that stops a Python process's jobs when it dies.
 """
 
@@ -183,6 +185,7 @@ def cleanup(args):
             data = ("\n".join(kept) + "\n" if kept else "").encode()
             write_atomic(keys, data, os.stat(keys).st_mode & 0o777)
     directory = _cluster_dir(cluster_id)
+    _remove_put(directory)
     shutil.rmtree(directory, ignore_errors=True)
     return {"killed": killed, "keys_removed": removed, "dir_removed": not os.path.exists(directory)}
 
@@ -228,6 +231,86 @@ def spawn(args):
     return {"pid": proc.pid}
 
 
+_PUT_LOG = "put.log"  # in the cluster's directory: what ``put`` created, one path a line
+
+
+def put(args):
+    """Make ``dirs`` and write ``files`` (absolute path -> [octal mode, base64]) as on the
+    head. A file that is already there with the same bytes is left alone (a shared
+    filesystem, or a node that is the head); what did not exist before is logged, so that
+    ``cleanup`` removes it, and only it."""
+    log = _inside(_cluster_dir(args["cluster_id"]), _PUT_LOG)
+    created = []
+    for path in args.get("dirs", []):
+        created += _makedirs(path)
+    written = 0
+    for path, (mode, data) in sorted(args["files"].items()):
+        data = base64.b64decode(data)
+        created += _makedirs(os.path.dirname(path))
+        try:
+            with open(path, "rb") as f:
+                if f.read(len(data) + 1) == data:
+                    continue
+            existed = True
+        except FileNotFoundError:
+            existed = False
+        write_atomic(path, data, int(mode, 8))
+        written += 1
+        if not existed:
+            created.append(path)
+    if created:
+        with open(log, "a") as f:
+            f.writelines(p + "\n" for p in created)
+    return {"written": written, "created": len(created)}
+
+
+def _makedirs(path):
+    """Make ``path`` and its missing parents (0700); return those made, outermost first."""
+    missing = []
+    while path and not os.path.isdir(path):
+        missing.append(path)
+        path = os.path.dirname(path)
+    for directory in reversed(missing):
+        with contextlib.suppress(FileExistsError):
+            os.mkdir(directory, 0o700)
+    return list(reversed(missing))
+
+
+def _remove_put(directory):
+    """Remove what ``put`` created: its files, then its directories if they are empty."""
+    try:
+        with open(os.path.join(directory, _PUT_LOG)) as f:
+            paths = [line.rstrip("\n") for line in f if line.strip()]
+    except FileNotFoundError:
+        return
+    for path in paths:
+        if not os.path.isdir(path):
+            with contextlib.suppress(OSError):
+                os.unlink(path)
+    for path in sorted(paths, key=lambda p: p.count("/"), reverse=True):
+        if os.path.isdir(path):
+            with contextlib.suppress(OSError):
+                os.rmdir(path)
+
+
+def gather(args):
+    """The regular files in ``directory`` (none of ``skip``, the names the head has), as
+    name -> base64, removed here once read."""
+    directory, skip = args["directory"], set(args.get("skip", []))
+    found = {}
+    try:
+        entries = sorted(os.scandir(directory), key=lambda e: e.name)
+    except FileNotFoundError:
+        return {"files": found}
+    for entry in entries:
+        if entry.name in skip or not entry.is_file(follow_symlinks=False):
+            continue
+        with open(entry.path, "rb") as f:
+            found[entry.name] = base64.b64encode(f.read()).decode()
+        os.unlink(entry.path)
+    return {"files": found}
+
+
 def tail(args):
     """The last ``lines`` lines of file ``name`` in the cluster's directory ("" if none)."""
     path = _inside(_cluster_dir(args["cluster_id"]), args["name"])
@@ -247,6 +330,8 @@ TASKS = {
     "kill": kill,
     "spawn": spawn,
     "tail": tail,
+    "put": put,
+    "gather": gather,
 }
 
 

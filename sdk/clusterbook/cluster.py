@@ -16,7 +16,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from clusterbook.errors import ClusterStateError, ConfigError
+from clusterbook.errors import ClusterError, ClusterStateError, ConfigError
 from clusterbook.events import Subscribers
 from clusterbook.launch.command import LaunchPlan, build_command, placement
 from clusterbook.launch.flavour import Launcher, MPIFlavour, find_launcher
@@ -28,6 +28,7 @@ from clusterbook.providers.base import Provider, StartContext
 from clusterbook.providers.local import LocalAgentsProvider, local_nodes
 from clusterbook.spec import NodeSpec, validate_env, validate_np, validate_timeout
 from clusterbook.status import ClusterSnapshot, NodeStatus, job_status, nodes_frame
+from clusterbook.transfer import outgoing, store_gathered
 
 if TYPE_CHECKING:
     from clusterbook.ssh.hostkeys import HostKeyPolicy
@@ -478,6 +479,40 @@ class Cluster:
         self._changed()
         return job
 
+    def put(self, *paths: str | os.PathLike[str]) -> None:
+        """Copy files and directories (with all they hold) from this machine to the same
+        absolute paths on every node, for nodes that do not share its filesystem.
+
+        A file a node already has with the same bytes is left alone (a shared filesystem
+        costs nothing); the nodes' copies of what did not exist there before are removed
+        by :meth:`stop`. On a local cluster there is nothing to do, nor on an elastic one
+        (its nodes joined on their own: they bring their files, or share them).
+        """
+        self._require_running("put")
+        sent = outgoing(paths)
+        send = getattr(self._provider, "put", None)
+        if send is not None and (sent.dirs or sent.files):
+            _raise_for("put", send(sent), "")
+
+    def gather(self, directory: str | os.PathLike[str]) -> list[Path]:
+        """Move the files ranks wrote in ``directory`` on the nodes (not in its
+        subdirectories) to ``directory`` on this machine; return the paths that arrived.
+
+        Files this machine already has there stay as they are (a name another node sent
+        too gets ``.from-HOST`` appended). On a local or elastic cluster there is nothing
+        to move (the files stay where the ranks wrote them).
+        """
+        self._require_running("gather")
+        target = Path(directory).expanduser().absolute()
+        fetch = getattr(self._provider, "gather", None)
+        if fetch is None:
+            return []
+        have = sorted(p.name for p in target.iterdir()) if target.is_dir() else []
+        found, failed = fetch(str(target), have)
+        stored = store_gathered(target, found)  # first: they are gone from the nodes
+        _raise_for("gather", failed, f"; what the other nodes had is in {target}")
+        return stored
+
     def engines(
         self, n: int | None = None, *, timeout: float = 60.0, env: Mapping[str, str] | None = None
     ) -> ipyparallel.Client:
@@ -601,6 +636,12 @@ class Cluster:
             raise ClusterStateError(
                 f"Cluster {self.name!r} is {self._state}; make a new cluster to {what}()."
             )
+
+
+def _raise_for(what: str, failed: Mapping[str, Exception], more: str) -> None:
+    if failed:
+        lines = "".join(f"\n  {host}: {exc}" for host, exc in failed.items())
+        raise ClusterError(f"{what}() failed on {len(failed)} node(s){more}:{lines}")
 
 
 @atexit.register

@@ -198,7 +198,7 @@ class ClusterMagics(Magics):
         elif not result.ok and not result.failed and not tracebacks:
             _err(result.summary())
         if args.pull is not None:
-            self._pull(args.pull, result, pull_dir, job.np)
+            self._pull(cluster, args.pull, result, pull_dir, job.np)
 
     def _push_values(self, args: MpirunArgs) -> dict[str, Any]:
         ns = self.shell.user_ns
@@ -243,6 +243,7 @@ class ClusterMagics(Magics):
             ),
             encoding="utf-8",  # what Python reads source as, whatever the locale
         )
+        cluster.put(directory)  # nodes that do not share this filesystem get it too
         job = cluster.mpirun(
             ["python", str(script)],
             np=args.np,
@@ -277,11 +278,18 @@ class ClusterMagics(Magics):
                 emit(rank, stream, text)
         return result, shown.tracebacks
 
-    def _pull(self, name: str, result: cb.JobResult, pull_dir: Path | None, np: int) -> None:
+    def _pull(
+        self, cluster: cb.Cluster, name: str, result: cb.JobResult, pull_dir: Path | None, np: int
+    ) -> None:
         if not result.ok:
             _err(f"%%mpirun: --pull {name}: not set, the job did not succeed.")
             return
         assert pull_dir is not None
+        try:
+            cluster.gather(pull_dir)  # from nodes that do not share this filesystem
+        except ClusterError as exc:
+            _err(f"%%mpirun: --pull {name}: {exc}")
+            return
         values = []
         for rank in range(np):
             path = pull_dir / f"rank-{rank}.pkl"

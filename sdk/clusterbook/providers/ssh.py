@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import base64
 import getpass
 import json
 import os
@@ -43,6 +44,7 @@ from clusterbook.ssh.local_shell import LocalShell
 from clusterbook.ssh.paramiko_shell import ParamikoShell, connect
 from clusterbook.ssh.preflight import NodeFacts, all_problems
 from clusterbook.status import NodeStatus
+from clusterbook.transfer import Outgoing
 
 __all__ = ["SSHProvider", "parse_hosts"]
 
@@ -362,6 +364,36 @@ class SSHProvider:
             )
             conn = self._conns[host] = replace(conn, shell=shell)
         return conn.shell
+
+    # -- files --------------------------------------------------------------------------
+
+    def put(self, sent: Outgoing) -> dict[str, Exception]:
+        """Send ``sent`` to every node (one step per node, all nodes at once); return the
+        nodes it failed on, with why."""
+        assert self._ctx is not None
+        args = {
+            "cluster_id": self._ctx.cluster_id,
+            "dirs": list(sent.dirs),
+            "files": encode_files(sent.files),
+        }
+
+        def send(host: str) -> object:
+            return run_task(self._shell(host), self._python(host), "put", args, timeout=300)
+
+        return parallel(list(self._conns), send)[1]
+
+    def gather(
+        self, directory: str, skip: Sequence[str]
+    ) -> tuple[dict[str, dict[str, bytes]], dict[str, Exception]]:
+        """The files ranks wrote in ``directory`` on each node (removed there), by node; and
+        the nodes it failed on, with why."""
+        args = {"directory": directory, "skip": list(skip)}
+
+        def fetch(host: str) -> dict[str, bytes]:
+            got = run_task(self._shell(host), self._python(host), "gather", args, timeout=300)
+            return {name: base64.b64decode(data) for name, data in got["files"].items()}
+
+        return parallel(list(self._conns), fetch)
 
     # -- stop ---------------------------------------------------------------------------
 

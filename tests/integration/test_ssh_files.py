@@ -1,0 +1,141 @@
+"""``cluster.put()`` and ``cluster.gather()`` on fake hosts that do not share the head's
+filesystem: each host sees its own empty directory where the head has ``work/``."""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+import clusterbook as cb
+from clusterbook.errors import ClusterError, ConfigError
+from tests.testbed import Testbed
+from tests.testbed import testbed as fake_hosts
+
+pytestmark = [pytest.mark.root, pytest.mark.sshd, pytest.mark.mpi]
+testbed = fake_hosts
+
+READ_AND_WRITE = """\
+import os, socket, sys
+from mpi4py import MPI
+rank = MPI.COMM_WORLD.Get_rank()
+here = os.path.dirname(os.path.abspath(__file__))
+with open(os.path.join(here, "data", "input.txt")) as f:
+    print(socket.gethostname(), f.read().strip())
+with open(os.path.join(sys.argv[1], f"out-{rank}.txt"), "w") as f:
+    f.write(f"{rank} on {socket.gethostname()}")
+"""
+
+
+@pytest.fixture
+def unshared(testbed: Testbed, tmp_path: Path) -> Iterator[tuple[Path, dict[str, Path]]]:
+    """``tmp_path/work`` on the head; on node1 and node2 an empty directory of their own
+    there (what they hold is seen on the head under ``tmp_path/seen-nodeN``)."""
+    work = tmp_path / "work"
+    work.mkdir(mode=0o700)
+    seen = {}
+    for host in testbed.hosts[:2]:
+        seen[host.name] = tmp_path / f"seen-{host.name}"
+        seen[host.name].mkdir(mode=0o700)
+        host.rebind([(seen[host.name], work)])
+    try:
+        yield work, seen
+    finally:
+        for host in testbed.hosts[:2]:
+            host.rebind()
+
+
+def _cluster(bed: Testbed, python: str, run_dir: Path) -> cb.Cluster:
+    return cb.Cluster.ssh(
+        [f"{h.addr}:1" for h in bed.hosts[:2]],
+        identity=bed.identity,
+        known_hosts=bed.write_known_hosts(),
+        connect_timeout=10,
+        python=python,
+        run_dir=run_dir,
+    )
+
+
+def _files(root: Path) -> dict[str, str]:
+    return {str(p.relative_to(root)): p.read_text() for p in sorted(root.rglob("*")) if p.is_file()}
+
+
+def test_put_then_mpirun_then_gather(testbed, unshared, openmpi_python, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    work, seen = unshared
+    (work / "data").mkdir()
+    (work / "data" / "input.txt").write_text("the input\n")
+    (work / "data" / "input.txt").chmod(0o640)
+    (work / "job.py").write_text(READ_AND_WRITE)
+    (work / "out").mkdir()
+    # node2 already has the input, with the same bytes: it is left alone (and kept at stop).
+    (seen["node2"] / "data").mkdir()
+    (seen["node2"] / "data" / "input.txt").write_text("the input\n")
+
+    with _cluster(testbed, openmpi_python, tmp_path / "run") as cluster:
+        job = cluster.mpirun(["python", str(work / "job.py"), str(work / "out")], np=2)
+        failed = job.wait()
+        assert not failed.ok  # without put, the nodes have no job.py
+        assert "job.py" in " ".join(job.logs()["line"])
+
+        cluster.put(work / "job.py", work / "data", work / "out")
+        for name in ("node1", "node2"):
+            assert _files(seen[name]) == {"data/input.txt": "the input\n", "job.py": READ_AND_WRITE}
+            assert (seen[name] / "out").is_dir()
+        assert (seen["node1"] / "data" / "input.txt").stat().st_mode & 0o777 == 0o640
+
+        job = cluster.mpirun(["python", str(work / "job.py"), str(work / "out")], np=2)
+        job.wait().check()
+        lines = job.logs().query("rank >= 0").sort_values("rank")
+        assert list(lines["line"]) == ["node1 the input", "node2 the input"]
+
+        arrived = cluster.gather(work / "out")
+        assert sorted(p.name for p in arrived) == ["out-0.txt", "out-1.txt"]
+        assert _files(work / "out") == {"out-0.txt": "0 on node1", "out-1.txt": "1 on node2"}
+        assert [list((seen[n] / "out").iterdir()) for n in seen] == [[], []]  # moved, not copied
+        assert cluster.gather(work / "out") == []  # nothing new
+
+    # stop() removed what put() created, and only that.
+    assert _files(seen["node1"]) == {}
+    assert sorted(p.name for p in seen["node1"].iterdir()) == []
+    assert _files(seen["node2"]) == {"data/input.txt": "the input\n"}
+
+
+def test_gather_keeps_what_the_head_has(testbed, unshared, openmpi_python, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    work, seen = unshared
+    (work / "result.txt").write_text("the head's own\n")
+    for name in seen:
+        (seen[name] / "result.txt").write_text(f"from {name}\n")
+        (seen[name] / "only.txt").write_text(f"only {name}\n")
+    with _cluster(testbed, openmpi_python, tmp_path / "run") as cluster:
+        arrived = cluster.gather(work)
+    assert sorted(p.name for p in arrived) == [
+        "only.txt",
+        f"only.txt.from-{testbed.hosts[1].addr}",
+    ]
+    assert (work / "result.txt").read_text() == "the head's own\n"  # never overwritten
+    assert (seen["node1"] / "result.txt").exists()  # not taken: the head has that name
+    assert not (seen["node1"] / "only.txt").exists()
+
+
+def test_put_of_a_missing_path_names_it(testbed, openmpi_python, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    with _cluster(testbed, openmpi_python, tmp_path / "run") as cluster:
+        with pytest.raises(ConfigError, match="no-such-file"):
+            cluster.put(tmp_path / "no-such-file")
+        with pytest.raises(ConfigError, match="not 3"):
+            cluster.put(3)  # type: ignore[arg-type]
+
+
+def test_put_before_start_says_to_start(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    cluster = cb.Cluster.ssh(["node9:1"], run_dir=tmp_path / "run")
+    with pytest.raises(ClusterError, match="start"):
+        cluster.put(tmp_path)
+
+
+def test_on_a_local_cluster_there_is_nothing_to_move(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    (tmp_path / "a.txt").write_text("a")
+    with cb.Cluster.local(1, 1, python=sys.executable, run_dir=tmp_path / "run") as cluster:
+        cluster.put(tmp_path / "a.txt")
+        assert cluster.gather(tmp_path) == []
+    assert (tmp_path / "a.txt").read_text() == "a"
