@@ -13,8 +13,11 @@ login shell and its start-up files, a Python that imports mpi4py, the node's age
 head's cores. CPU per host is printed both for the whole machine and for this process (the
 part that stays on the head when the nodes are real machines), and the plain OpenSSH round
 gives the same ratio for a bare login, the floor of any bootstrap on this machine.
+``--skel-bashrc`` gives the fake hosts' login user Debian's default ``~/.bashrc`` (it returns at
+once when the shell is not interactive) instead of this machine's, to show what the login
+user's shell start-up costs.
 
-    python benchmarks/ssh_bootstrap.py [--repeat 5] [--sizes 1,4,8]   (as root)
+    python benchmarks/ssh_bootstrap.py [--repeat 5] [--sizes 1,4,8] [--skel-bashrc]   (as root)
 
 The exit status is 1 when a goal is missed, 2 when not run as root.
 """
@@ -120,13 +123,19 @@ def run_openssh(bed: Testbed, known_hosts: Path) -> float:
     return elapsed
 
 
-def measure(n: int, repeat: int, warmup: int, tmp: Path) -> Runs:
+SKEL_BASHRC = Path("/etc/skel/.bashrc")
+
+
+def measure(n: int, repeat: int, warmup: int, tmp: Path, *, skel_bashrc: bool) -> Runs:
     """Make a testbed of ``n`` hosts, time bootstraps and ssh rounds on it, tear it down."""
     runs = Runs(n)
     t0 = time.perf_counter()
     bed = make_testbed(n, tmp / f"bed{n}")
     runs.setup = time.perf_counter() - t0
     try:
+        if skel_bashrc:
+            for host in bed.hosts:
+                host.rebind([(SKEL_BASHRC, Path.home() / ".bashrc")])
         known_hosts = bed.write_known_hosts()
         for i in range(warmup + repeat):
             counted = i >= warmup
@@ -178,6 +187,11 @@ def main() -> int:
     parser.add_argument("--repeat", type=int, default=5, help="counted runs per size (default 5)")
     parser.add_argument("--warmup", type=int, default=1, help="uncounted runs per size (default 1)")
     parser.add_argument("--sizes", default="1,4,8", help="host counts (default 1,4,8)")
+    parser.add_argument(
+        "--skel-bashrc",
+        action="store_true",
+        help=f"the fake hosts' login user gets {SKEL_BASHRC} as ~/.bashrc",
+    )
     args = parser.parse_args()
     try:
         sizes = sorted({int(s) for s in args.sizes.split(",")})
@@ -188,13 +202,19 @@ def main() -> int:
     if os.geteuid() != 0:
         print("error: fake hosts need root (network namespaces); run as root.", file=sys.stderr)
         return 2
+    if args.skel_bashrc and not SKEL_BASHRC.is_file():
+        parser.error(f"--skel-bashrc: there is no {SKEL_BASHRC} on this machine")
 
     print(f"clusterbook {cb.__version__}, Python {sys.version.split()[0]}, {os.cpu_count()} CPUs")
+    rc = SKEL_BASHRC if args.skel_bashrc else Path.home() / ".bashrc"
+    print(f"login user's ~/.bashrc on the fake hosts: {rc}")
     results: dict[int, Runs] = {}
     try:
         with tempfile.TemporaryDirectory(prefix="cb-sshbench-") as tmp:
             for n in sizes:
-                results[n] = measure(n, args.repeat, args.warmup, Path(tmp))
+                results[n] = measure(
+                    n, args.repeat, args.warmup, Path(tmp), skel_bashrc=args.skel_bashrc
+                )
                 report(results[n], args.repeat, args.warmup)
     finally:
         if left := leftover_namespaces():

@@ -294,7 +294,8 @@ def _start_sshd(
     binds
         Root only: ``(source, target)`` pairs bind-mounted in a private mount namespace of
         sshd, so sshd and its sessions see ``source`` at ``target`` and nothing else does.
-        Missing targets are made (empty, 0700) first.
+        Missing targets are made first: an empty 0700 directory, or an empty 0600 file
+        when the source is a file.
     keys_file
         The ``AuthorizedKeysFile`` value as written, instead of ``authorized_keys``; e.g.
         ``.ssh/authorized_keys``, which sshd reads relative to the home of the user logging in.
@@ -334,8 +335,13 @@ def _start_sshd(
     if os.geteuid() == 0:
         # Debian's sshd refuses to start as root without its privilege separation directory.
         os.makedirs("/run/sshd", mode=0o755, exist_ok=True)
-    for _, target in mounts:
-        target.mkdir(mode=0o700, parents=True, exist_ok=True)
+    for source, target in mounts:
+        if not target.exists():  # a mount point: a directory, or a file to bind a file on
+            if source.is_dir():
+                target.mkdir(mode=0o700, parents=True)
+            else:
+                target.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+                target.touch(mode=0o600)
     # A port picked here can be taken before sshd binds it; then pick again.
     attempts = 3 if port == 0 else 1
     for attempt in range(attempts):
