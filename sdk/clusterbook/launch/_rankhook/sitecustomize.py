@@ -33,33 +33,42 @@ def _install(abort_on_error: bool) -> None:
     if not abort_on_error:
         return
 
-    def abort(code: int) -> None:
+    def failing(code: int):  # type: ignore[no-untyped-def]
+        """MPI if the job is to be aborted, after the marker that says this rank failed with
+        ``code``. The marker comes first, before the traceback: another rank that fails at
+        the same moment may abort the job, and the launcher then kills this one mid-way."""
         mpi = sys.modules.get("mpi4py.MPI")
         if mpi is None or not mpi.Is_initialized() or mpi.Is_finalized():
-            return
+            return None
+        os.write(2, f"{_MARK} exit {code}\n".encode())
+        return mpi
+
+    def abort(mpi, code: int) -> None:  # type: ignore[no-untyped-def]
         for stream in (sys.stdout, sys.stderr):
             try:  # noqa: SIM105 - contextlib costs an import in every rank
                 stream.flush()
             except Exception:  # noqa: S110 - a closed stream must not stop the abort
                 pass
-        os.write(2, f"{_MARK} exit {code}\n".encode())
         mpi.COMM_WORLD.Abort(code)
 
     previous_hook = sys.excepthook
 
     def excepthook(kind, value, tb):  # type: ignore[no-untyped-def]
+        mpi = failing(1)
         previous_hook(kind, value, tb)
-        abort(1)
+        if mpi is not None:
+            abort(mpi, 1)
 
     real_exit = sys.exit
 
     def exit(code=None):  # type: ignore[no-untyped-def]
         if code not in (None, 0):
+            status = code if isinstance(code, int) else 1
+            mpi = failing(status)
             if not isinstance(code, int):
                 print(code, file=sys.stderr)
-                abort(1)
-            else:
-                abort(code)
+            if mpi is not None:
+                abort(mpi, status)
         real_exit(code)
 
     sys.excepthook = excepthook
