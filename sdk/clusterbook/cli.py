@@ -89,6 +89,18 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("--launcher", metavar="PATH", help="mpirun/mpiexec to use")
     run.add_argument("--oversubscribe", action="store_true", help="allow more ranks than slots")
     run.add_argument("--run-dir", metavar="DIR", help="where the job's logs go")
+    run.add_argument(
+        "--put",
+        action="append",
+        default=[],
+        metavar="PATH",
+        help="copy a file or directory to the same path on every host first (repeatable)",
+    )
+    run.add_argument(
+        "--gather",
+        metavar="DIR",
+        help="afterwards, move the files the ranks wrote in DIR on the hosts to DIR here",
+    )
     run.add_argument("cmd", nargs=argparse.REMAINDER, metavar="CMD", help="program and arguments")
     run.set_defaults(func=_run)
 
@@ -200,6 +212,9 @@ def _run(args: argparse.Namespace) -> int:
         if not sep:
             raise ConfigError(f"--env {item!r} has no '='; write it like --env SEED=1.")
         env[name] = value
+    for path in args.put:  # before any host is bootstrapped
+        if not Path(path).expanduser().exists():
+            raise ConfigError(f"--put {path!r}: there is no such file or directory here.")
     options = {"run_dir": args.run_dir, "mpi": args.mpi, "launcher": args.launcher}
     if args.hosts:
         cluster = Cluster.ssh(
@@ -214,11 +229,15 @@ def _run(args: argparse.Namespace) -> int:
     else:
         cluster = Cluster.local(workers=1, **options)
     with cluster:
+        cluster.put(*args.put)
         job = cluster.mpirun(
             cmd, np=args.np, env=env, timeout=args.timeout, oversubscribe=args.oversubscribe
         )
         _print_live(job)
         result = job.wait()
+        if args.gather:
+            for path in cluster.gather(args.gather):
+                print(f"clusterbook: gathered {path}", file=sys.stderr)
     if result.timed_out:
         print(f"clusterbook: {result.summary()}", file=sys.stderr)
         return EXIT_TIMEOUT

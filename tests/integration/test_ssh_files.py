@@ -139,3 +139,36 @@ def test_on_a_local_cluster_there_is_nothing_to_move(tmp_path) -> None:  # type:
         cluster.put(tmp_path / "a.txt")
         assert cluster.gather(tmp_path) == []
     assert (tmp_path / "a.txt").read_text() == "a"
+
+
+def test_the_run_command_puts_and_gathers(
+    testbed, unshared, openmpi_python, tmp_path, capsys
+) -> None:  # type: ignore[no-untyped-def]
+    from clusterbook.cli import main
+
+    work, seen = unshared
+    (work / "data").mkdir()
+    (work / "data" / "input.txt").write_text("cli input\n")
+    (work / "job.py").write_text(READ_AND_WRITE)
+    (work / "out").mkdir()
+    hosts = ",".join(f"{h.addr}:1" for h in testbed.hosts[:2])
+    argv = ["run", "-n", "2", "--hosts", hosts, "--identity", str(testbed.identity)]
+    argv += ["--known-hosts", str(testbed.write_known_hosts()), "--run-dir", str(tmp_path / "r")]
+    argv += ["--put", str(work / "job.py"), "--put", str(work / "data"), "--put", str(work / "out")]
+    argv += ["--gather", str(work / "out"), "--", openmpi_python, str(work / "job.py")]
+    argv += [str(work / "out")]
+    assert main(argv) == 0
+    out = capsys.readouterr()
+    assert "[0] node1 cli input" in out.out
+    assert "[1] node2 cli input" in out.out
+    assert f"gathered {work / 'out' / 'out-0.txt'}" in out.err
+    assert _files(work / "out") == {"out-0.txt": "0 on node1", "out-1.txt": "1 on node2"}
+    assert [list(d.iterdir()) for d in seen.values()] == [[], []]  # stop() took put's copies
+
+
+def test_the_run_command_refuses_a_missing_put_before_bootstrap(tmp_path, capsys) -> None:  # type: ignore[no-untyped-def]
+    from clusterbook.cli import main
+
+    missing = tmp_path / "nope.py"
+    assert main(["run", "-n", "1", "--hosts", "node9:1", "--put", str(missing), "--", "true"]) == 2
+    assert f"--put {str(missing)!r}: there is no such file" in capsys.readouterr().err
