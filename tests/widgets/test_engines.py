@@ -57,6 +57,11 @@ def test_connection_info_shares_the_key_and_the_registration_port() -> None:
     assert sorted(set(numbers)) == ports  # every port used, none twice but registration
     with pytest.raises(ValueError, match=f"needs {PORTS} ports"):
         connection_info("k", ports[:-1], engine_ip="127.0.0.1", client_ip="127.0.0.1")
+    assert engine["curve_serverkey"] is None
+    engine, client = connection_info(
+        "k", ports, engine_ip="10.0.0.1", client_ip="127.0.0.1", curve_serverkey="PUB"
+    )
+    assert engine["curve_serverkey"] == client["curve_serverkey"] == "PUB"
 
 
 def test_command_lines_carry_no_secret_and_the_tuning() -> None:
@@ -180,6 +185,72 @@ def _process(pid: int):
 
 
 @pytest.mark.mpi
+def _handshake(port: int, *, curve_serverkey: bytes | None) -> str:
+    """How a ZeroMQ handshake with the controller's registration port ends: "ok" or
+    "refused" (with CurveZMQ only when ``curve_serverkey`` is given)."""
+    import zmq
+    from zmq.utils.monitor import recv_monitor_message
+
+    ctx = zmq.Context()
+    sock = ctx.socket(zmq.DEALER)
+    sock.linger = 0
+    if curve_serverkey is not None:
+        public, secret = zmq.curve_keypair()
+        sock.curve_serverkey, sock.curve_publickey, sock.curve_secretkey = (
+            curve_serverkey,
+            public,
+            secret,
+        )
+    monitor = sock.get_monitor_socket()
+    monitor.rcvtimeo = 10_000
+    try:
+        sock.connect(f"tcp://127.0.0.1:{port}")
+        while True:
+            event = recv_monitor_message(monitor)["event"]
+            if event == zmq.EVENT_HANDSHAKE_SUCCEEDED:
+                return "ok"
+            if event in (
+                zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL,
+                zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL,
+                zmq.EVENT_HANDSHAKE_FAILED_AUTH,
+                zmq.EVENT_DISCONNECTED,
+            ):
+                return "refused"
+    finally:
+        sock.disable_monitor()
+        monitor.close(linger=0)
+        sock.close(linger=0)
+        ctx.term()
+
+
+def test_engine_traffic_is_encrypted_with_curvezmq(make_cluster, openmpi_python) -> None:
+    cluster = make_cluster(openmpi_python, workers=1, slots=1)
+    rc = cluster.engines(1, timeout=60, encrypt=True)  # the default on SSH clusters
+    assert rc[:].apply_sync(lambda: 6 * 7) == [42]
+    security = next((cluster.run_dir / "ipyparallel").glob("controller-*/security"))
+    info = json.loads((security / "ipcontroller-client.json").read_text())
+    engine_info = json.loads((security / "ipcontroller-engine.json").read_text())
+    assert info["curve_serverkey"]
+    assert info["curve_serverkey"] == engine_info["curve_serverkey"]
+    port = info["registration"]
+    # A peer without CurveZMQ gets no connection at all; one with the server's key does.
+    assert _handshake(port, curve_serverkey=None) == "refused"
+    assert _handshake(port, curve_serverkey=info["curve_serverkey"].encode()) == "ok"
+    # Only the controller holds the secret key: not the engines, not the connection files.
+    assert not [name for name in cluster.jobs[0].plan.env if name.startswith("IPP_CURVE")]
+    assert "secret" not in json.dumps([info, engine_info]).lower()
+    cluster.stop_engines()
+
+    # On this machine alone the traffic never leaves it: signed only, unless asked.
+    cluster.engines(1, timeout=60)
+    security = max((cluster.run_dir / "ipyparallel").glob("controller-*/security"))
+    info = json.loads((security / "ipcontroller-client.json").read_text())
+    assert info["curve_serverkey"] is None
+    assert _handshake(info["registration"], curve_serverkey=None) == "ok"
+    with pytest.raises(cb.ConfigError, match="encrypt must be"):
+        cluster.engines(1, encrypt="yes")  # type: ignore[arg-type]
+
+
 def test_stop_engines_leaves_the_cluster_running(make_cluster, openmpi_python) -> None:
     cluster = make_cluster(openmpi_python, workers=1, slots=2)
     rc = cluster.engines(1, timeout=60)

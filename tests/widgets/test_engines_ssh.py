@@ -4,6 +4,7 @@ the engines reach the controller at the head's address on the nodes' network."""
 from __future__ import annotations
 
 import contextlib
+import json
 import time
 
 import psutil
@@ -52,4 +53,8 @@ def test_engines_on_two_hosts_reach_the_head(testbed, openmpi_python, tmp_path) 
         rc = cluster.engines(2, timeout=60)
         assert rc.ids == [0, 1]
         assert rc[:].apply_sync(_allreduce_where) == [("node1", 3), ("node2", 3)]
+        # Their traffic crosses the nodes' network: CurveZMQ-encrypted by default.
+        security = next((cluster.run_dir / "ipyparallel").glob("controller-*/security"))
+        info = json.loads((security / "ipcontroller-engine.json").read_text())
+        assert info["curve_serverkey"]
     assert _strays(testbed) == {}

@@ -12,6 +12,10 @@ and removed when the engines stop. Engines receive the connection information in
 environment variable ipyparallel reads (``IPP_CONNECTION_INFO``), passed by name through the
 launcher (never on a command line) and removed from ``os.environ`` before any user code runs,
 so ``%px !env`` cannot show it. Nothing returned or rendered here contains the key.
+
+When the nodes are other machines, traffic between engines, controller and client is
+encrypted with CurveZMQ (a fresh key pair per engine set; the controller gets it in its
+environment), as well as signed with the key.
 """
 
 from __future__ import annotations
@@ -41,6 +45,7 @@ from clusterbook_widgets.ipp_config import (
     Hidden,
     connection_info,
     controller_argv,
+    controller_env,
     engine_argv,
     free_ports,
 )
@@ -73,13 +78,15 @@ class _Controller:
     log: Path
 
     @classmethod
-    def spawn(cls, argv: list[str], directory: Path, token: str) -> _Controller:
+    def spawn(
+        cls, argv: list[str], directory: Path, token: str, env: dict[str, str]
+    ) -> _Controller:
         log = directory / "controller.log"
         guard.watch(token)
         with os.fdopen(os.open(log, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), "wb") as out:
             proc = subprocess.Popen(
                 argv,
-                env={**os.environ, JOB_ENV: token},
+                env={**os.environ, **env, JOB_ENV: token},
                 cwd=directory,
                 stdin=subprocess.DEVNULL,
                 stdout=out,
@@ -176,6 +183,7 @@ def start_engines(
     env: Mapping[str, str] | None = None,
     heartbeat: float = 0.05,
     head_addr: str | None = None,
+    encrypt: bool | None = None,
 ) -> ipyparallel.Client:
     """Start a controller and ``n`` MPI engines on ``cluster`` and return a connected client.
 
@@ -196,6 +204,9 @@ def start_engines(
     head_addr
         Address the nodes reach the head at (default: loopback, right when the nodes are this
         machine; SSH clusters pass the address their launcher gives the nodes).
+    encrypt
+        CurveZMQ encryption of all engine, controller and client traffic (default: when
+        ``head_addr`` is given, i.e. the traffic crosses a network).
 
     Returns
     -------
@@ -205,6 +216,7 @@ def start_engines(
     """
     try:
         import ipyparallel
+        import zmq
     except ImportError as exc:
         raise ConfigError(
             "cluster.engines() needs ipyparallel; install it with "
@@ -217,10 +229,16 @@ def start_engines(
         raise ConfigError(f"heartbeat must be between 0.01 and 10 seconds, got {heartbeat!r}.")
     deadline = time.monotonic() + limit
     engine_ip = head_addr or "127.0.0.1"
+    if encrypt not in (None, True, False):
+        raise ConfigError(f"encrypt must be True, False or None (automatic), got {encrypt!r}.")
     key = secrets.token_hex(32)
+    # CurveZMQ when the traffic crosses the nodes' network: encrypted, not only signed.
+    curve_public = curve_secret = None
+    if encrypt or (encrypt is None and head_addr is not None):
+        curve_public, curve_secret = (k.decode("ascii") for k in zmq.curve_keypair())
     ports = free_ports(PORTS)
     engine_info, client_info = connection_info(
-        key, ports, engine_ip=engine_ip, client_ip="127.0.0.1"
+        key, ports, engine_ip=engine_ip, client_ip="127.0.0.1", curve_serverkey=curve_public
     )
     directory = _new_profile_dir(cluster.run_dir / "ipyparallel")
     security = directory / "security"
@@ -236,7 +254,9 @@ def start_engines(
         heartbeat_ms=round(heartbeat * 1000),
     )
     token = f"{cluster.name}-ipc-{secrets.token_hex(4)}"
-    engines = EngineSet(0, directory, _Controller.spawn(argv, directory, token))
+    curve = controller_env(curve_public, curve_secret) if curve_public and curve_secret else {}
+    controller = _Controller.spawn(argv, directory, token, curve)
+    engines = EngineSet(0, directory, controller)
     cluster._on_stop(engines.stop)
     try:
         job = cluster.mpirun(

@@ -12,17 +12,21 @@ from typing import Any
 
 __all__ = [
     "CONNECTION_ENV",
+    "CURVE_ENV",
     "ENGINE_MODULE",
     "PORTS",
     "Hidden",
     "connection_info",
     "controller_argv",
+    "controller_env",
     "engine_argv",
     "free_ports",
 ]
 
 #: What ipyparallel's engine reads its connection information from.
 CONNECTION_ENV = "IPP_CONNECTION_INFO"
+#: What the controller reads its CurveZMQ key pair from (the environment: never an argv).
+CURVE_ENV = ("IPP_ENABLE_CURVE", "IPP_CURVE_PUBLICKEY", "IPP_CURVE_SECRETKEY")
 #: The module an engine job runs (``python -m ipyparallel.engine``).
 ENGINE_MODULE = "ipyparallel.engine"
 _SCRUB = f"import os as _os; _os.environ.pop({CONNECTION_ENV!r}, None); del _os"
@@ -34,20 +38,26 @@ PORTS = len(_ENGINE_PORTS) + _LEAVES + len(_CLIENT_PORTS)
 
 
 def connection_info(
-    key: str, ports: list[int], *, engine_ip: str, client_ip: str
+    key: str,
+    ports: list[int],
+    *,
+    engine_ip: str,
+    client_ip: str,
+    curve_serverkey: str | None = None,
 ) -> tuple[dict[str, Any], dict[str, Any]]:
     """The engine and client connection dicts of a controller (ipyparallel's file format).
 
     ``ports`` holds :data:`PORTS` free ports. Each side's ``location`` is the address it
     connects to, an IP literal: nobody looks a host name up, and the client (on the head,
-    at ``client_ip``) sees a controller on its own machine.
+    at ``client_ip``) sees a controller on its own machine. With ``curve_serverkey`` (the
+    controller's CurveZMQ public key), engines and clients encrypt all their traffic.
     """
     if len(ports) != PORTS:
         raise ValueError(f"connection_info needs {PORTS} ports, got {len(ports)}.")
     it = iter(ports)
     common = {
         "key": key,
-        "curve_serverkey": None,
+        "curve_serverkey": curve_serverkey,
         "pack": "json",
         "unpack": "json",
         "signature_scheme": "hmac-sha256",
@@ -82,6 +92,11 @@ def controller_argv(
         f"--HeartMonitor.max_heartmonitor_misses={misses}",
         "--log-level=INFO",
     ]
+
+
+def controller_env(curve_publickey: str, curve_secretkey: str) -> dict[str, str]:
+    """The controller's environment additions: CurveZMQ on, with this key pair."""
+    return dict(zip(CURVE_ENV, ("1", curve_publickey, curve_secretkey), strict=True))
 
 
 def engine_argv(timeout: float) -> list[str]:
