@@ -3,10 +3,15 @@ filesystem: each host sees its own empty directory where the head has ``work/``.
 
 from __future__ import annotations
 
+import contextlib
+import os
+import signal
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
+import psutil
 import pytest
 
 import clusterbook as cb
@@ -172,3 +177,48 @@ def test_the_run_command_refuses_a_missing_put_before_bootstrap(tmp_path, capsys
     missing = tmp_path / "nope.py"
     assert main(["run", "-n", "1", "--hosts", "node9:1", "--put", str(missing), "--", "true"]) == 2
     assert f"--put {str(missing)!r}: there is no such file" in capsys.readouterr().err
+
+
+def _sessions(host) -> list[int]:  # type: ignore[no-untyped-def]
+    """Pids of the cluster's node-task sessions on ``host``."""
+    found = []
+    for pid in host.processes():
+        with contextlib.suppress(psutil.Error):
+            if psutil.Process(pid).cmdline()[-1:] == ["session"]:
+                found.append(pid)
+    return found
+
+
+def test_a_lost_session_is_replaced_and_none_outlives_stop(
+    testbed, openmpi_python, tmp_path
+) -> None:  # type: ignore[no-untyped-def]
+    # Each node keeps the session its bootstrap ran in, for later steps; when it is gone,
+    # the step runs in a new process instead, and stop() still cleans the node.
+    (tmp_path / "f.txt").write_text("f")
+    node1, node2 = testbed.hosts[:2]
+    cluster = _cluster(testbed, openmpi_python, tmp_path / "run")
+    with cluster:
+        (pid,) = _sessions(node1)
+        assert len(_sessions(node2)) == 1
+        cluster.put(tmp_path / "f.txt")  # the same file on the head's shared disk: a no-op
+        assert _sessions(node1) == [pid]  # the same process answered
+        os.kill(pid, signal.SIGKILL)
+        psutil.Process(pid).wait(timeout=5)
+        cluster.put(tmp_path / "f.txt")
+        job = cluster.mpirun(["python", "-c", "import time; time.sleep(60)"], np=2)
+        time.sleep(0.5)
+        job.cancel()  # its clean-up on the nodes goes through node2's session, node1's process
+        assert job.wait().cancelled
+    deadline = time.monotonic() + 5  # sshd's processes of the closed connections end
+    while (left := _left(node1) + _left(node2)) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert left == []
+
+
+def _left(host) -> list[str]:  # type: ignore[no-untyped-def]
+    found = []
+    for pid in host.processes():
+        with contextlib.suppress(psutil.Error):
+            if pid != host.sshd.pid:
+                found.append(" ".join(psutil.Process(pid).cmdline()))
+    return found

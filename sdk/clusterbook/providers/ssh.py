@@ -3,18 +3,27 @@
 from __future__ import annotations
 
 import base64
+import contextlib
 import getpass
 import json
 import os
 import shutil
 import sys
+import threading
 import time
 import warnings
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
-from clusterbook.errors import BootstrapError, CleanupWarning, ClusterError, ConfigError
+from clusterbook.errors import (
+    BootstrapError,
+    CleanupWarning,
+    ClusterError,
+    ConfigError,
+    SSHError,
+)
 from clusterbook.launch.rankwrap import HOOK_DIR
 from clusterbook.providers.base import RemoteLaunch, StartContext, head_cluster_dir
 from clusterbook.providers.elastic import ElasticProvider
@@ -23,6 +32,7 @@ from clusterbook.ssh.bootstrap import (
     CLUSTERS_DIR,
     Connection,
     NodeSession,
+    TaskFailedError,
     cluster_files,
     connect_all,
     encode_files,
@@ -103,6 +113,7 @@ class SSHProvider:
         self._host_keys = host_keys
         self._policy = make_policy(host_keys, known_hosts)  # validated now, not at start
         self._conns: dict[str, Connection] = {}
+        self._sessions: dict[str, tuple[NodeSession, threading.Lock]] = {}
         self._facts: dict[str, NodeFacts] = {}
         self._unprobed: set[str] = set()  # nodes the probe failed on: nothing was put there
         self._ctx: StartContext | None = None
@@ -141,10 +152,15 @@ class SSHProvider:
             self._start_agents(ctx, sessions)
             self.timings["agents"] = time.monotonic() - t0
         except BaseException:
+            parallel(list(sessions), lambda key: sessions[key].close())
             self.stop()
             raise
-        finally:
-            parallel(list(sessions), lambda key: sessions[key].close())
+        # The nodes' sessions stay for the cluster's later steps (files, kills, clean-up):
+        # each is then a round trip, not a login shell and a Python start.
+        head = sessions.pop(_HEAD, None)
+        if head is not None:
+            head.close()
+        self._sessions = {h: (s, threading.Lock()) for h, s in sessions.items()}
 
     def _python(self, host: str) -> str:
         """The interpreter on ``host`` (the head's path unless node_python says otherwise)."""
@@ -342,13 +358,32 @@ class SSHProvider:
     def stop_job(self, token: str) -> None:
         if self._ctx is None:
             return
+        parallel(list(self._conns), lambda host: self._task(host, "kill", {"token": token}, 15))
 
-        def kill(host: str) -> object:
-            return run_task(
-                self._shell(host), self._python(host), "kill", {"token": token}, timeout=15
-            )
+    def _task(self, host: str, task: str, args: Mapping[str, Any], timeout: float) -> Any:
+        """Run a node task on ``host``: in its session while that lives, else in a new
+        process over the (re-opened) connection."""
+        entry = self._sessions.get(host)
+        if entry is not None:
+            session, lock = entry
+            with lock:
+                if self._sessions.get(host) is entry:
+                    try:
+                        return session.call(task, args, timeout=timeout)
+                    except TaskFailedError:
+                        raise
+                    except SSHError:  # the session is gone (or out of step): not used again
+                        del self._sessions[host]
+                        with contextlib.suppress(Exception):
+                            session.close()
+        return run_task(self._shell(host), self._python(host), task, args, timeout=timeout)
 
-        parallel(list(self._conns), kill)
+    def _close_session(self, host: str) -> None:
+        entry = self._sessions.pop(host, None)
+        if entry is not None:
+            session, lock = entry
+            with lock, contextlib.suppress(Exception):
+                session.close()
 
     def _shell(self, host: str) -> ParamikoShell:
         """The host's connection, opened again (same host key policy) if it was lost."""
@@ -378,7 +413,7 @@ class SSHProvider:
         }
 
         def send(host: str) -> object:
-            return run_task(self._shell(host), self._python(host), "put", args, timeout=300)
+            return self._task(host, "put", args, 300)
 
         return parallel(list(self._conns), send)[1]
 
@@ -390,7 +425,7 @@ class SSHProvider:
         args = {"directory": directory, "skip": list(skip)}
 
         def fetch(host: str) -> dict[str, bytes]:
-            got = run_task(self._shell(host), self._python(host), "gather", args, timeout=300)
+            got = self._task(host, "gather", args, 300)
             return {name: base64.b64decode(data) for name, data in got["files"].items()}
 
         return parallel(list(self._conns), fetch)
@@ -412,8 +447,9 @@ class SSHProvider:
             try:
                 if host in self._unprobed:
                     return None
-                return run_task(self._shell(host), self._python(host), "cleanup", args, timeout=15)
+                return self._task(host, "cleanup", args, 15)
             finally:
+                self._close_session(host)
                 self._conns[host].shell.close()
 
         # Best effort: a node that cannot be reached (or whose host key changed) cannot be

@@ -34,6 +34,8 @@ from clusterbook.ssh.shell import RemoteShell
 __all__ = [
     "CLUSTERS_DIR",
     "Connection",
+    "NodeSession",
+    "TaskFailedError",
     "cluster_files",
     "connect_all",
     "node_ssh_args",
@@ -229,6 +231,10 @@ def encode_files(files: Mapping[str, tuple[str, bytes]]) -> dict[str, list[str]]
     return {name: [mode, base64.b64encode(data).decode()] for name, (mode, data) in files.items()}
 
 
+class TaskFailedError(SSHError):
+    """A node task raised; the session that ran it is fine and takes the next one."""
+
+
 class NodeSession:
     """One Python process on a node running the bootstrap tasks one after another (one login
     shell and one interpreter start for the whole bootstrap, instead of one per step)."""
@@ -254,7 +260,7 @@ class NodeSession:
             if text.startswith(_REPLY):  # anything else is noise from shell start-up files
                 reply = json.loads(text[len(_REPLY) :])
                 if "error" in reply:
-                    raise SSHError(
+                    raise TaskFailedError(
                         f"The {task} step failed on {self.host}: {reply['error']}", host=self.host
                     )
                 return reply["ok"]
