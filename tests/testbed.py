@@ -133,6 +133,25 @@ class FakeHost:
         return _netns_pids(self.netns)
 
 
+@contextlib.contextmanager
+def unshared(hosts: Sequence[FakeHost], path: Path, scratch: Path) -> Iterator[dict[str, Path]]:
+    """Hosts that do not share ``path`` with the head: each sees an empty directory of its
+    own there, kept on the head as ``scratch/seen-NAME`` (yielded by host name), until the
+    block ends; ``path`` is made on the head if missing."""
+    path.mkdir(mode=0o700, parents=True, exist_ok=True)
+    seen = {}
+    try:
+        for host in hosts:
+            seen[host.name] = scratch / f"seen-{host.name}"
+            seen[host.name].mkdir(mode=0o700)
+            host.rebind([(seen[host.name], path)])
+        yield seen
+    finally:
+        for host in hosts:
+            if host.name in seen:
+                host.rebind()
+
+
 class Testbed:
     """Fake hosts made by :func:`make_testbed`; :meth:`close` removes every trace of them."""
 

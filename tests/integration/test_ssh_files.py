@@ -18,6 +18,7 @@ import clusterbook as cb
 from clusterbook.errors import ClusterError, ConfigError
 from tests.testbed import Testbed
 from tests.testbed import testbed as fake_hosts
+from tests.testbed import unshared as private_dirs
 
 pytestmark = [pytest.mark.root, pytest.mark.sshd, pytest.mark.mpi]
 testbed = fake_hosts
@@ -36,20 +37,10 @@ with open(os.path.join(sys.argv[1], f"out-{rank}.txt"), "w") as f:
 
 @pytest.fixture
 def unshared(testbed: Testbed, tmp_path: Path) -> Iterator[tuple[Path, dict[str, Path]]]:
-    """``tmp_path/work`` on the head; on node1 and node2 an empty directory of their own
-    there (what they hold is seen on the head under ``tmp_path/seen-nodeN``)."""
-    work = tmp_path / "work"
-    work.mkdir(mode=0o700)
-    seen = {}
-    for host in testbed.hosts[:2]:
-        seen[host.name] = tmp_path / f"seen-{host.name}"
-        seen[host.name].mkdir(mode=0o700)
-        host.rebind([(seen[host.name], work)])
-    try:
-        yield work, seen
-    finally:
-        for host in testbed.hosts[:2]:
-            host.rebind()
+    """``tmp_path/work`` on the head; node1 and node2 each have an empty one of their own
+    (what they hold is seen on the head under ``tmp_path/seen-nodeN``)."""
+    with private_dirs(testbed.hosts[:2], tmp_path / "work", tmp_path) as seen:
+        yield tmp_path / "work", seen
 
 
 def _cluster(bed: Testbed, python: str, run_dir: Path) -> cb.Cluster:

@@ -14,6 +14,7 @@ from IPython.utils.capture import capture_output
 import clusterbook as cb
 from clusterbook_widgets.magics import ClusterMagics
 from tests.testbed import testbed as fake_hosts
+from tests.testbed import unshared
 
 pytestmark = [pytest.mark.root, pytest.mark.sshd, pytest.mark.mpi]
 testbed = fake_hosts
@@ -36,18 +37,8 @@ def ip():  # type: ignore[no-untyped-def]
 def unshared_run_dir(testbed, tmp_path: Path) -> Iterator[tuple[Path, dict[str, Path]]]:  # type: ignore[no-untyped-def]
     """The cluster's run directory; node1 and node2 each have an empty one of their own at
     its path (seen on the head under ``tmp_path/seen-nodeN``)."""
-    run_dir = tmp_path / "run"
-    run_dir.mkdir(mode=0o700)
-    seen = {}
-    for host in testbed.hosts[:2]:
-        seen[host.name] = tmp_path / f"seen-{host.name}"
-        seen[host.name].mkdir(mode=0o700)
-        host.rebind([(seen[host.name], run_dir)])
-    try:
-        yield run_dir, seen
-    finally:
-        for host in testbed.hosts[:2]:
-            host.rebind()
+    with unshared(testbed.hosts[:2], tmp_path / "run", tmp_path) as seen:
+        yield tmp_path / "run", seen
 
 
 def test_push_and_pull_reach_nodes_without_a_shared_filesystem(  # type: ignore[no-untyped-def]
