@@ -8,8 +8,9 @@ each task prints one JSON object. Importable too, for tests.
   ``~/.clusterbook/clusters/ID`` and add the cluster's key to ``~/.ssh/authorized_keys``.
 - ``cleanup``: stop the cluster's processes, remove its key lines and its directory.
 - ``kill``: stop the processes of one job.
-- ``put``: write files at the paths they have on the head (what it created is removed at
-  ``cleanup``); ``gather``: hand over, and remove, the files ranks wrote in a directory.
+- ``put_*``: write files, piece by piece, at the paths they have on the head (what it
+  created is removed at ``cleanup``); ``gather_*``: hand over, piece by piece, the files
+  ranks wrote in a directory, then remove them.
 - ``reap`` (local only): the guard that stops a Python process's jobs when it dies.
 """
 
@@ -234,34 +235,63 @@ def spawn(args):
 _PUT_LOG = "put.log"  # in the cluster's directory: what ``put`` created, one path a line
 
 
-def put(args):
-    """Make ``dirs`` and write ``files`` (absolute path -> [octal mode, base64]) as on the
-    head. A file that is already there with the same bytes is left alone (a shared
-    filesystem, or a node that is the head); what did not exist before is logged, so that
-    ``cleanup`` removes it, and only it."""
-    log = _inside(_cluster_dir(args["cluster_id"]), _PUT_LOG)
+def put_begin(args):
+    """Make ``dirs`` and the parents of ``files`` (path -> [size, sha256]); return the files
+    this node needs: those it lacks or has with other bytes. A file already there with the
+    same bytes is left alone (a shared filesystem, or a node that is the head)."""
     created = []
     for path in args.get("dirs", []):
         created += _makedirs(path)
-    written = 0
-    for path, (mode, data) in sorted(args["files"].items()):
-        data = base64.b64decode(data)
+    need = []
+    for path, (size, digest) in sorted(args["files"].items()):
         created += _makedirs(os.path.dirname(path))
-        try:
-            with open(path, "rb") as f:
-                if f.read(len(data) + 1) == data:
-                    continue
-            existed = True
-        except FileNotFoundError:
-            existed = False
-        write_atomic(path, data, int(mode, 8))
-        written += 1
+        if not _same(path, size, digest):
+            need.append(path)
+    _log_created(args["cluster_id"], created)
+    return {"need": need}
+
+
+def _same(path, size, digest):
+    import hashlib
+
+    try:
+        if os.path.getsize(path) != size:
+            return False
+        h = hashlib.sha256()
+        with open(path, "rb") as f:
+            while chunk := f.read(1 << 20):
+                h.update(chunk)
+    except OSError:
+        return False
+    return h.hexdigest() == digest
+
+
+def put_chunk(args):
+    """Write one piece of a file: into a private temp file beside it, which replaces the
+    file at the last piece (with its mode); a file that did not exist before is logged."""
+    path, offset = args["path"], int(args["offset"])
+    tmp = os.path.join(os.path.dirname(path), f".{os.path.basename(path)}.cb-{args['cluster_id']}")
+    flags = os.O_WRONLY | os.O_CREAT | (os.O_TRUNC if offset == 0 else 0)
+    fd = os.open(tmp, flags, 0o600)
+    try:
+        os.lseek(fd, offset, os.SEEK_SET)
+        os.write(fd, base64.b64decode(args["data"]))
+        if args["last"]:
+            os.fchmod(fd, int(args["mode"], 8))
+    finally:
+        os.close(fd)
+    if args["last"]:
+        existed = os.path.lexists(path)
+        os.replace(tmp, path)
         if not existed:
-            created.append(path)
-    if created:
-        with open(log, "a") as f:
-            f.writelines(p + "\n" for p in created)
-    return {"written": written, "created": len(created)}
+            _log_created(args["cluster_id"], [path])
+    return {}
+
+
+def _log_created(cluster_id, paths):
+    if paths:
+        with open(_inside(_cluster_dir(cluster_id), _PUT_LOG), "a") as f:
+            f.writelines(p + "\n" for p in paths)
 
 
 def _makedirs(path):
@@ -293,22 +323,39 @@ def _remove_put(directory):
                 os.rmdir(path)
 
 
-def gather(args):
-    """The regular files in ``directory`` (none of ``skip``, the names the head has), as
-    name -> base64, removed here once read."""
-    directory, skip = args["directory"], set(args.get("skip", []))
-    found = {}
+def gather_list(args):
+    """The regular files in ``directory``, but hidden ones and those named in ``skip`` (the
+    head has them): name -> size."""
+    skip = set(args.get("skip", []))
     try:
-        entries = sorted(os.scandir(directory), key=lambda e: e.name)
+        entries = list(os.scandir(args["directory"]))
     except FileNotFoundError:
-        return {"files": found}
-    for entry in entries:
-        if entry.name in skip or not entry.is_file(follow_symlinks=False):
-            continue
-        with open(entry.path, "rb") as f:
-            found[entry.name] = base64.b64encode(f.read()).decode()
-        os.unlink(entry.path)
-    return {"files": found}
+        return {"files": {}}
+    return {
+        "files": {
+            e.name: e.stat(follow_symlinks=False).st_size
+            for e in sorted(entries, key=lambda e: e.name)
+            if e.name not in skip
+            and not e.name.startswith(".")
+            and e.is_file(follow_symlinks=False)
+        }
+    }
+
+
+def gather_chunk(args):
+    """``size`` bytes of file ``name`` in ``directory`` from ``offset``, base64."""
+    path = _inside(args["directory"], args["name"])
+    with open(path, "rb") as f:
+        f.seek(int(args["offset"]))
+        return {"data": base64.b64encode(f.read(int(args["size"]))).decode()}
+
+
+def gather_done(args):
+    """Remove the files in ``directory`` the head now has."""
+    for name in args["names"]:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(_inside(args["directory"], name))
+    return {}
 
 
 def tail(args):
@@ -330,8 +377,11 @@ TASKS = {
     "kill": kill,
     "spawn": spawn,
     "tail": tail,
-    "put": put,
-    "gather": gather,
+    "put_begin": put_begin,
+    "put_chunk": put_chunk,
+    "gather_list": gather_list,
+    "gather_chunk": gather_chunk,
+    "gather_done": gather_done,
 }
 
 

@@ -28,7 +28,7 @@ from clusterbook.providers.base import Provider, StartContext
 from clusterbook.providers.local import LocalAgentsProvider, local_nodes
 from clusterbook.spec import NodeSpec, validate_env, validate_np, validate_timeout
 from clusterbook.status import ClusterSnapshot, NodeStatus, job_status, nodes_frame
-from clusterbook.transfer import outgoing, store_gathered
+from clusterbook.transfer import outgoing
 
 if TYPE_CHECKING:
     from clusterbook.ssh.hostkeys import HostKeyPolicy
@@ -499,8 +499,8 @@ class Cluster:
         subdirectories) to ``directory`` on this machine; return the paths that arrived.
 
         Files this machine already has there stay as they are (a name another node sent
-        too gets ``.from-HOST`` appended). On a local or elastic cluster there is nothing
-        to move (the files stay where the ranks wrote them).
+        too gets ``.from-HOST`` appended); hidden files are left on the nodes. On a local
+        or elastic cluster there is nothing to move (the files stay where ranks wrote them).
         """
         self._require_running("gather")
         target = Path(directory).expanduser().absolute()
@@ -508,9 +508,8 @@ class Cluster:
         if fetch is None:
             return []
         have = sorted(p.name for p in target.iterdir()) if target.is_dir() else []
-        found, failed = fetch(str(target), have)
-        stored = store_gathered(target, found)  # first: they are gone from the nodes
-        _raise_for("gather", failed, f"; what the other nodes had is in {target}")
+        stored, failed = fetch(target, have)
+        _raise_for("gather", failed, f"; what arrived from the others is in {target}")
         return stored
 
     def engines(

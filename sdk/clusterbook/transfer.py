@@ -2,38 +2,61 @@
 
 ``Cluster.put(paths)`` sends files and directories to the same absolute paths on every node
 (the paths a job's command line names are the head's); ``Cluster.gather(directory)`` moves
-the files ranks wrote in a directory on the nodes to that directory on the head. The node side
-is the ``put`` and ``gather`` node tasks; this module is the head's side.
+the files ranks wrote in a directory on the nodes to that directory on the head. Files go in
+pieces of :data:`CHUNK` bytes, so that neither side holds a large file in memory. The node
+side is the ``put_*`` and ``gather_*`` node tasks; this module is the head's side: what to send
+(:func:`outgoing`, :func:`pieces`) and how an arriving file is stored (:class:`Arrival`).
 """
 
 from __future__ import annotations
 
+import hashlib
 import os
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 from clusterbook.errors import ConfigError
 
-__all__ = ["Outgoing", "outgoing", "store_gathered"]
+__all__ = ["CHUNK", "Arrival", "OutFile", "Outgoing", "outgoing", "pieces"]
+
+#: Bytes per piece of a file on the wire (base64 in one JSON line of a node session).
+CHUNK = 4 << 20
+
+
+@dataclass(frozen=True, slots=True)
+class OutFile:
+    """A file to send: its absolute path (the same on the nodes), mode, size and sha256."""
+
+    path: str
+    mode: str
+    size: int
+    digest: str
 
 
 @dataclass(frozen=True, slots=True)
 class Outgoing:
-    """What ``put`` sends: directories to make and files (path -> (octal mode, bytes))."""
+    """What ``put`` sends: directories to make, and files."""
 
     dirs: tuple[str, ...]
-    files: Mapping[str, tuple[str, bytes]]
+    files: tuple[OutFile, ...]
 
 
 def outgoing(paths: Iterable[str | os.PathLike[str]]) -> Outgoing:
     """Files and directories to send, by absolute path; directories with all they hold
     (symbolic links to directories are not followed)."""
     dirs: list[str] = []
-    files: dict[str, tuple[str, bytes]] = {}
+    files: dict[str, OutFile] = {}
 
     def add_file(path: Path) -> None:
-        files[str(path)] = (format(path.stat().st_mode & 0o777, "o"), path.read_bytes())
+        h = hashlib.sha256()
+        with open(path, "rb") as f:
+            while chunk := f.read(1 << 20):
+                h.update(chunk)
+        info = path.stat()
+        files[str(path)] = OutFile(
+            str(path), format(info.st_mode & 0o777, "o"), info.st_size, h.hexdigest()
+        )
 
     for given in paths:
         if not isinstance(given, (str, os.PathLike)):
@@ -53,30 +76,57 @@ def outgoing(paths: Iterable[str | os.PathLike[str]]) -> Outgoing:
                 f"put(): {str(given)!r} is not a file or directory on this machine ({path}); "
                 "give the path of something that exists here."
             )
-    return Outgoing(tuple(dirs), files)
+    return Outgoing(tuple(dirs), tuple(files.values()))
 
 
-def store_gathered(directory: Path, by_node: Mapping[str, Mapping[str, bytes]]) -> list[Path]:
-    """Write the files the nodes handed over into ``directory`` (0600, never over a file that
-    is there: a name two nodes sent gets the second one's host appended). Returns the paths."""
-    directory.mkdir(parents=True, exist_ok=True, mode=0o700)
-    stored = []
-    for host, files in by_node.items():
-        for name, data in files.items():
-            if "/" in name or name in ("", ".", ".."):
-                raise ConfigError(f"{host} sent a file named {name!r}; it was not stored.")
-            for candidate in (name, f"{name}.from-{host}"):
-                try:
-                    fd = os.open(directory / candidate, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-                except FileExistsError:
-                    continue
-                with os.fdopen(fd, "wb") as f:
-                    f.write(data)
-                stored.append(directory / candidate)
-                break
-            else:
-                raise ConfigError(
-                    f"{host} sent {name!r}, but {directory} already has both {name!r} and "
-                    f"{name + '.from-' + host!r}; move them away and gather again."
-                )
-    return stored
+def pieces(file: OutFile, size: int = CHUNK) -> Iterator[tuple[int, bytes, bool]]:
+    """``(offset, data, last)`` for each piece of ``file`` (one empty piece for an empty
+    file). The file must still have the size it had in :func:`outgoing`."""
+    with open(file.path, "rb") as f:
+        offset = 0
+        while True:
+            data = f.read(size)
+            last = offset + len(data) >= file.size
+            if len(data) < size and not last:
+                raise ConfigError(f"put(): {file.path} shrank while it was being sent.")
+            yield offset, data, last
+            offset += len(data)
+            if last:
+                return
+
+
+class Arrival:
+    """A file coming from ``host`` into ``directory``: written to a private temp file, then
+    given its name, never over a file that is there (a name another node sent first gets
+    ``.from-HOST`` appended)."""
+
+    def __init__(self, directory: Path, name: str, host: str) -> None:
+        if "/" in name or name.startswith(".") or not name:
+            raise ConfigError(f"{host} sent a file named {name!r}; it was not stored.")
+        self.directory, self.name, self.host = directory, name, host
+        directory.mkdir(parents=True, exist_ok=True, mode=0o700)
+        self._tmp = directory / f".{name}.cb-from-{host}"
+        self._fd = os.open(self._tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+
+    def write(self, data: bytes) -> None:
+        os.write(self._fd, data)
+
+    def finish(self) -> Path:
+        """The file under its name; raise if both names are taken (the temp file is kept)."""
+        os.close(self._fd)
+        for candidate in (self.name, f"{self.name}.from-{self.host}"):
+            try:
+                os.link(self._tmp, self.directory / candidate)  # fails if the name is taken
+            except FileExistsError:
+                continue
+            self._tmp.unlink()
+            return self.directory / candidate
+        raise ConfigError(
+            f"{self.host} sent {self.name!r}, but {self.directory} already has both "
+            f"{self.name!r} and {self.name + '.from-' + self.host!r}; it is in {self._tmp}."
+        )
+
+    def abandon(self) -> None:
+        """Drop what arrived so far (the node still has the file)."""
+        os.close(self._fd)
+        self._tmp.unlink(missing_ok=True)

@@ -16,6 +16,7 @@ import pytest
 
 import clusterbook as cb
 from clusterbook.errors import ClusterError, ConfigError
+from clusterbook.transfer import CHUNK
 from tests.testbed import Testbed
 from tests.testbed import testbed as fake_hosts
 from tests.testbed import unshared as private_dirs
@@ -106,13 +107,34 @@ def test_gather_keeps_what_the_head_has(testbed, unshared, openmpi_python, tmp_p
         (seen[name] / "only.txt").write_text(f"only {name}\n")
     with _cluster(testbed, openmpi_python, tmp_path / "run") as cluster:
         arrived = cluster.gather(work)
-    assert sorted(p.name for p in arrived) == [
-        "only.txt",
-        f"only.txt.from-{testbed.hosts[1].addr}",
-    ]
+    # Both nodes sent only.txt: the first to arrive has the name, the other its host added.
+    addrs = {h.addr: h.name for h in testbed.hosts[:2]}
+    names = sorted(p.name for p in arrived)
+    assert names[0] == "only.txt"
+    assert names[1].removeprefix("only.txt.from-") in addrs
+    second = addrs[names[1].removeprefix("only.txt.from-")]
+    first = ({"node1", "node2"} - {second}).pop()
+    assert (work / "only.txt").read_text() == f"only {first}\n"
+    assert (work / names[1]).read_text() == f"only {second}\n"
     assert (work / "result.txt").read_text() == "the head's own\n"  # never overwritten
     assert (seen["node1"] / "result.txt").exists()  # not taken: the head has that name
     assert not (seen["node1"] / "only.txt").exists()
+    assert not [p.name for p in work.iterdir() if p.name.startswith(".")]  # no temp file left
+
+
+def test_large_files_go_both_ways_in_pieces(testbed, unshared, openmpi_python, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    work, seen = unshared
+    data = os.urandom(2 * CHUNK + 12345)  # three pieces
+    (work / "big.bin").write_bytes(data)
+    with _cluster(testbed, openmpi_python, tmp_path / "run") as cluster:
+        cluster.put(work / "big.bin")
+        for name in seen:
+            assert (seen[name] / "big.bin").read_bytes() == data
+        (seen["node2"] / "back.bin").write_bytes(data[::-1])
+        (arrived,) = cluster.gather(work)
+    assert arrived == work / "back.bin"
+    assert arrived.read_bytes() == data[::-1]
+    assert [sorted(os.listdir(d)) for d in seen.values()] == [[], []]
 
 
 def test_put_of_a_missing_path_names_it(testbed, openmpi_python, tmp_path) -> None:  # type: ignore[no-untyped-def]

@@ -1,9 +1,11 @@
-"""Files for nodes without a shared filesystem: the head's side (what to send, where results
-land) and the node tasks ``put``, ``gather`` and ``cleanup``, run here on temp directories."""
+"""Files for nodes without a shared filesystem: the head's side (what to send, in which
+pieces, how arrivals are stored) and the node tasks ``put_*``, ``gather_*`` and ``cleanup``,
+run here on temp directories."""
 
 from __future__ import annotations
 
 import base64
+import hashlib
 import os
 from pathlib import Path
 
@@ -11,8 +13,7 @@ import pytest
 
 from clusterbook import _node_tasks as tasks
 from clusterbook.errors import ConfigError
-from clusterbook.ssh.bootstrap import encode_files
-from clusterbook.transfer import outgoing, store_gathered
+from clusterbook.transfer import Arrival, OutFile, outgoing, pieces
 
 
 @pytest.fixture
@@ -21,6 +22,10 @@ def home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     monkeypatch.setenv("HOME", str(tmp_path / "home"))
     (tmp_path / "home" / ".clusterbook" / "clusters" / "c1").mkdir(parents=True)
     return tmp_path / "home"
+
+
+def _digest(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
 
 
 def test_outgoing_walks_directories_and_keeps_modes(tmp_path: Path) -> None:
@@ -33,13 +38,11 @@ def test_outgoing_walks_directories_and_keeps_modes(tmp_path: Path) -> None:
     sent = outgoing([tmp_path / "d", str(tmp_path / "f.txt")])
     d = str(tmp_path / "d")
     assert sent.dirs == (d, f"{d}/empty", f"{d}/sub")
-    assert sent.files == {
-        f"{d}/sub/a.sh": ("750", b"echo a"),
-        str(tmp_path / "f.txt"): (
-            format((tmp_path / "f.txt").stat().st_mode & 0o777, "o"),
-            b"\x00bytes\n",
-        ),
-    }
+    mode = format((tmp_path / "f.txt").stat().st_mode & 0o777, "o")
+    assert sent.files == (
+        OutFile(f"{d}/sub/a.sh", "750", 6, _digest(b"echo a")),
+        OutFile(str(tmp_path / "f.txt"), mode, 7, _digest(b"\x00bytes\n")),
+    )
 
 
 @pytest.mark.parametrize("bad", ["no-such-thing", "/dev/null"])
@@ -48,22 +51,60 @@ def test_outgoing_refuses_what_is_not_a_file_or_directory(tmp_path: Path, bad: s
         outgoing([tmp_path / bad if not bad.startswith("/") else bad])
 
 
+@pytest.mark.parametrize(
+    ("size", "expected"),
+    [
+        (0, [(0, 0, True)]),
+        (10, [(0, 4, False), (4, 4, False), (8, 2, True)]),
+        (8, [(0, 4, False), (4, 4, True)]),
+    ],
+)
+def test_pieces_cover_the_file_once(tmp_path: Path, size: int, expected: list) -> None:  # type: ignore[type-arg]
+    path = tmp_path / "f"
+    path.write_bytes(bytes(range(size)))
+    (file,) = outgoing([path]).files
+    got = list(pieces(file, size=4))
+    assert [(o, len(d), last) for o, d, last in got] == expected
+    assert b"".join(d for _, d, _ in got) == bytes(range(size))
+
+
+def test_a_file_that_shrank_while_sent_is_an_error(tmp_path: Path) -> None:
+    path = tmp_path / "f"
+    path.write_bytes(b"x" * 10)
+    (file,) = outgoing([path]).files
+    path.write_bytes(b"x" * 3)
+    with pytest.raises(ConfigError, match="shrank"):
+        list(pieces(file, size=4))
+
+
+def _put(path: Path, data: bytes, mode: str, piece: int = 3) -> None:
+    for offset in range(0, max(len(data), 1), piece):
+        chunk = data[offset : offset + piece]
+        last = offset + piece >= len(data)
+        args = {"cluster_id": "c1", "path": str(path), "mode": mode, "offset": offset}
+        tasks.put_chunk({**args, "data": base64.b64encode(chunk).decode(), "last": last})
+
+
 def test_put_writes_then_cleanup_removes_only_what_it_created(home: Path, tmp_path: Path) -> None:
     target = tmp_path / "work"
     (target / "kept").mkdir(parents=True)
     (target / "kept" / "same.txt").write_text("same")  # already there, same bytes
     (target / "kept" / "old.txt").write_text("old")  # already there, other bytes
+    new = target / "new" / "deep" / "x.bin"
     files = {
-        str(target / "kept" / "same.txt"): ("644", b"same"),
-        str(target / "kept" / "old.txt"): ("644", b"new"),
-        str(target / "new" / "deep" / "x.bin"): ("600", b"\xff\x00"),
+        str(target / "kept" / "same.txt"): [4, _digest(b"same")],
+        str(target / "kept" / "old.txt"): [3, _digest(b"new")],
+        str(new): [7, _digest(b"\xff\x00 bits")],
     }
-    args = {"cluster_id": "c1", "dirs": [str(target / "out")], "files": encode_files(files)}
-    assert tasks.put(args) == {"written": 2, "created": 4}  # new, new/deep, x.bin, out
-    assert (target / "new" / "deep" / "x.bin").read_bytes() == b"\xff\x00"
-    assert (target / "new" / "deep" / "x.bin").stat().st_mode & 0o777 == 0o600
+    begin = tasks.put_begin({"cluster_id": "c1", "dirs": [str(target / "out")], "files": files})
+    assert begin == {"need": [str(target / "kept" / "old.txt"), str(new)]}
     assert (target / "new").stat().st_mode & 0o777 == 0o700
+    _put(target / "kept" / "old.txt", b"new", "644")
+    _put(new, b"\xff\x00 bits", "640")
+    assert new.read_bytes() == b"\xff\x00 bits"
+    assert new.stat().st_mode & 0o777 == 0o640
     assert (target / "kept" / "old.txt").read_text() == "new"
+    assert not [p for p in new.parent.iterdir() if p.name.startswith(".")]  # no temp left
     (target / "out" / "result").write_text("a rank wrote this")  # not put's: stays
 
     tasks.cleanup({"cluster_id": "c1", "grace": 0.1})
@@ -76,25 +117,45 @@ def test_put_writes_then_cleanup_removes_only_what_it_created(home: Path, tmp_pa
     ]
 
 
-def test_gather_hands_over_regular_files_and_removes_them(tmp_path: Path) -> None:
-    (tmp_path / "a.pkl").write_bytes(b"A")
+def test_gather_lists_reads_in_pieces_and_removes(tmp_path: Path) -> None:
+    (tmp_path / "a.pkl").write_bytes(b"ABCDEFG")
     (tmp_path / "have.pkl").write_bytes(b"H")
+    (tmp_path / ".hidden").write_bytes(b"h")
     (tmp_path / "sub").mkdir()
     (tmp_path / "link").symlink_to(tmp_path / "a.pkl")
-    got = tasks.gather({"directory": str(tmp_path), "skip": ["have.pkl"]})
-    assert got == {"files": {"a.pkl": base64.b64encode(b"A").decode()}}
-    assert sorted(os.listdir(tmp_path)) == ["have.pkl", "link", "sub"]
-    assert tasks.gather({"directory": str(tmp_path / "none")}) == {"files": {}}
+    where = str(tmp_path)
+    listed = tasks.gather_list({"directory": where, "skip": ["have.pkl"]})
+    assert listed == {"files": {"a.pkl": 7}}
+    got = tasks.gather_chunk({"directory": where, "name": "a.pkl", "offset": 4, "size": 100})
+    assert base64.b64decode(got["data"]) == b"EFG"
+    tasks.gather_done({"directory": where, "names": ["a.pkl", "gone-already"]})
+    assert sorted(os.listdir(tmp_path)) == [".hidden", "have.pkl", "link", "sub"]
+    assert tasks.gather_list({"directory": str(tmp_path / "none")}) == {"files": {}}
+    with pytest.raises(ValueError, match="bad file name"):
+        tasks.gather_chunk({"directory": where, "name": "../x", "offset": 0, "size": 1})
 
 
-def test_store_gathered_never_overwrites(tmp_path: Path) -> None:
+def test_arrivals_never_overwrite(tmp_path: Path) -> None:
     (tmp_path / "r.pkl").write_bytes(b"head")
-    stored = store_gathered(tmp_path, {"n1": {"r.pkl": b"one", "s": b"s1"}, "n2": {"s": b"s2"}})
-    assert [p.name for p in stored] == ["r.pkl.from-n1", "s", "s.from-n2"]
+    stored = []
+    for host, name, data in [("n1", "r.pkl", b"one"), ("n1", "s", b"s1"), ("n2", "s", b"s2")]:
+        arrival = Arrival(tmp_path, name, host)
+        arrival.write(data[:1])
+        arrival.write(data[1:])
+        stored.append(arrival.finish().name)
+    assert stored == ["r.pkl.from-n1", "s", "s.from-n2"]
     assert (tmp_path / "r.pkl").read_bytes() == b"head"
     assert (tmp_path / "s.from-n2").read_bytes() == b"s2"
     assert (tmp_path / "s").stat().st_mode & 0o777 == 0o600
+    arrival = Arrival(tmp_path, "r.pkl", "n1")
+    arrival.write(b"again")
     with pytest.raises(ConfigError, match="already has both"):
-        store_gathered(tmp_path, {"n1": {"r.pkl": b"again"}})
+        arrival.finish()
+    assert (tmp_path / ".r.pkl.cb-from-n1").read_bytes() == b"again"  # kept, not lost
     with pytest.raises(ConfigError, match=r"'\.\./x'"):
-        store_gathered(tmp_path, {"n1": {"../x": b"evil"}})
+        Arrival(tmp_path, "../x", "n1")
+    dropped = Arrival(tmp_path, "t", "n1")
+    dropped.write(b"part")
+    dropped.abandon()
+    assert not (tmp_path / "t").exists()
+    assert not (tmp_path / ".t.cb-from-n1").exists()
