@@ -5,20 +5,26 @@
 the files ranks wrote in a directory on the nodes to that directory on the head. Files go in
 pieces of :data:`CHUNK` bytes, so that neither side holds a large file in memory. The node
 side is the ``put_*`` and ``gather_*`` node tasks; this module is the head's side: what to send
-(:func:`outgoing`, :func:`pieces`) and how an arriving file is stored (:class:`Arrival`).
+(:func:`outgoing`, :func:`pieces`), how an arriving file is stored (:class:`Arrival`), and
+the two exchanges (:func:`send`, :func:`fetch`) over any way of running a node's tasks.
 """
 
 from __future__ import annotations
 
+import base64
 import hashlib
 import os
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from clusterbook.errors import ConfigError
 
-__all__ = ["CHUNK", "Arrival", "OutFile", "Outgoing", "outgoing", "pieces"]
+__all__ = ["CHUNK", "Arrival", "Call", "OutFile", "Outgoing", "fetch", "outgoing", "pieces", "send"]
+
+#: Runs a node task on one node: ``call(task, args, timeout)`` returns the task's result.
+Call = Callable[[str, Mapping[str, Any], float], Any]
 
 #: Bytes per piece of a file on the wire (base64 in one JSON line of a node session).
 CHUNK = 4 << 20
@@ -130,3 +136,56 @@ class Arrival:
         """Drop what arrived so far (the node still has the file)."""
         os.close(self._fd)
         self._tmp.unlink(missing_ok=True)
+
+
+def send(call: Call, cluster_id: str, sent: Outgoing) -> int:
+    """Put ``sent`` on one node: its directories, then the files it lacks, piece by piece.
+    Returns how many files were sent."""
+    files = {f.path: f for f in sent.files}
+    begin = {
+        "cluster_id": cluster_id,
+        "dirs": list(sent.dirs),
+        "files": {f.path: [f.size, f.digest] for f in sent.files},
+    }
+    need = call("put_begin", begin, 300)["need"]
+    for path in need:
+        f = files[path]
+        for offset, data, last in pieces(f):
+            piece = {"cluster_id": cluster_id, "path": path, "mode": f.mode, "offset": offset}
+            piece |= {"last": last, "data": base64.b64encode(data).decode()}
+            call("put_chunk", piece, 300)
+    return len(need)
+
+
+def fetch(
+    call: Call,
+    directory: Path,
+    skip: Sequence[str],
+    host: str,
+    stored: Callable[[Path], None],
+) -> None:
+    """Move the files ranks wrote in ``directory`` on one node (``host``) here, piece by
+    piece; each is removed there only once it is stored here (``stored`` is told its path)."""
+    where = str(directory)
+    listed = call("gather_list", {"directory": where, "skip": list(skip)}, 60)["files"]
+    taken: list[str] = []
+    try:
+        for name, size in listed.items():
+            arrival = Arrival(directory, name, host)
+            try:
+                offset = 0
+                while True:
+                    ask = {"directory": where, "name": name, "offset": offset, "size": CHUNK}
+                    data = base64.b64decode(call("gather_chunk", ask, 300)["data"])
+                    arrival.write(data)
+                    offset += len(data)
+                    if offset >= size or not data:
+                        break
+            except BaseException:
+                arrival.abandon()
+                raise
+            stored(arrival.finish())
+            taken.append(name)
+    finally:
+        if taken:
+            call("gather_done", {"directory": where, "names": taken}, 60)

@@ -216,7 +216,8 @@ def test_a_lost_session_is_replaced_and_none_outlives_stop(
         cluster.put(tmp_path / "f.txt")  # the same file on the head's shared disk: a no-op
         assert _sessions(node1) == [pid]  # the same process answered
         os.kill(pid, signal.SIGKILL)
-        psutil.Process(pid).wait(timeout=5)
+        with contextlib.suppress(psutil.NoSuchProcess):  # gone already
+            psutil.Process(pid).wait(timeout=5)
         cluster.put(tmp_path / "f.txt")
         job = cluster.mpirun(["python", "-c", "import time; time.sleep(60)"], np=2)
         time.sleep(0.5)

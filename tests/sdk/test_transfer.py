@@ -13,7 +13,7 @@ import pytest
 
 from clusterbook import _node_tasks as tasks
 from clusterbook.errors import ConfigError
-from clusterbook.transfer import Arrival, OutFile, outgoing, pieces
+from clusterbook.transfer import CHUNK, Arrival, OutFile, fetch, outgoing, pieces, send
 
 
 @pytest.fixture
@@ -159,3 +159,62 @@ def test_arrivals_never_overwrite(tmp_path: Path) -> None:
     dropped.abandon()
     assert not (tmp_path / "t").exists()
     assert not (tmp_path / ".t.cb-from-n1").exists()
+
+
+# -- the exchanges, against the node tasks run here on a node that "lives" under a root ----
+
+
+def _node_at(head: Path, root: Path, fail_on: str | None = None):  # type: ignore[no-untyped-def]
+    """A ``Call`` to the node tasks run in this process, for a node whose filesystem is
+    ``root``: paths under ``head`` are moved there on the way in and back on the way out."""
+
+    def move(value, src: str, dst: str):  # type: ignore[no-untyped-def]
+        if isinstance(value, str):
+            return dst + value[len(src) :] if value.startswith(src) else value
+        if isinstance(value, list):
+            return [move(v, src, dst) for v in value]
+        if isinstance(value, dict):
+            return {move(k, src, dst): move(v, src, dst) for k, v in value.items()}
+        return value
+
+    def call(task: str, args, timeout: float):  # type: ignore[no-untyped-def]
+        if task == fail_on:
+            raise ConnectionError(f"lost the node during {task}")
+        result = tasks.TASKS[task](move(dict(args), str(head), str(root)))
+        return move(result, str(root), str(head))
+
+    return call
+
+
+def test_send_then_fetch_move_files_through_the_node_tasks(home: Path, tmp_path: Path) -> None:
+    head, root = tmp_path / "head", tmp_path / "node"
+    (head / "proj" / "data").mkdir(parents=True)
+    big = os.urandom(2 * CHUNK + 7)
+    (head / "proj" / "data" / "big.bin").write_bytes(big)
+    (head / "proj" / "run.py").write_text("print(1)")
+    call = _node_at(head, root)
+    sent = outgoing([head / "proj"])
+    assert send(call, "c1", sent) == 2
+    assert (root / "proj" / "data" / "big.bin").read_bytes() == big
+    assert (root / "proj" / "run.py").read_text() == "print(1)"
+    assert send(call, "c1", sent) == 0  # the node has them now: nothing is sent again
+
+    (root / "proj" / "out").mkdir()
+    (root / "proj" / "out" / "r0.bin").write_bytes(big[::-1])
+    arrived: list[Path] = []
+    fetch(call, head / "proj" / "out", [], "n1", arrived.append)
+    assert arrived == [head / "proj" / "out" / "r0.bin"]
+    assert arrived[0].read_bytes() == big[::-1]
+    assert list((root / "proj" / "out").iterdir()) == []
+
+
+def test_a_fetch_cut_short_loses_nothing(home: Path, tmp_path: Path) -> None:
+    head, root = tmp_path / "head", tmp_path / "node"
+    (root / "out").mkdir(parents=True)
+    (root / "out" / "r0.bin").write_bytes(b"result")
+    arrived: list[Path] = []
+    with pytest.raises(ConnectionError):
+        fetch(_node_at(head, root, fail_on="gather_chunk"), head / "out", [], "n1", arrived.append)
+    assert arrived == []
+    assert (root / "out" / "r0.bin").read_bytes() == b"result"  # still on the node
+    assert list((head / "out").iterdir()) == []  # and no half file here

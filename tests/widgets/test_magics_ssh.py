@@ -62,7 +62,9 @@ def test_push_and_pull_reach_nodes_without_a_shared_filesystem(  # type: ignore[
             ip.run_cell_magic("mpirun", "-n 2 --push x --pull y", CELL)
         assert "[0] on node1 x is 21\n" in out.stdout, out.stderr
         assert "[1] on node2 x is 21\n" in out.stdout
-        assert out.stderr == ""
+        # Nothing but what Open MPI's ssh launcher may say itself (a setpgid race it warns
+        # about on a busy machine) reaches stderr.
+        assert [ln for ln in out.stderr.splitlines() if not ln.startswith("[mpirun] ")] == []
         assert ip.user_ns["y"] == [(0, "node1", 42), (1, "node2", 42)]
         on_node = seen["node1"] / "cells" / "cell-0001"
         assert (on_node / "push.pkl").stat().st_mode & 0o777 == 0o600

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import base64
 import contextlib
 import getpass
 import json
@@ -54,7 +53,7 @@ from clusterbook.ssh.local_shell import LocalShell
 from clusterbook.ssh.paramiko_shell import ParamikoShell, connect
 from clusterbook.ssh.preflight import NodeFacts, all_problems
 from clusterbook.status import NodeStatus
-from clusterbook.transfer import CHUNK, Arrival, Outgoing, pieces
+from clusterbook.transfer import Call, Outgoing, fetch, send
 
 __all__ = ["SSHProvider", "parse_hosts"]
 
@@ -403,68 +402,30 @@ class SSHProvider:
     # -- files --------------------------------------------------------------------------
 
     def put(self, sent: Outgoing) -> dict[str, Exception]:
-        """Send ``sent`` to every node (all nodes at once, each file in pieces, only the
-        files a node lacks); return the nodes it failed on, with why."""
+        """Send ``sent`` to every node at once; return the nodes it failed on, with why."""
         assert self._ctx is not None
         cluster_id = self._ctx.cluster_id
-        files = {f.path: f for f in sent.files}
-        begin = {
-            "cluster_id": cluster_id,
-            "dirs": list(sent.dirs),
-            "files": {f.path: [f.size, f.digest] for f in sent.files},
-        }
-
-        def send(host: str) -> int:
-            need = self._task(host, "put_begin", begin, 300)["need"]
-            for path in need:
-                f = files[path]
-                for offset, data, last in pieces(f):
-                    piece = {"cluster_id": cluster_id, "path": path, "mode": f.mode}
-                    piece |= {"offset": offset, "last": last}
-                    piece["data"] = base64.b64encode(data).decode()
-                    self._task(host, "put_chunk", piece, 300)
-            return len(need)
-
-        return parallel(list(self._conns), send)[1]
+        return parallel(list(self._conns), lambda h: send(self._caller(h), cluster_id, sent))[1]
 
     def gather(
         self, directory: Path, skip: Sequence[str]
     ) -> tuple[list[Path], dict[str, Exception]]:
-        """Move the files ranks wrote in ``directory`` on each node here (each in pieces;
-        removed there once stored here); return what arrived, and the nodes it failed on."""
-        where = str(directory)
+        """Move the files ranks wrote in ``directory`` on every node here; return what
+        arrived, and the nodes it failed on, with why."""
         stored: list[Path] = []
         lock = threading.Lock()
 
-        def fetch(host: str) -> None:
-            listed = self._task(host, "gather_list", {"directory": where, "skip": list(skip)}, 60)
-            taken: list[str] = []
-            try:
-                for name, size in listed["files"].items():
-                    arrival = Arrival(directory, name, host)
-                    try:
-                        offset = 0
-                        while True:
-                            ask = {"directory": where, "name": name, "offset": offset}
-                            got = self._task(host, "gather_chunk", {**ask, "size": CHUNK}, 300)
-                            data = base64.b64decode(got["data"])
-                            arrival.write(data)
-                            offset += len(data)
-                            if offset >= size or not data:
-                                break
-                    except BaseException:
-                        arrival.abandon()
-                        raise
-                    path = arrival.finish()
-                    taken.append(name)
-                    with lock:
-                        stored.append(path)
-            finally:
-                if taken:
-                    self._task(host, "gather_done", {"directory": where, "names": taken}, 60)
+        def keep(path: Path) -> None:
+            with lock:
+                stored.append(path)
 
-        failed = parallel(list(self._conns), fetch)[1]
+        failed = parallel(
+            list(self._conns), lambda h: fetch(self._caller(h), directory, skip, h, keep)
+        )[1]
         return sorted(stored), failed
+
+    def _caller(self, host: str) -> Call:
+        return lambda task, args, timeout: self._task(host, task, args, timeout)
 
     # -- stop ---------------------------------------------------------------------------
 
