@@ -290,8 +290,21 @@ def put_chunk(args):
 
 def _log_created(cluster_id, paths):
     if paths:
-        with open(_inside(_cluster_dir(cluster_id), _PUT_LOG), "a") as f:
+        directory = _cluster_dir(cluster_id)
+        os.makedirs(directory, mode=0o700, exist_ok=True)
+        with open(_inside(directory, _PUT_LOG), "a") as f:
             f.writelines(p + "\n" for p in paths)
+
+
+def put_cleanup(args):
+    """Remove what ``put`` created for the cluster (and nothing else of it: for nodes that
+    were not bootstrapped by the head, like an elastic cluster's)."""
+    directory = _cluster_dir(args["cluster_id"])
+    _remove_put(directory)
+    with contextlib.suppress(OSError):
+        os.unlink(os.path.join(directory, _PUT_LOG))
+        os.rmdir(directory)
+    return {}
 
 
 def _makedirs(path):
@@ -379,6 +392,7 @@ TASKS = {
     "tail": tail,
     "put_begin": put_begin,
     "put_chunk": put_chunk,
+    "put_cleanup": put_cleanup,
     "gather_list": gather_list,
     "gather_chunk": gather_chunk,
     "gather_done": gather_done,

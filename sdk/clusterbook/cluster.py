@@ -485,8 +485,8 @@ class Cluster:
 
         A file a node already has with the same bytes is left alone (a shared filesystem
         costs nothing); the nodes' copies of what did not exist there before are removed
-        by :meth:`stop`. On a local cluster there is nothing to do, nor on an elastic one
-        (its nodes joined on their own: they bring their files, or share them).
+        by :meth:`stop`. On a local cluster there is nothing to do; on an elastic one, the
+        nodes on other machines get the files (through the sshd their agent started).
         """
         self._require_running("put")
         sent = outgoing(paths)
@@ -500,7 +500,8 @@ class Cluster:
 
         Files this machine already has there stay as they are (a name another node sent
         too gets ``.from-HOST`` appended); hidden files are left on the nodes. On a local
-        or elastic cluster there is nothing to move (the files stay where ranks wrote them).
+        cluster there is nothing to move; on an elastic one, the files come from its nodes on
+        other machines.
         """
         self._require_running("gather")
         target = Path(directory).expanduser().absolute()

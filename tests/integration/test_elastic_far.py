@@ -4,6 +4,7 @@ through the sshd each agent started, with the cluster's derived key and pinned h
 from __future__ import annotations
 
 import contextlib
+import os
 import shlex
 import shutil
 import subprocess
@@ -38,7 +39,9 @@ def far_agents(tmp_path) -> Iterator[Callable[..., subprocess.Popen[str]]]:
     """Start agents inside fake hosts (their network and hostname); all gone at teardown."""
     started: list[tuple[subprocess.Popen[str], str]] = []
 
-    def start(host: FakeHost, cluster: cb.Cluster, *extra: str) -> subprocess.Popen[str]:
+    def start(
+        host: FakeHost, cluster: cb.Cluster, *extra: str, bind: tuple[Path, Path] | None = None
+    ) -> subprocess.Popen[str]:
         # The token file travels to the node the way a user would copy it.
         token = tmp_path / f"token-{host.name}"
         shutil.copy(cluster._provider.token_file, token)
@@ -48,9 +51,12 @@ def far_agents(tmp_path) -> Iterator[Callable[..., subprocess.Popen[str]]]:
         agent = shlex.join(
             [sys.executable, "-m", "clusterbook.cli", *argv, "--node-id", node_id, *extra]
         )
+        # With ``bind``, the node (its agent, sshd and ranks) sees its own directory there.
+        mount = "" if bind is None else f"mount --bind {shlex.join(map(str, bind))} && "
         proc = subprocess.Popen(
-            ["ip", "netns", "exec", host.netns, "unshare", "--uts", "sh", "-c",
-             f"hostname {host.name} && exec {agent}"],
+            ["ip", "netns", "exec", host.netns, "unshare", "--uts", "--mount",
+             "--propagation", "private", "sh", "-c",
+             f"hostname {host.name} && {mount}exec {agent}"],
             stdout=subprocess.DEVNULL,
             stderr=subprocess.PIPE,
             text=True,
@@ -161,3 +167,45 @@ def test_no_agent_or_sshd_is_left_in_the_hosts_after_stop(
         left = [p for p in h.processes() if p != h.sshd.pid and psutil.pid_exists(p)]
         names = [" ".join(psutil.Process(p).cmdline()) for p in left if psutil.pid_exists(p)]
         assert not names, names
+
+
+READ_AND_WRITE = """\
+import os, socket, sys
+from mpi4py import MPI
+rank = MPI.COMM_WORLD.Get_rank()
+here = os.path.dirname(os.path.abspath(__file__))
+with open(os.path.join(here, "out", f"r{rank}.txt"), "w") as f:
+    f.write(f"{rank} on {socket.gethostname()}")
+"""
+
+
+def test_put_and_gather_reach_far_nodes_without_a_shared_filesystem(
+    testbed, far_agents, openmpi_python, tmp_path
+):
+    work = tmp_path / "work"
+    (work / "out").mkdir(parents=True)
+    (work / "job.py").write_text(READ_AND_WRITE)
+    hosts = testbed.hosts[:2]
+    seen = {h.name: tmp_path / f"seen-{h.name}" for h in hosts}
+    with elastic_cluster(testbed, openmpi_python, tmp_path, 2) as cluster:
+        for h in hosts:
+            seen[h.name].mkdir()
+            far_agents(
+                h,
+                cluster,
+                "--slots",
+                "1",
+                "--start-sshd",
+                str(SSHD_PORT),
+                bind=(seen[h.name], work),
+            )
+        cluster.wait_ready(timeout=60)
+        cluster.put(work / "job.py", work / "out")
+        assert [sorted(os.listdir(d)) for d in seen.values()] == [["job.py", "out"]] * 2
+        cluster.mpirun(["python", str(work / "job.py")], np=2, timeout=120).wait().check()
+        arrived = cluster.gather(work / "out")
+        assert sorted(p.name for p in arrived) == ["r0.txt", "r1.txt"]
+        texts = sorted(p.read_text() for p in arrived)
+        assert texts == [f"0 on {hosts[0].name}", f"1 on {hosts[1].name}"]
+    # What put() created on the far nodes went with the cluster (the agents were still up).
+    assert [sorted(os.listdir(d)) for d in seen.values()] == [[], []]

@@ -11,19 +11,21 @@ ranks through the sshd their agent started (see :mod:`clusterbook.providers.elas
 
 from __future__ import annotations
 
+import getpass
 import shutil
 import socket
 import threading
 import time
-from collections.abc import Callable
+import warnings
+from collections.abc import Callable, Sequence
 from dataclasses import replace
 from pathlib import Path
 
 import psutil
 
-from clusterbook.errors import ClusterError, ReadyTimeoutError
+from clusterbook.errors import CleanupWarning, ClusterError, ReadyTimeoutError
 from clusterbook.providers.base import RemoteLaunch, StartContext, head_cluster_dir
-from clusterbook.providers.elastic_reach import Reach, pick_address
+from clusterbook.providers.elastic_reach import FarNode, Reach, far_nodes, pick_address
 from clusterbook.rendezvous.agent import join_url
 from clusterbook.rendezvous.api import (
     RendezvousConnectionError,
@@ -35,6 +37,7 @@ from clusterbook.rendezvous.ops import Action, apply, remove_node
 from clusterbook.rendezvous.state import RendezvousState, decode, encode
 from clusterbook.spec import NodeSpec
 from clusterbook.status import NodeStatus
+from clusterbook.transfer import Outgoing, fetch, send
 
 __all__ = ["ElasticProvider"]
 
@@ -85,6 +88,7 @@ class ElasticProvider:
         self._ctx: StartContext | None = None
         self._reach: Reach | None = None
         self._networks: list[str] = []
+        self.stop_problems: dict[str, Exception] = {}
 
     # -- lifecycle ----------------------------------------------------------------------
 
@@ -127,6 +131,18 @@ class ElasticProvider:
             return
         watcher, writer = self._watcher, self._writer
         try:
+            if self._reach is not None and self._ctx is not None:
+                # While the agents (and their sshd) are still there.
+                self.stop_problems = self._reach.release(self._ctx.cluster_id)
+                if self.stop_problems:
+                    lines = "".join(f"\n  {n}: {e}" for n, e in self.stop_problems.items())
+                    warnings.warn(
+                        CleanupWarning(
+                            f"Could not remove what put() created on some nodes of cluster "
+                            f"{self._ctx.cluster_id!r}:{lines}"
+                        ),
+                        stacklevel=3,
+                    )
             if writer is not None:
                 self._close_rendezvous(writer)
                 # Agents leave when they see it closed; give them a moment to go cleanly.
@@ -249,6 +265,54 @@ class ElasticProvider:
         with self._cond:
             reports = dict(self._seen)
         return self._reach.launch(self._ctx, nodes, reports)
+
+    # -- files for nodes on other machines ----------------------------------------------
+
+    def _far(self) -> tuple[list[FarNode], dict[str, Exception]]:
+        """The current round's nodes on other machines; those the head cannot reach, why."""
+        with self._cond:
+            reports = dict(self._seen)
+        far, found = far_nodes(self.nodes, reports, getpass.getuser())
+        return far, {name: ClusterError(" ".join(why)) for name, why in found.items()}
+
+    def put(self, sent: Outgoing) -> dict[str, Exception]:
+        """Send ``sent`` to every node on another machine; return the nodes it failed on."""
+        if self._reach is None or self._ctx is None:
+            raise ClusterError("The elastic cluster is not started; call start() first.")
+        from clusterbook.ssh.bootstrap import parallel  # paramiko: only when used
+
+        reach, ctx = self._reach, self._ctx
+        far, unreachable = self._far()
+        by_name = {n.name: n for n in far}
+        sent_to = parallel(
+            list(by_name),
+            lambda name: send(reach.caller(ctx.python, by_name[name]), ctx.cluster_id, sent),
+        )
+        return {**unreachable, **sent_to[1]}
+
+    def gather(
+        self, directory: Path, skip: Sequence[str]
+    ) -> tuple[list[Path], dict[str, Exception]]:
+        """Move the files ranks wrote in ``directory`` on nodes on other machines here."""
+        if self._reach is None or self._ctx is None:
+            raise ClusterError("The elastic cluster is not started; call start() first.")
+        from clusterbook.ssh.bootstrap import parallel  # paramiko: only when used
+
+        reach, python = self._reach, self._ctx.python
+        far, unreachable = self._far()
+        by_name = {n.name: n for n in far}
+        stored: list[Path] = []
+        lock = threading.Lock()
+
+        def keep(path: Path) -> None:
+            with lock:
+                stored.append(path)
+
+        failed = parallel(
+            list(by_name),
+            lambda name: fetch(reach.caller(python, by_name[name]), directory, skip, name, keep),
+        )[1]
+        return sorted(stored), {**unreachable, **failed}
 
     def stop_job(self, token: str) -> None:
         """Ask every agent to stop the processes of job ``token`` on its node."""

@@ -14,12 +14,13 @@ from __future__ import annotations
 import getpass
 import ipaddress
 import socket
+import threading
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from clusterbook.errors import BootstrapError
+from clusterbook.errors import BootstrapError, SSHError
 from clusterbook.providers.base import RemoteLaunch, StartContext
 from clusterbook.spec import NodeSpec
 from clusterbook.ssh.hostkeys import (
@@ -28,6 +29,11 @@ from clusterbook.ssh.hostkeys import (
     host_entry_name,
     known_hosts_line,
 )
+from clusterbook.transfer import Call
+
+if TYPE_CHECKING:
+    from clusterbook.ssh.bootstrap import NodeSession
+    from clusterbook.ssh.paramiko_shell import ParamikoShell
 
 __all__ = ["FarNode", "Reach", "far_nodes", "known_hosts_text", "pick_address", "ssh_config"]
 
@@ -132,6 +138,65 @@ class Reach:
         self._identity = identity
         self._checked: tuple[FarNode, ...] = ()
         self._launch: RemoteLaunch | None = None
+        self._sessions: dict[str, tuple[NodeSession, threading.Lock]] = {}
+        self._lock = threading.Lock()
+
+    def caller(self, python: str, node: FarNode) -> Call:
+        """Runs node tasks on ``node`` in a session kept for the cluster's lifetime (over
+        the node's sshd, its host key pinned); a lost session is started again once."""
+        from clusterbook.ssh.bootstrap import NodeSession, TaskFailedError  # paramiko: late
+
+        def call(task: str, args: Mapping[str, Any], timeout: float) -> Any:
+            for attempt in (1, 2):
+                with self._lock:
+                    entry = self._sessions.get(node.name)
+                    if entry is None:
+                        entry = self._sessions[node.name] = (
+                            NodeSession(self._connect(node), python),
+                            threading.Lock(),
+                        )
+                session, lock = entry
+                with lock:
+                    try:
+                        return session.call(task, args, timeout=timeout)
+                    except TaskFailedError:
+                        raise
+                    except SSHError:
+                        with self._lock:
+                            if self._sessions.get(node.name) is entry:
+                                del self._sessions[node.name]
+                        session.close()
+                        if attempt == 2:
+                            raise
+            raise AssertionError("unreachable")
+
+        return call
+
+    def release(self, cluster_id: str) -> dict[str, Exception]:
+        """Remove what ``put`` left on the nodes reached so far and close their sessions;
+        return the nodes that could not be cleaned, with why."""
+        with self._lock:
+            sessions, self._sessions = self._sessions, {}
+
+        def clean(name: str) -> None:
+            session, lock = sessions[name]
+            with lock:
+                try:
+                    session.call("put_cleanup", {"cluster_id": cluster_id}, timeout=15)
+                finally:
+                    session.close()
+
+        from clusterbook.ssh.bootstrap import parallel
+
+        return parallel(list(sessions), clean)[1]
+
+    def _connect(self, node: FarNode) -> ParamikoShell:
+        from clusterbook.ssh.paramiko_shell import connect
+
+        pins = Fingerprints({f"{node.addr}:{node.port}": node.host_key.fingerprint})
+        return connect(
+            node.addr, user=node.user, identity=self._identity, policy=pins, port=node.port
+        )
 
     def launch(
         self,
@@ -173,18 +238,15 @@ class Reach:
         """Log in to every far node the way the launcher will and check its environment."""
         from clusterbook.ssh.bootstrap import parallel, run_task
         from clusterbook.ssh.local_shell import LocalShell
-        from clusterbook.ssh.paramiko_shell import connect
         from clusterbook.ssh.preflight import NodeFacts, all_problems
 
         args = {"prefix": ctx.launcher.prefix, "flavour": ctx.launcher.flavour.value}
         by_name = {n.name: n for n in far}
-        pins = Fingerprints({f"{n.addr}:{n.port}": n.host_key.fingerprint for n in far})
 
         def probe(name: str) -> NodeFacts:
             if name == "":
                 return NodeFacts.from_json(run_task(LocalShell(), ctx.python, "probe", args))
-            n = by_name[name]
-            shell = connect(n.addr, user=n.user, identity=self._identity, policy=pins, port=n.port)
+            shell = self._connect(by_name[name])
             try:
                 return NodeFacts.from_json(run_task(shell, ctx.python, "probe", args, timeout=30))
             finally:
