@@ -14,14 +14,28 @@ from __future__ import annotations
 import base64
 import hashlib
 import os
+import threading
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from clusterbook.errors import ConfigError
+from clusterbook.fanout import parallel
 
-__all__ = ["CHUNK", "Arrival", "Call", "OutFile", "Outgoing", "fetch", "outgoing", "pieces", "send"]
+__all__ = [
+    "CHUNK",
+    "Arrival",
+    "Call",
+    "OutFile",
+    "Outgoing",
+    "fetch",
+    "fetch_all",
+    "outgoing",
+    "pieces",
+    "send",
+    "send_all",
+]
 
 #: Runs a node task on one node: ``call(task, args, timeout)`` returns the task's result.
 Call = Callable[[str, Mapping[str, Any], float], Any]
@@ -189,3 +203,23 @@ def fetch(
     finally:
         if taken:
             call("gather_done", {"directory": where, "names": taken}, 60)
+
+
+def send_all(callers: Mapping[str, Call], cluster_id: str, sent: Outgoing) -> dict[str, Exception]:
+    """:func:`send` to every node at once (``callers`` by node); the nodes it failed on."""
+    return parallel(list(callers), lambda node: send(callers[node], cluster_id, sent))[1]
+
+
+def fetch_all(
+    callers: Mapping[str, Call], directory: Path, skip: Sequence[str]
+) -> tuple[list[Path], dict[str, Exception]]:
+    """:func:`fetch` from every node at once; what arrived, and the nodes it failed on."""
+    stored: list[Path] = []
+    lock = threading.Lock()
+
+    def keep(path: Path) -> None:
+        with lock:
+            stored.append(path)
+
+    failed = parallel(list(callers), lambda node: fetch(callers[node], directory, skip, node, keep))
+    return sorted(stored), failed[1]

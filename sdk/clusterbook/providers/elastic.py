@@ -25,7 +25,7 @@ import psutil
 
 from clusterbook.errors import CleanupWarning, ClusterError, ReadyTimeoutError
 from clusterbook.providers.base import RemoteLaunch, StartContext, head_cluster_dir
-from clusterbook.providers.elastic_reach import FarNode, Reach, far_nodes, pick_address
+from clusterbook.providers.elastic_reach import Reach, far_nodes, pick_address
 from clusterbook.rendezvous.agent import join_url
 from clusterbook.rendezvous.api import (
     RendezvousConnectionError,
@@ -37,7 +37,7 @@ from clusterbook.rendezvous.ops import Action, apply, remove_node
 from clusterbook.rendezvous.state import RendezvousState, decode, encode
 from clusterbook.spec import NodeSpec
 from clusterbook.status import NodeStatus
-from clusterbook.transfer import Outgoing, fetch, send
+from clusterbook.transfer import Call, Outgoing, fetch_all, send_all
 
 __all__ = ["ElasticProvider"]
 
@@ -268,51 +268,30 @@ class ElasticProvider:
 
     # -- files for nodes on other machines ----------------------------------------------
 
-    def _far(self) -> tuple[list[FarNode], dict[str, Exception]]:
-        """The current round's nodes on other machines; those the head cannot reach, why."""
-        with self._cond:
-            reports = dict(self._seen)
-        far, found = far_nodes(self.nodes, reports, getpass.getuser())
-        return far, {name: ClusterError(" ".join(why)) for name, why in found.items()}
-
     def put(self, sent: Outgoing) -> dict[str, Exception]:
         """Send ``sent`` to every node on another machine; return the nodes it failed on."""
-        if self._reach is None or self._ctx is None:
-            raise ClusterError("The elastic cluster is not started; call start() first.")
-        from clusterbook.ssh.bootstrap import parallel  # paramiko: only when used
-
-        reach, ctx = self._reach, self._ctx
-        far, unreachable = self._far()
-        by_name = {n.name: n for n in far}
-        sent_to = parallel(
-            list(by_name),
-            lambda name: send(reach.caller(ctx.python, by_name[name]), ctx.cluster_id, sent),
-        )
-        return {**unreachable, **sent_to[1]}
+        callers, unreachable = self._callers()
+        return {**unreachable, **send_all(callers, self._settings.run_id, sent)}
 
     def gather(
         self, directory: Path, skip: Sequence[str]
     ) -> tuple[list[Path], dict[str, Exception]]:
         """Move the files ranks wrote in ``directory`` on nodes on other machines here."""
+        callers, unreachable = self._callers()
+        stored, failed = fetch_all(callers, directory, skip)
+        return stored, {**unreachable, **failed}
+
+    def _callers(self) -> tuple[dict[str, Call], dict[str, Exception]]:
+        """Node tasks on each node of the round on another machine; those the head cannot
+        reach, with why."""
         if self._reach is None or self._ctx is None:
             raise ClusterError("The elastic cluster is not started; call start() first.")
-        from clusterbook.ssh.bootstrap import parallel  # paramiko: only when used
-
+        with self._cond:
+            reports = dict(self._seen)
+        far, found = far_nodes(self.nodes, reports, getpass.getuser())
         reach, python = self._reach, self._ctx.python
-        far, unreachable = self._far()
-        by_name = {n.name: n for n in far}
-        stored: list[Path] = []
-        lock = threading.Lock()
-
-        def keep(path: Path) -> None:
-            with lock:
-                stored.append(path)
-
-        failed = parallel(
-            list(by_name),
-            lambda name: fetch(reach.caller(python, by_name[name]), directory, skip, name, keep),
-        )[1]
-        return sorted(stored), {**unreachable, **failed}
+        callers = {n.name: reach.caller(python, n) for n in far}
+        return callers, {name: ClusterError(" ".join(why)) for name, why in found.items()}
 
     def stop_job(self, token: str) -> None:
         """Ask every agent to stop the processes of job ``token`` on its node."""

@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from clusterbook.errors import BootstrapError, SSHError
+from clusterbook.fanout import parallel
 from clusterbook.providers.base import RemoteLaunch, StartContext
 from clusterbook.spec import NodeSpec
 from clusterbook.ssh.hostkeys import (
@@ -186,8 +187,6 @@ class Reach:
                 finally:
                     session.close()
 
-        from clusterbook.ssh.bootstrap import parallel
-
         return parallel(list(sessions), clean)[1]
 
     def _connect(self, node: FarNode) -> ParamikoShell:
@@ -236,7 +235,7 @@ class Reach:
 
     def _preflight(self, ctx: StartContext, far: Sequence[FarNode]) -> None:
         """Log in to every far node the way the launcher will and check its environment."""
-        from clusterbook.ssh.bootstrap import parallel, run_task
+        from clusterbook.ssh.bootstrap import run_task
         from clusterbook.ssh.local_shell import LocalShell
         from clusterbook.ssh.preflight import NodeFacts, all_problems
 

@@ -23,6 +23,7 @@ from clusterbook.errors import (
     ConfigError,
     SSHError,
 )
+from clusterbook.fanout import parallel
 from clusterbook.launch.rankwrap import HOOK_DIR
 from clusterbook.providers.base import RemoteLaunch, StartContext, head_cluster_dir
 from clusterbook.providers.elastic import ElasticProvider
@@ -36,7 +37,6 @@ from clusterbook.ssh.bootstrap import (
     connect_all,
     encode_files,
     node_ssh_args,
-    parallel,
     run_task,
 )
 from clusterbook.ssh.envlink import (
@@ -53,7 +53,7 @@ from clusterbook.ssh.local_shell import LocalShell
 from clusterbook.ssh.paramiko_shell import ParamikoShell, connect
 from clusterbook.ssh.preflight import NodeFacts, all_problems
 from clusterbook.status import NodeStatus
-from clusterbook.transfer import Call, Outgoing, fetch, send
+from clusterbook.transfer import Call, Outgoing, fetch_all, send_all
 
 __all__ = ["SSHProvider", "parse_hosts"]
 
@@ -404,28 +404,22 @@ class SSHProvider:
     def put(self, sent: Outgoing) -> dict[str, Exception]:
         """Send ``sent`` to every node at once; return the nodes it failed on, with why."""
         assert self._ctx is not None
-        cluster_id = self._ctx.cluster_id
-        return parallel(list(self._conns), lambda h: send(self._caller(h), cluster_id, sent))[1]
+        return send_all(self._callers(), self._ctx.cluster_id, sent)
 
     def gather(
         self, directory: Path, skip: Sequence[str]
     ) -> tuple[list[Path], dict[str, Exception]]:
         """Move the files ranks wrote in ``directory`` on every node here; return what
         arrived, and the nodes it failed on, with why."""
-        stored: list[Path] = []
-        lock = threading.Lock()
+        return fetch_all(self._callers(), directory, skip)
 
-        def keep(path: Path) -> None:
-            with lock:
-                stored.append(path)
+    def _callers(self) -> dict[str, Call]:
+        """Node tasks on each node, in its session (see :meth:`_task`)."""
 
-        failed = parallel(
-            list(self._conns), lambda h: fetch(self._caller(h), directory, skip, h, keep)
-        )[1]
-        return sorted(stored), failed
+        def caller(host: str) -> Call:
+            return lambda task, args, timeout: self._task(host, task, args, timeout)
 
-    def _caller(self, host: str) -> Call:
-        return lambda task, args, timeout: self._task(host, task, args, timeout)
+        return {host: caller(host) for host in self._conns}
 
     # -- stop ---------------------------------------------------------------------------
 

@@ -12,11 +12,10 @@ import base64
 import json
 import shlex
 import time
-from collections.abc import Callable, Mapping, Sequence
-from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 from clusterbook import _node_tasks
 from clusterbook.errors import (
@@ -26,6 +25,7 @@ from clusterbook.errors import (
     SSHError,
     SSHTimeoutError,
 )
+from clusterbook.fanout import parallel
 from clusterbook.ssh.hostkeys import HostKey, HostKeyPolicy, host_entry_name, known_hosts_line
 from clusterbook.ssh.keys import KeyPair
 from clusterbook.ssh.paramiko_shell import ParamikoShell, connect
@@ -39,7 +39,6 @@ __all__ = [
     "cluster_files",
     "connect_all",
     "node_ssh_args",
-    "parallel",
     "run_task",
     "ssh_wrapper",
 ]
@@ -47,7 +46,6 @@ __all__ = [
 #: Where a cluster's files live, relative to the home of the user on every node and the head.
 CLUSTERS_DIR = ".clusterbook/clusters"
 _TASKS = Path(_node_tasks.__file__).read_text()
-T = TypeVar("T")
 
 
 @dataclass(frozen=True, slots=True)
@@ -58,24 +56,6 @@ class Connection:
     shell: ParamikoShell
     host_key: HostKey
     local_addr: str  # our address as the node sees it
-
-
-def parallel(
-    items: Sequence[str], work: Callable[[str], T]
-) -> tuple[dict[str, T], dict[str, Exception]]:
-    """Run ``work(item)`` for every item in threads; return results and errors by item."""
-    done: dict[str, T] = {}
-    failed: dict[str, Exception] = {}
-    if not items:
-        return done, failed
-    with ThreadPoolExecutor(max_workers=min(32, len(items))) as pool:
-        futures = {item: pool.submit(work, item) for item in items}
-        for item, future in futures.items():
-            try:
-                done[item] = future.result()
-            except Exception as exc:  # gathered, re-raised as one BootstrapError
-                failed[item] = exc
-    return done, failed
 
 
 def connect_all(
