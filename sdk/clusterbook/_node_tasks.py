@@ -272,6 +272,8 @@ def put_chunk(args):
     path, offset = args["path"], int(args["offset"])
     tmp = os.path.join(os.path.dirname(path), f".{os.path.basename(path)}.cb-{args['cluster_id']}")
     flags = os.O_WRONLY | os.O_CREAT | (os.O_TRUNC if offset == 0 else 0)
+    if offset == 0:  # logged first: a put cut short leaves no temp file after cleanup
+        _log_created(args["cluster_id"], [tmp])
     fd = os.open(tmp, flags, 0o600)
     try:
         os.lseek(fd, offset, os.SEEK_SET)

@@ -105,10 +105,14 @@ def test_put_writes_then_cleanup_removes_only_what_it_created(home: Path, tmp_pa
     assert new.stat().st_mode & 0o777 == 0o640
     assert (target / "kept" / "old.txt").read_text() == "new"
     assert not [p for p in new.parent.iterdir() if p.name.startswith(".")]  # no temp left
+    # A put cut short: the first piece of a file arrived, the rest never did.
+    first = {"cluster_id": "c1", "path": str(target / "cut.bin"), "mode": "644", "offset": 0}
+    tasks.put_chunk({**first, "data": base64.b64encode(b"01").decode(), "last": False})
+    assert (target / ".cut.bin.cb-c1").exists()
     (target / "out" / "result").write_text("a rank wrote this")  # not put's: stays
 
     tasks.cleanup({"cluster_id": "c1", "grace": 0.1})
-    assert sorted(str(p.relative_to(target)) for p in target.rglob("*")) == [
+    assert sorted(str(p.relative_to(target)) for p in target.rglob("*")) == [  # no temp file
         "kept",
         "kept/old.txt",
         "kept/same.txt",
