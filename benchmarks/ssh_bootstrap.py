@@ -68,14 +68,7 @@ def busy_cpu() -> float:
 
 def run_cluster(bed: Testbed, known_hosts: Path, run_dir: Path, runs: Runs | None) -> None:
     """Start and stop one cluster on every host of ``bed``; record into ``runs`` if given."""
-    cluster = cb.Cluster.ssh(
-        [f"{h.addr}:1" for h in bed.hosts],
-        identity=bed.identity,
-        known_hosts=known_hosts,
-        python=sys.executable,
-        run_dir=run_dir,
-        connect_timeout=10,
-    )
+    cluster = bed.cluster(sys.executable, run_dir, known_hosts=known_hosts)
     before, cpu0, head0 = handshake_count(), busy_cpu(), time.process_time()
     t0 = time.perf_counter()
     try:

@@ -68,13 +68,7 @@ def main() -> int:
             work = tmp_dir / "work"
             known = bed.write_known_hosts()
             with unshared(bed.hosts, work, tmp_dir) as seen:
-                cluster = cb.Cluster.ssh(
-                    [f"{h.addr}:1" for h in bed.hosts],
-                    identity=bed.identity,
-                    known_hosts=known,
-                    python=sys.executable,
-                    run_dir=tmp_dir / "run",
-                )
+                cluster = bed.cluster(sys.executable, tmp_dir / "run", known_hosts=known)
                 with cluster:
                     for mib in sizes:
                         row = measure(bed, known, cluster, work, seen, mib, args.repeat)

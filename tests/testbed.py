@@ -46,6 +46,7 @@ from typing import Any
 import psutil
 import pytest
 
+import clusterbook as cb
 from clusterbook.ssh.sshd import Sshd, _start_sshd
 from tests.conftest import require
 
@@ -204,6 +205,22 @@ class Testbed:
         lines = "".join(f"{h.addr} {h.host_public_key}\n" for h in self.hosts)
         self.known_hosts.write_text(lines)
         return self.known_hosts
+
+    def cluster(
+        self, python: str, run_dir: Path, *, hosts: int | None = None, slots: int = 1, **kw: Any
+    ) -> cb.Cluster:
+        """An SSH cluster of the first ``hosts`` hosts (default all), ``slots`` each, that
+        logs in with the testbed's key and trusts exactly the hosts' keys."""
+        kw.setdefault("known_hosts", self.write_known_hosts())
+        kw.setdefault("connect_timeout", 10)
+        chosen = self.hosts[:hosts] if hosts is not None else self.hosts
+        return cb.Cluster.ssh(
+            [f"{h.addr}:{slots}" for h in chosen],
+            identity=self.identity,
+            python=python,
+            run_dir=run_dir,
+            **kw,
+        )
 
     def close(self) -> None:
         """Stop every sshd and kill every process of the hosts, then delete the namespaces,

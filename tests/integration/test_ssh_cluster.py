@@ -43,12 +43,7 @@ def no_cluster_keys_left(testbed):
 
 
 def ssh_cluster(bed, python, tmp_path, slots=1, **kw):
-    hosts = [f"{h.addr}:{slots}" for h in bed.hosts]
-    kw.setdefault("known_hosts", bed.write_known_hosts())
-    kw.setdefault("connect_timeout", 10)
-    return cb.Cluster.ssh(
-        hosts, identity=bed.identity, python=python, run_dir=tmp_path / "run", **kw
-    )
+    return bed.cluster(python, tmp_path / "run", slots=slots, **kw)
 
 
 def cluster_dir(host, cluster):

@@ -45,14 +45,7 @@ def unshared(testbed: Testbed, tmp_path: Path) -> Iterator[tuple[Path, dict[str,
 
 
 def _cluster(bed: Testbed, python: str, run_dir: Path) -> cb.Cluster:
-    return cb.Cluster.ssh(
-        [f"{h.addr}:1" for h in bed.hosts[:2]],
-        identity=bed.identity,
-        known_hosts=bed.write_known_hosts(),
-        connect_timeout=10,
-        python=python,
-        run_dir=run_dir,
-    )
+    return bed.cluster(python, run_dir, hosts=2)
 
 
 def _files(root: Path) -> dict[str, str]:

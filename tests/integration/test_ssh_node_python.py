@@ -41,15 +41,7 @@ def moved(testbed, mpi_python):
 
 
 def cluster_of(bed, python, tmp_path, **kw):
-    return cb.Cluster.ssh(
-        [f"{h.addr}:1" for h in bed.hosts[:2]],
-        identity=bed.identity,
-        known_hosts=bed.write_known_hosts(),
-        connect_timeout=10,
-        python=python,
-        run_dir=tmp_path / "run",
-        **kw,
-    )
+    return bed.cluster(python, tmp_path / "run", hosts=2, **kw)
 
 
 def test_the_environment_at_the_heads_path_is_missing_on_node2(testbed, moved, mpi_python):

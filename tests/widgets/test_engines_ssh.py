@@ -10,7 +10,6 @@ import time
 import psutil
 import pytest
 
-import clusterbook as cb
 from tests.testbed import testbed as fake_hosts
 
 pytestmark = [pytest.mark.root, pytest.mark.sshd, pytest.mark.mpi]
@@ -40,15 +39,7 @@ def _strays(bed, wait: float = 5.0) -> dict[str, list[str]]:  # type: ignore[no-
 
 
 def test_engines_on_two_hosts_reach_the_head(testbed, openmpi_python, tmp_path) -> None:  # type: ignore[no-untyped-def]
-    hosts = [f"{h.addr}:1" for h in testbed.hosts[:2]]
-    cluster = cb.Cluster.ssh(
-        hosts,
-        identity=testbed.identity,
-        known_hosts=testbed.write_known_hosts(),
-        connect_timeout=10,
-        python=openmpi_python,
-        run_dir=tmp_path / "run",
-    )
+    cluster = testbed.cluster(openmpi_python, tmp_path / "run", hosts=2)
     with cluster:
         rc = cluster.engines(2, timeout=60)
         assert rc.ids == [0, 1]

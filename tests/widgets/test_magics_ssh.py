@@ -11,7 +11,6 @@ from IPython import get_ipython
 from IPython.testing.globalipapp import start_ipython
 from IPython.utils.capture import capture_output
 
-import clusterbook as cb
 from clusterbook_widgets.magics import ClusterMagics
 from tests.testbed import testbed as fake_hosts
 from tests.testbed import unshared
@@ -47,14 +46,7 @@ def test_push_and_pull_reach_nodes_without_a_shared_filesystem(  # type: ignore[
     run_dir, seen = unshared_run_dir
     magics = ClusterMagics(ip)
     ip.register_magics(magics)
-    magics.cluster = cb.Cluster.ssh(
-        [f"{h.addr}:1" for h in testbed.hosts[:2]],
-        identity=testbed.identity,
-        known_hosts=testbed.write_known_hosts(),
-        connect_timeout=10,
-        python=openmpi_python,
-        run_dir=run_dir,
-    ).start()
+    magics.cluster = testbed.cluster(openmpi_python, run_dir, hosts=2).start()
     try:
         ip.user_ns["x"] = 21
         ip.user_ns.pop("y", None)
