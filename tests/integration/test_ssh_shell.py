@@ -3,6 +3,7 @@ and every failure translated into an SSHError that names the host."""
 
 from __future__ import annotations
 
+import hashlib
 import os
 import shlex
 import shutil
@@ -17,7 +18,7 @@ import clusterbook as cb
 from clusterbook.ssh.hostkeys import AcceptNew, Fingerprints, HostKey, KnownHosts, fingerprint
 from clusterbook.ssh.keys import generate_keypair
 from clusterbook.ssh.local_shell import LocalShell
-from clusterbook.ssh.paramiko_shell import connect, handshake_count
+from clusterbook.ssh.paramiko_shell import _SEND_SLICE, _send_all, connect, handshake_count
 from clusterbook.ssh.shell import RemoteShell
 from clusterbook.ssh.sshd import Sshd, start_sshd
 from tests.conftest import require
@@ -89,6 +90,35 @@ def test_exit_codes_stderr_input_and_env(shell):
     value = 'it\'s "q" $X `id` \\ \nnew line é'
     out = shell.run(["python3", "-c", "import os; print(repr(os.environ['V']))"], env={"V": value})
     assert out.stdout.strip() == repr(value)
+
+
+def test_a_large_input_arrives_whole(shell):
+    data = os.urandom(20 << 20)  # hundreds of packets, more than a channel window
+    out = shell.run(["sha256sum"], input=data, timeout=120, check=True)
+    assert out.stdout.split()[0] == hashlib.sha256(data).hexdigest()
+
+
+class _Channel:
+    """Takes at most ``per_call`` bytes a call, then nothing once ``closed_after`` is sent."""
+
+    def __init__(self, per_call: int, closed_after: int | None = None) -> None:
+        self.per_call, self.closed_after, self.got = per_call, closed_after, bytearray()
+
+    def send(self, view: memoryview) -> int:
+        if self.closed_after is not None and len(self.got) >= self.closed_after:
+            return 0
+        taken = bytes(view[: self.per_call])
+        self.got += taken
+        return len(taken)
+
+
+def test_send_all_sends_everything_in_order_and_stops_on_a_closed_channel():
+    data = os.urandom(3 * _SEND_SLICE + 5)
+    chan = _Channel(per_call=70_001)
+    _send_all(chan, data)  # type: ignore[arg-type]
+    assert bytes(chan.got) == data
+    with pytest.raises(OSError, match="closed"):
+        _send_all(_Channel(per_call=1000, closed_after=5000), data)  # type: ignore[arg-type]
 
 
 def test_one_connection_serves_many_commands(sshd, known_hosts):
