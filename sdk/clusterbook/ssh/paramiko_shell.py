@@ -281,11 +281,13 @@ class _Process:
 
     def readline(self, timeout: float) -> bytes:
         deadline = time.monotonic() + timeout
-        while (nl := self._buf.find(b"\n")) < 0:
+        scanned = 0  # a long line arrives in many chunks: look for its end in new bytes only
+        while (nl := self._buf.find(b"\n", scanned)) < 0:
+            scanned = len(self._buf)
             while self._chan.recv_stderr_ready():
                 self._err += self._chan.recv_stderr(65536)
             if self._chan.recv_ready():
-                chunk = self._chan.recv(65536)
+                chunk = self._chan.recv(1 << 20)
                 if not chunk:
                     break
                 self._buf += chunk
