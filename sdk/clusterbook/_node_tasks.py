@@ -232,7 +232,7 @@ def spawn(args):
     return {"pid": proc.pid}
 
 
-_PUT_LOG = "put.log"  # in the cluster's directory: what ``put`` created, one path a line
+_PUT_LOG = "put.log"  # in the cluster's directory: what ``put`` created, a JSON string a line
 
 
 def put_begin(args):
@@ -295,7 +295,7 @@ def _log_created(cluster_id, paths):
         directory = _cluster_dir(cluster_id)
         os.makedirs(directory, mode=0o700, exist_ok=True)
         with open(_inside(directory, _PUT_LOG), "a") as f:
-            f.writelines(p + "\n" for p in paths)
+            f.writelines(json.dumps(p) + "\n" for p in paths)  # a name may hold a newline
 
 
 def put_cleanup(args):
@@ -325,7 +325,7 @@ def _remove_put(directory):
     """Remove what ``put`` created: its files, then its directories if they are empty."""
     try:
         with open(os.path.join(directory, _PUT_LOG)) as f:
-            paths = [line.rstrip("\n") for line in f if line.strip()]
+            paths = [json.loads(line) for line in f if line.strip()]
     except FileNotFoundError:
         return
     for path in paths:

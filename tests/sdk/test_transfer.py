@@ -91,16 +91,21 @@ def test_put_writes_then_cleanup_removes_only_what_it_created(home: Path, tmp_pa
     (target / "kept" / "same.txt").write_text("same")  # already there, same bytes
     (target / "kept" / "old.txt").write_text("old")  # already there, other bytes
     new = target / "new" / "deep" / "x.bin"
+    # A name with a newline in it: the log of what put() made must not read it as two paths.
+    victim = target / "kept" / "same.txt"
+    odd = Path(f"{target}/odd\n{victim}")
     files = {
         str(target / "kept" / "same.txt"): [4, _digest(b"same")],
         str(target / "kept" / "old.txt"): [3, _digest(b"new")],
         str(new): [7, _digest(b"\xff\x00 bits")],
+        str(odd): [1, _digest(b"o")],
     }
     begin = tasks.put_begin({"cluster_id": "c1", "dirs": [str(target / "out")], "files": files})
-    assert begin == {"need": [str(target / "kept" / "old.txt"), str(new)]}
+    assert begin == {"need": [str(target / "kept" / "old.txt"), str(new), str(odd)]}
     assert (target / "new").stat().st_mode & 0o777 == 0o700
     _put(target / "kept" / "old.txt", b"new", "644")
     _put(new, b"\xff\x00 bits", "640")
+    _put(odd, b"o", "644")
     assert new.read_bytes() == b"\xff\x00 bits"
     assert new.stat().st_mode & 0o777 == 0o640
     assert (target / "kept" / "old.txt").read_text() == "new"
