@@ -198,8 +198,8 @@ def _sessions(host) -> list[int]:  # type: ignore[no-untyped-def]
 def test_a_lost_session_is_replaced_and_none_outlives_stop(
     testbed, openmpi_python, tmp_path
 ) -> None:  # type: ignore[no-untyped-def]
-    # Each node keeps the session its bootstrap ran in, for later steps; when it is gone,
-    # the step runs in a new process instead, and stop() still cleans the node.
+    # Each node keeps the session its bootstrap ran in, for later steps; when it is gone, a
+    # new one takes the step (and the later ones), and stop() still cleans the node.
     (tmp_path / "f.txt").write_text("f")
     node1, node2 = testbed.hosts[:2]
     cluster = _cluster(testbed, openmpi_python, tmp_path / "run")
@@ -212,10 +212,13 @@ def test_a_lost_session_is_replaced_and_none_outlives_stop(
         with contextlib.suppress(psutil.NoSuchProcess):  # gone already
             psutil.Process(pid).wait(timeout=5)
         cluster.put(tmp_path / "f.txt")
+        (new_pid,) = _sessions(node1)
+        assert new_pid != pid
         job = cluster.mpirun(["python", "-c", "import time; time.sleep(60)"], np=2)
         time.sleep(0.5)
-        job.cancel()  # its clean-up on the nodes goes through node2's session, node1's process
+        job.cancel()  # its clean-up on the nodes goes through the sessions
         assert job.wait().cancelled
+        assert _sessions(node1) == [new_pid]
     deadline = time.monotonic() + 5  # sshd's processes of the closed connections end
     while (left := _left(node1) + _left(node2)) and time.monotonic() < deadline:
         time.sleep(0.05)

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from clusterbook.errors import BootstrapError, SSHError
+from clusterbook.errors import BootstrapError
 from clusterbook.fanout import parallel
 from clusterbook.providers.base import RemoteLaunch, StartContext
 from clusterbook.spec import NodeSpec
@@ -33,7 +33,7 @@ from clusterbook.ssh.hostkeys import (
 from clusterbook.transfer import Call
 
 if TYPE_CHECKING:
-    from clusterbook.ssh.bootstrap import NodeSession
+    from clusterbook.ssh.bootstrap import KeptSession, NodeSession
     from clusterbook.ssh.paramiko_shell import ParamikoShell
 
 __all__ = ["FarNode", "Reach", "far_nodes", "known_hosts_text", "pick_address", "ssh_config"]
@@ -139,39 +139,22 @@ class Reach:
         self._identity = identity
         self._checked: tuple[FarNode, ...] = ()
         self._launch: RemoteLaunch | None = None
-        self._sessions: dict[str, tuple[NodeSession, threading.Lock]] = {}
+        self._sessions: dict[str, KeptSession] = {}
         self._lock = threading.Lock()
 
     def caller(self, python: str, node: FarNode) -> Call:
-        """Runs node tasks on ``node`` in a session kept for the cluster's lifetime (over
-        the node's sshd, its host key pinned); a lost session is started again once."""
-        from clusterbook.ssh.bootstrap import NodeSession, TaskFailedError  # paramiko: late
+        """Runs node tasks on ``node`` in a session kept for the cluster's lifetime, over the
+        node's sshd with its host key pinned."""
+        from clusterbook.ssh.bootstrap import KeptSession, NodeSession  # paramiko: late
 
-        def call(task: str, args: Mapping[str, Any], timeout: float) -> Any:
-            for attempt in (1, 2):
-                with self._lock:
-                    entry = self._sessions.get(node.name)
-                    if entry is None:
-                        entry = self._sessions[node.name] = (
-                            NodeSession(self._connect(node), python),
-                            threading.Lock(),
-                        )
-                session, lock = entry
-                with lock:
-                    try:
-                        return session.call(task, args, timeout=timeout)
-                    except TaskFailedError:
-                        raise
-                    except SSHError:
-                        with self._lock:
-                            if self._sessions.get(node.name) is entry:
-                                del self._sessions[node.name]
-                        session.close()
-                        if attempt == 2:
-                            raise
-            raise AssertionError("unreachable")
+        def start() -> NodeSession:
+            return NodeSession(self._connect(node), python)
 
-        return call
+        with self._lock:
+            kept = self._sessions.get(node.name)
+            if kept is None:
+                kept = self._sessions[node.name] = KeptSession(start)
+        return kept.call
 
     def release(self, cluster_id: str) -> dict[str, Exception]:
         """Remove what ``put`` left on the nodes reached so far and close their sessions;
@@ -180,12 +163,10 @@ class Reach:
             sessions, self._sessions = self._sessions, {}
 
         def clean(name: str) -> None:
-            session, lock = sessions[name]
-            with lock:
-                try:
-                    session.call("put_cleanup", {"cluster_id": cluster_id}, timeout=15)
-                finally:
-                    session.close()
+            try:
+                sessions[name].call("put_cleanup", {"cluster_id": cluster_id}, timeout=15)
+            finally:
+                sessions[name].close()
 
         return parallel(list(sessions), clean)[1]
 

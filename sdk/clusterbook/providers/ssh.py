@@ -2,13 +2,11 @@
 
 from __future__ import annotations
 
-import contextlib
 import getpass
 import json
 import os
 import shutil
 import sys
-import threading
 import time
 import warnings
 from collections.abc import Callable, Mapping, Sequence
@@ -21,7 +19,6 @@ from clusterbook.errors import (
     CleanupWarning,
     ClusterError,
     ConfigError,
-    SSHError,
 )
 from clusterbook.fanout import parallel
 from clusterbook.launch.rankwrap import HOOK_DIR
@@ -31,8 +28,8 @@ from clusterbook.spec import NodeSpec, parse_host_slots, validate_positive_int, 
 from clusterbook.ssh.bootstrap import (
     CLUSTERS_DIR,
     Connection,
+    KeptSession,
     NodeSession,
-    TaskFailedError,
     cluster_files,
     connect_all,
     encode_files,
@@ -112,7 +109,7 @@ class SSHProvider:
         self._host_keys = host_keys
         self._policy = make_policy(host_keys, known_hosts)  # validated now, not at start
         self._conns: dict[str, Connection] = {}
-        self._sessions: dict[str, tuple[NodeSession, threading.Lock]] = {}
+        self._sessions: dict[str, KeptSession] = {}
         self._facts: dict[str, NodeFacts] = {}
         self._unprobed: set[str] = set()  # nodes the probe failed on: nothing was put there
         self._ctx: StartContext | None = None
@@ -159,7 +156,7 @@ class SSHProvider:
         head = sessions.pop(_HEAD, None)
         if head is not None:
             head.close()
-        self._sessions = {h: (s, threading.Lock()) for h, s in sessions.items()}
+        self._sessions = {h: KeptSession(self._session_starter(h), s) for h, s in sessions.items()}
 
     def _python(self, host: str) -> str:
         """The interpreter on ``host`` (the head's path unless node_python says otherwise)."""
@@ -360,29 +357,14 @@ class SSHProvider:
         parallel(list(self._conns), lambda host: self._task(host, "kill", {"token": token}, 15))
 
     def _task(self, host: str, task: str, args: Mapping[str, Any], timeout: float) -> Any:
-        """Run a node task on ``host``: in its session while that lives, else in a new
-        process over the (re-opened) connection."""
-        entry = self._sessions.get(host)
-        if entry is not None:
-            session, lock = entry
-            with lock:
-                if self._sessions.get(host) is entry:
-                    try:
-                        return session.call(task, args, timeout=timeout)
-                    except TaskFailedError:
-                        raise
-                    except SSHError:  # the session is gone (or out of step): not used again
-                        del self._sessions[host]
-                        with contextlib.suppress(Exception):
-                            session.close()
-        return run_task(self._shell(host), self._python(host), task, args, timeout=timeout)
+        """Run a node task on ``host``, in the session kept for it."""
+        kept = self._sessions.get(host)
+        if kept is None:  # a node the bootstrap did not get to
+            kept = self._sessions[host] = KeptSession(self._session_starter(host))
+        return kept.call(task, args, timeout=timeout)
 
-    def _close_session(self, host: str) -> None:
-        entry = self._sessions.pop(host, None)
-        if entry is not None:
-            session, lock = entry
-            with lock, contextlib.suppress(Exception):
-                session.close()
+    def _session_starter(self, host: str) -> Callable[[], NodeSession]:
+        return lambda: NodeSession(self._shell(host), self._python(host))
 
     def _shell(self, host: str) -> ParamikoShell:
         """The host's connection, opened again (same host key policy) if it was lost."""
@@ -440,7 +422,9 @@ class SSHProvider:
                     return None
                 return self._task(host, "cleanup", args, 15)
             finally:
-                self._close_session(host)
+                kept = self._sessions.pop(host, None)
+                if kept is not None:
+                    kept.close()
                 self._conns[host].shell.close()
 
         # Best effort: a node that cannot be reached (or whose host key changed) cannot be

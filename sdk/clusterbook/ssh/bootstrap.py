@@ -9,10 +9,12 @@ step, not per file), and failures are gathered per host into one :class:`Bootstr
 from __future__ import annotations
 
 import base64
+import contextlib
 import json
 import shlex
+import threading
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -34,6 +36,7 @@ from clusterbook.ssh.shell import RemoteShell
 __all__ = [
     "CLUSTERS_DIR",
     "Connection",
+    "KeptSession",
     "NodeSession",
     "TaskFailedError",
     "cluster_files",
@@ -247,6 +250,46 @@ class NodeSession:
 
     def close(self) -> None:
         self._proc.close(timeout=10)
+
+
+class KeptSession:
+    """A node's session kept for the cluster's later steps (files, job kills, clean-up), so
+    each is a round trip instead of a login; when it is lost, a new one is started (once a
+    call) with ``start``. One step at a time."""
+
+    def __init__(self, start: Callable[[], NodeSession], session: NodeSession | None = None):
+        self._start = start
+        self._session = session
+        self._lock = threading.Lock()
+
+    def call(self, task: str, args: Mapping[str, Any], timeout: float = 60.0) -> Any:
+        with self._lock:
+            try:
+                return self._call(task, args, timeout)
+            except TaskFailedError:
+                raise
+            except SSHError:
+                return self._call(task, args, timeout)  # in a new session, once
+
+    def _call(self, task: str, args: Mapping[str, Any], timeout: float) -> Any:
+        if self._session is None:
+            self._session = self._start()
+        try:
+            return self._session.call(task, args, timeout=timeout)
+        except TaskFailedError:
+            raise
+        except SSHError:  # gone, or out of step after a timeout: not used again
+            lost, self._session = self._session, None
+            with contextlib.suppress(Exception):
+                lost.close()
+            raise
+
+    def close(self) -> None:
+        with self._lock:
+            lost, self._session = self._session, None
+            if lost is not None:
+                with contextlib.suppress(Exception):
+                    lost.close()
 
 
 _REPLY = "\x1eCBT "
