@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
-import ipaddress
 import os
 import re
 import shlex
@@ -25,13 +24,20 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 
 import psutil
 
 from clusterbook.errors import ClusterError, ConfigError
-from clusterbook.spec import validate_host, validate_timeout
+from clusterbook.spec import validate_timeout
+from clusterbook.ssh.sshd_config import (
+    BAD_PATH_CHARS,
+    SshdConfig,
+    check_listen,
+    check_path,
+    quote,
+    render_sshd_config,
+)
 
 __all__ = ["HOST_KEY_NAME", "Sshd", "SshdConfig", "SshdError", "render_sshd_config", "start_sshd"]
 
@@ -40,10 +46,9 @@ _DEFAULT_SSHD = "/usr/sbin/sshd"
 _INSTALL_HINT = "install OpenSSH's server with `apt-get install openssh-server`"
 _PR_SET_PDEATHSIG = 1
 _NAME_RE = re.compile(r"[A-Za-z0-9_][A-Za-z0-9._-]{0,62}")
+
+
 # Characters sshd_config cannot carry inside a path, quoted or not.
-_BAD_PATH_CHARS = frozenset('"\\\n\r\t\0')
-
-
 class SshdError(ClusterError):
     """sshd could not be started, or did not answer in time.
 
@@ -56,85 +61,6 @@ class SshdError(ClusterError):
         self.port = port
         self.directory = directory
         self.log_tail = log_tail
-
-
-@dataclass(frozen=True, slots=True)
-class SshdConfig:
-    """What a user-level sshd listens on and where its files are.
-
-    Parameters
-    ----------
-    directory
-        Absolute directory holding the host key, config, pid file and log.
-    port
-        TCP port to listen on, 1-65535.
-    listen
-        Address to listen on; ``127.0.0.1`` keeps it private to this machine.
-    authorized_keys
-        The file of public keys allowed to log in; ``directory/"authorized_keys"`` if None.
-    """
-
-    directory: Path
-    port: int
-    listen: str = "127.0.0.1"
-    authorized_keys: Path | None = None
-
-    def __post_init__(self) -> None:
-        object.__setattr__(self, "directory", _check_path(self.directory, "directory"))
-        if isinstance(self.port, bool) or not isinstance(self.port, int):
-            raise ConfigError(f"sshd port must be a whole number 1-65535, got {self.port!r}.")
-        if not 1 <= self.port <= 65535:
-            raise ConfigError(
-                f"sshd port must be 1-65535, got {self.port}; start_sshd(port=0) picks a free one."
-            )
-        _check_listen(self.listen)
-        keys = self.authorized_keys
-        keys = self.directory / "authorized_keys" if keys is None else keys
-        object.__setattr__(self, "authorized_keys", _check_path(keys, "authorized_keys"))
-
-
-def render_sshd_config(cfg: SshdConfig, *, host_key: Path, pid_file: Path) -> str:
-    """Return the text of an sshd_config for ``cfg``: public keys only, no PAM, no forwarding.
-
-    Parameters
-    ----------
-    cfg
-        Port, listen address and authorized_keys file.
-    host_key
-        The private host key file.
-    pid_file
-        Where sshd writes its pid.
-
-    Returns
-    -------
-    str
-        The config text, one ``Keyword value`` per line.
-    """
-    assert cfg.authorized_keys is not None  # filled in by SshdConfig
-    # AuthorizedKeysFile expands %-tokens (%h, %u) at login; HostKey and PidFile do not.
-    keys = _quote(str(cfg.authorized_keys)).replace("%", "%%")
-    lines = [
-        ("Port", str(cfg.port)),
-        ("ListenAddress", cfg.listen),
-        ("HostKey", _quote(str(_check_path(host_key, "host_key")))),
-        ("PidFile", _quote(str(_check_path(pid_file, "pid_file")))),
-        ("UsePAM", "no"),
-        ("StrictModes", "no"),
-        ("PasswordAuthentication", "no"),
-        ("KbdInteractiveAuthentication", "no"),
-        ("PubkeyAuthentication", "yes"),
-        ("AuthorizedKeysFile", keys),
-        ("PermitRootLogin", "prohibit-password"),
-        ("AllowTcpForwarding", "no"),
-        ("X11Forwarding", "no"),
-        ("PrintMotd", "no"),
-        ("AcceptEnv", "none"),
-        ("LogLevel", "VERBOSE"),
-        # Many nodes handshake at once when a cluster starts; the default 10:30:100 drops them.
-        ("MaxStartups", "64:30:128"),
-        ("Subsystem", "sftp internal-sftp"),
-    ]
-    return "".join(f"{key} {value}\n" for key, value in lines)
 
 
 class Sshd:
@@ -303,7 +229,7 @@ def _start_sshd(
     limit = validate_timeout(timeout)
     if limit is None:
         raise ConfigError("start_sshd timeout must be a number of seconds > 0, got None.")
-    _check_listen(listen)
+    check_listen(listen)
     root_only = {"netns": netns, "hostname": hostname}
     for name, value in root_only.items():
         if value is None:
@@ -319,9 +245,9 @@ def _start_sshd(
     mounts = [(Path(src).absolute(), Path(dst).absolute()) for src, dst in binds]
     if mounts and os.geteuid() != 0:
         raise ConfigError("binds need root (a mount namespace); leave them out.")
-    if keys_file is not None and (not keys_file or set(keys_file) & _BAD_PATH_CHARS):
+    if keys_file is not None and (not keys_file or set(keys_file) & BAD_PATH_CHARS):
         raise ConfigError(f"sshd keys_file {keys_file!r} cannot be written into sshd_config.")
-    directory = _check_path(Path(directory).expanduser(), "directory")
+    directory = check_path(Path(directory).expanduser(), "directory")
     directory.mkdir(mode=0o700, parents=True, exist_ok=True)
     sshd = _find_sshd(sshd_path, directory, port)
     if authorized_keys is None:
@@ -372,7 +298,7 @@ def _launch(
     pid_file = cfg.directory / "sshd.pid"
     text = render_sshd_config(cfg, host_key=host_key, pid_file=pid_file)
     if keys_file is not None:
-        line = f"AuthorizedKeysFile {_quote(keys_file)}"
+        line = f"AuthorizedKeysFile {quote(keys_file)}"
         text = re.sub(r"(?m)^AuthorizedKeysFile .*$", lambda _: line, text)
     _write_private(config_path, text)
     argv = [sshd, "-D", "-f", str(config_path), "-E", str(log_path)]
@@ -528,31 +454,3 @@ def _write_private(path: Path, text: str) -> None:
     with os.fdopen(fd, "w") as f:
         os.fchmod(f.fileno(), 0o600)
         f.write(text)
-
-
-def _check_listen(listen: object) -> str:
-    if isinstance(listen, str):
-        with contextlib.suppress(ValueError):
-            ipaddress.ip_address(listen)
-            return listen
-    try:
-        return validate_host(listen)
-    except ConfigError as exc:
-        raise ConfigError(f"sshd listen address: {exc}") from None
-
-
-def _check_path(path: object, name: str) -> Path:
-    if not isinstance(path, (str, os.PathLike)):
-        raise ConfigError(f"sshd {name} must be a path, got {path!r}.")
-    path = Path(path).absolute()
-    bad = sorted(set(str(path)) & _BAD_PATH_CHARS)
-    if bad:
-        raise ConfigError(
-            f"sshd {name} {str(path)!r} contains {''.join(bad)!r}, which sshd_config cannot "
-            "hold; choose a path without quotes, backslashes or control characters."
-        )
-    return path
-
-
-def _quote(value: str) -> str:
-    return f'"{value}"' if any(c in value for c in " #'") else value

@@ -1,0 +1,135 @@
+"""What a user-level sshd is told: its settings, checked, and the sshd_config text (pure).
+
+:mod:`clusterbook.ssh.sshd` starts and stops the daemon; this module only decides what its
+configuration says: public keys only, no PAM, no forwarding, paths that sshd_config can hold.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ipaddress
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+from clusterbook.errors import ConfigError
+from clusterbook.spec import validate_host
+
+__all__ = [
+    "BAD_PATH_CHARS",
+    "SshdConfig",
+    "check_listen",
+    "check_path",
+    "quote",
+    "render_sshd_config",
+]
+
+#: Characters a path in sshd_config cannot hold.
+BAD_PATH_CHARS = frozenset('"\\\n\r\t\0')
+
+
+@dataclass(frozen=True, slots=True)
+class SshdConfig:
+    """What a user-level sshd listens on and where its files are.
+
+    Parameters
+    ----------
+    directory
+        Absolute directory holding the host key, config, pid file and log.
+    port
+        TCP port to listen on, 1-65535.
+    listen
+        Address to listen on; ``127.0.0.1`` keeps it private to this machine.
+    authorized_keys
+        The file of public keys allowed to log in; ``directory/"authorized_keys"`` if None.
+    """
+
+    directory: Path
+    port: int
+    listen: str = "127.0.0.1"
+    authorized_keys: Path | None = None
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "directory", check_path(self.directory, "directory"))
+        if isinstance(self.port, bool) or not isinstance(self.port, int):
+            raise ConfigError(f"sshd port must be a whole number 1-65535, got {self.port!r}.")
+        if not 1 <= self.port <= 65535:
+            raise ConfigError(
+                f"sshd port must be 1-65535, got {self.port}; start_sshd(port=0) picks a free one."
+            )
+        check_listen(self.listen)
+        keys = self.authorized_keys
+        keys = self.directory / "authorized_keys" if keys is None else keys
+        object.__setattr__(self, "authorized_keys", check_path(keys, "authorized_keys"))
+
+
+def render_sshd_config(cfg: SshdConfig, *, host_key: Path, pid_file: Path) -> str:
+    """Return the text of an sshd_config for ``cfg``: public keys only, no PAM, no forwarding.
+
+    Parameters
+    ----------
+    cfg
+        Port, listen address and authorized_keys file.
+    host_key
+        The private host key file.
+    pid_file
+        Where sshd writes its pid.
+
+    Returns
+    -------
+    str
+        The config text, one ``Keyword value`` per line.
+    """
+    assert cfg.authorized_keys is not None  # filled in by SshdConfig
+    # AuthorizedKeysFile expands %-tokens (%h, %u) at login; HostKey and PidFile do not.
+    keys = quote(str(cfg.authorized_keys)).replace("%", "%%")
+    lines = [
+        ("Port", str(cfg.port)),
+        ("ListenAddress", cfg.listen),
+        ("HostKey", quote(str(check_path(host_key, "host_key")))),
+        ("PidFile", quote(str(check_path(pid_file, "pid_file")))),
+        ("UsePAM", "no"),
+        ("StrictModes", "no"),
+        ("PasswordAuthentication", "no"),
+        ("KbdInteractiveAuthentication", "no"),
+        ("PubkeyAuthentication", "yes"),
+        ("AuthorizedKeysFile", keys),
+        ("PermitRootLogin", "prohibit-password"),
+        ("AllowTcpForwarding", "no"),
+        ("X11Forwarding", "no"),
+        ("PrintMotd", "no"),
+        ("AcceptEnv", "none"),
+        ("LogLevel", "VERBOSE"),
+        # Many nodes handshake at once when a cluster starts; the default 10:30:100 drops them.
+        ("MaxStartups", "64:30:128"),
+        ("Subsystem", "sftp internal-sftp"),
+    ]
+    return "".join(f"{key} {value}\n" for key, value in lines)
+
+
+def check_listen(listen: object) -> str:
+    if isinstance(listen, str):
+        with contextlib.suppress(ValueError):
+            ipaddress.ip_address(listen)
+            return listen
+    try:
+        return validate_host(listen)
+    except ConfigError as exc:
+        raise ConfigError(f"sshd listen address: {exc}") from None
+
+
+def check_path(path: object, name: str) -> Path:
+    if not isinstance(path, (str, os.PathLike)):
+        raise ConfigError(f"sshd {name} must be a path, got {path!r}.")
+    path = Path(path).absolute()
+    bad = sorted(set(str(path)) & BAD_PATH_CHARS)
+    if bad:
+        raise ConfigError(
+            f"sshd {name} {str(path)!r} contains {''.join(bad)!r}, which sshd_config cannot "
+            "hold; choose a path without quotes, backslashes or control characters."
+        )
+    return path
+
+
+def quote(value: str) -> str:
+    return f'"{value}"' if any(c in value for c in " #'") else value
