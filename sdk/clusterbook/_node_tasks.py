@@ -232,7 +232,11 @@ def spawn(args):
     return {"pid": proc.pid}
 
 
-_PUT_LOG = "put.log"  # in the cluster's directory: what ``put`` created, a JSON string a line
+def _put_log(directory):
+    """Where ``put`` logs what it created on this node, a JSON string a line: in the
+    cluster's directory, named after the node (homes shared between nodes share that
+    directory, while what ``put`` wrote elsewhere is each node's own)."""
+    return _inside(directory, f"put-{socket.gethostname()}.log")
 
 
 def put_begin(args):
@@ -294,7 +298,7 @@ def _log_created(cluster_id, paths):
     if paths:
         directory = _cluster_dir(cluster_id)
         os.makedirs(directory, mode=0o700, exist_ok=True)
-        with open(_inside(directory, _PUT_LOG), "a") as f:
+        with open(_put_log(directory), "a") as f:
             f.writelines(json.dumps(p) + "\n" for p in paths)  # a name may hold a newline
 
 
@@ -304,7 +308,7 @@ def put_cleanup(args):
     directory = _cluster_dir(args["cluster_id"])
     _remove_put(directory)
     with contextlib.suppress(OSError):
-        os.unlink(os.path.join(directory, _PUT_LOG))
+        os.unlink(_put_log(directory))
         os.rmdir(directory)
     return {}
 
@@ -324,7 +328,7 @@ def _makedirs(path):
 def _remove_put(directory):
     """Remove what ``put`` created: its files, then its directories if they are empty."""
     try:
-        with open(os.path.join(directory, _PUT_LOG)) as f:
+        with open(_put_log(directory)) as f:
             paths = [json.loads(line) for line in f if line.strip()]
     except FileNotFoundError:
         return

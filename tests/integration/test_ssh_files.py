@@ -232,3 +232,29 @@ def _left(host) -> list[str]:  # type: ignore[no-untyped-def]
             if pid != host.sshd.pid:
                 found.append(" ".join(psutil.Process(pid).cmdline()))
     return found
+
+
+def test_nodes_with_one_home_but_own_disks_each_lose_what_put_made(
+    testbed, openmpi_python, tmp_path
+) -> None:  # type: ignore[no-untyped-def]
+    # Like an NFS home over local scratch disks: the cluster's directory (and the nodes'
+    # logs of what put() made) is one for both nodes; the work directory is each node's.
+    shared_home = tmp_path / "shared-clusterbook"
+    shared_home.mkdir(mode=0o700)
+    work = tmp_path / "work"
+    work.mkdir(mode=0o700)
+    (work / "data.txt").write_text("data")
+    seen = {}
+    hosts = testbed.hosts[:2]
+    try:
+        for host in hosts:
+            seen[host.name] = tmp_path / f"seen-{host.name}"
+            seen[host.name].mkdir(mode=0o700)
+            host.rebind([(seen[host.name], work), (shared_home, Path.home() / ".clusterbook")])
+        with _cluster(testbed, openmpi_python, tmp_path / "run") as cluster:
+            cluster.put(work / "data.txt")
+            assert [sorted(os.listdir(d)) for d in seen.values()] == [["data.txt"]] * 2
+        assert [sorted(os.listdir(d)) for d in seen.values()] == [[], []]
+    finally:
+        for host in hosts:
+            host.rebind()

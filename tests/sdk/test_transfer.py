@@ -227,3 +227,26 @@ def test_a_fetch_cut_short_loses_nothing(home: Path, tmp_path: Path) -> None:
     assert arrived == []
     assert (root / "out" / "r0.bin").read_bytes() == b"result"  # still on the node
     assert list((head / "out").iterdir()) == []  # and no half file here
+
+
+def test_nodes_sharing_a_home_each_clean_up_their_own_puts(
+    home: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Two nodes with one (NFS) home but their own scratch disks: each logs what it made in
+    # the shared cluster directory, and the first to clean up must not take the other's log.
+    for node in ("a", "b"):
+        monkeypatch.setattr(tasks.socket, "gethostname", lambda node=node: node)
+        made = tmp_path / f"scratch-{node}" / "f.txt"
+        files = {str(made): [1, _digest(b"f")]}
+        tasks.put_begin({"cluster_id": "c1", "dirs": [], "files": files})
+        _put(made, b"f", "644")
+    logs = home / ".clusterbook" / "clusters" / "c1"
+    assert sorted(p.name for p in logs.iterdir()) == ["put-a.log", "put-b.log"]
+    monkeypatch.setattr(tasks.socket, "gethostname", lambda: "a")
+    tasks.put_cleanup({"cluster_id": "c1"})
+    assert not (tmp_path / "scratch-a").exists()
+    assert (tmp_path / "scratch-b" / "f.txt").exists()  # b's, for b to clean (its disk)
+    monkeypatch.setattr(tasks.socket, "gethostname", lambda: "b")
+    tasks.put_cleanup({"cluster_id": "c1"})
+    assert not (tmp_path / "scratch-b").exists()
+    assert not (home / ".clusterbook" / "clusters" / "c1").exists()  # nothing else was there

@@ -110,6 +110,7 @@ class SSHProvider:
         self._policy = make_policy(host_keys, known_hosts)  # validated now, not at start
         self._conns: dict[str, Connection] = {}
         self._sessions: dict[str, KeptSession] = {}
+        self._put_used = False  # then stop() first removes what put() made, on every node
         self._facts: dict[str, NodeFacts] = {}
         self._unprobed: set[str] = set()  # nodes the probe failed on: nothing was put there
         self._ctx: StartContext | None = None
@@ -386,6 +387,7 @@ class SSHProvider:
     def put(self, sent: Outgoing) -> dict[str, Exception]:
         """Send ``sent`` to every node at once; return the nodes it failed on, with why."""
         assert self._ctx is not None
+        self._put_used = True
         return send_all(self._callers(), self._ctx.cluster_id, sent)
 
     def gather(
@@ -415,12 +417,22 @@ class SSHProvider:
         if rendezvous is not None:
             rendezvous.stop()  # closed: the agents leave and exit
         args = {"cluster_id": ctx.cluster_id, "tag": key_tag(ctx.cluster_id), "grace": 2.0}
+        put_done: dict[str, Exception] = {}
+        if self._put_used:
+            # On every node before any node removes the cluster's directory, which holds
+            # the nodes' logs of what put() made (one directory when homes are shared).
+            probed = [h for h in self._conns if h not in self._unprobed]
+            clean_puts = {"cluster_id": ctx.cluster_id}
+            put_done = parallel(probed, lambda h: self._task(h, "put_cleanup", clean_puts, 15))[1]
 
         def clean(host: str) -> object:
             try:
                 if host in self._unprobed:
                     return None
-                return self._task(host, "cleanup", args, 15)
+                result = self._task(host, "cleanup", args, 15)
+                if host in put_done:  # the rest is clean; say what put() may have left
+                    raise put_done[host]
+                return result
             finally:
                 kept = self._sessions.pop(host, None)
                 if kept is not None:
