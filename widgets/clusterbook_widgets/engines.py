@@ -229,7 +229,7 @@ def start_engines(
         raise ConfigError(f"heartbeat must be between 0.01 and 10 seconds, got {heartbeat!r}.")
     deadline = time.monotonic() + limit
     engine_ip = head_addr or "127.0.0.1"
-    if encrypt not in (None, True, False):
+    if encrypt is not None and not isinstance(encrypt, bool):  # 1 == True, but is not one
         raise ConfigError(f"encrypt must be True, False or None (automatic), got {encrypt!r}.")
     key = secrets.token_hex(32)
     # CurveZMQ when the traffic crosses the nodes' network: encrypted, not only signed.

@@ -48,7 +48,6 @@ _PR_SET_PDEATHSIG = 1
 _NAME_RE = re.compile(r"[A-Za-z0-9_][A-Za-z0-9._-]{0,62}")
 
 
-# Characters sshd_config cannot carry inside a path, quoted or not.
 class SshdError(ClusterError):
     """sshd could not be started, or did not answer in time.
 
