@@ -256,13 +256,14 @@ def _split(hosts: str) -> list[str]:
 
 
 def _print_live(job: Job) -> None:
-    from clusterbook.launch.logs import LAUNCHER_RANK
+    from clusterbook.launch.logs import LAUNCHER_RANK, LiveText
 
+    live = LiveText()
     try:
         for record in job.stream():
             prefix = "[launcher]" if record.rank == LAUNCHER_RANK else f"[{record.rank}]"
             out = sys.stdout if record.stream == "stdout" else sys.stderr
-            print(f"{prefix} {record.line}", file=out, flush=True)
+            print(live.render(record, prefix), file=out, end="", flush=True)
     except KeyboardInterrupt:
         job.cancel()
         raise

@@ -11,6 +11,7 @@ and what to do about it. Errors of third-party libraries are translated at the b
     │   ├── LauncherNotFoundError           no mpirun / mpiexec to use
     │   └── ProgramNotFoundError            the program (or script) of a job does not exist
     ├── ClusterStateError                   the call does not fit the cluster's state
+    ├── RunDirError                         a job's files cannot be written (a full disk)
     ├── ReadyTimeoutError (also TimeoutError)   wait_ready() gave up
     ├── SSHError                            something about a host's ssh; names the host
     │   ├── SSHConnectError                 refused, unreachable, connection lost
@@ -31,6 +32,8 @@ left there).
 
 from __future__ import annotations
 
+import errno
+import os
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
@@ -52,6 +55,7 @@ __all__ = [
     "ProgramNotFoundError",
     "ReadyTimeoutError",
     "RemoteCommandError",
+    "RunDirError",
     "SSHAuthError",
     "SSHConnectError",
     "SSHError",
@@ -77,6 +81,27 @@ class ProgramNotFoundError(ConfigError):
 
 class ClusterStateError(ClusterError):
     """The call does not fit the cluster's current state (not started, already stopped)."""
+
+
+class RunDirError(ClusterError):
+    """A file under the cluster's run directory could not be written; ``path`` names it."""
+
+    def __init__(self, message: str, *, path: str) -> None:
+        super().__init__(message)
+        self.path = path
+
+    @classmethod
+    def from_os_error(cls, path: os.PathLike[str] | str, exc: OSError) -> RunDirError:
+        """The error for ``exc``, raised writing ``path``: what happened and what to do."""
+        reason = exc.strerror or str(exc)
+        fix = (
+            "free space there" if exc.errno in (errno.ENOSPC, errno.EDQUOT) else "make it writable"
+        )
+        return cls(
+            f"Cannot write {os.fspath(path)}: {reason.lower()}. {fix.capitalize()}, or give "
+            "the cluster another run_dir=.",
+            path=os.fspath(path),
+        )
 
 
 class ReadyTimeoutError(ClusterError, TimeoutError):

@@ -11,6 +11,7 @@ import pytest
 
 import clusterbook as cb
 from clusterbook.launch.logs import read_log_file
+from clusterbook.launch.parse import MAX_LINE
 
 pytestmark = pytest.mark.mpi
 
@@ -60,7 +61,7 @@ def test_allreduce_on_four_ranks(mpi_python, make_cluster, program):
     assert result.ok, result.summary()
     assert result.rank_exit_codes == {0: 0, 1: 0, 2: 0, 3: 0}
     logs = job.logs()
-    assert list(logs.columns) == ["time", "rank", "host", "stream", "line"]
+    assert list(logs.columns) == ["time", "rank", "host", "stream", "line", "partial"]
     out = logs[logs.stream == "stdout"].sort_values("rank")
     assert out.line.tolist() == [f"rank {r} of 4 sum 10" for r in range(4)]
     err = logs[logs.stream == "stderr"].sort_values("rank")
@@ -177,8 +178,36 @@ def test_awkward_output_survives(mpi_python, make_cluster, program):
     assert lines[0] == "half and half"
     assert lines[1] == "bad \ufffd\ufffd bytes"
     assert "".join(lines[2:-1]) == "x" * 200000
-    assert max(len(line) for line in lines) <= 64 * 1024
+    assert max(len(line) for line in lines) <= MAX_LINE
     assert lines[-1] == "no newline at the end"
+
+
+def test_a_50_mb_line_reaches_the_log_whole_and_the_job_ends(mpi_python, make_cluster, program):
+    # Open MPI's mpirun held such a line until its end, spinning for minutes on it.
+    size = 50_000_000
+    script = program(
+        "huge.py",
+        "import os\n"
+        "os.write(1, b'before\\n')\n"
+        "chunk = b'0123456789' * 100_000\n"
+        f"for _ in range({size} // len(chunk)):\n"
+        "    os.write(1, chunk)\n"
+        "os.write(1, b'\\nAFTER\\n')\n",
+    )
+    cluster = make_cluster(mpi_python)
+    job = cluster.mpirun(["python", script], np=1, timeout=120)
+    result = job.wait()
+    assert result.ok, result.summary()
+    on_disk = read_log_file(job.directory / "rank-0.log", 0)
+    assert on_disk[0].line == "before"
+    assert on_disk[-1].line == "AFTER"
+    pieces = on_disk[1:-1]
+    assert [p.partial for p in pieces] == [True] * (len(pieces) - 1) + [False]
+    assert "".join(p.line for p in pieces) == "0123456789" * (size // 10)
+    assert max(len(p.line) for p in pieces) <= MAX_LINE
+    logs = job.logs()
+    assert logs.line.iloc[-1] == "AFTER"
+    assert logs.partial.sum() == len(pieces) - 1
 
 
 def test_oversubscribe_runs_more_ranks_than_slots(mpi_python, make_cluster, program):

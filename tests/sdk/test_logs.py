@@ -11,6 +11,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
+from clusterbook.errors import RunDirError
 from clusterbook.launch.logs import (
     LAUNCHER_RANK,
     LogRecord,
@@ -126,6 +127,86 @@ def test_add_after_close_is_dropped(tmp_path: Path, make_store) -> None:
     store.add(0, "stdout", "too late")
     assert [r.line for r in store.records()] == ["kept"]
     assert [r.line for r in read_log_file(tmp_path / "rank-0.log", 0)] == ["kept"]
+
+
+def test_partial_pieces_are_marked_in_memory_in_files_and_frames(
+    tmp_path: Path, make_store
+) -> None:
+    store = make_store()
+    store.add(0, "stdout", "piece 1 ", partial=True)
+    store.add(0, "stdout", "piece 2 ", partial=True)
+    store.add(0, "stdout", "end")
+    store.add(0, "stderr", f"{MARK} exit 0 looks like a marker", partial=True)
+    assert [(r.line, r.partial) for r in store.records()] == [
+        ("piece 1 ", True),
+        ("piece 2 ", True),
+        ("end", False),
+        (f"{MARK} exit 0 looks like a marker", True),  # a piece is never a marker
+    ]
+    assert store.exit_codes == {}
+    text = (tmp_path / "rank-0.log").read_text(encoding="utf-8")
+    codes = [line.split(" ", 2)[1] for line in text.split("\n") if line]
+    assert codes == ["out+", "out+", "out", "err+"]
+    assert read_log_file(tmp_path / "rank-0.log", 0, host="node0") == store.records()
+    assert list(records_frame(store.records())["partial"]) == [True, True, False, True]
+
+
+def test_carriage_returns_inside_a_line_round_trip_through_the_file(
+    tmp_path: Path, make_store
+) -> None:
+    store = make_store()
+    store.add(0, "stdout", "10%\r50%\r100%")
+    store.add(0, "stdout", "next")
+    back = read_log_file(tmp_path / "rank-0.log", 0)
+    assert [r.line for r in back] == ["10%\r50%\r100%", "next"]
+
+
+def test_buffer_is_bounded_in_bytes_too(tmp_path: Path, make_store) -> None:
+    store = make_store(max_bytes=1000)
+    for i in range(10):
+        store.add(0, "stdout", str(i) * 300, partial=i < 9)
+    assert [r.line[0] for r in store.records()] == ["7", "8", "9"]
+    on_disk = read_log_file(tmp_path / "rank-0.log", 0)
+    assert "".join(r.line for r in on_disk) == "".join(str(i) * 300 for i in range(10))
+
+
+def test_tails_keep_the_start_of_huge_lines_only(make_store) -> None:
+    store = make_store()
+    store.add(0, "stdout", "x" * 100_000)
+    (kept,) = store.tail(0)
+    assert len(kept) == 2000
+    assert kept.endswith("\u2026")
+
+
+def test_a_write_error_keeps_records_in_memory_and_is_reported_once(
+    tmp_path: Path, make_store
+) -> None:
+    store = make_store()
+    errors: list[Exception] = []
+    store.on_write_error(errors.append)
+    store.add(0, "stdout", "on disk")
+    (tmp_path / "rank-1.log").mkdir()  # rank 1's file cannot be opened
+    store.add(1, "stdout", "only in memory")
+    store.add(0, "stdout", "in memory too")
+    assert [r.line for r in store.records()] == ["on disk", "only in memory", "in memory too"]
+    assert len(errors) == 1
+    assert errors[0] is store.write_error
+    assert isinstance(store.write_error, RunDirError)
+    assert store.write_error.path == str(tmp_path / "rank-1.log")
+    assert str(tmp_path / "rank-1.log") in str(store.write_error)
+    assert "run_dir=" in str(store.write_error)
+    assert [r.line for r in read_log_file(tmp_path / "rank-0.log", 0)] == ["on disk"]
+    store.close()  # no error escapes
+
+
+def test_full_disk_error_names_the_path_and_no_space_left() -> None:
+    import errno
+    import os
+
+    err = RunDirError.from_os_error("/runs/x/rank-0.log", OSError(errno.ENOSPC, os.strerror(28)))
+    assert "/runs/x/rank-0.log" in str(err)
+    assert "no space left on device" in str(err)
+    assert "Free space there" in str(err)
 
 
 # -- markers -------------------------------------------------------------------------------
@@ -335,7 +416,7 @@ def test_records_frame_columns_and_utc_times(make_store) -> None:
     store.add(0, "stdout", "x")
     store.add(None, "stderr", "y")
     frame = records_frame(store.records())
-    assert list(frame.columns) == ["time", "rank", "host", "stream", "line"]
+    assert list(frame.columns) == ["time", "rank", "host", "stream", "line", "partial"]
     assert str(frame["time"].dt.tz) == "UTC"
     assert list(frame["time"]) == [
         pd.Timestamp(datetime(2023, 11, 14, 22, 13, 20, tzinfo=timezone.utc)),
@@ -350,7 +431,7 @@ def test_records_frame_columns_and_utc_times(make_store) -> None:
 
 def test_records_frame_empty() -> None:
     frame = records_frame([])
-    assert list(frame.columns) == ["time", "rank", "host", "stream", "line"]
+    assert list(frame.columns) == ["time", "rank", "host", "stream", "line", "partial"]
     assert len(frame) == 0
     assert str(frame["time"].dt.tz) == "UTC"
 

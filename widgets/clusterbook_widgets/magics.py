@@ -19,6 +19,7 @@ from IPython.display import display
 
 import clusterbook as cb
 from clusterbook.errors import ClusterError
+from clusterbook.launch.logs import LiveText, LogRecord
 from clusterbook_widgets.mpirun_cell import (
     ArgsError,
     HelpRequested,
@@ -258,14 +259,19 @@ class ClusterMagics(Magics):
     ) -> tuple[cb.JobResult, dict[int, list[tuple[str, ...]]]]:
         launcher = Path(job.plan.launcher.path).name
         shown = OutputFilter(runner=script)
+        live = LiveText()
 
-        def emit(rank: int, stream: str, text: str) -> None:
+        def emit(rank: int, stream: str, text: str, partial: bool = False) -> None:
             prefix = f"[{launcher}]" if rank < 0 else f"[{rank}]"
             out = sys.stderr if stream == "stderr" else sys.stdout
-            print(f"{prefix} {text}", file=out, flush=True)
+            record = LogRecord(0.0, rank, "", stream, text, partial)
+            print(live.render(record, prefix), file=out, end="", flush=True)
 
         try:
             for record in job.stream():
+                if record.partial or live.continues(record):  # an over-long line, as it is
+                    emit(record.rank, record.stream, record.line, record.partial)
+                    continue
                 for text in shown.feed(record.rank, record.stream, record.line):
                     emit(record.rank, record.stream, text)
             result = job.wait()

@@ -20,6 +20,7 @@ if TYPE_CHECKING:
     from clusterbook.providers.base import RemoteLaunch
 
 __all__ = [
+    "OPENMPI_OUTPUT",
     "OPENMPI_TUNING",
     "LaunchCommand",
     "LaunchPlan",
@@ -32,6 +33,7 @@ __all__ = [
 #: Open MPI defaults for clusters of a few machines over TCP: skip the libfabric probe, which
 #: costs about a second at every start and brings nothing on Ethernet or shared memory.
 OPENMPI_TUNING: Mapping[str, str] = {"OMPI_MCA_btl": "^ofi", "OMPI_MCA_mtl": "^ofi"}
+OPENMPI_OUTPUT = "tag:raw,merge-stderr-to-stdout"
 
 
 @dataclass(frozen=True, slots=True)
@@ -120,7 +122,9 @@ def _openmpi(plan: LaunchPlan) -> LaunchCommand:
     extra = {k: v for k, v in OPENMPI_TUNING.items() if k not in plan.inherited_env}
     mapping = "slot:OVERSUBSCRIBE" if plan.oversubscribe else "slot"
     argv = [plan.launcher.path, "--hostfile", plan.hostfile, "-n", str(plan.np)]
-    argv += ["--map-by", mapping, "--bind-to", binding(plan.nodes, plan.np), "--output", "tag"]
+    argv += ["--map-by", mapping, "--bind-to", binding(plan.nodes, plan.np)]
+    # Every chunk of rank output as it comes, tagged, on mpirun's stdout (see launch.parse).
+    argv += ["--output", OPENMPI_OUTPUT]
     if plan.as_root:
         argv.append("--allow-run-as-root")
     if plan.remote is not None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import logging
 import os
 import signal
 import subprocess
@@ -13,13 +14,13 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from clusterbook.errors import JobTimeoutError
+from clusterbook.errors import ClusterError, JobTimeoutError, RunDirError
 from clusterbook.launch import proc as procs
 from clusterbook.launch.command import LaunchCommand, LaunchPlan
 from clusterbook.launch.flavour import MPIFlavour
 from clusterbook.launch.guard import guard, kill_tagged
 from clusterbook.launch.logs import LAUNCHER_RANK, LogRecord, LogStore, records_frame
-from clusterbook.launch.parse import LineSplitter, OmpiTagParser
+from clusterbook.launch.parse import LineSplitter, OmpiChunkParser
 from clusterbook.launch.result import JobResult, RankFailure, failed_ranks
 from clusterbook.spec import validate_timeout
 
@@ -29,6 +30,7 @@ if TYPE_CHECKING:
 __all__ = ["Job"]
 
 _READ = 65536
+_log = logging.getLogger("clusterbook.job")
 
 
 class Job:
@@ -68,31 +70,35 @@ class Job:
         self._on_failure = on_failure
         self._on_done = on_done
         self._lock = threading.Lock()
-        self._stop_reason: str | None = None  # "timeout" | "cancel" | "failure"
+        self._stop_reason: str | None = None  # "timeout" | "cancel" | "failure" | "error"
+        self._error: ClusterError | None = None  # why clusterbook stopped the job itself
         self._stopped_at_exit_count: int | None = None
         self._done = threading.Event()
         self._exited = threading.Event()  # the launcher has exited
         self._result: JobResult | None = None
         self._listeners: list[object] = []
 
-        (directory / "hostfile").write_text(command.hostfile_text)
-        (directory / "job.json").write_text(
-            json.dumps(
-                {
-                    "id": job_id,
-                    "argv": self.argv,
-                    "np": plan.np,
-                    "launcher": plan.launcher.path,
-                    "flavour": plan.launcher.flavour.value,
-                    "launcher_argv": command.argv,
-                    "started": time.time(),
-                },
-                indent=2,
-            )
-        )
-        if plan.launcher.flavour is MPIFlavour.MPICH:
-            Path(plan.output_dir).mkdir(parents=True, exist_ok=True)
+        job_file = {
+            "id": job_id,
+            "argv": self.argv,
+            "np": plan.np,
+            "launcher": plan.launcher.path,
+            "flavour": plan.launcher.flavour.value,
+            "launcher_argv": command.argv,
+            "started": time.time(),
+        }
+        path = directory / "hostfile"
+        try:
+            path.write_text(command.hostfile_text)
+            path = directory / "job.json"
+            path.write_text(json.dumps(job_file, indent=2))
+            if plan.launcher.flavour is MPIFlavour.MPICH:
+                path = Path(plan.output_dir)
+                path.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise RunDirError.from_os_error(path, exc) from exc
         store.on_exit(self._on_rank_exit)
+        store.on_write_error(self.fail)
         self.started = time.time()
         self._t0 = time.monotonic()
         self._token = plan.job_token
@@ -101,7 +107,7 @@ class Job:
         self._readers = self._start_readers()
         self._timer: threading.Timer | None = None
         if timeout is not None:
-            self._timer = threading.Timer(timeout, self._stop, args=("timeout",))
+            self._timer = threading.Timer(timeout, self._guarded(self._stop), args=("timeout",))
             self._timer.daemon = True
             self._timer.start()
         threading.Thread(target=self._supervise, name=f"clusterbook-{job_id}", daemon=True).start()
@@ -150,9 +156,25 @@ class Job:
         assert self._result is not None
         return self._result
 
+    def fail(self, error: ClusterError) -> None:
+        """Stop the job because of ``error`` (its logs cannot be written, a node it runs on
+        was lost, ...): its result is failed with that error. Returns at once."""
+        with self._lock:
+            if self._error is None and not self._done.is_set():
+                self._error = error
+        threading.Thread(
+            target=self._guarded(self._stop), args=("error",), name=f"clusterbook-{self.id}-fail"
+        ).start()
+
+    @property
+    def error(self) -> ClusterError | None:
+        """Why clusterbook stopped the job itself (see :meth:`fail`), if it did."""
+        return self._error
+
     def logs(self, rank: int | None = None) -> pd.DataFrame:
-        """Output so far as a DataFrame (time, rank, host, stream, line); launcher lines have
-        rank -1. Older lines than the buffer holds are in the job directory's files."""
+        """Output so far as a DataFrame (time, rank, host, stream, line, partial); launcher
+        lines have rank -1; a line over 1 MiB comes in pieces, all but its last ``partial``.
+        Older lines than the buffer holds are in the job directory's files."""
         records = self._store.records()
         if rank is not None:
             records = [r for r in records if r.rank == rank]
@@ -174,9 +196,10 @@ class Job:
         assert self._proc.stdout is not None
         assert self._proc.stderr is not None
         if self.plan.launcher.flavour is MPIFlavour.OPENMPI:
+            # Every rank's output comes tagged on mpirun's stdout; its own, on its stderr.
             targets = [
                 (self._read_tagged, self._proc.stdout),
-                (self._read_tagged, self._proc.stderr),
+                (self._read_launcher, self._proc.stderr),
             ]
         else:
             targets = [
@@ -187,64 +210,89 @@ class Job:
         threads = []
         for target, pipe in targets:
             t = threading.Thread(
-                target=target, args=(pipe,), daemon=True, name=f"clusterbook-{self.id}-io"
+                target=self._guarded(target),
+                args=(pipe,),
+                daemon=True,
+                name=f"clusterbook-{self.id}-io",
             )
             t.start()
             threads.append(t)
         return threads
 
+    def _guarded(self, target: Callable[..., None]) -> Callable[..., None]:
+        """``target`` for a thread of this job: an exception in it fails the job with a
+        clear error (a dead reader would leave the launcher blocked on a full pipe)."""
+
+        def run(*args: object) -> None:
+            try:
+                target(*args)
+            except Exception as exc:
+                _log.exception("Thread %s of job %s failed.", target.__name__, self.id)
+                error = exc if isinstance(exc, ClusterError) else None
+                self.fail(error or ClusterError(f"{type(exc).__name__}: {exc}"))
+
+        return run
+
     def _read_tagged(self, pipe: object) -> None:
-        parser = OmpiTagParser()
+        parser = OmpiChunkParser()
         fd = pipe.fileno()  # type: ignore[attr-defined]
-        while chunk := os.read(fd, _READ):
-            for line in parser.feed(chunk):
-                self._store.add(line.rank, line.stream, line.text)
-        for line in parser.flush():
-            self._store.add(line.rank, line.stream, line.text)
-        pipe.close()  # type: ignore[attr-defined]
+        add = self._store.add
+        try:
+            while chunk := os.read(fd, _READ):
+                for line in parser.feed(chunk):
+                    add(line.rank, line.stream, line.text, line.partial)
+            for line in parser.flush():
+                add(line.rank, line.stream, line.text, line.partial)
+        finally:
+            pipe.close()  # type: ignore[attr-defined]
 
     def _read_launcher(self, pipe: object) -> None:
         splitter = LineSplitter()
         fd = pipe.fileno()  # type: ignore[attr-defined]
         stream = "stdout" if pipe is self._proc.stdout else "stderr"
-        while chunk := os.read(fd, _READ):
-            for text in splitter.feed(chunk):
-                self._store.add(None, stream, text)
-        for text in splitter.flush():
-            self._store.add(None, stream, text)
-        pipe.close()  # type: ignore[attr-defined]
+        try:
+            while chunk := os.read(fd, _READ):
+                for text, partial in splitter.feed(chunk):
+                    self._store.add(None, stream, text, partial)
+            for text, partial in splitter.flush():
+                self._store.add(None, stream, text, partial)
+        finally:
+            pipe.close()  # type: ignore[attr-defined]
 
     def _tail_files(self, _: object) -> None:
         # MPICH writes each rank's streams to their own file; follow them until the launcher
         # has exited, then read what is left.
         out = Path(self.plan.output_dir)
         tails: dict[str, tuple[object, LineSplitter, int, str]] = {}
-        while True:
-            finished = self._exited.is_set()
-            for path in out.iterdir():
-                name = path.name
-                if name not in tails:
-                    rank_text, _, kind = name.removeprefix("rank-").partition(".")
-                    if not rank_text.isdigit() or kind not in ("stdout", "stderr"):
-                        continue
-                    tails[name] = (open(path, "rb"), LineSplitter(), int(rank_text), kind)  # noqa: SIM115
-                f, splitter, rank, kind = tails[name]
-                while chunk := f.read(_READ):  # type: ignore[attr-defined]
-                    for text in splitter.feed(chunk):
-                        self._store.add(rank, kind, text)
-            if finished:
-                break
-            self._exited.wait(0.02)
-        for f, splitter, rank, kind in tails.values():
-            for text in splitter.flush():
-                self._store.add(rank, kind, text)
-            f.close()  # type: ignore[attr-defined]
+        try:
+            while True:
+                finished = self._exited.is_set()
+                for path in out.iterdir():
+                    name = path.name
+                    if name not in tails:
+                        rank_text, _, kind = name.removeprefix("rank-").partition(".")
+                        if not rank_text.isdigit() or kind not in ("stdout", "stderr"):
+                            continue
+                        tails[name] = (open(path, "rb"), LineSplitter(), int(rank_text), kind)  # noqa: SIM115
+                    f, splitter, rank, kind = tails[name]
+                    while chunk := f.read(_READ):  # type: ignore[attr-defined]
+                        for text, partial in splitter.feed(chunk):
+                            self._store.add(rank, kind, text, partial)
+                if finished:
+                    break
+                self._exited.wait(0.02)
+            for _, splitter, rank, kind in tails.values():
+                for text, partial in splitter.flush():
+                    self._store.add(rank, kind, text, partial)
+        finally:
+            for f, *_ in tails.values():
+                f.close()  # type: ignore[attr-defined]
 
     def _on_rank_exit(self, rank: int, code: int) -> None:
         if code != 0 and self._failure_grace is not None:
             # Launchers end the job when a rank fails; make sure of it even when one doesn't
             # (a rank stuck in MPI_Finalize, say).
-            t = threading.Timer(self._failure_grace, self._stop, args=("failure",))
+            t = threading.Timer(self._failure_grace, self._guarded(self._stop), args=("failure",))
             t.daemon = True
             t.start()
 
@@ -264,31 +312,64 @@ class Job:
         procs.kill_tree(self._proc, self._grace, self._token)
 
     def _supervise(self) -> None:
-        returncode = self._proc.wait()
-        self._exited.set()
-        for t in self._readers:
-            # A process that outlived the launcher may still hold its pipes open; its output
-            # is not waited for forever.
-            t.join(timeout=5.0)
-        if self._timer is not None:
-            self._timer.cancel()
+        returncode: int | None = None
+        try:
+            returncode = self._proc.wait()
+            self._exited.set()
+            for t in self._readers:
+                # A process that outlived the launcher may still hold its pipes open; its
+                # output is not waited for forever.
+                t.join(timeout=5.0)
+            if self._timer is not None:
+                self._timer.cancel()
+            # Whatever a rank left behind (a daemonized child, say) goes with the job; on
+            # remote nodes too when the job did not end cleanly.
+            kill_tagged([self._token], self._grace)
+            if returncode != 0 and self._on_failure is not None:
+                try:
+                    self._on_failure(self._token)
+                except Exception:
+                    _log.exception("Stopping job %s on the nodes failed.", self.id)
+        except Exception as exc:
+            _log.exception("The supervisor of job %s failed.", self.id)
+            if self._error is None:
+                self._error = ClusterError(f"{type(exc).__name__}: {exc}")
+        finally:
+            self._finish(returncode)
+
+    def _finish(self, returncode: int | None) -> None:
+        """Mark the job done with its result, whatever happened before: ``wait()``,
+        ``cancel()`` and the cluster's ``stop()`` must return."""
         duration = time.monotonic() - self._t0
-        # Whatever a rank left behind (a daemonized child, say) goes with the job; on remote
-        # nodes too when the job did not end cleanly.
-        kill_tagged([self._token], self._grace)
-        if returncode != 0 and self._on_failure is not None:
-            with contextlib.suppress(Exception):
-                self._on_failure(self._token)
-        guard.release(self._token)
+        try:
+            guard.release(self._token)
+        except Exception:
+            _log.exception("Releasing job %s from the guard failed.", self.id)
+        self._exited.set()
         self._store.close()
-        self._result = self._make_result(returncode, duration)
-        with contextlib.suppress(OSError):
-            (self.directory / "result.json").write_text(
-                json.dumps(self._result.to_dict(), indent=2)
+        if self._store.write_error is not None and self._error is None:
+            self._error = self._store.write_error
+        code = returncode if returncode is not None else (self._proc.poll() or -1)
+        try:
+            self._result = self._make_result(code, duration)
+        except Exception as exc:
+            _log.exception("Making the result of job %s failed.", self.id)
+            self._result = JobResult(
+                self.id, code, {}, (), duration, error=f"{type(exc).__name__}: {exc}"
             )
+        if self._store.write_error is None:
+            try:
+                (self.directory / "result.json").write_text(
+                    json.dumps(self._result.to_dict(), indent=2)
+                )
+            except OSError as exc:
+                _log.warning("Could not write the result of job %s: %s", self.id, exc)
         self._done.set()
         if self._on_done is not None:
-            self._on_done(self._result)
+            try:
+                self._on_done(self._result)
+            except Exception:
+                _log.exception("A callback on the end of job %s failed.", self.id)
 
     def _make_result(self, returncode: int, duration: float) -> JobResult:
         store = self._store
@@ -308,4 +389,5 @@ class Job:
             timed_out=self._stop_reason == "timeout",
             cancelled=self._stop_reason == "cancel",
             launcher_tail=tuple(store.tail(LAUNCHER_RANK)),
+            error=None if self._error is None else str(self._error),
         )

@@ -1,8 +1,11 @@
 """Per-rank log records: written to files as they arrive, kept in a bounded buffer, streamed.
 
 On disk, a job directory holds ``rank-N.log`` per rank and ``launcher.log`` for the launcher's
-own output, one line per record: ``ISO-TIME out|err TEXT``. Files are flushed record by record,
-so a dead kernel or a killed rank leaves every line that arrived readable.
+own output, one line per record: ``ISO-TIME out|err TEXT``; a piece of an over-long line that
+goes on in the next record is written ``out+`` / ``err+``, so the file holds every byte. Files
+are flushed record by record, so a dead kernel or a killed rank leaves every line that arrived
+readable. When a file cannot be written (a full disk), the store stops writing, keeps what
+comes in memory (bounded) and tells its listener, which stops the job with that error.
 """
 
 from __future__ import annotations
@@ -16,36 +19,51 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import IO, TYPE_CHECKING
 
+from clusterbook.errors import RunDirError
 from clusterbook.launch.rankwrap import parse_marker
 
 if TYPE_CHECKING:
     import pandas as pd
 
-__all__ = ["LAUNCHER_RANK", "LogRecord", "LogStore", "read_log_file", "records_frame"]
+__all__ = [
+    "LAUNCHER_RANK",
+    "LiveText",
+    "LogRecord",
+    "LogStore",
+    "read_log_file",
+    "records_frame",
+]
 
 #: Rank number of lines the launcher itself wrote (not any rank).
 LAUNCHER_RANK = -1
-COLUMNS = ("time", "rank", "host", "stream", "line")
+COLUMNS = ("time", "rank", "host", "stream", "line", "partial")
 _SHORT = {"stdout": "out", "stderr": "err"}
 _LONG = {v: k for k, v in _SHORT.items()}
+_TAIL_CHARS = 2000  # of each line kept for failure reports
 
 
 @dataclass(frozen=True, slots=True)
 class LogRecord:
-    """One line a rank wrote: when it arrived (epoch seconds), rank, host, stream, text."""
+    """One line a rank wrote: when it arrived (epoch seconds), rank, host, stream, text.
+
+    ``partial`` marks a piece of a line longer than :data:`~clusterbook.launch.parse.MAX_LINE`
+    (1 MiB) that goes on in the next record of the same rank and stream.
+    """
 
     time: float
     rank: int
     host: str
     stream: str
     line: str
+    partial: bool = False
 
 
 class LogStore:
     """Where a job's output goes: files, a bounded in-memory buffer, and live readers.
 
     Also keeps what the rank wrapper reports (host, pid, exit code per rank) and the last lines
-    of every rank, so a failure report has them even when the buffer has moved on.
+    of every rank, so a failure report has them even when the buffer has moved on. The buffer
+    holds at most ``max_records`` records and ``max_bytes`` characters of text.
     """
 
     def __init__(
@@ -55,6 +73,7 @@ class LogStore:
         *,
         launcher_host: str,
         max_records: int = 100_000,
+        max_bytes: int = 64 << 20,
         tail_lines: int = 40,
         clock: Callable[[], float] = time.time,
     ) -> None:
@@ -63,9 +82,13 @@ class LogStore:
         self.pids: dict[int, int] = {}
         self.exit_codes: dict[int, int] = {}
         self.exit_order: list[int] = []
+        self.write_error: RunDirError | None = None
         self._launcher_host = launcher_host
         self._clock = clock
-        self._records: deque[LogRecord] = deque(maxlen=max_records)
+        self._records: deque[LogRecord] = deque()
+        self._max_records = max_records
+        self._max_bytes = max_bytes
+        self._bytes = 0
         self._seq = 0  # number of records ever added
         self._tails: dict[int, deque[str]] = {}
         self._tail_lines = tail_lines
@@ -73,6 +96,7 @@ class LogStore:
         self._cond = threading.Condition()
         self._closed = False
         self._exit_listeners: list[Callable[[int, int], None]] = []
+        self._error_listeners: list[Callable[[RunDirError], None]] = []
 
     # -- writing ---------------------------------------------------------------------------
 
@@ -80,12 +104,18 @@ class LogStore:
         """Call ``callback(rank, code)`` when a rank reports its exit."""
         self._exit_listeners.append(callback)
 
-    def add(self, rank: int | None, stream: str | None, text: str) -> None:
-        """Record a line of ``rank`` (None: the launcher) on ``stream``."""
+    def on_write_error(self, callback: Callable[[RunDirError], None]) -> None:
+        """Call ``callback(error)`` once, when a file cannot be written (records go on in
+        memory)."""
+        self._error_listeners.append(callback)
+
+    def add(self, rank: int | None, stream: str | None, text: str, partial: bool = False) -> None:
+        """Record a line of ``rank`` (None: the launcher) on ``stream``; ``partial``: a
+        piece of a longer line, which goes on in the next record."""
         rank = LAUNCHER_RANK if rank is None else rank
         stream = stream or "stderr"
         exited: int | None = None
-        if stream == "stderr" and rank != LAUNCHER_RANK:
+        if stream == "stderr" and rank != LAUNCHER_RANK and not partial:
             text, marker = parse_marker(text)
             if marker is not None:
                 if marker.kind == "start":
@@ -100,15 +130,26 @@ class LogStore:
                         self._notify_exit(rank, exited)
                     return
         host = self._launcher_host if rank == LAUNCHER_RANK else self.hosts.get(rank, "?")
-        record = LogRecord(self._clock(), rank, host, stream, text)
+        record = LogRecord(self._clock(), rank, host, stream, text, partial)
+        failed = None
         with self._cond:
             if self._closed:
                 return
-            self._write(record)
+            if self.write_error is None:
+                failed = self._write(record)
             self._records.append(record)
+            self._bytes += len(text)
+            while len(self._records) > self._max_records or (
+                self._bytes > self._max_bytes and len(self._records) > 1
+            ):
+                self._bytes -= len(self._records.popleft().line)
             self._seq += 1
-            self._tails.setdefault(rank, deque(maxlen=self._tail_lines)).append(text)
+            tail = text if len(text) <= _TAIL_CHARS else text[: _TAIL_CHARS - 1] + "\u2026"
+            self._tails.setdefault(rank, deque(maxlen=self._tail_lines)).append(tail)
             self._cond.notify_all()
+        if failed is not None:
+            for listener in self._error_listeners:
+                listener(failed)
         if exited is not None:
             self._notify_exit(rank, exited)
 
@@ -116,23 +157,43 @@ class LogStore:
         for callback in self._exit_listeners:
             callback(rank, code)
 
-    def _write(self, record: LogRecord) -> None:
-        f = self._files.get(record.rank)
-        if f is None:
-            name = "launcher.log" if record.rank == LAUNCHER_RANK else f"rank-{record.rank}.log"
-            f = self._files[record.rank] = open(  # noqa: SIM115 - closed in close()
-                self.directory / name, "a", encoding="utf-8", errors="replace", buffering=1
-            )
+    def _write(self, record: LogRecord) -> RunDirError | None:
+        """Append ``record`` to its file; on failure, stop writing and return the error."""
+        name = "launcher.log" if record.rank == LAUNCHER_RANK else f"rank-{record.rank}.log"
         stamp = datetime.fromtimestamp(record.time, timezone.utc).isoformat(timespec="microseconds")
-        f.write(f"{stamp} {_SHORT[record.stream]} {record.line}\n")
+        code = _SHORT[record.stream] + ("+" if record.partial else "")
+        try:
+            f = self._files.get(record.rank)
+            if f is None:
+                f = self._files[record.rank] = open(  # noqa: SIM115 - closed in close()
+                    self.directory / name,
+                    "a",
+                    encoding="utf-8",
+                    errors="replace",
+                    newline="\n",
+                    buffering=1,
+                )
+            f.write(f"{stamp} {code} {record.line}\n")
+        except OSError as exc:
+            self.write_error = RunDirError.from_os_error(self.directory / name, exc)
+            self._close_files()
+            return self.write_error
+        return None
+
+    def _close_files(self) -> None:
+        for f in self._files.values():
+            try:
+                f.close()
+            except OSError as exc:  # the last buffered bytes did not fit either
+                if self.write_error is None:
+                    self.write_error = RunDirError.from_os_error(Path(f.name), exc)
+        self._files.clear()
 
     def close(self) -> None:
         """Stop accepting records, close the files and wake every live reader."""
         with self._cond:
             self._closed = True
-            for f in self._files.values():
-                f.close()
-            self._files.clear()
+            self._close_files()
             self._cond.notify_all()
 
     # -- reading ---------------------------------------------------------------------------
@@ -177,11 +238,33 @@ class LogStore:
             return self._cond.wait_for(lambda: self._closed, timeout)
 
 
+class LiveText:
+    """Records as text to print as they come: a prefix before each line, and the pieces of an
+    over-long line glued into one (no prefix or newline in between)."""
+
+    def __init__(self) -> None:
+        self._open: set[tuple[int, str]] = set()  # rank and stream whose line goes on
+
+    def continues(self, record: LogRecord) -> bool:
+        """Whether ``record`` is a later piece of a line already begun."""
+        return (record.rank, record.stream) in self._open
+
+    def render(self, record: LogRecord, prefix: str) -> str:
+        """``prefix`` (unless the line goes on), the text, and a newline (unless partial)."""
+        key = (record.rank, record.stream)
+        head = "" if key in self._open else f"{prefix} "
+        if record.partial:
+            self._open.add(key)
+        else:
+            self._open.discard(key)
+        return head + record.line + ("" if record.partial else "\n")
+
+
 def records_frame(records: Iterable[LogRecord]) -> pd.DataFrame:
-    """A DataFrame of records with columns time (UTC), rank, host, stream, line."""
+    """A DataFrame of records with columns time (UTC), rank, host, stream, line, partial."""
     import pandas as pd
 
-    rows = [(r.time, r.rank, r.host, r.stream, r.line) for r in records]
+    rows = [(r.time, r.rank, r.host, r.stream, r.line, r.partial) for r in records]
     frame = pd.DataFrame(rows, columns=list(COLUMNS))
     frame["time"] = pd.to_datetime(frame["time"], unit="s", utc=True)
     frame["rank"] = frame["rank"].astype("int64")
@@ -191,10 +274,13 @@ def records_frame(records: Iterable[LogRecord]) -> pd.DataFrame:
 def read_log_file(path: Path, rank: int, host: str = "?") -> list[LogRecord]:
     """Read a ``rank-N.log`` file back into records (to page in lines the buffer dropped)."""
     out: list[LogRecord] = []
-    with open(path, encoding="utf-8", errors="replace") as f:
+    # Lines end at "\n" only: a rank's "\r" (a progress bar) is part of its line.
+    with open(path, encoding="utf-8", errors="replace", newline="\n") as f:
         for raw in f:
             stamp, _, rest = raw.rstrip("\n").partition(" ")
             short, _, line = rest.partition(" ")
             when = datetime.fromisoformat(stamp).timestamp()
-            out.append(LogRecord(when, rank, host, _LONG.get(short, "stdout"), line))
+            partial = short.endswith("+")
+            stream = _LONG.get(short.rstrip("+"), "stdout")
+            out.append(LogRecord(when, rank, host, stream, line, partial))
     return out

@@ -1,130 +1,167 @@
 """Turning the bytes launchers write into lines: pure, incremental parsers.
 
-Open MPI (``--output tag``) writes ``[JOB,RANK]<stdout>: text`` per line on its stdout and
-stderr; MPICH's Hydra writes each rank's streams to their own files (``-outfile-pattern``),
-which are split by :class:`LineSplitter` alone. Both cope with partial lines (kept until the
-newline arrives), bytes that are not UTF-8 (replaced, never raising) and very long lines (cut
-into pieces of at most ``max_line`` bytes, so memory stays bounded).
+Open MPI runs with ``--output tag:raw,merge-stderr-to-stdout``: mpirun writes every chunk a
+rank's stdout or stderr yields, as it reads it, behind a ``[JOB,RANK]<stream>: `` tag, all on
+its own stdout (its own messages go to its stderr). Raw chunks, not lines: with whole lines,
+mpirun holds a line until its newline arrives and spends time quadratic in the line's length
+on it (a 20 MB line without a newline kept it busy for minutes). :class:`OmpiChunkParser`
+joins each rank's chunks into lines again. MPICH's Hydra writes each rank's streams to their
+own files (``-outfile-pattern``), which :class:`LineSplitter` alone splits.
+
+Both keep a partial line until its newline arrives, replace bytes that are not UTF-8 (never
+raising), and cut a line longer than ``max_line`` bytes (:data:`MAX_LINE`, 1 MiB) into pieces
+at character boundaries: every piece but the line's last is marked ``partial`` (the line goes
+on in the next piece of the same rank and stream), so memory stays bounded and nothing is
+dropped.
 """
 
 from __future__ import annotations
 
 import re
 from dataclasses import dataclass
+from typing import NamedTuple
 
-__all__ = ["MAX_LINE", "LineSplitter", "OmpiTagParser", "TaggedLine"]
+__all__ = ["MAX_LINE", "LineSplitter", "OmpiChunkParser", "Piece", "TaggedLine"]
 
-MAX_LINE = 64 * 1024
+#: Longest piece of a line, in bytes; a longer line comes in several pieces.
+MAX_LINE = 1 << 20
 
 
-def _decode(raw: bytes) -> str:
+class Piece(NamedTuple):
+    """A line, or a piece of an over-long one that goes on in the next piece (``partial``)."""
+
+    text: str
+    partial: bool = False
+
+
+def _decode(raw: bytes | bytearray | memoryview, *, complete: bool = True) -> str:
     # NULs come from C strings some launchers print whole; they mean nothing in a log.
-    text = raw.decode("utf-8", errors="replace").replace("\x00", "")
-    return text[:-1] if text.endswith("\r") else text
+    text = bytes(raw).decode("utf-8", errors="replace").replace("\x00", "")
+    return text[:-1] if complete and text.endswith("\r") else text
 
 
-def _take_lines(buf: bytearray) -> list[bytes]:
-    """Remove and return the complete lines at the start of ``buf`` (without newlines)."""
-    *lines, rest = bytes(buf).split(b"\n")
-    buf[:] = rest
-    return lines
-
-
-def _cut(raw: bytes, size: int) -> list[bytes]:
-    return [raw[i : i + size] for i in range(0, len(raw), size)] or [b""]
+def _cut_point(buf: bytes | bytearray, size: int) -> int:
+    """Where to end a piece of at most ``size`` bytes: not inside a UTF-8 character."""
+    cut = size
+    while cut > size - 3 and cut > 1 and (buf[cut] & 0xC0) == 0x80:
+        cut -= 1
+    return cut if (buf[cut] & 0xC0) != 0x80 else size
 
 
 class LineSplitter:
-    """Split a byte stream into decoded lines, keeping a partial last line for later."""
+    """Split a byte stream into lines, keeping a partial last line for later."""
 
     def __init__(self, max_line: int = MAX_LINE) -> None:
         self._buf = bytearray()
         self._max = max_line
 
-    def feed(self, data: bytes) -> list[str]:
-        """Add bytes; return the lines they complete."""
-        self._buf += data
-        lines = [_decode(c) for raw in _take_lines(self._buf) for c in _cut(raw, self._max)]
-        while len(self._buf) > self._max:
-            lines.append(_decode(bytes(self._buf[: self._max])))
-            del self._buf[: self._max]
-        return lines
+    def feed(self, data: bytes) -> list[Piece]:
+        """Add bytes; return the lines (and pieces of over-long lines) they complete."""
+        out: list[Piece] = []
+        if b"\n" in data:
+            first, *middle, last = data.split(b"\n")
+            self._buf += first
+            self._finish(self._buf, out)
+            for raw in middle:
+                self._finish(raw, out)
+            self._buf = bytearray(last)
+        else:
+            self._buf += data
+        buf = self._buf
+        while len(buf) > self._max:
+            cut = _cut_point(buf, self._max)
+            out.append(Piece(_decode(buf[:cut], complete=False), True))
+            del buf[:cut]
+        return out
 
-    def flush(self) -> list[str]:
+    def flush(self) -> list[Piece]:
         """Return what is left (a last line without newline), if anything."""
-        rest, self._buf = bytes(self._buf), bytearray()
-        return [_decode(c) for c in _cut(rest, self._max)] if rest else []
+        out: list[Piece] = []
+        if self._buf:
+            self._finish(self._buf, out)
+            self._buf = bytearray()
+        return out
+
+    def _finish(self, raw: bytes | bytearray, out: list[Piece]) -> None:
+        """A complete line: its pieces, all but the last partial."""
+        start = 0
+        while len(raw) - start > self._max:
+            cut = start + _cut_point(memoryview(raw)[start:], self._max)
+            out.append(Piece(_decode(raw[start:cut], complete=False), True))
+            start = cut
+        out.append(Piece(_decode(raw[start:] if start else raw), False))
 
 
 @dataclass(frozen=True, slots=True)
 class TaggedLine:
-    """A line of a rank (``rank`` None for the launcher's own output) on a stream."""
+    """A line (or a ``partial`` piece) of a rank on a stream; ``rank`` None: the launcher."""
 
     rank: int | None
     stream: str | None
     text: str
+    partial: bool = False
 
 
-_TAG = re.compile(rb"\[(\d+),(\d+)\]<(stdout|stderr|stddiag)>: ?")
+_TAG = re.compile(rb"\[(\d+),(\d+)\]<(stdout|stderr|stddiag)>: ")
+# The start of a tag, cut off at the end of what has arrived so far.
+_TAG_START = re.compile(rb"\[(?:\d+(?:,(?:\d+(?:\](?:<(?:[a-z]{1,7}(?:>:?)?)?)?)?)?)?)?")
+_LONGEST_TAG = 40
 
 
-class OmpiTagParser:
-    """Parse Open MPI's ``--output tag`` stream into per-rank lines.
-
-    A rank's last line without newline is emitted by mpirun at exit with no newline, so the next
-    tag follows on the same line; such a line is split at every tag.
-    """
+class OmpiChunkParser:
+    """Parse Open MPI's ``--output tag:raw`` stream: each chunk of a rank's output comes
+    behind a tag, cut anywhere (mid-line, mid-character); chunks of different ranks
+    interleave. Bytes before the first tag are the launcher's."""
 
     def __init__(self, max_line: int = MAX_LINE) -> None:
-        self._buf = bytearray()
         self._max = max_line
-        # Tag of an over-long line whose start was already emitted.
-        self._carry: tuple[int | None, str | None] = (None, None)
+        self._pending = b""  # the start of a tag, maybe, until more arrives
+        self._target: tuple[int | None, str | None] = (None, None)
+        self._lines: dict[tuple[int | None, str | None], LineSplitter] = {}
 
     def feed(self, data: bytes) -> list[TaggedLine]:
-        """Add bytes; return the tagged lines they complete."""
-        self._buf += data
+        """Add bytes; return the tagged lines (and pieces) they complete."""
+        buf = self._pending + data if self._pending else data
         out: list[TaggedLine] = []
-        for raw in _take_lines(self._buf):
-            out.extend(self._parse(raw))
-        while len(self._buf) > self._max + 64:
-            if m := _TAG.match(self._buf):
-                self._carry = (int(m.group(2)), _stream(m.group(3)))
-                del self._buf[: m.end()]
-            nxt = _TAG.search(self._buf)
-            rank, stream = self._carry
-            if nxt is not None and nxt.start() == 0:  # a tag with nothing after it
-                out.append(TaggedLine(rank, stream, ""))
-                continue
-            size = min(nxt.start(), self._max) if nxt else self._max
-            out.append(TaggedLine(rank, stream, _decode(bytes(self._buf[:size]))))
-            del self._buf[:size]
+        pos = 0
+        for m in _TAG.finditer(buf):
+            if m.start() > pos:
+                self._emit(buf[pos : m.start()], out)
+            self._target = (int(m.group(2)), _stream(m.group(3)))
+            pos = m.end()
+        hold = _tag_start_at_end(buf, pos)
+        if len(buf) - hold > pos:
+            self._emit(buf[pos : len(buf) - hold], out)
+        self._pending = buf[len(buf) - hold :] if hold else b""
         return out
 
     def flush(self) -> list[TaggedLine]:
-        """Return what is left at end of stream."""
-        rest, self._buf = bytes(self._buf), bytearray()
-        out = self._parse(rest) if rest else []
-        self._carry = (None, None)
+        """Return what is left at end of stream: every rank's last line without newline."""
+        out: list[TaggedLine] = []
+        if self._pending:
+            self._emit(self._pending, out)
+            self._pending = b""
+        for (rank, stream), splitter in self._lines.items():
+            out.extend(TaggedLine(rank, stream, p.text, p.partial) for p in splitter.flush())
+        self._lines.clear()
         return out
 
-    def _parse(self, raw: bytes) -> list[TaggedLine]:
-        tags = list(_TAG.finditer(raw))
-        first = tags[0].start() if tags else len(raw)
-        out: list[TaggedLine] = []
-        if first > 0 or not tags:
-            rank, stream = self._carry
-            out.extend(_pieces(rank, stream, raw[:first], self._max))
-        self._carry = (None, None)
-        for i, m in enumerate(tags):
-            end = tags[i + 1].start() if i + 1 < len(tags) else len(raw)
-            out.extend(_pieces(int(m.group(2)), _stream(m.group(3)), raw[m.end() : end], self._max))
-        return out
+    def _emit(self, raw: bytes, out: list[TaggedLine]) -> None:
+        target = self._target
+        splitter = self._lines.get(target)
+        if splitter is None:
+            splitter = self._lines[target] = LineSplitter(self._max)
+        rank, stream = target
+        out.extend(TaggedLine(rank, stream, p.text, p.partial) for p in splitter.feed(raw))
+
+
+def _tag_start_at_end(buf: bytes, pos: int) -> int:
+    """How many bytes at the end of ``buf`` (from ``pos`` on) may be the start of a tag."""
+    at = buf.rfind(b"[", max(pos, len(buf) - _LONGEST_TAG))
+    if at < 0 or _TAG_START.fullmatch(buf, at) is None:
+        return 0
+    return len(buf) - at
 
 
 def _stream(name: bytes) -> str:
     return "stdout" if name == b"stdout" else "stderr"
-
-
-def _pieces(rank: int | None, stream: str | None, raw: bytes, size: int) -> list[TaggedLine]:
-    return [TaggedLine(rank, stream, _decode(c)) for c in _cut(raw, size)]

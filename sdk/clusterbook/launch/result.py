@@ -43,6 +43,9 @@ class JobResult:
         Whether the job was stopped by its ``timeout`` or by ``cancel()``.
     launcher_tail
         Last lines the launcher itself wrote (its own error messages).
+    error
+        Why clusterbook stopped the job itself, if it did: its logs could not be written
+        (a full disk), a node it ran on was lost, ...
     """
 
     job_id: str
@@ -53,11 +56,13 @@ class JobResult:
     timed_out: bool = False
     cancelled: bool = False
     launcher_tail: tuple[str, ...] = field(default=())
+    error: str | None = None
 
     @property
     def ok(self) -> bool:
         """True when the job ran to the end and every rank exited 0."""
-        return self.returncode == 0 and not (self.timed_out or self.cancelled or self.failed)
+        stopped = self.timed_out or self.cancelled or self.error is not None
+        return self.returncode == 0 and not (stopped or self.failed)
 
     @property
     def failed_ranks(self) -> list[int]:
@@ -70,17 +75,20 @@ class JobResult:
                 f"Job {self.job_id} succeeded: {len(self.rank_exit_codes)} ranks in "
                 f"{self.duration:.2f} s."
             )
-        if self.timed_out:
+        if self.error is not None:
+            head = f"Job {self.job_id} failed after {self.duration:.1f} s: {self.error}"
+        elif self.timed_out:
             head = f"Job {self.job_id} timed out after {self.duration:.1f} s and was stopped"
         elif self.cancelled:
             head = f"Job {self.job_id} was cancelled after {self.duration:.1f} s"
         else:
             head = f"Job {self.job_id} failed (launcher exit code {self.returncode})"
-        parts = [head + "."]
+        parts = [head if head.endswith(".") else head + "."]
         for f in self.failed:
             parts.append(f"Rank {f.rank} on {f.host} exited with code {f.exit_code}:")
             parts.extend(f"    {line}" for line in excerpt(f.last_lines))
-        if not self.failed and self.launcher_tail and not (self.timed_out or self.cancelled):
+        stopped = self.timed_out or self.cancelled or self.error is not None
+        if not self.failed and self.launcher_tail and not stopped:
             parts.append("The launcher said:")
             parts.extend(f"    {line}" for line in self.launcher_tail[-8:])
         return "\n".join(parts)
