@@ -16,7 +16,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from clusterbook.errors import ClusterError, ClusterStateError, ConfigError
+from clusterbook.errors import ClusterError, ClusterStateError, ConfigError, RunDirError
 from clusterbook.events import Subscribers
 from clusterbook.launch.command import LaunchPlan, build_command, placement
 from clusterbook.launch.flavour import Launcher, MPIFlavour, find_launcher
@@ -40,6 +40,7 @@ if TYPE_CHECKING:
 __all__ = ["Cluster", "default_run_root"]
 
 _NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,62}")
+_JOB_RE = re.compile(r"job-\d{4,}")
 _LIVE: weakref.WeakSet[Cluster] = weakref.WeakSet()
 
 
@@ -306,8 +307,10 @@ class Cluster:
                     f"Cluster {self.name!r} was stopped; make a new cluster to run again."
                 )
             launcher = self.launcher
-            self.run_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
-            (self.run_dir / "jobs").mkdir(exist_ok=True)
+            try:
+                (self.run_dir / "jobs").mkdir(parents=True, exist_ok=True, mode=0o700)
+            except OSError as exc:
+                raise RunDirError.from_os_error(self.run_dir / "jobs", exc) from exc
             self._provider.start(StartContext(self.name, self.python, launcher, self._env))
             self._started = time.monotonic()
             self._state = "running"
@@ -432,10 +435,7 @@ class Cluster:
             cwd=workdir,
             local=remote is None,
         )
-        with self._lock:
-            job_id = f"job-{len(self._jobs) + 1:04d}"
-        directory = self.run_dir / "jobs" / job_id
-        directory.mkdir(parents=True, mode=0o700)
+        job_id, directory = self._new_job_dir()
         token = f"{self.name}-{secrets.token_hex(6)}"
         plan = LaunchPlan(
             launcher=launcher,
@@ -478,6 +478,27 @@ class Cluster:
             self._jobs.append(job)
         self._changed()
         return job
+
+    def _new_job_dir(self) -> tuple[str, Path]:
+        """The next job's id and directory, made now: numbered after every job already in
+        the run directory (one used before, or by another process, too)."""
+        jobs = self.run_dir / "jobs"
+        with self._lock:
+            try:
+                found = [int(p.name[4:]) for p in jobs.iterdir() if _JOB_RE.fullmatch(p.name)]
+            except OSError:
+                found = []
+            number = max(len(self._jobs), *found, 0) + 1
+            while True:
+                job_id = f"job-{number:04d}"
+                try:
+                    (jobs / job_id).mkdir(parents=True, mode=0o700)
+                except FileExistsError:
+                    number += 1
+                    continue
+                except OSError as exc:
+                    raise RunDirError.from_os_error(jobs / job_id, exc) from exc
+                return job_id, jobs / job_id
 
     def put(self, *paths: str | os.PathLike[str]) -> None:
         """Copy files and directories (with all they hold) from this machine to the same
