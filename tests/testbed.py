@@ -102,6 +102,19 @@ class FakeHost:
         """Plug the host back in."""
         _run(["ip", "link", "set", self.veth, "up"])
 
+    def drop_traffic(self) -> None:
+        """Drop every packet to and from the host without a word (no RST, no ICMP): a queue
+        of length 0 on both ends of its link. (This kernel has no netem; this is its 100%
+        loss.)"""
+        _run(["ip", "netns", "exec", self.netns, "tc", "qdisc", "add", "dev", "eth0", "root",
+              "pfifo", "limit", "0"])  # fmt: skip
+        _run(["tc", "qdisc", "add", "dev", self.veth, "root", "pfifo", "limit", "0"])
+
+    def pass_traffic(self) -> None:
+        """Undo :meth:`drop_traffic`."""
+        _run(["ip", "netns", "exec", self.netns, "tc", "qdisc", "del", "dev", "eth0", "root"])
+        _run(["tc", "qdisc", "del", "dev", self.veth, "root"])
+
     def pause_sshd(self) -> None:
         """Freeze sshd (SIGSTOP): connections are accepted by the kernel but never answered."""
         os.kill(self.sshd.pid, signal.SIGSTOP)

@@ -7,6 +7,8 @@ each task prints one JSON object. Importable too, for tests.
 - ``install``: write the cluster's files atomically with their modes under
   ``~/.clusterbook/clusters/ID`` and add the cluster's key to ``~/.ssh/authorized_keys``.
 - ``cleanup``: stop the cluster's processes, remove its key lines and its directory.
+- ``release`` (the node's agent, when it has lost the head): stop the cluster's jobs here and
+  remove what ``install`` put here, unless another node sharing this home is still in it.
 - ``kill``: stop the processes of one job.
 - ``put_*``: write files, piece by piece, at the paths they have on the head (what it
   created is removed at ``cleanup``); ``gather_*``: hand over, piece by piece, the files
@@ -26,6 +28,9 @@ import tempfile
 import time
 
 JOB_ENV = "CLUSTERBOOK_JOB"
+AGENTS = "agents"  # a cluster's agents are tagged CLUSTER-agents; its jobs, CLUSTER-TOKEN
+# The MPI launchers' daemons on a node: the parents of a job's ranks there.
+DAEMONS = ("prted", "hydra_pmi_proxy")
 
 
 def probe(args):
@@ -104,6 +109,8 @@ def install(args):
         os.replace(tmp, path)
     line = args.get("authorized_key")
     if line:
+        # This node is in the cluster; nodes that share this home (NFS) each have a marker.
+        write_atomic(_marker(directory), b"", 0o600)
         ssh_dir = os.path.join(os.path.expanduser("~"), ".ssh")
         os.makedirs(ssh_dir, mode=0o700, exist_ok=True)
         keys = os.path.join(ssh_dir, "authorized_keys")
@@ -130,10 +137,16 @@ def _inside(directory, name):
     return os.path.join(directory, *parts)
 
 
-def tagged(values, *, prefix=False):
-    """Pids of live processes whose ``CLUSTERBOOK_JOB`` equals one of ``values`` (or starts
-    with one, with ``prefix``); this process is never among them."""
+def tagged(values, *, prefix=False, exclude=(), daemons=False):
+    """Pids of live processes on this node whose ``CLUSTERBOOK_JOB`` equals one of ``values``
+    (or starts with one, with ``prefix``) but none of ``exclude``; with ``daemons``, the MPI
+    daemons whose children they are too. This process is never among them.
+
+    "On this node": in this process's network namespace, so that hosts that share a kernel
+    (containers, network namespaces) each stop their own processes only."""
     marks = [(JOB_ENV + "=" + v).encode() for v in values]
+    skip = {(JOB_ENV + "=" + v).encode() for v in exclude}
+    here = _netns("self")
     found = []
     try:
         entries = os.listdir("/proc")
@@ -147,18 +160,53 @@ def tagged(values, *, prefix=False):
                 env = f.read().split(b"\0")
         except OSError:
             continue
+        if here is not None and _netns(pid) != here:
+            continue
+        if any(v in skip for v in env):
+            continue
         if any((v.startswith(m) if prefix else v == m) for v in env for m in marks):
             found.append(int(pid))
+    if daemons:
+        found += sorted({d for pid in found for d in _daemons_above(pid)} - set(found))
     return found
 
 
-def kill_tagged(values, grace, *, prefix=False):
-    """SIGTERM the processes :func:`tagged` finds, SIGKILL those left after ``grace`` s."""
+def _netns(pid):
+    try:
+        return os.readlink(f"/proc/{pid}/ns/net")
+    except OSError:
+        return None
+
+
+def _daemons_above(pid):
+    """The MPI daemons among ``pid``'s ancestors, nearest first (they start the ranks)."""
+    out = []
+    for _ in range(8):
+        try:
+            with open(f"/proc/{pid}/stat", "rb") as f:
+                stat = f.read()
+            pid = int(stat[stat.rindex(b")") + 2 :].split()[1])  # the parent
+            with open(f"/proc/{pid}/comm", "rb") as f:
+                name = f.read().strip().decode(errors="replace")
+        except (OSError, ValueError, IndexError):
+            break
+        if name not in DAEMONS:
+            break
+        out.append(pid)
+    return out
+
+
+def kill_tagged(values, grace, *, prefix=False, exclude=(), daemons=False):
+    """SIGTERM the processes :func:`tagged` finds, SIGKILL those left after ``grace`` s;
+    then remove what their MPI left behind (:func:`leftovers`). Returns the pids signalled."""
     killed = set()
+    left = set()
+    find = {"prefix": prefix, "exclude": exclude, "daemons": daemons}
     for sig, pause in ((signal.SIGTERM, grace), (signal.SIGKILL, 0.0)):
-        pids = tagged(values, prefix=prefix)
+        pids = tagged(values, **find)
         if not pids:
             break
+        left.update(leftovers(pids))
         for pid in pids:
             try:
                 os.kill(pid, sig)
@@ -166,33 +214,150 @@ def kill_tagged(values, grace, *, prefix=False):
             except OSError:
                 pass
         deadline = time.monotonic() + pause
-        while pause and tagged(values, prefix=prefix) and time.monotonic() < deadline:
+        while pause and tagged(values, **find) and time.monotonic() < deadline:
             time.sleep(0.05)
+    if left:
+        end = time.monotonic() + 1.0  # a SIGKILL takes effect soon, not at once
+        while (busy := _alive(killed)) and time.monotonic() < end:
+            time.sleep(0.01)
+        if not busy:
+            remove_leftovers(left)
     return sorted(killed)
+
+
+# What MPI keeps while a job runs and removes at its end, unless it is killed: shared-memory
+# segments (Open MPI's, MPICH's) and the session directories of Open MPI's launcher and
+# daemons (``ompi.PID``, ``prted.PID`` in their temp directory).
+_SHM = "/dev/shm/"  # noqa: S108 - read from /proc maps, never created here
+_SHM_PREFIXES = ("sm_segment.", "vader_segment.", "mpich_shm_")
+_SESSION_DIRS = {"prterun": "ompi", "mpirun": "ompi", "prted": "prted"}
+
+
+def leftovers(pids):
+    """What the processes ``pids`` (a job's) would leave behind if killed now."""
+    found = set()
+    for pid in pids:
+        try:
+            with open(f"/proc/{pid}/maps", "rb") as f:
+                maps = f.read().decode(errors="replace").splitlines()
+            with open(f"/proc/{pid}/comm", "rb") as f:
+                name = f.read().strip().decode(errors="replace")
+        except OSError:
+            continue
+        for line in maps:
+            parts = line.split(None, 5)
+            path = parts[5].strip().removesuffix(" (deleted)") if len(parts) == 6 else ""
+            if path.startswith(_SHM) and os.path.basename(path).startswith(_SHM_PREFIXES):
+                found.add(path)
+        if name in _SESSION_DIRS:
+            tmp = _environ(pid).get("TMPDIR") or tempfile.gettempdir()
+            session = os.path.join(tmp, f"{_SESSION_DIRS[name]}.{pid}")
+            with contextlib.suppress(OSError):
+                if os.stat(session).st_uid == os.getuid():
+                    found.add(session)
+    return found
+
+
+def remove_leftovers(paths):
+    for path in sorted(paths):
+        if os.path.isdir(path) and not os.path.islink(path):
+            shutil.rmtree(path, ignore_errors=True)
+        else:
+            with contextlib.suppress(OSError):
+                os.unlink(path)
+
+
+def _environ(pid):
+    try:
+        with open(f"/proc/{pid}/environ", "rb") as f:
+            items = f.read().decode(errors="replace").split("\0")
+    except OSError:
+        return {}
+    return dict(item.split("=", 1) for item in items if "=" in item)
+
+
+def _alive(pids):
+    """Whether any of ``pids`` still runs (a zombie has ended)."""
+    for pid in pids:
+        try:
+            with open(f"/proc/{pid}/stat", "rb") as f:
+                stat = f.read()
+        except OSError:
+            continue
+        if stat[stat.rindex(b")") + 2 :][:1] != b"Z":
+            return True
+    return False
+
+
+def stop_jobs(cluster_id, grace=1.0):
+    """Stop every process of the cluster's jobs on this node (its MPI daemons too), but not
+    its agents; return their pids."""
+    return kill_tagged(
+        [cluster_id + "-"], grace, prefix=True, exclude=[f"{cluster_id}-{AGENTS}"], daemons=True
+    )
+
+
+def key_tag(cluster_id):
+    """The comment that marks the cluster's lines in ``authorized_keys``."""
+    return f"clusterbook:{cluster_id}"
+
+
+def _marker(directory):
+    return _inside(directory, f"node-{socket.gethostname()}")
+
+
+def _remove_key_lines(tag):
+    """Remove the lines ending in `` TAG`` from ``~/.ssh/authorized_keys``; return how many."""
+    keys = os.path.join(os.path.expanduser("~"), ".ssh", "authorized_keys")
+    if not tag or not os.path.exists(keys):
+        return 0
+    with open(keys, "rb") as f:
+        lines = f.read().decode("utf-8", "replace").splitlines()
+    kept = [ln for ln in lines if not ln.endswith(" " + tag)]
+    removed = len(lines) - len(kept)
+    if removed:
+        data = ("\n".join(kept) + "\n" if kept else "").encode()
+        write_atomic(keys, data, os.stat(keys).st_mode & 0o777)
+    return removed
 
 
 def cleanup(args):
     cluster_id = args["cluster_id"]
-    killed = kill_tagged([cluster_id + "-"], float(args.get("grace", 2.0)), prefix=True)
-    tag = args.get("tag")
-    removed = 0
-    keys = os.path.join(os.path.expanduser("~"), ".ssh", "authorized_keys")
-    if tag and os.path.exists(keys):
-        with open(keys, "rb") as f:
-            lines = f.read().decode("utf-8", "replace").splitlines()
-        kept = [ln for ln in lines if not ln.endswith(" " + tag)]
-        removed = len(lines) - len(kept)
-        if removed:
-            data = ("\n".join(kept) + "\n" if kept else "").encode()
-            write_atomic(keys, data, os.stat(keys).st_mode & 0o777)
+    grace = float(args.get("grace", 2.0))
+    killed = kill_tagged([cluster_id + "-"], grace, prefix=True, daemons=True)
+    removed = _remove_key_lines(args.get("tag"))
     directory = _cluster_dir(cluster_id)
     _remove_put(directory)
     shutil.rmtree(directory, ignore_errors=True)
     return {"killed": killed, "keys_removed": removed, "dir_removed": not os.path.exists(directory)}
 
 
+def release(args):
+    """Stop the cluster's jobs on this node, remove this node's marker and what ``put`` made
+    here; then, unless a marker of another node in the cluster is left (a home shared with
+    nodes still in it), the cluster's key lines and directory too, as ``cleanup`` would."""
+    cluster_id = args["cluster_id"]
+    killed = stop_jobs(cluster_id, float(args.get("grace", 1.0)))
+    directory = _cluster_dir(cluster_id)
+    with contextlib.suppress(OSError):
+        os.unlink(_marker(directory))
+    _remove_put(directory)
+    with contextlib.suppress(OSError):
+        os.unlink(_put_log(directory))
+    try:
+        others = sorted(n for n in os.listdir(directory) if n.startswith("node-"))
+    except FileNotFoundError:
+        others = []
+    if others:
+        return {"killed": killed, "keys_removed": 0, "kept_for": others}
+    removed = _remove_key_lines(args.get("tag"))
+    shutil.rmtree(directory, ignore_errors=True)
+    return {"killed": killed, "keys_removed": removed, "kept_for": []}
+
+
 def kill(args):
-    return {"killed": kill_tagged([args["token"]], float(args.get("grace", 1.0)))}
+    grace = float(args.get("grace", 1.0))
+    return {"killed": kill_tagged([args["token"]], grace, daemons=True)}
 
 
 def reap():
@@ -393,6 +558,7 @@ TASKS = {
     "probe": probe,
     "install": install,
     "cleanup": cleanup,
+    "release": release,
     "kill": kill,
     "spawn": spawn,
     "tail": tail,

@@ -130,7 +130,14 @@ def _parser() -> argparse.ArgumentParser:
         "--lease",
         type=float,
         default=10.0,
-        help="seconds without the head before exiting (default 10)",
+        help="seconds without the head before stopping the cluster's jobs here and exiting "
+        "(default 10)",
+    )
+    join.add_argument(
+        "--clean-on-lost",
+        action="store_true",
+        help="when the head is lost for longer than the lease, also remove the cluster's key "
+        "line and files the head installed on this node (set by clusters the head bootstraps)",
     )
     join.add_argument(
         "--start-sshd",
@@ -163,7 +170,15 @@ def _worker_join(args: argparse.Namespace) -> int:
         sshd_host_key=sshd.host_public_key if sshd else None,
         sshd_port=sshd.port if sshd else None,
     )
-    agent = Agent(args.url, secret, node_id=node_id, slots=slots, lease=args.lease, facts=facts)
+    agent = Agent(
+        args.url,
+        secret,
+        node_id=node_id,
+        slots=slots,
+        lease=args.lease,
+        facts=facts,
+        clean_on_lost=args.clean_on_lost,
+    )
 
     def stop(signum: int, _frame: object) -> None:
         agent.stop_event.set()

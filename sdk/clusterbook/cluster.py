@@ -16,7 +16,13 @@ from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from clusterbook.errors import ClusterError, ClusterStateError, ConfigError, RunDirError
+from clusterbook.errors import (
+    ClusterError,
+    ClusterStateError,
+    ConfigError,
+    NodeLostError,
+    RunDirError,
+)
 from clusterbook.events import Subscribers
 from clusterbook.launch.command import LaunchPlan, build_command, placement
 from clusterbook.launch.flavour import Launcher, MPIFlavour, find_launcher
@@ -24,6 +30,7 @@ from clusterbook.launch.job import Job
 from clusterbook.launch.logs import LogStore
 from clusterbook.launch.program import check_argv, check_cwd, resolve_program
 from clusterbook.launch.rankwrap import HOOK_DIR
+from clusterbook.launch.result import JobResult, ssh_refusals
 from clusterbook.providers.base import Provider, StartContext
 from clusterbook.providers.local import LocalAgentsProvider, local_nodes
 from clusterbook.spec import NodeSpec, validate_env, validate_np, validate_timeout
@@ -308,9 +315,10 @@ class Cluster:
                 )
             launcher = self.launcher
             try:
-                (self.run_dir / "jobs").mkdir(parents=True, exist_ok=True, mode=0o700)
+                self.run_dir.mkdir(parents=True, exist_ok=True, mode=0o700)  # logs are private
+                (self.run_dir / "jobs").mkdir(exist_ok=True)
             except OSError as exc:
-                raise RunDirError.from_os_error(self.run_dir / "jobs", exc) from exc
+                raise RunDirError.from_os_error(self.run_dir, exc) from exc
             self._provider.start(StartContext(self.name, self.python, launcher, self._env))
             self._started = time.monotonic()
             self._state = "running"
@@ -424,6 +432,14 @@ class Cluster:
         limit = validate_timeout(timeout)
         workdir = check_cwd(cwd)
         base_env = dict(os.environ)
+        lost = self._provider.unreachable([n.name for n in nodes], lost_only=True)
+        if lost:
+            raise ClusterStateError(
+                f"Cluster {self.name!r} lost {len(lost)} of its nodes: "
+                + "; ".join(lost.values())
+                + ". Stop it and start a new one (or, for an elastic cluster, wait for the next "
+                "round with cluster.wait_ready())."
+            )
         remote = self._provider.remote()
         # Nodes whose environments differ in path run the same per-cluster link on each node.
         python = (remote and remote.python) or self.python
@@ -462,6 +478,7 @@ class Cluster:
         }
         store = LogStore(directory, hosts, launcher_host=here)
         stop_job = self._provider.stop_job
+        names = [n.name for n in nodes]
         job = Job(
             job_id,
             plan,
@@ -473,6 +490,7 @@ class Cluster:
             timeout=limit,
             on_failure=stop_job,
             on_done=lambda _: self._changed(),
+            diagnose=lambda result: self._diagnose(names, result),
         )
         with self._lock:
             self._jobs.append(job)
@@ -609,7 +627,7 @@ class Cluster:
             base = [NodeStatus(n.name, n.host, n.slots, node_state) for n in self.nodes]
         nodes = tuple(
             replace(s, state="running", ranks=tuple(busy[s.name][1]), job=busy[s.name][0])
-            if s.name in busy
+            if s.name in busy and s.state not in ("lost", "left")
             else s
             for s in base
         )
@@ -622,6 +640,7 @@ class Cluster:
             launcher=self._launcher.path if self._launcher else None,
             run_dir=str(self.run_dir),
             uptime=None if self._started is None else time.monotonic() - self._started,
+            problem=self._provider.problem(),
         )
 
     def subscribe(self, callback: Callable[[ClusterSnapshot], None]) -> Callable[[], None]:
@@ -631,8 +650,29 @@ class Cluster:
         return self._subscribers.subscribe(callback)
 
     def _changed(self) -> None:
+        self._fail_jobs_on_lost_nodes()
         if len(self._subscribers):
             self._subscribers.publish(self.snapshot())
+
+    def _fail_jobs_on_lost_nodes(self) -> None:
+        """A running job with ranks on a node that was lost cannot finish: stop it, naming the
+        node (its agent stops what runs there once it has lost the head for its lease)."""
+        # Not under the cluster's lock: this runs on the provider's thread, which start() may
+        # be waiting for with the lock held (a copy of the list is atomic).
+        running = [j for j in list(self._jobs) if not j.done and j.error is None]
+        for job in running:
+            lost = self._provider.unreachable([n.name for n in job.plan.nodes], lost_only=True)
+            if lost:
+                name, why = next(iter(lost.items()))
+                host = next(n.host for n in job.plan.nodes if n.name == name)
+                job.fail(NodeLostError(f"{why}; the job was stopped.", node=name, host=host))
+
+    def _diagnose(self, names: Sequence[str], result: JobResult | None) -> list[str]:
+        """Notes on why a job did not succeed: nodes not heard from, a changed host key."""
+        notes = list(self._provider.unreachable(names).values())
+        if result is not None:
+            notes += ssh_refusals(result.launcher_tail)
+        return notes
 
     def status(self) -> pd.DataFrame:
         """One row per node: node, host, slots, state, ranks, job."""
@@ -642,9 +682,10 @@ class Cluster:
         launcher = ""
         if self._launcher is not None:
             launcher = f" {self._launcher.flavour.value} {self._launcher.version}"
+        problem = self._provider.problem() if self._state == "running" else None
         return (
             f"<Cluster {self.name!r} {self.kind} {self._state}: {len(self.nodes)} nodes, "
-            f"{self.total_slots} slots{launcher}>"
+            f"{self.total_slots} slots{launcher}{f' PROBLEM: {problem}' if problem else ''}>"
         )
 
     def _repr_mimebundle_(self, **kwargs: Any) -> dict[str, Any] | None:

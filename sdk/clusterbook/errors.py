@@ -11,6 +11,7 @@ and what to do about it. Errors of third-party libraries are translated at the b
     │   ├── LauncherNotFoundError           no mpirun / mpiexec to use
     │   └── ProgramNotFoundError            the program (or script) of a job does not exist
     ├── ClusterStateError                   the call does not fit the cluster's state
+    ├── NodeLostError                       a node stopped heartbeating (``node``, ``host``)
     ├── RunDirError                         a job's files cannot be written (a full disk)
     ├── ReadyTimeoutError (also TimeoutError)   wait_ready() gave up
     ├── SSHError                            something about a host's ssh; names the host
@@ -52,6 +53,7 @@ __all__ = [
     "JobFailedError",
     "JobTimeoutError",
     "LauncherNotFoundError",
+    "NodeLostError",
     "ProgramNotFoundError",
     "ReadyTimeoutError",
     "RemoteCommandError",
@@ -81,6 +83,15 @@ class ProgramNotFoundError(ConfigError):
 
 class ClusterStateError(ClusterError):
     """The call does not fit the cluster's current state (not started, already stopped)."""
+
+
+class NodeLostError(ClusterError):
+    """A node stopped heartbeating, or its agent's connection broke, while it was needed."""
+
+    def __init__(self, message: str, *, node: str, host: str) -> None:
+        super().__init__(message)
+        self.node = node
+        self.host = host
 
 
 class RunDirError(ClusterError):

@@ -51,7 +51,8 @@ class JobStatus:
 
 @dataclass(frozen=True, slots=True)
 class ClusterSnapshot:
-    """A cluster as it is now: its nodes and its jobs."""
+    """A cluster as it is now: its nodes and its jobs; ``problem`` says what is wrong with
+    the cluster itself, if anything (its status is stale, say)."""
 
     name: str
     kind: str
@@ -61,6 +62,7 @@ class ClusterSnapshot:
     launcher: str | None
     run_dir: str
     uptime: float | None
+    problem: str | None = None
 
     @property
     def total_slots(self) -> int:

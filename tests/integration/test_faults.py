@@ -93,3 +93,37 @@ def test_a_run_directory_used_twice_numbers_jobs_after_the_existing_ones(
     for job_id in ids:  # each job's log is its own
         (record,) = read_log_file(run_dir / "jobs" / job_id / "rank-0.log", 0)
         assert record.line == "hi"
+
+
+STUBBORN = """\
+import signal, time
+from mpi4py import MPI
+signal.signal(signal.SIGTERM, signal.SIG_IGN)  # only SIGKILL ends it: MPI cannot clean up
+MPI.COMM_WORLD.Barrier()
+print("up", flush=True)
+time.sleep(600)
+"""
+
+
+def mpi_debris() -> set[str]:
+    shm = {f"/dev/shm/{n}" for n in os.listdir("/dev/shm") if n.startswith(("sm_", "mpich_"))}
+    tmp = {f"/tmp/{n}" for n in os.listdir("/tmp") if n.startswith(("ompi.", "prted."))}
+    return shm | tmp
+
+
+def test_a_killed_job_leaves_no_shared_memory_or_session_directory(
+    mpi_python: str, make_cluster, program
+) -> None:
+    before = mpi_debris()
+    cluster = make_cluster(mpi_python, workers=1, slots=2)
+    job = cluster.mpirun(["python", program("stubborn.py", STUBBORN)], np=2, timeout=120)
+    started = 0
+    for record in job.stream():
+        started += record.line == "up"
+        if started == 2:
+            break
+    during = mpi_debris() - before
+    assert during, "the job made no shared memory segment to check"
+    result = job.cancel()
+    assert result.cancelled
+    assert mpi_debris() - before == set()

@@ -6,6 +6,7 @@ import base64
 import contextlib
 import os
 import signal
+import socket
 import stat
 import subprocess
 import sys
@@ -98,7 +99,55 @@ def test_install_writes_files_with_modes_and_adds_the_key_once(home):
     assert stat.S_IMODE((directory / "known_hosts").stat().st_mode) == 0o644
     keys = (home / ".ssh" / "authorized_keys").read_text()
     assert keys == "ssh-ed25519 AAAA mine\nssh-ed25519 BBBB clusterbook:c1\n"
-    assert sorted(p.name for p in directory.iterdir()) == ["id_ed25519", "known_hosts"]
+    # and the marker that says this node (by hostname) is in the cluster
+    marker = f"node-{socket.gethostname()}"
+    assert sorted(p.name for p in directory.iterdir()) == ["id_ed25519", "known_hosts", marker]
+
+
+def test_the_head_gets_no_marker(home):
+    tasks.install({"cluster_id": "c1", "files": {}, "authorized_key": None})
+    directory = home / ".clusterbook" / "clusters" / "c1"
+    assert list(directory.iterdir()) == []
+
+
+def installed(home: Path, cluster: str = "c1") -> Path:
+    (home / ".ssh").mkdir(mode=0o700, exist_ok=True)
+    (home / ".ssh" / "authorized_keys").write_text("ssh-ed25519 AAAA mine\n")
+    tasks.install(
+        {
+            "cluster_id": cluster,
+            "files": files(id_ed25519=("600", b"secret"), token=("600", b"t")),
+            "authorized_key": f"ssh-ed25519 BBBB clusterbook:{cluster}",
+        }
+    )
+    return home / ".clusterbook" / "clusters" / cluster
+
+
+def test_release_removes_what_install_put_when_no_other_node_shares_the_home(home):
+    directory = installed(home)
+    done = tasks.release({"cluster_id": "c1", "tag": tasks.key_tag("c1")})
+    assert done["kept_for"] == []
+    assert done["keys_removed"] == 1
+    assert not directory.exists()
+    assert (home / ".ssh" / "authorized_keys").read_text() == "ssh-ed25519 AAAA mine\n"
+
+
+def test_release_keeps_a_shared_home_for_the_nodes_still_in_the_cluster(home):
+    directory = installed(home)
+    (directory / "node-othernode").write_bytes(b"")  # a node sharing this home (NFS)
+    done = tasks.release({"cluster_id": "c1", "tag": tasks.key_tag("c1")})
+    assert done["kept_for"] == ["node-othernode"]
+    assert sorted(p.name for p in directory.iterdir()) == ["id_ed25519", "node-othernode", "token"]
+    assert "clusterbook:c1" in (home / ".ssh" / "authorized_keys").read_text()
+    # The last node out removes it all.
+    (directory / "node-othernode").unlink()
+    assert tasks.release({"cluster_id": "c1", "tag": tasks.key_tag("c1")})["keys_removed"] == 1
+    assert not directory.exists()
+
+
+def test_release_of_a_cluster_that_left_nothing_is_harmless(home):
+    done = tasks.release({"cluster_id": "gone", "tag": tasks.key_tag("gone")})
+    assert done == {"killed": [], "keys_removed": 0, "kept_for": []}
 
 
 def test_install_creates_ssh_dir_private(home):

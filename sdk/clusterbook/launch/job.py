@@ -11,6 +11,7 @@ import subprocess
 import threading
 import time
 from collections.abc import Callable, Iterator
+from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -56,6 +57,7 @@ class Job:
         failure_grace: float = 2.0,
         on_failure: Callable[[str], None] | None = None,
         on_done: Callable[[JobResult], None] | None = None,
+        diagnose: Callable[[JobResult | None], list[str]] | None = None,
     ) -> None:
         self.id = job_id
         self.plan = plan
@@ -69,6 +71,8 @@ class Job:
         self._failure_grace = failure_grace
         self._on_failure = on_failure
         self._on_done = on_done
+        self._diagnose = diagnose
+        self._notes: list[str] = []
         self._lock = threading.Lock()
         self._stop_reason: str | None = None  # "timeout" | "cancel" | "failure" | "error"
         self._error: ClusterError | None = None  # why clusterbook stopped the job itself
@@ -303,13 +307,27 @@ class Job:
             self._stop_reason = reason
             self._stopped_at_exit_count = len(self._store.exit_order)
         if reason == "timeout":
+            self._notes += self._find_out(None)
             # Python ranks dump every thread's stack on SIGUSR1 (the rank hook); the launcher
             # forwards the signal to them.
             with contextlib.suppress(ProcessLookupError):
                 self._proc.send_signal(signal.SIGUSR1)
             with contextlib.suppress(subprocess.TimeoutExpired):
                 self._proc.wait(timeout=self._stack_grace)
-        procs.kill_tree(self._proc, self._grace, self._token)
+        # Stopped for an error (a node lost): the launcher cannot tear down what it cannot
+        # reach, so it gets less time to try.
+        grace = min(self._grace, 1.0) if reason == "error" else self._grace
+        procs.kill_tree(self._proc, grace, self._token)
+
+    def _find_out(self, result: JobResult | None) -> list[str]:
+        """What ``diagnose`` says about the job (``result``: once it has ended)."""
+        if self._diagnose is None:
+            return []
+        try:
+            return list(self._diagnose(result))
+        except Exception:
+            _log.exception("Diagnosing job %s failed.", self.id)
+            return []
 
     def _supervise(self) -> None:
         returncode: int | None = None
@@ -352,6 +370,11 @@ class Job:
         code = returncode if returncode is not None else (self._proc.poll() or -1)
         try:
             self._result = self._make_result(code, duration)
+            if not self._result.ok:
+                said = [*self._notes, self._result.error or ""]
+                notes = [n for n in self._find_out(self._result) if not any(n in t for t in said)]
+                self._notes += notes
+                self._result = replace(self._result, notes=tuple(self._notes))
         except Exception as exc:
             _log.exception("Making the result of job %s failed.", self.id)
             self._result = JobResult(

@@ -10,6 +10,7 @@ from collections.abc import Mapping, Sequence
 
 import psutil
 
+from clusterbook._node_tasks import leftovers, remove_leftovers
 from clusterbook.launch.guard import tagged
 
 __all__ = ["kill_tree", "spawn", "tree"]
@@ -46,6 +47,9 @@ def kill_tree(proc: subprocess.Popen[bytes], grace: float, token: str = "") -> N
     ``grace`` seconds: its descendants, and every process tagged with job ``token`` (which
     finds them even after they lost their parent)."""
     members = tree(proc.pid)
+    if token:
+        members += [p for pid in tagged([token]) if (p := _process(pid)) is not None]
+    left = leftovers([p.pid for p in members])
     with contextlib.suppress(ProcessLookupError):
         proc.send_signal(signal.SIGTERM)
     deadline = time.monotonic() + grace
@@ -65,6 +69,14 @@ def kill_tree(proc: subprocess.Popen[bytes], grace: float, token: str = "") -> N
             p.kill()
     with contextlib.suppress(subprocess.TimeoutExpired):
         proc.wait(timeout=5)
+    # What a killed MPI leaves (shared memory, its session directory) goes with it, once the
+    # processes are gone (a SIGKILL takes effect soon, not at once).
+    if left:
+        end = time.monotonic() + 1.0
+        while (busy := any(_alive(p) for p in dict.fromkeys(members))) and time.monotonic() < end:
+            time.sleep(0.01)
+        if not busy:
+            remove_leftovers(left)
 
 
 def _process(pid: int) -> psutil.Process | None:

@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import re
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 
 from clusterbook.errors import JobFailedError
 
-__all__ = ["JobResult", "RankFailure", "excerpt", "failed_ranks"]
+__all__ = ["JobResult", "RankFailure", "excerpt", "failed_ranks", "ssh_refusals"]
 
 # Exit codes of a rank killed by SIGTERM or SIGKILL (as the rank wrapper reports them):
 # after another rank failed, that is the launcher tearing the job down, not a failure.
@@ -46,6 +47,9 @@ class JobResult:
     error
         Why clusterbook stopped the job itself, if it did: its logs could not be written
         (a full disk), a node it ran on was lost, ...
+    notes
+        What clusterbook found out about the failure: nodes not heard from when the job timed
+        out, a node whose host key changed, ...
     """
 
     job_id: str
@@ -57,6 +61,7 @@ class JobResult:
     cancelled: bool = False
     launcher_tail: tuple[str, ...] = field(default=())
     error: str | None = None
+    notes: tuple[str, ...] = ()
 
     @property
     def ok(self) -> bool:
@@ -83,7 +88,7 @@ class JobResult:
             head = f"Job {self.job_id} was cancelled after {self.duration:.1f} s"
         else:
             head = f"Job {self.job_id} failed (launcher exit code {self.returncode})"
-        parts = [head if head.endswith(".") else head + "."]
+        parts = [head if head.endswith(".") else head + ".", *self.notes]
         for f in self.failed:
             parts.append(f"Rank {f.rank} on {f.host} exited with code {f.exit_code}:")
             parts.extend(f"    {line}" for line in excerpt(f.last_lines))
@@ -139,3 +144,27 @@ def excerpt(lines: tuple[str, ...] | list[str], limit: int = 12) -> list[str]:
     if limit < 3:
         return chosen[-limit:] if limit > 0 else []
     return [chosen[0], "    ...", *chosen[-(limit - 2) :]]
+
+
+_KEY_CHANGED = re.compile(r"Host key for (\S+) has changed")
+_OFFENDING = re.compile(r"(?:ECDSA|ED25519|RSA|DSA)? ?host key for (\S+) has changed", re.I)
+
+
+def ssh_refusals(launcher_lines: Sequence[str]) -> list[str]:
+    """Notes for what the launcher's ssh said when it refused a node (the launcher itself
+    only says the daemons did not start, and blames a firewall)."""
+    text = "\n".join(launcher_lines)
+    hosts = sorted(set(_KEY_CHANGED.findall(text)) | set(_OFFENDING.findall(text)))
+    if hosts or "REMOTE HOST IDENTIFICATION HAS CHANGED" in text:
+        where = ", ".join(h.strip("'\"[]") for h in hosts) or "a node"
+        return [
+            f"The host key of {where} changed since the cluster started, and ssh refused to "
+            "connect (the key could belong to another machine now). If the node was reinstalled, "
+            "stop the cluster and start a new one: its key is checked again at start()."
+        ]
+    if "Host key verification failed" in text:
+        return [
+            "ssh refused a node's host key (not the one the cluster recorded at start()). Stop "
+            "the cluster and start a new one to check the nodes' keys again."
+        ]
+    return []

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
@@ -68,6 +68,15 @@ class Provider(Protocol):
 
     def stop_job(self, token: str) -> None:
         """Make sure no process of job ``token`` is left on any node."""
+        ...
+
+    def problem(self) -> str | None:
+        """What is wrong with the provider's view of the nodes now (shown in status)."""
+        ...
+
+    def unreachable(self, names: Collection[str], *, lost_only: bool = False) -> dict[str, str]:
+        """Of the nodes ``names``, those lost (and, unless ``lost_only``, those not heard from
+        lately), each with a sentence saying so."""
         ...
 
 

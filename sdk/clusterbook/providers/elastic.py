@@ -12,12 +12,13 @@ ranks through the sshd their agent started (see :mod:`clusterbook.providers.elas
 from __future__ import annotations
 
 import getpass
+import logging
 import shutil
 import socket
 import threading
 import time
 import warnings
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import replace
 from pathlib import Path
 
@@ -29,17 +30,21 @@ from clusterbook.providers.elastic_reach import Reach, far_nodes, pick_address
 from clusterbook.rendezvous.agent import join_url
 from clusterbook.rendezvous.api import (
     RendezvousConnectionError,
+    RendezvousError,
     RendezvousSettings,
+    RendezvousStateError,
     RendezvousTimeout,
 )
 from clusterbook.rendezvous.backends.tcp import StoreServer, TcpBackend, write_secret
-from clusterbook.rendezvous.ops import Action, apply, remove_node
+from clusterbook.rendezvous.ops import Action, apply, remove_node, sanitize
 from clusterbook.rendezvous.state import RendezvousState, decode, encode
 from clusterbook.spec import NodeSpec
 from clusterbook.status import NodeStatus
 from clusterbook.transfer import Call, Outgoing, fetch_all, send_all
 
 __all__ = ["ElasticProvider"]
+
+_log = logging.getLogger("clusterbook.elastic")
 
 _KEEP_STOPS = 16  # stop requests kept in the state (agents act on the ones they have not seen)
 
@@ -89,6 +94,7 @@ class ElasticProvider:
         self._reach: Reach | None = None
         self._networks: list[str] = []
         self.stop_problems: dict[str, Exception] = {}
+        self._problem: str | None = None  # what keeps the head from following the rendezvous
 
     # -- lifecycle ----------------------------------------------------------------------
 
@@ -133,7 +139,10 @@ class ElasticProvider:
         try:
             if self._reach is not None and self._ctx is not None:
                 # While the agents (and their sshd) are still there.
-                self.stop_problems = self._reach.release(self._ctx.cluster_id)
+                try:
+                    self.stop_problems = self._reach.release(self._ctx.cluster_id)
+                except Exception as exc:  # clean-up goes on: close, so the agents leave
+                    self.stop_problems = {"(all nodes)": exc}
                 if self.stop_problems:
                     lines = "".join(f"\n  {n}: {e}" for n, e in self.stop_problems.items())
                     warnings.warn(
@@ -144,14 +153,20 @@ class ElasticProvider:
                         stacklevel=3,
                     )
             if writer is not None:
-                self._close_rendezvous(writer)
-                # Agents leave when they see it closed; give them a moment to go cleanly.
-                deadline = time.monotonic() + 3.0
-                with self._cond:
-                    while self._state.participants or self._state.wait_list:
-                        left = deadline - time.monotonic()
-                        if left <= 0 or not self._cond.wait(left):
-                            break
+                try:
+                    writer.update(self._closed_state)
+                except RendezvousError as exc:
+                    _log.warning(
+                        "Could not close the rendezvous %r: %s", self._settings.run_id, exc
+                    )
+                else:
+                    # Agents leave when they see it closed; give them a moment to go cleanly.
+                    deadline = time.monotonic() + 3.0
+                    with self._cond:
+                        while self._state.participants or self._state.wait_list:
+                            left = deadline - time.monotonic()
+                            if left <= 0 or not self._cond.wait(left):
+                                break
         finally:
             self._stop.set()
             for client in (watcher, writer):
@@ -165,17 +180,22 @@ class ElasticProvider:
                 for name in ("known_hosts", "ssh_config", "ssh"):
                     (directory / name).unlink(missing_ok=True)
 
-    def _close_rendezvous(self, backend: TcpBackend) -> None:
-        for _ in range(50):
-            current = backend.get_state()
-            state, token = (
-                (RendezvousState(), None) if current is None else (decode(current[0]), current[1])
-            )
-            closed = apply(
-                Action.MARK_RENDEZVOUS_CLOSED, state, "head", self._settings, time.time()
-            )
-            if backend.set_state(encode(closed), token)[2]:
-                return
+    def _closed_state(self, blob: bytes | None) -> bytes | None:
+        """The stored state, closed: no node may join any more, the agents leave. A state that
+        does not decode is replaced by a closed one (the agents see that too)."""
+        try:
+            state = RendezvousState() if blob is None else decode(blob)
+        except RendezvousStateError:
+            state = RendezvousState()
+        if state.closed:
+            return None
+        closed = apply(Action.MARK_RENDEZVOUS_CLOSED, state, "head", self._settings, time.time())
+        return encode(closed)
+
+    def problem(self) -> str | None:
+        """What keeps the head from following the rendezvous now (a corrupt state), if
+        anything: shown in the cluster's status."""
+        return self._problem
 
     # -- following the state ------------------------------------------------------------
 
@@ -188,19 +208,55 @@ class ElasticProvider:
         return encode(remove_node(state, node, self._settings))
 
     def _follow(self) -> None:
+        """Follow the stored state until stopped; also drop the nodes that stopped
+        heartbeating, when no other node's write does it first. Never dies of an error: a
+        state that does not decode is reported (:meth:`problem`) until a good one comes."""
         token = None
         assert self._watcher is not None
         while not self._stop.is_set():
             try:
                 current = self._watcher.watch(token, 1.0)
+                if current is not None and current[1] != token:
+                    token = current[1]
+                    self._observe(decode(current[0]))
+                    self._set_problem(None)
+                self._expire()
             except RendezvousConnectionError:
                 if self._stop.wait(0.1):
                     return
-                continue
-            if current is None or current[1] == token:
-                continue
-            token = current[1]
-            self._observe(decode(current[0]))
+            except RendezvousStateError as exc:
+                self._set_problem(
+                    f"The rendezvous state cannot be read ({exc}); node status is stale. "
+                    "Stop the cluster (it cleans up every node it can reach)."
+                )
+            except Exception as exc:
+                _log.exception("Following the rendezvous of %r failed.", self._settings.run_id)
+                self._set_problem(f"Following the rendezvous failed: {type(exc).__name__}: {exc}")
+                if self._stop.wait(0.5):
+                    return
+
+    def _set_problem(self, problem: str | None) -> None:
+        if problem != self._problem:
+            self._problem = problem
+            self.changed()
+
+    def _expire(self) -> None:
+        """Remove from the stored state the nodes whose heartbeat is overdue (a node cut off
+        says nothing; with no other node left to notice, the head must)."""
+        writer = self._writer
+        with self._cond:
+            state = self._state
+        if writer is None or sanitize(state, self._settings, time.time()) is state:
+            return
+
+        def expire(blob: bytes | None) -> bytes | None:
+            if blob is None:
+                return None
+            current = decode(blob)
+            fresh = sanitize(current, self._settings, time.time())
+            return None if fresh is current else encode(fresh)
+
+        writer.update(expire)
 
     def _observe(self, state: RendezvousState) -> None:
         now = time.time()
@@ -298,14 +354,40 @@ class ElasticProvider:
         writer = self._writer
         if writer is None:
             return
-        for _ in range(50):
-            current = writer.get_state()
-            if current is None:
-                return
-            state = decode(current[0])
-            asked = replace(state, stop_jobs=(*state.stop_jobs, token)[-_KEEP_STOPS:])
-            if writer.set_state(encode(asked), current[1])[2]:
-                return
+
+        def ask(blob: bytes | None) -> bytes | None:
+            if blob is None:
+                return None
+            state = decode(blob)
+            return encode(replace(state, stop_jobs=(*state.stop_jobs, token)[-_KEEP_STOPS:]))
+
+        writer.update(ask)
+
+    def unreachable(self, names: Collection[str], *, lost_only: bool = False) -> dict[str, str]:
+        """Of the nodes ``names``, those the head has lost (and, unless ``lost_only``, those
+        not heard from for over 1.5 heartbeat intervals), each with a sentence saying so."""
+        wanted, settings = set(names), self._settings
+        out = {}
+        for s in self.node_statuses():
+            if s.name not in wanted:
+                continue
+            if s.state in ("lost", "left"):
+                how = "left the cluster" if s.state == "left" else "was lost"
+                out[s.name] = (
+                    f"Node {s.name} ({s.host}) {how}: no heartbeat within "
+                    f"{settings.keep_alive_interval:g} s x {settings.keep_alive_max_attempt}, or "
+                    "its connection to the head broke"
+                )
+            elif (
+                not lost_only
+                and s.heartbeat_age is not None
+                and s.heartbeat_age > 1.5 * settings.keep_alive_interval
+            ):
+                out[s.name] = (
+                    f"Node {s.name} ({s.host}) has not been heard from for "
+                    f"{s.heartbeat_age:.1f} s: it may be cut off from the head"
+                )
+        return out
 
     def node_statuses(self) -> list[NodeStatus]:
         """Every node seen: pending (waiting), joined, lost or left, with heartbeat and load."""

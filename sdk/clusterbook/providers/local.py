@@ -16,6 +16,7 @@ from clusterbook.errors import ClusterError
 from clusterbook.launch.guard import guard, kill_tagged
 from clusterbook.providers.base import StartContext
 from clusterbook.providers.elastic import ElasticProvider
+from clusterbook.rendezvous.agent import HEAD_LEASE
 from clusterbook.spec import NodeSpec, validate_positive_int
 from clusterbook.status import NodeStatus
 
@@ -68,7 +69,7 @@ class LocalAgentsProvider(ElasticProvider):
                         "--slots",
                         str(node.slots),
                         "--lease",
-                        "5",
+                        str(HEAD_LEASE),
                     ],
                     env=env,
                     stdin=subprocess.DEVNULL,

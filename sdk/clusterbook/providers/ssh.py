@@ -9,7 +9,7 @@ import shutil
 import sys
 import time
 import warnings
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -24,6 +24,7 @@ from clusterbook.fanout import parallel
 from clusterbook.launch.rankwrap import HOOK_DIR
 from clusterbook.providers.base import RemoteLaunch, StartContext, head_cluster_dir
 from clusterbook.providers.elastic import ElasticProvider
+from clusterbook.rendezvous.agent import HEAD_LEASE
 from clusterbook.spec import NodeSpec, parse_host_slots, validate_positive_int, validate_timeout
 from clusterbook.ssh.bootstrap import (
     CLUSTERS_DIR,
@@ -240,6 +241,11 @@ class SSHProvider:
                 node.host,
                 "--slots",
                 str(node.slots),
+                # Lost for longer (this head killed, say): it stops the cluster's processes on
+                # its node and removes the key and files this bootstrap put there.
+                "--lease",
+                str(HEAD_LEASE),
+                "--clean-on-lost",
             ]
             # Tagged like a job: the clean-up at stop() finds it whatever happened.
             env = {"CLUSTERBOOK_JOB": f"{ctx.cluster_id}-agents"}
@@ -258,6 +264,14 @@ class SSHProvider:
                     for h in late
                 }
             ) from None
+
+    def problem(self) -> str | None:
+        rendezvous = self._rendezvous
+        return rendezvous.problem() if rendezvous is not None else None
+
+    def unreachable(self, names: Collection[str], *, lost_only: bool = False) -> dict[str, str]:
+        rendezvous = self._rendezvous
+        return rendezvous.unreachable(names, lost_only=lost_only) if rendezvous else {}
 
     def node_statuses(self) -> list[NodeStatus]:
         """The nodes as their agents report them (pending until they joined)."""
@@ -355,7 +369,9 @@ class SSHProvider:
     def stop_job(self, token: str) -> None:
         if self._ctx is None:
             return
-        parallel(list(self._conns), lambda host: self._task(host, "kill", {"token": token}, 15))
+        # A lost node is not waited for: its agent stops the job there when its lease ends.
+        hosts = [h for h in self._conns if h not in self.unreachable(self._conns, lost_only=True)]
+        parallel(hosts, lambda host: self._task(host, "kill", {"token": token}, 5))
 
     def _task(self, host: str, task: str, args: Mapping[str, Any], timeout: float) -> Any:
         """Run a node task on ``host``, in the session kept for it."""
@@ -415,7 +431,13 @@ class SSHProvider:
             return
         rendezvous, self._rendezvous = self._rendezvous, None
         if rendezvous is not None:
-            rendezvous.stop()  # closed: the agents leave and exit
+            try:
+                rendezvous.stop()  # closed: the agents leave and exit
+            except Exception as exc:  # the nodes are cleaned all the same (their agents too)
+                warnings.warn(
+                    CleanupWarning(f"Closing the rendezvous of {ctx.cluster_id!r} failed: {exc}"),
+                    stacklevel=3,
+                )
         args = {"cluster_id": ctx.cluster_id, "tag": key_tag(ctx.cluster_id), "grace": 2.0}
         put_done: dict[str, Exception] = {}
         if self._put_used:

@@ -6,7 +6,10 @@ Python, MPI, its sshd's host key) and heartbeats with its load. It re-joins when
 forms (a node waits and there is room, a participant was lost, or it was itself dropped),
 stops the processes of a job when the head asks (every process of a job carries the job's
 token in its environment), and exits by itself when the rendezvous closes, or when it has lost
-the store for longer than its lease, so that no agent outlives a head that died.
+the store for longer than its lease, so that no agent outlives a head that died. Before it
+exits for that, it stops every process of the cluster's jobs on its node (their MPI daemons
+too); with ``clean_on_lost`` (nodes the head bootstrapped over SSH) it also removes what the
+bootstrap installed there: the cluster's key line, key files, token and directory.
 """
 
 from __future__ import annotations
@@ -24,7 +27,7 @@ from urllib.parse import parse_qs, urlencode, urlsplit
 
 import psutil
 
-from clusterbook._node_tasks import kill_tagged
+from clusterbook import _node_tasks
 from clusterbook.errors import ConfigError
 from clusterbook.rendezvous.api import (
     RendezvousClosedError,
@@ -43,6 +46,10 @@ _log = logging.getLogger("clusterbook.agent")
 
 EXIT_CLOSED = 0
 EXIT_LOST_STORE = 3
+
+#: Lease of the agents a head starts itself (local and SSH clusters): seconds without the
+#: head after which an agent stops the cluster's processes on its node, cleans up and exits.
+HEAD_LEASE = 2.0
 
 
 def join_url(store_url: str, settings: RendezvousSettings) -> str:
@@ -134,9 +141,12 @@ class Agent:
     slots: int
     lease: float = 10.0
     facts: dict[str, Any] | None = None
+    clean_on_lost: bool = False
 
     def __post_init__(self) -> None:
         self.store_url, self.settings = parse_join_url(self.url)
+        if not self.lease > 0:
+            raise ConfigError(f"The lease must be a number of seconds > 0, got {self.lease!r}.")
         self.stop_event = threading.Event()
         self._facts = self.facts or node_facts(self.slots)
         self._store_lost = False
@@ -152,15 +162,50 @@ class Agent:
 
     def run(self) -> int:
         backend = TcpBackend(self.store_url, self.secret, node=self.node_id)
-        watcher = TcpBackend(self.store_url, self.secret)
+        # The watch notices a silent head (a cut link drops packets without a word) within
+        # the lease: each call gives up after half of it.
+        watcher = TcpBackend(self.store_url, self.secret, timeout=min(5.0, self.lease / 2))
         handler = RendezvousHandler(backend, self.settings, self.node_id, info=self.report)
         try:
-            return self._loop(handler, watcher)
+            code = self._loop(handler, watcher)
         finally:
             if not self._store_lost:  # leave cleanly, so the others need not wait for expiry
                 handler.shutdown()
             watcher.close()
             backend.close()
+        if code == EXIT_LOST_STORE:
+            self.release()
+        return code
+
+    def release(self) -> dict[str, Any]:
+        """The head is gone: stop the cluster's jobs on this node (and, with
+        ``clean_on_lost``, remove what the bootstrap installed here). Returns what was done."""
+        cluster = self.settings.run_id
+        try:
+            if self.clean_on_lost:
+                tag = _node_tasks.key_tag(cluster)
+                done = _node_tasks.release({"cluster_id": cluster, "tag": tag})
+            else:
+                done = {"killed": _node_tasks.stop_jobs(cluster)}
+        except Exception:
+            _log.exception("Agent %s could not clean up after losing the head.", self.node_id)
+            return {}
+        if not self.clean_on_lost:
+            files = ""
+        elif done.get("kept_for"):
+            files = f"; its files stay for the nodes that share this home ({done['kept_for']})"
+        else:
+            files = "; removed the cluster's key and files"
+        _log.warning(
+            "Agent %s lost the head of cluster %r for over %g s: stopped %d process(es) of its "
+            "jobs here%s.",
+            self.node_id,
+            cluster,
+            self.lease,
+            len(done.get("killed", [])),
+            files,
+        )
+        return done
 
     def _loop(self, handler: RendezvousHandler, watcher: TcpBackend) -> int:
         while not self.stop_event.is_set():
@@ -224,7 +269,12 @@ class Agent:
         for token in tokens:
             if token not in self._stopped:
                 self._stopped.add(token)
-                threading.Thread(target=kill_tagged, args=([token], 1.0), daemon=True).start()
+                threading.Thread(
+                    target=_node_tasks.kill_tagged,
+                    args=([token], 1.0),
+                    kwargs={"daemons": True},
+                    daemon=True,
+                ).start()
 
     def _must_rejoin(self, state: RendezvousState, round_: int, members: set[str]) -> bool:
         me = self.node_id

@@ -21,6 +21,8 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from cryptography.hazmat.primitives.kdf.hkdf import HKDF
 
+from clusterbook import _node_tasks
+
 __all__ = [
     "KeyPair",
     "authorized_keys_line",
@@ -40,7 +42,7 @@ def key_tag(cluster_id: str) -> str:
     """The comment that marks a cluster's lines in authorized_keys."""
     if not _TAG_RE.fullmatch(cluster_id):
         raise ValueError(f"cluster id {cluster_id!r} must be letters, digits, '.', '-', '_'")
-    return f"clusterbook:{cluster_id}"
+    return _node_tasks.key_tag(cluster_id)
 
 
 @dataclass(frozen=True, slots=True)

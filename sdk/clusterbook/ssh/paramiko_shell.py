@@ -151,6 +151,17 @@ class ParamikoShell:
         """Whether the connection is still up."""
         return self._transport.is_active()
 
+    def _open(self) -> paramiko.Channel:
+        """A new channel; a connection that cannot open one is closed, so that the next step
+        logs in again instead of waiting on it (a node cut off for a while, say)."""
+        try:
+            return self._transport.open_session(timeout=self._timeout)
+        except (paramiko.SSHException, OSError, EOFError) as exc:
+            self._transport.close()
+            raise SSHConnectError(
+                f"Lost the connection to {self.host}: {exc or type(exc).__name__}.", host=self.host
+            ) from exc
+
     def __repr__(self) -> str:
         state = "open" if self.active else "closed"
         return f"<ParamikoShell {host_entry_name(self.host, self.port)} {state}>"
@@ -167,12 +178,7 @@ class ParamikoShell:
     ) -> CommandResult:
         line = command_line(argv, env)
         deadline = None if timeout is None else time.monotonic() + timeout
-        try:
-            chan = self._transport.open_session(timeout=self._timeout)
-        except (paramiko.SSHException, OSError, EOFError) as exc:
-            raise SSHConnectError(
-                f"Lost the connection to {self.host}: {exc or type(exc).__name__}.", host=self.host
-            ) from exc
+        chan = self._open()
         try:
             chan.exec_command(line)
             if input:
@@ -225,8 +231,8 @@ class ParamikoShell:
         return result.check() if check else result
 
     def start(self, argv: Sequence[str], *, env: Mapping[str, str] | None = None) -> _Process:
+        chan = self._open()
         try:
-            chan = self._transport.open_session(timeout=self._timeout)
             chan.exec_command(command_line(argv, env))
         except (paramiko.SSHException, OSError, EOFError) as exc:
             raise SSHConnectError(
