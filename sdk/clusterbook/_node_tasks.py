@@ -509,21 +509,25 @@ def _remove_put(directory):
 
 def gather_list(args):
     """The regular files in ``directory``, but hidden ones and those named in ``skip`` (the
-    head has them): name -> size."""
+    head has them): name -> size. ``directory`` is the first of ``directories`` this node
+    has (the head's path, then the path it leads to there, when it goes through a symbolic
+    link: the ranks may have used either)."""
     skip = set(args.get("skip", []))
-    try:
-        entries = list(os.scandir(args["directory"]))
-    except FileNotFoundError:
-        return {"files": {}}
-    return {
-        "files": {
+    asked = args.get("directories")
+    for directory in asked or [args["directory"]]:
+        try:
+            entries = list(os.scandir(directory))
+        except (FileNotFoundError, NotADirectoryError):
+            continue
+        files = {
             e.name: e.stat(follow_symlinks=False).st_size
             for e in sorted(entries, key=lambda e: e.name)
             if e.name not in skip
             and not e.name.startswith(".")
             and e.is_file(follow_symlinks=False)
         }
-    }
+        return {"files": files, "directory": directory} if asked else {"files": files}
+    return {"files": {}}
 
 
 def gather_chunk(args):

@@ -104,6 +104,27 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("cmd", nargs=argparse.REMAINDER, metavar="CMD", help="program and arguments")
     run.set_defaults(func=_run)
 
+    clean = sub.add_parser(
+        "cleanup",
+        help="remove what a cluster whose owner is gone left here and on its hosts",
+        description="Stop the processes of cluster ID and remove its key line, files and what "
+        "put() made, on this machine and on each host of --hosts (as stop() would). Its nodes "
+        "do this themselves when they lose the head; this is for what is left when they could "
+        "not.",
+    )
+    clean.add_argument("cluster_id", metavar="ID", help="the cluster's name, like ssh-1a2b3c")
+    clean.add_argument("--hosts", metavar="H,...", help="its SSH hosts, like node1,node2")
+    clean.add_argument("--user", help="ssh login user on the hosts (default: yours)")
+    clean.add_argument(
+        "--identity", metavar="FILE", help="ssh private key (default ~/.ssh/id_ed25519)"
+    )
+    clean.add_argument("--known-hosts", metavar="FILE", help="known_hosts file to trust")
+    clean.add_argument("--port", type=int, default=22, help="sshd port of the hosts (default 22)")
+    clean.add_argument(
+        "--python", default="python3", help="a Python 3 on the hosts (default python3)"
+    )
+    clean.set_defaults(func=_cleanup)
+
     worker = sub.add_parser("worker", help="run this machine as a node of an elastic cluster")
     worker_sub = worker.add_subparsers(title="worker commands")
     join = worker_sub.add_parser(
@@ -209,6 +230,33 @@ def _agent_sshd(url: str, secret: bytes, node_id: str, port: int) -> Sshd:
         f.write("restrict " + derived_public_line(secret, settings.run_id) + "\n")
     everywhere = "0.0.0.0"  # noqa: S104 - the head must reach this sshd
     return start_sshd(directory, port=port, listen=everywhere, authorized_keys=keys)
+
+
+def _cleanup(args: argparse.Namespace) -> int:
+    from clusterbook.clean import clean_cluster
+
+    hosts = _split(args.hosts) if args.hosts else []
+    results = clean_cluster(
+        args.cluster_id,
+        hosts,
+        user=args.user,
+        identity=args.identity,
+        known_hosts=args.known_hosts,
+        port=args.port,
+        python=args.python,
+    )
+    failed = 0
+    for host, done in results.items():
+        if isinstance(done, Exception):
+            failed += 1
+            print(f"{host}: not cleaned: {done}", file=sys.stderr)
+        else:
+            print(
+                f"{host}: stopped {len(done['killed'])} process(es), removed "
+                f"{done['keys_removed']} key line(s); cluster directory removed: "
+                f"{'yes' if done['dir_removed'] else 'no'}"
+            )
+    return 1 if failed else 0
 
 
 def _run(args: argparse.Namespace) -> int:

@@ -180,8 +180,12 @@ def fetch(
 ) -> None:
     """Move the files ranks wrote in ``directory`` on one node (``host``) here, piece by
     piece; each is removed there only once it is stored here (``stored`` is told its path)."""
-    where = str(directory)
-    listed = call("gather_list", {"directory": where, "skip": list(skip)}, 60)["files"]
+    # The ranks used the path the head's leads to, if it goes through a symbolic link here.
+    paths = list(dict.fromkeys([str(directory), os.path.realpath(directory)]))
+    found = call(
+        "gather_list", {"directory": paths[0], "directories": paths, "skip": list(skip)}, 60
+    )
+    listed, where = found["files"], found.get("directory") or paths[0]
     taken: list[str] = []
     try:
         for name, size in listed.items():

@@ -265,12 +265,6 @@ def test_nodes_clean_themselves_when_their_owner_dies(
             owner.wait()
 
 
-def test_clean_up_after_an_owner_died_is_idempotent(tmp_path: Path) -> None:
-    """What a later clean-up command runs on a node the agent already cleaned: no error."""
-    done = _node_tasks.cleanup({"cluster_id": "gone-cluster", "tag": "clusterbook:gone-cluster"})
-    assert done["keys_removed"] == 0
-
-
 # -- a host key swapped ---------------------------------------------------------------------
 
 
@@ -295,3 +289,103 @@ def test_a_swapped_host_key_says_the_key_changed(
         done = testbed.ssh(node2, [openmpi_python, _node_tasks.__file__, "cleanup", args])
         assert done.returncode == 0, done.stderr
     assert os.path.exists(testbed.known_hosts)
+
+
+def test_the_cleanup_command_removes_what_nobody_could(
+    testbed: Testbed, openmpi_python: str, tmp_path: Path
+) -> None:
+    sleeper = tmp_path / "sleeper.py"
+    sleeper.write_text(SLEEPER)
+    owner_script = tmp_path / "owner.py"
+    owner_script.write_text(OWNER)
+    nodes = testbed.hosts[:2]
+    hosts = ",".join(h.addr for h in nodes)
+    known = str(testbed.write_known_hosts())
+    args = [",".join(f"{h}:1" for h in hosts.split(",")), str(testbed.identity), known]
+    args += [openmpi_python, str(tmp_path / "run"), str(sleeper), "hang"]
+    owner = subprocess.Popen(
+        [sys.executable, str(owner_script), *args],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert owner.stdout is not None
+        name = owner.stdout.readline().split()[1]
+        # The agents die with their owner, before they can clean anything.
+        for host in nodes:
+            for pid in host.processes():
+                with contextlib.suppress(psutil.Error):
+                    if "worker" in psutil.Process(pid).cmdline():
+                        os.kill(pid, signal.SIGKILL)
+        owner.kill()
+        owner.wait()
+        time.sleep(HEAD_LEASE + 1)
+        assert all(f"clusterbook:{name}" in h.authorized_keys.read_text() for h in nodes)
+        assert all(name in cluster_files(h) for h in nodes)
+        done = subprocess.run(
+            [sys.executable, "-m", "clusterbook.cli", "cleanup", name, "--hosts", hosts,
+             "--identity", str(testbed.identity), "--known-hosts", known,
+             "--python", openmpi_python],
+            capture_output=True, text=True, timeout=120, check=False,
+        )  # fmt: skip
+        assert done.returncode == 0, done.stderr
+        for host in nodes:
+            assert f"{host.addr}: stopped" in done.stdout
+            assert "clusterbook:" not in host.authorized_keys.read_text()
+            assert name not in cluster_files(host)
+        assert wait_for(lambda: not strays(testbed), 10), strays(testbed)
+        # Again: nothing left to do, no error.
+        again = subprocess.run(
+            [sys.executable, "-m", "clusterbook.cli", "cleanup", name, "--hosts", hosts,
+             "--identity", str(testbed.identity), "--known-hosts", known,
+             "--python", openmpi_python],
+            capture_output=True, text=True, timeout=120, check=False,
+        )  # fmt: skip
+        assert again.returncode == 0, again.stderr
+        assert "removed 0 key line(s)" in again.stdout
+    finally:
+        if owner.poll() is None:
+            owner.kill()
+            owner.wait()
+
+
+def test_the_cleanup_command_refuses_a_bad_id() -> None:
+    done = subprocess.run(
+        [sys.executable, "-m", "clusterbook.cli", "cleanup", "../etc"],
+        capture_output=True, text=True, timeout=60, check=False,
+    )  # fmt: skip
+    assert done.returncode == 2
+    assert "'../etc' is not a cluster id" in done.stderr
+
+
+STUBBORN = """\
+import signal, time
+from mpi4py import MPI
+signal.signal(signal.SIGTERM, signal.SIG_IGN)  # only SIGKILL ends it: MPI cannot clean up
+MPI.COMM_WORLD.Barrier()
+print("started", flush=True)
+time.sleep(600)
+"""
+
+
+def mpi_debris() -> set[str]:
+    """MPI's shared memory and session directories (the fake hosts share /tmp and /dev/shm
+    with the head: each node's are named by its hostname or its daemon's pid)."""
+    shm = {f"/dev/shm/{n}" for n in os.listdir("/dev/shm") if n.startswith(("sm_", "mpich_"))}
+    tmp = {f"/tmp/{n}" for n in os.listdir("/tmp") if n.startswith(("ompi.", "prted."))}
+    return shm | tmp
+
+
+def test_a_killed_job_leaves_no_mpi_debris_on_the_nodes(
+    testbed: Testbed, openmpi_python: str, tmp_path: Path
+) -> None:
+    program = tmp_path / "stubborn.py"
+    program.write_text(STUBBORN)
+    before = mpi_debris()
+    with testbed.cluster(openmpi_python, tmp_path / "run", hosts=2, slots=2) as cluster:
+        job = cluster.mpirun(["python", str(program)], np=4, timeout=120)
+        started(job, 4)
+        assert {p for p in mpi_debris() - before if "prted." in p}, "no daemon session to check"
+        assert job.cancel().cancelled
+        assert wait_for(lambda: not mpi_debris() - before, 5), mpi_debris() - before

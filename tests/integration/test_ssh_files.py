@@ -115,6 +115,23 @@ def test_gather_keeps_what_the_head_has(testbed, unshared, openmpi_python, tmp_p
     assert not [p.name for p in work.iterdir() if p.name.startswith(".")]  # no temp file left
 
 
+def test_gather_through_a_symlinked_directory_of_the_head(
+    testbed, unshared, openmpi_python, tmp_path
+) -> None:  # type: ignore[no-untyped-def]
+    work, seen = unshared
+    (work / "out").mkdir()
+    link = work / "results"  # on the head only: the nodes have work/out, not this link
+    link.symlink_to(work / "out")
+    for name in seen:
+        (seen[name] / "out").mkdir()
+        (seen[name] / "out" / f"{name}.txt").write_text(f"from {name}\n")
+    with _cluster(testbed, openmpi_python, tmp_path / "run") as cluster:
+        arrived = cluster.gather(link)
+    assert sorted(p.name for p in arrived) == ["node1.txt", "node2.txt"]
+    assert _files(work / "out") == {"node1.txt": "from node1\n", "node2.txt": "from node2\n"}
+    assert [list((seen[n] / "out").iterdir()) for n in seen] == [[], []]
+
+
 def test_large_files_go_both_ways_in_pieces(testbed, unshared, openmpi_python, tmp_path) -> None:  # type: ignore[no-untyped-def]
     work, seen = unshared
     data = os.urandom(2 * CHUNK + 12345)  # three pieces

@@ -144,6 +144,45 @@ def test_gather_lists_reads_in_pieces_and_removes(tmp_path: Path) -> None:
         tasks.gather_chunk({"directory": where, "name": "../x", "offset": 0, "size": 1})
 
 
+def test_gather_follows_a_symlinked_directory_of_the_head_to_where_it_leads(
+    tmp_path: Path,
+) -> None:
+    # On the head, results -> real; on the node the ranks wrote in real (no link there).
+    (tmp_path / "real").mkdir()
+    (tmp_path / "real" / "r.txt").write_text("x")
+    asked = [str(tmp_path / "results"), str(tmp_path / "real")]
+    listed = tasks.gather_list({"directory": asked[0], "directories": asked})
+    assert listed == {"files": {"r.txt": 1}, "directory": str(tmp_path / "real")}
+    # The head's own path first, when the node has it too.
+    (tmp_path / "results").mkdir()
+    listed = tasks.gather_list({"directory": asked[0], "directories": asked})
+    assert listed == {"files": {}, "directory": str(tmp_path / "results")}
+
+
+def test_fetch_through_a_symlinked_directory_stores_through_it(tmp_path: Path) -> None:
+    node = tmp_path / "node-real"
+    node.mkdir()
+    (node / "out.txt").write_text("from the node")
+    head = tmp_path / "head-real"
+    head.mkdir()
+    link = tmp_path / "link"
+    link.symlink_to(head)
+
+    def call(task: str, args: dict, timeout: float) -> object:
+        # The node has the link's target at the real path only (what a rank wrote to).
+        args = dict(args)
+        if task == "gather_list":
+            assert args["directories"] == [str(link), str(head)]
+            args["directories"] = [str(tmp_path / "missing"), str(node)]
+        return getattr(tasks, task)(args)
+
+    stored: list[Path] = []
+    fetch(call, link, [], "n1", stored.append)
+    assert stored == [link / "out.txt"]
+    assert (head / "out.txt").read_text() == "from the node"
+    assert not (node / "out.txt").exists()
+
+
 def test_arrivals_never_overwrite(tmp_path: Path) -> None:
     (tmp_path / "r.pkl").write_bytes(b"head")
     stored = []

@@ -76,6 +76,14 @@ def test_header_of_a_cluster_without_rounds_or_uptime():
     assert ">created<" in out
 
 
+def test_header_shows_the_clusters_own_problem_escaped():
+    assert "cb-problem" not in render_header(snap())
+    out = render_header(snap(problem=f"The rendezvous state cannot be read {EVIL}"))
+    assert '<div class="cb-problem"' in out
+    assert "The rendezvous state cannot be read" in out
+    assert "<script>" not in out
+
+
 def test_header_escapes_the_cluster_name():
     out = render_header(snap(name=EVIL))
     assert "<script>" not in out

@@ -124,7 +124,8 @@ def _empty(cls: str, text: str) -> str:
 
 
 def render_header(snapshot: ClusterSnapshot) -> str:
-    """One line about the cluster: name, kind, state, rendezvous round, world size, uptime.
+    """One line about the cluster: name, kind, state, rendezvous round, world size, uptime;
+    then what is wrong with the cluster itself, if anything (``snapshot.problem``).
 
     The round is the newest round any node is in ("—" when no node reports one); the world
     size counts the slots of nodes that have not been lost or left.
@@ -140,7 +141,10 @@ def render_header(snapshot: ClusterSnapshot) -> str:
         f"world size {slots} ({len(active)} node{'' if len(active) == 1 else 's'})",
         f"up {_seconds(snapshot.uptime)}",
     ]
-    return '<div class="cb-header">' + " · ".join(parts) + "</div>"
+    header = '<div class="cb-header">' + " · ".join(parts) + "</div>"
+    if snapshot.problem:  # the cluster's own trouble (a stale status, say) comes first
+        header += f'<div class="cb-problem" {_FAILED}>{_e(snapshot.problem)}</div>'
+    return header
 
 
 def render_progress(

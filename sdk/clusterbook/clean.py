@@ -1,0 +1,75 @@
+"""Clean up after a cluster whose owner is gone: ``clusterbook cleanup ID --hosts ...``.
+
+A cluster's nodes clean themselves when they lose the head (their agents' lease), and
+``stop()`` cleans them otherwise; this is for what is left when neither could run (an agent
+killed with its owner, a node that was off): on this machine and on each host given, it stops
+the cluster's processes and removes its key line, files and what ``put()`` made, as ``stop()``
+would. Hosts are reached with your own ssh key, host keys checked as for ``Cluster.ssh``.
+"""
+
+from __future__ import annotations
+
+import getpass
+import os
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from clusterbook import _node_tasks
+from clusterbook.errors import ConfigError
+from clusterbook.spec import parse_host_slots
+
+__all__ = ["clean_cluster"]
+
+
+def clean_cluster(
+    cluster_id: str,
+    hosts: Sequence[str] = (),
+    *,
+    user: str | None = None,
+    identity: str | os.PathLike[str] | None = None,
+    known_hosts: str | os.PathLike[str] | None = None,
+    port: int = 22,
+    python: str = "python3",
+    timeout: float = 30.0,
+) -> dict[str, dict[str, Any] | Exception]:
+    """Remove what cluster ``cluster_id`` left here and on ``hosts``; return, by host (this
+    machine is ``"localhost"``), what was removed or why it could not be."""
+    from clusterbook.ssh.keys import key_tag
+
+    try:
+        tag = key_tag(cluster_id)
+    except ValueError:
+        raise ConfigError(
+            f"{cluster_id!r} is not a cluster id (letters, digits, '.', '-', '_'); give the "
+            "name the cluster showed, like 'ssh-1a2b3c'."
+        ) from None
+    args = {"cluster_id": cluster_id, "tag": tag, "grace": 2.0}
+    names = [parse_host_slots(h, 1)[0] for h in hosts]
+    out: dict[str, dict[str, Any] | Exception] = {}
+    try:
+        out["localhost"] = _node_tasks.cleanup({**args, "tag": None})  # the head has no key line
+    except Exception as exc:
+        out["localhost"] = exc
+    if not names:
+        return out
+    from clusterbook.fanout import parallel
+    from clusterbook.ssh.bootstrap import run_task
+    from clusterbook.ssh.hostkeys import make_policy
+    from clusterbook.ssh.paramiko_shell import connect
+
+    policy = make_policy(None, known_hosts)
+    key = Path(identity or "~/.ssh/id_ed25519").expanduser()
+
+    def one(host: str) -> dict[str, Any]:
+        login = user or getpass.getuser()
+        shell = connect(host, user=login, identity=key, policy=policy, port=port, timeout=timeout)
+        try:
+            return run_task(shell, python, "cleanup", args, timeout=timeout)
+        finally:
+            shell.close()
+
+    done, failed = parallel(names, one)
+    for host in names:
+        out[host] = done[host] if host in done else failed[host]
+    return out
