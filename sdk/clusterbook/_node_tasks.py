@@ -28,6 +28,8 @@ import tempfile
 import time
 
 JOB_ENV = "CLUSTERBOOK_JOB"
+#: Where a cluster's files live on every node (and the head), under the user's home.
+CLUSTERS_DIR = ".clusterbook/clusters"
 AGENTS = "agents"  # a cluster's agents are tagged CLUSTER-agents; its jobs, CLUSTER-TOKEN
 # The MPI launchers' daemons on a node: the parents of a job's ranks there.
 DAEMONS = ("prted", "hydra_pmi_proxy")
@@ -90,7 +92,7 @@ def write_atomic(path, data, mode):
 def _cluster_dir(cluster_id):
     if not cluster_id or "/" in cluster_id or cluster_id.startswith("."):
         raise ValueError(f"bad cluster id {cluster_id!r}")
-    return os.path.join(os.path.expanduser("~"), ".clusterbook", "clusters", cluster_id)
+    return os.path.join(os.path.expanduser("~"), CLUSTERS_DIR, cluster_id)
 
 
 def install(args):

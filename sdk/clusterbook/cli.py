@@ -215,12 +215,13 @@ def _worker_join(args: argparse.Namespace) -> int:
 
 def _agent_sshd(url: str, secret: bytes, node_id: str, port: int) -> Sshd:
     """The agent's own sshd; it lets in the cluster's key only (derived from the secret)."""
+    from clusterbook.paths import agent_sshd_dir
     from clusterbook.rendezvous.agent import parse_join_url
     from clusterbook.ssh.keys import derived_public_line
     from clusterbook.ssh.sshd import start_sshd
 
     _, settings = parse_join_url(url)
-    directory = Path.home() / ".clusterbook" / f"sshd-{node_id}"
+    directory = agent_sshd_dir(node_id)
     directory.mkdir(mode=0o700, parents=True, exist_ok=True)
     keys = directory / "authorized_keys"
     # Rewritten for each cluster: a key of an earlier cluster must not get in.

@@ -31,6 +31,7 @@ from clusterbook.launch.logs import LogStore
 from clusterbook.launch.program import check_argv, check_cwd, resolve_program
 from clusterbook.launch.rankwrap import HOOK_DIR
 from clusterbook.launch.result import JobResult, ssh_refusals
+from clusterbook.paths import default_run_root
 from clusterbook.providers.base import Provider, StartContext
 from clusterbook.providers.local import LocalAgentsProvider, local_nodes
 from clusterbook.spec import NodeSpec, validate_env, validate_np, validate_timeout
@@ -46,17 +47,10 @@ if TYPE_CHECKING:
 
 __all__ = ["Cluster", "default_run_root"]
 
+
 _NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,62}")
 _JOB_RE = re.compile(r"job-\d{4,}")
 _LIVE: weakref.WeakSet[Cluster] = weakref.WeakSet()
-
-
-def default_run_root() -> Path:
-    """Where run directories go: ``$CLUSTERBOOK_RUN_ROOT``, else ``~/.local/state/clusterbook``."""
-    if root := os.environ.get("CLUSTERBOOK_RUN_ROOT"):
-        return Path(root)
-    state = os.environ.get("XDG_STATE_HOME") or str(Path.home() / ".local" / "state")
-    return Path(state) / "clusterbook" / "runs"
 
 
 class Cluster:

@@ -20,6 +20,7 @@ __all__ = [
     "validate_host",
     "validate_np",
     "validate_positive_int",
+    "validate_seconds",
     "validate_timeout",
 ]
 
@@ -124,21 +125,29 @@ def validate_np(np: object, total_slots: int, *, oversubscribe: bool) -> int:
     return np
 
 
-def validate_timeout(timeout: object, name: str = "timeout") -> float | None:
-    """Return ``timeout`` as float seconds (None means no limit); reject <= 0, NaN and infinity."""
-    if timeout is None:
+def validate_seconds(
+    value: object, name: str = "timeout", *, optional: bool = False, zero: bool = False
+) -> float | None:
+    """``value`` as float seconds: a finite number > 0 (>= 0 with ``zero``; None too, meaning
+    no limit, with ``optional``). The one check of every duration clusterbook is given."""
+    if value is None and optional:
         return None
-    if isinstance(timeout, bool) or not isinstance(timeout, (int, float)):
-        raise ConfigError(f"{name} must be a number of seconds > 0 or None, got {timeout!r}.")
     try:
-        finite = math.isfinite(timeout)
+        ok = not isinstance(value, bool) and isinstance(value, (int, float))
+        ok = ok and math.isfinite(value) and (value > 0 or (zero and value == 0))  # type: ignore[arg-type]
     except OverflowError:  # an int too big for a float
-        finite = False
-    if not finite or timeout <= 0:
-        raise ConfigError(
-            f"{name} must be a number of seconds > 0, got {timeout!r}; use None for no limit."
-        )
-    return float(timeout)
+        ok = False
+    if not ok:
+        rule = ">= 0" if zero else "> 0"
+        more = "; use None for no limit" if optional else ""
+        alone = " or None" if optional else ""
+        raise ConfigError(f"{name} must be a number of seconds {rule}{alone}, got {value!r}{more}.")
+    return float(value)  # type: ignore[arg-type]
+
+
+def validate_timeout(timeout: object, name: str = "timeout") -> float | None:
+    """A time limit: seconds > 0, or None for none (:func:`validate_seconds`)."""
+    return validate_seconds(timeout, name, optional=True)
 
 
 def validate_env(env: Mapping[str, str] | None) -> dict[str, str]:

@@ -18,6 +18,7 @@ from typing import Any, Protocol
 
 import ipywidgets as widgets
 
+from clusterbook.spec import validate_seconds
 from clusterbook.status import ClusterSnapshot
 from clusterbook_widgets.render import (
     render_header,
@@ -83,8 +84,7 @@ class ClusterWidget(widgets.VBox):
         max_nodes: int | None = None,
         scheduler: Scheduler | None = None,
     ) -> None:
-        if refresh is not None and not refresh > 0:
-            raise ValueError(f"refresh ({refresh!r}) must be a number of seconds above 0, or None.")
+        validate_seconds(refresh, "refresh", optional=True)
         self.header_html = widgets.HTML()
         self.progress_html = widgets.HTML()
         self.nodes_html = widgets.HTML()

@@ -39,6 +39,7 @@ from clusterbook.errors import ClusterError, ConfigError, JobFailedError, ReadyT
 from clusterbook.launch import proc as procs
 from clusterbook.launch.guard import ENV as JOB_ENV
 from clusterbook.launch.guard import guard
+from clusterbook.spec import validate_seconds
 from clusterbook_widgets.ipp_config import (
     CONNECTION_ENV,
     PORTS,
@@ -222,10 +223,9 @@ def start_engines(
             "cluster.engines() needs ipyparallel; install it with "
             "pip install 'clusterbook[jupyter]' (on every node too)."
         ) from exc
-    if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not 0 < timeout < 1e9:
-        raise ConfigError(f"timeout must be a number of seconds > 0, got {timeout!r}.")
-    limit = float(timeout)
-    if not (isinstance(heartbeat, (int, float)) and 0.01 <= heartbeat <= 10):
+    limit = validate_seconds(timeout, "timeout")
+    assert limit is not None
+    if not 0.01 <= (validate_seconds(heartbeat, "heartbeat") or 0) <= 10:
         raise ConfigError(f"heartbeat must be between 0.01 and 10 seconds, got {heartbeat!r}.")
     deadline = time.monotonic() + limit
     engine_ip = head_addr or "127.0.0.1"

@@ -23,6 +23,7 @@ from typing import Any, Protocol
 import ipywidgets as widgets
 
 from clusterbook.launch.logs import LAUNCHER_RANK, LogRecord, read_log_file
+from clusterbook.spec import validate_positive_int
 from clusterbook_widgets.render import render_lines
 from clusterbook_widgets.throttle import Scheduler, Throttle
 
@@ -95,8 +96,7 @@ class LogViewer(widgets.VBox):
         scheduler: Scheduler | None = None,
     ) -> None:
         for name, value in (("max_lines", max_lines), ("page_size", page_size)):
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ValueError(f"{name} ({value!r}) must be a whole number, 1 or more.")
+            validate_positive_int(value, name)
         self.rank_filter = widgets.Dropdown(
             description="Rank", options=[("all", _ALL)], layout=widgets.Layout(width="160px")
         )

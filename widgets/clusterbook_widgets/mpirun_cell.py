@@ -10,7 +10,9 @@ import shlex
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
+from clusterbook.errors import ConfigError
 from clusterbook.launch.result import RankFailure
+from clusterbook.spec import validate_seconds
 
 __all__ = [
     "ArgsError",
@@ -92,9 +94,14 @@ def _seconds(text: str) -> float:
         value = float(text)
     except ValueError:
         value = math.nan
-    if not math.isfinite(value) or value <= 0:
-        raise argparse.ArgumentTypeError(f"timeout must be a number of seconds > 0, got {text!r}")
-    return value
+    try:
+        seconds = validate_seconds(value, "timeout")
+    except ConfigError:
+        raise argparse.ArgumentTypeError(
+            f"timeout must be a number of seconds > 0, got {text!r}"
+        ) from None
+    assert seconds is not None
+    return seconds
 
 
 def _identifier(text: str) -> str:

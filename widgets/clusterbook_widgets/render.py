@@ -16,6 +16,7 @@ import shlex
 from collections.abc import Iterable, Sequence
 from typing import Any
 
+from clusterbook.errors import ConfigError
 from clusterbook.launch.logs import LAUNCHER_RANK, LogRecord
 from clusterbook.status import ClusterSnapshot, JobStatus, NodeStatus
 from clusterbook_widgets.ipp_config import ENGINE_MODULE
@@ -157,7 +158,7 @@ def render_progress(
     cluster (else against every node that has not been lost or left), with the nodes still
     waiting and, when given, the seconds left before the rendezvous' last call closes."""
     if min_nodes is not None and max_nodes is not None and min_nodes > max_nodes:
-        raise ValueError(
+        raise ConfigError(
             f"min_nodes ({min_nodes}) must be less than or equal to max_nodes ({max_nodes})."
         )
     up = sum(1 for n in snapshot.nodes if n.state in _UP)
@@ -309,7 +310,7 @@ def render_lines(
     tagged with its rank and host; stderr lines are red (class ``cb-err``), search matches
     are marked."""
     if limit < 0:
-        raise ValueError(f"limit ({limit}) must be 0 or more.")
+        raise ConfigError(f"limit ({limit}) must be 0 or more.")
     records = list(records)
     if not records:
         return _empty("cb-log", "No output yet.")

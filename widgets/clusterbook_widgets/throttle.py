@@ -17,6 +17,8 @@ import time
 from collections.abc import Callable
 from typing import Generic, Protocol, TypeVar
 
+from clusterbook.spec import validate_seconds
+
 __all__ = ["Scheduler", "ThreadScheduler", "Throttle"]
 
 T = TypeVar("T")
@@ -74,8 +76,7 @@ class Throttle(Generic[T]):
         *,
         scheduler: Scheduler | None = None,
     ) -> None:
-        if not interval >= 0:
-            raise ValueError(f"interval ({interval!r}) must be a number of seconds, 0 or more.")
+        validate_seconds(interval, "interval", zero=True)
         if not callable(call):
             raise TypeError(f"call must be callable, got {call!r}")
         self.interval = float(interval)

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Protocol
 
 from clusterbook.launch.flavour import Launcher
@@ -78,9 +77,3 @@ class Provider(Protocol):
         """Of the nodes ``names``, those lost (and, unless ``lost_only``, those not heard from
         lately), each with a sentence saying so."""
         ...
-
-
-def head_cluster_dir(cluster_id: str) -> Path:
-    from clusterbook.ssh.bootstrap import CLUSTERS_DIR
-
-    return Path.home() / CLUSTERS_DIR / cluster_id

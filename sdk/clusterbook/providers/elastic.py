@@ -25,7 +25,8 @@ from pathlib import Path
 import psutil
 
 from clusterbook.errors import CleanupWarning, ClusterError, ReadyTimeoutError
-from clusterbook.providers.base import RemoteLaunch, StartContext, head_cluster_dir
+from clusterbook.paths import cluster_dir
+from clusterbook.providers.base import RemoteLaunch, StartContext
 from clusterbook.providers.elastic_reach import Reach, far_nodes, pick_address
 from clusterbook.rendezvous.agent import join_url
 from clusterbook.rendezvous.api import (
@@ -104,7 +105,7 @@ class ElasticProvider:
 
     def start(self, ctx: StartContext) -> None:
         self._settings = replace(self._settings, run_id=ctx.cluster_id)
-        directory = head_cluster_dir(ctx.cluster_id)
+        directory = cluster_dir(ctx.cluster_id)
         directory.mkdir(parents=True, exist_ok=True, mode=0o700)
         self.token_file = directory / "token"
         self.token_file.unlink(missing_ok=True)

@@ -22,12 +22,12 @@ from clusterbook.errors import (
 )
 from clusterbook.fanout import parallel
 from clusterbook.launch.rankwrap import HOOK_DIR
-from clusterbook.providers.base import RemoteLaunch, StartContext, head_cluster_dir
+from clusterbook.paths import CLUSTERS_DIR, cluster_dir, node_cluster_dir
+from clusterbook.providers.base import RemoteLaunch, StartContext
 from clusterbook.providers.elastic import ElasticProvider
 from clusterbook.rendezvous.agent import HEAD_LEASE
 from clusterbook.spec import NodeSpec, parse_host_slots, validate_positive_int, validate_timeout
 from clusterbook.ssh.bootstrap import (
-    CLUSTERS_DIR,
     Connection,
     KeptSession,
     NodeSession,
@@ -126,7 +126,7 @@ class SSHProvider:
 
     def start(self, ctx: StartContext) -> None:
         self._ctx = ctx
-        head_dir = head_cluster_dir(ctx.cluster_id)
+        head_dir = cluster_dir(ctx.cluster_id)
         head_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
         policy = self._policy = make_policy(self._host_keys, self._known_hosts)
         hosts = [n.host for n in self.nodes]
@@ -227,7 +227,7 @@ class SSHProvider:
             python = ctx.python if has_it else sys.executable
             if node.host in self.node_python and self._facts[node.host].clusterbook:
                 python = self.node_python[node.host]
-            token = f"{self._facts[node.host].home}/{CLUSTERS_DIR}/{ctx.cluster_id}/token"
+            token = f"{node_cluster_dir(self._facts[node.host].home, ctx.cluster_id)}/token"
             argv = [
                 python,
                 "-m",

@@ -39,6 +39,7 @@ from clusterbook.rendezvous.api import (
 from clusterbook.rendezvous.backends.tcp import TcpBackend
 from clusterbook.rendezvous.handler import RendezvousHandler
 from clusterbook.rendezvous.state import RendezvousState, decode
+from clusterbook.spec import validate_seconds
 
 __all__ = ["Agent", "join_url", "node_facts", "parse_join_url"]
 
@@ -145,8 +146,7 @@ class Agent:
 
     def __post_init__(self) -> None:
         self.store_url, self.settings = parse_join_url(self.url)
-        if not self.lease > 0:
-            raise ConfigError(f"The lease must be a number of seconds > 0, got {self.lease!r}.")
+        validate_seconds(self.lease, "The lease")
         self.stop_event = threading.Event()
         self._facts = self.facts or node_facts(self.slots)
         self._store_lost = False

@@ -28,13 +28,13 @@ Errors are :class:`RendezvousError` subclasses: a store that cannot be reached r
 
 from __future__ import annotations
 
-import math
 import time
 from abc import ABC, abstractmethod
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from clusterbook.errors import ClusterError, ConfigError
+from clusterbook.spec import validate_seconds
 
 __all__ = [
     "RendezvousBackend",
@@ -132,11 +132,9 @@ class RendezvousBackend(ABC):
 
 
 def _positive(value: object, name: str) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
-        raise ConfigError(f"The {name} must be a number of seconds > 0, got {value!r}.")
-    if value <= 0:
-        raise ConfigError(f"The {name} must be greater than 0, got {value!r}.")
-    return float(value)
+    seconds = validate_seconds(value, name)
+    assert seconds is not None
+    return seconds
 
 
 @dataclass(frozen=True, slots=True)

@@ -28,13 +28,13 @@ from clusterbook.errors import (
     SSHTimeoutError,
 )
 from clusterbook.fanout import parallel
+from clusterbook.paths import CLUSTERS_DIR
 from clusterbook.ssh.hostkeys import HostKey, HostKeyPolicy, host_entry_name, known_hosts_line
 from clusterbook.ssh.keys import KeyPair
 from clusterbook.ssh.paramiko_shell import ParamikoShell, connect
 from clusterbook.ssh.shell import RemoteShell
 
 __all__ = [
-    "CLUSTERS_DIR",
     "Connection",
     "KeptSession",
     "NodeSession",
@@ -47,7 +47,6 @@ __all__ = [
 ]
 
 #: Where a cluster's files live, relative to the home of the user on every node and the head.
-CLUSTERS_DIR = ".clusterbook/clusters"
 _TASKS = Path(_node_tasks.__file__).read_text()
 
 

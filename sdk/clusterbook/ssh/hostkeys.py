@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from clusterbook.errors import ConfigError, HostKeyChangedError, HostKeyUnknownError
+from clusterbook.paths import accept_new_known_hosts
 
 __all__ = [
     "AcceptNew",
@@ -257,7 +258,7 @@ def make_policy(
     if host_keys in (None, "known-hosts"):
         return KnownHosts(*files)
     if host_keys == "accept-new":
-        return AcceptNew(known_hosts or record or Path.home() / ".clusterbook" / "known_hosts")
+        return AcceptNew(known_hosts or record or accept_new_known_hosts())
     raise ConfigError(
         f"host_keys={host_keys!r} is not a policy; use 'known-hosts' (the default), "
         "'accept-new' (trust on first use) or a mapping of host to 'SHA256:...' fingerprint. "

@@ -50,7 +50,6 @@ from __future__ import annotations
 
 import errno
 import hmac
-import math
 import os
 import secrets
 import select
@@ -63,6 +62,7 @@ from hashlib import sha256
 from urllib.parse import urlsplit
 
 from clusterbook.errors import ConfigError
+from clusterbook.spec import validate_seconds
 
 MAX_FRAME = 16 * 1024 * 1024
 """The largest frame (payload and tag) either side sends or accepts, in bytes."""
@@ -222,11 +222,9 @@ def _format_url(host: str, port: int) -> str:
 
 
 def _seconds(value: object, name: str, *, zero: bool = False) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
-        raise ConfigError(f"The {name} must be a number of seconds, got {value!r}.")
-    if value < 0 or (value == 0 and not zero):
-        raise ConfigError(f"The {name} must be greater than {'or equal to ' if zero else ''}0.")
-    return float(value)
+    seconds = validate_seconds(value, f"The {name}", zero=zero)
+    assert seconds is not None
+    return seconds
 
 
 # --- framing --------------------------------------------------------------------------------------

@@ -17,7 +17,6 @@ from __future__ import annotations
 import errno
 import fcntl
 import hashlib
-import math
 import os
 import secrets
 import struct
@@ -35,6 +34,7 @@ from clusterbook.rendezvous.api import (
     RendezvousStateError,
     Token,
 )
+from clusterbook.spec import validate_seconds
 
 __all__ = ["FileBackend"]
 
@@ -87,13 +87,7 @@ class FileBackend(RendezvousBackend):
     ) -> None:
         self._dir = _location(path)
         for name, value in (("lock timeout", timeout), ("poll interval", poll_interval)):
-            if (
-                isinstance(value, bool)
-                or not isinstance(value, (int, float))
-                or not math.isfinite(value)
-                or value <= 0
-            ):
-                raise ConfigError(f"The {name} must be a number of seconds > 0, got {value!r}.")
+            validate_seconds(value, f"The {name}")
         self._timeout = float(timeout)
         self._poll = float(poll_interval)
         self._state_path = self._dir / "state"

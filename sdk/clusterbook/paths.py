@@ -1,0 +1,53 @@
+"""Where clusterbook keeps things on disk: one place for every location.
+
+- ``~/.clusterbook/clusters/ID/`` on the head and on every node: a cluster's key, token,
+  known_hosts, env file and status (defined with the node tasks, which need it on the nodes);
+- ``~/.clusterbook/known_hosts``: host keys trusted on first use (``host_keys="accept-new"``);
+- ``~/.clusterbook/sshd-NODE/``: the user-level sshd of an elastic node's agent;
+- the run directories of clusters (jobs' logs): ``$CLUSTERBOOK_RUN_ROOT``, else
+  ``$XDG_STATE_HOME/clusterbook/runs`` (``~/.local/state/clusterbook/runs``).
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from clusterbook._node_tasks import CLUSTERS_DIR
+
+__all__ = [
+    "CLUSTERS_DIR",
+    "accept_new_known_hosts",
+    "agent_sshd_dir",
+    "cluster_dir",
+    "default_run_root",
+    "node_cluster_dir",
+]
+
+
+def cluster_dir(cluster_id: str) -> Path:
+    """The cluster's directory on this machine: ``~/.clusterbook/clusters/ID``."""
+    return Path.home() / CLUSTERS_DIR / cluster_id
+
+
+def node_cluster_dir(home: str, cluster_id: str) -> str:
+    """The cluster's directory on a node whose home is ``home`` (a path on that node)."""
+    return f"{home}/{CLUSTERS_DIR}/{cluster_id}"
+
+
+def accept_new_known_hosts() -> Path:
+    """Where host keys trusted on first use are recorded, unless told otherwise."""
+    return Path.home() / ".clusterbook" / "known_hosts"
+
+
+def agent_sshd_dir(node_id: str) -> Path:
+    """The directory of the user-level sshd an agent started with ``--start-sshd`` runs."""
+    return Path.home() / ".clusterbook" / f"sshd-{node_id}"
+
+
+def default_run_root() -> Path:
+    """Where run directories go: ``$CLUSTERBOOK_RUN_ROOT``, else ``~/.local/state/clusterbook``."""
+    if root := os.environ.get("CLUSTERBOOK_RUN_ROOT"):
+        return Path(root)
+    state = os.environ.get("XDG_STATE_HOME") or str(Path.home() / ".local" / "state")
+    return Path(state) / "clusterbook" / "runs"
