@@ -113,7 +113,8 @@ __all__ = [
 
 
 def load_ipython_extension(ipython: Any) -> None:
-    """``%load_ext clusterbook``: load the notebook layer (imported only here)."""
-    from clusterbook_widgets import load_ipython_extension as load
+    """``%load_ext clusterbook``: load the installed Jupyter layer (found through the
+    ``clusterbook.jupyter`` entry points, see :mod:`clusterbook.display`)."""
+    from clusterbook.display import load_ipython_extension as load
 
     load(ipython)

@@ -175,8 +175,9 @@ def _worker_join(args: argparse.Namespace) -> int:
     import signal
     import socket
 
-    from clusterbook.rendezvous.agent import Agent, node_facts
+    from clusterbook.rendezvous.agent import Agent
     from clusterbook.rendezvous.backends.tcp import read_secret
+    from clusterbook.rendezvous.report import NodeReport
     from clusterbook.spec import validate_positive_int
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
@@ -186,7 +187,7 @@ def _worker_join(args: argparse.Namespace) -> int:
     sshd = None
     if args.start_sshd is not None:
         sshd = _agent_sshd(args.url, secret, node_id, args.start_sshd)
-    facts = node_facts(
+    facts = NodeReport.here(
         slots,
         sshd_host_key=sshd.host_public_key if sshd else None,
         sshd_port=sshd.port if sshd else None,

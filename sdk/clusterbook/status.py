@@ -5,7 +5,8 @@ Widgets and the CLI render these; they never reach into a live cluster.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
@@ -13,7 +14,15 @@ if TYPE_CHECKING:
 
     from clusterbook.launch.job import Job
 
-__all__ = ["ClusterSnapshot", "JobStatus", "NodeStatus", "job_status", "nodes_frame"]
+__all__ = [
+    "ClusterSnapshot",
+    "JobStatus",
+    "NodeStatus",
+    "job_status",
+    "nodes_frame",
+    "snapshot_of",
+    "with_running_jobs",
+]
 
 
 @dataclass(frozen=True, slots=True)
@@ -52,7 +61,8 @@ class JobStatus:
 @dataclass(frozen=True, slots=True)
 class ClusterSnapshot:
     """A cluster as it is now: its nodes and its jobs; ``problem`` says what is wrong with
-    the cluster itself, if anything (its status is stale, say)."""
+    the cluster itself, if anything (its status is stale, say); ``min_nodes`` and
+    ``max_nodes`` bound an elastic cluster's size (None for a fixed set of nodes)."""
 
     name: str
     kind: str
@@ -63,6 +73,8 @@ class ClusterSnapshot:
     run_dir: str
     uptime: float | None
     problem: str | None = None
+    min_nodes: int | None = None
+    max_nodes: int | None = None
 
     @property
     def total_slots(self) -> int:
@@ -109,6 +121,57 @@ def nodes_frame(snapshot: ClusterSnapshot) -> pd.DataFrame:
         for n in snapshot.nodes
     ]
     return pd.DataFrame(rows, columns=list(NODE_COLUMNS))
+
+
+def with_running_jobs(
+    statuses: Sequence[NodeStatus], jobs: Sequence[Job]
+) -> tuple[NodeStatus, ...]:
+    """``statuses`` with the ranks of the running ``jobs`` on each node (``running``; a node
+    lost or gone stays so, whatever ran there)."""
+    from clusterbook.launch.command import placement
+
+    busy: dict[str, tuple[str, list[int]]] = {}
+    for job in jobs:
+        if job.done:
+            continue
+        where = job.plan.nodes  # the nodes the job was launched on
+        for rank, i in enumerate(placement(where, job.np)):
+            busy.setdefault(where[i].name, (job.id, []))[1].append(rank)
+    return tuple(
+        replace(s, state="running", ranks=tuple(busy[s.name][1]), job=busy[s.name][0])
+        if s.name in busy and s.state not in ("lost", "left")
+        else s
+        for s in statuses
+    )
+
+
+def snapshot_of(
+    *,
+    name: str,
+    kind: str,
+    state: str,
+    statuses: Sequence[NodeStatus],
+    jobs: Sequence[Job],
+    launcher: str | None,
+    run_dir: str,
+    uptime: float | None,
+    problem: str | None,
+    bounds: tuple[int, int] | None,
+) -> ClusterSnapshot:
+    """A cluster's snapshot from its parts."""
+    return ClusterSnapshot(
+        name=name,
+        kind=kind,
+        state=state,
+        nodes=with_running_jobs(statuses, jobs),
+        jobs=tuple(job_status(j) for j in jobs),
+        launcher=launcher,
+        run_dir=run_dir,
+        uptime=uptime,
+        problem=problem,
+        min_nodes=bounds[0] if bounds else None,
+        max_nodes=bounds[1] if bounds else None,
+    )
 
 
 def job_status(job: Job) -> JobStatus:

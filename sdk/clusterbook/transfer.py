@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from clusterbook.errors import ConfigError
+from clusterbook.errors import ClusterError, ConfigError
 from clusterbook.fanout import parallel
 
 __all__ = [
@@ -227,3 +227,32 @@ def fetch_all(
 
     failed = parallel(list(callers), lambda node: fetch(callers[node], directory, skip, node, keep))
     return sorted(stored), failed[1]
+
+
+def put_paths(
+    put: Callable[[Outgoing], Mapping[str, Exception]], paths: Iterable[str | os.PathLike[str]]
+) -> None:
+    """``cluster.put(*paths)``: send them with ``put`` (a provider's); raise naming the nodes
+    it failed on."""
+    sent = outgoing(paths)
+    if sent.dirs or sent.files:
+        _raise_for("put", put(sent), "")
+
+
+def gather_into(
+    gather: Callable[[Path, Sequence[str]], tuple[list[Path], Mapping[str, Exception]]],
+    directory: Path,
+) -> list[Path]:
+    """``cluster.gather(directory)``: move what the nodes have there here with ``gather`` (a
+    provider's), but the names this machine has; raise naming the nodes it failed on."""
+    target = directory.expanduser().absolute()
+    have = sorted(p.name for p in target.iterdir()) if target.is_dir() else []
+    stored, failed = gather(target, have)
+    _raise_for("gather", failed, f"; what arrived from the others is in {target}")
+    return stored
+
+
+def _raise_for(what: str, failed: Mapping[str, Exception], more: str) -> None:
+    if failed:
+        lines = "".join(f"\n  {host}: {exc}" for host, exc in failed.items())
+        raise ClusterError(f"{what}() failed on {len(failed)} node(s){more}:{lines}")

@@ -248,9 +248,10 @@ def test_an_agent_can_start_its_own_sshd_and_report_its_key(elastic, agents, tmp
     try:
         agents(cluster.join_command, node, "--start-sshd", str(port))
         cluster.wait_ready(timeout=60)
-        report = cluster._provider._seen[node]
-        assert report["sshd_port"] == port
-        key = report["sshd_host_key"]
+        report = cluster._provider.head.reports()[node]
+        assert report.sshd_port == port
+        key = report.sshd_host_key
+        assert key is not None
         assert key.startswith("ssh-ed25519 ")
         with socket.create_connection(("127.0.0.1", port), timeout=10) as conn:
             assert conn.recv(64).startswith(b"SSH-2.0-")

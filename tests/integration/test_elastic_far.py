@@ -10,6 +10,7 @@ import shutil
 import subprocess
 import sys
 from collections.abc import Callable, Iterator
+from dataclasses import replace
 from pathlib import Path
 
 import psutil
@@ -107,7 +108,8 @@ def test_ranks_run_on_far_agents_through_their_own_sshd(testbed, far_agents, mpi
 
         # The head pins exactly the host keys the agents reported, and logs in strictly.
         directory = Path.home() / ".clusterbook" / "clusters" / cluster.name
-        reported = {r["sshd_host_key"].split()[1] for r in cluster._provider._seen.values()}
+        reports = cluster._provider.head.reports().values()
+        reported = {(r.sshd_host_key or "").split()[1] for r in reports}
         pinned = {line.split()[2] for line in (directory / "known_hosts").read_text().splitlines()}
         assert pinned == reported
         config = (directory / "ssh_config").read_text()
@@ -145,9 +147,9 @@ def test_a_far_node_whose_sshd_key_is_not_the_reported_one_is_refused(
         far_agents(host, cluster, "--start-sshd", str(SSHD_PORT))
         cluster.wait_ready(timeout=60)
         # Someone else answers on the agent's address and port with another host key.
-        node = next(iter(cluster._provider._seen))
-        report = cluster._provider._seen[node]
-        report["sshd_host_key"] = host.host_public_key  # the fake host's own sshd key
+        node, report = next(iter(cluster._provider.head.reports().items()))
+        # the fake host's own sshd key
+        cluster._provider.head.set_report(node, replace(report, sshd_host_key=host.host_public_key))
         with pytest.raises(BootstrapError, match="has CHANGED") as info:
             cluster.mpirun(["python", "-c", "pass"], np=1)
         assert host.addr in str(info.value) or node in str(info.value)

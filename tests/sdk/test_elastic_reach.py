@@ -13,6 +13,7 @@ from clusterbook.providers.elastic_reach import (
     pick_address,
     ssh_config,
 )
+from clusterbook.rendezvous.report import NodeReport
 from clusterbook.spec import NodeSpec
 from clusterbook.ssh.hostkeys import HostKey
 from clusterbook.ssh.keys import derive_keypair, derived_public_line, generate_keypair
@@ -28,6 +29,11 @@ def test_pick_address_prefers_a_network_the_head_is_on() -> None:
     assert pick_address(["not-an-ip", "10.0.0.7"], ["10.0.0.1/8"]) == "10.0.0.7"
 
 
+def reported(reports: dict[str, dict[str, object]]) -> dict[str, NodeReport]:
+    """Reports as the agents send them (JSON), as the head reads them."""
+    return {node: NodeReport.from_json(r) for node, r in reports.items()}
+
+
 def test_far_nodes_skip_local_ones_and_name_those_without_an_sshd() -> None:
     nodes = (
         NodeSpec("here", "localhost", 2),
@@ -38,7 +44,7 @@ def test_far_nodes_skip_local_ones_and_name_those_without_an_sshd() -> None:
         "a": {"sshd_port": 2222, "sshd_host_key": KEY, "user": "ann", "hostname": "node-a"},
         "b": {"hostname": "node-b"},
     }
-    far, found = far_nodes(nodes, reports, "me")
+    far, found = far_nodes(nodes, reported(reports), "me")
     assert far == [
         FarNode("a", "10.0.0.11", 2222, "ann", HostKey(*KEY.split()), "node-a", 2),
     ]
@@ -49,7 +55,7 @@ def test_far_nodes_skip_local_ones_and_name_those_without_an_sshd() -> None:
 
 def test_far_node_user_defaults_to_the_heads() -> None:
     nodes = (NodeSpec("a", "10.0.0.11", 1),)
-    far, _ = far_nodes(nodes, {"a": {"sshd_port": 22, "sshd_host_key": KEY}}, "me")
+    far, _ = far_nodes(nodes, reported({"a": {"sshd_port": 22, "sshd_host_key": KEY}}), "me")
     assert far[0].user == "me"
     assert far[0].hostname == "10.0.0.11"
 

@@ -20,16 +20,16 @@ from IPython.utils.capture import capture_output
 
 import clusterbook as cb
 from clusterbook._node_tasks import tagged
-from clusterbook.status import ClusterSnapshot, JobStatus
-from clusterbook_widgets.cluster_widget import ClusterWidget
-from clusterbook_widgets.engines import start_engines
-from clusterbook_widgets.ipp_config import (
+from clusterbook.engines import start_engines
+from clusterbook.engines.config import (
     CONNECTION_ENV,
     PORTS,
     connection_info,
     controller_argv,
     engine_argv,
 )
+from clusterbook.status import ClusterSnapshot, JobStatus
+from clusterbook_widgets.cluster_widget import ClusterWidget
 from clusterbook_widgets.render import ENGINES_LABEL, job_label, render_jobs
 from tests.conftest import require
 

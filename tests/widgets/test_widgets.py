@@ -396,8 +396,8 @@ def test_polls_refresh_uptime_until_the_cluster_stops():
 
 def test_elastic_bounds_are_shown_in_the_progress_bar():
     nodes = (NodeStatus("a", "ha", 1, "joined"), NodeStatus("b", "hb", 1, "pending"))
-    cluster = FakeCluster(snapshot(nodes=nodes))
-    cluster.min_nodes, cluster.max_nodes = 2, 3  # type: ignore[attr-defined]
+    # The snapshot says the bounds: the widget need not be told.
+    cluster = FakeCluster(snapshot(nodes=nodes, min_nodes=2, max_nodes=3))
     widget, _, _ = make_widget(cluster)
     assert "1 nodes joined (min 2, max 3), 1 more needed, 1 waiting" in widget.progress_html.value
 

@@ -1,16 +1,20 @@
 """The Jupyter layer of clusterbook: live widgets, the log viewer and the magics.
 
 ``%load_ext clusterbook`` (or ``%load_ext clusterbook_widgets``) registers the magics; the
-widgets import ipywidgets only when used.
+names below load on first use, so ``import clusterbook_widgets`` imports no ipywidgets until a
+widget is made. The core finds :func:`display_cluster` and :func:`load_ipython_extension`
+through the ``clusterbook.jupyter`` entry points (it never imports this package by name).
 """
 
 from __future__ import annotations
 
-from typing import Any
+from importlib import import_module
+from typing import TYPE_CHECKING, Any
 
-from clusterbook_widgets.cluster_widget import ClusterWidget, display_cluster
-from clusterbook_widgets.log_viewer import LogViewer
-from clusterbook_widgets.throttle import Scheduler, ThreadScheduler, Throttle
+if TYPE_CHECKING:
+    from clusterbook_widgets.cluster_widget import ClusterWidget, display_cluster
+    from clusterbook_widgets.log_viewer import LogViewer
+    from clusterbook_widgets.throttle import Scheduler, ThreadScheduler, Throttle
 
 __all__ = [
     "ClusterWidget",
@@ -22,6 +26,28 @@ __all__ = [
     "display_cluster",
     "load_ipython_extension",
 ]
+
+_LAZY = {
+    "ClusterWidget": "clusterbook_widgets.cluster_widget",
+    "display_cluster": "clusterbook_widgets.cluster_widget",
+    "LogViewer": "clusterbook_widgets.log_viewer",
+    "Scheduler": "clusterbook_widgets.throttle",
+    "ThreadScheduler": "clusterbook_widgets.throttle",
+    "Throttle": "clusterbook_widgets.throttle",
+}
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'clusterbook_widgets' has no attribute {name!r}")
+    value = getattr(import_module(module), name)
+    globals()[name] = value  # once: later lookups do not come here
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *_LAZY})
 
 
 def current_cluster(shell: Any = None) -> Any:

@@ -68,8 +68,8 @@ class ClusterWidget(widgets.VBox):
     refresh
         Seconds between polls of ``cluster.snapshot()`` (None: redraw on events only).
     min_nodes, max_nodes
-        Bounds of an elastic cluster, shown in the progress bar (default: the cluster's
-        ``min_nodes``/``max_nodes`` attributes if it has them).
+        Bounds of an elastic cluster, shown in the progress bar (default: those its
+        snapshots carry).
     scheduler
         Clock and timers for the throttle and the polls (default: real threads).
     """
@@ -107,12 +107,7 @@ class ClusterWidget(widgets.VBox):
         )
         self._parts: tuple[widgets.Widget, ...] = (*self.children, *buttons.children)
         self._cluster = cluster
-        self._min_nodes = (
-            min_nodes if min_nodes is not None else getattr(cluster, "min_nodes", None)
-        )
-        self._max_nodes = (
-            max_nodes if max_nodes is not None else getattr(cluster, "max_nodes", None)
-        )
+        self._min_nodes, self._max_nodes = min_nodes, max_nodes
         self._refresh = refresh
         self._scheduler: Scheduler = scheduler or ThreadScheduler()
         self._closed = False
@@ -175,7 +170,9 @@ class ClusterWidget(widgets.VBox):
             return
         self.snapshot = snapshot
         self.header_html.value = render_header(snapshot)
-        self.progress_html.value = render_progress(snapshot, self._min_nodes, self._max_nodes)
+        low = self._min_nodes if self._min_nodes is not None else snapshot.min_nodes
+        high = self._max_nodes if self._max_nodes is not None else snapshot.max_nodes
+        self.progress_html.value = render_progress(snapshot, low, high)
         self.nodes_html.value = render_nodes(snapshot)
         self.jobs_html.value = render_jobs(snapshot)
         live = snapshot.state not in ("stopping", "stopped")

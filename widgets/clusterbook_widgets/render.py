@@ -16,10 +16,10 @@ import shlex
 from collections.abc import Iterable, Sequence
 from typing import Any
 
+from clusterbook.engines.config import ENGINE_MODULE
 from clusterbook.errors import ConfigError
 from clusterbook.launch.logs import LAUNCHER_RANK, LogRecord
 from clusterbook.status import ClusterSnapshot, JobStatus, NodeStatus
-from clusterbook_widgets.ipp_config import ENGINE_MODULE
 
 __all__ = [
     "ENGINES_LABEL",

@@ -1,25 +1,70 @@
-"""What a provider (where nodes come from) gives a :class:`~clusterbook.Cluster`."""
+"""The provider contract: where a :class:`~clusterbook.Cluster`'s nodes come from.
+
+A provider brings nodes up at :meth:`Provider.start`, says what they are (:attr:`Provider.nodes`,
+:meth:`Provider.node_statuses`), how the MPI launcher reaches them (:meth:`Provider.remote`),
+and releases them at :meth:`Provider.stop`. That is all a new provider must write: every other
+member has a default that fits a fixed set of nodes sharing this machine's files.
+
+====================  ========  ==================================================================
+member                default   what it must do
+====================  ========  ==================================================================
+``kind``              required  a short name (``"ssh"``), shown in status; the registry's key
+``nodes``             required  the nodes jobs run on now (``()`` while none is ready)
+``start(ctx)``        required  bring the nodes up; raise a ClusterError naming what failed, and
+                                leave nothing behind when it does
+``stop()``            required  no process, key or file of the cluster left on any node it can
+                                reach; warn (``CleanupWarning``) naming the others; never raise
+``wait_ready(t)``     returns   return once jobs can run; raise ``ReadyTimeoutError`` after ``t``
+``remote()``          None      how the launcher reaches the nodes, None when they are this machine
+``stop_job(token)``   nothing   no process of job ``token`` left on any node (the job's own
+                                clean-up covers this machine)
+``node_statuses()``   derived   one :class:`NodeStatus` per node: pending until started, then ready
+``problem()``         None      what is wrong with the provider's view of the nodes (in status)
+``unreachable(...)``  {}        of the nodes named, those lost or silent, with a sentence each
+``put(sent)``         {}        copy files to nodes that do not share this machine's; the nodes
+                                it failed on, with why
+``gather(dir, skip)`` ([], {})  move the files ranks wrote in ``dir`` on such nodes here
+``join_command``      None      for nodes that join by themselves: the command that joins
+``bounds``            None      ``(min_nodes, max_nodes)`` of a cluster whose size may change
+====================  ========  ==================================================================
+
+Providers are looked up by kind in :mod:`clusterbook.providers.registry`, which third parties
+extend through the ``clusterbook.providers`` entry point group.
+"""
 
 from __future__ import annotations
 
-from collections.abc import Collection, Mapping
+from abc import ABC, abstractmethod
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Protocol
+from pathlib import Path
+from typing import ClassVar
 
 from clusterbook.launch.flavour import Launcher
 from clusterbook.spec import NodeSpec
+from clusterbook.status import NodeStatus
+from clusterbook.transfer import Outgoing
 
 __all__ = ["Provider", "RemoteLaunch", "StartContext"]
 
 
+def _nothing() -> None:
+    return None
+
+
 @dataclass(frozen=True, slots=True)
 class StartContext:
-    """What a provider needs to bring its nodes up."""
+    """What a provider needs to bring its nodes up.
+
+    ``changed`` is to be called whenever the nodes change (a node joined, was lost, reported
+    its load): the cluster then publishes a new snapshot. It may be called from any thread.
+    """
 
     cluster_id: str
     python: str
     launcher: Launcher
     env: Mapping[str, str]
+    changed: Callable[[], None] = _nothing
 
 
 @dataclass(frozen=True, slots=True)
@@ -42,38 +87,76 @@ class RemoteLaunch:
     hook_dir: str | None = None
 
 
-class Provider(Protocol):
-    """Where a cluster's nodes come from, and how they are brought up and released.
+class Provider(ABC):
+    """Where a cluster's nodes come from (see the module docstring for the whole contract)."""
 
-    Providers whose nodes come and go (agents) also have ``changed`` (a callback the cluster
-    sets, called on every change), ``wait_ready(timeout)`` and ``node_statuses()``; the
-    cluster uses them when present.
-    """
+    kind: ClassVar[str]
 
-    kind: str
-    nodes: tuple[NodeSpec, ...]
+    #: Set by :meth:`start` of the providers that keep the default :meth:`node_statuses`.
+    started: bool = False
 
+    @property
+    @abstractmethod
+    def nodes(self) -> tuple[NodeSpec, ...]:
+        """The nodes jobs run on now, in rank order (``()`` while none is ready)."""
+
+    @abstractmethod
     def start(self, ctx: StartContext) -> None:
-        """Bring the nodes up; raise a ClusterError naming what failed."""
-        ...
+        """Bring the nodes up. Raise a :class:`~clusterbook.ClusterError` naming what failed
+        (a :class:`~clusterbook.BootstrapError` by node), having released what was started."""
 
+    @abstractmethod
     def stop(self) -> None:
-        """Release the nodes: no process and no key of the cluster left on them."""
-        ...
+        """Release the nodes: no process, key or file of the cluster left on any node it can
+        reach. Never raises; a node it cannot clean is named in a ``CleanupWarning``. Safe to
+        call more than once, and after a failed :meth:`start`."""
+
+    def wait_ready(self, timeout: float) -> None:  # noqa: B027 - a fixed set is ready at once
+        """Return once jobs can run on :attr:`nodes`; raise
+        :class:`~clusterbook.ReadyTimeoutError` saying what is missing after ``timeout``
+        seconds. A fixed set of nodes is ready once :meth:`start` returned."""
 
     def remote(self) -> RemoteLaunch | None:
-        """How to launch on the nodes, or None when they are this machine."""
-        ...
+        """How the MPI launcher reaches the nodes, or None when they are this machine."""
+        return None
 
-    def stop_job(self, token: str) -> None:
-        """Make sure no process of job ``token`` is left on any node."""
-        ...
+    def stop_job(self, token: str) -> None:  # noqa: B027 - this machine's is the job's own
+        """Make sure no process of job ``token`` is left on any node. Called when a job did
+        not end cleanly; the job itself already stopped what runs on this machine."""
+
+    def node_statuses(self) -> list[NodeStatus]:
+        """One status per node; by default ``pending`` until started, then ``ready``."""
+        state = "ready" if self.started else "pending"
+        return [NodeStatus(n.name, n.host, n.slots, state) for n in self.nodes]
 
     def problem(self) -> str | None:
-        """What is wrong with the provider's view of the nodes now (shown in status)."""
-        ...
+        """What is wrong with the provider's view of the nodes now, if anything."""
+        return None
 
     def unreachable(self, names: Collection[str], *, lost_only: bool = False) -> dict[str, str]:
         """Of the nodes ``names``, those lost (and, unless ``lost_only``, those not heard from
         lately), each with a sentence saying so."""
-        ...
+        return {}
+
+    def put(self, sent: Outgoing) -> dict[str, Exception]:
+        """Copy ``sent`` to the nodes that do not share this machine's files; return the nodes
+        it failed on, with why. By default every node shares them: nothing to do."""
+        return {}
+
+    def gather(
+        self, directory: Path, skip: Sequence[str]
+    ) -> tuple[list[Path], dict[str, Exception]]:
+        """Move the files ranks wrote in ``directory`` on the nodes (but those named in
+        ``skip``: this machine has them) here; return what arrived, and the nodes it failed
+        on. By default every node shares this machine's files: nothing to move."""
+        return [], {}
+
+    @property
+    def join_command(self) -> str | None:
+        """For nodes that join by themselves, once started: the command a node joins with."""
+        return None
+
+    @property
+    def bounds(self) -> tuple[int, int] | None:
+        """``(min_nodes, max_nodes)`` of a cluster whose size may change, else None."""
+        return None

@@ -18,11 +18,12 @@ import threading
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from clusterbook.errors import BootstrapError
 from clusterbook.fanout import parallel
 from clusterbook.providers.base import RemoteLaunch, StartContext
+from clusterbook.rendezvous.report import NodeReport
 from clusterbook.spec import NodeSpec
 from clusterbook.ssh.hostkeys import (
     Fingerprints,
@@ -66,7 +67,7 @@ def pick_address(addresses: Sequence[str], head_networks: Sequence[str]) -> str:
 
 
 def far_nodes(
-    nodes: Sequence[NodeSpec], reports: Mapping[str, Mapping[str, Any]], default_user: str
+    nodes: Sequence[NodeSpec], reports: Mapping[str, NodeReport], default_user: str
 ) -> tuple[list[FarNode], dict[str, list[str]]]:
     """The nodes of a round that are not on this machine, and what keeps any from MPI."""
     far: list[FarNode] = []
@@ -74,9 +75,8 @@ def far_nodes(
     for node in nodes:
         if node.host == "localhost":
             continue
-        report = reports.get(node.name, {})
-        port, key = report.get("sshd_port"), report.get("sshd_host_key")
-        parts = str(key or "").split()
+        report = reports.get(node.name, NodeReport())
+        port, parts = report.sshd_port, (report.sshd_host_key or "").split()
         if not port or len(parts) < 2:
             found[node.name] = [
                 f"it runs on another machine ({node.host}) without an sshd the head can reach; "
@@ -88,10 +88,10 @@ def far_nodes(
             FarNode(
                 name=node.name,
                 addr=node.host,
-                port=int(port),
-                user=str(report.get("user") or default_user),
+                port=port,
+                user=report.user or default_user,
                 host_key=HostKey(parts[0], parts[1]),
-                hostname=str(report.get("hostname") or node.host),
+                hostname=report.hostname if report.hostname != "?" else node.host,
                 slots=node.slots,
             )
         )
@@ -182,7 +182,7 @@ class Reach:
         self,
         ctx: StartContext,
         nodes: Sequence[NodeSpec],
-        reports: Mapping[str, Mapping[str, Any]],
+        reports: Mapping[str, NodeReport],
     ) -> RemoteLaunch:
         """The RemoteLaunch for ``nodes``; raise naming each node that cannot run ranks."""
         far, found = far_nodes(nodes, reports, getpass.getuser())

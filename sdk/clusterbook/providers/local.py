@@ -1,7 +1,8 @@
 """Nodes on this machine, each run by a local worker agent.
 
-A local cluster is an elastic cluster whose agents the head starts itself, one per node, and
-waits for: the same rendezvous, heartbeats and status as nodes that join from elsewhere.
+A local cluster's nodes are agents the head starts itself, one per node, which join its
+rendezvous (:class:`RendezvousHead`) and heartbeat: the same status, loss detection and job
+stopping as nodes that join from elsewhere.
 """
 
 from __future__ import annotations
@@ -11,12 +12,15 @@ import os
 import subprocess
 import sys
 import time
+from collections.abc import Collection
+from dataclasses import replace
 
 from clusterbook.errors import ClusterError
 from clusterbook.launch.guard import guard, kill_tagged
-from clusterbook.providers.base import StartContext
-from clusterbook.providers.elastic import ElasticProvider
-from clusterbook.rendezvous.agent import HEAD_LEASE
+from clusterbook.providers.base import Provider, StartContext
+from clusterbook.rendezvous.agent import HEAD_LEASE, agent_argv
+from clusterbook.rendezvous.api import RendezvousSettings, RendezvousTimeout
+from clusterbook.rendezvous.head import RendezvousHead
 from clusterbook.spec import NodeSpec, validate_positive_int
 from clusterbook.status import NodeStatus
 
@@ -34,43 +38,59 @@ def local_nodes(workers: int, slots: int | None) -> tuple[NodeSpec, ...]:
     return tuple(NodeSpec(f"local-{i}", "localhost", slots, cores=cores) for i in range(workers))
 
 
-class LocalAgentsProvider(ElasticProvider):
+class LocalAgentsProvider(Provider):
     """Starts one agent process per node on this machine and waits until they joined."""
 
     kind = "local"
 
     def __init__(self, nodes: tuple[NodeSpec, ...]) -> None:
         # Nothing to wait for beyond all of them: min = max, so the round completes at once.
-        super().__init__(len(nodes), len(nodes), listen="127.0.0.1", last_call=0.1)
-        self.announce = False
+        settings = RendezvousSettings(
+            run_id="pending",
+            min_nodes=len(nodes),
+            max_nodes=len(nodes),
+            timeout=RendezvousTimeout(last_call=0.1),
+        )
+        self.head = RendezvousHead(settings)
         self._spec = nodes
         self._agents: list[subprocess.Popen[bytes]] = []
         self._token = ""
 
+    @classmethod
+    def from_spec(cls, workers: int = 1, slots: int | None = None) -> LocalAgentsProvider:
+        """``workers`` nodes on this machine, ``slots`` ranks each (default: its cores)."""
+        return cls(local_nodes(workers, slots))
+
+    @property
+    def nodes(self) -> tuple[NodeSpec, ...]:
+        """The nodes, once their agents joined (none before)."""
+        joined = dict(self.head.participants())
+        return tuple(
+            replace(n, cores=joined[n.name].cores or n.cores)
+            for n in self._spec
+            if n.name in joined
+        )
+
     def start(self, ctx: StartContext) -> None:
-        super().start(ctx)
-        assert self.join_url is not None
-        assert self.token_file is not None
-        argv = ["worker", "join", self.join_url, "--token-file", str(self.token_file)]
+        self.head.start(ctx.cluster_id, ctx.changed)
+        assert self.head.join_url is not None
+        assert self.head.token_file is not None
         # Tagged like a job's processes, so they die with us even if we are SIGKILLed.
         self._token = f"{ctx.cluster_id}-agents"
         guard.watch(self._token)
         env = {**os.environ, "CLUSTERBOOK_JOB": self._token}
         for node in self._spec:
+            argv = agent_argv(
+                sys.executable,
+                self.head.join_url,
+                self.head.token_file,
+                node_id=node.name,
+                slots=node.slots,
+                lease=HEAD_LEASE,
+            )
             self._agents.append(
                 subprocess.Popen(
-                    [
-                        sys.executable,
-                        "-m",
-                        "clusterbook.cli",
-                        *argv,
-                        "--node-id",
-                        node.name,
-                        "--slots",
-                        str(node.slots),
-                        "--lease",
-                        str(HEAD_LEASE),
-                    ],
+                    argv,
                     env=env,
                     stdin=subprocess.DEVNULL,
                     stdout=subprocess.DEVNULL,
@@ -79,7 +99,7 @@ class LocalAgentsProvider(ElasticProvider):
                 )
             )
         try:
-            self.wait_ready(START_TIMEOUT)
+            self.head.wait_ready(START_TIMEOUT)
         except ClusterError:
             failed = [p for p in self._agents if p.poll() is not None]
             self.stop()
@@ -92,7 +112,7 @@ class LocalAgentsProvider(ElasticProvider):
             raise
 
     def stop(self) -> None:
-        super().stop()  # closes the rendezvous: agents leave and exit
+        self.head.close()  # closes the rendezvous: agents leave and exit
         deadline = time.monotonic() + 5.0
         for proc in self._agents:
             with contextlib.suppress(subprocess.TimeoutExpired):
@@ -106,8 +126,17 @@ class LocalAgentsProvider(ElasticProvider):
                 proc.stderr.close()
         self._agents = []
 
+    def stop_job(self, token: str) -> None:
+        self.head.stop_job(token)
+
     def node_statuses(self) -> list[NodeStatus]:
-        seen = {s.name: s for s in super().node_statuses()}
+        seen = {s.name: s for s in self.head.node_statuses()}
         return [
             seen.get(n.name) or NodeStatus(n.name, n.host, n.slots, "pending") for n in self._spec
         ]
+
+    def problem(self) -> str | None:
+        return self.head.problem()
+
+    def unreachable(self, names: Collection[str], *, lost_only: bool = False) -> dict[str, str]:
+        return self.head.unreachable(names, lost_only=lost_only)

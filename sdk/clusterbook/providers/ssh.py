@@ -23,9 +23,10 @@ from clusterbook.errors import (
 from clusterbook.fanout import parallel
 from clusterbook.launch.rankwrap import HOOK_DIR
 from clusterbook.paths import CLUSTERS_DIR, cluster_dir, node_cluster_dir
-from clusterbook.providers.base import RemoteLaunch, StartContext
-from clusterbook.providers.elastic import ElasticProvider
-from clusterbook.rendezvous.agent import HEAD_LEASE
+from clusterbook.providers.base import Provider, RemoteLaunch, StartContext
+from clusterbook.rendezvous.agent import HEAD_LEASE, agent_argv
+from clusterbook.rendezvous.api import RendezvousSettings, RendezvousTimeout
+from clusterbook.rendezvous.head import RendezvousHead
 from clusterbook.spec import NodeSpec, parse_host_slots, validate_positive_int, validate_timeout
 from clusterbook.ssh.bootstrap import (
     Connection,
@@ -81,7 +82,7 @@ def parse_hosts(hosts: Sequence[str] | str, default_slots: int = 1) -> tuple[Nod
     return tuple(nodes)
 
 
-class SSHProvider:
+class SSHProvider(Provider):
     """Bootstraps SSH hosts: one connection each, a per-cluster key, checks, clean-up."""
 
     kind = "ssh"
@@ -98,7 +99,7 @@ class SSHProvider:
         connect_timeout: float = 30.0,
         node_python: Mapping[str, str] | None = None,
     ) -> None:
-        self.nodes = parse_hosts(hosts)
+        self._nodes = parse_hosts(hosts)
         self.node_python = validate_node_python(node_python, [n.host for n in self.nodes])
         self.user = user or getpass.getuser()
         self.identity = Path(identity or "~/.ssh/id_ed25519").expanduser()
@@ -117,10 +118,13 @@ class SSHProvider:
         self._ctx: StartContext | None = None
         self._remote: RemoteLaunch | None = None
         self.timings: dict[str, float] = {}
-        self.changed: Callable[[], None] = lambda: None
-        self._rendezvous: ElasticProvider | None = None
+        self._rendezvous: RendezvousHead | None = None
         self._head_facts: NodeFacts | None = None
         self.stop_problems: dict[str, Exception] = {}
+
+    @property
+    def nodes(self) -> tuple[NodeSpec, ...]:
+        return self._nodes
 
     # -- start --------------------------------------------------------------------------
 
@@ -198,20 +202,19 @@ class SSHProvider:
         if found:
             raise BootstrapError(found)
         self._facts = facts
-        self.nodes = tuple(
+        self._nodes = tuple(
             NodeSpec(n.name, n.host, n.slots, cores=facts[n.host].cores) for n in self.nodes
         )
 
     def _start_rendezvous(self, ctx: StartContext) -> None:
         """Serve the rendezvous on the address the nodes reach us at; agents join it."""
         head_addr = next(iter(self._conns.values())).local_addr
-        rendezvous = ElasticProvider(
-            len(self.nodes), len(self.nodes), listen=head_addr, last_call=0.1
+        size = len(self.nodes)
+        settings = RendezvousSettings(
+            "pending", size, size, timeout=RendezvousTimeout(last_call=0.1)
         )
-        rendezvous.announce = False
-        rendezvous.changed = lambda: self.changed()
-        rendezvous.start(ctx)
-        self._rendezvous = rendezvous
+        self._rendezvous = RendezvousHead(settings, listen=head_addr)
+        self._rendezvous.start(ctx.cluster_id, ctx.changed)
 
     def _start_agents(self, ctx: StartContext, sessions: dict[str, NodeSession]) -> None:
         """One agent per node, started by the node's bootstrap session (no second login);
@@ -228,25 +231,17 @@ class SSHProvider:
             if node.host in self.node_python and self._facts[node.host].clusterbook:
                 python = self.node_python[node.host]
             token = f"{node_cluster_dir(self._facts[node.host].home, ctx.cluster_id)}/token"
-            argv = [
+            # Lost for longer than its lease (this head killed, say), the agent stops the
+            # cluster's processes on its node and removes the key and files put there.
+            argv = agent_argv(
                 python,
-                "-m",
-                "clusterbook.cli",
-                "worker",
-                "join",
                 url,
-                "--token-file",
                 token,
-                "--node-id",
-                node.host,
-                "--slots",
-                str(node.slots),
-                # Lost for longer (this head killed, say): it stops the cluster's processes on
-                # its node and removes the key and files this bootstrap put there.
-                "--lease",
-                str(HEAD_LEASE),
-                "--clean-on-lost",
-            ]
+                node_id=node.host,
+                slots=node.slots,
+                lease=HEAD_LEASE,
+                clean_on_lost=True,
+            )
             # Tagged like a job: the clean-up at stop() finds it whatever happened.
             env = {"CLUSTERBOOK_JOB": f"{ctx.cluster_id}-agents"}
             spawn = {"cluster_id": ctx.cluster_id, "argv": argv, "env": env, "log": _AGENT_LOG}
@@ -432,7 +427,7 @@ class SSHProvider:
         rendezvous, self._rendezvous = self._rendezvous, None
         if rendezvous is not None:
             try:
-                rendezvous.stop()  # closed: the agents leave and exit
+                rendezvous.close()  # closed: the agents leave and exit
             except Exception as exc:  # the nodes are cleaned all the same (their agents too)
                 warnings.warn(
                     CleanupWarning(f"Closing the rendezvous of {ctx.cluster_id!r} failed: {exc}"),

@@ -14,34 +14,27 @@ bootstrap installed there: the cluster's key line, key files, token and director
 
 from __future__ import annotations
 
-import getpass
 import logging
 import os
-import socket
-import sys
 import threading
 import time
 from dataclasses import dataclass
 from typing import Any
-from urllib.parse import parse_qs, urlencode, urlsplit
-
-import psutil
 
 from clusterbook import _node_tasks
-from clusterbook.errors import ConfigError
 from clusterbook.rendezvous.api import (
+    RendezvousBackend,
     RendezvousClosedError,
     RendezvousConnectionError,
     RendezvousError,
-    RendezvousSettings,
-    RendezvousTimeout,
 )
-from clusterbook.rendezvous.backends.tcp import TcpBackend
 from clusterbook.rendezvous.handler import RendezvousHandler
+from clusterbook.rendezvous.registry import backend_for, join_url, parse_join_url
+from clusterbook.rendezvous.report import NodeReport
 from clusterbook.rendezvous.state import RendezvousState, decode
 from clusterbook.spec import validate_seconds
 
-__all__ = ["Agent", "join_url", "node_facts", "parse_join_url"]
+__all__ = ["HEAD_LEASE", "Agent", "agent_argv", "join_url", "parse_join_url"]
 
 _log = logging.getLogger("clusterbook.agent")
 
@@ -53,83 +46,31 @@ EXIT_LOST_STORE = 3
 HEAD_LEASE = 2.0
 
 
-def join_url(store_url: str, settings: RendezvousSettings) -> str:
-    """The URL agents join with: the store's address, the run id and the settings."""
-    query = urlencode(
-        {
-            "min": settings.min_nodes,
-            "max": settings.max_nodes,
-            "last_call": settings.timeout.last_call,
-            "join": settings.timeout.join,
-            "interval": settings.keep_alive_interval,
-            "attempts": settings.keep_alive_max_attempt,
-        }
-    )
-    return f"{store_url}/{settings.run_id}?{query}"
-
-
-def parse_join_url(url: str) -> tuple[str, RendezvousSettings]:
-    """Split a join URL into the store URL and the rendezvous settings."""
-    parts = urlsplit(url)
-    run_id = parts.path.strip("/")
-    if parts.scheme != "tcp" or not parts.netloc or not run_id:
-        raise ConfigError(
-            f"Join URL {url!r} is not a clusterbook join URL; copy the whole URL the head "
-            "printed, like tcp://10.0.0.1:29400/my-cluster?min=2&max=8."
-        )
-    query = {k: v[-1] for k, v in parse_qs(parts.query).items()}
-    try:
-        settings = RendezvousSettings(
-            run_id=run_id,
-            min_nodes=int(query.get("min", "1")),
-            max_nodes=int(query.get("max", query.get("min", "1"))),
-            timeout=RendezvousTimeout(
-                join=float(query.get("join", "600")),
-                last_call=float(query.get("last_call", "1")),
-                close=3.0,  # leaving must not hold up an agent that is told to stop
-            ),
-            keep_alive_interval=float(query.get("interval", "1")),
-            keep_alive_max_attempt=int(query.get("attempts", "3")),
-        )
-    except ValueError as exc:
-        raise ConfigError(f"Join URL {url!r} has a bad setting ({exc}).") from None
-    return f"tcp://{parts.netloc}", settings
-
-
-def node_facts(
-    slots: int, *, sshd_host_key: str | None = None, sshd_port: int | None = None
-) -> dict[str, Any]:
-    """What a node reports when it joins (no reverse DNS: addresses come from interfaces)."""
-    addresses = [
-        a.address
-        for name, addrs in psutil.net_if_addrs().items()
-        for a in addrs
-        if a.family == socket.AF_INET and not a.address.startswith("127.")
-    ]
-    mpi = None
-    try:
-        from clusterbook.launch.flavour import find_launcher
-
-        launcher = find_launcher(sys.executable)
-        mpi = f"{launcher.flavour.value} {launcher.version}"
-    except ConfigError:
-        pass
-    return {
-        "hostname": socket.gethostname(),
-        "user": getpass.getuser(),
-        "addresses": addresses or ["127.0.0.1"],
-        "cores": len(os.sched_getaffinity(0))
-        if hasattr(os, "sched_getaffinity")
-        else os.cpu_count(),
-        "memory": psutil.virtual_memory().total,
-        "python": sys.executable,
-        "python_version": ".".join(map(str, sys.version_info[:3])),
-        "mpi": mpi,
-        "slots": slots,
-        "pid": os.getpid(),
-        "sshd_host_key": sshd_host_key,
-        "sshd_port": sshd_port,
-    }
+def agent_argv(
+    python: str,
+    url: str,
+    token_file: str | os.PathLike[str],
+    *,
+    node_id: str | None = None,
+    slots: int | None = None,
+    lease: float | None = None,
+    clean_on_lost: bool = False,
+    start_sshd: int | None = None,
+) -> list[str]:
+    """The command that runs an agent with ``python``: ``python -m clusterbook.cli worker
+    join URL --token-file F [...]`` (the one place it is written)."""
+    argv = [python, "-m", "clusterbook.cli", "worker", "join", url, "--token-file", str(token_file)]
+    if node_id is not None:
+        argv += ["--node-id", node_id]
+    if slots is not None:
+        argv += ["--slots", str(slots)]
+    if lease is not None:
+        argv += ["--lease", f"{lease:g}"]
+    if clean_on_lost:
+        argv.append("--clean-on-lost")
+    if start_sshd is not None:
+        argv += ["--start-sshd", str(start_sshd)]
+    return argv
 
 
 @dataclass
@@ -141,30 +82,26 @@ class Agent:
     node_id: str
     slots: int
     lease: float = 10.0
-    facts: dict[str, Any] | None = None
+    facts: NodeReport | None = None
     clean_on_lost: bool = False
 
     def __post_init__(self) -> None:
         self.store_url, self.settings = parse_join_url(self.url)
         validate_seconds(self.lease, "The lease")
         self.stop_event = threading.Event()
-        self._facts = self.facts or node_facts(self.slots)
+        self._facts = self.facts or NodeReport.here(self.slots)
         self._store_lost = False
         self._stopped: set[str] = set()
 
     def report(self) -> dict[str, Any]:
         """Facts plus the current load: sent at join and with every heartbeat."""
-        return {
-            **self._facts,
-            "load": os.getloadavg()[0] if hasattr(os, "getloadavg") else None,
-            "memory_used": psutil.virtual_memory().percent,
-        }
+        return self._facts.with_load().to_json()
 
     def run(self) -> int:
-        backend = TcpBackend(self.store_url, self.secret, node=self.node_id)
+        backend = backend_for(self.store_url, self.secret, node=self.node_id)
         # The watch notices a silent head (a cut link drops packets without a word) within
         # the lease: each call gives up after half of it.
-        watcher = TcpBackend(self.store_url, self.secret, timeout=min(5.0, self.lease / 2))
+        watcher = backend_for(self.store_url, self.secret, timeout=min(5.0, self.lease / 2))
         handler = RendezvousHandler(backend, self.settings, self.node_id, info=self.report)
         try:
             code = self._loop(handler, watcher)
@@ -207,7 +144,7 @@ class Agent:
         )
         return done
 
-    def _loop(self, handler: RendezvousHandler, watcher: TcpBackend) -> int:
+    def _loop(self, handler: RendezvousHandler, watcher: RendezvousBackend) -> int:
         while not self.stop_event.is_set():
             try:
                 info = handler.next_rendezvous()
@@ -230,7 +167,7 @@ class Agent:
                 return outcome
         return EXIT_CLOSED
 
-    def _follow(self, watcher: TcpBackend, round_: int, members: set[str]) -> int | None:
+    def _follow(self, watcher: RendezvousBackend, round_: int, members: set[str]) -> int | None:
         """Watch the state until this node must join again (None) or exit (a code)."""
         token = None
         last_ok = time.monotonic()
@@ -287,7 +224,7 @@ class Agent:
             return True  # newcomers wait for a new round that has room for them
         return state.complete and set(state.participants) != members  # someone was lost
 
-    def _wait_for_store(self, watcher: TcpBackend, exc: Exception) -> bool:
+    def _wait_for_store(self, watcher: RendezvousBackend, exc: Exception) -> bool:
         deadline = time.monotonic() + self.lease
         while time.monotonic() < deadline and not self.stop_event.is_set():
             try:

@@ -1,5 +1,8 @@
 """ipyparallel engines as an MPI job of a cluster, with their controller on the head.
 
+ipyparallel (``pip install 'clusterbook[jupyter]'``) is imported when engines are started,
+never before.
+
 ``cluster.engines(n)`` lands here. Start-up runs the controller and the engines side by side
 instead of one after the other: the connection files (a fresh per-engine-set key, ports chosen
 here) are written first, the controller is told to reuse them, and the engines are started at
@@ -33,14 +36,9 @@ from collections.abc import Mapping
 from concurrent import futures
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypedDict
 
-from clusterbook.errors import ClusterError, ConfigError, JobFailedError, ReadyTimeoutError
-from clusterbook.launch import proc as procs
-from clusterbook.launch.guard import ENV as JOB_ENV
-from clusterbook.launch.guard import guard
-from clusterbook.spec import validate_seconds
-from clusterbook_widgets.ipp_config import (
+from clusterbook.engines.config import (
     CONNECTION_ENV,
     PORTS,
     Hidden,
@@ -50,6 +48,11 @@ from clusterbook_widgets.ipp_config import (
     engine_argv,
     free_ports,
 )
+from clusterbook.errors import ClusterError, ConfigError, JobFailedError, ReadyTimeoutError
+from clusterbook.launch import proc as procs
+from clusterbook.launch.guard import ENV as JOB_ENV
+from clusterbook.launch.guard import guard
+from clusterbook.spec import validate_seconds
 
 if TYPE_CHECKING:
     import ipyparallel
@@ -57,7 +60,16 @@ if TYPE_CHECKING:
     from clusterbook.cluster import Cluster
     from clusterbook.launch.job import Job
 
-__all__ = ["EngineSet", "start_engines"]
+__all__ = ["EngineArgs", "EngineSet", "start_engines"]
+
+
+class EngineArgs(TypedDict, total=False):
+    """What ``cluster.engines(n, ...)`` takes (see :func:`start_engines`)."""
+
+    timeout: float
+    env: Mapping[str, str] | None
+    encrypt: bool | None
+
 
 _POLL = 0.02
 _LOG_TAIL = 12
@@ -135,10 +147,16 @@ class EngineSet:
         """Release the controller once the engines job has ended (on a daemon thread)."""
         job = self.job
         assert job is not None
+
+        def release_at_end() -> None:
+            try:
+                job.wait()
+                self._release()
+            except Exception:  # a dead thread would leave the controller running unseen
+                _log.exception("clusterbook could not stop the controller of %s", job.id)
+
         threading.Thread(
-            target=lambda: (job.wait(), self._release()),
-            name=f"clusterbook-{job.id}-engines",
-            daemon=True,
+            target=release_at_end, name=f"clusterbook-{job.id}-engines", daemon=True
         ).start()
 
     def stop(self, grace: float = 3.0) -> None:
@@ -257,7 +275,7 @@ def start_engines(
     curve = controller_env(curve_public, curve_secret) if curve_public and curve_secret else {}
     controller = _Controller.spawn(argv, directory, token, curve)
     engines = EngineSet(0, directory, controller)
-    cluster._on_stop(engines.stop)
+    cluster.on_stop(engines.stop)
     try:
         job = cluster.mpirun(
             engine_argv(limit),
@@ -355,8 +373,8 @@ def _timeout(engines: EngineSet, limit: float, reason: str) -> ReadyTimeoutError
 
 
 def _activate(client: ipyparallel.Client) -> None:
-    # Point %px/%%px at these engines (ipyparallel does it only for the first client).
-    from IPython import get_ipython
-
-    if get_ipython() is not None:
+    # Point %px/%%px at these engines (ipyparallel does it only for the first client), in an
+    # IPython that runs already: the core never imports IPython itself.
+    ipython = sys.modules.get("IPython")
+    if ipython is not None and ipython.get_ipython() is not None:
         client.activate()

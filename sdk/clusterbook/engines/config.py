@@ -2,7 +2,7 @@
 
 The connection information is ipyparallel's connection-file format (one dict for engines, one
 for clients); the command lines are the controller's and an engine's. Nothing here starts a
-process; :mod:`clusterbook_widgets.engines` does.
+process; :mod:`clusterbook.engines` does.
 """
 
 from __future__ import annotations

