@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import ast
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -83,3 +85,59 @@ def test_load_ext_clusterbook_loads_the_notebook_layer():
     )
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip().endswith("True")
+
+
+SDK = Path(__file__).resolve().parents[2] / "sdk" / "clusterbook"
+
+
+def _imports(tree: ast.AST) -> list[str]:
+    names = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            names += [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.module:
+            names.append(node.module)
+    return names
+
+
+def test_no_module_of_the_core_imports_the_jupyter_layer():
+    # Not at import time, not inside a function: the Jupyter layer plugs in (entry points).
+    offenders = {}
+    for path in sorted(SDK.rglob("*.py")):
+        found = [
+            m
+            for m in _imports(ast.parse(path.read_text()))
+            if m.split(".")[0] == "clusterbook_widgets"
+        ]
+        if found:
+            offenders[str(path.relative_to(SDK))] = found
+    assert offenders == {}
+    assert len(list(SDK.rglob("*.py"))) > 40  # the walk did see the package
+
+
+def test_the_facade_never_probes_its_provider():
+    # Every member the cluster uses is in the provider contract: no getattr/hasattr on it.
+    tree = ast.parse((SDK / "cluster.py").read_text())
+    probes = [
+        ast.unparse(node)
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Call)
+        and isinstance(node.func, ast.Name)
+        and node.func.id in {"getattr", "hasattr"}
+    ]
+    assert probes == []
+
+
+def test_the_jupyter_layer_imports_no_ipywidgets_until_a_widget_is_made():
+    code = (
+        "import sys, clusterbook_widgets\n"
+        "before = 'ipywidgets' in sys.modules\n"
+        "clusterbook_widgets.Throttle\n"
+        "middle = 'ipywidgets' in sys.modules\n"
+        "clusterbook_widgets.ClusterWidget\n"
+        "print(before, middle, 'ipywidgets' in sys.modules)\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=60
+    )
+    assert out.stdout.split() == ["False", "False", "True"]

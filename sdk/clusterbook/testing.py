@@ -1,0 +1,165 @@
+"""Test doubles shipped with clusterbook, for code that uses it (as httpx ships
+``MockTransport``).
+
+:class:`FakeProvider` is a provider whose nodes exist in memory: starting and stopping them is
+instant, their status is whatever the test says (:meth:`FakeProvider.lose`), and jobs run on
+this machine, with the cluster's launcher. Inject it::
+
+    cluster = cb.Cluster(FakeProvider(nodes=2, slots=2))
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from clusterbook.errors import ClusterError, ReadyTimeoutError
+from clusterbook.providers.base import Provider, StartContext
+from clusterbook.spec import NodeSpec, validate_positive_int
+from clusterbook.status import NodeStatus
+from clusterbook.transfer import Outgoing
+
+__all__ = ["FakeProvider"]
+
+
+@dataclass
+class _Calls:
+    """What was asked of a :class:`FakeProvider`, in order."""
+
+    started: list[StartContext] = field(default_factory=list)
+    stopped: int = 0
+    stopped_jobs: list[str] = field(default_factory=list)
+    put: list[Outgoing] = field(default_factory=list)
+    gathered: list[Path] = field(default_factory=list)
+
+
+class FakeProvider(Provider):
+    """Nodes in memory, jobs on this machine.
+
+    Parameters
+    ----------
+    nodes
+        How many nodes (named ``fake-0``, ``fake-1``, ...), or the nodes themselves.
+    slots
+        Slots of each node, when ``nodes`` is a number.
+    fail_start
+        An error :meth:`start` raises instead of starting (a bootstrap that fails).
+    ready
+        Whether the nodes are ready once started; if not, ``wait_ready`` times out until
+        :meth:`make_ready`.
+    bounds
+        ``(min_nodes, max_nodes)`` to report, as an elastic provider does.
+    gather_files
+        ``{name: bytes}``: what the nodes hand over to ``gather()`` (then they have no more).
+    """
+
+    kind = "fake"
+
+    def __init__(
+        self,
+        nodes: int | Sequence[NodeSpec] = 2,
+        slots: int = 1,
+        *,
+        fail_start: ClusterError | None = None,
+        ready: bool = True,
+        bounds: tuple[int, int] | None = None,
+        gather_files: dict[str, bytes] | None = None,
+    ) -> None:
+        if isinstance(nodes, int):
+            count = validate_positive_int(nodes, "nodes")
+            nodes = [NodeSpec(f"fake-{i}", "localhost", slots) for i in range(count)]
+        self._nodes = tuple(nodes)
+        self._fail_start = fail_start
+        self._ready = ready
+        self._bounds = bounds
+        self._gather = dict(gather_files or {})
+        self._lost: dict[str, str] = {}
+        self._ctx: StartContext | None = None
+        self.problem_text: str | None = None
+        self.calls = _Calls()
+
+    # -- what a test does ---------------------------------------------------------------
+
+    def lose(self, name: str) -> None:
+        """Node ``name`` is lost (it stopped heartbeating): the cluster is told."""
+        if name not in {n.name for n in self._nodes}:
+            raise KeyError(name)
+        self._lost[name] = f"Node {name} (localhost) was lost: it stopped heartbeating"
+        self._tell()
+
+    def make_ready(self) -> None:
+        """The nodes are ready now (after ``ready=False``)."""
+        self._ready = True
+        self._tell()
+
+    def report_problem(self, text: str | None) -> None:
+        """What :meth:`problem` says from now on."""
+        self.problem_text = text
+        self._tell()
+
+    def _tell(self) -> None:
+        if self._ctx is not None:
+            self._ctx.changed()
+
+    # -- the contract -------------------------------------------------------------------
+
+    @property
+    def nodes(self) -> tuple[NodeSpec, ...]:
+        return self._nodes if self.started and self._ready else ()
+
+    def start(self, ctx: StartContext) -> None:
+        self.calls.started.append(ctx)
+        if self._fail_start is not None:
+            raise self._fail_start
+        self._ctx = ctx
+        self.started = True
+
+    def stop(self) -> None:
+        self.calls.stopped += 1
+        self.started = False
+        self._ctx = None
+
+    def wait_ready(self, timeout: float) -> None:
+        if not self._ready:
+            raise ReadyTimeoutError(
+                f"The fake nodes are not ready after {timeout:g} s.", timeout=timeout, reason="-"
+            )
+
+    def stop_job(self, token: str) -> None:
+        self.calls.stopped_jobs.append(token)
+
+    def node_statuses(self) -> list[NodeStatus]:
+        state = "ready" if self.started and self._ready else "pending"
+        return [
+            NodeStatus(n.name, n.host, n.slots, "lost" if n.name in self._lost else state)
+            for n in self._nodes
+        ]
+
+    def problem(self) -> str | None:
+        return self.problem_text
+
+    def unreachable(self, names: Collection[str], *, lost_only: bool = False) -> dict[str, str]:
+        return {n: why for n, why in self._lost.items() if n in names}
+
+    def put(self, sent: Outgoing) -> dict[str, Exception]:
+        self.calls.put.append(sent)
+        return {}
+
+    def gather(
+        self, directory: Path, skip: Sequence[str]
+    ) -> tuple[list[Path], dict[str, Exception]]:
+        self.calls.gathered.append(directory)
+        stored = []
+        for name, data in sorted(self._gather.items()):
+            if name in skip:
+                continue
+            directory.mkdir(parents=True, exist_ok=True)
+            (directory / name).write_bytes(data)
+            stored.append(directory / name)
+        self._gather = {n: d for n, d in self._gather.items() if n in skip}
+        return stored, {}
+
+    @property
+    def bounds(self) -> tuple[int, int] | None:
+        return self._bounds

@@ -1,0 +1,156 @@
+"""The Cluster facade against the shipped FakeProvider: lifecycle, the start context,
+status, lost nodes, files, specs. No agent, no sshd; jobs run a stand-in launcher."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+import clusterbook as cb
+from clusterbook.options import ClusterOptions
+from clusterbook.providers.registry import provider_kinds, register_provider
+from clusterbook.status import ClusterSnapshot
+from clusterbook.testing import FakeProvider
+
+STAND_IN = """\
+#!/bin/sh
+if [ "$1" = "--version" ]; then echo "mpirun (Open MPI) 5.0.11"; exit 0; fi
+exec sleep "${FAKE_MPIRUN_SLEEP:-0}"
+"""
+
+
+@pytest.fixture
+def launcher(tmp_path: Path) -> str:
+    path = tmp_path / "bin" / "mpirun"
+    path.parent.mkdir()
+    path.write_text(STAND_IN)
+    path.chmod(0o755)
+    return str(path)
+
+
+@pytest.fixture
+def make(launcher: str, tmp_path: Path) -> Iterator:
+    made: list[cb.Cluster] = []
+
+    def cluster(provider: FakeProvider, **options: object) -> cb.Cluster:
+        options = {"launcher": launcher, "run_dir": tmp_path / f"run{len(made)}", **options}
+        c = cb.Cluster(provider, ClusterOptions.make(provider.kind, **options))
+        made.append(c)
+        return c
+
+    yield cluster
+    for c in made:
+        c.stop()
+
+
+def test_start_gives_the_provider_its_context_and_stop_releases_once(make) -> None:
+    fake = FakeProvider(nodes=2, slots=3)
+    cluster = make(fake, name="demo", env={"SEED": "1"})
+    assert cluster.status().state.tolist() == ["pending", "pending"]
+    with cluster:
+        (ctx,) = fake.calls.started
+        assert (ctx.cluster_id, ctx.env) == ("demo", {"SEED": "1"})
+        assert ctx.launcher.flavour is cb.MPIFlavour.OPENMPI
+        assert cluster.total_slots == 6
+        assert cluster.status().state.tolist() == ["ready", "ready"]
+    assert fake.calls.stopped == 1
+    cluster.stop()
+    assert fake.calls.stopped == 1
+
+
+def test_a_failed_start_raises_the_providers_error_and_leaves_the_cluster_unstarted(make):
+    fake = FakeProvider(fail_start=cb.BootstrapError({"node2": ["no mpi4py there"]}))
+    cluster = make(fake)
+    with pytest.raises(cb.BootstrapError, match="node2: no mpi4py there"):
+        cluster.start()
+    assert cluster.state == "created"
+
+
+def test_changes_the_provider_reports_reach_subscribers(make) -> None:
+    fake = FakeProvider(nodes=2)
+    cluster = make(fake).start()
+    seen: list[ClusterSnapshot] = []
+    unsubscribe = cluster.subscribe(seen.append)
+    fake.lose("fake-1")
+    assert [n.state for n in seen[-1].nodes] == ["ready", "lost"]
+    fake.report_problem("status is stale")
+    assert seen[-1].problem == "status is stale"
+    assert "PROBLEM: status is stale" in repr(cluster)
+    unsubscribe()
+    fake.report_problem(None)
+    assert seen[-1].problem == "status is stale"
+
+
+def test_the_snapshot_carries_an_elastic_clusters_bounds(make) -> None:
+    assert make(FakeProvider()).snapshot().min_nodes is None
+    snapshot = make(FakeProvider(bounds=(2, 8))).snapshot()
+    assert (snapshot.min_nodes, snapshot.max_nodes) == (2, 8)
+
+
+def test_nodes_that_are_not_ready_say_so(make) -> None:
+    fake = FakeProvider(ready=False)
+    cluster = make(fake).start()
+    with pytest.raises(cb.ReadyTimeoutError):
+        cluster.wait_ready(timeout=0.1)
+    with pytest.raises(cb.ClusterStateError, match=r"no nodes yet; call cluster.wait_ready"):
+        cluster.mpirun(["true"])
+    fake.make_ready()
+    cluster.wait_ready(timeout=0.1)
+    assert len(cluster.nodes) == 2
+
+
+def test_no_job_starts_on_a_cluster_that_lost_a_node(make) -> None:
+    fake = FakeProvider(nodes=2)
+    cluster = make(fake).start()
+    fake.lose("fake-0")
+    with pytest.raises(cb.ClusterStateError, match="lost 1 of its nodes: Node fake-0"):
+        cluster.mpirun(["true"], np=1)
+    assert cluster.jobs == []
+
+
+def test_a_running_job_fails_naming_the_node_that_was_lost(make) -> None:
+    fake = FakeProvider(nodes=2)
+    cluster = make(fake).start()
+    job = cluster.mpirun(["true"], np=2, env={"FAKE_MPIRUN_SLEEP": "60"})
+    assert not job.done
+    fake.lose("fake-1")
+    result = job.wait(timeout=30)
+    assert isinstance(job.error, cb.NodeLostError)
+    assert job.error.node == "fake-1"
+    assert "Node fake-1 (localhost) was lost" in (result.error or "")
+    assert not result.ok
+    # The provider was asked to stop what the job left on the nodes.
+    assert fake.calls.stopped_jobs == [job.plan.job_token]
+
+
+def test_put_and_gather_go_through_the_provider(make, tmp_path: Path) -> None:
+    fake = FakeProvider(gather_files={"a.txt": b"A", "have.txt": b"theirs"})
+    cluster = make(fake).start()
+    (tmp_path / "data").mkdir()
+    (tmp_path / "data" / "x").write_text("x")
+    cluster.put(tmp_path / "data")
+    assert [f.path for f in fake.calls.put[0].files] == [str(tmp_path / "data" / "x")]
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "have.txt").write_text("mine")  # never overwritten: the provider is told to skip it
+    assert cluster.gather(out) == [out / "a.txt"]
+    assert (out / "have.txt").read_text() == "mine"
+
+
+def test_from_spec_builds_any_registered_kind_and_names_the_known_ones(launcher, tmp_path):
+    with pytest.raises(cb.ConfigError, match=r"Unknown cluster kind 'slurmm'.*'elastic'"):
+        cb.Cluster.from_spec({"kind": "slurmm"})
+    with pytest.raises(cb.ConfigError, match=r"'local' cluster spec does not fit.*workers"):
+        cb.Cluster.from_spec({"kind": "local", "wrokers": 2})
+    with pytest.raises(cb.ConfigError, match="Cluster name"):
+        cb.Cluster.from_spec({"kind": "local", "name": "bad name"})
+    register_provider("fake", FakeProvider)
+    assert "fake" in provider_kinds()
+    cluster = cb.Cluster.from_spec(
+        {"kind": "fake", "nodes": 3, "slots": 2, "launcher": launcher, "run_dir": tmp_path}
+    )
+    with cluster:
+        assert cluster.kind == "fake"
+        assert cluster.total_slots == 6
