@@ -47,7 +47,7 @@ import psutil
 import pytest
 
 import clusterbook as cb
-from clusterbook.ssh.sshd import Sshd, _start_sshd
+from clusterbook.ssh.sshd import Sshd, start_sshd
 from tests.conftest import require
 
 STATE_DIR = Path("/run/clusterbook-testbed")
@@ -362,6 +362,54 @@ def _build(bed: Testbed, n: int) -> None:
     bed.write_known_hosts()
 
 
+_NAME_RE = re.compile(r"[A-Za-z0-9_][A-Za-z0-9._-]{0,62}")
+
+
+def start_host_sshd(
+    directory: Path,
+    port: int,
+    listen: str,
+    *,
+    netns: str,
+    hostname: str | None = None,
+    binds: Sequence[tuple[Path, Path]] = (),
+    authorized_keys: Path | None = None,
+) -> Sshd:
+    """A real sshd as a fake host's (root only): in network namespace ``netns``, in new UTS
+    and mount namespaces with ``hostname`` and ``binds`` (``(source, target)`` pairs
+    bind-mounted, seen by sshd and its sessions only; missing targets are made first: an empty
+    0700 directory, or an empty 0600 file when the source is a file)."""
+    for name, value in {"netns": netns, "hostname": hostname}.items():
+        if value is not None and not _NAME_RE.fullmatch(value):
+            raise cb.ConfigError(
+                f"{name} {value!r} must be letters, digits, '.', '-' or '_', not starting with '-'."
+            )
+    if os.geteuid() != 0:
+        raise cb.ConfigError(f"netns={netns!r} needs root; leave it out to run sshd as a user.")
+    if port == 0:
+        raise cb.ConfigError(f"sshd in netns={netns!r} needs an explicit port, like port=22.")
+    mounts = [(Path(s).absolute(), Path(t).absolute()) for s, t in binds]
+    for source, target in mounts:
+        if not target.exists():  # a mount point: a directory, or a file to bind a file on
+            if source.is_dir():
+                target.mkdir(mode=0o700, parents=True)
+            else:
+                target.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+                target.touch(mode=0o600)
+
+    def launch(argv: list[str]) -> list[str]:
+        # A mount namespace of its own whose mounts propagate nowhere: the binds are seen by
+        # sshd and its sessions only, and vanish with the last of them. ip, unshare and sh
+        # all exec: the pid is sshd's.
+        steps = [f"hostname {shlex.quote(hostname)}"] if hostname else []
+        steps += [f"mount --bind {shlex.quote(str(s))} {shlex.quote(str(t))}" for s, t in mounts]
+        script = " && ".join([*steps, f"exec {shlex.join(argv)}"])
+        unshare = ["unshare", "--uts", "--mount", "--propagation", "private", "sh", "-c", script]
+        return ["ip", "netns", "exec", netns, *unshare]
+
+    return start_sshd(directory, port, listen, authorized_keys=authorized_keys, launch=launch)
+
+
 def _start_host_sshd(
     directory: Path,
     name: str,
@@ -375,15 +423,15 @@ def _start_host_sshd(
     binds). Missing targets are made (empty, 0700) on the head as mount points; their contents
     there are never touched."""
     login_home = Path(pwd.getpwuid(os.geteuid()).pw_dir)
-    return _start_sshd(
+    return start_host_sshd(
         directory,
         SSH_PORT,
         addr,
-        authorized_keys=home / ".ssh" / "authorized_keys",  # what the line below means here
         netns=netns,
         hostname=name,
         binds=[*((home / d, login_home / d) for d in HOME_DIRS), *extra],
-        keys_file=".ssh/authorized_keys",
+        # In the home of whoever logs in: in sshd's mount namespace, the host's (bound) one.
+        authorized_keys=Path(".ssh") / "authorized_keys",
     )
 
 

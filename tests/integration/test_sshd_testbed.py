@@ -150,11 +150,14 @@ def test_start_sshd_without_the_binary_says_what_to_install(tmp_path):
 
 
 def test_start_sshd_with_netns_needs_root_and_an_explicit_port(tmp_path):
+    # A fake host's sshd (the testbed's helper: network namespaces are not the SDK's).
+    from tests.testbed import start_host_sshd
+
     match = "explicit port" if os.geteuid() == 0 else "needs root"
     with pytest.raises(ConfigError, match=match):
-        start_sshd(tmp_path, netns="cb1-h1")
+        start_host_sshd(tmp_path, 0, "127.0.0.1", netns="cb1-h1")
     with pytest.raises(ConfigError, match="not starting with '-'"):
-        start_sshd(tmp_path, 2222, netns="-n")
+        start_host_sshd(tmp_path, 2222, "127.0.0.1", netns="-n")
 
 
 # --- a real sshd on 127.0.0.1 --------------------------------------------------------------

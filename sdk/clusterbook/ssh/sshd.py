@@ -15,29 +15,20 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import os
-import re
-import shlex
 import shutil
 import signal
 import socket
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from pathlib import Path
 
 import psutil
 
-from clusterbook.errors import ClusterError, ConfigError
-from clusterbook.spec import validate_timeout
-from clusterbook.ssh.sshd_config import (
-    BAD_PATH_CHARS,
-    SshdConfig,
-    check_listen,
-    check_path,
-    quote,
-    render_sshd_config,
-)
+from clusterbook.errors import ClusterError
+from clusterbook.spec import validate_seconds
+from clusterbook.ssh.sshd_config import SshdConfig, check_listen, check_path, render_sshd_config
 
 __all__ = ["HOST_KEY_NAME", "Sshd", "SshdConfig", "SshdError", "render_sshd_config", "start_sshd"]
 
@@ -45,7 +36,6 @@ HOST_KEY_NAME = "ssh_host_ed25519_key"
 _DEFAULT_SSHD = "/usr/sbin/sshd"
 _INSTALL_HINT = "install OpenSSH's server with `apt-get install openssh-server`"
 _PR_SET_PDEATHSIG = 1
-_NAME_RE = re.compile(r"[A-Za-z0-9_][A-Za-z0-9._-]{0,62}")
 
 
 class SshdError(ClusterError):
@@ -147,8 +137,7 @@ def start_sshd(
     authorized_keys: str | os.PathLike[str] | None = None,
     sshd_path: str | os.PathLike[str] | None = None,
     timeout: float = 10.0,
-    netns: str | None = None,
-    hostname: str | None = None,
+    launch: Callable[[list[str]], list[str]] | None = None,
 ) -> Sshd:
     """Start an sshd as the current user and return once it answers with an SSH banner.
 
@@ -166,15 +155,16 @@ def start_sshd(
         Address to listen on. The caller must be able to reach it (readiness is checked by
         connecting to it).
     authorized_keys
-        Public keys allowed to log in; default ``directory/"authorized_keys"`` (made empty, 0600).
+        Public keys allowed to log in; default ``directory/"authorized_keys"`` (made empty,
+        0600). A relative path is relative to the home of the user logging in.
     sshd_path
         The sshd binary; default ``sshd`` on PATH or ``/usr/sbin/sshd``.
     timeout
         Seconds to wait for the banner.
-    netns
-        Root only: run sshd in this network namespace (``ip netns exec``); needs an explicit port.
-    hostname
-        Root only: run sshd in a new UTS namespace with this hostname, so sessions see it.
+    launch
+        Turns sshd's command line into the one to run (a wrapper that runs it in a namespace
+        or a container, say); each program it adds must ``exec`` the next, so that the pid we
+        own is sshd's.
 
     Returns
     -------
@@ -189,63 +179,9 @@ def start_sshd(
         sshd is missing, exited, or did not answer within ``timeout``; the message holds the
         last lines of its log.
     """
-    return _start_sshd(
-        directory,
-        port,
-        listen,
-        authorized_keys=authorized_keys,
-        sshd_path=sshd_path,
-        timeout=timeout,
-        netns=netns,
-        hostname=hostname,
-    )
-
-
-def _start_sshd(
-    directory: str | os.PathLike[str],
-    port: int = 0,
-    listen: str = "127.0.0.1",
-    *,
-    authorized_keys: str | os.PathLike[str] | None = None,
-    sshd_path: str | os.PathLike[str] | None = None,
-    timeout: float = 10.0,
-    netns: str | None = None,
-    hostname: str | None = None,
-    binds: Sequence[tuple[str | os.PathLike[str], str | os.PathLike[str]]] = (),
-    keys_file: str | None = None,
-) -> Sshd:
-    """:func:`start_sshd`, plus what a fake machine in tests needs.
-
-    binds
-        Root only: ``(source, target)`` pairs bind-mounted in a private mount namespace of
-        sshd, so sshd and its sessions see ``source`` at ``target`` and nothing else does.
-        Missing targets are made first: an empty 0700 directory, or an empty 0600 file
-        when the source is a file.
-    keys_file
-        The ``AuthorizedKeysFile`` value as written, instead of ``authorized_keys``; e.g.
-        ``.ssh/authorized_keys``, which sshd reads relative to the home of the user logging in.
-    """
-    limit = validate_timeout(timeout)
-    if limit is None:
-        raise ConfigError("start_sshd timeout must be a number of seconds > 0, got None.")
+    limit = validate_seconds(timeout, "start_sshd timeout")
+    assert limit is not None
     check_listen(listen)
-    root_only = {"netns": netns, "hostname": hostname}
-    for name, value in root_only.items():
-        if value is None:
-            continue
-        if not isinstance(value, str) or not _NAME_RE.fullmatch(value):
-            raise ConfigError(
-                f"{name} {value!r} must be letters, digits, '.', '-' or '_', not starting with '-'."
-            )
-        if os.geteuid() != 0:
-            raise ConfigError(f"{name}={value!r} needs root; leave it out to run sshd as a user.")
-    if netns is not None and port == 0:
-        raise ConfigError(f"start_sshd(netns={netns!r}) needs an explicit port, like port=22.")
-    mounts = [(Path(src).absolute(), Path(dst).absolute()) for src, dst in binds]
-    if mounts and os.geteuid() != 0:
-        raise ConfigError("binds need root (a mount namespace); leave them out.")
-    if keys_file is not None and (not keys_file or set(keys_file) & BAD_PATH_CHARS):
-        raise ConfigError(f"sshd keys_file {keys_file!r} cannot be written into sshd_config.")
     directory = check_path(Path(directory).expanduser(), "directory")
     directory.mkdir(mode=0o700, parents=True, exist_ok=True)
     sshd = _find_sshd(sshd_path, directory, port)
@@ -260,21 +196,12 @@ def _start_sshd(
     if os.geteuid() == 0:
         # Debian's sshd refuses to start as root without its privilege separation directory.
         os.makedirs("/run/sshd", mode=0o755, exist_ok=True)
-    for source, target in mounts:
-        if not target.exists():  # a mount point: a directory, or a file to bind a file on
-            if source.is_dir():
-                target.mkdir(mode=0o700, parents=True)
-            else:
-                target.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
-                target.touch(mode=0o600)
     # A port picked here can be taken before sshd binds it; then pick again.
     attempts = 3 if port == 0 else 1
     for attempt in range(attempts):
         cfg = SshdConfig(directory, port or _free_port(listen), listen, keys)
         try:
-            return _launch(
-                sshd, cfg, host_key, host_public_key, limit, netns, hostname, mounts, keys_file
-            )
+            return _launch(sshd, cfg, host_key, host_public_key, limit, launch)
         except SshdError as exc:
             if attempt + 1 == attempts or "Address already in use" not in exc.log_tail:
                 raise
@@ -287,38 +214,18 @@ def _launch(
     host_key: Path,
     host_public_key: str,
     timeout: float,
-    netns: str | None,
-    hostname: str | None,
-    mounts: Sequence[tuple[Path, Path]] = (),
-    keys_file: str | None = None,
+    launch: Callable[[list[str]], list[str]] | None,
 ) -> Sshd:
     config_path = cfg.directory / "sshd_config"
     log_path = cfg.directory / "sshd.log"
     pid_file = cfg.directory / "sshd.pid"
-    text = render_sshd_config(cfg, host_key=host_key, pid_file=pid_file)
-    if keys_file is not None:
-        line = f"AuthorizedKeysFile {quote(keys_file)}"
-        text = re.sub(r"(?m)^AuthorizedKeysFile .*$", lambda _: line, text)
-    _write_private(config_path, text)
+    _write_private(config_path, render_sshd_config(cfg, host_key=host_key, pid_file=pid_file))
     argv = [sshd, "-D", "-f", str(config_path), "-E", str(log_path)]
-    flags: list[str] = []
-    steps: list[str] = []
-    if hostname is not None:
-        flags.append("--uts")
-        steps.append(f"hostname {shlex.quote(hostname)}")
-    if mounts:
-        # A mount namespace of its own whose mounts propagate nowhere: the binds are seen by
-        # sshd and its sessions only, and vanish with the last of them.
-        flags += ["--mount", "--propagation", "private"]
-        steps += [f"mount --bind {shlex.quote(str(s))} {shlex.quote(str(t))}" for s, t in mounts]
-    if flags:
-        script = " && ".join([*steps, f"exec {shlex.join(argv)}"])
-        argv = ["unshare", *flags, "sh", "-c", script]
-    if netns is not None:
-        argv = ["ip", "netns", "exec", netns, *argv]  # ip, unshare and sh all exec: pid is sshd's
+    if launch is not None:
+        argv = launch(argv)
     log_start = log_path.stat().st_size if log_path.exists() else 0
     log_fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
-    with os.fdopen(log_fd, "ab") as log:  # errors of ip/unshare/sh land in the same log
+    with os.fdopen(log_fd, "ab") as log:  # errors of a launch wrapper land in the same log
         proc = subprocess.Popen(
             argv,
             stdin=subprocess.DEVNULL,

@@ -41,7 +41,9 @@ class SshdConfig:
     listen
         Address to listen on; ``127.0.0.1`` keeps it private to this machine.
     authorized_keys
-        The file of public keys allowed to log in; ``directory/"authorized_keys"`` if None.
+        The file of public keys allowed to log in; ``directory/"authorized_keys"`` if None. A
+        relative path is sshd's: relative to the home of the user logging in (like
+        ``.ssh/authorized_keys``).
     """
 
     directory: Path
@@ -60,7 +62,9 @@ class SshdConfig:
         check_listen(self.listen)
         keys = self.authorized_keys
         keys = self.directory / "authorized_keys" if keys is None else keys
-        object.__setattr__(self, "authorized_keys", check_path(keys, "authorized_keys"))
+        home_relative = isinstance(keys, (str, os.PathLike)) and not Path(keys).is_absolute()
+        checked = check_path(keys, "authorized_keys", absolute=not home_relative)
+        object.__setattr__(self, "authorized_keys", checked)
 
 
 def render_sshd_config(cfg: SshdConfig, *, host_key: Path, pid_file: Path) -> str:
@@ -118,10 +122,10 @@ def check_listen(listen: object) -> str:
         raise ConfigError(f"sshd listen address: {exc}") from None
 
 
-def check_path(path: object, name: str) -> Path:
+def check_path(path: object, name: str, *, absolute: bool = True) -> Path:
     if not isinstance(path, (str, os.PathLike)):
         raise ConfigError(f"sshd {name} must be a path, got {path!r}.")
-    path = Path(path).absolute()
+    path = Path(path).absolute() if absolute else Path(path)
     bad = sorted(set(str(path)) & BAD_PATH_CHARS)
     if bad:
         raise ConfigError(
