@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Set up the test environments and run the whole test suite.
+# Set up the test environments, check lint, format and types, and run the whole test suite.
 #   .venv        clusterbook with Open MPI, the Jupyter layer and the test tools
 #   .venv-mpich  MPICH, mpi4py and ipyparallel (mpi4py picks its MPI by the environment it lives in)
 # Extra arguments go to pytest.
@@ -17,4 +17,5 @@ quiet=(--quiet --disable-pip-version-check)
 export CLUSTERBOOK_MPICH_PYTHON="$PWD/.venv-mpich/bin/python"
 .venv/bin/ruff check .
 .venv/bin/ruff format --check .
+.venv/bin/mypy  # strict, over sdk/ and widgets/ (pyproject.toml)
 exec .venv/bin/python -m pytest "$@"

@@ -26,6 +26,11 @@ import socket
 import sys
 import tempfile
 import time
+from collections.abc import Callable, Iterable
+from typing import Any
+
+Args = dict[str, Any]  # a task's JSON arguments
+Reply = dict[str, Any]  # a task's JSON answer
 
 JOB_ENV = "CLUSTERBOOK_JOB"
 #: Where a cluster's files live on every node (and the head), under the user's home.
@@ -35,7 +40,7 @@ AGENTS = "agents"  # a cluster's agents are tagged CLUSTER-agents; its jobs, CLU
 DAEMONS = ("prted", "hydra_pmi_proxy")
 
 
-def probe(args):
+def probe(args: Args) -> Reply:
     facts = {
         "hostname": socket.gethostname(),
         "home": os.path.expanduser("~"),
@@ -69,12 +74,12 @@ def probe(args):
     prefix = args.get("prefix")
     if prefix:
         names = {"openmpi": "prted", "mpich": "hydra_pmi_proxy"}
-        name = names.get(args.get("flavour"), "mpirun")
+        name = names.get(str(args.get("flavour")), "mpirun")
         facts["launcher_found"] = os.access(os.path.join(prefix, "bin", name), os.X_OK)
     return facts
 
 
-def write_atomic(path, data, mode):
+def write_atomic(path: str, data: bytes, mode: int) -> None:
     """Write ``data`` to ``path`` via a temp file created with ``mode``, then rename."""
     directory = os.path.dirname(path)
     fd, tmp = tempfile.mkstemp(dir=directory, prefix=".cb-")
@@ -89,13 +94,13 @@ def write_atomic(path, data, mode):
         raise
 
 
-def _cluster_dir(cluster_id):
+def _cluster_dir(cluster_id: str) -> str:
     if not cluster_id or "/" in cluster_id or cluster_id.startswith("."):
         raise ValueError(f"bad cluster id {cluster_id!r}")
     return os.path.join(os.path.expanduser("~"), CLUSTERS_DIR, cluster_id)
 
 
-def install(args):
+def install(args: Args) -> Reply:
     directory = _cluster_dir(args["cluster_id"])
     os.makedirs(directory, mode=0o700, exist_ok=True)
     os.chmod(directory, 0o700)
@@ -131,7 +136,7 @@ def install(args):
     return {"home": os.path.expanduser("~"), "dir": directory}
 
 
-def _inside(directory, name):
+def _inside(directory: str, name: str) -> str:
     """``directory/name`` for a relative name of plain parts (``sub/file`` at most)."""
     parts = name.split("/")
     if len(parts) > 2 or any(not p or p.startswith(".") for p in parts):
@@ -139,7 +144,13 @@ def _inside(directory, name):
     return os.path.join(directory, *parts)
 
 
-def tagged(values, *, prefix=False, exclude=(), daemons=False):
+def tagged(
+    values: Iterable[str],
+    *,
+    prefix: bool = False,
+    exclude: Iterable[str] = (),
+    daemons: bool = False,
+) -> list[int]:
     """Pids of live processes on this node whose ``CLUSTERBOOK_JOB`` equals one of ``values``
     (or starts with one, with ``prefix``) but none of ``exclude``; with ``daemons``, the MPI
     daemons whose children they are too. This process is never among them.
@@ -149,7 +160,7 @@ def tagged(values, *, prefix=False, exclude=(), daemons=False):
     marks = [(JOB_ENV + "=" + v).encode() for v in values]
     skip = {(JOB_ENV + "=" + v).encode() for v in exclude}
     here = _netns("self")
-    found = []
+    found: list[int] = []
     try:
         entries = os.listdir("/proc")
     except OSError:
@@ -173,14 +184,14 @@ def tagged(values, *, prefix=False, exclude=(), daemons=False):
     return found
 
 
-def _netns(pid):
+def _netns(pid: int | str) -> str | None:
     try:
         return os.readlink(f"/proc/{pid}/ns/net")
     except OSError:
         return None
 
 
-def _daemons_above(pid):
+def _daemons_above(pid: int) -> list[int]:
     """The MPI daemons among ``pid``'s ancestors, nearest first (they start the ranks)."""
     out = []
     for _ in range(8):
@@ -198,14 +209,25 @@ def _daemons_above(pid):
     return out
 
 
-def kill_tagged(values, grace, *, prefix=False, exclude=(), daemons=False):
+def kill_tagged(
+    values: Iterable[str],
+    grace: float,
+    *,
+    prefix: bool = False,
+    exclude: Iterable[str] = (),
+    daemons: bool = False,
+) -> list[int]:
     """SIGTERM the processes :func:`tagged` finds, SIGKILL those left after ``grace`` s;
     then remove what their MPI left behind (:func:`leftovers`). Returns the pids signalled."""
-    killed = set()
-    left = set()
-    find = {"prefix": prefix, "exclude": exclude, "daemons": daemons}
+    killed: set[int] = set()
+    left: set[str] = set()
+    values, exclude = list(values), list(exclude)
+
+    def find() -> list[int]:
+        return tagged(values, prefix=prefix, exclude=exclude, daemons=daemons)
+
     for sig, pause in ((signal.SIGTERM, grace), (signal.SIGKILL, 0.0)):
-        pids = tagged(values, **find)
+        pids = find()
         if not pids:
             break
         left.update(leftovers(pids))
@@ -216,7 +238,7 @@ def kill_tagged(values, grace, *, prefix=False, exclude=(), daemons=False):
             except OSError:
                 pass
         deadline = time.monotonic() + pause
-        while pause and tagged(values, **find) and time.monotonic() < deadline:
+        while pause and find() and time.monotonic() < deadline:
             time.sleep(0.05)
     if left:
         end = time.monotonic() + 1.0  # a SIGKILL takes effect soon, not at once
@@ -235,7 +257,7 @@ _SHM_PREFIXES = ("sm_segment.", "vader_segment.", "mpich_shm_")
 _SESSION_DIRS = {"prterun": "ompi", "mpirun": "ompi", "prted": "prted"}
 
 
-def leftovers(pids):
+def leftovers(pids: Iterable[int]) -> set[str]:
     """What the processes ``pids`` (a job's) would leave behind if killed now."""
     found = set()
     for pid in pids:
@@ -260,7 +282,7 @@ def leftovers(pids):
     return found
 
 
-def remove_leftovers(paths):
+def remove_leftovers(paths: Iterable[str]) -> None:
     for path in sorted(paths):
         if os.path.isdir(path) and not os.path.islink(path):
             shutil.rmtree(path, ignore_errors=True)
@@ -269,7 +291,7 @@ def remove_leftovers(paths):
                 os.unlink(path)
 
 
-def _environ(pid):
+def _environ(pid: int) -> dict[str, str]:
     try:
         with open(f"/proc/{pid}/environ", "rb") as f:
             items = f.read().decode(errors="replace").split("\0")
@@ -278,7 +300,7 @@ def _environ(pid):
     return dict(item.split("=", 1) for item in items if "=" in item)
 
 
-def _alive(pids):
+def _alive(pids: Iterable[int]) -> bool:
     """Whether any of ``pids`` still runs (a zombie has ended)."""
     for pid in pids:
         try:
@@ -291,7 +313,7 @@ def _alive(pids):
     return False
 
 
-def stop_jobs(cluster_id, grace=1.0):
+def stop_jobs(cluster_id: str, grace: float = 1.0) -> list[int]:
     """Stop every process of the cluster's jobs on this node (its MPI daemons too), but not
     its agents; return their pids."""
     return kill_tagged(
@@ -299,16 +321,16 @@ def stop_jobs(cluster_id, grace=1.0):
     )
 
 
-def key_tag(cluster_id):
+def key_tag(cluster_id: str) -> str:
     """The comment that marks the cluster's lines in ``authorized_keys``."""
     return f"clusterbook:{cluster_id}"
 
 
-def _marker(directory):
+def _marker(directory: str) -> str:
     return _inside(directory, f"node-{socket.gethostname()}")
 
 
-def _remove_key_lines(tag):
+def _remove_key_lines(tag: str | None) -> int:
     """Remove the lines ending in `` TAG`` from ``~/.ssh/authorized_keys``; return how many."""
     keys = os.path.join(os.path.expanduser("~"), ".ssh", "authorized_keys")
     if not tag or not os.path.exists(keys):
@@ -323,7 +345,7 @@ def _remove_key_lines(tag):
     return removed
 
 
-def cleanup(args):
+def cleanup(args: Args) -> Reply:
     cluster_id = args["cluster_id"]
     grace = float(args.get("grace", 2.0))
     killed = kill_tagged([cluster_id + "-"], grace, prefix=True, daemons=True)
@@ -334,7 +356,7 @@ def cleanup(args):
     return {"killed": killed, "keys_removed": removed, "dir_removed": not os.path.exists(directory)}
 
 
-def release(args):
+def release(args: Args) -> Reply:
     """Stop the cluster's jobs on this node, remove this node's marker and what ``put`` made
     here; then, unless a marker of another node in the cluster is left (a home shared with
     nodes still in it), the cluster's key lines and directory too, as ``cleanup`` would."""
@@ -357,12 +379,12 @@ def release(args):
     return {"killed": killed, "keys_removed": removed, "kept_for": []}
 
 
-def kill(args):
+def kill(args: Args) -> Reply:
     grace = float(args.get("grace", 1.0))
     return {"killed": kill_tagged([args["token"]], grace, daemons=True)}
 
 
-def reap():
+def reap() -> None:
     """The guard of a Python process (``python -S _node_tasks.py reap``): it reads ``+ TOKEN``
     and ``- TOKEN`` lines on stdin; at end of input, which means that process has died, it
     kills every process of the jobs still registered."""
@@ -377,7 +399,7 @@ def reap():
         kill_tagged(sorted(tokens), 1.0)
 
 
-def spawn(args):
+def spawn(args: Args) -> Reply:
     """Start ``argv`` detached (its own session, so it outlives this one) with ``env`` added,
     its output appended to ``log`` in the cluster's directory; return its pid."""
     import subprocess
@@ -399,14 +421,14 @@ def spawn(args):
     return {"pid": proc.pid}
 
 
-def _put_log(directory):
+def _put_log(directory: str) -> str:
     """Where ``put`` logs what it created on this node, a JSON string a line: in the
     cluster's directory, named after the node (homes shared between nodes share that
     directory, while what ``put`` wrote elsewhere is each node's own)."""
     return _inside(directory, f"put-{socket.gethostname()}.log")
 
 
-def put_begin(args):
+def put_begin(args: Args) -> Reply:
     """Make ``dirs`` and the parents of ``files`` (path -> [size, sha256]); return the files
     this node needs: those it lacks or has with other bytes. A file already there with the
     same bytes is left alone (a shared filesystem, or a node that is the head)."""
@@ -422,7 +444,7 @@ def put_begin(args):
     return {"need": need}
 
 
-def _same(path, size, digest):
+def _same(path: str, size: int, digest: str) -> bool:
     import hashlib
 
     try:
@@ -437,7 +459,7 @@ def _same(path, size, digest):
     return h.hexdigest() == digest
 
 
-def put_chunk(args):
+def put_chunk(args: Args) -> Reply:
     """Write one piece of a file: into a private temp file beside it, which replaces the
     file at the last piece (with its mode); a file that did not exist before is logged."""
     path, offset = args["path"], int(args["offset"])
@@ -461,7 +483,7 @@ def put_chunk(args):
     return {}
 
 
-def _log_created(cluster_id, paths):
+def _log_created(cluster_id: str, paths: list[str]) -> None:
     if paths:
         directory = _cluster_dir(cluster_id)
         os.makedirs(directory, mode=0o700, exist_ok=True)
@@ -469,7 +491,7 @@ def _log_created(cluster_id, paths):
             f.writelines(json.dumps(p) + "\n" for p in paths)  # a name may hold a newline
 
 
-def put_cleanup(args):
+def put_cleanup(args: Args) -> Reply:
     """Remove what ``put`` created for the cluster (and nothing else of it: for nodes that
     were not bootstrapped by the head, like an elastic cluster's)."""
     directory = _cluster_dir(args["cluster_id"])
@@ -480,7 +502,7 @@ def put_cleanup(args):
     return {}
 
 
-def _makedirs(path):
+def _makedirs(path: str) -> list[str]:
     """Make ``path`` and its missing parents (0700); return those made, outermost first."""
     missing = []
     while path and not os.path.isdir(path):
@@ -492,7 +514,7 @@ def _makedirs(path):
     return list(reversed(missing))
 
 
-def _remove_put(directory):
+def _remove_put(directory: str) -> None:
     """Remove what ``put`` created: its files, then its directories if they are empty."""
     try:
         with open(_put_log(directory)) as f:
@@ -509,7 +531,7 @@ def _remove_put(directory):
                 os.rmdir(path)
 
 
-def gather_list(args):
+def gather_list(args: Args) -> Reply:
     """The regular files in ``directory``, but hidden ones and those named in ``skip`` (the
     head has them): name -> size. ``directory`` is the first of ``directories`` this node
     has (the head's path, then the path it leads to there, when it goes through a symbolic
@@ -532,7 +554,7 @@ def gather_list(args):
     return {"files": {}}
 
 
-def gather_chunk(args):
+def gather_chunk(args: Args) -> Reply:
     """``size`` bytes of file ``name`` in ``directory`` from ``offset``, base64."""
     path = _inside(args["directory"], args["name"])
     with open(path, "rb") as f:
@@ -540,7 +562,7 @@ def gather_chunk(args):
         return {"data": base64.b64encode(f.read(int(args["size"]))).decode()}
 
 
-def gather_done(args):
+def gather_done(args: Args) -> Reply:
     """Remove the files in ``directory`` the head now has."""
     for name in args["names"]:
         with contextlib.suppress(FileNotFoundError):
@@ -548,7 +570,7 @@ def gather_done(args):
     return {}
 
 
-def tail(args):
+def tail(args: Args) -> Reply:
     """The last ``lines`` lines of file ``name`` in the cluster's directory ("" if none)."""
     path = _inside(_cluster_dir(args["cluster_id"]), args["name"])
     try:
@@ -560,7 +582,7 @@ def tail(args):
     return {"text": " / ".join(data.strip().splitlines()[-int(args["lines"]) :])}
 
 
-TASKS = {
+TASKS: dict[str, Callable[[Args], Reply]] = {
     "probe": probe,
     "install": install,
     "cleanup": cleanup,
@@ -580,11 +602,12 @@ TASKS = {
 REPLY = "\x1eCBT "
 
 
-def session():
+def session() -> None:
     """Run tasks as they come, one JSON request per line on stdin, one reply line each,
     so that a node pays for one login shell and one Python start for all of its bootstrap."""
     for line in sys.stdin:
         request = json.loads(line)
+        reply: dict[str, object]
         try:
             reply = {"ok": TASKS[request["task"]](request["args"])}
         except Exception as exc:
@@ -593,7 +616,7 @@ def session():
         sys.stdout.flush()
 
 
-def main(argv):
+def main(argv: list[str]) -> None:
     if argv[1] == "session":
         session()
         return

@@ -83,7 +83,7 @@ class Cluster:
         args = dict(spec)
         kind = args.pop("kind", None)
         own = {k: args.pop(k) for k in list(args) if k in ClusterOptions.__dataclass_fields__}
-        provider = make_provider(kind, args)  # type: ignore[arg-type]
+        provider = make_provider(kind, args)
         return cls(provider, ClusterOptions.make(provider.kind, **own))
 
     @classmethod

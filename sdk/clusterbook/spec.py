@@ -132,17 +132,18 @@ def validate_seconds(
     no limit, with ``optional``). The one check of every duration clusterbook is given."""
     if value is None and optional:
         return None
-    try:
-        ok = not isinstance(value, bool) and isinstance(value, (int, float))
-        ok = ok and math.isfinite(value) and (value > 0 or (zero and value == 0))  # type: ignore[arg-type]
-    except OverflowError:  # an int too big for a float
-        ok = False
-    if not ok:
+    seconds = math.nan
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        try:
+            seconds = float(value)
+        except OverflowError:  # an int too big for a float
+            seconds = math.inf
+    if not (math.isfinite(seconds) and (seconds > 0 or (zero and seconds == 0))):
         rule = ">= 0" if zero else "> 0"
         more = "; use None for no limit" if optional else ""
         alone = " or None" if optional else ""
         raise ConfigError(f"{name} must be a number of seconds {rule}{alone}, got {value!r}{more}.")
-    return float(value)  # type: ignore[arg-type]
+    return seconds
 
 
 def validate_timeout(timeout: object, name: str = "timeout") -> float | None:

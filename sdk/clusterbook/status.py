@@ -120,7 +120,8 @@ def nodes_frame(snapshot: ClusterSnapshot) -> pd.DataFrame:
         )
         for n in snapshot.nodes
     ]
-    return pd.DataFrame(rows, columns=list(NODE_COLUMNS))
+    frame: pd.DataFrame = pd.DataFrame(rows, columns=list(NODE_COLUMNS))
+    return frame
 
 
 def with_running_jobs(

@@ -13,7 +13,7 @@ from __future__ import annotations
 import contextlib
 import html
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any, Protocol
 
 import ipywidgets as widgets
@@ -46,7 +46,7 @@ class _Cluster(Protocol):
     """What the widget needs of a cluster (:class:`clusterbook.Cluster` has it all)."""
 
     @property
-    def jobs(self) -> list[_Job]: ...
+    def jobs(self) -> Sequence[_Job]: ...
 
     def snapshot(self) -> ClusterSnapshot: ...
 

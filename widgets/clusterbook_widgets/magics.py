@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from IPython.core.magic import Magics, cell_magic, line_magic, magics_class
-from IPython.display import display
+from IPython.display import display as _untyped_display
 
 import clusterbook as cb
 from clusterbook.errors import ClusterError
@@ -51,6 +51,9 @@ def current_cluster(shell: Any = None) -> cb.Cluster | None:
     return magics.cluster if magics is not None else None
 
 
+display: Callable[[object], None] = _untyped_display  # IPython's is not annotated
+
+
 def _err(text: str) -> None:
     print(text, file=sys.stderr, flush=True)
 
@@ -69,8 +72,9 @@ class ClusterMagics(Magics):
 
     # -- %cluster -----------------------------------------------------------------------------
 
-    @line_magic
-    def cluster(self, line: str) -> None:
+    # Registered by name: ``cluster`` is the attribute that holds the current cluster.
+    @line_magic("cluster")  # type: ignore[arg-type]  # IPython types the bare form only
+    def cluster_magic(self, line: str) -> None:
         """Start, show or stop the notebook's cluster.
 
         ``%cluster local [--workers N] [--slots S]``,
@@ -202,6 +206,7 @@ class ClusterMagics(Magics):
             self._pull(cluster, args.pull, result, pull_dir, job.np)
 
     def _push_values(self, args: MpirunArgs) -> dict[str, Any]:
+        assert self.shell is not None
         ns = self.shell.user_ns
         missing = [name for name in args.push if name not in ns]
         if missing:
@@ -309,6 +314,7 @@ class ClusterMagics(Magics):
             except Exception as exc:
                 _err(f"%%mpirun: --pull {name}: cannot read rank {rank}'s value: {exc}")
                 return
+        assert self.shell is not None
         self.shell.user_ns[name] = values
 
 

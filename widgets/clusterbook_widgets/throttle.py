@@ -171,6 +171,6 @@ class Throttle(Generic[T]):
 
     def _invoke(self, value: T) -> None:
         try:
-            self._call(value)  # type: ignore[misc]
+            self._call(value)
         except Exception:
             _log.exception("a throttled clusterbook update failed")

@@ -13,7 +13,7 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import replace
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import IO, TYPE_CHECKING, Any
 
 from clusterbook.errors import ClusterError, JobTimeoutError, RunDirError
 from clusterbook.launch import proc as procs
@@ -199,6 +199,7 @@ class Job:
     def _start_readers(self) -> list[threading.Thread]:
         assert self._proc.stdout is not None
         assert self._proc.stderr is not None
+        targets: list[tuple[Callable[[Any], None], IO[bytes] | None]]
         if self.plan.launcher.flavour is MPIFlavour.OPENMPI:
             # Every rank's output comes tagged on mpirun's stdout; its own, on its stderr.
             targets = [

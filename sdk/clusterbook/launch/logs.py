@@ -265,7 +265,7 @@ def records_frame(records: Iterable[LogRecord]) -> pd.DataFrame:
     import pandas as pd
 
     rows = [(r.time, r.rank, r.host, r.stream, r.line, r.partial) for r in records]
-    frame = pd.DataFrame(rows, columns=list(COLUMNS))
+    frame: pd.DataFrame = pd.DataFrame(rows, columns=list(COLUMNS))
     frame["time"] = pd.to_datetime(frame["time"], unit="s", utc=True)
     frame["rank"] = frame["rank"].astype("int64")
     return frame

@@ -40,7 +40,7 @@ def _decode(raw: bytes | bytearray | memoryview, *, complete: bool = True) -> st
     return text[:-1] if complete and text.endswith("\r") else text
 
 
-def _cut_point(buf: bytes | bytearray, size: int) -> int:
+def _cut_point(buf: bytes | bytearray | memoryview, size: int) -> int:
     """Where to end a piece of at most ``size`` bytes: not inside a UTF-8 character."""
     cut = size
     while cut > size - 3 and cut > 1 and (buf[cut] & 0xC0) == 0x80:

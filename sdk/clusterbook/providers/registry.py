@@ -76,7 +76,7 @@ def _factory(kind: str) -> ProviderFactory:
     return loaded
 
 
-def make_provider(kind: str, args: Mapping[str, Any]) -> Provider:
+def make_provider(kind: object, args: Mapping[str, Any]) -> Provider:
     """The provider of ``kind`` made with ``args``; a ConfigError names what does not fit."""
     if not isinstance(kind, str):
         raise ConfigError(f"A cluster spec's kind must be a name like 'ssh', got {kind!r}.")

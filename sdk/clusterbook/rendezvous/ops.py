@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import enum
 from dataclasses import replace
-from typing import Any
+from typing import Any, TypeVar
 
 from clusterbook.rendezvous.api import RendezvousSettings
 from clusterbook.rendezvous.state import RendezvousState
@@ -181,7 +181,10 @@ def _keep_alive(heartbeats: dict[str, float], node: str, now: float) -> dict[str
     return {**heartbeats, node: now}
 
 
-def _without(mapping: dict[str, float] | dict[str, int], node: str) -> dict:
+V = TypeVar("V")
+
+
+def _without(mapping: dict[str, V], node: str) -> dict[str, V]:
     return {k: v for k, v in mapping.items() if k != node}
 
 

@@ -12,6 +12,7 @@ import base64
 import contextlib
 import json
 import shlex
+import socket
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -98,9 +99,10 @@ def connect_all(
                 pause = min(pause * 2, 1.0)
         transport = shell._transport
         key = transport.get_remote_server_key()
-        return Connection(
-            host, shell, HostKey(key.get_name(), key.get_base64()), transport.sock.getsockname()[0]
-        )
+        sock = transport.sock  # a socket: connect() made it (never a proxy channel)
+        assert isinstance(sock, socket.socket)
+        local = str(sock.getsockname()[0])
+        return Connection(host, shell, HostKey(key.get_name(), key.get_base64()), local)
 
     done, failed = parallel(hosts, one)
     if failed:
@@ -134,7 +136,8 @@ def run_task(
         tail = " / ".join(result.stderr.strip().splitlines()[-3:])
         raise SSHError(f"The {task} step failed on {shell.host}: {tail}", host=shell.host)
     try:
-        return json.loads(result.stdout.strip().splitlines()[-1])
+        reply: dict[str, Any] = json.loads(result.stdout.strip().splitlines()[-1])
+        return reply
     except (ValueError, IndexError):
         raise SSHError(
             f"The {task} step on {shell.host} printed no result (its shell start-up files may "
@@ -245,7 +248,8 @@ class NodeSession:
                     raise TaskFailedError(
                         f"The {task} step failed on {self.host}: {reply['error']}", host=self.host
                     )
-                return reply["ok"]
+                answer: dict[str, Any] = reply["ok"]
+                return answer
 
     def close(self) -> None:
         self._proc.close(timeout=10)

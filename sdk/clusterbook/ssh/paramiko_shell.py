@@ -259,7 +259,8 @@ def _send_all(chan: paramiko.Channel, data: bytes) -> None:
     (quadratic: 26 s for 64 MiB); slices of a memoryview copy nothing."""
     view = memoryview(data)
     while view:
-        sent = chan.send(view[:_SEND_SLICE])
+        # (paramiko's stubs say bytes; it takes any buffer, and the slice copies nothing)
+        sent = chan.send(view[:_SEND_SLICE])  # type: ignore[arg-type]
         if not sent:  # the other side closed the channel (sendall would spin forever)
             raise OSError("the channel was closed while data was being sent")
         view = view[sent:]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -26,8 +27,9 @@ class NodeFacts:
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> NodeFacts:
-        fields = {name: data.get(name) for name in cls.__slots__}  # type: ignore[attr-defined]
-        return cls(**fields)
+        names = [f.name for f in dataclasses.fields(cls)]
+        given: dict[str, Any] = {name: data.get(name) for name in names}
+        return cls(**given)
 
     @property
     def minor(self) -> str:

@@ -106,7 +106,8 @@ class TcpBackend(RendezvousBackend):
         return self._node
 
     def get_state(self) -> tuple[bytes, Token] | None:
-        return self._call(lambda _left: b"G", b"s", idempotent=True)
+        current: tuple[bytes, Token] | None = self._call(lambda _left: b"G", b"s", idempotent=True)
+        return current
 
     def set_state(self, state: bytes, token: Token | None = None) -> tuple[bytes, Token, bool]:
         if not isinstance(state, bytes):
@@ -117,7 +118,10 @@ class TcpBackend(RendezvousBackend):
                 f"{MAX_STATE} bytes."
             )
         request = b"S" + _spec(token) + state
-        return self._call(lambda _left: request, b"r", idempotent=False)
+        result: tuple[bytes, Token, bool] = self._call(
+            lambda _left: request, b"r", idempotent=False
+        )
+        return result
 
     def update(self, change: StateChange) -> tuple[bytes, Token] | None:
         """A rendezvous :class:`~clusterbook.rendezvous.step.Step` runs on the store's side,
@@ -131,9 +135,10 @@ class TcpBackend(RendezvousBackend):
                 f"The rendezvous step of node {change.node!r} is {len(request)} bytes; frames "
                 f"hold at most {MAX_FRAME} bytes (is its report that large?)."
             )
-        return self._call(
+        after: tuple[bytes, Token] | None = self._call(
             lambda _left: request, b"s", idempotent=change.repeatable, wait=change.wait
         )
+        return after
 
     def watch(self, token: Token | None, timeout: float) -> tuple[bytes, Token] | None:
         return self._watch(b"W", token, timeout)
@@ -144,9 +149,10 @@ class TcpBackend(RendezvousBackend):
     def _watch(self, op: bytes, token: Token | None, timeout: float) -> tuple[bytes, Token] | None:
         wait = min(_WATCH_MAX, float(timeout)) if timeout > 0 else 0.0  # NaN -> 0
         spec = _spec(token)
-        return self._call(
+        current: tuple[bytes, Token] | None = self._call(
             lambda left: op + spec + _SECONDS.pack(left), b"s", idempotent=True, wait=wait
         )
+        return current
 
     def close(self) -> None:
         """Say goodbye and close the connection. Safe to call more than once."""
@@ -167,7 +173,7 @@ class TcpBackend(RendezvousBackend):
             finally:
                 self._lock.release()
         else:  # a call is stuck waiting on the store: end it
-            for chan in {first, self._chan} - {None}:
+            for chan in {c for c in (first, self._chan) if c is not None}:
                 with contextlib.suppress(OSError):
                     chan.sock.shutdown(socket.SHUT_RDWR)
 
