@@ -321,6 +321,17 @@ def test_a_published_snapshot_reaches_the_html_after_the_throttle():
     assert widget.snapshot is cluster.current
 
 
+def test_a_change_of_the_clusters_own_state_is_drawn_at_once():
+    widget, cluster, clock = make_widget()
+    clock.advance(0.02)
+    cluster.publish(snapshot(state="stopping"))
+    assert ">stopping<" in widget.header_html.value  # not held for the throttle's interval
+    cluster.publish(snapshot("renamed", state="stopping"))
+    assert "<b>demo</b>" in widget.header_html.value  # the same state: throttled as ever
+    clock.advance(0.1)
+    assert "<b>renamed</b>" in widget.header_html.value
+
+
 def test_a_burst_of_snapshots_is_drawn_at_most_ten_times_a_second():
     widget, cluster, clock = make_widget()
     drawn: list[str] = []

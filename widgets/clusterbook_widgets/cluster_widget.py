@@ -116,7 +116,7 @@ class ClusterWidget(widgets.VBox):
         self._throttle: Throttle[ClusterSnapshot] = Throttle(
             interval, self._show, scheduler=self._scheduler
         )
-        self._unsubscribe: Callable[[], None] | None = cluster.subscribe(self._throttle.push)
+        self._unsubscribe: Callable[[], None] | None = cluster.subscribe(self._on_change)
         self._throttle.push(cluster.snapshot())
         self._throttle.flush()
         self._schedule_poll()
@@ -164,6 +164,15 @@ class ClusterWidget(widgets.VBox):
         super().close()
 
     # -- internals ------------------------------------------------------------------------
+
+    def _on_change(self, snapshot: ClusterSnapshot) -> None:
+        """A new snapshot: shown within the throttle's interval; a change of the cluster's own
+        state (started, stopping, stopped) at once, on the thread that made it, so that the
+        widget shows it before that call returns (they are few)."""
+        shown = self.snapshot
+        self._throttle.push(snapshot)
+        if shown is None or shown.state != snapshot.state:
+            self._throttle.flush()
 
     def _show(self, snapshot: ClusterSnapshot) -> None:
         if self._closed:

@@ -177,7 +177,14 @@ class RendezvousHead:
     def _set_problem(self, problem: str | None) -> None:
         if problem != self._problem:
             self._problem = problem
+            self._tell()
+
+    def _tell(self) -> None:
+        """Call the change callback; its own failure is logged, never the follower's end."""
+        try:
             self._changed()
+        except Exception:
+            _log.exception("A change callback of the rendezvous %r failed.", self._settings.run_id)
 
     def _expire(self) -> None:
         writer = self._writer
@@ -209,7 +216,7 @@ class RendezvousHead:
                     self._gone[node] = "lost" if dead else "left"
             self._state = state
             self._cond.notify_all()
-        self._changed()
+        self._tell()
 
     # -- what the cluster asks ----------------------------------------------------------
 
