@@ -60,7 +60,7 @@ for record in job.stream():
 print("READY", cluster.name, flush=True)
 sys.stdin.read()
 """
-BOUNDS = {"lost": 3.0 + 1.0, "agent done": 3.0 + 2.0 + 1.5, "owner clean": 3.0}
+BOUNDS = {"lost": 3.0 + 1.0, "agent done": 2.0 + 2.0, "owner clean": 3.0}
 
 
 def wait_for(condition: Callable[[], object], since: float, timeout: float = 30.0) -> float:

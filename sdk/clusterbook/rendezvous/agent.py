@@ -98,20 +98,23 @@ class Agent:
         return self._facts.with_load().to_json()
 
     def run(self) -> int:
-        backend = backend_for(self.store_url, self.secret, node=self.node_id)
-        # The watch notices a silent head (a cut link drops packets without a word) within
-        # the lease: each call gives up after half of it.
+        # No call waits on a silent head (a cut link drops packets without a word) for longer
+        # than the lease: the watch gives up after half of it, so that it notices in time.
+        backend = backend_for(
+            self.store_url, self.secret, node=self.node_id, timeout=min(5.0, self.lease)
+        )
         watcher = backend_for(self.store_url, self.secret, timeout=min(5.0, self.lease / 2))
         handler = RendezvousHandler(backend, self.settings, self.node_id, info=self.report)
         try:
             code = self._loop(handler, watcher)
+            if code == EXIT_LOST_STORE:
+                # At once: closing the connections below may wait out a call on a dead link.
+                self.release()
         finally:
             if not self._store_lost:  # leave cleanly, so the others need not wait for expiry
                 handler.shutdown()
             watcher.close()
             backend.close()
-        if code == EXIT_LOST_STORE:
-            self.release()
         return code
 
     def release(self) -> dict[str, Any]:
