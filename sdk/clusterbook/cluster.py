@@ -22,7 +22,7 @@ from clusterbook.launch.prepare import (
     fail_on_lost_nodes,
     make_run_dir,
     prepare,
-    refuse_lost,
+    usable_nodes,
 )
 from clusterbook.options import ClusterOptions
 from clusterbook.paths import default_run_root
@@ -66,7 +66,6 @@ class Cluster:
         self.kind = provider.kind
         self.name = options.name
         self.python = options.python
-        self._run_dir = options.run_dir
         self._state = "created"
         self._started: float | None = None
         self._launcher: Launcher | None = None
@@ -141,10 +140,7 @@ class Cluster:
     @property
     def run_dir(self) -> Path:
         """Directory of this cluster's job logs (created by ``start()``)."""
-        if self._run_dir is None:
-            stamp = time.strftime("%Y%m%d-%H%M%S")
-            self._run_dir = default_run_root() / f"{self.name}-{stamp}"
-        return self._run_dir
+        return self._options.run_dir
 
     @property
     def launcher(self) -> Launcher:
@@ -233,13 +229,8 @@ class Cluster:
         the running :class:`Job`; ``job.wait()`` returns its :class:`JobResult`.
         """
         self._require_running("mpirun")
-        nodes = self.nodes
-        if not nodes:
-            raise ClusterStateError(
-                f"Cluster {self.name!r} has no nodes yet; call cluster.wait_ready() first."
-            )
+        nodes = usable_nodes(self.name, self.nodes, self._provider.unreachable)
         request = JobRequest.make(argv, np, slots=sum(n.slots for n in nodes), **job)
-        refuse_lost(self.name, self._provider.unreachable([n.name for n in nodes], lost_only=True))
         unreachable, names = self._provider.unreachable, [n.name for n in nodes]
         hooks = JobHooks(
             on_failure=self._provider.stop_job,

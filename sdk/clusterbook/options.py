@@ -10,6 +10,7 @@ import os
 import re
 import secrets
 import sys
+import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
 from pathlib import Path
@@ -17,6 +18,7 @@ from typing import TYPE_CHECKING, TypedDict
 
 from clusterbook.errors import ConfigError
 from clusterbook.launch.flavour import MPIFlavour
+from clusterbook.paths import default_run_root
 from clusterbook.spec import validate_env
 
 if TYPE_CHECKING:
@@ -99,7 +101,8 @@ class ClusterOptions:
         Shown in status, names the run directory and the cluster's files on its nodes (1-63
         letters, digits, '.', '-', '_'); default ``KIND-xxxxxx``.
     run_dir
-        Directory of the jobs' logs (default: a new one under ``default_run_root()``).
+        Directory of the jobs' logs (default: ``NAME-YYYYmmdd-HHMMSS`` under
+        ``default_run_root()``, as of when the cluster is made).
     python
         The interpreter ``"python"`` in a job's argv stands for (default: this one); a
         relative path is made absolute.
@@ -111,7 +114,7 @@ class ClusterOptions:
     """
 
     name: str
-    run_dir: Path | None = None
+    run_dir: Path
     python: str = sys.executable
     launcher: str | None = None
     mpi: MPIFlavour | str | None = None
@@ -149,9 +152,13 @@ class ClusterOptions:
             raise ConfigError(f"mpi must be 'openmpi' or 'mpich', got {mpi!r}.")
         return cls(
             name=name,
-            run_dir=Path(run_dir) if run_dir is not None else None,
+            run_dir=Path(run_dir) if run_dir is not None else _new_run_dir(name),
             python=python or sys.executable,
             launcher=launcher,
             mpi=mpi,
             env=validate_env(given.get("env")),  # type: ignore[arg-type]
         )
+
+
+def _new_run_dir(name: str) -> Path:
+    return default_run_root() / f"{name}-{time.strftime('%Y%m%d-%H%M%S')}"

@@ -19,6 +19,7 @@ __all__ = [
     "validate_env",
     "validate_host",
     "validate_np",
+    "validate_port",
     "validate_positive_int",
     "validate_seconds",
     "validate_timeout",
@@ -123,6 +124,20 @@ def validate_np(np: object, total_slots: int, *, oversubscribe: bool) -> int:
             "(--oversubscribe on the command line) to run more than one rank per slot."
         )
     return np
+
+
+def validate_port(value: object, name: str = "port", *, free: str | None = None) -> int:
+    """``value`` as a TCP port, 1-65535; 0 too when ``free`` says what it means (like
+    ``"any free one"``). The one check of every port clusterbook is given."""
+    low = 0 if free is not None else 1
+    rule = f"a port must be {low}-65535" + (f" (0: {free})" if free is not None else "")
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ConfigError(f"{name} must be a whole number: {rule}, got {value!r}.")
+    if value < low:
+        raise ConfigError(f"{name} must be >= {low}: {rule}, got {value}.")
+    if value > 65535:
+        raise ConfigError(f"{name} must be at most 65535: {rule}, got {value}.")
+    return value
 
 
 def validate_seconds(

@@ -38,7 +38,7 @@ __all__ = [
     "make_run_dir",
     "new_job_dir",
     "prepare",
-    "refuse_lost",
+    "usable_nodes",
 ]
 
 _JOB_RE = re.compile(r"job-\d{4,}")
@@ -128,6 +128,9 @@ class JobHooks:
     diagnose: Callable[[JobResult | None], list[str]]
 
 
+Unreachable = Callable[..., dict[str, str]]
+
+
 def make_run_dir(run_dir: Path) -> None:
     """Make a cluster's run directory (0700: logs are private) and its ``jobs/``."""
     try:
@@ -137,17 +140,22 @@ def make_run_dir(run_dir: Path) -> None:
         raise RunDirError.from_os_error(run_dir, exc) from exc
 
 
-def refuse_lost(cluster: str, lost: Mapping[str, str]) -> None:
-    """No job starts on a cluster that lost nodes (``lost``: each with why)."""
+def usable_nodes(
+    cluster: str, nodes: tuple[NodeSpec, ...], unreachable: Unreachable
+) -> tuple[NodeSpec, ...]:
+    """``nodes``, if a job can start on them: there are some, and none was lost."""
+    if not nodes:
+        raise ClusterStateError(
+            f"Cluster {cluster!r} has no nodes yet; call cluster.wait_ready() first."
+        )
+    lost = unreachable([n.name for n in nodes], lost_only=True)
     if lost:
         raise ClusterStateError(
             f"Cluster {cluster!r} lost {len(lost)} of its nodes: {'; '.join(lost.values())}. "
             "Stop it and start a new one (or, for an elastic cluster, wait for the next round "
             "with cluster.wait_ready())."
         )
-
-
-Unreachable = Callable[..., dict[str, str]]
+    return nodes
 
 
 def fail_on_lost_nodes(jobs: Sequence[Job], unreachable: Unreachable) -> None:

@@ -23,6 +23,7 @@ from clusterbook.errors import CleanupWarning, ClusterError
 from clusterbook.paths import cluster_dir
 from clusterbook.providers.base import Provider, RemoteLaunch, StartContext
 from clusterbook.providers.elastic_reach import Reach, far_nodes, pick_address
+from clusterbook.rendezvous.agent import agent_argv
 from clusterbook.rendezvous.api import RendezvousSettings, RendezvousTimeout
 from clusterbook.rendezvous.head import RendezvousHead
 from clusterbook.spec import NodeSpec
@@ -83,8 +84,7 @@ class ElasticProvider(Provider):
     def join_command(self) -> str | None:
         if self.head.join_url is None or self.head.token_file is None:
             return None
-        words = ["worker", "join", self.head.join_url, "--token-file", str(self.head.token_file)]
-        return "clusterbook " + shlex.join(words)
+        return shlex.join(agent_argv(None, self.head.join_url, self.head.token_file))
 
     # -- lifecycle ----------------------------------------------------------------------
 

@@ -27,7 +27,7 @@ from clusterbook.providers.base import Provider, RemoteLaunch, StartContext
 from clusterbook.rendezvous.agent import HEAD_LEASE, agent_argv
 from clusterbook.rendezvous.api import RendezvousSettings, RendezvousTimeout
 from clusterbook.rendezvous.head import RendezvousHead
-from clusterbook.spec import NodeSpec, parse_host_slots, validate_positive_int, validate_timeout
+from clusterbook.spec import NodeSpec, parse_host_slots, validate_port, validate_timeout
 from clusterbook.ssh.bootstrap import (
     Connection,
     KeptSession,
@@ -103,9 +103,7 @@ class SSHProvider(Provider):
         self.node_python = validate_node_python(node_python, [n.host for n in self.nodes])
         self.user = user or getpass.getuser()
         self.identity = Path(identity or "~/.ssh/id_ed25519").expanduser()
-        self.port = validate_positive_int(port, "port")
-        if self.port > 65535:
-            raise ConfigError(f"port must be at most 65535, got {port}.")
+        self.port = validate_port(port)
         self.connect_timeout = validate_timeout(connect_timeout, "connect_timeout") or 30.0
         self._known_hosts = known_hosts
         self._host_keys = host_keys

@@ -47,7 +47,7 @@ HEAD_LEASE = 2.0
 
 
 def agent_argv(
-    python: str,
+    python: str | None,
     url: str,
     token_file: str | os.PathLike[str],
     *,
@@ -57,9 +57,11 @@ def agent_argv(
     clean_on_lost: bool = False,
     start_sshd: int | None = None,
 ) -> list[str]:
-    """The command that runs an agent with ``python``: ``python -m clusterbook.cli worker
-    join URL --token-file F [...]`` (the one place it is written)."""
-    argv = [python, "-m", "clusterbook.cli", "worker", "join", url, "--token-file", str(token_file)]
+    """The command that runs an agent with ``python`` (``python -m clusterbook.cli worker join
+    URL --token-file F [...]``), or with the ``clusterbook`` command when ``python`` is None:
+    the one place it is written."""
+    program = [python, "-m", "clusterbook.cli"] if python is not None else ["clusterbook"]
+    argv = [*program, "worker", "join", url, "--token-file", str(token_file)]
     if node_id is not None:
         argv += ["--node-id", node_id]
     if slots is not None:

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from clusterbook.errors import ConfigError
-from clusterbook.spec import validate_host
+from clusterbook.spec import validate_host, validate_port
 
 __all__ = [
     "BAD_PATH_CHARS",
@@ -53,12 +53,7 @@ class SshdConfig:
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "directory", check_path(self.directory, "directory"))
-        if isinstance(self.port, bool) or not isinstance(self.port, int):
-            raise ConfigError(f"sshd port must be a whole number 1-65535, got {self.port!r}.")
-        if not 1 <= self.port <= 65535:
-            raise ConfigError(
-                f"sshd port must be 1-65535, got {self.port}; start_sshd(port=0) picks a free one."
-            )
+        validate_port(self.port, "sshd port")
         check_listen(self.listen)
         keys = self.authorized_keys
         keys = self.directory / "authorized_keys" if keys is None else keys

@@ -40,6 +40,7 @@ from clusterbook.rendezvous.backends._wire import (
     _tune,
 )
 from clusterbook.rendezvous.step import Step, StepFormatError
+from clusterbook.spec import validate_port
 
 __all__ = ["StoreServer"]
 
@@ -84,10 +85,7 @@ class StoreServer:
             raise ConfigError(
                 f"The store server's host must be a host name or address, got {host!r}."
             )
-        if isinstance(port, bool) or not isinstance(port, int) or not 0 <= port <= 65535:
-            raise ConfigError(
-                f"The store server's port must be 0..65535 (0: any free one), got {port!r}."
-            )
+        validate_port(port, "The store server's port", free="any free one")
         if on_lost is not None and not callable(on_lost):
             raise ConfigError(f"on_lost must be a callable or None, got {on_lost!r}.")
         self._host = host
