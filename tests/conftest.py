@@ -87,6 +87,14 @@ def wait_gone(text: str, timeout: float) -> list[psutil.Process]:
     return left
 
 
+def mpi_debris() -> set[str]:
+    """What MPI leaves when a job is killed, on this machine (the fake hosts share /tmp and
+    /dev/shm with it): shared memory segments and launcher and daemon session directories."""
+    shm = {f"/dev/shm/{n}" for n in os.listdir("/dev/shm") if n.startswith(("sm_", "mpich_"))}
+    tmp = {f"/tmp/{n}" for n in os.listdir("/tmp") if n.startswith(("ompi.", "prted."))}
+    return shm | tmp
+
+
 @pytest.fixture
 def make_cluster(tmp_path: Path) -> Iterator[Callable[..., cb.Cluster]]:
     """Make started local clusters; they are stopped at teardown, and no process of theirs

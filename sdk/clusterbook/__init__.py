@@ -7,9 +7,9 @@
 
 from __future__ import annotations
 
-from importlib import import_module
 from typing import TYPE_CHECKING, Any
 
+from clusterbook._lazy import lazy_names
 from clusterbook.errors import (
     BootstrapError,
     CleanupWarning,
@@ -60,17 +60,7 @@ _LAZY = {
 }
 
 
-def __getattr__(name: str) -> Any:
-    module = _LAZY.get(name)
-    if module is None:
-        raise AttributeError(f"module 'clusterbook' has no attribute {name!r}")
-    value = getattr(import_module(module), name)
-    globals()[name] = value  # once: later lookups do not come here
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted({*globals(), *_LAZY})
+__getattr__, __dir__ = lazy_names(__name__, _LAZY, globals())
 
 
 __version__ = "0.1.0"

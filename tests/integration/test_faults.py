@@ -13,7 +13,7 @@ import pytest
 
 import clusterbook as cb
 from clusterbook.launch.logs import read_log_file
-from tests.conftest import require
+from tests.conftest import mpi_debris, require
 
 pytestmark = pytest.mark.mpi
 
@@ -103,12 +103,6 @@ MPI.COMM_WORLD.Barrier()
 print("up", flush=True)
 time.sleep(600)
 """
-
-
-def mpi_debris() -> set[str]:
-    shm = {f"/dev/shm/{n}" for n in os.listdir("/dev/shm") if n.startswith(("sm_", "mpich_"))}
-    tmp = {f"/tmp/{n}" for n in os.listdir("/tmp") if n.startswith(("ompi.", "prted."))}
-    return shm | tmp
 
 
 def test_a_killed_job_leaves_no_shared_memory_or_session_directory(

@@ -24,6 +24,7 @@ import clusterbook as cb
 from clusterbook import _node_tasks
 from clusterbook.rendezvous.agent import HEAD_LEASE, parse_join_url
 from clusterbook.rendezvous.backends.tcp import TcpBackend, read_secret
+from tests.conftest import mpi_debris
 from tests.testbed import FakeHost, Testbed
 from tests.testbed import testbed as fake_hosts
 
@@ -221,48 +222,63 @@ if ending == "hang":
 """
 
 
+@pytest.fixture
+def owner(
+    testbed: Testbed, openmpi_python: str, tmp_path: Path
+) -> Iterator[Callable[[str], tuple[subprocess.Popen[str], str]]]:
+    """Start a Python process that owns an SSH cluster of two hosts running a job, and
+    ``ending`` (``"hang"``: waits for its stdin; ``"exit"``: exits without stop()); return it
+    and its cluster's name. Killed at teardown if still there."""
+    started: list[subprocess.Popen[str]] = []
+
+    def start(ending: str) -> tuple[subprocess.Popen[str], str]:
+        sleeper = tmp_path / "sleeper.py"
+        sleeper.write_text(SLEEPER)
+        script = tmp_path / "owner.py"
+        script.write_text(OWNER)
+        hosts = ",".join(f"{h.addr}:1" for h in testbed.hosts[:2])
+        args = [hosts, str(testbed.identity), str(testbed.write_known_hosts()), openmpi_python]
+        args += [str(tmp_path / "run"), str(sleeper), ending]
+        proc = subprocess.Popen(
+            [sys.executable, str(script), *args],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        started.append(proc)
+        assert proc.stdout is not None
+        line = proc.stdout.readline()
+        assert line.startswith("READY"), line
+        return proc, line.split()[1]
+
+    yield start
+    for proc in started:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+
+
 @pytest.mark.parametrize("ending", ["sigkill", "exit without stop"])
 def test_nodes_clean_themselves_when_their_owner_dies(
-    testbed: Testbed, openmpi_python: str, tmp_path: Path, ending: str
+    testbed: Testbed, owner: Callable[[str], tuple[subprocess.Popen[str], str]], ending: str
 ) -> None:
-    sleeper = tmp_path / "sleeper.py"
-    sleeper.write_text(SLEEPER)
-    owner_script = tmp_path / "owner.py"
-    owner_script.write_text(OWNER)
-    hosts = ",".join(f"{h.addr}:1" for h in testbed.hosts[:2])
-    args = [hosts, str(testbed.identity), str(testbed.write_known_hosts()), openmpi_python]
-    args += [str(tmp_path / "run"), str(sleeper), "hang" if ending == "sigkill" else "exit"]
-    owner = subprocess.Popen(
-        [sys.executable, str(owner_script), *args],
-        stdin=subprocess.PIPE,
-        stdout=subprocess.PIPE,
-        text=True,
-    )
-    try:
-        assert owner.stdout is not None
-        line = owner.stdout.readline()
-        assert line.startswith("READY"), line
-        name = line.split()[1]
-        for host in testbed.hosts[:2]:
-            assert name in cluster_files(host)
-            assert f"clusterbook:{name}" in host.authorized_keys.read_text()
-        if ending == "sigkill":
-            owner.send_signal(signal.SIGKILL)
-        owner.wait(timeout=60)
+    proc, name = owner("hang" if ending == "sigkill" else "exit")
+    for host in testbed.hosts[:2]:
+        assert name in cluster_files(host)
+        assert f"clusterbook:{name}" in host.authorized_keys.read_text()
+    if ending == "sigkill":
+        proc.send_signal(signal.SIGKILL)
+    proc.wait(timeout=60)
 
-        # Within its lease, each node's agent stops the cluster's processes there and removes
-        # the key line and the files the bootstrap installed (or stop() did it at exit).
-        def cleaned() -> bool:
-            return not strays(testbed) and all(
-                name not in cluster_files(h) and "clusterbook:" not in h.authorized_keys.read_text()
-                for h in testbed.hosts[:2]
-            )
+    # Within its lease, each node's agent stops the cluster's processes there and removes
+    # the key line and the files the bootstrap installed (or stop() did it at exit).
+    def cleaned() -> bool:
+        return not strays(testbed) and all(
+            name not in cluster_files(h) and "clusterbook:" not in h.authorized_keys.read_text()
+            for h in testbed.hosts[:2]
+        )
 
-        assert wait_for(cleaned, HEAD_LEASE + 8), strays(testbed)
-    finally:
-        if owner.poll() is None:
-            owner.kill()
-            owner.wait()
+    assert wait_for(cleaned, HEAD_LEASE + 8), strays(testbed)
 
 
 # -- a host key swapped ---------------------------------------------------------------------
@@ -292,62 +308,37 @@ def test_a_swapped_host_key_says_the_key_changed(
 
 
 def test_the_cleanup_command_removes_what_nobody_could(
-    testbed: Testbed, openmpi_python: str, tmp_path: Path
+    testbed: Testbed,
+    owner: Callable[[str], tuple[subprocess.Popen[str], str]],
+    openmpi_python: str,
 ) -> None:
-    sleeper = tmp_path / "sleeper.py"
-    sleeper.write_text(SLEEPER)
-    owner_script = tmp_path / "owner.py"
-    owner_script.write_text(OWNER)
     nodes = testbed.hosts[:2]
-    hosts = ",".join(h.addr for h in nodes)
-    known = str(testbed.write_known_hosts())
-    args = [",".join(f"{h}:1" for h in hosts.split(",")), str(testbed.identity), known]
-    args += [openmpi_python, str(tmp_path / "run"), str(sleeper), "hang"]
-    owner = subprocess.Popen(
-        [sys.executable, str(owner_script), *args],
-        stdin=subprocess.PIPE,
-        stdout=subprocess.PIPE,
-        text=True,
-    )
-    try:
-        assert owner.stdout is not None
-        name = owner.stdout.readline().split()[1]
-        # The agents die with their owner, before they can clean anything.
-        for host in nodes:
-            for pid in host.processes():
-                with contextlib.suppress(psutil.Error):
-                    if "worker" in psutil.Process(pid).cmdline():
-                        os.kill(pid, signal.SIGKILL)
-        owner.kill()
-        owner.wait()
-        time.sleep(HEAD_LEASE + 1)
-        assert all(f"clusterbook:{name}" in h.authorized_keys.read_text() for h in nodes)
-        assert all(name in cluster_files(h) for h in nodes)
-        done = subprocess.run(
-            [sys.executable, "-m", "clusterbook.cli", "cleanup", name, "--hosts", hosts,
-             "--identity", str(testbed.identity), "--known-hosts", known,
-             "--python", openmpi_python],
-            capture_output=True, text=True, timeout=120, check=False,
-        )  # fmt: skip
-        assert done.returncode == 0, done.stderr
-        for host in nodes:
-            assert f"{host.addr}: stopped" in done.stdout
-            assert "clusterbook:" not in host.authorized_keys.read_text()
-            assert name not in cluster_files(host)
-        assert wait_for(lambda: not strays(testbed), 10), strays(testbed)
-        # Again: nothing left to do, no error.
-        again = subprocess.run(
-            [sys.executable, "-m", "clusterbook.cli", "cleanup", name, "--hosts", hosts,
-             "--identity", str(testbed.identity), "--known-hosts", known,
-             "--python", openmpi_python],
-            capture_output=True, text=True, timeout=120, check=False,
-        )  # fmt: skip
-        assert again.returncode == 0, again.stderr
-        assert "removed 0 key line(s)" in again.stdout
-    finally:
-        if owner.poll() is None:
-            owner.kill()
-            owner.wait()
+    proc, name = owner("hang")
+    # The agents die with their owner, before they can clean anything.
+    for host in nodes:
+        for pid in host.processes():
+            with contextlib.suppress(psutil.Error):
+                if "worker" in psutil.Process(pid).cmdline():
+                    os.kill(pid, signal.SIGKILL)
+    proc.kill()
+    proc.wait()
+    time.sleep(HEAD_LEASE + 1)
+    assert all(f"clusterbook:{name}" in h.authorized_keys.read_text() for h in nodes)
+    assert all(name in cluster_files(h) for h in nodes)
+    command = [sys.executable, "-m", "clusterbook.cli", "cleanup", name]
+    command += ["--hosts", ",".join(h.addr for h in nodes), "--identity", str(testbed.identity)]
+    command += ["--known-hosts", str(testbed.known_hosts), "--python", openmpi_python]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=120, check=False)
+    assert done.returncode == 0, done.stderr
+    for host in nodes:
+        assert f"{host.addr}: stopped" in done.stdout
+        assert "clusterbook:" not in host.authorized_keys.read_text()
+        assert name not in cluster_files(host)
+    assert wait_for(lambda: not strays(testbed), 10), strays(testbed)
+    # Again: nothing left to do, no error.
+    again = subprocess.run(command, capture_output=True, text=True, timeout=120, check=False)
+    assert again.returncode == 0, again.stderr
+    assert "removed 0 key line(s)" in again.stdout
 
 
 def test_the_cleanup_command_refuses_a_bad_id() -> None:
@@ -367,14 +358,6 @@ MPI.COMM_WORLD.Barrier()
 print("started", flush=True)
 time.sleep(600)
 """
-
-
-def mpi_debris() -> set[str]:
-    """MPI's shared memory and session directories (the fake hosts share /tmp and /dev/shm
-    with the head: each node's are named by its hostname or its daemon's pid)."""
-    shm = {f"/dev/shm/{n}" for n in os.listdir("/dev/shm") if n.startswith(("sm_", "mpich_"))}
-    tmp = {f"/tmp/{n}" for n in os.listdir("/tmp") if n.startswith(("ompi.", "prted."))}
-    return shm | tmp
 
 
 def test_a_killed_job_leaves_no_mpi_debris_on_the_nodes(

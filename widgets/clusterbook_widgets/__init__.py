@@ -8,8 +8,9 @@ through the ``clusterbook.jupyter`` entry points (it never imports this package 
 
 from __future__ import annotations
 
-from importlib import import_module
 from typing import TYPE_CHECKING, Any
+
+from clusterbook._lazy import lazy_names
 
 if TYPE_CHECKING:
     from clusterbook_widgets.cluster_widget import ClusterWidget, display_cluster
@@ -37,17 +38,7 @@ _LAZY = {
 }
 
 
-def __getattr__(name: str) -> Any:
-    module = _LAZY.get(name)
-    if module is None:
-        raise AttributeError(f"module 'clusterbook_widgets' has no attribute {name!r}")
-    value = getattr(import_module(module), name)
-    globals()[name] = value  # once: later lookups do not come here
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted({*globals(), *_LAZY})
+__getattr__, __dir__ = lazy_names(__name__, _LAZY, globals())
 
 
 def current_cluster(shell: Any = None) -> Any:
