@@ -368,7 +368,8 @@ class Job:
         self._store.close()
         if self._store.write_error is not None and self._error is None:
             self._error = self._store.write_error
-        code = returncode if returncode is not None else (self._proc.poll() or -1)
+        polled = self._proc.poll() if returncode is None else returncode
+        code = polled if polled is not None else -1  # -1: the launcher's end was not seen
         try:
             self._result = self._make_result(code, duration)
             if not self._result.ok:

@@ -363,7 +363,8 @@ class SSHProvider(Provider):
         if self._ctx is None:
             return
         # A lost node is not waited for: its agent stops the job there when its lease ends.
-        hosts = [h for h in self._conns if h not in self.unreachable(self._conns, lost_only=True)]
+        lost = self.unreachable(self._conns, lost_only=True)
+        hosts = [h for h in self._conns if h not in lost]
         parallel(hosts, lambda host: self._task(host, "kill", {"token": token}, 5))
 
     def _task(self, host: str, task: str, args: Mapping[str, Any], timeout: float) -> Any:
