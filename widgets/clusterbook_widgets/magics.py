@@ -205,16 +205,18 @@ class ClusterMagics(Magics):
         if args.pull is not None:
             self._pull(cluster, args.pull, result, pull_dir, job.np)
 
-    def _push_values(self, args: MpirunArgs) -> dict[str, Any]:
+    def _push_values(self, args: MpirunArgs) -> bytes | None:
+        """The pushed values, pickled: before anything starts, a missing or unpicklable one
+        is named."""
         assert self.shell is not None
         ns = self.shell.user_ns
         missing = [name for name in args.push if name not in ns]
         if missing:
             raise _CellError(f"--push: {', '.join(missing)} not defined in the notebook.")
-        return {name: ns[name] for name in args.push}
+        return pickled({name: ns[name] for name in args.push}) if args.push else None
 
     def _launch(
-        self, cluster: cb.Cluster, args: MpirunArgs, cell: str, values: dict[str, Any]
+        self, cluster: cb.Cluster, args: MpirunArgs, cell: str, values: bytes | None
     ) -> tuple[cb.Job, Path, Path | None]:
         cells = cluster.run_dir / "cells"
         cells.mkdir(mode=0o700, exist_ok=True)
@@ -227,13 +229,9 @@ class ClusterMagics(Magics):
             except FileExistsError:
                 number += 1
         push_file = None
-        if values:
+        if values is not None:
             push_file = directory / "push.pkl"
-            try:
-                data = pickle.dumps(values)
-            except Exception as exc:
-                raise _CellError(f"--push: cannot pickle the values: {exc}") from exc
-            _write_private(push_file, data)
+            _write_private(push_file, values)
         pull_dir = None
         if args.pull is not None:
             pull_dir = directory / "pull"
@@ -316,6 +314,25 @@ class ClusterMagics(Magics):
                 return
         assert self.shell is not None
         self.shell.user_ns[name] = values
+
+
+def pickled(values: dict[str, Any]) -> bytes:
+    """The notebook's ``values`` for the ranks, by value where plain pickle goes by name
+    (cloudpickle): a function, lambda or class defined in the notebook works on every rank.
+    A value that cannot be pickled is named."""
+    import cloudpickle  # type: ignore[import-untyped]  # (no type information)
+
+    for name, value in values.items():
+        try:
+            cloudpickle.dumps(value)
+        except Exception as exc:
+            raise _CellError(
+                f"--push {name}: {type(value).__name__} objects cannot be sent to the ranks "
+                f"({type(exc).__name__}: {exc}); push what it holds instead, or make it on "
+                "every rank in the cell."
+            ) from None
+    data: bytes = cloudpickle.dumps(values)
+    return data
 
 
 def _write_private(path: Path, data: bytes) -> None:

@@ -139,7 +139,7 @@ def _mpirun_parser() -> _Parser:
         action="append",
         default=[],
         metavar="A,B",
-        help="notebook variables every rank gets (pickled)",
+        help="notebook variables every rank gets (cloudpickled: functions too)",
     )
     p.add_argument(
         "--pull",
@@ -233,8 +233,12 @@ def _clusterbook_cell(source, filename, push, pull, pull_dir):
         print(f"--pull {{pull}}: name {{pull!r}} is not defined on rank {{rank}}", file=sys.stderr)
         sys.exit(1)
     path = os.path.join(pull_dir, f"rank-{{rank}}.pkl")
+    try:  # by value, as --push sends: a function made on the rank comes back too
+        from cloudpickle import dump
+    except ImportError:
+        dump = pickle.dump
     with open(path + ".part", "wb") as f:
-        pickle.dump(g[pull], f)
+        dump(g[pull], f)
     os.replace(path + ".part", path)
 
 
