@@ -10,6 +10,7 @@ each task prints one JSON object. Importable too, for tests.
 - ``release`` (the node's agent, when it has lost the head): stop the cluster's jobs here and
   remove what ``install`` put here, unless another node sharing this home is still in it.
 - ``kill``: stop the processes of one job.
+- ``run``: run a command (``cluster.run_on_nodes``).
 - ``put_*``: write files, piece by piece, at the paths they have on the head (what it
   created is removed at ``cleanup``); ``gather_*``: hand over, piece by piece, the files
   ranks wrote in a directory, then remove them.
@@ -384,6 +385,47 @@ def kill(args: Args) -> Reply:
     return {"killed": kill_tagged([args["token"]], grace, daemons=True)}
 
 
+def run(args: Args) -> Reply:
+    """Run ``argv`` here (stdin empty, in the home directory, its own process group), within
+    ``timeout`` seconds (then its whole group is killed); return its exit code (None when it
+    was stopped), the last ``limit`` bytes of its output and the seconds it took."""
+    import subprocess
+
+    timeout, limit = float(args["timeout"]), int(args.get("limit", 1 << 20))
+    start = time.monotonic()
+    try:
+        proc = subprocess.Popen(
+            args["argv"],
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            cwd=os.path.expanduser("~"),
+            start_new_session=True,
+        )
+    except OSError as exc:
+        return {"returncode": 127, "stdout": "", "stderr": str(exc), "duration": 0.0}
+    code: int | None
+    try:
+        out, err = proc.communicate(timeout=timeout)
+        code = proc.returncode
+    except subprocess.TimeoutExpired:
+        with contextlib.suppress(OSError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        out, err = proc.communicate()
+        err += f"\n[stopped: it ran over its {timeout:g} s]\n".encode()
+        code = None
+
+    def text(data: bytes) -> str:
+        return data[-limit:].decode("utf-8", "replace")
+
+    return {
+        "returncode": code,
+        "stdout": text(out),
+        "stderr": text(err),
+        "duration": time.monotonic() - start,
+    }
+
+
 def reap() -> None:
     """The guard of a Python process (``python -S _node_tasks.py reap``): it reads ``+ TOKEN``
     and ``- TOKEN`` lines on stdin; at end of input, which means that process has died, it
@@ -588,6 +630,7 @@ TASKS: dict[str, Callable[[Args], Reply]] = {
     "cleanup": cleanup,
     "release": release,
     "kill": kill,
+    "run": run,
     "spawn": spawn,
     "tail": tail,
     "put_begin": put_begin,

@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from clusterbook import display
+from clusterbook.commands import runs_frame
 from clusterbook.errors import ClusterStateError
 from clusterbook.events import Subscribers
 from clusterbook.launch.flavour import Launcher, find_launcher
@@ -264,6 +265,14 @@ class Cluster:
         """
         self._require_running("put")
         put_paths(self._provider.put, paths)
+
+    def run_on_nodes(self, argv: Sequence[str], timeout: float = 60.0) -> pd.DataFrame:
+        """Run ``argv`` on every node at once (each stopped after ``timeout`` seconds), for
+        set-up such as ``pip install``; one row per node: node, host, returncode (None: it
+        was stopped, or the node could not be asked), stdout, stderr (their last MiB),
+        duration."""
+        self._require_running("run_on_nodes")
+        return runs_frame(self._provider.run_on_nodes(argv, timeout))
 
     def gather(self, directory: str | os.PathLike[str]) -> list[Path]:
         """Move the files ranks wrote in ``directory`` on the nodes (not in its

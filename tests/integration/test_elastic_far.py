@@ -128,6 +128,21 @@ def test_ranks_run_on_far_agents_through_their_own_sshd(testbed, far_agents, mpi
     assert not (directory / "ssh_config").exists()
 
 
+def test_a_command_runs_on_every_far_agent_through_its_sshd(
+    testbed, far_agents, openmpi_python, tmp_path
+):
+    hosts = testbed.hosts[:2]
+    with elastic_cluster(testbed, openmpi_python, tmp_path, 2) as cluster:
+        far_agents(hosts[0], cluster, "--start-sshd", str(SSHD_PORT))
+        far_agents(hosts[1], cluster)  # no sshd of its own: it says why it cannot be asked
+        cluster.wait_ready(timeout=60)
+        frame = cluster.run_on_nodes(["hostname"]).set_index("host")
+        assert frame.loc[hosts[0].addr, "stdout"] == f"{hosts[0].name}\n"
+        assert frame.loc[hosts[0].addr, "returncode"] == 0
+        assert frame.returncode.isna().sum() == 1
+        assert "--start-sshd PORT" in frame.loc[hosts[1].addr, "stderr"]
+
+
 def test_a_far_agent_without_its_own_sshd_is_refused_with_the_fix(
     testbed, far_agents, openmpi_python, tmp_path
 ):

@@ -228,3 +228,11 @@ def test_preflight_names_the_host_and_the_fix(testbed, tmp_path, openmpi_python)
         assert "64 slots asked, but the node has" in problem
     for h in testbed.hosts:  # nothing was installed
         assert "clusterbook:" not in h.authorized_keys.read_text()
+
+
+def test_a_command_runs_on_every_node_over_the_kept_sessions(testbed, openmpi_python, tmp_path):
+    with ssh_cluster(testbed, openmpi_python, tmp_path) as cluster:
+        frame = cluster.run_on_nodes(["sh", "-c", "hostname; test $(hostname) != node2"])
+        rows = dict(zip(frame.stdout.str.strip(), frame.returncode, strict=True))
+        assert rows == {"node1": 0, "node2": 1, "node3": 0}
+        assert frame.host.tolist() == [h.addr for h in testbed.hosts]

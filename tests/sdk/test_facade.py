@@ -154,3 +154,34 @@ def test_from_spec_builds_any_registered_kind_and_names_the_known_ones(launcher,
     with cluster:
         assert cluster.kind == "fake"
         assert cluster.total_slots == 6
+
+
+def test_run_on_nodes_gives_a_row_per_node_with_code_output_and_time(make) -> None:
+    cluster = make(FakeProvider(nodes=2))
+    with pytest.raises(cb.ClusterStateError, match="not started"):
+        cluster.run_on_nodes(["true"])
+    cluster.start()
+    frame = cluster.run_on_nodes(["sh", "-c", "echo out; echo err >&2; exit 3"])
+    assert list(frame.columns) == ["node", "host", "returncode", "stdout", "stderr", "duration"]
+    assert frame.node.tolist() == ["fake-0", "fake-1"]
+    assert frame.returncode.tolist() == [3, 3]
+    assert str(frame.returncode.dtype) == "Int64"
+    assert frame.stdout.tolist() == ["out\n", "out\n"]
+    assert frame.stderr.tolist() == ["err\n", "err\n"]
+    assert (frame.duration >= 0).all()
+
+
+def test_run_on_nodes_stops_what_runs_over_its_time_and_says_what_was_not_found(make) -> None:
+    cluster = make(FakeProvider(nodes=1)).start()
+    slow = cluster.run_on_nodes(["sh", "-c", "echo started; sleep 30"], timeout=0.5)
+    assert slow.returncode.isna().all()
+    assert slow.stdout[0] == "started\n"
+    assert "ran over its 0.5 s" in slow.stderr[0]
+    assert slow.duration[0] < 10
+    missing = cluster.run_on_nodes(["no-such-program-xyz"])
+    assert missing.returncode.tolist() == [127]
+    assert "no-such-program-xyz" in missing.stderr[0]
+    with pytest.raises(cb.ConfigError, match="not the string"):
+        cluster.run_on_nodes("hostname")  # type: ignore[arg-type]
+    with pytest.raises(cb.ConfigError, match="timeout must be a number of seconds"):
+        cluster.run_on_nodes(["true"], timeout=0)

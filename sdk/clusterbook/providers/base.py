@@ -24,6 +24,7 @@ member                default   what it must do
 ``put(sent)``         {}        copy files to nodes that do not share this machine's; the nodes
                                 it failed on, with why
 ``gather(dir, skip)`` ([], {})  move the files ranks wrote in ``dir`` on such nodes here
+``run_on_nodes(...)`` here      run a command on every node (by default here, once a node)
 ``join_command``      None      for nodes that join by themselves: the command that joins
 ``bounds``            None      ``(min_nodes, max_nodes)`` of a cluster whose size may change
 ====================  ========  ==================================================================
@@ -40,6 +41,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import ClassVar
 
+from clusterbook.commands import NodeRun, run_everywhere
 from clusterbook.launch.flavour import Launcher
 from clusterbook.spec import NodeSpec
 from clusterbook.status import NodeStatus
@@ -142,6 +144,11 @@ class Provider(ABC):
         """Copy ``sent`` to the nodes that do not share this machine's files; return the nodes
         it failed on, with why. By default every node shares them: nothing to do."""
         return {}
+
+    def run_on_nodes(self, argv: Sequence[str], timeout: float) -> list[NodeRun]:
+        """Run ``argv`` on every node at once (``timeout`` seconds each); by default every
+        node is this machine, so it runs here, once for each."""
+        return run_everywhere(self.nodes, {}, argv, timeout)
 
     def gather(
         self, directory: Path, skip: Sequence[str]

@@ -19,6 +19,7 @@ from pathlib import Path
 
 import psutil
 
+from clusterbook.commands import NodeRun, run_everywhere
 from clusterbook.errors import CleanupWarning, ClusterError
 from clusterbook.paths import cluster_dir
 from clusterbook.providers.base import Provider, RemoteLaunch, StartContext
@@ -187,6 +188,12 @@ class ElasticProvider(Provider):
         callers, unreachable = self._callers()
         stored, failed = fetch_all(callers, directory, skip)
         return stored, {**unreachable, **failed}
+
+    def run_on_nodes(self, argv: Sequence[str], timeout: float) -> list[NodeRun]:
+        """Run ``argv`` on every node of the round: over the sshd of those on other machines
+        (a node without one says why in its stderr), here for those on this machine."""
+        callers, unreachable = self._callers()
+        return run_everywhere(self.nodes, callers, argv, timeout, unreachable)
 
     def _callers(self) -> tuple[dict[str, Call], dict[str, Exception]]:
         """Node tasks on each node of the round on another machine; those the head cannot

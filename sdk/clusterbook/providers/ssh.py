@@ -14,6 +14,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+from clusterbook.commands import NodeRun, run_everywhere
 from clusterbook.errors import (
     BootstrapError,
     CleanupWarning,
@@ -406,6 +407,10 @@ class SSHProvider(Provider):
         """Move the files ranks wrote in ``directory`` on every node here; return what
         arrived, and the nodes it failed on, with why."""
         return fetch_all(self._callers(), directory, skip)
+
+    def run_on_nodes(self, argv: Sequence[str], timeout: float) -> list[NodeRun]:
+        """Run ``argv`` on every node, in the sessions kept for them."""
+        return run_everywhere(self.nodes, self._callers(), argv, timeout)
 
     def _callers(self) -> dict[str, Call]:
         """Node tasks on each node, in its session (see :meth:`_task`)."""
