@@ -26,9 +26,12 @@ EXIT_USAGE = 2
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``clusterbook`` command; returns the exit code."""
     parser = _parser()
-    args = parser.parse_args(argv)
+    words = list(sys.argv[1:] if argv is None else argv)
+    args, unknown = parser.parse_known_args(words)
+    if unknown:
+        return _unknown_options(parser, words, unknown)
     if not hasattr(args, "func"):
-        parser.print_help()
+        _subparser(parser, words).print_help()
         return EXIT_USAGE
     try:
         return int(args.func(args))
@@ -39,10 +42,48 @@ def main(argv: Sequence[str] | None = None) -> int:
         return EXIT_INTERRUPTED
 
 
+def _subparser(parser: argparse.ArgumentParser, words: list[str]) -> argparse.ArgumentParser:
+    """The (sub)command ``words`` name: ``clusterbook worker join ...`` is ``join``'s parser."""
+    current = parser
+    for word in words:
+        if word.startswith("-"):
+            continue
+        choices = next(
+            (a.choices for a in current._actions if isinstance(a, argparse._SubParsersAction)),
+            None,
+        )
+        if not choices or word not in choices:
+            break
+        current = choices[word]
+    return current
+
+
+def _unknown_options(parser: argparse.ArgumentParser, words: list[str], unknown: list[str]) -> int:
+    """A mistyped option: the subcommand's usage, and the closest options it has."""
+    import difflib
+
+    where = _subparser(parser, words)
+    known = [s for a in where._actions for s in a.option_strings]
+    lines = []
+    for word in unknown:
+        if not word.startswith("-"):
+            continue
+        close = difflib.get_close_matches(word.partition("=")[0], known, n=1, cutoff=0.6)
+        lines.append(f"{word} (did you mean {close[0]}?)" if close else word)
+    if not lines:  # stray words: a command without '--' before it, say
+        lines = [" ".join(unknown) + " (put the command after '--')"]
+    where.print_usage(sys.stderr)
+    print(f"{where.prog}: error: unrecognized arguments: {'; '.join(lines)}", file=sys.stderr)
+    return EXIT_USAGE
+
+
 def _parser() -> argparse.ArgumentParser:
+    from clusterbook import __version__
+
     parser = argparse.ArgumentParser(
         prog="clusterbook", description="Run MPI on a handful of machines."
     )
+    parser.add_argument("--version", action="version", version=f"clusterbook {__version__}")
     sub = parser.add_subparsers(title="commands")
 
     demo = sub.add_parser("demo", help="run an mpi4py allreduce on a local cluster")
@@ -59,12 +100,26 @@ def _parser() -> argparse.ArgumentParser:
         "(124 when it timed out, 130 when interrupted).",
         usage="clusterbook run -n N [--hosts H:S,...] [options] -- CMD [ARG ...]",
     )
-    run.add_argument("-n", "--np", type=int, required=True, metavar="N", help="number of ranks")
+    run.add_argument(
+        "-n", "-np", "--np", type=int, required=True, metavar="N", help="number of ranks"
+    )
     run.add_argument(
         "--hosts",
         metavar="H:S,...",
         help="SSH hosts and slots, like node1:4,node2:4, bootstrapped with a per-cluster key "
         "(default: this machine, one slot per core)",
+    )
+    run.add_argument(
+        "--hostfile",
+        metavar="FILE",
+        help="the hosts and slots in an Open MPI (host slots=N) or MPICH (host:N) hostfile",
+    )
+    run.add_argument(
+        "--slots",
+        type=int,
+        metavar="S",
+        help="slots of each host given without its own (default 1), or of this machine "
+        "without --hosts (default: its cores)",
     )
     run.add_argument("--user", help="ssh login user on the hosts (default: yours)")
     run.add_argument(
@@ -263,6 +318,7 @@ def _cleanup(args: argparse.Namespace) -> int:
 
 def _run(args: argparse.Namespace) -> int:
     from clusterbook.cluster import Cluster
+    from clusterbook.spec import read_hostfile
 
     cmd = list(args.cmd)
     if cmd[:1] == ["--"]:
@@ -281,9 +337,16 @@ def _run(args: argparse.Namespace) -> int:
         if not Path(path).expanduser().exists():
             raise ConfigError(f"--put {path!r}: there is no such file or directory here.")
     options = {"run_dir": args.run_dir, "mpi": args.mpi, "launcher": args.launcher}
-    if args.hosts:
+    if args.hosts and args.hostfile:
+        raise ConfigError("Give the hosts with --hosts or with --hostfile, not both.")
+    hosts = _split(args.hosts) if args.hosts else []
+    if args.hostfile:
+        hosts = read_hostfile(args.hostfile)
+    if args.slots is not None:
+        hosts = [h if ":" in h else f"{h}:{args.slots}" for h in hosts]
+    if hosts:
         cluster = Cluster.ssh(
-            _split(args.hosts),
+            hosts,
             user=args.user,
             identity=args.identity,
             known_hosts=args.known_hosts,
@@ -292,7 +355,7 @@ def _run(args: argparse.Namespace) -> int:
             **options,
         )
     else:
-        cluster = Cluster.local(workers=1, **options)
+        cluster = Cluster.local(workers=1, slots=args.slots, **options)
     with cluster:
         cluster.put(*args.put)
         job = cluster.mpirun(
@@ -303,11 +366,12 @@ def _run(args: argparse.Namespace) -> int:
         if args.gather:
             for path in cluster.gather(args.gather):
                 print(f"clusterbook: gathered {path}", file=sys.stderr)
-    if result.timed_out:
-        print(f"clusterbook: {result.summary()}", file=sys.stderr)
-        return EXIT_TIMEOUT
     if not result.ok:
         print(f"clusterbook: {result.summary()}", file=sys.stderr)
+        print(f"clusterbook: each rank's log is in {job.directory}", file=sys.stderr)
+    if result.timed_out:
+        return EXIT_TIMEOUT
+    if not result.ok:
         codes = [f.exit_code for f in result.failed]
         return codes[0] if codes else (result.returncode if result.returncode > 0 else 1)
     return 0

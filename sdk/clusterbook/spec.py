@@ -7,15 +7,19 @@ the rule and the fix, so that bad input never surfaces as a traceback from deep 
 from __future__ import annotations
 
 import math
+import os
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
+from pathlib import Path
 
 from clusterbook.errors import ConfigError
 
 __all__ = [
     "NodeSpec",
     "parse_host_slots",
+    "parse_hostfile",
+    "read_hostfile",
     "validate_env",
     "validate_host",
     "validate_np",
@@ -83,6 +87,45 @@ def parse_host_slots(text: object, default_slots: int = 1) -> tuple[str, int]:
             f"Slots in host entry {text!r} must be >= 1, got {slots}; write it like '{host}:4'."
         )
     return host, slots
+
+
+def parse_hostfile(text: str, source: str = "hostfile") -> list[str]:
+    """The hosts of an Open MPI (``node1 slots=4``) or MPICH (``node1:4``) hostfile as
+    ``["node1:4", ...]``; comments (``#``) and blank lines are skipped, a host without slots
+    gets none (the default of whoever reads them). Anything else is named with its line."""
+    hosts = []
+    for number, raw in enumerate(text.splitlines(), 1):
+        line = raw.split("#", 1)[0].strip()
+        if not line:
+            continue
+        host, *rest = line.split()
+        slots = None
+        for word in rest:
+            key, sep, value = word.partition("=")
+            if key in ("slots", "max_slots", "max-slots") and sep and value.isdigit():
+                slots = value if key == "slots" or slots is None else slots
+            else:
+                raise ConfigError(
+                    f"{source} line {number}: {raw.strip()!r} is not 'HOST', 'HOST slots=N' "
+                    "(Open MPI) or 'HOST:N' (MPICH)."
+                )
+        entry = f"{host}:{slots}" if slots is not None and ":" not in host else host
+        parse_host_slots(entry)  # checked like any host entry
+        hosts.append(entry)
+    if not hosts:
+        raise ConfigError(f"{source} lists no host; write one per line, like 'node1 slots=4'.")
+    return hosts
+
+
+def read_hostfile(path: str | os.PathLike[str]) -> list[str]:
+    """:func:`parse_hostfile` of the file at ``path``."""
+    try:
+        text = Path(path).expanduser().read_text()
+    except OSError as exc:
+        raise ConfigError(
+            f"Cannot read the hostfile {os.fspath(path)!r}: {exc.strerror}."
+        ) from None
+    return parse_hostfile(text, f"hostfile {os.fspath(path)!r}")
 
 
 @dataclass(frozen=True, slots=True)

@@ -106,6 +106,8 @@ def test_run_timeout_exits_124_with_stacks(openmpi_python, tmp_path):
         (["run", "-n", "1", "--hosts=-oProxyCommand=x", "--", "true"], "starts with '-'"),
         (["run", "-n", "1", "--hosts", "a:1,,b:1", "--", "true"], "empty entry"),
         (["run", "-n", "1", "--hosts", "a:zero", "--", "true"], "is not a number"),
+        (["run", "-n", "1", "--hostfile", "/no/such/hostfile", "--", "true"], "Cannot read"),
+        (["run", "-n", "1", "--hosts", "a", "--hostfile", "f", "--", "true"], "not both"),
         (
             ["run", "-n", "1", "--launcher", "/nonexistent/mpirun", "--", "true"],
             "does not exist or is not executable",
@@ -124,3 +126,45 @@ def test_help_lists_the_commands(tmp_path):
     assert proc.returncode == 0
     assert "--hosts" in proc.stdout
     assert "--timeout" in proc.stdout
+
+
+def test_version_and_python_dash_m(tmp_path):
+    proc = subprocess.run(
+        [sys.executable, "-m", "clusterbook", "--version"], capture_output=True, text=True
+    )
+    assert proc.returncode == 0
+    assert proc.stdout.strip() == "clusterbook 0.1.0"
+
+
+def test_a_mistyped_flag_gets_the_subcommands_usage_and_the_closest_flag(tmp_path):
+    proc = run(["run", "-n", "2", "--timout", "5", "--", "true"], tmp_path)
+    assert proc.returncode == 2
+    assert proc.stderr.startswith("usage: clusterbook run")
+    assert "unrecognized arguments: --timout (did you mean --timeout?)" in proc.stderr
+    proc = run(["worker", "join", "tcp://h:1/x", "--token-file", "t", "--slotz", "2"], tmp_path)
+    assert proc.returncode == 2
+    assert "usage: clusterbook worker join" in proc.stderr
+    assert "(did you mean --slots?)" in proc.stderr
+
+
+def test_worker_alone_prints_the_worker_help(tmp_path):
+    proc = run(["worker"], tmp_path)
+    assert proc.returncode == 2
+    assert proc.stdout.startswith("usage: clusterbook worker")
+    assert "join" in proc.stdout
+
+
+def test_np_and_slots_as_mpi_users_type_them(openmpi_python, tmp_path):
+    code = "from mpi4py import MPI; print(MPI.COMM_WORLD.size)"
+    proc = run(["run", "-np", "3", "--slots", "3", "--", "python", "-c", code], tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    assert sorted(proc.stdout.splitlines()) == ["[0] 3", "[1] 3", "[2] 3"]
+
+
+def test_a_failed_run_says_where_its_logs_are(openmpi_python, tmp_path):
+    code = "print('about to fail'); raise SystemExit(3)"
+    proc = run(["run", "-n", "1", "--", "python", "-c", code], tmp_path)
+    assert proc.returncode == 3
+    logs = re.search(r"each rank's log is in (\S+)", proc.stderr)
+    assert logs is not None, proc.stderr
+    assert "about to fail" in (Path(logs.group(1)) / "rank-0.log").read_text()

@@ -194,6 +194,24 @@ def test_the_run_command_puts_and_gathers(
     assert [list(d.iterdir()) for d in seen.values()] == [[], []]  # stop() took put's copies
 
 
+def test_the_run_command_takes_an_openmpi_or_mpich_hostfile(
+    testbed, openmpi_python, tmp_path, capsys
+) -> None:  # type: ignore[no-untyped-def]
+    from clusterbook.cli import main
+
+    node1, node2 = testbed.hosts[:2]
+    hostfile = tmp_path / "hosts"
+    # Open MPI's form for one, MPICH's for the other; comments and blank lines are skipped.
+    hostfile.write_text(f"# the nodes\n{node1.addr} slots=1\n\n{node2.addr}:1\n")
+    argv = ["run", "-np", "2", "--hostfile", str(hostfile), "--identity", str(testbed.identity)]
+    argv += ["--known-hosts", str(testbed.write_known_hosts()), "--run-dir", str(tmp_path / "r")]
+    argv += ["--", openmpi_python, "-c", "import socket; print(socket.gethostname())"]
+    assert main(argv) == 0
+    out = capsys.readouterr().out
+    assert "[0] node1" in out
+    assert "[1] node2" in out
+
+
 def test_the_run_command_refuses_a_missing_put_before_bootstrap(tmp_path, capsys) -> None:  # type: ignore[no-untyped-def]
     from clusterbook.cli import main
 

@@ -311,3 +311,16 @@ def test_nodespec_is_frozen() -> None:
     node = NodeSpec("n", "n", 1)
     with pytest.raises(AttributeError):
         node.slots = 2  # type: ignore[misc]
+
+
+def test_hostfiles_of_both_flavours_read_as_host_entries() -> None:
+    from clusterbook.spec import parse_hostfile
+
+    text = "# cluster\nnode1 slots=4\nnode2:2\n\nnode3   # no slots\nnode4 slots=2 max_slots=8\n"
+    assert parse_hostfile(text) == ["node1:4", "node2:2", "node3", "node4:2"]
+    with pytest.raises(ConfigError, match="line 2: 'node2 cpus=2' is not 'HOST'"):
+        parse_hostfile("node1\nnode2 cpus=2\n")
+    with pytest.raises(ConfigError, match="lists no host"):
+        parse_hostfile("# nothing\n\n")
+    with pytest.raises(ConfigError, match="starts with '-'"):
+        parse_hostfile("-oProxyCommand=x slots=1\n")

@@ -1,0 +1,7 @@
+"""``python -m clusterbook``: the ``clusterbook`` command."""
+
+import sys
+
+from clusterbook.cli import main
+
+sys.exit(main())
