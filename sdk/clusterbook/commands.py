@@ -19,6 +19,15 @@ if TYPE_CHECKING:
 __all__ = ["COMMAND_COLUMNS", "NodeRun", "run_everywhere", "runs_frame"]
 
 COMMAND_COLUMNS = ("node", "host", "returncode", "stdout", "stderr", "duration")
+#: The dtype of every column of :func:`runs_frame`, whatever the rows.
+COMMAND_DTYPES = {
+    "node": "string",
+    "host": "string",
+    "returncode": "Int64",
+    "stdout": "string",
+    "stderr": "string",
+    "duration": "float64",
+}
 
 
 @dataclass(frozen=True, slots=True)
@@ -75,6 +84,5 @@ def runs_frame(runs: Sequence[NodeRun]) -> pd.DataFrame:
 
     rows = [(r.node, r.host, r.returncode, r.stdout, r.stderr, r.duration) for r in runs]
     frame: pd.DataFrame = pd.DataFrame(rows, columns=list(COMMAND_COLUMNS))
-    frame["returncode"] = frame["returncode"].astype("Int64")
-    frame["duration"] = frame["duration"].astype("float64")
-    return frame
+    typed: pd.DataFrame = frame.astype(COMMAND_DTYPES)
+    return typed

@@ -15,6 +15,8 @@ if TYPE_CHECKING:
     from clusterbook.launch.job import Job
 
 __all__ = [
+    "NODE_DTYPES",
+    "NODE_STATES",
     "ClusterSnapshot",
     "JobStatus",
     "NodeStatus",
@@ -97,10 +99,30 @@ NODE_COLUMNS = (
 )
 
 
+#: A node's states, in the order a node goes through them (the ``state`` column's categories).
+NODE_STATES = ("pending", "ready", "joined", "running", "lost", "left")
+
+#: The dtype of every column of :func:`nodes_frame`: the same whatever the rows (none too).
+NODE_DTYPES = {
+    "node": "string",
+    "host": "string",
+    "slots": "int64",
+    "state": "category",
+    "ranks": "object",  # a list of ints
+    "job": "string",
+    "round": "Int64",
+    "heartbeat_age": "Float64",
+    "load": "Float64",
+    "memory_used": "Float64",
+    "memory": "Int64",
+    "pid": "Int64",
+}
+
+
 def nodes_frame(snapshot: ClusterSnapshot) -> pd.DataFrame:
-    """One row per node: node, host, slots, state, ranks (of the running job), job, and for
-    nodes with an agent round, heartbeat age (s), load, memory used (%), memory (bytes) and
-    pid (None elsewhere)."""
+    """One row per node: node, host, slots, state (categorical, :data:`NODE_STATES`), ranks
+    (of the running job), job, and for nodes with an agent round, heartbeat age (s), load,
+    memory used (%), memory (bytes) and pid (``<NA>`` elsewhere); dtypes :data:`NODE_DTYPES`."""
     import pandas as pd
 
     rows = [
@@ -121,6 +143,8 @@ def nodes_frame(snapshot: ClusterSnapshot) -> pd.DataFrame:
         for n in snapshot.nodes
     ]
     frame: pd.DataFrame = pd.DataFrame(rows, columns=list(NODE_COLUMNS))
+    frame = frame.astype({k: v for k, v in NODE_DTYPES.items() if v != "category"})
+    frame["state"] = pd.Categorical(frame["state"], categories=NODE_STATES)
     return frame
 
 

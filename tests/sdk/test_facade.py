@@ -4,6 +4,7 @@ status, lost nodes, files, specs. No agent, no sshd; jobs run a stand-in launche
 from __future__ import annotations
 
 from collections.abc import Iterator
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -185,3 +186,31 @@ def test_run_on_nodes_stops_what_runs_over_its_time_and_says_what_was_not_found(
         cluster.run_on_nodes("hostname")  # type: ignore[arg-type]
     with pytest.raises(cb.ConfigError, match="timeout must be a number of seconds"):
         cluster.run_on_nodes(["true"], timeout=0)
+
+
+def test_every_frame_has_the_same_columns_and_dtypes_whatever_its_rows(make) -> None:
+    from clusterbook.commands import COMMAND_DTYPES, NodeRun, runs_frame
+    from clusterbook.launch.logs import DTYPES, LogRecord, records_frame
+    from clusterbook.status import NODE_DTYPES, NodeStatus, nodes_frame
+
+    def dtypes(frame) -> dict[str, str]:  # type: ignore[no-untyped-def]
+        return {c: str(t) for c, t in frame.dtypes.items()}
+
+    empty = make(FakeProvider(nodes=1)).snapshot()
+    full = replace(
+        empty,
+        nodes=(
+            NodeStatus("a", "h", 2, "joined", round=3, heartbeat_age=0.5, load=0.1, pid=9),
+            NodeStatus("b", "h", 2, "lost"),  # no agent facts: <NA>, not None, not NaN
+        ),
+    )
+    for snapshot in (replace(empty, nodes=()), full):
+        assert dtypes(nodes_frame(snapshot)) == NODE_DTYPES
+    assert list(nodes_frame(full)["state"].cat.categories)[:3] == ["pending", "ready", "joined"]
+    assert nodes_frame(full)["pid"].isna().tolist() == [False, True]
+    records = [LogRecord(1.7e9, 0, "h", "stdout", "x"), LogRecord(1.7e9, -1, "h", "stderr", "y")]
+    for rows in ([], records):
+        assert dtypes(records_frame(rows)) == DTYPES
+    runs = [NodeRun("a", "h", None, "", "stopped", 1.0), NodeRun("b", "h", 0, "ok", "", 0.1)]
+    for rows in ([], runs):
+        assert dtypes(runs_frame(rows)) == COMMAND_DTYPES

@@ -260,14 +260,28 @@ class LiveText:
         return head + record.line + ("" if record.partial else "\n")
 
 
+#: The dtype of every column of :func:`records_frame`, whatever the rows (none too).
+DTYPES = {
+    "time": "datetime64[us, UTC]",  # microseconds, as the files have them
+    "rank": "int64",
+    "host": "string",
+    "stream": "category",  # stdout, stderr
+    "line": "string",
+    "partial": "bool",
+}
+
+
 def records_frame(records: Iterable[LogRecord]) -> pd.DataFrame:
-    """A DataFrame of records with columns time (UTC), rank, host, stream, line, partial."""
+    """A DataFrame of records with columns time (UTC), rank, host, stream (categorical:
+    stdout, stderr), line, partial; dtypes :data:`DTYPES`."""
     import pandas as pd
 
     rows = [(r.time, r.rank, r.host, r.stream, r.line, r.partial) for r in records]
     frame: pd.DataFrame = pd.DataFrame(rows, columns=list(COLUMNS))
-    frame["time"] = pd.to_datetime(frame["time"], unit="s", utc=True)
-    frame["rank"] = frame["rank"].astype("int64")
+    seconds = frame["time"].astype("float64")
+    frame["time"] = pd.to_datetime(seconds, unit="s", utc=True).astype(DTYPES["time"])
+    frame = frame.astype({"rank": "int64", "host": "string", "line": "string", "partial": "bool"})
+    frame["stream"] = pd.Categorical(frame["stream"], categories=("stdout", "stderr"))
     return frame
 
 
