@@ -356,9 +356,9 @@ class Cluster:
             f"{self.total_slots} slots{launcher}{f' PROBLEM: {problem}' if problem else ''}>"
         )
 
-    def _repr_mimebundle_(self, **kwargs: Any) -> dict[str, Any] | None:
-        """In a notebook, a cluster shows itself as the live widget of the Jupyter layer that
-        registered one (:mod:`clusterbook.display`), else as its repr."""
+    def _repr_mimebundle_(self, **kwargs: Any) -> dict[str, Any]:
+        """In a notebook: the live widget of the Jupyter layer that registered one, with a
+        static HTML view and the repr beside it (:mod:`clusterbook.display`)."""
         return display.mimebundle(self, **kwargs)
 
     def _require_running(self, what: str) -> None:

@@ -11,9 +11,12 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from importlib.metadata import entry_points
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from clusterbook.errors import ConfigError
+
+if TYPE_CHECKING:
+    from clusterbook.cluster import Cluster
 
 __all__ = ["ENTRY_POINTS", "hook", "load_ipython_extension", "mimebundle"]
 
@@ -31,13 +34,19 @@ def hook(name: str) -> Callable[..., Any] | None:
     return None
 
 
-def mimebundle(cluster: object, **kwargs: Any) -> dict[str, Any] | None:
-    """What a notebook shows for ``cluster``: the Jupyter layer's live widget, else None
-    (IPython falls back to the repr)."""
+def mimebundle(cluster: Cluster, **kwargs: Any) -> dict[str, Any]:
+    """What a notebook shows for ``cluster``: its repr (``text/plain``, what a terminal
+    prints), a static HTML view of it now (``text/html``: what a saved notebook shows on
+    GitHub or nbviewer), and the Jupyter layer's live widget when there is one (shown instead
+    of the static view where widgets run)."""
+    from clusterbook.render import render_cluster
+
+    bundle: dict[str, Any] = {}
     show = hook("display")
-    if show is None:
-        return None
-    bundle: dict[str, Any] | None = show(cluster)._repr_mimebundle_(**kwargs)
+    if show is not None:
+        bundle.update(show(cluster)._repr_mimebundle_(**kwargs) or {})
+    bundle["text/plain"] = repr(cluster)
+    bundle["text/html"] = render_cluster(cluster.snapshot())
     return bundle
 
 

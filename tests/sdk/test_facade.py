@@ -214,3 +214,47 @@ def test_every_frame_has_the_same_columns_and_dtypes_whatever_its_rows(make) -> 
     runs = [NodeRun("a", "h", None, "", "stopped", 1.0), NodeRun("b", "h", 0, "ok", "", 0.1)]
     for rows in ([], runs):
         assert dtypes(runs_frame(rows)) == COMMAND_DTYPES
+
+
+DISPLAY_WITHOUT_WIDGETS = """\
+import sys
+sys.modules["clusterbook_widgets"] = None  # the Jupyter layer is not installed
+import clusterbook as cb
+from clusterbook.testing import FakeProvider
+cluster = cb.Cluster(FakeProvider(nodes=2))
+bundle = cluster._repr_mimebundle_()
+print(sorted(bundle))
+print(bundle["text/plain"] == repr(cluster), "fake-1" in bundle["text/html"])
+"""
+
+
+def test_a_cluster_shows_as_static_html_and_text_without_the_jupyter_layer() -> None:
+    import subprocess
+    import sys
+
+    out = subprocess.run(
+        [sys.executable, "-c", DISPLAY_WITHOUT_WIDGETS],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.splitlines() == ["['text/html', 'text/plain']", "True True"]
+
+
+def test_jobs_and_results_show_a_readable_summary_and_static_html(make) -> None:
+    from IPython.lib.pretty import pretty
+
+    cluster = make(FakeProvider(nodes=1)).start()
+    job = cluster.mpirun(["true"], np=1)
+    result = job.wait(timeout=30)
+    assert pretty(result) == result.summary()  # terminal IPython: the summary, not fields
+    assert result.state == "succeeded"
+    html = result._repr_html_()
+    assert "cb-state-succeeded" in html
+    assert "Job job-0001 succeeded" in html
+    page = job._repr_html_()
+    assert "job-0001" in page
+    assert "cb-state-succeeded" in page
+    assert "var(--jp-" in page  # JupyterLab's theme colours, with fallbacks

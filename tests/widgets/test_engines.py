@@ -28,9 +28,9 @@ from clusterbook.engines.config import (
     controller_argv,
     engine_argv,
 )
+from clusterbook.render import ENGINES_LABEL, job_label, render_jobs
 from clusterbook.status import ClusterSnapshot, JobStatus
 from clusterbook_widgets.cluster_widget import ClusterWidget
-from clusterbook_widgets.render import ENGINES_LABEL, job_label, render_jobs
 from tests.conftest import require
 
 ALLREDUCE = """\

@@ -7,8 +7,7 @@ import re
 import pytest
 
 from clusterbook.launch.logs import LAUNCHER_RANK, LogRecord
-from clusterbook.status import ClusterSnapshot, JobStatus, NodeStatus
-from clusterbook_widgets.render import (
+from clusterbook.render import (
     STATE_COLOURS,
     filter_records,
     render_header,
@@ -17,6 +16,7 @@ from clusterbook_widgets.render import (
     render_nodes,
     render_progress,
 )
+from clusterbook.status import ClusterSnapshot, JobStatus, NodeStatus
 
 EVIL = "<script>alert(1)</script>"
 

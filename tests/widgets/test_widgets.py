@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pytest
 
+import clusterbook as cb
 from clusterbook.errors import ClusterError
 from clusterbook.launch.logs import LogRecord, LogStore, read_log_file
 from clusterbook.status import ClusterSnapshot, JobStatus, NodeStatus
@@ -685,3 +686,12 @@ def test_viewer_refuses_bad_sizes(tmp_path: Path):
         LogViewer(FakeLogJob(tmp_path), max_lines=0)  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="page_size"):
         LogViewer(FakeLogJob(tmp_path), page_size=0)  # type: ignore[arg-type]
+
+
+def test_a_displayed_cluster_carries_the_live_widget_a_static_view_and_its_repr(tmp_path):
+    cluster = cb.Cluster.local(2, 1, run_dir=tmp_path / "run")
+    bundle = cluster._repr_mimebundle_()
+    assert "application/vnd.jupyter.widget-view+json" in bundle  # live where widgets run
+    assert bundle["text/plain"] == repr(cluster)  # a terminal, and the saved fallback
+    assert "cb-header" in bundle["text/html"]  # GitHub, nbviewer: the state when saved
+    assert "local-1" in bundle["text/html"]

@@ -4,7 +4,7 @@ A daemon thread iterates ``job.stream()`` into a bounded buffer (the newest ``ma
 records); every line is also in the job directory's ``rank-N.log`` files, from which "Load
 older" pages earlier lines back in. Redraws go through a
 :class:`~clusterbook_widgets.throttle.Throttle` (at most ten a second however fast ranks
-write) and :func:`~clusterbook_widgets.render.render_lines`; the widget only assigns values.
+write) and :func:`~clusterbook.render.render_lines`; the widget only assigns values.
 The thread keeps the view live after the cell that made it has finished.
 """
 
@@ -23,8 +23,8 @@ from typing import Any, Protocol
 import ipywidgets as widgets
 
 from clusterbook.launch.logs import LAUNCHER_RANK, LogRecord, read_log_file
+from clusterbook.render import MUTED_COLOUR, render_lines
 from clusterbook.spec import validate_positive_int
-from clusterbook_widgets.render import render_lines
 from clusterbook_widgets.throttle import Scheduler, Throttle
 
 __all__ = ["LogViewer"]
@@ -332,7 +332,7 @@ class LogViewer(widgets.VBox):
         if self._error:
             parts.append(f"stopped reading: {self._error}")
         self.status_html.value = (
-            '<span class="cb-log-status" style="color:#718096;font-size:11px">'
+            f'<span class="cb-log-status" style="color:{MUTED_COLOUR};font-size:11px">'
             + html.escape(" · ".join(parts))
             + "</span>"
         )

@@ -188,6 +188,14 @@ class Job:
         """Yield output records live, until the job has ended and all output is read."""
         return self._store.stream(from_start=from_start)
 
+    def _repr_html_(self) -> str:
+        """In a notebook: the job's row (state, ranks, time) and its last lines, as they are
+        now (a saved notebook keeps them)."""
+        from clusterbook.render import render_job
+        from clusterbook.status import job_status
+
+        return render_job(job_status(self), self._store.records()[-20:])
+
     def __repr__(self) -> str:
         state = (
             "running" if not self.done else ("ok" if self._result and self._result.ok else "failed")

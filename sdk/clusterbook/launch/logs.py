@@ -279,7 +279,7 @@ def records_frame(records: Iterable[LogRecord]) -> pd.DataFrame:
     rows = [(r.time, r.rank, r.host, r.stream, r.line, r.partial) for r in records]
     frame: pd.DataFrame = pd.DataFrame(rows, columns=list(COLUMNS))
     seconds = frame["time"].astype("float64")
-    frame["time"] = pd.to_datetime(seconds, unit="s", utc=True).astype(DTYPES["time"])
+    frame["time"] = pd.to_datetime(seconds, unit="s", utc=True).astype("datetime64[us, UTC]")
     frame = frame.astype({"rank": "int64", "host": "string", "line": "string", "partial": "bool"})
     frame["stream"] = pd.Categorical(frame["stream"], categories=("stdout", "stderr"))
     return frame

@@ -5,6 +5,7 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
+from typing import Any
 
 from clusterbook.errors import JobFailedError
 
@@ -97,6 +98,22 @@ class JobResult:
             parts.append("The launcher said:")
             parts.extend(f"    {line}" for line in self.launcher_tail[-8:])
         return "\n".join(parts)
+
+    @property
+    def state(self) -> str:
+        """succeeded, failed, timed out or cancelled."""
+        if self.ok:
+            return "succeeded"
+        return "timed out" if self.timed_out else "cancelled" if self.cancelled else "failed"
+
+    def _repr_html_(self) -> str:
+        from clusterbook.render import render_result
+
+        return render_result(self.state, self.summary())
+
+    def _repr_pretty_(self, printer: Any, cycle: bool) -> None:
+        """IPython in a terminal prints the summary, not the fields."""
+        printer.text(self.summary())
 
     def check(self) -> JobResult:
         """Return self if the job succeeded, else raise :class:`JobFailedError`."""

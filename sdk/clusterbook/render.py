@@ -1,4 +1,9 @@
-"""Pure functions that render cluster snapshots and log records to HTML.
+"""Pure functions that render cluster snapshots, jobs and log records to HTML.
+
+The live widgets assign what these return, and the core shows the same as static HTML next
+to them (``Cluster``, ``Job`` and ``JobResult`` in a saved notebook, on GitHub or nbviewer).
+Colours come from JupyterLab's theme variables (``--jp-*``) where there is one, so the views
+read well in a dark theme too; the hex values are their fallbacks elsewhere.
 
 Nothing here imports ipywidgets or touches a live cluster: each function takes immutable values
 (:class:`~clusterbook.status.ClusterSnapshot`, :class:`~clusterbook.launch.logs.LogRecord`)
@@ -23,14 +28,18 @@ from clusterbook.status import ClusterSnapshot, JobStatus, NodeStatus
 
 __all__ = [
     "ENGINES_LABEL",
+    "MUTED_COLOUR",
     "STATE_COLOURS",
     "filter_records",
     "job_label",
+    "render_cluster",
     "render_header",
+    "render_job",
     "render_jobs",
     "render_lines",
     "render_nodes",
     "render_progress",
+    "render_result",
 ]
 
 #: Badge colour of every node, job and cluster state.
@@ -53,7 +62,7 @@ STATE_COLOURS: dict[str, str] = {
     "stopped": "#718096",
 }
 _OTHER_COLOUR = "#4a5568"
-_STDERR_COLOUR = "#c53030"
+_STDERR_COLOUR = "#c53030"  # red reads on a light and on a dark theme alike
 _UP = frozenset({"ready", "joined", "running"})
 _GONE = frozenset({"lost", "left"})
 _ARGV_CHARS = 160
@@ -61,9 +70,14 @@ _ARGV_CHARS = 160
 ENGINES_LABEL = "ipyparallel engines"
 
 _TABLE = 'style="border-collapse:collapse;font-size:12px;margin:2px 0"'
-_TH = 'style="text-align:left;padding:2px 10px 2px 0;border-bottom:1px solid #cbd5e0"'
-_TD = 'style="padding:2px 10px 2px 0;border-bottom:1px solid #edf2f7"'
-_MUTED = 'style="color:#718096"'
+_TH = (
+    'style="text-align:left;padding:2px 10px 2px 0;'
+    'border-bottom:1px solid var(--jp-border-color1, #cbd5e0)"'
+)
+_TD = 'style="padding:2px 10px 2px 0;border-bottom:1px solid var(--jp-border-color2, #edf2f7)"'
+#: Text that says less: JupyterLab's secondary font colour.
+MUTED_COLOUR = "var(--jp-ui-font-color2, #718096)"
+_MUTED = f'style="color:{MUTED_COLOUR}"'
 _FAILED = f'style="color:{STATE_COLOURS["failed"]};font-weight:bold"'
 
 
@@ -181,7 +195,8 @@ def render_progress(
     colour = STATE_COLOURS["ready"] if up >= need and up else STATE_COLOURS["pending"]
     return (
         '<div class="cb-progress" style="display:flex;align-items:center;gap:8px">'
-        '<div style="width:200px;height:10px;background:#edf2f7;border-radius:5px;overflow:hidden">'
+        '<div style="width:200px;height:10px;background:var(--jp-layout-color3, #edf2f7);'
+        'border-radius:5px;overflow:hidden">'
         f'<div class="cb-progress-bar" style="width:{pct:.0f}%;height:100%;background:{colour}">'
         f'</div></div><span class="cb-progress-text">{_e(text)}</span></div>'
     )
@@ -336,4 +351,35 @@ def render_lines(
     return (
         '<div class="cb-log" style="font-family:monospace;font-size:12px;white-space:pre-wrap;'
         'word-break:break-all">' + "".join(lines) + "</div>"
+    )
+
+
+# -- static views, for saved notebooks --------------------------------------------------------
+
+
+def render_cluster(snapshot: ClusterSnapshot) -> str:
+    """The whole cluster as static HTML: header, progress, nodes and jobs (what the live
+    widget shows, frozen)."""
+    parts = [
+        render_header(snapshot),
+        render_progress(snapshot, snapshot.min_nodes, snapshot.max_nodes),
+        render_nodes(snapshot),
+        render_jobs(snapshot),
+    ]
+    return '<div class="cb-cluster">' + "".join(parts) + "</div>"
+
+
+def render_job(job: JobStatus, records: Sequence[LogRecord], limit: int = 20) -> str:
+    """A job as static HTML: its row of the jobs table and its last ``limit`` lines."""
+    table = render_jobs(
+        ClusterSnapshot("", "", "", (), (job,), None, "", None)  # the table of one job
+    )
+    return f'<div class="cb-job">{table}{render_lines(records, limit=limit)}</div>'
+
+
+def render_result(state: str, summary: str) -> str:
+    """A job's result as static HTML: its state badge and its summary."""
+    return (
+        f'<div class="cb-result">{_badge(state)}'
+        f'<pre style="margin:4px 0;white-space:pre-wrap">{_e(summary)}</pre></div>'
     )
