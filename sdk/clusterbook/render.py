@@ -18,7 +18,7 @@ import html
 import itertools
 import re
 import shlex
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from clusterbook.engines.config import ENGINE_MODULE
@@ -40,6 +40,7 @@ __all__ = [
     "render_nodes",
     "render_progress",
     "render_result",
+    "render_timeline",
 ]
 
 #: Badge colour of every node, job and cluster state.
@@ -382,4 +383,43 @@ def render_result(state: str, summary: str) -> str:
     return (
         f'<div class="cb-result">{_badge(state)}'
         f'<pre style="margin:4px 0;white-space:pre-wrap">{_e(summary)}</pre></div>'
+    )
+
+
+def render_timeline(
+    times: Mapping[int, tuple[float | None, float | None]],
+    codes: Mapping[int, int | None],
+    *,
+    width: int = 360,
+    row: int = 12,
+) -> str:
+    """A small SVG of when each rank ran: a bar from its start to its end (to the last end
+    known, for a rank still running or killed unseen), green when it exited 0, red otherwise,
+    grey when its exit is unknown. Empty when no rank reported its start."""
+    starts = [s for s, _ in times.values() if s is not None]
+    if not starts:
+        return ""
+    ends = [e for _, e in times.values() if e is not None]
+    t0, t1 = min(starts), max([*ends, *starts])
+    span = max(t1 - t0, 1e-3)
+    label = 44
+    bars = []
+    for i, rank in enumerate(sorted(codes)):
+        start, end = times.get(rank, (None, None))
+        if start is None:
+            continue
+        x = label + (start - t0) / span * (width - label)
+        w = max(2.0, ((end if end is not None else t1) - start) / span * (width - label))
+        code = codes.get(rank)
+        colour = STATE_COLOURS["succeeded" if code == 0 else "failed" if code else "cancelled"]
+        y = i * row
+        bars.append(
+            f'<text x="0" y="{y + row - 3}" font-size="9" fill="{MUTED_COLOUR}">rank {rank}</text>'
+            f'<rect x="{x:.1f}" y="{y + 2}" width="{w:.1f}" height="{row - 4}" fill="{colour}">'
+            f"<title>rank {rank}: {(end or t1) - start:.2f} s, exit {code}</title></rect>"
+        )
+    height = len(codes) * row
+    return (
+        f'<svg class="cb-timeline" width="{width}" height="{height}" '
+        f'viewBox="0 0 {width} {height}">' + "".join(bars) + "</svg>"
     )

@@ -303,3 +303,16 @@ def test_subscribers_see_every_change(mpi_python, tmp_path, program):
     running = next(s for s in seen if s.jobs and s.jobs[0].state == "running")
     assert running.nodes[0].state == "running"
     assert running.nodes[0].ranks == (0, 1)
+
+
+def test_a_finished_job_has_a_timeline_of_its_ranks(mpi_python, make_cluster, program):
+    cluster = make_cluster(mpi_python, workers=2, slots=1)
+    job = cluster.mpirun(["python", program("a.py", ALLREDUCE)], np=2, timeout=120)
+    result = job.wait()
+    assert result.ok, result.summary()
+    frame = result.timeline()
+    assert frame["rank"].tolist() == [0, 1]
+    assert frame["exit_code"].tolist() == [0, 0]
+    assert (frame["end"] >= frame["start"]).all()
+    assert frame["host"].notna().all()
+    assert "cb-timeline" in job._repr_html_()

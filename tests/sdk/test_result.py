@@ -241,3 +241,38 @@ def test_to_dict_is_json_ready() -> None:
     assert data["rank_exit_codes"] == {"0": 1, "1": None}
     assert data["failed"][0]["host"] == "node7"  # type: ignore[index]
     assert json.loads(json.dumps(data))["job_id"] == "job-7"
+
+
+def test_the_timeline_has_a_row_per_rank_with_its_times_host_and_code() -> None:
+    from clusterbook.render import render_timeline
+
+    result = JobResult(
+        job_id="job-0007",
+        returncode=1,
+        rank_exit_codes={0: 0, 1: 3, 2: None},
+        failed=(),
+        duration=2.0,
+        rank_hosts={0: "node1", 1: "node2", 2: "node2"},
+        rank_times={0: (100.0, 101.5), 1: (100.25, 100.75), 2: (100.5, None)},
+    )
+    frame = result.timeline()
+    assert list(frame.columns) == ["rank", "host", "start", "end", "exit_code", "attempt"]
+    assert frame["host"].tolist() == ["node1", "node2", "node2"]
+    assert frame["exit_code"].tolist()[:2] == [0, 3]
+    assert frame["exit_code"].isna().tolist() == [False, False, True]
+    assert frame["end"].isna().tolist() == [False, False, True]  # killed before it said
+    assert (frame["end"][0] - frame["start"][0]).total_seconds() == 1.5
+    assert str(frame["start"].dtype) == "datetime64[us, UTC]"
+    assert result.to_dict()["rank_times"] == {
+        "0": [100.0, 101.5],
+        "1": [100.25, 100.75],
+        "2": [100.5, None],
+    }
+    svg = render_timeline(result.rank_times, result.rank_exit_codes)
+    assert svg.startswith('<svg class="cb-timeline"')
+    assert svg.count("<rect") == 3
+    assert "#2f855a" in svg  # exit 0: green
+    assert "#c53030" in svg  # exit 3: red
+    assert "rank 1: 0.50 s, exit 3" in svg
+    assert render_timeline({}, {0: None}) == ""  # no rank ever started: nothing to draw
+    assert "cb-timeline" in result._repr_html_()

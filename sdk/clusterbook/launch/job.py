@@ -191,10 +191,12 @@ class Job:
     def _repr_html_(self) -> str:
         """In a notebook: the job's row (state, ranks, time) and its last lines, as they are
         now (a saved notebook keeps them)."""
-        from clusterbook.render import render_job
+        from clusterbook.render import render_job, render_timeline
         from clusterbook.status import job_status
 
-        return render_job(job_status(self), self._store.records()[-20:])
+        page = render_job(job_status(self), self._store.records()[-20:])
+        result = self._result
+        return page + (render_timeline(result.rank_times, result.rank_exit_codes) if result else "")
 
     def __repr__(self) -> str:
         state = (
@@ -423,4 +425,10 @@ class Job:
             cancelled=self._stop_reason == "cancel",
             launcher_tail=tuple(store.tail(LAUNCHER_RANK)),
             error=None if self._error is None else str(self._error),
+            rank_hosts={r: store.hosts.get(r, "?") for r in range(self.np)},
+            rank_times={
+                r: (store.started.get(r), store.ended.get(r))
+                for r in range(self.np)
+                if r in store.started or r in store.ended
+            },
         )

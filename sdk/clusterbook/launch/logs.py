@@ -82,6 +82,9 @@ class LogStore:
         self.pids: dict[int, int] = {}
         self.exit_codes: dict[int, int] = {}
         self.exit_order: list[int] = []
+        # When each rank's start and exit were reported (epoch seconds): its timeline.
+        self.started: dict[int, float] = {}
+        self.ended: dict[int, float] = {}
         self.write_error: RunDirError | None = None
         self._launcher_host = launcher_host
         self._clock = clock
@@ -120,11 +123,13 @@ class LogStore:
             if marker is not None:
                 if marker.kind == "start":
                     self.hosts[rank] = marker.host or self.hosts.get(rank, "?")
+                    self.started.setdefault(rank, self._clock())
                     if marker.pid is not None:
                         self.pids[rank] = marker.pid
                 elif rank not in self.exit_codes and marker.code is not None:
                     self.exit_codes[rank] = exited = marker.code
                     self.exit_order.append(rank)
+                    self.ended[rank] = self._clock()
                 if not text:
                     if exited is not None:
                         self._notify_exit(rank, exited)

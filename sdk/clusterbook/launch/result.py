@@ -5,11 +5,23 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 from clusterbook.errors import JobFailedError
 
-__all__ = ["JobResult", "RankFailure", "excerpt", "failed_ranks", "ssh_refusals"]
+__all__ = [
+    "TIMELINE_COLUMNS",
+    "JobResult",
+    "RankFailure",
+    "excerpt",
+    "failed_ranks",
+    "ssh_refusals",
+]
+
+TIMELINE_COLUMNS = ("rank", "host", "start", "end", "exit_code", "attempt")
 
 # Exit codes of a rank killed by SIGTERM or SIGKILL (as the rank wrapper reports them):
 # after another rank failed, that is the launcher tearing the job down, not a failure.
@@ -51,6 +63,11 @@ class JobResult:
     notes
         What clusterbook found out about the failure: nodes not heard from when the job timed
         out, a node whose host key changed, ...
+    rank_hosts, rank_times
+        Each rank's host, and when its start and its exit were reported (epoch seconds; None
+        where it never was): see :meth:`timeline`.
+    attempt
+        Which run of the job this is (1: the first).
     """
 
     job_id: str
@@ -63,6 +80,9 @@ class JobResult:
     launcher_tail: tuple[str, ...] = field(default=())
     error: str | None = None
     notes: tuple[str, ...] = ()
+    rank_hosts: Mapping[int, str] = field(default_factory=dict)
+    rank_times: Mapping[int, tuple[float | None, float | None]] = field(default_factory=dict)
+    attempt: int = 1
 
     @property
     def ok(self) -> bool:
@@ -107,9 +127,11 @@ class JobResult:
         return "timed out" if self.timed_out else "cancelled" if self.cancelled else "failed"
 
     def _repr_html_(self) -> str:
-        from clusterbook.render import render_result
+        from clusterbook.render import render_result, render_timeline
 
-        return render_result(self.state, self.summary())
+        return render_result(self.state, self.summary()) + render_timeline(
+            self.rank_times, self.rank_exit_codes
+        )
 
     def _repr_pretty_(self, printer: Any, cycle: bool) -> None:
         """IPython in a terminal prints the summary, not the fields."""
@@ -121,9 +143,32 @@ class JobResult:
             raise JobFailedError(self.summary(), result=self)
         return self
 
+    def timeline(self) -> pd.DataFrame:
+        """One row per rank: rank, host, start and end (UTC; NaT where not reported), exit
+        code (``<NA>``: killed before it could say) and attempt."""
+        import pandas as pd
+
+        rows = []
+        for rank, code in sorted(self.rank_exit_codes.items()):
+            start, end = self.rank_times.get(rank, (None, None))
+            host = self.rank_hosts.get(rank, "?")
+            rows.append((rank, host, start, end, code, self.attempt))
+        frame = pd.DataFrame(rows, columns=list(TIMELINE_COLUMNS))
+        for column in ("start", "end"):
+            seconds = frame[column].astype("float64")
+            frame[column] = pd.to_datetime(seconds, unit="s", utc=True).astype(
+                "datetime64[us, UTC]"
+            )
+        typed: pd.DataFrame = frame.astype(
+            {"rank": "int64", "host": "string", "exit_code": "Int64", "attempt": "int64"}
+        )
+        return typed
+
     def to_dict(self) -> dict[str, object]:
         data = asdict(self)
         data["rank_exit_codes"] = {str(k): v for k, v in self.rank_exit_codes.items()}
+        data["rank_hosts"] = {str(k): v for k, v in self.rank_hosts.items()}
+        data["rank_times"] = {str(k): list(v) for k, v in self.rank_times.items()}
         return data
 
 
