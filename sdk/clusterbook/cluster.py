@@ -27,6 +27,7 @@ from clusterbook.launch.prepare import (
 )
 from clusterbook.options import ClusterOptions
 from clusterbook.paths import default_run_root
+from clusterbook.progress import NodeWatch, bar, wanted
 from clusterbook.providers.base import Provider, StartContext
 from clusterbook.providers.registry import make_provider
 from clusterbook.spec import NodeSpec, validate_timeout
@@ -74,6 +75,8 @@ class Cluster:
         self._lock = threading.RLock()
         self._subscribers: Subscribers[ClusterSnapshot] = Subscribers()
         self._stoppers: list[Callable[[], None]] = []
+        up = ("ready", "joined", "running")
+        self._watch = NodeWatch(lambda: sum(s.state in up for s in provider.node_statuses()))
 
     @classmethod
     def from_spec(cls, spec: Mapping[str, Any]) -> Cluster:
@@ -151,8 +154,10 @@ class Cluster:
             self._launcher = find_launcher(self.python, opts.launcher, opts.mpi)
         return self._launcher
 
-    def start(self) -> Cluster:
-        """Find the MPI launcher, prepare the run directory, bring the nodes up."""
+    def start(self, *, progress: bool | None = None) -> Cluster:
+        """Find the MPI launcher, prepare the run directory, bring the nodes up (with a bar
+        of the nodes up where someone watches; ``progress`` decides instead)."""
+        show = wanted(progress)
         with self._lock:
             if self._state == "running":
                 return self
@@ -162,8 +167,12 @@ class Cluster:
                 )
             launcher = self.launcher
             make_run_dir(self.run_dir)
-            env = self._options.env
-            self._provider.start(StartContext(self.name, self.python, launcher, env, self._changed))
+            env, total = self._options.env, len(self._provider.node_statuses()) or None
+            with self._watch.showing(bar(show, f"starting {self.name}", total, "node")):
+                ctx = StartContext(
+                    self.name, self.python, launcher, env, self._changed, self._watch.changed
+                )
+                self._provider.start(ctx)
             self._started = time.monotonic()
             self._state = "running"
             _LIVE.add(self)
@@ -196,16 +205,20 @@ class Cluster:
     def __exit__(self, *exc: object) -> None:
         self.stop()
 
-    def wait_ready(self, timeout: float = 60) -> None:
+    def wait_ready(self, timeout: float = 60, *, progress: bool | None = None) -> None:
         """Return when every node is ready to run ranks; raise if that takes over ``timeout``.
 
         Nodes of local and SSH clusters are ready once ``start()`` returned; an elastic
         cluster is ready when a rendezvous round completed (``min_nodes`` plus the last call,
-        or ``max_nodes``), else :class:`ReadyTimeoutError` says who joined.
+        or ``max_nodes``), else :class:`ReadyTimeoutError` says who joined. A bar shows the
+        nodes up where someone watches (``progress`` decides instead).
         """
         limit = validate_timeout(timeout)
         self._require_running("wait_ready")
-        if limit is not None:
+        if limit is None:
+            return
+        total = (self._provider.bounds or (len(self.nodes),))[0] or None
+        with self._watch.showing(bar(progress, "waiting for nodes", total, "node")):
             self._provider.wait_ready(limit)
 
     # -- jobs -----------------------------------------------------------------------------
@@ -255,7 +268,7 @@ class Cluster:
         self._changed()
         return started
 
-    def put(self, *paths: str | os.PathLike[str]) -> None:
+    def put(self, *paths: str | os.PathLike[str], progress: bool | None = None) -> None:
         """Copy files and directories (with all they hold) from this machine to the same
         absolute paths on every node that does not share its filesystem.
 
@@ -264,7 +277,7 @@ class Cluster:
         :meth:`stop`. On a local cluster there is nothing to do.
         """
         self._require_running("put")
-        put_paths(self._provider.put, paths)
+        put_paths(self._provider.put, paths, progress)
 
     def run_on_nodes(self, argv: Sequence[str], timeout: float = 60.0) -> pd.DataFrame:
         """Run ``argv`` on every node at once (each stopped after ``timeout`` seconds), for
@@ -274,7 +287,9 @@ class Cluster:
         self._require_running("run_on_nodes")
         return runs_frame(self._provider.run_on_nodes(argv, timeout))
 
-    def gather(self, directory: str | os.PathLike[str]) -> list[Path]:
+    def gather(
+        self, directory: str | os.PathLike[str], *, progress: bool | None = None
+    ) -> list[Path]:
         """Move the files ranks wrote in ``directory`` on the nodes (not in its
         subdirectories) to ``directory`` on this machine; return the paths that arrived.
 
@@ -282,7 +297,7 @@ class Cluster:
         too gets ``.from-HOST`` appended); hidden files are left on the nodes.
         """
         self._require_running("gather")
-        return gather_into(self._provider.gather, Path(directory))
+        return gather_into(self._provider.gather, Path(directory), progress)
 
     def engines(self, n: int | None = None, **how: Unpack[EngineArgs]) -> ipyparallel.Client:
         """Start ``n`` ipyparallel engines (default: all slots) as an MPI job on the nodes
@@ -339,6 +354,7 @@ class Cluster:
         # Not under the cluster's lock: this runs on the provider's thread, which start()
         # may be waiting for with the lock held (a copy of the list is atomic).
         fail_on_lost_nodes(list(self._jobs), self._provider.unreachable)
+        self._watch.changed()
         if len(self._subscribers):
             self._subscribers.publish(self.snapshot())
 

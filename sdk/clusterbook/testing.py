@@ -10,7 +10,7 @@ this machine, with the cluster's launcher. Inject it::
 
 from __future__ import annotations
 
-from collections.abc import Collection, Sequence
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -18,7 +18,7 @@ from clusterbook.errors import ClusterError, ReadyTimeoutError
 from clusterbook.providers.base import Provider, StartContext
 from clusterbook.spec import NodeSpec, validate_positive_int
 from clusterbook.status import NodeStatus
-from clusterbook.transfer import Outgoing
+from clusterbook.transfer import Outgoing, uncounted
 
 __all__ = ["FakeProvider"]
 
@@ -110,6 +110,7 @@ class FakeProvider(Provider):
 
     def start(self, ctx: StartContext) -> None:
         self.calls.started.append(ctx)
+        ctx.progress(f"starting {len(self._nodes)} fake nodes")
         if self._fail_start is not None:
             raise self._fail_start
         self._ctx = ctx
@@ -142,12 +143,15 @@ class FakeProvider(Provider):
     def unreachable(self, names: Collection[str], *, lost_only: bool = False) -> dict[str, str]:
         return {n: why for n, why in self._lost.items() if n in names}
 
-    def put(self, sent: Outgoing) -> dict[str, Exception]:
+    def put(
+        self, sent: Outgoing, sending: Callable[[int], None] = uncounted
+    ) -> dict[str, Exception]:
         self.calls.put.append(sent)
+        sending(sum(f.size for f in sent.files))
         return {}
 
     def gather(
-        self, directory: Path, skip: Sequence[str]
+        self, directory: Path, skip: Sequence[str], receiving: Callable[[int], None] = uncounted
     ) -> tuple[list[Path], dict[str, Exception]]:
         self.calls.gathered.append(directory)
         stored = []
@@ -156,6 +160,7 @@ class FakeProvider(Provider):
                 continue
             directory.mkdir(parents=True, exist_ok=True)
             (directory / name).write_bytes(data)
+            receiving(len(data))
             stored.append(directory / name)
         self._gather = {n: d for n, d in self._gather.items() if n in skip}
         return stored, {}

@@ -22,6 +22,7 @@ from typing import Any
 
 from clusterbook.errors import ClusterError, ConfigError
 from clusterbook.fanout import parallel
+from clusterbook.progress import bar, wanted
 
 __all__ = [
     "CHUNK",
@@ -152,9 +153,17 @@ class Arrival:
         self._tmp.unlink(missing_ok=True)
 
 
-def send(call: Call, cluster_id: str, sent: Outgoing) -> int:
-    """Put ``sent`` on one node: its directories, then the files it lacks, piece by piece.
-    Returns how many files were sent."""
+def uncounted(amount: int) -> None:
+    """A byte counter that counts nothing (the default of every ``sending``/``receiving``)."""
+    return None
+
+
+def send(
+    call: Call, cluster_id: str, sent: Outgoing, sending: Callable[[int], None] = uncounted
+) -> int:
+    """Put ``sent`` on one node: its directories, then the files it lacks, piece by piece
+    (``sending`` is told each piece's bytes once it is there). Returns how many files were
+    sent."""
     files = {f.path: f for f in sent.files}
     begin = {
         "cluster_id": cluster_id,
@@ -168,6 +177,7 @@ def send(call: Call, cluster_id: str, sent: Outgoing) -> int:
             piece = {"cluster_id": cluster_id, "path": path, "mode": f.mode, "offset": offset}
             piece |= {"last": last, "data": base64.b64encode(data).decode()}
             call("put_chunk", piece, 300)
+            sending(len(data))
     return len(need)
 
 
@@ -177,6 +187,7 @@ def fetch(
     skip: Sequence[str],
     host: str,
     stored: Callable[[Path], None],
+    receiving: Callable[[int], None] = uncounted,
 ) -> None:
     """Move the files ranks wrote in ``directory`` on one node (``host``) here, piece by
     piece; each is removed there only once it is stored here (``stored`` is told its path)."""
@@ -196,6 +207,7 @@ def fetch(
                     ask = {"directory": where, "name": name, "offset": offset, "size": CHUNK}
                     data = base64.b64decode(call("gather_chunk", ask, 300)["data"])
                     arrival.write(data)
+                    receiving(len(data))
                     offset += len(data)
                     if offset >= size or not data:
                         break
@@ -209,13 +221,21 @@ def fetch(
             call("gather_done", {"directory": where, "names": taken}, 60)
 
 
-def send_all(callers: Mapping[str, Call], cluster_id: str, sent: Outgoing) -> dict[str, Exception]:
+def send_all(
+    callers: Mapping[str, Call],
+    cluster_id: str,
+    sent: Outgoing,
+    sending: Callable[[int], None] = uncounted,
+) -> dict[str, Exception]:
     """:func:`send` to every node at once (``callers`` by node); the nodes it failed on."""
-    return parallel(list(callers), lambda node: send(callers[node], cluster_id, sent))[1]
+    return parallel(list(callers), lambda node: send(callers[node], cluster_id, sent, sending))[1]
 
 
 def fetch_all(
-    callers: Mapping[str, Call], directory: Path, skip: Sequence[str]
+    callers: Mapping[str, Call],
+    directory: Path,
+    skip: Sequence[str],
+    receiving: Callable[[int], None] = uncounted,
 ) -> tuple[list[Path], dict[str, Exception]]:
     """:func:`fetch` from every node at once; what arrived, and the nodes it failed on."""
     stored: list[Path] = []
@@ -225,29 +245,42 @@ def fetch_all(
         with lock:
             stored.append(path)
 
-    failed = parallel(list(callers), lambda node: fetch(callers[node], directory, skip, node, keep))
+    def one(node: str) -> None:
+        fetch(callers[node], directory, skip, node, keep, receiving)
+
+    failed = parallel(list(callers), one)
     return sorted(stored), failed[1]
 
 
 def put_paths(
-    put: Callable[[Outgoing], Mapping[str, Exception]], paths: Iterable[str | os.PathLike[str]]
+    put: Callable[[Outgoing, Callable[[int], None]], Mapping[str, Exception]],
+    paths: Iterable[str | os.PathLike[str]],
+    progress: object = None,
 ) -> None:
-    """``cluster.put(*paths)``: send them with ``put`` (a provider's); raise naming the nodes
-    it failed on."""
+    """``cluster.put(*paths)``: send them with ``put`` (a provider's), with a bar of the bytes
+    sent; raise naming the nodes it failed on."""
+    show = wanted(progress)
     sent = outgoing(paths)
     if sent.dirs or sent.files:
-        _raise_for("put", put(sent), "")
+        with bar(show, "put", unit="B", leave=True) as shown:
+            failed = put(sent, shown.add)
+        _raise_for("put", failed, "")
 
 
 def gather_into(
-    gather: Callable[[Path, Sequence[str]], tuple[list[Path], Mapping[str, Exception]]],
+    gather: Callable[
+        [Path, Sequence[str], Callable[[int], None]], tuple[list[Path], Mapping[str, Exception]]
+    ],
     directory: Path,
+    progress: object = None,
 ) -> list[Path]:
     """``cluster.gather(directory)``: move what the nodes have there here with ``gather`` (a
-    provider's), but the names this machine has; raise naming the nodes it failed on."""
+    provider's), but the names this machine has, with a bar of the bytes received; raise
+    naming the nodes it failed on."""
     target = directory.expanduser().absolute()
     have = sorted(p.name for p in target.iterdir()) if target.is_dir() else []
-    stored, failed = gather(target, have)
+    with bar(progress, "gather", unit="B", leave=True) as shown:
+        stored, failed = gather(target, have, shown.add)
     _raise_for("gather", failed, f"; what arrived from the others is in {target}")
     return stored
 

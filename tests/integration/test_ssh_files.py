@@ -52,7 +52,7 @@ def _files(root: Path) -> dict[str, str]:
     return {str(p.relative_to(root)): p.read_text() for p in sorted(root.rglob("*")) if p.is_file()}
 
 
-def test_put_then_mpirun_then_gather(testbed, unshared, openmpi_python, tmp_path) -> None:  # type: ignore[no-untyped-def]
+def test_put_then_mpirun_then_gather(testbed, unshared, openmpi_python, tmp_path, capsys) -> None:  # type: ignore[no-untyped-def]
     work, seen = unshared
     (work / "data").mkdir()
     (work / "data" / "input.txt").write_text("the input\n")
@@ -63,13 +63,20 @@ def test_put_then_mpirun_then_gather(testbed, unshared, openmpi_python, tmp_path
     (seen["node2"] / "data").mkdir()
     (seen["node2"] / "data" / "input.txt").write_text("the input\n")
 
-    with _cluster(testbed, openmpi_python, tmp_path / "run") as cluster:
+    cluster = _cluster(testbed, openmpi_python, tmp_path / "run")
+    with cluster.start(progress=True):
+        drawn = capsys.readouterr().err  # the start's bar says each step as it comes
+        steps = ["connecting to 2 hosts", "checking 2 nodes", "starting 2 agents"]
+        assert [drawn.find(step) for step in steps] == sorted(drawn.find(s) for s in steps)
+        assert -1 not in [drawn.find(step) for step in steps]
         job = cluster.mpirun(["python", str(work / "job.py"), str(work / "out")], np=2)
         failed = job.wait()
         assert not failed.ok  # without put, the nodes have no job.py
         assert "job.py" in " ".join(job.logs()["line"])
 
-        cluster.put(work / "job.py", work / "data", work / "out")
+        cluster.put(work / "job.py", work / "data", work / "out", progress=True)
+        sent = 2 * len(READ_AND_WRITE) + len("the input\n")  # node2 had the input already
+        assert f"put: {sent}B" in capsys.readouterr().err
         for name in ("node1", "node2"):
             assert _files(seen[name]) == {"data/input.txt": "the input\n", "job.py": READ_AND_WRITE}
             assert (seen[name] / "out").is_dir()

@@ -40,6 +40,7 @@ PROBE = """\
 import gc as _gc
 import sys as _sys
 import types as _types
+import weakref as _weakref
 
 print("kernel python:", _sys.executable)
 for _name, _value in list(globals().items()):
@@ -51,6 +52,8 @@ if "clusterbook" in _sys.modules:
     import clusterbook as _cb
 
     for _obj in _gc.get_objects():
+        if type(_obj) in (_weakref.ProxyType, _weakref.CallableProxyType):
+            continue  # e.g. a closed progress bar's: asking it anything raises
         if isinstance(_obj, _cb.Cluster):
             print(repr(_obj), repr(_obj.snapshot()), _obj.join_command, sep="\\n")
             print(_obj.status().to_string())

@@ -258,3 +258,49 @@ def test_jobs_and_results_show_a_readable_summary_and_static_html(make) -> None:
     assert "job-0001" in page
     assert "cb-state-succeeded" in page
     assert "var(--jp-" in page  # JupyterLab's theme colours, with fallbacks
+
+
+def test_start_put_and_gather_draw_bars_when_asked(
+    make, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    fake_cluster = make(FakeProvider(nodes=2, gather_files={"a.txt": b"A" * 3000}))
+    fake_cluster.start(progress=True)
+    assert "starting 2 fake nodes" in capsys.readouterr().err  # what the provider does now
+    (tmp_path / "data.bin").write_bytes(b"x" * 5000)
+    fake_cluster.put(tmp_path / "data.bin", progress=True)
+    drawn = capsys.readouterr().err
+    assert "put: 4.88kB" in drawn  # the bytes sent, scaled, left on the screen
+    fake_cluster.gather(tmp_path / "out", progress=True)
+    drawn = capsys.readouterr().err
+    assert "gather: 2.93kB" in drawn
+    fake_cluster.stop()
+
+
+def test_automatic_bars_stay_quiet_without_a_watcher(
+    make, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    fake_cluster = make(FakeProvider(nodes=2, gather_files={"a.txt": b"A" * 3000}))
+    with fake_cluster:
+        (tmp_path / "data.bin").write_bytes(b"x" * 5000)
+        fake_cluster.put(tmp_path / "data.bin")
+        fake_cluster.gather(tmp_path / "out")
+        fake_cluster.wait_ready(5)
+    assert capsys.readouterr().err == ""
+
+
+def test_a_bad_progress_value_stops_the_call_before_it_starts(make, tmp_path: Path) -> None:
+    fake = FakeProvider(nodes=2)
+    fake_cluster = make(fake)
+    with pytest.raises(cb.ConfigError, match="progress must be"):
+        fake_cluster.start(progress="yes")  # type: ignore[arg-type]
+    assert fake_cluster.state == "created"
+    assert fake.calls.started == []
+    assert not fake_cluster.run_dir.exists()
+    with fake_cluster:
+        with pytest.raises(cb.ConfigError, match="'on'"):
+            fake_cluster.put(tmp_path, progress="on")  # type: ignore[arg-type]
+        with pytest.raises(cb.ConfigError, match="progress must be"):
+            fake_cluster.gather(tmp_path / "out", progress=1)  # type: ignore[arg-type]
+        with pytest.raises(cb.ConfigError, match="progress must be"):
+            fake_cluster.wait_ready(5, progress="x")  # type: ignore[arg-type]
+    assert fake.calls.put == []

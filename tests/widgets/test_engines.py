@@ -104,6 +104,8 @@ def test_bad_arguments_are_refused_before_anything_starts(tmp_path: Path) -> Non
             start_engines(cluster, 1, timeout=bad)  # type: ignore[arg-type]
     with pytest.raises(cb.ConfigError, match="heartbeat"):
         start_engines(cluster, 1, heartbeat=0)
+    with pytest.raises(cb.ConfigError, match=r"progress must be True, False or None.*'yes'"):
+        start_engines(cluster, 1, progress="yes")  # type: ignore[arg-type]
     assert not (tmp_path / "run").exists()
 
 
@@ -251,9 +253,10 @@ def test_engine_traffic_is_encrypted_with_curvezmq(make_cluster, openmpi_python)
         cluster.engines(1, encrypt="yes")  # type: ignore[arg-type]
 
 
-def test_stop_engines_leaves_the_cluster_running(make_cluster, openmpi_python) -> None:
+def test_stop_engines_leaves_the_cluster_running(make_cluster, openmpi_python, capsys) -> None:
     cluster = make_cluster(openmpi_python, workers=1, slots=2)
-    rc = cluster.engines(1, timeout=60)
+    rc = cluster.engines(1, timeout=60, progress=True)
+    assert "engines registered" in capsys.readouterr().err  # the bar, asked for
     assert rc.ids == [0]
     assert rc[0].apply_sync(lambda: 6 * 7) == 42
     # A cell that exits is an error of that cell, as in any kernel: no engine ends.

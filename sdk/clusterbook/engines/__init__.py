@@ -52,6 +52,7 @@ from clusterbook.errors import ClusterError, ConfigError, JobFailedError, ReadyT
 from clusterbook.launch import proc as procs
 from clusterbook.launch.guard import ENV as JOB_ENV
 from clusterbook.launch.guard import guard
+from clusterbook.progress import Bar, bar, wanted
 from clusterbook.spec import validate_seconds
 
 if TYPE_CHECKING:
@@ -69,6 +70,7 @@ class EngineArgs(TypedDict, total=False):
     timeout: float
     env: Mapping[str, str] | None
     encrypt: bool | None
+    progress: bool | None
 
 
 _POLL = 0.02
@@ -203,6 +205,7 @@ def start_engines(
     heartbeat: float = 0.05,
     head_addr: str | None = None,
     encrypt: bool | None = None,
+    progress: bool | None = None,
 ) -> ipyparallel.Client:
     """Start a controller and ``n`` MPI engines on ``cluster`` and return a connected client.
 
@@ -226,6 +229,9 @@ def start_engines(
     encrypt
         CurveZMQ encryption of all engine, controller and client traffic (default: when
         ``head_addr`` is given, i.e. the traffic crosses a network).
+    progress
+        A bar of the engines registered (default: where someone watches, see
+        :mod:`clusterbook.progress`).
 
     Returns
     -------
@@ -243,6 +249,7 @@ def start_engines(
         ) from exc
     limit = validate_seconds(timeout, "timeout")
     assert limit is not None
+    show = wanted(progress)  # a bad value is named before anything starts
     if not 0.01 <= (validate_seconds(heartbeat, "heartbeat") or 0) <= 10:
         raise ConfigError(f"heartbeat must be between 0.01 and 10 seconds, got {heartbeat!r}.")
     deadline = time.monotonic() + limit
@@ -276,6 +283,7 @@ def start_engines(
     controller = _Controller.spawn(argv, directory, token, curve)
     engines = EngineSet(0, directory, controller)
     cluster.on_stop(engines.stop)
+    progress_bar = bar(show, "starting engines", None, "engine")
     try:
         job = cluster.mpirun(
             engine_argv(limit),
@@ -284,9 +292,13 @@ def start_engines(
             abort_on_error=False,  # the engines' kernels catch what a cell raises
         )
         engines.job, engines.n = job, job.np
-        engines.client = _connect(ipyparallel, security, engines, deadline, limit)
-        _wait_for_engines(engines, deadline, limit)
+        with progress_bar:
+            progress_bar.update(0, "connecting to the controller", job.np)
+            engines.client = _connect(ipyparallel, security, engines, deadline, limit)
+            progress_bar.update(0, "engines registered")
+            _wait_for_engines(engines, deadline, limit, progress_bar)
     except BaseException:
+        progress_bar.close()
         engines.stop(grace=1.0)
         raise
     engines.watch()
@@ -343,12 +355,13 @@ def _connect(
             continue
 
 
-def _wait_for_engines(engines: EngineSet, deadline: float, limit: float) -> None:
+def _wait_for_engines(engines: EngineSet, deadline: float, limit: float, shown: Bar) -> None:
     client = engines.client
     assert client is not None
     future = client.wait_for_engines(engines.n, timeout=limit, block=False, interactive=False)
     while not future.done():
         _check_alive(engines)
+        shown.update(len(client.ids))
         if time.monotonic() > deadline:
             break
         futures.wait([future], timeout=_POLL)

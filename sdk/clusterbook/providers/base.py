@@ -45,12 +45,16 @@ from clusterbook.commands import NodeRun, run_everywhere
 from clusterbook.launch.flavour import Launcher
 from clusterbook.spec import NodeSpec
 from clusterbook.status import NodeStatus
-from clusterbook.transfer import Outgoing
+from clusterbook.transfer import Outgoing, uncounted
 
 __all__ = ["Provider", "RemoteLaunch", "StartContext"]
 
 
 def _nothing() -> None:
+    return None
+
+
+def _quiet(what: str) -> None:
     return None
 
 
@@ -60,6 +64,7 @@ class StartContext:
 
     ``changed`` is to be called whenever the nodes change (a node joined, was lost, reported
     its load): the cluster then publishes a new snapshot. It may be called from any thread.
+    ``progress`` is told what the start does now (``"checking 8 nodes"``), for its bar.
     """
 
     cluster_id: str
@@ -67,6 +72,7 @@ class StartContext:
     launcher: Launcher
     env: Mapping[str, str]
     changed: Callable[[], None] = _nothing
+    progress: Callable[[str], None] = _quiet
 
 
 @dataclass(frozen=True, slots=True)
@@ -140,9 +146,12 @@ class Provider(ABC):
         lately), each with a sentence saying so."""
         return {}
 
-    def put(self, sent: Outgoing) -> dict[str, Exception]:
-        """Copy ``sent`` to the nodes that do not share this machine's files; return the nodes
-        it failed on, with why. By default every node shares them: nothing to do."""
+    def put(
+        self, sent: Outgoing, sending: Callable[[int], None] = uncounted
+    ) -> dict[str, Exception]:
+        """Copy ``sent`` to the nodes that do not share this machine's files, telling
+        ``sending`` the bytes as they go; return the nodes it failed on, with why. By default
+        every node shares them: nothing to do."""
         return {}
 
     def run_on_nodes(self, argv: Sequence[str], timeout: float) -> list[NodeRun]:
@@ -151,11 +160,12 @@ class Provider(ABC):
         return run_everywhere(self.nodes, {}, argv, timeout)
 
     def gather(
-        self, directory: Path, skip: Sequence[str]
+        self, directory: Path, skip: Sequence[str], receiving: Callable[[int], None] = uncounted
     ) -> tuple[list[Path], dict[str, Exception]]:
         """Move the files ranks wrote in ``directory`` on the nodes (but those named in
-        ``skip``: this machine has them) here; return what arrived, and the nodes it failed
-        on. By default every node shares this machine's files: nothing to move."""
+        ``skip``: this machine has them) here, telling ``receiving`` the bytes as they come;
+        return what arrived, and the nodes it failed on. By default every node shares this
+        machine's files: nothing to move."""
         return [], {}
 
     @property

@@ -14,7 +14,7 @@ import shlex
 import shutil
 import socket
 import warnings
-from collections.abc import Collection, Sequence
+from collections.abc import Callable, Collection, Sequence
 from pathlib import Path
 
 import psutil
@@ -29,7 +29,7 @@ from clusterbook.rendezvous.api import RendezvousSettings, RendezvousTimeout
 from clusterbook.rendezvous.head import RendezvousHead
 from clusterbook.spec import NodeSpec
 from clusterbook.status import NodeStatus
-from clusterbook.transfer import Call, Outgoing, fetch_all, send_all
+from clusterbook.transfer import Call, Outgoing, fetch_all, send_all, uncounted
 
 __all__ = ["ElasticProvider"]
 
@@ -176,17 +176,19 @@ class ElasticProvider(Provider):
 
     # -- files for nodes on other machines ----------------------------------------------
 
-    def put(self, sent: Outgoing) -> dict[str, Exception]:
+    def put(
+        self, sent: Outgoing, sending: Callable[[int], None] = uncounted
+    ) -> dict[str, Exception]:
         """Send ``sent`` to every node on another machine; return the nodes it failed on."""
         callers, unreachable = self._callers()
-        return {**unreachable, **send_all(callers, self.settings.run_id, sent)}
+        return {**unreachable, **send_all(callers, self.settings.run_id, sent, sending)}
 
     def gather(
-        self, directory: Path, skip: Sequence[str]
+        self, directory: Path, skip: Sequence[str], receiving: Callable[[int], None] = uncounted
     ) -> tuple[list[Path], dict[str, Exception]]:
         """Move the files ranks wrote in ``directory`` on nodes on other machines here."""
         callers, unreachable = self._callers()
-        stored, failed = fetch_all(callers, directory, skip)
+        stored, failed = fetch_all(callers, directory, skip, receiving)
         return stored, {**unreachable, **failed}
 
     def run_on_nodes(self, argv: Sequence[str], timeout: float) -> list[NodeRun]:

@@ -53,7 +53,7 @@ from clusterbook.ssh.local_shell import LocalShell
 from clusterbook.ssh.paramiko_shell import ParamikoShell, connect
 from clusterbook.ssh.preflight import NodeFacts, all_problems
 from clusterbook.status import NodeStatus
-from clusterbook.transfer import Call, Outgoing, fetch_all, send_all
+from clusterbook.transfer import Call, Outgoing, fetch_all, send_all, uncounted
 
 __all__ = ["SSHProvider", "parse_hosts"]
 
@@ -136,6 +136,7 @@ class SSHProvider(Provider):
         t0 = time.monotonic()
         sessions: dict[str, NodeSession] = {}
         try:
+            ctx.progress(f"connecting to {len(hosts)} hosts")
             self._conns = connect_all(
                 hosts,
                 user=self.user,
@@ -145,11 +146,14 @@ class SSHProvider(Provider):
                 timeout=self.connect_timeout,
             )
             self.timings["connect"] = time.monotonic() - t0
+            ctx.progress(f"checking {len(hosts)} nodes")
             self._preflight(ctx, sessions)
             self.timings["preflight"] = time.monotonic() - t0
             self._start_rendezvous(ctx)
+            ctx.progress("installing the cluster's files")
             self._install(ctx, head_dir, sessions)
             self.timings["install"] = time.monotonic() - t0
+            ctx.progress(f"starting {len(hosts)} agents")
             self._start_agents(ctx, sessions)
             self.timings["agents"] = time.monotonic() - t0
         except BaseException:
@@ -395,18 +399,20 @@ class SSHProvider(Provider):
 
     # -- files --------------------------------------------------------------------------
 
-    def put(self, sent: Outgoing) -> dict[str, Exception]:
+    def put(
+        self, sent: Outgoing, sending: Callable[[int], None] = uncounted
+    ) -> dict[str, Exception]:
         """Send ``sent`` to every node at once; return the nodes it failed on, with why."""
         assert self._ctx is not None
         self._put_used = True
-        return send_all(self._callers(), self._ctx.cluster_id, sent)
+        return send_all(self._callers(), self._ctx.cluster_id, sent, sending)
 
     def gather(
-        self, directory: Path, skip: Sequence[str]
+        self, directory: Path, skip: Sequence[str], receiving: Callable[[int], None] = uncounted
     ) -> tuple[list[Path], dict[str, Exception]]:
         """Move the files ranks wrote in ``directory`` on every node here; return what
         arrived, and the nodes it failed on, with why."""
-        return fetch_all(self._callers(), directory, skip)
+        return fetch_all(self._callers(), directory, skip, receiving)
 
     def run_on_nodes(self, argv: Sequence[str], timeout: float) -> list[NodeRun]:
         """Run ``argv`` on every node, in the sessions kept for them."""
