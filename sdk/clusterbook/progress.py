@@ -2,8 +2,9 @@
 ``wait_ready()``, ``put()``, ``gather()``, ``engines()``.
 
 A bar is shown where someone watches: in a terminal (standard error is one) or a notebook
-(``tqdm.auto`` draws a widget there); nothing is printed otherwise (a script writing to a file,
-CI). ``progress=True`` or ``False`` on a call decides instead. Bars are updated from any thread.
+(``tqdm.auto`` draws a widget there), once the call took over a second; nothing is printed
+otherwise (a script writing to a file, CI, a quick call). ``progress=True`` (at once) or
+``False`` on a call decides instead. Bars are updated from any thread.
 """
 
 from __future__ import annotations
@@ -17,7 +18,10 @@ from typing import Any
 
 from clusterbook.errors import ConfigError
 
-__all__ = ["Bar", "NodeWatch", "bar", "wanted"]
+__all__ = ["DELAY", "Bar", "NodeWatch", "bar", "wanted"]
+
+DELAY = 1.0
+"""Seconds a call runs before its automatic bar is drawn."""
 
 
 def wanted(progress: object) -> bool:
@@ -36,32 +40,64 @@ def _in_notebook() -> bool:
 
 
 class Bar:
-    """One bar: :meth:`update` sets how far it got (and what it does now); use it in
-    ``with``. A bar nobody watches does nothing."""
+    """One bar: :meth:`update` sets how far it got (and what it does now), :meth:`add` counts
+    on; use it in ``with``. It is drawn ``delay`` seconds after it was made (a call quicker
+    than that draws nothing), from what it was told so far; a bar nobody watches
+    (``make`` None) does nothing."""
 
-    def __init__(self, bar: Any | None) -> None:
-        self._bar = bar
+    def __init__(self, make: Callable[[], Any] | None, delay: float = 0.0) -> None:
+        self._make = make
         self._lock = threading.Lock()
+        self._bar: Any | None = None
+        self._done: float = 0
+        self._what: str | None = None
+        self._total: float | None = None
+        self._closed = make is None
+        self._timer: threading.Timer | None = None
+        if make is not None and delay > 0:
+            self._timer = threading.Timer(delay, self._draw)
+            self._timer.daemon = True
+            self._timer.start()
+        elif make is not None:
+            self._draw()
+
+    def _draw(self) -> None:
+        with self._lock:
+            if self._closed or self._bar is not None or self._make is None:
+                return
+            self._bar = self._make()
+            self._show()
+
+    def _show(self) -> None:
+        drawn = self._bar
+        if drawn is None:
+            return
+        if self._total is not None:
+            drawn.total = self._total
+        if self._what is not None:
+            drawn.set_description_str(self._what, refresh=False)
+        drawn.n = self._done
+        drawn.refresh()
 
     def update(self, done: float, what: str | None = None, total: float | None = None) -> None:
-        if self._bar is None:
-            return
         with self._lock:
-            if total is not None:
-                self._bar.total = total
-            if what is not None:
-                self._bar.set_description_str(what, refresh=False)
-            self._bar.n = done
-            self._bar.refresh()
+            self._done = done
+            self._what = self._what if what is None else what
+            self._total = self._total if total is None else total
+            self._show()
 
     def add(self, amount: float) -> None:
-        if self._bar is not None:
-            with self._lock:
+        with self._lock:
+            self._done += amount
+            if self._bar is not None:
                 self._bar.update(amount)
 
     def close(self) -> None:
-        if self._bar is not None:
-            with self._lock:
+        with self._lock:
+            self._closed = True
+            if self._timer is not None:
+                self._timer.cancel()
+            if self._bar is not None:
                 self._bar.close()
                 self._bar = None
 
@@ -80,21 +116,23 @@ class Bar:
 def bar(
     progress: object, what: str, total: float | None = None, unit: str = "", leave: bool = False
 ) -> Bar:
-    r"""A bar of ``total`` steps (None: unknown) described by ``what``, or a bar that does
-    nothing when :func:`wanted` says no (or tqdm is missing). A bar that ``leave``\ s stays
-    with its last figures once closed (transfers: what was moved); others are wiped."""
+    r"""A bar of ``total`` steps (None: unknown) described by ``what``, or one that does
+    nothing when :func:`wanted` says no (or tqdm is missing). Asked for (``progress=True``),
+    it is drawn at once; else after :data:`DELAY` seconds, so that a quick call draws nothing.
+    A bar that ``leave``\ s stays with its last figures once closed (transfers: what was
+    moved); others are wiped."""
     if not wanted(progress):
         return Bar(None)
     try:
         from tqdm.auto import tqdm
-    except ImportError:  # pragma: no cover - tqdm comes with the jupyter extra
+    except ImportError:  # pragma: no cover - tqdm is a dependency
         return Bar(None)
     options: dict[str, Any] = {"desc": what, "total": total, "leave": leave}
     if unit == "B":
         options |= {"unit": "B", "unit_scale": True, "unit_divisor": 1024}
     elif unit:
         options["unit"] = unit
-    return Bar(tqdm(**options))
+    return Bar(lambda: tqdm(**options), 0.0 if progress is True else DELAY)
 
 
 class NodeWatch:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import sys
 import threading
+import time
 import types
 
 import pytest
@@ -73,7 +74,7 @@ def test_a_bad_progress_value_is_named(bad: object) -> None:
 
 def test_a_bar_counts_from_many_threads_and_closes_once() -> None:
     counted = _Counted()
-    shown = Bar(counted)
+    shown = Bar(lambda: counted)
 
     def add() -> None:
         for _ in range(1000):
@@ -94,6 +95,31 @@ def test_a_bar_counts_from_many_threads_and_closes_once() -> None:
     assert counted.closed == 1
 
 
+def test_a_bar_is_drawn_late_from_what_it_was_told_or_never_for_a_quick_call() -> None:
+    made: list[_Counted] = []
+
+    def make() -> _Counted:
+        made.append(_Counted())
+        return made[-1]
+
+    with Bar(make, delay=0.2) as quick:
+        quick.update(1, "fast", total=2)
+    time.sleep(0.3)
+    assert made == []  # closed before its delay: never drawn
+
+    with Bar(make, delay=0.2) as slow:
+        slow.update(1, "slow", total=4)
+        slow.add(2)
+        deadline = time.monotonic() + 10
+        while not made and time.monotonic() < deadline:
+            time.sleep(0.01)
+        (drawn,) = made
+        assert (drawn.n, drawn.total, drawn.what) == (3, 4, ["slow"])
+        slow.add(1)
+        assert drawn.n == 4
+    assert drawn.closed == 1
+
+
 def test_a_bar_nobody_watches_draws_nothing(capsys: pytest.CaptureFixture[str]) -> None:
     with bar(None, "put", 10, "B") as shown:
         shown.add(5)
@@ -106,7 +132,7 @@ def test_node_watch_follows_the_count_while_it_shows() -> None:
     watch = NodeWatch(lambda: up[0])
     watch.changed("nobody shows it")  # no bar: nothing happens
     counted = _Counted()
-    with watch.showing(Bar(counted)):
+    with watch.showing(Bar(lambda: counted)):
         up[0] = 2
         watch.changed("connecting")
         assert (counted.n, counted.what) == (2, ["connecting"])
