@@ -132,17 +132,23 @@ def check_magics(run: Any, runner: ModuleType) -> None:
     pulled = runner.stream(runner.code_cell(nb, "print(partial)"))
     assert pulled == "[124500, 124750, 125000, 125250]\nTrue\n"
 
+    # A function and a lambda defined in the notebook ran on every rank.
+    applied = runner.stream(runner.code_cell(nb, "%%mpirun -n 4 --push steps --pull applied"))
+    assert sorted(applied.splitlines()) == [
+        f"[{r}] rank {r}: [{r * r}, {r + 100}]" for r in range(4)
+    ]
+
     failing = runner.code_cell(nb, "%%mpirun -n 4\n")
     told = runner.stream(failing, "stderr")
     assert told.count("Error on ranks 1, 3:") == 1, told
     assert told.count("ValueError: odd ranks refuse this data") == 1, told
     assert runner.stream(failing) == ""
 
-    # The widget shown after the jobs lists them: two succeeded, one failed.
+    # The widget shown after the jobs lists them: three succeeded, one failed.
     (widget,) = runner.shown_models(nb, last)
     html = runner.widget_html(runner.state_after(run, last), widget)
     (jobs,) = [h for h in html if 'class="cb-jobs"' in h]
-    assert jobs.count("cb-state-succeeded") == 2
+    assert jobs.count("cb-state-succeeded") == 3
     assert jobs.count("cb-state-failed") == 1
     # Failed ranks are those whose exit the launcher saw before it stopped the job: rank 1 or
     # 3 or both (the error report above names both, from their tracebacks).

@@ -191,6 +191,7 @@ def test_run_on_nodes_stops_what_runs_over_its_time_and_says_what_was_not_found(
 def test_every_frame_has_the_same_columns_and_dtypes_whatever_its_rows(make) -> None:
     from clusterbook.commands import COMMAND_DTYPES, NodeRun, runs_frame
     from clusterbook.launch.logs import DTYPES, LogRecord, records_frame
+    from clusterbook.launch.result import TIMELINE_DTYPES, JobResult
     from clusterbook.status import NODE_DTYPES, NodeStatus, nodes_frame
 
     def dtypes(frame) -> dict[str, str]:  # type: ignore[no-untyped-def]
@@ -214,6 +215,10 @@ def test_every_frame_has_the_same_columns_and_dtypes_whatever_its_rows(make) -> 
     runs = [NodeRun("a", "h", None, "", "stopped", 1.0), NodeRun("b", "h", 0, "ok", "", 0.1)]
     for rows in ([], runs):
         assert dtypes(runs_frame(rows)) == COMMAND_DTYPES
+    ended = JobResult("job-1", 0, {0: 0, 1: 9}, (), 1.0, rank_times={0: (1.7e9, 1.7e9 + 1)})
+    for result in (JobResult("job-0", None, {}, (), 0.0), ended):
+        assert dtypes(result.timeline()) == TIMELINE_DTYPES
+    assert ended.timeline()["end"].isna().tolist() == [False, True]  # NaT: never reported
 
 
 DISPLAY_WITHOUT_WIDGETS = """\

@@ -13,7 +13,7 @@ if TYPE_CHECKING:
 from clusterbook.errors import JobFailedError
 
 __all__ = [
-    "TIMELINE_COLUMNS",
+    "TIMELINE_DTYPES",
     "JobResult",
     "RankFailure",
     "excerpt",
@@ -21,7 +21,15 @@ __all__ = [
     "ssh_refusals",
 ]
 
-TIMELINE_COLUMNS = ("rank", "host", "start", "end", "exit_code", "attempt")
+TIMELINE_DTYPES = {
+    "rank": "int64",
+    "host": "string",
+    "start": "datetime64[us, UTC]",
+    "end": "datetime64[us, UTC]",
+    "exit_code": "Int64",
+    "attempt": "int64",
+}
+"""The columns of :meth:`JobResult.timeline` and their dtypes, whatever its rows."""
 
 # Exit codes of a rank killed by SIGTERM or SIGKILL (as the rank wrapper reports them):
 # after another rank failed, that is the launcher tearing the job down, not a failure.
@@ -153,15 +161,11 @@ class JobResult:
             start, end = self.rank_times.get(rank, (None, None))
             host = self.rank_hosts.get(rank, "?")
             rows.append((rank, host, start, end, code, self.attempt))
-        frame = pd.DataFrame(rows, columns=list(TIMELINE_COLUMNS))
+        frame = pd.DataFrame(rows, columns=list(TIMELINE_DTYPES))
         for column in ("start", "end"):
             seconds = frame[column].astype("float64")
-            frame[column] = pd.to_datetime(seconds, unit="s", utc=True).astype(
-                "datetime64[us, UTC]"
-            )
-        typed: pd.DataFrame = frame.astype(
-            {"rank": "int64", "host": "string", "exit_code": "Int64", "attempt": "int64"}
-        )
+            frame[column] = pd.to_datetime(seconds, unit="s", utc=True)
+        typed: pd.DataFrame = frame.astype(TIMELINE_DTYPES)
         return typed
 
     def to_dict(self) -> dict[str, object]:
