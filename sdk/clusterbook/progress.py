@@ -123,16 +123,77 @@ def bar(
     moved); others are wiped."""
     if not wanted(progress):
         return Bar(None)
-    try:
-        from tqdm.auto import tqdm
-    except ImportError:  # pragma: no cover - tqdm is a dependency
-        return Bar(None)
     options: dict[str, Any] = {"desc": what, "total": total, "leave": leave}
     if unit == "B":
         options |= {"unit": "B", "unit_scale": True, "unit_divisor": 1024}
     elif unit:
         options["unit"] = unit
-    return Bar(lambda: tqdm(**options), 0.0 if progress is True else DELAY)
+    make = _NotebookBar if _in_notebook() and _has_widgets() else _terminal_bar
+    return Bar(lambda: make(options), 0.0 if progress is True else DELAY)
+
+
+def _terminal_bar(options: dict[str, Any]) -> Any:
+    from tqdm import tqdm
+
+    return tqdm(**options)
+
+
+def _has_widgets() -> bool:
+    try:
+        import ipywidgets  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+class _NotebookBar:
+    """tqdm's notebook widget, shown in an output it can replace: once closed, that output
+    holds the bar's last line as text (``leave``) or nothing. A saved notebook then shows no
+    bar frozen at the moment it was drawn."""
+
+    def __init__(self, options: dict[str, Any]) -> None:
+        from IPython import display
+        from tqdm.notebook import tqdm
+
+        self._leave = bool(options.get("leave"))
+        self._bar: Any = tqdm(display=False, **options)
+        show: Any = display.display
+        self._shown = show(self._bar.container, display_id=True)
+
+    @property
+    def total(self) -> float | None:
+        total: float | None = self._bar.total
+        return total
+
+    @total.setter
+    def total(self, value: float | None) -> None:
+        if value != self._bar.total and value:
+            self._bar.reset(total=value)  # the widget's own end too (tqdm.notebook's reset)
+
+    @property
+    def n(self) -> float:
+        done: float = self._bar.n
+        return done
+
+    @n.setter
+    def n(self, value: float) -> None:
+        self._bar.n = value
+
+    def set_description_str(self, what: str, refresh: bool = True) -> None:
+        self._bar.set_description_str(what, refresh=refresh)
+
+    def refresh(self) -> None:
+        self._bar.refresh()
+
+    def update(self, amount: float) -> None:
+        self._bar.update(amount)
+
+    def close(self) -> None:
+        last = str(self._bar)
+        self._bar.close()
+        if self._shown is not None:
+            # Nothing is an empty text: an output without data is a warning to nbconvert.
+            self._shown.update({"text/plain": last if self._leave else ""}, raw=True)
 
 
 class NodeWatch:
