@@ -27,7 +27,7 @@ from clusterbook.launch.prepare import (
 )
 from clusterbook.options import ClusterOptions
 from clusterbook.paths import default_run_root
-from clusterbook.progress import NodeWatch, bar, wanted
+from clusterbook.progress import NodeWatch, bar, checked
 from clusterbook.providers.base import Provider, StartContext
 from clusterbook.providers.registry import make_provider
 from clusterbook.spec import NodeSpec, validate_timeout
@@ -157,7 +157,7 @@ class Cluster:
     def start(self, *, progress: bool | None = None) -> Cluster:
         """Find the MPI launcher, prepare the run directory, bring the nodes up (with a bar
         of the nodes up where someone watches; ``progress`` decides instead)."""
-        show = wanted(progress)
+        progress = checked(progress)
         with self._lock:
             if self._state == "running":
                 return self
@@ -168,7 +168,7 @@ class Cluster:
             launcher = self.launcher
             make_run_dir(self.run_dir)
             env, total = self._options.env, len(self._provider.node_statuses()) or None
-            with self._watch.showing(bar(show, f"starting {self.name}", total, "node")):
+            with self._watch.showing(bar(progress, f"starting {self.name}", total, "node")):
                 ctx = StartContext(
                     self.name, self.python, launcher, env, self._changed, self._watch.changed
                 )

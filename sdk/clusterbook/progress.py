@@ -18,17 +18,23 @@ from typing import Any
 
 from clusterbook.errors import ConfigError
 
-__all__ = ["DELAY", "Bar", "NodeWatch", "bar", "wanted"]
+__all__ = ["DELAY", "Bar", "NodeWatch", "bar", "checked", "wanted"]
 
 DELAY = 1.0
 """Seconds a call runs before its automatic bar is drawn."""
 
 
-def wanted(progress: object) -> bool:
-    """Whether to show a bar: ``progress`` if it is True or False, else where someone watches."""
+def checked(progress: object) -> bool | None:
+    """``progress`` if it is True, False or None (automatic); else a ConfigError naming it."""
     if progress is not None and not isinstance(progress, bool):
         raise ConfigError(f"progress must be True, False or None (automatic), got {progress!r}.")
-    if progress is not None:
+    return progress
+
+
+def wanted(progress: object) -> bool:
+    """Whether to show a bar: ``progress`` if it is True or False, else where someone watches."""
+    if checked(progress) is not None:
+        assert isinstance(progress, bool)
         return progress
     return _in_notebook() or (hasattr(sys.stderr, "isatty") and sys.stderr.isatty())
 
@@ -98,6 +104,8 @@ class Bar:
             if self._timer is not None:
                 self._timer.cancel()
             if self._bar is not None:
+                if not self._done:
+                    self._bar.leave = False  # nothing moved: nothing to keep on the screen
                 self._bar.close()
                 self._bar = None
 
@@ -155,7 +163,7 @@ class _NotebookBar:
         from IPython import display
         from tqdm.notebook import tqdm
 
-        self._leave = bool(options.get("leave"))
+        self.leave = bool(options.get("leave"))
         self._bar: Any = tqdm(display=False, **options)
         show: Any = display.display
         self._shown = show(self._bar.container, display_id=True)
@@ -190,10 +198,11 @@ class _NotebookBar:
 
     def close(self) -> None:
         last = str(self._bar)
+        self._bar.leave = self.leave
         self._bar.close()
         if self._shown is not None:
             # Nothing is an empty text: an output without data is a warning to nbconvert.
-            self._shown.update({"text/plain": last if self._leave else ""}, raw=True)
+            self._shown.update({"text/plain": last if self.leave else ""}, raw=True)
 
 
 class NodeWatch:

@@ -22,7 +22,7 @@ from typing import Any
 
 from clusterbook.errors import ClusterError, ConfigError
 from clusterbook.fanout import parallel
-from clusterbook.progress import bar, wanted
+from clusterbook.progress import bar, checked
 
 __all__ = [
     "CHUNK",
@@ -259,10 +259,10 @@ def put_paths(
 ) -> None:
     """``cluster.put(*paths)``: send them with ``put`` (a provider's), with a bar of the bytes
     sent; raise naming the nodes it failed on."""
-    show = wanted(progress)
+    progress = checked(progress)
     sent = outgoing(paths)
     if sent.dirs or sent.files:
-        with bar(show, "put", unit="B", leave=True) as shown:
+        with bar(progress, "put", unit="B", leave=True) as shown:
             failed = put(sent, shown.add)
         _raise_for("put", failed, "")
 

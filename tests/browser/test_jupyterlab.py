@@ -245,6 +245,7 @@ def _check_page(page: Any) -> None:
     output = page.locator(".jp-Notebook .jp-Cell").nth(mpirun).locator(".jp-OutputArea")
     for rank in range(4):
         expect(output).to_contain_text(f"[{rank}] hello from rank {rank}")
+    expect(output).not_to_contain_text("put:")  # a local cluster's nodes need no copy
 
     # The log viewer: every rank's line, then only rank 2's once it is picked in the menu.
     log_lines = page.locator(".cb-log .cb-line")
@@ -272,3 +273,48 @@ def _check_page(page: Any) -> None:
     select.select_option(label="all")
     expect(log_lines).to_have_count(4)
     expect(select.locator("option:checked")).to_have_text("all")
+
+    # The theme: the widget's text and lines follow JupyterLab's, light then dark.
+    cells.nth(CELLS.index("%cluster status")).scroll_into_view_if_needed()
+    light = _colours(page)
+    assert _luminance(light["text"]) < 0.3, light  # dark text on a light page
+    page.locator(".lm-MenuBar-itemLabel", has_text=re.compile(r"^Settings$")).click()
+    page.locator(".lm-Menu-itemLabel", has_text=re.compile(r"^Theme$")).hover()
+    page.locator(".lm-Menu-itemLabel", has_text=re.compile(r"^JupyterLab Dark$")).click()
+    expect(page.locator('body[data-jp-theme-light="false"]')).to_have_count(1)
+    expect(page.locator("#jupyterlab-splash")).to_have_count(0)  # the switch is over
+    cells.nth(CELLS.index("%cluster status")).scroll_into_view_if_needed()
+    dark = _colours(page)
+    assert _luminance(dark["text"]) > 0.7, dark  # light text on a dark page
+    assert _rgb(dark["line"]) == _rgb(dark["theme_line"]) != _rgb(light["line"])
+    _screenshot(page, "jupyterlab-cluster-widget-dark.png")
+
+
+def _colours(page: Any) -> dict[str, str]:
+    """The computed colours of the node table: a cell's text, a header's bottom line, and
+    the theme's --jp-border-color1 that line is drawn with."""
+    colours: dict[str, str] = page.evaluate(
+        """() => {
+        const cell = document.querySelector("table.cb-nodes tbody td");
+        const head = document.querySelector("table.cb-nodes th");
+        return {
+            text: getComputedStyle(cell).color,
+            line: getComputedStyle(head).borderBottomColor,
+            theme_line: getComputedStyle(head).getPropertyValue("--jp-border-color1").trim(),
+        };
+    }"""
+    )
+    return colours
+
+
+def _rgb(css: str) -> tuple[int, ...]:
+    """``rgb(r, g, b)`` or ``#rrggbb`` as (r, g, b)."""
+    if css.startswith("#"):
+        return tuple(int(css[i : i + 2], 16) for i in (1, 3, 5))
+    return tuple(int(v) for v in re.findall(r"\d+", css)[:3])
+
+
+def _luminance(css: str) -> float:
+    """0 (black) to 1 (white)."""
+    r, g, b = (v / 255 for v in _rgb(css))
+    return 0.2126 * r + 0.7152 * g + 0.0722 * b

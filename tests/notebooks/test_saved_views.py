@@ -19,7 +19,8 @@ PROGRESS = [
     'cluster = cb.Cluster(FakeProvider(nodes=2, gather_files={"a.txt": b"A" * 3000}))\n'
     "_ = cluster.start(progress=True)",
     'Path("data.bin").write_bytes(b"x" * 5000)\ncluster.put("data.bin", progress=True)',
-    'arrived = cluster.gather("out", progress=True)\ncluster.stop()',
+    'arrived = cluster.gather("out", progress=True)',
+    'Path("empty").mkdir()\ncluster.put("empty", progress=True)\ncluster.stop()',
 ]
 
 
@@ -64,12 +65,13 @@ def test_a_notebook_keeps_no_frozen_progress_bar(runner: ModuleType, tmp_path: P
     nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(c) for c in PROGRESS])
     nbformat.write(nb, source)
     run = runner.execute(source, tmp_path / "run", probe=False)
-    started, put, gathered = (cell.outputs for cell in run.nb.cells)
+    started, put, gathered, put_nothing = (cell.outputs for cell in run.nb.cells)
     # The bars were widgets while they ran ...
     drawn = [m for m in runner.widget_state(run.nb).values() if "bar_style" in m]
-    assert len(drawn) == 3
+    assert len(drawn) == 4
     # ... and the outputs they were in hold, once done, nothing (start) or their last line.
     assert [o.data for o in started] == [{"text/plain": ""}]
     assert [o.data for o in put] == [{"text/plain": put[0].data["text/plain"]}]
     assert re.fullmatch(r"put: 4\.88kB \[.*\]", put[0].data["text/plain"])
     assert re.fullmatch(r"gather: 2\.93kB \[.*\]", gathered[0].data["text/plain"])
+    assert [o.data for o in put_nothing] == [{"text/plain": ""}]  # no bytes moved: no line

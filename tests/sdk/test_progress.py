@@ -21,6 +21,7 @@ class _Counted:
         self.total: float | None = None
         self.what: list[str] = []
         self.closed = 0
+        self.leave = True
 
     def update(self, amount: float) -> None:
         self.n += amount
@@ -118,6 +119,15 @@ def test_a_bar_is_drawn_late_from_what_it_was_told_or_never_for_a_quick_call() -
         slow.add(1)
         assert drawn.n == 4
     assert drawn.closed == 1
+
+
+def test_a_bar_that_counted_nothing_leaves_nothing() -> None:
+    made = [_Counted(), _Counted()]
+    with Bar(lambda: made[0]) as empty:
+        empty.update(0, "put")
+    with Bar(lambda: made[1]) as moved:
+        moved.add(10)
+    assert [m.leave for m in made] == [False, True]
 
 
 def test_a_bar_nobody_watches_draws_nothing(capsys: pytest.CaptureFixture[str]) -> None:

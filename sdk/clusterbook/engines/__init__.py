@@ -52,7 +52,7 @@ from clusterbook.errors import ClusterError, ConfigError, JobFailedError, ReadyT
 from clusterbook.launch import proc as procs
 from clusterbook.launch.guard import ENV as JOB_ENV
 from clusterbook.launch.guard import guard
-from clusterbook.progress import Bar, bar, wanted
+from clusterbook.progress import Bar, bar, checked
 from clusterbook.spec import validate_seconds
 
 if TYPE_CHECKING:
@@ -249,7 +249,7 @@ def start_engines(
         ) from exc
     limit = validate_seconds(timeout, "timeout")
     assert limit is not None
-    show = wanted(progress)  # a bad value is named before anything starts
+    progress = checked(progress)  # a bad value is named before anything starts
     if not 0.01 <= (validate_seconds(heartbeat, "heartbeat") or 0) <= 10:
         raise ConfigError(f"heartbeat must be between 0.01 and 10 seconds, got {heartbeat!r}.")
     deadline = time.monotonic() + limit
@@ -283,7 +283,7 @@ def start_engines(
     controller = _Controller.spawn(argv, directory, token, curve)
     engines = EngineSet(0, directory, controller)
     cluster.on_stop(engines.stop)
-    progress_bar = bar(show, "starting engines", None, "engine")
+    progress_bar = bar(progress, "starting engines", None, "engine")
     try:
         job = cluster.mpirun(
             engine_argv(limit),
