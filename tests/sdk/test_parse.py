@@ -6,7 +6,7 @@ import itertools
 from collections.abc import Iterable
 
 import pytest
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from clusterbook.launch.parse import MAX_LINE, LineSplitter, OmpiChunkParser, Piece, TaggedLine
@@ -362,6 +362,11 @@ def _clean(raw: bytes) -> bytes:
     sample=ompi_streams(),
     max_line=st.integers(4, 24),
     cuts=st.lists(st.integers(0, 400), max_size=30),
+)
+@example(  # a NUL after a last CR: once made the CR the end of a full-length piece
+    sample=(b"[1,0]<stdout>: aaa[1,0]<stdout>: \r\x00", {(0, "stdout"): b"aaa\r\x00"}),
+    max_line=4,
+    cuts=[],
 )
 def test_ompi_any_chunking_gives_same_lines_and_loses_nothing(
     sample: tuple[bytes, dict[tuple[int, str], bytes]], max_line: int, cuts: list[int]

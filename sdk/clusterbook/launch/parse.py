@@ -35,8 +35,7 @@ class Piece(NamedTuple):
 
 
 def _decode(raw: bytes | bytearray | memoryview, *, complete: bool = True) -> str:
-    # NULs come from C strings some launchers print whole; they mean nothing in a log.
-    text = bytes(raw).decode("utf-8", errors="replace").replace("\x00", "")
+    text = bytes(raw).decode("utf-8", errors="replace")
     return text[:-1] if complete and text.endswith("\r") else text
 
 
@@ -58,6 +57,9 @@ class LineSplitter:
     def feed(self, data: bytes) -> list[Piece]:
         """Add bytes; return the lines (and pieces of over-long lines) they complete."""
         out: list[Piece] = []
+        # NULs come from C strings some launchers print whole; they mean nothing in a log,
+        # and go before anything is measured (a line's length, whether it ends with CR).
+        data = data.replace(b"\x00", b"")
         if b"\n" in data:
             first, *middle, last = data.split(b"\n")
             self._buf += first

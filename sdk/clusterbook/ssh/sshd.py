@@ -117,6 +117,7 @@ class Sshd:
         for p in sessions:
             with contextlib.suppress(psutil.Error):
                 p.kill()
+        psutil.wait_procs(sessions, timeout=timeout)  # gone when stop() returns, not dying
 
     def __enter__(self) -> Sshd:
         return self
