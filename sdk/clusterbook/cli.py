@@ -11,9 +11,11 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from clusterbook.errors import ClusterError, ConfigError
+from clusterbook.wording import speaking
 
 if TYPE_CHECKING:
     from clusterbook.launch.job import Job
+    from clusterbook.launch.result import JobResult
     from clusterbook.ssh.sshd import Sshd
 
 __all__ = ["main"]
@@ -34,7 +36,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         _subparser(parser, words).print_help()
         return EXIT_USAGE
     try:
-        return int(args.func(args))
+        with speaking("cli"):  # messages name the options of this command, not Python's
+            return int(args.func(args))
     except ClusterError as exc:
         print(f"clusterbook: error: {exc}", file=sys.stderr)
         return EXIT_USAGE if isinstance(exc, ConfigError) else 1
@@ -133,6 +136,9 @@ def _parser() -> argparse.ArgumentParser:
     )
     run.add_argument("--port", type=int, default=22, help="sshd port of the hosts (default 22)")
     run.add_argument("--timeout", type=float, metavar="S", help="stop the job after S seconds")
+    run.add_argument(
+        "--wdir", "-wdir", metavar="DIR", help="the ranks' working directory (default: this one)"
+    )
     run.add_argument(
         "--env",
         action="append",
@@ -359,15 +365,20 @@ def _run(args: argparse.Namespace) -> int:
     with cluster:
         cluster.put(*args.put)
         job = cluster.mpirun(
-            cmd, np=args.np, env=env, timeout=args.timeout, oversubscribe=args.oversubscribe
+            cmd,
+            np=args.np,
+            env=env,
+            timeout=args.timeout,
+            oversubscribe=args.oversubscribe,
+            cwd=args.wdir,
         )
-        _print_live(job)
+        tracebacks = _print_live(job)
         result = job.wait()
         if args.gather:
             for path in cluster.gather(args.gather):
                 print(f"clusterbook: gathered {path}", file=sys.stderr)
     if not result.ok:
-        print(f"clusterbook: {result.summary()}", file=sys.stderr)
+        _print_failure(result, tracebacks)
         print(f"clusterbook: each rank's log is in {job.directory}", file=sys.stderr)
     if result.timed_out:
         return EXIT_TIMEOUT
@@ -384,18 +395,47 @@ def _split(hosts: str) -> list[str]:
     return entries
 
 
-def _print_live(job: Job) -> None:
-    from clusterbook.launch.logs import LAUNCHER_RANK, LiveText
+def _print_live(job: Job) -> dict[int, list[tuple[str, ...]]]:
+    """Print the job's output as it comes, each line behind its rank, folded as ``%%mpirun``
+    folds it (no abort banners; tracebacks held, to be told once); return the tracebacks."""
+    from clusterbook.launch.fold import OutputFilter
+    from clusterbook.launch.logs import LAUNCHER_RANK, LiveText, LogRecord
 
     live = LiveText()
+    shown = OutputFilter()
+
+    def emit(rank: int, stream: str, text: str, partial: bool = False) -> None:
+        prefix = "[launcher]" if rank == LAUNCHER_RANK else f"[{rank}]"
+        record = LogRecord(0.0, rank, "", stream, text, partial)
+        out = sys.stdout if stream == "stdout" else sys.stderr
+        print(live.render(record, prefix), file=out, end="", flush=True)
+
     try:
         for record in job.stream():
-            prefix = "[launcher]" if record.rank == LAUNCHER_RANK else f"[{record.rank}]"
-            out = sys.stdout if record.stream == "stdout" else sys.stderr
-            print(live.render(record, prefix), file=out, end="", flush=True)
+            if record.partial or live.continues(record):  # an over-long line, as it is
+                emit(record.rank, record.stream, record.line, record.partial)
+                continue
+            for text in shown.feed(record.rank, record.stream, record.line):
+                emit(record.rank, record.stream, text)
     except KeyboardInterrupt:
         job.cancel()
         raise
+    for (rank, stream), lines in shown.finish().items():
+        for text in lines:
+            emit(rank, stream, text)
+    return shown.tracebacks
+
+
+def _print_failure(result: JobResult, tracebacks: dict[int, list[tuple[str, ...]]]) -> None:
+    """Each distinct error once with its ranks, then how the job ended (in full when no
+    rank's error said it already)."""
+    from clusterbook.launch.fold import failure_report
+
+    report = failure_report(tracebacks, result.failed)
+    for text in report:
+        print(text, file=sys.stderr)
+    summary = result.summary()
+    print(f"clusterbook: {summary.splitlines()[0] if report else summary}", file=sys.stderr)
 
 
 def _demo(args: argparse.Namespace) -> int:

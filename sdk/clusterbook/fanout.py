@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextvars
 import threading
 from collections.abc import Callable, Sequence
 from typing import TypeVar
@@ -20,7 +21,8 @@ def parallel(
 
     Plain threads, not an executor: ``concurrent.futures`` refuses new work once the
     interpreter is shutting down, and a cluster's clean-up at exit must still reach every
-    node."""
+    node. Each thread runs in a copy of the caller's context (its context variables: how
+    messages are worded, for one)."""
     done: dict[str, T] = {}
     failed: dict[str, Exception] = {}
     if not items:
@@ -42,7 +44,12 @@ def parallel(
                 done[item] = result
 
     threads = [
-        threading.Thread(target=worker, name="clusterbook-fanout", daemon=True)
+        threading.Thread(
+            target=contextvars.copy_context().run,
+            args=(worker,),
+            name="clusterbook-fanout",
+            daemon=True,
+        )
         for _ in range(min(_MAX_THREADS, len(items)))
     ]
     for thread in threads:

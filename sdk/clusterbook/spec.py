@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from clusterbook.errors import ConfigError
+from clusterbook.wording import spell
 
 __all__ = [
     "NodeSpec",
@@ -162,9 +163,9 @@ def validate_np(np: object, total_slots: int, *, oversubscribe: bool) -> int:
         raise ConfigError(f"np must be >= 1 (the number of MPI ranks), got {np}.")
     if np > total_slots and not oversubscribe:
         raise ConfigError(
-            f"np={np} is more than the cluster's {total_slots} slots; ask for np <= "
-            f"{total_slots}, give the cluster more slots, or pass oversubscribe=True "
-            "(--oversubscribe on the command line) to run more than one rank per slot."
+            f"{spell('np', np)} is more than the cluster's {total_slots} slots; ask for at "
+            f"most {total_slots} ranks, give the cluster more slots, or pass "
+            f"{spell('oversubscribe', True)} to run more than one rank per slot."
         )
     return np
 

@@ -100,6 +100,10 @@ def test_run_timeout_exits_124_with_stacks(openmpi_python, tmp_path):
         (["run", "-n", "2"], "No command given"),
         (["run", "-n", "1", "--", "no-such-program-xyz"], "'no-such-program-xyz' was not found"),
         (["run", "-n", "1", "--", "python", "missing.py"], "'missing.py' does not exist"),
+        # Fixes are told with this command's options, not Python's (no np=, no cwd=).
+        (["run", "-n", "1", "--", "python", "missing.py"], "or pass --wdir /its/directory"),
+        (["run", "-n", "99", "--slots", "2", "--", "true"], "-n 99 is more than the cluster's"),
+        (["run", "-n", "99", "--slots", "2", "--", "true"], "or pass --oversubscribe to run"),
         (["run", "-n", "1", "--env", "1BAD=x", "--", "true"], "'1BAD' is invalid"),
         (["run", "-n", "1", "--env", "NOEQUALS", "--", "true"], "has no '='"),
         (["run", "-n", "1", "--timeout", "0", "--", "true"], "timeout must be"),
@@ -159,6 +163,34 @@ def test_np_and_slots_as_mpi_users_type_them(openmpi_python, tmp_path):
     proc = run(["run", "-np", "3", "--slots", "3", "--", "python", "-c", code], tmp_path)
     assert proc.returncode == 0, proc.stderr
     assert sorted(proc.stdout.splitlines()) == ["[0] 3", "[1] 3", "[2] 3"]
+
+
+def test_a_failed_run_folds_the_launchers_banners_and_tells_each_error_once(
+    openmpi_python, tmp_path
+):
+    script = tmp_path / "fail.py"
+    script.write_text(
+        "from mpi4py import MPI\nMPI.COMM_WORLD.Barrier()\n"
+        "raise ValueError('the same on every rank')\n"
+    )
+    proc = run(["run", "-n", "2", "--", "python", str(script)], tmp_path)
+    assert proc.returncode == 1, proc.stderr
+    assert proc.stderr.count("ValueError: the same on every rank") == 1, proc.stderr
+    assert re.search(r"^Error on ranks? [01](, 1)?:$", proc.stderr, re.M), proc.stderr
+    # Open MPI's banners between rules of dashes say nothing the error does not.
+    assert "MPI_ABORT" not in proc.stderr
+    assert "-" * 74 not in proc.stderr
+    assert "clusterbook: Job job-0001 failed" in proc.stderr
+
+
+def test_wdir_is_where_the_ranks_run(openmpi_python, tmp_path):
+    (tmp_path / "job").mkdir()
+    (tmp_path / "job" / "where.py").write_text("import os\nprint(os.getcwd())\n")
+    proc = run(
+        ["run", "-n", "1", "--wdir", str(tmp_path / "job"), "--", "python", "where.py"], tmp_path
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout == f"[0] {tmp_path / 'job'}\n"
 
 
 def test_a_failed_run_says_where_its_logs_are(openmpi_python, tmp_path):

