@@ -123,9 +123,10 @@ class FakeHost:
         """Let a paused sshd run again (SIGCONT)."""
         os.kill(self.sshd.pid, signal.SIGCONT)
 
-    def swap_host_key(self) -> None:
-        """Restart sshd with a newly made host key, as a reinstalled (or spoofed) host would."""
-        self.sshd.stop()
+    def swap_host_key(self, *, keep_sessions: bool = False) -> None:
+        """Restart sshd with a newly made host key, as a reinstalled (or spoofed) host would:
+        its sessions end, unless ``keep_sessions`` (a key rotated by a restart of sshd)."""
+        self.sshd.stop(keep_sessions=keep_sessions)
         for path in (self.sshd.host_key_path, self.sshd.host_key_path.with_suffix(".pub")):
             path.unlink(missing_ok=True)
         self.sshd = _start_host_sshd(

@@ -3,6 +3,7 @@ and every failure translated into an SSHError that names the host."""
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
 import shlex
@@ -12,6 +13,7 @@ import socket
 import stat
 from pathlib import Path
 
+import psutil
 import pytest
 
 import clusterbook as cb
@@ -327,3 +329,36 @@ def test_output_streams_while_the_command_runs(impl, shell, tmp_path):
     assert result.returncode == 0
     assert b"".join(c for s, c in seen if s == "stdout") == b"waiting\n"
     assert b"".join(c for s, c in seen if s == "stderr") == b"done\n"
+
+
+def test_a_stopped_sshd_ends_its_sessions_unless_told_to_keep_them(tmp_path):
+    keys = generate_keypair(tmp_path / "client", "test-cluster")
+    (tmp_path / "authorized_keys").write_text(keys.public_line + "\n")
+    for keep in (True, False):
+        server = start_sshd(
+            tmp_path / f"server-{keep}", authorized_keys=tmp_path / "authorized_keys"
+        )
+        sessions: list[psutil.Process] = []
+        try:
+            known = tmp_path / "known_hosts"
+            known.write_text(f"[127.0.0.1]:{server.port} {server.host_public_key}\n")
+            sh = connect(
+                "127.0.0.1",
+                port=server.port,
+                user=USER,
+                identity=keys.private_path,
+                policy=KnownHosts(known),
+            )
+            sessions = psutil.Process(server.pid).children(recursive=True)
+            assert sessions  # the connection's own sshd
+            server.stop(keep_sessions=keep)
+            if keep:  # as after a restart of OpenSSH's sshd: the connection goes on
+                assert sh.run(["echo", "still"]).stdout == "still\n"
+            else:  # its sessions ended (not dying) once stop() returned
+                assert not [p for p in sessions if p.is_running() and p.status() != "zombie"]
+            sh.close()
+        finally:
+            server.stop()
+            for p in sessions:  # a kept one outlives its sshd: it is this test's to end
+                with contextlib.suppress(psutil.Error):
+                    p.kill()

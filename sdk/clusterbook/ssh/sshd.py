@@ -93,20 +93,23 @@ class Sshd:
         """True while the sshd listener has not exited."""
         return self._proc.poll() is None
 
-    def stop(self, timeout: float = 5.0) -> None:
+    def stop(self, timeout: float = 5.0, *, keep_sessions: bool = False) -> None:
         """Stop sshd and the sessions it started; calling it again does nothing.
 
         Parameters
         ----------
         timeout
             Seconds to wait after SIGTERM before SIGKILL.
+        keep_sessions
+            Stop the listener only, as a restart of OpenSSH's sshd does: the connections
+            made so far (and what runs in them) go on.
         """
         if self._proc.poll() is not None:
             return
-        try:
-            sessions = psutil.Process(self.pid).children(recursive=True)
-        except psutil.Error:
-            sessions = []
+        sessions = []
+        if not keep_sessions:
+            with contextlib.suppress(psutil.Error):
+                sessions = psutil.Process(self.pid).children(recursive=True)
         with contextlib.suppress(ProcessLookupError):
             self._proc.terminate()
             self._proc.send_signal(signal.SIGCONT)  # a paused sshd would never see SIGTERM
@@ -118,7 +121,7 @@ class Sshd:
         for p in sessions:
             with contextlib.suppress(psutil.Error):
                 p.kill()
-        psutil.wait_procs(sessions, timeout=timeout)  # gone when stop() returns, not dying
+        _wait_ended(sessions, timeout)  # ended when stop() returns, not dying
 
     def __enter__(self) -> Sshd:
         return self
@@ -363,3 +366,19 @@ def _write_private(path: Path, text: str) -> None:
     with os.fdopen(fd, "w") as f:
         os.fchmod(f.fileno(), 0o600)
         f.write(text)
+
+
+def _wait_ended(procs: list[psutil.Process], timeout: float) -> None:
+    """Wait up to ``timeout`` s for ``procs`` to end (a zombie has: only its parent's wait
+    is left, which is not ours to make)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        running = []
+        for p in procs:
+            with contextlib.suppress(psutil.Error):
+                if p.status() != psutil.STATUS_ZOMBIE:
+                    running.append(p)
+        if not running:
+            return
+        procs = running
+        time.sleep(0.01)
