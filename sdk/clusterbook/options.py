@@ -43,8 +43,17 @@ class ClusterOptionsArgs(TypedDict, total=False):
 class SSHArgs(ClusterOptionsArgs, total=False):
     """What ``Cluster.ssh(hosts, ...)`` takes besides the hosts.
 
-    user, identity
-        Login user (default: yours) and private key (default ``~/.ssh/id_ed25519``).
+    ssh_config
+        OpenSSH client config to read (default ``~/.ssh/config`` if there is one; ``"none"``:
+        none): each host's ``HostName``, ``User``, ``Port``, ``IdentityFile`` and
+        ``ProxyJump`` (jump hosts, one or a chain, for the head's connections and the MPI
+        launcher's alike, every hop's host key checked). ``user``, ``port`` and ``identity``
+        win over it.
+    user, identity, passphrase
+        Login user (default: yours) and private key (default: the keys of a running
+        ssh-agent, then ``~/.ssh/id_ed25519``, ``id_ecdsa``, ``id_rsa``). A passphrase-
+        protected key is opened with ``passphrase``, else asked for in a terminal or a
+        notebook (never echoed); the passphrase is dropped once the key is open.
     known_hosts, host_keys
         Host key policy: by default keys must be in ``known_hosts`` (default the user's
         ``~/.ssh/known_hosts``); ``host_keys="accept-new"`` trusts new hosts on first use
@@ -52,7 +61,8 @@ class SSHArgs(ClusterOptionsArgs, total=False):
         changes are refused); a mapping of host to ``"SHA256:..."`` fingerprint pins keys. A
         changed key is always refused.
     port, connect_timeout
-        sshd port of every node (22); seconds to wait for every node's sshd to answer (30).
+        sshd port of every node (default: the config's, else 22); seconds to wait for every
+        node's sshd to answer (30).
     node_python
         Interpreters of nodes whose environment is at another path than the head's, like
         ``{"node2": "/opt/venv/bin/python"}`` (its MPI launcher must be beside it). Jobs then
@@ -64,9 +74,11 @@ class SSHArgs(ClusterOptionsArgs, total=False):
     identity: str | os.PathLike[str] | None
     known_hosts: str | os.PathLike[str] | None
     host_keys: str | HostKeyPolicy | Mapping[str, str] | None
-    port: int
+    port: int | None
     connect_timeout: float
     node_python: Mapping[str, str] | None
+    ssh_config: str | os.PathLike[str] | None
+    passphrase: str | None
 
 
 class ElasticArgs(ClusterOptionsArgs, total=False):

@@ -238,7 +238,7 @@ def test_fingerprint_policy_accepts_the_right_key(sshd):
 def test_wrong_key_is_an_auth_error(sshd, known_hosts, tmp_path):
     server, _, _ = sshd
     stranger = generate_keypair(tmp_path / "stranger", "x")
-    with pytest.raises(cb.SSHAuthError, match="refused key") as info:
+    with pytest.raises(cb.SSHAuthError, match="refused the keys tried") as info:
         connect(
             "127.0.0.1",
             port=server.port,
@@ -248,6 +248,7 @@ def test_wrong_key_is_an_auth_error(sshd, known_hosts, tmp_path):
             timeout=5,
         )
     assert info.value.host == "127.0.0.1"
+    assert str(stranger.private_path) in str(info.value)  # the key that was tried
 
 
 def test_connection_failures_name_the_host(sshd, known_hosts):

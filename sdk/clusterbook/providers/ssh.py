@@ -36,9 +36,12 @@ from clusterbook.ssh.bootstrap import (
     cluster_files,
     connect_all,
     encode_files,
+    launcher_ssh_config,
     node_ssh_args,
+    plain_login,
     run_task,
 )
+from clusterbook.ssh.credentials import Credentials, prompt_where_asked
 from clusterbook.ssh.envlink import (
     ENV_LINK,
     HOOK_SUBDIR,
@@ -47,11 +50,13 @@ from clusterbook.ssh.envlink import (
     linked_paths,
     validate_node_python,
 )
-from clusterbook.ssh.hostkeys import HostKeyPolicy, make_policy
+from clusterbook.ssh.hostkeys import HostKeyPolicy, host_entry_name, make_policy
 from clusterbook.ssh.keys import authorized_keys_line, generate_keypair, key_tag
 from clusterbook.ssh.local_shell import LocalShell
-from clusterbook.ssh.paramiko_shell import ParamikoShell, connect
+from clusterbook.ssh.paramiko_shell import ParamikoShell, Tunnels, connect_hop
 from clusterbook.ssh.preflight import NodeFacts, all_problems
+from clusterbook.ssh.relay import Relay
+from clusterbook.ssh.target import read_ssh_config, resolve
 from clusterbook.status import NodeStatus
 from clusterbook.transfer import Call, Outgoing, fetch_all, send_all, uncounted
 
@@ -96,15 +101,31 @@ class SSHProvider(Provider):
         identity: str | os.PathLike[str] | None = None,
         known_hosts: str | os.PathLike[str] | None = None,
         host_keys: str | HostKeyPolicy | dict[str, str] | None = None,
-        port: int = 22,
+        port: int | None = None,
         connect_timeout: float = 30.0,
         node_python: Mapping[str, str] | None = None,
+        ssh_config: str | os.PathLike[str] | None = None,
+        passphrase: str | None = None,
     ) -> None:
         self._nodes = parse_hosts(hosts)
         self.node_python = validate_node_python(node_python, [n.host for n in self.nodes])
-        self.user = user or getpass.getuser()
-        self.identity = Path(identity or "~/.ssh/id_ed25519").expanduser()
-        self.port = validate_port(port)
+        if passphrase is not None and not isinstance(passphrase, str):
+            raise ConfigError("passphrase must be a string (or None: ask where someone can).")
+        # Read now: a bad config or ProxyJump line is named before anything starts.
+        config = read_ssh_config(ssh_config)
+        local_user = getpass.getuser()
+        given_port = validate_port(port) if port is not None else None
+        self._targets = {
+            n.host: resolve(
+                n.host, config, local_user=local_user, user=user, port=given_port, identity=identity
+            )
+            for n in self.nodes
+        }
+        self._identity = identity
+        self._passphrase = passphrase  # dropped once the keys are open, at start()
+        self._credentials: Credentials | None = None
+        self._tunnels: Tunnels | None = None
+        self._relay: Relay | None = None
         self.connect_timeout = validate_timeout(connect_timeout, "connect_timeout") or 30.0
         self._known_hosts = known_hosts
         self._host_keys = host_keys
@@ -136,15 +157,19 @@ class SSHProvider(Provider):
         t0 = time.monotonic()
         sessions: dict[str, NodeSession] = {}
         try:
-            ctx.progress(f"connecting to {len(hosts)} hosts")
-            self._conns = connect_all(
-                hosts,
-                user=self.user,
-                identity=self.identity,
-                policy=policy,
-                port=self.port,
-                timeout=self.connect_timeout,
+            # The keys are opened here, in the caller's thread: a passphrase is asked once.
+            hops = [hop for t in self._targets.values() for hop in (*t.jumps, t.node)]
+            credentials = self._credentials = Credentials.gather(
+                hops,
+                explicit=self._identity,
+                passphrase=self._passphrase,
+                prompt=prompt_where_asked(),
             )
+            self._passphrase = None
+            if any(t.jumps for t in self._targets.values()):
+                self._tunnels = Tunnels(credentials, policy)
+            ctx.progress(f"connecting to {len(hosts)} hosts")
+            self._conns = connect_all(hosts, self._dial, timeout=self.connect_timeout)
             self.timings["connect"] = time.monotonic() - t0
             ctx.progress(f"checking {len(hosts)} nodes")
             self._preflight(ctx, sessions)
@@ -208,6 +233,30 @@ class SSHProvider(Provider):
         self._nodes = tuple(
             NodeSpec(n.name, n.host, n.slots, cores=facts[n.host].cores) for n in self.nodes
         )
+
+    def _launcher_ssh(self, ctx: StartContext, head_dir: Path) -> tuple[list[str], bool]:
+        """The MPI launcher's ssh options, and whether the nodes may start each other's
+        daemons. Nodes at their own names with one user and port: options only. Else an ssh
+        config of the hosts on the head (and, behind jump hosts, the relay over the head's
+        connections), and every daemon started from the head."""
+        plain = plain_login(self._targets)
+        if plain is not None:
+            user, port = plain
+            return node_ssh_args(ctx.cluster_id, user=user, port=port), True
+        proxy = None
+        routes = {
+            (t.node.hostname, t.node.port): t.jumps for t in self._targets.values() if t.jumps
+        }
+        if routes:
+            assert self._tunnels is not None
+            self._relay = Relay(routes, self._tunnels)
+            proxy = self._relay.proxy_command()
+        config = head_dir / "ssh_config"
+        text = launcher_ssh_config(ctx.cluster_id, self._targets, proxy)
+        fd = os.open(config, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "w") as f:
+            f.write(text)
+        return ["-F", str(config)], False
 
     def _start_rendezvous(self, ctx: StartContext) -> None:
         """Serve the rendezvous on the address the nodes reach us at; agents join it."""
@@ -284,19 +333,18 @@ class SSHProvider(Provider):
         if keys_dir.exists():
             shutil.rmtree(keys_dir)
         keys = generate_keypair(keys_dir, ctx.cluster_id)
-        ssh_args = node_ssh_args(ctx.cluster_id, user=self.user, port=self.port)
+        ssh_args, tree_spawn = self._launcher_ssh(ctx, head_dir)
         hostnames = {h: f.hostname for h, f in self._facts.items()}
         assert self._rendezvous is not None
         assert self._rendezvous.token_file is not None
         token = ("600", self._rendezvous.token_file.read_bytes())
+        names = {}
+        for host, target in self._targets.items():
+            node = target.node
+            seen_as = (node.hostname, host, hostnames.get(host, host))
+            names[host] = [host_entry_name(name, node.port) for name in seen_as]
         files = cluster_files(
-            ctx.cluster_id,
-            keys,
-            self._conns,
-            hostnames,
-            port=self.port,
-            ssh_args=ssh_args,
-            env=ctx.env,
+            ctx.cluster_id, keys, self._conns, names, ssh_args=ssh_args, env=ctx.env
         )
         files = {**files, "token": token}
         if self.node_python:
@@ -339,6 +387,7 @@ class SSHProvider(Provider):
             ssh_wrapper=str(head_dir / "ssh"),
             head_addr=head_addr,
             hostnames=hostnames,
+            tree_spawn=tree_spawn,
         )
         if self.node_python:
             assert self._head_facts is not None
@@ -382,18 +431,22 @@ class SSHProvider(Provider):
     def _session_starter(self, host: str) -> Callable[[], NodeSession]:
         return lambda: NodeSession(self._shell(host), self._python(host))
 
+    def _dial(self, host: str, timeout: float) -> ParamikoShell:
+        """A new connection to ``host`` (through its jump hosts), its keys checked."""
+        assert self._credentials is not None
+        return connect_hop(
+            self._targets[host],
+            credentials=self._credentials,
+            policy=self._policy,
+            timeout=timeout,
+            tunnels=self._tunnels,
+        )
+
     def _shell(self, host: str) -> ParamikoShell:
         """The host's connection, opened again (same host key policy) if it was lost."""
         conn = self._conns[host]
         if not conn.shell.active:
-            shell = connect(
-                host,
-                user=self.user,
-                identity=self.identity,
-                policy=self._policy,
-                port=self.port,
-                timeout=min(10.0, self.connect_timeout),
-            )
+            shell = self._dial(host, min(10.0, self.connect_timeout))
             conn = self._conns[host] = replace(conn, shell=shell)
         return conn.shell
 
@@ -476,6 +529,7 @@ class SSHProvider(Provider):
         _, problems_found = parallel([_HEAD, *self._conns], clean_any)
         self.stop_problems = {k: e for k, e in problems_found.items() if k != _HEAD}
         self._ctx, self._conns = None, {}
+        self._close_ways()
         if self.stop_problems:
             lines = [f"  {h}: {e}" for h, e in self.stop_problems.items()]
             warnings.warn(
@@ -489,3 +543,15 @@ class SSHProvider(Provider):
                 ),
                 stacklevel=3,
             )
+
+    def _close_ways(self) -> None:
+        """End the relay, the jump hosts' connections and the agent's (after the nodes')."""
+        relay, self._relay = self._relay, None
+        if relay is not None:
+            relay.close()
+        tunnels, self._tunnels = self._tunnels, None
+        if tunnels is not None:
+            tunnels.close()
+        credentials, self._credentials = self._credentials, None
+        if credentials is not None:
+            credentials.close()

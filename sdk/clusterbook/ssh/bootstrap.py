@@ -12,7 +12,6 @@ import base64
 import contextlib
 import json
 import shlex
-import socket
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -30,10 +29,12 @@ from clusterbook.errors import (
 )
 from clusterbook.fanout import parallel
 from clusterbook.paths import CLUSTERS_DIR
-from clusterbook.ssh.hostkeys import HostKey, HostKeyPolicy, host_entry_name, known_hosts_line
+from clusterbook.ssh.hostkeys import HostKey, known_hosts_line
 from clusterbook.ssh.keys import KeyPair
-from clusterbook.ssh.paramiko_shell import ParamikoShell, connect
+from clusterbook.ssh.paramiko_shell import ParamikoShell
 from clusterbook.ssh.shell import RemoteShell
+from clusterbook.ssh.target import Target
+from clusterbook.wording import spell
 
 __all__ = [
     "Connection",
@@ -62,15 +63,10 @@ class Connection:
 
 
 def connect_all(
-    hosts: Sequence[str],
-    *,
-    user: str,
-    identity: str | Path,
-    policy: HostKeyPolicy,
-    port: int,
-    timeout: float,
+    hosts: Sequence[str], dial: Callable[[str, float], ParamikoShell], *, timeout: float
 ) -> dict[str, Connection]:
-    """Connect to every host in parallel, retrying while sshd is not up yet, until ``timeout``.
+    """Connect to every host in parallel with ``dial(host, timeout)``, retrying while sshd is
+    not up yet, until ``timeout``.
 
     Host key and authentication failures are final at once; a name that does not resolve too.
     """
@@ -81,14 +77,7 @@ def connect_all(
         while True:
             left = deadline - time.monotonic()
             try:
-                shell = connect(
-                    host,
-                    user=user,
-                    identity=identity,
-                    policy=policy,
-                    port=port,
-                    timeout=max(0.5, min(5.0, left)),
-                )
+                shell = dial(host, max(0.5, min(5.0, left)))
                 break
             except HostNotFoundError:
                 raise
@@ -97,12 +86,7 @@ def connect_all(
                     raise
                 time.sleep(pause)
                 pause = min(pause * 2, 1.0)
-        transport = shell._transport
-        key = transport.get_remote_server_key()
-        sock = transport.sock  # a socket: connect() made it (never a proxy channel)
-        assert isinstance(sock, socket.socket)
-        local = str(sock.getsockname()[0])
-        return Connection(host, shell, HostKey(key.get_name(), key.get_base64()), local)
+        return Connection(host, shell, shell.server_key(), shell.local_addr)
 
     done, failed = parallel(hosts, one)
     if failed:
@@ -117,9 +101,11 @@ def _reason(exc: Exception) -> str:
 
 
 def _missing_python(python: str, host: str) -> str:
+    elsewhere = spell("node_python", {host: "/path/bin/python"})
+    fix = f", or give its path there with {elsewhere}" if elsewhere else ""
     return (
         f"Python {python!r} is missing on {host}; install the head's environment there at "
-        f"the same path, or give its path there with node_python={{{host!r}: '/path/bin/python'}}."
+        f"the same path{fix}."
     )
 
 
@@ -177,6 +163,44 @@ def node_ssh_args(cluster_id: str, *, user: str, port: int) -> list[str]:
     return args
 
 
+def plain_login(targets: Mapping[str, Target]) -> tuple[str, int] | None:
+    """The one (user, port) of ``targets`` when each is reached at its own name, straight:
+    then the launcher's ssh needs options only (:func:`node_ssh_args`), and the nodes can
+    start each other's daemons (tree spawn). None when a config of hosts is needed."""
+    logins = {(t.node.user, t.node.port) for t in targets.values()}
+    plain = all(not t.jumps and t.node.hostname == alias for alias, t in targets.items())
+    return next(iter(logins)) if plain and len(logins) == 1 else None
+
+
+def launcher_ssh_config(
+    cluster_id: str, targets: Mapping[str, Target], proxy_command: str | None
+) -> str:
+    """The head's ssh config for the MPI launcher: each node's address, port and user (and,
+    behind jump hosts, ``proxy_command``: the relay over the head's own connections), with
+    the cluster's key and known_hosts and strict host key checks, as :func:`node_ssh_args`."""
+    base = f"~/{CLUSTERS_DIR}/{cluster_id}"
+    lines = [f"# The MPI launcher's ssh for cluster {cluster_id} (removed at stop)."]
+    for alias, target in sorted(targets.items()):
+        node = target.node
+        lines += [f"Host {alias}", f"  HostName {node.hostname}", f"  Port {node.port}"]
+        lines.append(f"  User {node.user}")
+        if target.jumps:
+            if proxy_command is None:
+                raise ValueError(f"{alias} is behind jump hosts: a proxy command is needed")
+            lines.append(f"  ProxyCommand {proxy_command}")
+    lines += [
+        "Host *",
+        f"  IdentityFile {base}/id_ed25519",
+        "  IdentitiesOnly yes",
+        f"  UserKnownHostsFile {base}/known_hosts",
+        "  StrictHostKeyChecking yes",
+        "  UpdateHostKeys no",
+        "  BatchMode yes",
+        "  ConnectTimeout 10",
+    ]
+    return "\n".join(lines) + "\n"
+
+
 def ssh_wrapper(ssh_args: Sequence[str]) -> str:
     """A script that runs ssh with ``ssh_args`` (MPICH's launcher takes one program)."""
     return "#!/bin/sh\nexec ssh " + shlex.join(ssh_args) + ' "$@"\n'
@@ -186,19 +210,15 @@ def cluster_files(
     cluster_id: str,
     keys: KeyPair,
     connections: Mapping[str, Connection],
-    hostnames: Mapping[str, str],
+    names: Mapping[str, Sequence[str]],
     *,
-    port: int,
     ssh_args: Sequence[str],
     env: Mapping[str, str],
 ) -> dict[str, tuple[str, bytes]]:
-    """The files every node (and the head) gets: name -> (octal mode, content)."""
+    """The files every node (and the head) gets: name -> (octal mode, content). ``names``:
+    the names each connection's host key is known by (``host``, ``[host]:port``)."""
     known = "".join(
-        known_hosts_line(
-            dict.fromkeys([host_entry_name(h, port), host_entry_name(hostnames.get(h, h), port)]),
-            c.host_key,
-        )
-        for h, c in connections.items()
+        known_hosts_line(dict.fromkeys(names[h]), c.host_key) for h, c in connections.items()
     )
     wrapper = ssh_wrapper(ssh_args)
     env_sh = "".join(f"export {k}={shlex.quote(v)}\n" for k, v in env.items())

@@ -1,6 +1,8 @@
-"""The ssh :class:`~clusterbook.ssh.shell.RemoteShell`: one paramiko connection per host.
+"""The ssh :class:`~clusterbook.ssh.shell.RemoteShell`: one paramiko connection per host,
+straight or through jump hosts (``direct-tcpip`` channels of their connections).
 
-The only module that imports paramiko. Its errors (and the socket's) are translated here into
+With :mod:`clusterbook.ssh.credentials` (the keys), the only module that imports paramiko.
+Its errors (and the socket's) are translated here into
 :class:`~clusterbook.errors.SSHError` subclasses that name the host and what to do.
 """
 
@@ -16,7 +18,6 @@ from pathlib import Path
 import paramiko
 
 from clusterbook.errors import (
-    ConfigError,
     HostNotFoundError,
     SSHAuthError,
     SSHConnectError,
@@ -24,10 +25,12 @@ from clusterbook.errors import (
     SSHTimeoutError,
 )
 from clusterbook.spec import validate_host
+from clusterbook.ssh.credentials import Credentials
 from clusterbook.ssh.hostkeys import HostKey, HostKeyPolicy, host_entry_name
 from clusterbook.ssh.shell import CommandResult, OutputCallback, command_line, write_file_argv
+from clusterbook.ssh.target import Hop, Target
 
-__all__ = ["ParamikoShell", "connect", "handshake_count"]
+__all__ = ["ParamikoShell", "Tunnels", "connect", "connect_hop", "handshake_count"]
 
 _handshakes = 0
 _count_lock = threading.Lock()
@@ -36,22 +39,6 @@ _count_lock = threading.Lock()
 def handshake_count() -> int:
     """Number of ssh handshakes this process has made (for benchmarks and tests)."""
     return _handshakes
-
-
-def _load_key(identity: str | Path) -> paramiko.PKey:
-    path = Path(identity).expanduser()
-    try:
-        return paramiko.PKey.from_path(path)
-    except FileNotFoundError:
-        raise ConfigError(
-            f"Identity file {str(path)!r} does not exist; pass the path of "
-            "your private key, like '~/.ssh/id_ed25519'."
-        ) from None
-    except (paramiko.SSHException, ValueError) as exc:
-        raise ConfigError(
-            f"Identity file {str(path)!r} is not a usable private key "
-            f"({exc}); pass an unencrypted OpenSSH private key."
-        ) from exc
 
 
 def connect(
@@ -63,43 +50,88 @@ def connect(
     port: int = 22,
     timeout: float = 10.0,
 ) -> ParamikoShell:
-    """Open an authenticated connection to ``host``, checking its key against ``policy``.
+    """Open a connection to ``host`` with the key in ``identity`` only (no agent, no ssh
+    config): for keys clusterbook made itself. See :func:`connect_hop` for the rest."""
+    hop = Hop(host, host, port, user, (Path(identity).expanduser(),), identities_only=True)
+    credentials = Credentials.gather([hop], explicit=identity, use_agent=False)
+    return connect_hop(Target(hop), credentials=credentials, policy=policy, timeout=timeout)
+
+
+def connect_hop(
+    target: Target,
+    *,
+    credentials: Credentials,
+    policy: HostKeyPolicy,
+    timeout: float = 10.0,
+    tunnels: Tunnels | None = None,
+) -> ParamikoShell:
+    """Open an authenticated connection to ``target`` (through its jump hosts, with
+    ``tunnels``), checking the host key of every hop against ``policy``.
 
     Raises
     ------
     SSHConnectError, SSHTimeoutError, HostKeyUnknownError, HostKeyChangedError, SSHAuthError
         Each naming the host and what to do.
     """
-    global _handshakes
-    validate_host(host)
-    name = host_entry_name(host, port)
-    pkey = _load_key(identity)
+    node = target.node
+    validate_host(node.hostname)
+    if target.jumps:
+        if tunnels is None:
+            raise ValueError("a target behind jump hosts needs the tunnels to reach it")
+        sock: socket.socket | paramiko.Channel = tunnels.channel(
+            target.jumps, node.hostname, node.port, timeout
+        )
+        local = tunnels.local_addr(target.jumps)
+    else:
+        sock = _dial(node, timeout)
+        local = str(sock.getsockname()[0])
+    transport = _log_in(node, sock, credentials, policy, timeout)
+    return ParamikoShell(node.hostname, node.port, transport, timeout=timeout, local_addr=local)
+
+
+def _dial(hop: Hop, timeout: float) -> socket.socket:
+    name = host_entry_name(hop.hostname, hop.port)
     try:
-        sock = socket.create_connection((host, port), timeout=timeout)
+        sock = socket.create_connection((hop.hostname, hop.port), timeout=timeout)
         # ssh sends many small messages; without this each waits ~40 ms for a delayed ACK.
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
     except socket.gaierror:
         raise HostNotFoundError(
-            f"Host name {host!r} does not resolve; check the name, or use its IP address.",
-            host=host,
+            f"Host name {hop.hostname!r} does not resolve; check the name, or use its IP address.",
+            host=hop.alias,
         ) from None
     except ConnectionRefusedError:
         raise SSHConnectError(
-            f"{name} refused the connection: no sshd listens on port {port}; start sshd "
+            f"{name} refused the connection: no sshd listens on port {hop.port}; start sshd "
             "there (clusterbook can start a user-level one) or give the right port.",
-            host=host,
+            host=hop.alias,
         ) from None
     except TimeoutError:
         raise SSHTimeoutError(
             f"No answer from {name} within {timeout:g} s: the host is down, unreachable or "
-            f"firewalled; check that it is up and that port {port} is open.",
-            host=host,
+            f"firewalled; check that it is up and that port {hop.port} is open.",
+            host=hop.alias,
         ) from None
     except OSError as exc:
-        raise SSHConnectError(f"Cannot reach {name}: {exc.strerror or exc}.", host=host) from exc
+        raise SSHConnectError(
+            f"Cannot reach {name}: {exc.strerror or exc}.", host=hop.alias
+        ) from exc
+    return sock
+
+
+def _log_in(
+    hop: Hop,
+    sock: socket.socket | paramiko.Channel,
+    credentials: Credentials,
+    policy: HostKeyPolicy,
+    timeout: float,
+) -> paramiko.Transport:
+    """The ssh handshake over ``sock``, the host key checked, then the keys offered in turn."""
+    global _handshakes
+    name = host_entry_name(hop.hostname, hop.port)
     transport = paramiko.Transport(sock)
     try:
-        preferred = policy.preferred_types(host, port)
+        preferred = policy.preferred_types(hop.hostname, hop.port)
         options = transport.get_security_options()
         if preferred:
             options.key_types = [*preferred, *(t for t in options.key_types if t not in preferred)]
@@ -114,37 +146,132 @@ def connect(
                 raise SSHTimeoutError(
                     f"{name} did not complete the ssh handshake within {timeout:g} s; its sshd "
                     "may be hung or overloaded.",
-                    host=host,
+                    host=hop.alias,
                 ) from exc
-            raise SSHConnectError(f"ssh handshake with {name} failed: {exc}.", host=host) from exc
-        policy.check(host, port, HostKey(server_key.get_name(), server_key.get_base64()))
-        try:
-            transport.auth_publickey(user, pkey)
-        except paramiko.AuthenticationException:
-            raise SSHAuthError(
-                f"{name} refused key {str(Path(identity).expanduser())!r} for user {user!r}; "
-                f"add its public key to ~{user}/.ssh/authorized_keys there, or give another "
-                "user or identity.",
-                host=host,
-            ) from None
-        except (paramiko.SSHException, OSError) as exc:
-            raise SSHConnectError(f"Authentication with {name} failed: {exc}.", host=host) from exc
+            raise SSHConnectError(
+                f"ssh handshake with {name} failed: {exc}.", host=hop.alias
+            ) from exc
+        policy.check(
+            hop.hostname, hop.port, HostKey(server_key.get_name(), server_key.get_base64())
+        )
+        _authenticate(transport, hop, credentials)
     except BaseException:
         transport.close()
         raise
-    return ParamikoShell(host, port, transport, timeout=timeout)
+    return transport
+
+
+def _authenticate(transport: paramiko.Transport, hop: Hop, credentials: Credentials) -> None:
+    name = host_entry_name(hop.hostname, hop.port)
+    tried: list[str] = []
+    for label, key in credentials.for_hop(hop):
+        agent = label.startswith("ssh-agent")
+        try:
+            if agent:  # the agent's one connection signs for every thread, one at a time
+                with credentials.agent_lock:
+                    transport.auth_publickey(hop.user, key)
+            else:
+                transport.auth_publickey(hop.user, key)
+            return
+        except paramiko.AuthenticationException:
+            tried.append(label)
+        except (paramiko.SSHException, OSError) as exc:
+            raise SSHConnectError(
+                f"Authentication with {name} failed: {exc}.", host=hop.alias
+            ) from exc
+        if not transport.is_active():
+            break  # the server hung up (too many tries): what is left cannot be offered
+    raise SSHAuthError(credentials.refusal(hop, tried), host=hop.alias)
+
+
+class Tunnels:
+    """Connections to jump hosts, each opened once and shared by every host behind it;
+    :meth:`close` ends them (after the connections through them)."""
+
+    def __init__(self, credentials: Credentials, policy: HostKeyPolicy) -> None:
+        self._credentials = credentials
+        self._policy = policy
+        self._open: dict[tuple[Hop, ...], tuple[paramiko.Transport, str]] = {}
+        self._lock = threading.Lock()
+
+    def channel(
+        self, jumps: tuple[Hop, ...], host: str, port: int, timeout: float
+    ) -> paramiko.Channel:
+        """A ``direct-tcpip`` channel from the last of ``jumps`` to ``host:port``."""
+        transport = self._transport(jumps, timeout)
+        try:
+            return transport.open_channel(
+                "direct-tcpip", (host, port), ("127.0.0.1", 0), timeout=timeout
+            )
+        except paramiko.ChannelException as exc:
+            raise SSHConnectError(
+                f"{jumps[-1].where} could not reach {host_entry_name(host, port)} "
+                f"({exc.text or exc}): check that the host is up and that the jump host may "
+                "connect to it.",
+                host=host,
+            ) from None
+        except (paramiko.SSHException, OSError, EOFError) as exc:
+            raise SSHConnectError(
+                f"Lost the connection to jump host {jumps[-1].where}: {exc}.", host=host
+            ) from exc
+
+    def local_addr(self, jumps: tuple[Hop, ...]) -> str:
+        """This machine's address as the first jump host sees it."""
+        with self._lock:
+            return self._open[jumps[:1]][1]
+
+    def _transport(self, jumps: tuple[Hop, ...], timeout: float) -> paramiko.Transport:
+        with self._lock:
+            held = self._open.get(jumps)
+            if held is not None and held[0].is_active():
+                return held[0]
+        if len(jumps) > 1:
+            sock: socket.socket | paramiko.Channel = self.channel(
+                jumps[:-1], jumps[-1].hostname, jumps[-1].port, timeout
+            )
+            local = self.local_addr(jumps[:-1])
+        else:
+            sock = _dial(jumps[0], timeout)
+            local = str(sock.getsockname()[0])
+        transport = _log_in(jumps[-1], sock, self._credentials, self._policy, timeout)
+        with self._lock:
+            held = self._open.get(jumps)
+            if held is not None and held[0].is_active():  # another thread was quicker
+                transport.close()
+                return held[0]
+            self._open[jumps] = (transport, local)
+        return transport
+
+    def close(self) -> None:
+        with self._lock:
+            held, self._open = self._open, {}
+        for jumps in sorted(held, key=len, reverse=True):  # the innermost first
+            held[jumps][0].close()
 
 
 class ParamikoShell:
     """An authenticated ssh connection to one host, reused for every command."""
 
     def __init__(
-        self, host: str, port: int, transport: paramiko.Transport, *, timeout: float = 10.0
+        self,
+        host: str,
+        port: int,
+        transport: paramiko.Transport,
+        *,
+        timeout: float = 10.0,
+        local_addr: str = "",
     ) -> None:
         self.host = host
         self.port = port
         self._transport = transport
         self._timeout = timeout
+        #: This machine's address as the host (or its first jump host) sees it.
+        self.local_addr = local_addr
+
+    def server_key(self) -> HostKey:
+        """The host key the host showed (checked when the connection was made)."""
+        key = self._transport.get_remote_server_key()
+        return HostKey(key.get_name(), key.get_base64())
 
     @property
     def active(self) -> bool:
