@@ -147,6 +147,30 @@ class FakeHost:
         """Pids of the processes running in this host's network namespace."""
         return _netns_pids(self.netns)
 
+    def refuse_from(self, addr: str) -> None:
+        """Refuse every connection ``addr`` opens to this host (answers to the connections
+        this host opens still pass): a host ``addr`` can reach only through another."""
+        rules = (
+            "table inet cb_refuse {\n"
+            "  chain input {\n"
+            "    type filter hook input priority 0; policy accept;\n"
+            f"    ip saddr {addr} ct state new reject\n"
+            "  }\n"
+            "}\n"
+        )
+        done = self.run(["nft", "-f", "-"], input=rules)
+        if done.returncode != 0:
+            raise TestbedError(f"nft on {self.name}: {done.stderr.strip()}")
+
+    def accept_all(self) -> None:
+        """Undo :meth:`refuse_from`."""
+        self.run(["nft", "delete", "table", "inet", "cb_refuse"])
+
+    def extra_sshd(self, port: int) -> Sshd:
+        """Another sshd of this host (own host key) on ``port``; the caller stops it."""
+        directory = self.sshd.directory.with_name(f"sshd-{port}")
+        return _start_host_sshd(directory, self.name, self.addr, self.netns, self.home, port=port)
+
 
 @contextlib.contextmanager
 def unshared(hosts: Sequence[FakeHost], path: Path, scratch: Path) -> Iterator[dict[str, Path]]:
@@ -408,7 +432,10 @@ def start_host_sshd(
         unshare = ["unshare", "--uts", "--mount", "--propagation", "private", "sh", "-c", script]
         return ["ip", "netns", "exec", netns, *unshare]
 
-    return start_sshd(directory, port, listen, authorized_keys=authorized_keys, launch=launch)
+    # Like a stock OpenSSH server, a fake host can be a jump host (ProxyJump through it).
+    return start_sshd(
+        directory, port, listen, authorized_keys=authorized_keys, launch=launch, forwarding=True
+    )
 
 
 def _start_host_sshd(
@@ -418,6 +445,8 @@ def _start_host_sshd(
     netns: str,
     home: Path,
     extra: Sequence[tuple[Path, Path]] = (),
+    *,
+    port: int = SSH_PORT,
 ) -> Sshd:
     """sshd in ``netns``, in new UTS and mount namespaces: hostname ``name`` and the login
     user's ``~/.ssh`` and ``~/.clusterbook`` bound to those in ``home`` (then the ``extra``
@@ -426,7 +455,7 @@ def _start_host_sshd(
     login_home = Path(pwd.getpwuid(os.geteuid()).pw_dir)
     return start_host_sshd(
         directory,
-        SSH_PORT,
+        port,
         addr,
         netns=netns,
         hostname=name,

@@ -12,7 +12,6 @@ from __future__ import annotations
 import getpass
 import os
 from collections.abc import Sequence
-from pathlib import Path
 from typing import Any
 
 from clusterbook import _node_tasks
@@ -29,12 +28,15 @@ def clean_cluster(
     user: str | None = None,
     identity: str | os.PathLike[str] | None = None,
     known_hosts: str | os.PathLike[str] | None = None,
-    port: int = 22,
+    port: int | None = None,
     python: str = "python3",
     timeout: float = 30.0,
+    ssh_config: str | os.PathLike[str] | None = None,
 ) -> dict[str, dict[str, Any] | Exception]:
     """Remove what cluster ``cluster_id`` left here and on ``hosts``; return, by host (this
-    machine is ``"localhost"``), what was removed or why it could not be."""
+    machine is ``"localhost"``), what was removed or why it could not be. Hosts are reached
+    as :meth:`Cluster.ssh <clusterbook.Cluster.ssh>` reaches them (ssh config, agent, jump
+    hosts)."""
     from clusterbook.ssh.keys import key_tag
 
     try:
@@ -55,21 +57,36 @@ def clean_cluster(
         return out
     from clusterbook.fanout import parallel
     from clusterbook.ssh.bootstrap import run_task
+    from clusterbook.ssh.credentials import Credentials, prompt_where_asked
     from clusterbook.ssh.hostkeys import make_policy
-    from clusterbook.ssh.paramiko_shell import connect
+    from clusterbook.ssh.paramiko_shell import Tunnels, connect_hop
+    from clusterbook.ssh.target import read_ssh_config, resolve
 
     policy = make_policy(None, known_hosts)
-    key = Path(identity or "~/.ssh/id_ed25519").expanduser()
+    config = read_ssh_config(ssh_config)
+    local = getpass.getuser()
+    targets = {
+        h: resolve(h, config, local_user=local, user=user, port=port, identity=identity)
+        for h in names
+    }
+    hops = [hop for t in targets.values() for hop in (*t.jumps, t.node)]
+    credentials = Credentials.gather(hops, explicit=identity, prompt=prompt_where_asked())
+    tunnels = Tunnels(credentials, policy)
 
     def one(host: str) -> dict[str, Any]:
-        login = user or getpass.getuser()
-        shell = connect(host, user=login, identity=key, policy=policy, port=port, timeout=timeout)
+        shell = connect_hop(
+            targets[host], credentials=credentials, policy=policy, timeout=timeout, tunnels=tunnels
+        )
         try:
             return run_task(shell, python, "cleanup", args, timeout=timeout)
         finally:
             shell.close()
 
-    done, failed = parallel(names, one)
+    try:
+        done, failed = parallel(names, one)
+    finally:
+        tunnels.close()
+        credentials.close()
     for host in names:
         out[host] = done[host] if host in done else failed[host]
     return out

@@ -126,7 +126,9 @@ def _parser() -> argparse.ArgumentParser:
     )
     run.add_argument("--user", help="ssh login user on the hosts (default: yours)")
     run.add_argument(
-        "--identity", metavar="FILE", help="ssh private key (default ~/.ssh/id_ed25519)"
+        "--identity",
+        metavar="FILE",
+        help="ssh private key (default: the ssh-agent's keys, then ~/.ssh/id_*)",
     )
     run.add_argument("--known-hosts", metavar="FILE", help="known_hosts file to trust")
     run.add_argument(
@@ -134,7 +136,9 @@ def _parser() -> argparse.ArgumentParser:
         action="store_true",
         help="trust hosts seen for the first time (changed keys stay refused)",
     )
-    run.add_argument("--port", type=int, default=22, help="sshd port of the hosts (default 22)")
+    run.add_argument(
+        "--port", type=int, help="sshd port of the hosts (default: the ssh config's, else 22)"
+    )
     run.add_argument("--timeout", type=float, metavar="S", help="stop the job after S seconds")
     run.add_argument(
         "--wdir", "-wdir", metavar="DIR", help="the ranks' working directory (default: this one)"
@@ -177,10 +181,14 @@ def _parser() -> argparse.ArgumentParser:
     clean.add_argument("--hosts", metavar="H,...", help="its SSH hosts, like node1,node2")
     clean.add_argument("--user", help="ssh login user on the hosts (default: yours)")
     clean.add_argument(
-        "--identity", metavar="FILE", help="ssh private key (default ~/.ssh/id_ed25519)"
+        "--identity",
+        metavar="FILE",
+        help="ssh private key (default: the ssh-agent's keys, then ~/.ssh/id_*)",
     )
     clean.add_argument("--known-hosts", metavar="FILE", help="known_hosts file to trust")
-    clean.add_argument("--port", type=int, default=22, help="sshd port of the hosts (default 22)")
+    clean.add_argument(
+        "--port", type=int, help="sshd port of the hosts (default: the ssh config's, else 22)"
+    )
     clean.add_argument(
         "--python", default="python3", help="a Python 3 on the hosts (default python3)"
     )

@@ -104,3 +104,31 @@ def test_a_missing_or_unreadable_key_file(tmp_path: Path, monkeypatch: pytest.Mo
     (tmp_path / "junk").write_text("not a key")
     with pytest.raises(cb.ConfigError, match=r"'.*/junk' is not a usable private key"):
         Credentials.gather([hop(tmp_path / "junk")], use_agent=False)
+
+
+def test_a_passphrase_is_asked_only_where_someone_can_answer(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    import getpass
+    import sys
+    import types
+
+    from clusterbook.ssh.credentials import prompt_where_asked
+
+    assert prompt_where_asked() is None  # pytest: no terminal on stdin, no notebook
+
+    class ZMQInteractiveShell:  # a notebook's kernel: its front end answers getpass
+        pass
+
+    kernel = types.ModuleType("IPython")
+    kernel.get_ipython = ZMQInteractiveShell  # type: ignore[attr-defined]
+    monkeypatch.setitem(sys.modules, "IPython", kernel)
+    assert prompt_where_asked() is getpass.getpass
+    kernel.get_ipython = lambda: None  # type: ignore[attr-defined]
+
+    class Tty:
+        def isatty(self) -> bool:
+            return True
+
+    monkeypatch.setattr(sys, "stdin", Tty())
+    assert prompt_where_asked() is getpass.getpass

@@ -119,18 +119,18 @@ def test_the_launcher_needs_a_config_of_hosts_only_when_they_differ() -> None:
     assert plain_login(aliased) is None  # an alias, another user and port
     jumped = {"inner": resolve("inner", config(), local_user="me")}
     assert plain_login(jumped) is None
-    text = launcher_ssh_config("c1", {**aliased, **jumped}, "relay %h %p")
+    text = launcher_ssh_config("/h/c1", {**aliased, **jumped}, "relay %h %p")
     assert "Host alpha\n  HostName 10.0.0.5\n  Port 2222\n  User bob\n" in text
     assert (
         "Host inner\n  HostName 10.1.0.7\n  Port 22\n  User alice\n  ProxyCommand relay %h %p\n"
         in text
     )
     for line in (
-        "IdentityFile ~/.clusterbook/clusters/c1/id_ed25519",
+        "IdentityFile /h/c1/id_ed25519",
         "StrictHostKeyChecking yes",
-        "UserKnownHostsFile ~/.clusterbook/clusters/c1/known_hosts",
+        "UserKnownHostsFile /h/c1/known_hosts",
         "BatchMode yes",
     ):
         assert f"  {line}\n" in text
     with pytest.raises(ValueError, match="inner is behind jump hosts"):
-        launcher_ssh_config("c1", jumped, None)
+        launcher_ssh_config("/h/c1", jumped, None)

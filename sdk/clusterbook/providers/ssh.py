@@ -252,7 +252,7 @@ class SSHProvider(Provider):
             self._relay = Relay(routes, self._tunnels)
             proxy = self._relay.proxy_command()
         config = head_dir / "ssh_config"
-        text = launcher_ssh_config(ctx.cluster_id, self._targets, proxy)
+        text = launcher_ssh_config(head_dir, self._targets, proxy)
         fd = os.open(config, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
         with os.fdopen(fd, "w") as f:
             f.write(text)

@@ -173,13 +173,15 @@ def plain_login(targets: Mapping[str, Target]) -> tuple[str, int] | None:
 
 
 def launcher_ssh_config(
-    cluster_id: str, targets: Mapping[str, Target], proxy_command: str | None
+    cluster_dir: str | Path, targets: Mapping[str, Target], proxy_command: str | None
 ) -> str:
     """The head's ssh config for the MPI launcher: each node's address, port and user (and,
     behind jump hosts, ``proxy_command``: the relay over the head's own connections), with
-    the cluster's key and known_hosts and strict host key checks, as :func:`node_ssh_args`."""
-    base = f"~/{CLUSTERS_DIR}/{cluster_id}"
-    lines = [f"# The MPI launcher's ssh for cluster {cluster_id} (removed at stop)."]
+    the cluster's key and known_hosts in ``cluster_dir`` (the head's, absolute: ssh reads
+    ``~`` as the passwd home, which need not be ``$HOME``) and strict host key checks, as
+    :func:`node_ssh_args`."""
+    base = str(cluster_dir)
+    lines = [f"# The MPI launcher's ssh for the cluster in {base} (removed at stop)."]
     for alias, target in sorted(targets.items()):
         node = target.node
         lines += [f"Host {alias}", f"  HostName {node.hostname}", f"  Port {node.port}"]

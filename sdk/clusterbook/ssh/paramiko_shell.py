@@ -16,6 +16,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 import paramiko
+from paramiko.common import OPEN_FAILED_ADMINISTRATIVELY_PROHIBITED
 
 from clusterbook.errors import (
     HostNotFoundError,
@@ -204,6 +205,13 @@ class Tunnels:
                 "direct-tcpip", (host, port), ("127.0.0.1", 0), timeout=timeout
             )
         except paramiko.ChannelException as exc:
+            if exc.code == OPEN_FAILED_ADMINISTRATIVELY_PROHIBITED:
+                raise SSHError(
+                    f"{jumps[-1].where} does not let its users connect onward (its sshd has "
+                    "AllowTcpForwarding no); allow it there, or reach "
+                    f"{host_entry_name(host, port)} through another jump host.",
+                    host=host,
+                ) from None
             raise SSHConnectError(
                 f"{jumps[-1].where} could not reach {host_entry_name(host, port)} "
                 f"({exc.text or exc}): check that the host is up and that the jump host may "

@@ -143,6 +143,7 @@ def start_sshd(
     sshd_path: str | os.PathLike[str] | None = None,
     timeout: float = 10.0,
     launch: Callable[[list[str]], list[str]] | None = None,
+    forwarding: bool = False,
 ) -> Sshd:
     """Start an sshd as the current user and return once it answers with an SSH banner.
 
@@ -170,6 +171,8 @@ def start_sshd(
         Turns sshd's command line into the one to run (a wrapper that runs it in a namespace
         or a container, say); each program it adds must ``exec`` the next, so that the pid we
         own is sshd's.
+    forwarding
+        Let logged-in users reach other hosts through this one (a jump host).
 
     Returns
     -------
@@ -204,7 +207,7 @@ def start_sshd(
     # A port picked here can be taken before sshd binds it; then pick again.
     attempts = 3 if port == 0 else 1
     for attempt in range(attempts):
-        cfg = SshdConfig(directory, port or _free_port(listen), listen, keys)
+        cfg = SshdConfig(directory, port or _free_port(listen), listen, keys, forwarding)
         try:
             return _launch(sshd, cfg, host_key, host_public_key, limit, launch)
         except SshdError as exc:

@@ -44,12 +44,16 @@ class SshdConfig:
         The file of public keys allowed to log in; ``directory/"authorized_keys"`` if None. A
         relative path is sshd's: relative to the home of the user logging in (like
         ``.ssh/authorized_keys``).
+    forwarding
+        Let logged-in users open connections from this host to others (``direct-tcpip``
+        channels: this host as a jump host); no other forwarding is ever allowed.
     """
 
     directory: Path
     port: int
     listen: str = "127.0.0.1"
     authorized_keys: Path | None = None
+    forwarding: bool = False
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "directory", check_path(self.directory, "directory"))
@@ -94,7 +98,7 @@ def render_sshd_config(cfg: SshdConfig, *, host_key: Path, pid_file: Path) -> st
         ("PubkeyAuthentication", "yes"),
         ("AuthorizedKeysFile", keys),
         ("PermitRootLogin", "prohibit-password"),
-        ("AllowTcpForwarding", "no"),
+        ("AllowTcpForwarding", "local" if cfg.forwarding else "no"),
         ("X11Forwarding", "no"),
         ("PrintMotd", "no"),
         ("AcceptEnv", "none"),
