@@ -45,6 +45,20 @@ def main(argv: Sequence[str] | None = None) -> int:
         return EXIT_INTERRUPTED
 
 
+def _ssh_options(parser: argparse.ArgumentParser) -> None:
+    """How a command logs in to its hosts (what ~/.ssh/config does not say, or overrides)."""
+    parser.add_argument("--user", help="ssh login user on the hosts (default: yours)")
+    parser.add_argument(
+        "--identity",
+        metavar="FILE",
+        help="ssh private key (default: the ssh-agent's keys, then ~/.ssh/id_*)",
+    )
+    parser.add_argument("--known-hosts", metavar="FILE", help="known_hosts file to trust")
+    parser.add_argument(
+        "--port", type=int, help="sshd port of the hosts (default: the ssh config's, else 22)"
+    )
+
+
 def _subparser(parser: argparse.ArgumentParser, words: list[str]) -> argparse.ArgumentParser:
     """The (sub)command ``words`` name: ``clusterbook worker join ...`` is ``join``'s parser."""
     current = parser
@@ -124,20 +138,11 @@ def _parser() -> argparse.ArgumentParser:
         help="slots of each host given without its own (default 1), or of this machine "
         "without --hosts (default: its cores)",
     )
-    run.add_argument("--user", help="ssh login user on the hosts (default: yours)")
-    run.add_argument(
-        "--identity",
-        metavar="FILE",
-        help="ssh private key (default: the ssh-agent's keys, then ~/.ssh/id_*)",
-    )
-    run.add_argument("--known-hosts", metavar="FILE", help="known_hosts file to trust")
+    _ssh_options(run)
     run.add_argument(
         "--accept-new-host-keys",
         action="store_true",
         help="trust hosts seen for the first time (changed keys stay refused)",
-    )
-    run.add_argument(
-        "--port", type=int, help="sshd port of the hosts (default: the ssh config's, else 22)"
     )
     run.add_argument("--timeout", type=float, metavar="S", help="stop the job after S seconds")
     run.add_argument(
@@ -179,16 +184,7 @@ def _parser() -> argparse.ArgumentParser:
     )
     clean.add_argument("cluster_id", metavar="ID", help="the cluster's name, like ssh-1a2b3c")
     clean.add_argument("--hosts", metavar="H,...", help="its SSH hosts, like node1,node2")
-    clean.add_argument("--user", help="ssh login user on the hosts (default: yours)")
-    clean.add_argument(
-        "--identity",
-        metavar="FILE",
-        help="ssh private key (default: the ssh-agent's keys, then ~/.ssh/id_*)",
-    )
-    clean.add_argument("--known-hosts", metavar="FILE", help="known_hosts file to trust")
-    clean.add_argument(
-        "--port", type=int, help="sshd port of the hosts (default: the ssh config's, else 22)"
-    )
+    _ssh_options(clean)
     clean.add_argument(
         "--python", default="python3", help="a Python 3 on the hosts (default python3)"
     )
