@@ -127,6 +127,52 @@ def test_ompi_text_after_a_chunk_belongs_to_that_rank_until_the_next_tag() -> No
     ]
 
 
+RULE = b"-" * 74
+HELP_IN_A_LINE = (
+    b"[1,1]<stderr>: Traceback\n[1,1]<stderr>: ValueError"
+    b"[1,1]<stderr>: "
+    + RULE
+    + b"\nMPI_ABORT was invoked on rank 1\n\nNOTE: all killed.\n"
+    + RULE
+    + b"\n[1,1]<stderr>: : the same\n[1,1]<stderr>: \n"
+)
+
+
+def test_ompi_help_message_written_inside_a_line_does_not_cut_it() -> None:
+    # Open MPI writes its abort banner while the rank's pipe still holds the rest of the
+    # line Python writes in three pieces: the banner's lines come out whole, the line too.
+    expected = [
+        T(1, "stderr", "Traceback"),
+        T(1, "stderr", RULE.decode()),
+        T(1, "stderr", "MPI_ABORT was invoked on rank 1"),
+        T(1, "stderr", ""),
+        T(1, "stderr", "NOTE: all killed."),
+        T(1, "stderr", RULE.decode()),
+        T(1, "stderr", "ValueError: the same"),
+        T(1, "stderr", ""),
+    ]
+    assert run(OmpiChunkParser(), [HELP_IN_A_LINE]) == expected
+    for cut in range(len(HELP_IN_A_LINE) + 1):
+        chunks = [HELP_IN_A_LINE[:cut], HELP_IN_A_LINE[cut:]]
+        assert run(OmpiChunkParser(), chunks) == expected, f"split at {cut}"
+    assert run(OmpiChunkParser(), bytewise(HELP_IN_A_LINE)) == expected
+
+
+def test_ompi_chunk_of_dashes_is_text_when_no_line_is_open_or_it_is_no_rule() -> None:
+    # Without a line waiting, a rule is just the rank's next line; a shorter run of dashes
+    # inside a line is part of that line; a rule cut short by the end of output is text.
+    assert run(OmpiChunkParser(), [b"[1,0]<stdout>: " + RULE + b"\nx\n"]) == [
+        T(0, "stdout", RULE.decode()),
+        T(0, "stdout", "x"),
+    ]
+    assert run(OmpiChunkParser(), [b"[1,0]<stdout>: a[1,0]<stdout>: --b\n"]) == [
+        T(0, "stdout", "a--b")
+    ]
+    assert run(OmpiChunkParser(), [b"[1,0]<stdout>: a[1,0]<stdout>: ---"]) == [
+        T(0, "stdout", "a---")
+    ]
+
+
 def test_ompi_text_before_first_tag_is_launcher_text() -> None:
     assert run(OmpiChunkParser(), [b"launcher says\nprefix [1,4]<stdout>: rest\n"]) == [
         T(None, None, "launcher says"),
@@ -392,6 +438,28 @@ def test_ompi_any_chunking_gives_same_lines_and_loses_nothing(
             lines.pop()
         expected = [ln.removesuffix(b"\r").decode() for ln in lines]
         assert glued(whole, target) == (expected if clean else []), (target, raw)
+
+
+HELP = b"-" * 74 + b"\nhelp text\n" + b"-" * 74 + b"\n"
+
+
+@settings(max_examples=120, deadline=None, database=None)
+@given(
+    chunks=st.lists(
+        st.tuples(st.sampled_from(TARGETS), st.one_of(byte_texts, st.just(HELP))), max_size=10
+    ),
+    cuts=st.lists(st.integers(0, 600), max_size=30),
+)
+def test_ompi_help_messages_anywhere_any_chunking_gives_same_lines(
+    chunks: list[tuple[tuple[int, str], bytes]], cuts: list[int]
+) -> None:
+    data = b"".join(_tag(*target) + chunk for target, chunk in chunks)
+    whole = run(OmpiChunkParser(), [data])
+    assert run(OmpiChunkParser(), chunked(data, cuts)) == whole
+    assert run(OmpiChunkParser(), bytewise(data)) == whole
+    # A help message comes out as its own lines, whatever the rank had begun.
+    helps = sum(chunk == HELP for _, chunk in chunks)
+    assert sum(line.text == "help text" for line in whole) == helps
 
 
 @st.composite

@@ -8,6 +8,11 @@ on it (a 20 MB line without a newline kept it busy for minutes). :class:`OmpiChu
 joins each rank's chunks into lines again. MPICH's Hydra writes each rank's streams to their
 own files (``-outfile-pattern``), which :class:`LineSplitter` alone splits.
 
+Open MPI also writes its own help messages (the ``MPI_ABORT was invoked`` banner) behind a
+rank's tag, as one chunk between rules of dashes, and it may write one while that rank's pipe
+still holds the rest of a line (Python writes ``ValueError``, ``: `` and the message with
+three writes). Such a chunk comes out as lines of its own, the rank's line is not cut by it.
+
 Both keep a partial line until its newline arrives, replace bytes that are not UTF-8 (never
 raising), and cut a line longer than ``max_line`` bytes (:data:`MAX_LINE`, 1 MiB) into pieces
 at character boundaries: every piece but the line's last is marked ``partial`` (the line goes
@@ -76,6 +81,11 @@ class LineSplitter:
             del buf[:cut]
         return out
 
+    @property
+    def holding(self) -> bool:
+        """Whether part of a line is waiting for its newline."""
+        return bool(self._buf)
+
     def flush(self) -> list[Piece]:
         """Return what is left (a last line without newline), if anything."""
         out: list[Piece] = []
@@ -108,6 +118,8 @@ _TAG = re.compile(rb"\[(\d+),(\d+)\]<(stdout|stderr|stddiag)>: ")
 # The start of a tag, cut off at the end of what has arrived so far.
 _TAG_START = re.compile(rb"\[(?:\d+(?:,(?:\d+(?:\](?:<(?:[a-z]{1,7}(?:>:?)?)?)?)?)?)?)?")
 _LONGEST_TAG = 40
+# The rule of dashes above and below each of Open MPI's help messages.
+_RULE = b"-" * 74 + b"\n"
 
 
 class OmpiChunkParser:
@@ -117,44 +129,87 @@ class OmpiChunkParser:
 
     def __init__(self, max_line: int = MAX_LINE) -> None:
         self._max = max_line
-        self._pending = b""  # the start of a tag, maybe, until more arrives
+        self._pending = b""  # the start of a tag, or of a chunk, until more arrives
         self._target: tuple[int | None, str | None] = (None, None)
         self._lines: dict[tuple[int | None, str | None], LineSplitter] = {}
+        self._chunk_start = False  # a tag came, none of its chunk yet
+        self._aside: LineSplitter | None = None  # the lines of a help message in a line
 
     def feed(self, data: bytes) -> list[TaggedLine]:
         """Add bytes; return the tagged lines (and pieces) they complete."""
         buf = self._pending + data if self._pending else data
-        out: list[TaggedLine] = []
-        pos = 0
-        for m in _TAG.finditer(buf):
-            if m.start() > pos:
-                self._emit(buf[pos : m.start()], out)
-            self._target = (int(m.group(2)), _stream(m.group(3)))
-            pos = m.end()
-        hold = _tag_start_at_end(buf, pos)
-        if len(buf) - hold > pos:
-            self._emit(buf[pos : len(buf) - hold], out)
-        self._pending = buf[len(buf) - hold :] if hold else b""
-        return out
+        self._pending = b""
+        return self._parse(buf, final=False)
 
     def flush(self) -> list[TaggedLine]:
         """Return what is left at end of stream: every rank's last line without newline."""
-        out: list[TaggedLine] = []
-        if self._pending:
-            self._emit(self._pending, out)
-            self._pending = b""
+        out = self._parse(self._pending, final=True)
+        self._pending = b""
+        self._end_aside(out)
         for (rank, stream), splitter in self._lines.items():
             out.extend(TaggedLine(rank, stream, p.text, p.partial) for p in splitter.flush())
         self._lines.clear()
         return out
 
-    def _emit(self, raw: bytes, out: list[TaggedLine]) -> None:
-        target = self._target
+    def _parse(self, buf: bytes, *, final: bool) -> list[TaggedLine]:
+        out: list[TaggedLine] = []
+        pos = 0
+        last_tag = -1
+        for m in _TAG.finditer(buf):
+            if m.start() > pos:
+                self._emit(buf[pos : m.start()], out)
+            self._end_aside(out)
+            self._target = (int(m.group(2)), _stream(m.group(3)))
+            self._chunk_start = True
+            pos, last_tag = m.end(), m.start()
+        hold = 0 if final else _tag_start_at_end(buf, pos)
+        rest = buf[pos : len(buf) - hold]
+        if not final and last_tag >= 0 and self._undecided(rest):
+            # Whether this chunk is a help message decides where it goes: wait for more.
+            self._pending = buf[last_tag:]
+            return out
+        if rest:
+            self._emit(rest, out)
+        if hold:
+            self._pending = buf[len(buf) - hold :]
+        return out
+
+    def _undecided(self, chunk: bytes) -> bool:
+        """A chunk too short yet to tell whether it is a help message inside a line."""
+        splitter = self._lines.get(self._target)
+        return (
+            self._chunk_start
+            and len(chunk) < len(_RULE)
+            and _RULE.startswith(chunk)
+            and splitter is not None
+            and splitter.holding
+        )
+
+    def _splitter(self, target: tuple[int | None, str | None]) -> LineSplitter:
         splitter = self._lines.get(target)
         if splitter is None:
             splitter = self._lines[target] = LineSplitter(self._max)
+        return splitter
+
+    def _emit(self, raw: bytes, out: list[TaggedLine]) -> None:
+        target = self._target
+        splitter = self._splitter(target)
+        if self._chunk_start:
+            self._chunk_start = False
+            if raw.startswith(_RULE) and splitter.holding:
+                self._aside = LineSplitter(self._max)
+        if self._aside is not None:
+            splitter = self._aside
         rank, stream = target
         out.extend(TaggedLine(rank, stream, p.text, p.partial) for p in splitter.feed(raw))
+
+    def _end_aside(self, out: list[TaggedLine]) -> None:
+        """The end of a help message's chunk: its lines are out (and a last one without
+        newline, which a help message does not have)."""
+        if self._aside is not None:
+            rank, stream = self._target
+            out.extend(TaggedLine(rank, stream, p.text, p.partial) for p in self._aside.flush())
+            self._aside = None
 
 
 def _tag_start_at_end(buf: bytes, pos: int) -> int:
