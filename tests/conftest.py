@@ -22,6 +22,17 @@ REQUIRE_TESTBED = os.environ.get("CLUSTERBOOK_REQUIRE_TESTBED") == "1"
 HERE = Path(__file__).parent
 PROGRAMS = HERE / "programs"
 
+# Clusters the tests make go under a run root of this session's own (subprocesses too), so
+# that listing and pruning clusters sees the tests' clusters only, and none is left behind.
+if "CLUSTERBOOK_RUN_ROOT" not in os.environ:
+    import atexit
+    import shutil
+    import tempfile
+
+    _RUN_ROOT = tempfile.mkdtemp(prefix="clusterbook-runs-")
+    os.environ["CLUSTERBOOK_RUN_ROOT"] = _RUN_ROOT
+    atexit.register(shutil.rmtree, _RUN_ROOT, ignore_errors=True)
+
 # Open MPI refuses root unless told; bare mpirun calls in tests need the same.
 os.environ.setdefault("OMPI_ALLOW_RUN_AS_ROOT", "1")
 os.environ.setdefault("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1")

@@ -26,15 +26,19 @@ from clusterbook.errors import (
     NodeLostError,
     ProgramNotFoundError,
     ReadyTimeoutError,
+    RecordError,
     RemoteCommandError,
     RunDirError,
     SSHAuthError,
     SSHConnectError,
     SSHError,
     SSHTimeoutError,
+    UnknownClusterError,
 )
 
 if TYPE_CHECKING:
+    import pandas as pd
+
     from clusterbook.cluster import Cluster
     from clusterbook.launch.flavour import Launcher, MPIFlavour
     from clusterbook.launch.job import Job
@@ -92,14 +96,39 @@ __all__ = [
     "ProgramNotFoundError",
     "RankFailure",
     "ReadyTimeoutError",
+    "RecordError",
     "RemoteCommandError",
     "RunDirError",
     "SSHAuthError",
     "SSHConnectError",
     "SSHError",
     "SSHTimeoutError",
+    "UnknownClusterError",
+    "clusters",
     "load_ipython_extension",
+    "prune",
 ]
+
+
+def clusters() -> pd.DataFrame:
+    """The clusters this user has (their directories under the run root): one row each,
+    running ones first, newest first; ``state`` says ``stale`` for a cluster whose head
+    process is gone, ``damaged`` for an unreadable record (see
+    :data:`clusterbook.catalog.CLUSTER_DTYPES`)."""
+    from clusterbook.catalog import clusters_frame
+
+    return clusters_frame()
+
+
+def prune(older_than: float | str | None = None, *, dry_run: bool = False) -> list[str]:
+    """Remove the directories of clusters stopped, and of jobs ended, more than
+    ``older_than`` ago (``"7d"``; default: each cluster's own ``retention``); never a live
+    cluster's or a running job's. Returns what was removed (``dry_run``: what would be)."""
+    from clusterbook.catalog import prune as prune_dirs
+    from clusterbook.lifetime import parse_duration
+
+    keep = parse_duration(older_than, "older_than")
+    return [str(r.path) for r in prune_dirs(older_than=keep, dry_run=dry_run)]
 
 
 def load_ipython_extension(ipython: Any) -> None:

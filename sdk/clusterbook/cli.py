@@ -1,4 +1,6 @@
-"""The ``clusterbook`` command: ``demo`` and ``run``."""
+"""The ``clusterbook`` command: ``demo``, ``run``, ``cleanup`` and ``worker join``; the
+commands about clusters elsewhere (``ls``, ``status``, ``logs``, ``stop``, ``prune``) are in
+:mod:`clusterbook.cli_clusters`."""
 
 from __future__ import annotations
 
@@ -10,6 +12,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from clusterbook.cli_clusters import add_commands
 from clusterbook.errors import ClusterError, ConfigError
 from clusterbook.wording import speaking
 
@@ -189,6 +192,8 @@ def _parser() -> argparse.ArgumentParser:
         "--python", default="python3", help="a Python 3 on the hosts (default python3)"
     )
     clean.set_defaults(func=_cleanup)
+
+    add_commands(sub)
 
     worker = sub.add_parser("worker", help="run this machine as a node of an elastic cluster")
     worker_sub = worker.add_subparsers(title="worker commands")

@@ -3,17 +3,23 @@
 from __future__ import annotations
 
 import atexit
+import contextlib
+import logging
+import os
+import socket
 import threading
 import time
 import weakref
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from clusterbook import display
+from clusterbook import catalog, display
 from clusterbook.commands import runs_frame
-from clusterbook.errors import ClusterStateError
+from clusterbook.errors import ClusterError, ClusterStateError, RunDirError
 from clusterbook.events import Subscribers
+from clusterbook.keeper import Keeper
 from clusterbook.launch.flavour import Launcher, find_launcher
 from clusterbook.launch.job import Job
 from clusterbook.launch.prepare import (
@@ -25,22 +31,30 @@ from clusterbook.launch.prepare import (
     prepare,
     usable_nodes,
 )
+from clusterbook.lifetime import Lifetime
 from clusterbook.options import ClusterOptions
-from clusterbook.paths import default_run_root
+from clusterbook.paths import cluster_dir, default_run_root
 from clusterbook.progress import NodeWatch, bar, checked
 from clusterbook.providers.base import Provider, StartContext
 from clusterbook.providers.registry import make_provider
+from clusterbook.record import (
+    STOP_FILE,
+    ClusterRecord,
+    JobEntry,
+    is_stale,
+    read_record,
+    write_record,
+)
 from clusterbook.spec import NodeSpec, validate_timeout
-from clusterbook.status import ClusterSnapshot, nodes_frame, snapshot_of
+from clusterbook.status import ClusterSnapshot, job_status, nodes_frame, snapshot_of
 from clusterbook.transfer import gather_into, put_paths
 
 if TYPE_CHECKING:
-    import os
-
     import ipyparallel
     import pandas as pd
     from typing_extensions import Unpack
 
+    from clusterbook.attached import AttachedCluster
     from clusterbook.engines import EngineArgs
     from clusterbook.launch.prepare import JobArgs
     from clusterbook.options import ClusterOptionsArgs, ElasticArgs, SSHArgs
@@ -48,6 +62,7 @@ if TYPE_CHECKING:
 __all__ = ["Cluster", "default_run_root"]
 
 _LIVE: weakref.WeakSet[Cluster] = weakref.WeakSet()
+_log = logging.getLogger("clusterbook.cluster")
 
 
 class Cluster:
@@ -70,6 +85,11 @@ class Cluster:
         self.python = options.python
         self._state = "created"
         self._started: float | None = None
+        self._created = time.time()
+        self._started_at: float | None = None
+        self._stopped_at: float | None = None
+        self._stop_reason: str | None = None
+        self._keeper: Keeper | None = None
         self._launcher: Launcher | None = None
         self._jobs: list[Job] = []
         self._lock = threading.RLock()
@@ -85,7 +105,7 @@ class Cluster:
         is a :class:`ConfigError` listing the known ones."""
         args = dict(spec)
         kind = args.pop("kind", None)
-        own = {k: args.pop(k) for k in list(args) if k in ClusterOptions.__dataclass_fields__}
+        own = {k: args.pop(k) for k in list(args) if k in ClusterOptions.given_names()}
         provider = make_provider(kind, args)
         return cls(provider, ClusterOptions.make(provider.kind, **own))
 
@@ -124,6 +144,17 @@ class Cluster:
         bounds = {"min_nodes": min_nodes, "max_nodes": max_nodes}
         return cls.from_spec({"kind": "elastic", **bounds, **args})
 
+    @staticmethod
+    def attach(what: str | os.PathLike[str]) -> AttachedCluster:
+        """A handle on a cluster another kernel or process runs (or ran): ``what`` is its id
+        (``clusterbook ls``, ``cb.clusters()``), its name (the newest of that name) or its
+        directory. It shows the cluster's status and widget, reads and follows its jobs'
+        logs, and stops it. An unknown id is an :class:`UnknownClusterError` listing the
+        clusters there are; a directory that is not a cluster's, a :class:`RecordError`."""
+        from clusterbook.attached import AttachedCluster
+
+        return AttachedCluster.attach(what)
+
     @property
     def join_command(self) -> str | None:
         """For elastic clusters once started: the command a node joins with."""
@@ -154,6 +185,12 @@ class Cluster:
             self._launcher = find_launcher(self.python, opts.launcher, opts.mpi)
         return self._launcher
 
+    @property
+    def id(self) -> str:
+        """What other processes find the cluster by (``cb.clusters()``, ``clusterbook ls``,
+        ``Cluster.attach``): ``NAME-YYYYmmdd-HHMMSS``."""
+        return self._options.id
+
     def start(self, *, progress: bool | None = None) -> Cluster:
         """Find the MPI launcher, prepare the run directory, bring the nodes up (with a bar
         of the nodes up where someone watches; ``progress`` decides instead)."""
@@ -166,38 +203,102 @@ class Cluster:
                     f"Cluster {self.name!r} was stopped; make a new cluster to run again."
                 )
             launcher = self.launcher
-            make_run_dir(self.run_dir)
+            self._claim_run_dir()
             env, total = self._options.env, len(self._provider.node_statuses()) or None
-            with self._watch.showing(bar(progress, f"starting {self.name}", total, "node")):
-                ctx = StartContext(
-                    self.name, self.python, launcher, env, self._changed, self._watch.changed
-                )
-                self._provider.start(ctx)
+            self._state = "starting"
+            self._write_record()
+            try:
+                with self._watch.showing(bar(progress, f"starting {self.name}", total, "node")):
+                    ctx = StartContext(
+                        self.name, self.python, launcher, env, self._changed, self._watch.changed
+                    )
+                    self._provider.start(ctx)
+            except BaseException as exc:
+                self._state = "created"
+                self._write_record(state="stopped", reason=f"could not start: {exc}")
+                raise
             self._started = time.monotonic()
+            self._started_at = time.time()
             self._state = "running"
             _LIVE.add(self)
+            opts = self._options
+            self._keeper = Keeper(
+                self.run_dir,
+                Lifetime(opts.life_span, opts.idle_timeout),
+                record=self._record,
+                stop=self._stop_for,
+                busy=lambda: any(not j.done for j in self.jobs),
+                started=self._started_at,
+            ).start()
         self._changed()
+        threading.Thread(target=_prune_quietly, name="clusterbook-prune", daemon=True).start()
         return self
+
+    def _claim_run_dir(self) -> None:
+        """Make the run directory, unless another live cluster has it; make it findable.
+        A directory the cluster makes itself is new: its id is numbered past any taken."""
+        opts, n = self._options, 1
+        while opts.own_run_dir:
+            try:
+                opts.run_dir.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+                opts.run_dir.mkdir(mode=0o700)
+                break
+            except FileExistsError:
+                n += 1
+                base = self._options.id
+                opts = replace(
+                    opts, id=f"{base}-{n}", run_dir=opts.run_dir.with_name(f"{base}-{n}")
+                )
+            except OSError as exc:
+                raise RunDirError.from_os_error(opts.run_dir, exc) from exc
+        self._options = opts
+        make_run_dir(self.run_dir)
+        with contextlib.suppress(ClusterError):
+            other = read_record(self.run_dir)
+            if other.live and not is_stale(other) and other.head_pid != os.getpid():
+                raise ClusterStateError(
+                    f"run_dir {str(self.run_dir)!r} belongs to cluster {other.name!r}, which "
+                    "is running; give this cluster another run_dir (or none: a new one is made)."
+                )
+        catalog.link(self.run_dir, self.id)
 
     def stop(self) -> None:
         """Stop every job and release the nodes. Safe to call more than once."""
+        self._stop_for(None)
+
+    def _stop_for(self, reason: str | None) -> None:
         with self._lock:
             if self._state != "running":
-                self._state = "stopped"
+                if self._state == "created":
+                    self._state = "stopped"
                 return
             self._state = "stopping"
+            self._stop_reason = reason or "stop() was called"
             jobs = list(self._jobs)
+        if reason is not None:
+            _log.warning("Stopping cluster %s: %s.", self.name, reason)
+        self._write_record()
         try:
             self.stop_engines()
             for job in jobs:
                 if not job.done:
                     job.cancel()
         finally:
-            self._provider.stop()
-            with self._lock:
-                self._state = "stopped"
-                _LIVE.discard(self)
-            self._changed()
+            try:
+                self._provider.stop()
+            finally:
+                with self._lock:
+                    self._state = "stopped"
+                    self._stopped_at = time.time()
+                    _LIVE.discard(self)
+                keeper, self._keeper = self._keeper, None
+                if keeper is not None:
+                    keeper.close()
+                self._write_record()
+                (self.run_dir / STOP_FILE).unlink(missing_ok=True)
+                with contextlib.suppress(OSError):  # empty once the provider cleaned it
+                    cluster_dir(self.name).rmdir()
+                self._changed()
 
     def __enter__(self) -> Cluster:
         return self.start()
@@ -248,7 +349,7 @@ class Cluster:
         unreachable, names = self._provider.unreachable, [n.name for n in nodes]
         hooks = JobHooks(
             on_failure=self._provider.stop_job,
-            on_done=lambda _: self._changed(),
+            on_done=lambda _: self._changed(record=True),
             diagnose=lambda result: diagnose(unreachable(names), result),
         )
         with self._lock:
@@ -265,7 +366,7 @@ class Cluster:
                 hooks=hooks,
             )
             self._jobs.append(started)
-        self._changed()
+        self._changed(record=True)
         return started
 
     def put(self, *paths: str | os.PathLike[str], progress: bool | None = None) -> None:
@@ -331,6 +432,8 @@ class Cluster:
         """An immutable view of the cluster now (what widgets and ``status()`` render)."""
         with self._lock:
             jobs, state = list(self._jobs), self._state
+        keeper = self._keeper
+        left = keeper.time_left() if keeper is not None and state == "running" else None
         return snapshot_of(
             name=self.name,
             kind=self.kind,
@@ -342,6 +445,7 @@ class Cluster:
             uptime=None if self._started is None else time.monotonic() - self._started,
             problem=self._provider.problem(),
             bounds=self._provider.bounds,
+            time_left=left,
         )
 
     def subscribe(self, callback: Callable[[ClusterSnapshot], None]) -> Callable[[], None]:
@@ -350,13 +454,62 @@ class Cluster:
         thread that made the change and must be quick."""
         return self._subscribers.subscribe(callback)
 
-    def _changed(self) -> None:
+    def _changed(self, *, record: bool = False) -> None:
+        """Tell subscribers and the record (``record``: now, not at the keeper's next tick:
+        a job's start or end, which another process must see even if this one dies next)."""
         # Not under the cluster's lock: this runs on the provider's thread, which start()
         # may be waiting for with the lock held (a copy of the list is atomic).
         fail_on_lost_nodes(list(self._jobs), self._provider.unreachable)
         self._watch.changed()
+        keeper = self._keeper
+        if keeper is not None:
+            keeper.write() if record else keeper.changed()
         if len(self._subscribers):
             self._subscribers.publish(self.snapshot())
+
+    def _record(self, state: str | None = None, reason: str | None = None) -> ClusterRecord:
+        """The cluster as ``cluster.json`` tells other processes (:mod:`clusterbook.record`)."""
+        snap = self.snapshot()
+        opts, keeper = self._options, self._keeper
+        return ClusterRecord(
+            id=self.id,
+            name=self.name,
+            kind=self.kind,
+            state=state or self._state,
+            directory=str(self.run_dir),
+            created=self._created,
+            started=self._started_at,
+            stopped=self._stopped_at,
+            stop_reason=reason or self._stop_reason,
+            life_span=opts.life_span,
+            idle_timeout=opts.idle_timeout,
+            retention=opts.retention,
+            idle_since=keeper.idle_since if keeper else None,
+            head_pid=os.getpid(),
+            head_host=socket.gethostname(),
+            python=self.python,
+            launcher=snap.launcher,
+            nodes=snap.nodes,
+            jobs=tuple(_entry(job) for job in self.jobs),
+            problem=snap.problem,
+            min_nodes=snap.min_nodes,
+            max_nodes=snap.max_nodes,
+            updated=time.time(),
+        )
+
+    def _write_record(self, state: str | None = None, reason: str | None = None) -> None:
+        try:
+            write_record(self._record(state, reason))
+        except OSError as exc:
+            _log.warning("Could not write the record of cluster %s: %s", self.name, exc)
+
+    @property
+    def time_left(self) -> float | None:
+        """Seconds until the cluster stops by itself (``life_span``, ``idle_timeout``), if
+        one of them is set and it runs."""
+        keeper = self._keeper
+        left = keeper.time_left() if keeper is not None else None
+        return None if left is None else max(0.0, left[0])
 
     def status(self) -> pd.DataFrame:
         """One row per node: node, host, slots, state, ranks, job."""
@@ -387,6 +540,30 @@ class Cluster:
             raise ClusterStateError(
                 f"Cluster {self.name!r} is {self._state}; make a new cluster to {what}()."
             )
+
+
+def _entry(job: Job) -> JobEntry:
+    result, status = job.result, job_status(job)
+    return JobEntry(
+        id=job.id,
+        state=status.state,
+        directory=str(job.directory),
+        np=job.np,
+        argv=tuple(job.argv),
+        started=job.started,
+        ended=None if result is None else job.started + result.duration,
+        returncode=status.returncode,
+        failed_ranks=status.failed_ranks,
+        token=job.plan.job_token,
+    )
+
+
+def _prune_quietly() -> None:
+    """Remove what has outlived its clusters' retention (any cluster's start does it)."""
+    try:
+        catalog.prune()
+    except Exception:
+        _log.exception("Pruning old run directories failed.")
 
 
 @atexit.register

@@ -13,6 +13,8 @@ and what to do about it. Errors of third-party libraries are translated at the b
     ├── ClusterStateError                   the call does not fit the cluster's state
     ├── NodeLostError                       a node stopped heartbeating (``node``, ``host``)
     ├── RunDirError                         a job's files cannot be written (a full disk)
+    ├── RecordError                         a cluster.json that is missing or not a record
+    ├── UnknownClusterError (also LookupError)  no cluster by that id; lists those there are
     ├── ReadyTimeoutError (also TimeoutError)   wait_ready() gave up
     ├── SSHError                            something about a host's ssh; names the host
     │   ├── SSHConnectError                 refused, unreachable, connection lost
@@ -56,12 +58,14 @@ __all__ = [
     "NodeLostError",
     "ProgramNotFoundError",
     "ReadyTimeoutError",
+    "RecordError",
     "RemoteCommandError",
     "RunDirError",
     "SSHAuthError",
     "SSHConnectError",
     "SSHError",
     "SSHTimeoutError",
+    "UnknownClusterError",
 ]
 
 
@@ -113,6 +117,23 @@ class RunDirError(ClusterError):
             "the cluster another run_dir=.",
             path=os.fspath(path),
         )
+
+
+class RecordError(ClusterError):
+    """A cluster's record (``cluster.json``) is missing, unreadable or not a record; ``path``
+    names it."""
+
+    def __init__(self, message: str, *, path: os.PathLike[str] | str) -> None:
+        super().__init__(message)
+        self.path = os.fspath(path)
+
+
+class UnknownClusterError(ClusterError, LookupError):
+    """No cluster has the id (or name) asked for; ``known`` lists the ids there are."""
+
+    def __init__(self, message: str, *, known: tuple[str, ...]) -> None:
+        super().__init__(message)
+        self.known = known
 
 
 class ReadyTimeoutError(ClusterError, TimeoutError):

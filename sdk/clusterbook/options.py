@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, TypedDict
 
 from clusterbook.errors import ConfigError
 from clusterbook.launch.flavour import MPIFlavour
+from clusterbook.lifetime import parse_duration
 from clusterbook.paths import default_run_root
 from clusterbook.spec import validate_env
 
@@ -38,6 +39,9 @@ class ClusterOptionsArgs(TypedDict, total=False):
     launcher: str | None
     mpi: MPIFlavour | str | None
     env: Mapping[str, str] | None
+    life_span: float | str | None
+    idle_timeout: float | str | None
+    retention: float | str | None
 
 
 class SSHArgs(ClusterOptionsArgs, total=False):
@@ -110,11 +114,14 @@ class ClusterOptions:
     Attributes
     ----------
     name
-        Shown in status, names the run directory and the cluster's files on its nodes (1-63
-        letters, digits, '.', '-', '_'); default ``KIND-xxxxxx``.
+        Shown in status, names the cluster's files on its nodes (1-63 letters, digits, '.',
+        '-', '_'); default ``KIND-xxxxxx``.
+    id
+        What other processes find the cluster by: ``NAME-YYYYmmdd-HHMMSS`` as of when the
+        cluster is made (``-2``, ``-3``... added at start if another cluster has it).
     run_dir
-        Directory of the jobs' logs (default: ``NAME-YYYYmmdd-HHMMSS`` under
-        ``default_run_root()``, as of when the cluster is made).
+        The cluster's directory: its record (``cluster.json``) and its jobs' logs (default:
+        ``ID`` under ``default_run_root()``, made by the cluster: ``own_run_dir``).
     python
         The interpreter ``"python"`` in a job's argv stands for (default: this one); a
         relative path is made absolute.
@@ -123,19 +130,36 @@ class ClusterOptions:
         default the launcher next to ``python`` is used, then the one on PATH.
     env
         Variables every job's ranks get (a job's own ``env`` adds to them).
+    life_span, idle_timeout
+        Stop the cluster this long after it started, or after this long with no job running
+        (seconds, or text like ``"2h"``, ``"30m"``); a warning is logged a minute before.
+    retention
+        How long the directories of this cluster's finished jobs, and the cluster's own once
+        it stopped, are kept (``"7d"``): removed by the next cluster that starts, or by
+        ``clusterbook prune``. Default: kept until pruned by hand.
     """
 
     name: str
+    id: str
     run_dir: Path
+    own_run_dir: bool = False
     python: str = sys.executable
     launcher: str | None = None
     mpi: MPIFlavour | str | None = None
     env: Mapping[str, str] = field(default_factory=dict)
+    life_span: float | None = None
+    idle_timeout: float | None = None
+    retention: float | None = None
+
+    @classmethod
+    def given_names(cls) -> set[str]:
+        """The options a user gives (the others are made from them)."""
+        return {f.name for f in fields(cls)} - {"id", "own_run_dir"}
 
     @classmethod
     def make(cls, kind: str, **given: object) -> ClusterOptions:
         """Check ``given`` (a :class:`ClusterOptionsArgs`) for a cluster of ``kind``."""
-        known = {f.name for f in fields(cls)}
+        known = cls.given_names()
         unknown = sorted(set(given) - known)
         if unknown:
             raise ConfigError(
@@ -148,6 +172,7 @@ class ClusterOptions:
                 f"Cluster name {name!r} must be 1-63 letters, digits, '.', '-' or '_', "
                 "starting with a letter or digit."
             )
+        cluster_id = f"{name}-{time.strftime('%Y%m%d-%H%M%S')}"
         python = given.get("python")
         if python is not None and not isinstance(python, str):
             raise ConfigError(f"python must be the path of an interpreter, got {python!r}.")
@@ -164,13 +189,14 @@ class ClusterOptions:
             raise ConfigError(f"mpi must be 'openmpi' or 'mpich', got {mpi!r}.")
         return cls(
             name=name,
-            run_dir=Path(run_dir) if run_dir is not None else _new_run_dir(name),
+            id=cluster_id,
+            run_dir=Path(run_dir) if run_dir is not None else default_run_root() / cluster_id,
+            own_run_dir=run_dir is None,
             python=python or sys.executable,
             launcher=launcher,
             mpi=mpi,
             env=validate_env(given.get("env")),  # type: ignore[arg-type]
+            life_span=parse_duration(given.get("life_span"), "life_span"),
+            idle_timeout=parse_duration(given.get("idle_timeout"), "idle_timeout"),
+            retention=parse_duration(given.get("retention"), "retention"),
         )
-
-
-def _new_run_dir(name: str) -> Path:
-    return default_run_root() / f"{name}-{time.strftime('%Y%m%d-%H%M%S')}"

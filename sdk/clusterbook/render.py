@@ -24,6 +24,7 @@ from typing import Any
 from clusterbook.engines.config import ENGINE_MODULE
 from clusterbook.errors import ConfigError
 from clusterbook.launch.logs import LAUNCHER_RANK, LogRecord
+from clusterbook.lifetime import format_duration
 from clusterbook.status import ClusterSnapshot, JobStatus, NodeStatus
 
 __all__ = [
@@ -140,8 +141,9 @@ def _empty(cls: str, text: str) -> str:
 
 
 def render_header(snapshot: ClusterSnapshot) -> str:
-    """One line about the cluster: name, kind, state, rendezvous round, world size, uptime;
-    then what is wrong with the cluster itself, if anything (``snapshot.problem``).
+    """One line about the cluster: name, kind, state, rendezvous round, world size, uptime,
+    the time left before it stops by itself (if it will); then what is wrong with the cluster
+    itself, if anything (``snapshot.problem``).
 
     The round is the newest round any node is in ("—" when no node reports one); the world
     size counts the slots of nodes that have not been lost or left.
@@ -157,6 +159,10 @@ def render_header(snapshot: ClusterSnapshot) -> str:
         f"world size {slots} ({len(active)} node{'' if len(active) == 1 else 's'})",
         f"up {_seconds(snapshot.uptime)}",
     ]
+    if snapshot.time_left is not None:
+        left, bound = snapshot.time_left
+        parts.append(f'<span class="cb-time-left">stops in {_e(format_duration(left))} '
+                     f"({_e(bound)})</span>")  # fmt: skip
     header = '<div class="cb-header">' + " · ".join(parts) + "</div>"
     if snapshot.problem:  # the cluster's own trouble (a stale status, say) comes first
         header += f'<div class="cb-problem" {_FAILED}>{_e(snapshot.problem)}</div>'

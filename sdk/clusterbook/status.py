@@ -64,7 +64,9 @@ class JobStatus:
 class ClusterSnapshot:
     """A cluster as it is now: its nodes and its jobs; ``problem`` says what is wrong with
     the cluster itself, if anything (its status is stale, say); ``min_nodes`` and
-    ``max_nodes`` bound an elastic cluster's size (None for a fixed set of nodes)."""
+    ``max_nodes`` bound an elastic cluster's size (None for a fixed set of nodes);
+    ``time_left`` is when it stops by itself (seconds from now, and the bound: ``life_span``
+    or ``idle_timeout``), if it will."""
 
     name: str
     kind: str
@@ -77,6 +79,7 @@ class ClusterSnapshot:
     problem: str | None = None
     min_nodes: int | None = None
     max_nodes: int | None = None
+    time_left: tuple[float, str] | None = None  # seconds until it stops by itself, and why
 
     @property
     def total_slots(self) -> int:
@@ -96,6 +99,7 @@ NODE_COLUMNS = (
     "memory_used",
     "memory",
     "pid",
+    "time_left",
 )
 
 
@@ -116,15 +120,19 @@ NODE_DTYPES = {
     "memory_used": "Float64",
     "memory": "Int64",
     "pid": "Int64",
+    "time_left": "timedelta64[s]",  # until the cluster stops by itself (NaT: it will not)
 }
 
 
 def nodes_frame(snapshot: ClusterSnapshot) -> pd.DataFrame:
     """One row per node: node, host, slots, state (categorical, :data:`NODE_STATES`), ranks
     (of the running job), job, and for nodes with an agent round, heartbeat age (s), load,
-    memory used (%), memory (bytes) and pid (``<NA>`` elsewhere); dtypes :data:`NODE_DTYPES`."""
+    memory used (%), memory (bytes) and pid (``<NA>`` elsewhere), and the time left before
+    the cluster stops by itself (``life_span``, ``idle_timeout``; NaT if it will not); dtypes
+    :data:`NODE_DTYPES`."""
     import pandas as pd
 
+    left = None if snapshot.time_left is None else pd.Timedelta(round(snapshot.time_left[0]), "s")
     rows = [
         (
             n.name,
@@ -139,6 +147,7 @@ def nodes_frame(snapshot: ClusterSnapshot) -> pd.DataFrame:
             n.memory_used,
             n.memory,
             n.pid,
+            left,
         )
         for n in snapshot.nodes
     ]
@@ -182,6 +191,7 @@ def snapshot_of(
     uptime: float | None,
     problem: str | None,
     bounds: tuple[int, int] | None,
+    time_left: tuple[float, str] | None = None,
 ) -> ClusterSnapshot:
     """A cluster's snapshot from its parts."""
     return ClusterSnapshot(
@@ -196,6 +206,7 @@ def snapshot_of(
         problem=problem,
         min_nodes=bounds[0] if bounds else None,
         max_nodes=bounds[1] if bounds else None,
+        time_left=time_left,
     )
 
 

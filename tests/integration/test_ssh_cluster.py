@@ -4,9 +4,9 @@ bootstrap, MPI across hosts with both flavours, host key refusal, clean-up."""
 from __future__ import annotations
 
 import contextlib
-import shutil
 import stat
 import time
+import warnings
 
 import psutil
 import pytest
@@ -165,27 +165,25 @@ def test_node_to_node_ssh_refuses_a_changed_key(testbed, mpi_python, tmp_path):
     cluster = ssh_cluster(testbed, mpi_python, tmp_path, env={"TRICKY": "x"})
     cluster.start()
     try:
-        victim.swap_host_key()  # after bootstrap: the launcher's own ssh must refuse it
+        # After bootstrap, a key rotated by a restart of its sshd (the node's agent stays
+        # connected): the launcher's own ssh must refuse it. (A host reinstalled outright
+        # would end the agent's session too, and be reported lost instead.)
+        victim.swap_host_key(keep_sessions=True)
         job = cluster.mpirun(["python", str(script)], np=len(testbed.hosts), timeout=60)
         result = job.wait()
         assert not result.ok
         text = "\n".join(job.logs().line)
         assert "Host key verification failed" in text or "CHANGED" in text, text
     finally:
-        # stop() will not talk to a host whose key changed, and says so.
-        with pytest.warns(cb.CleanupWarning, match=rf"{victim.addr}: .*CHANGED"):
+        # The head's own connection to the victim, checked when it was made, is still
+        # there: stop() cleans that host as every other.
+        with warnings.catch_warnings():
+            warnings.simplefilter("error", cb.CleanupWarning)
             cluster.stop()
-        # What an administrator then does by hand on that host:
-        keys = victim.authorized_keys
-        keys.write_text(
-            "".join(
-                ln for ln in keys.read_text().splitlines(keepends=True) if "clusterbook:" not in ln
-            )
-        )
-        shutil.rmtree(cluster_dir(victim, cluster))
         testbed.write_known_hosts()
-    for h in testbed.hosts[:2]:
+    for h in testbed.hosts:
         assert not cluster_dir(h, cluster).exists()
+        assert "clusterbook:" not in h.authorized_keys.read_text()
 
 
 def test_link_down_is_reported_with_the_host(testbed, tmp_path, openmpi_python):

@@ -28,6 +28,8 @@ from clusterbook.spec import validate_timeout
 if TYPE_CHECKING:
     import pandas as pd
 
+    from clusterbook.launch.saved import SavedJob
+
 __all__ = ["Job"]
 
 _READ = 65536
@@ -90,6 +92,8 @@ class Job:
             "flavour": plan.launcher.flavour.value,
             "launcher_argv": command.argv,
             "started": time.time(),
+            "hosts": {str(rank): host for rank, host in store.hosts.items()},
+            "token": plan.job_token,
         }
         path = directory / "hostfile"
         try:
@@ -117,6 +121,15 @@ class Job:
         threading.Thread(target=self._supervise, name=f"clusterbook-{job_id}", daemon=True).start()
 
     # -- public API -----------------------------------------------------------------------
+
+    @staticmethod
+    def load(directory: str | os.PathLike[str]) -> SavedJob:
+        """A job read from its directory (``job.directory``, ``RUN_DIR/jobs/job-0001``): its
+        logs, and its result once it has ended; from another process, or long after. A
+        directory that is not a job's is a :class:`~clusterbook.errors.RecordError`."""
+        from clusterbook.launch.saved import SavedJob
+
+        return SavedJob(directory)
 
     @property
     def pid(self) -> int:

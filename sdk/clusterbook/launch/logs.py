@@ -30,6 +30,7 @@ __all__ = [
     "LiveText",
     "LogRecord",
     "LogStore",
+    "parse_log_line",
     "read_log_file",
     "records_frame",
 ]
@@ -290,16 +291,20 @@ def records_frame(records: Iterable[LogRecord]) -> pd.DataFrame:
     return frame
 
 
+def parse_log_line(raw: str, rank: int, host: str = "?") -> LogRecord:
+    """A record from a line of a ``rank-N.log`` file (without its newline)."""
+    stamp, _, rest = raw.partition(" ")
+    short, _, line = rest.partition(" ")
+    try:
+        when = datetime.fromisoformat(stamp).timestamp()
+    except ValueError:  # not a line the store wrote: kept whole, undated
+        return LogRecord(0.0, rank, host, "stdout", raw)
+    stream = _LONG.get(short.rstrip("+"), "stdout")
+    return LogRecord(when, rank, host, stream, line, short.endswith("+"))
+
+
 def read_log_file(path: Path, rank: int, host: str = "?") -> list[LogRecord]:
     """Read a ``rank-N.log`` file back into records (to page in lines the buffer dropped)."""
-    out: list[LogRecord] = []
     # Lines end at "\n" only: a rank's "\r" (a progress bar) is part of its line.
     with open(path, encoding="utf-8", errors="replace", newline="\n") as f:
-        for raw in f:
-            stamp, _, rest = raw.rstrip("\n").partition(" ")
-            short, _, line = rest.partition(" ")
-            when = datetime.fromisoformat(stamp).timestamp()
-            partial = short.endswith("+")
-            stream = _LONG.get(short.rstrip("+"), "stdout")
-            out.append(LogRecord(when, rank, host, stream, line, partial))
-    return out
+        return [parse_log_line(raw.removesuffix("\n"), rank, host) for raw in f]

@@ -175,6 +175,30 @@ class JobResult:
         data["rank_times"] = {str(k): list(v) for k, v in self.rank_times.items()}
         return data
 
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> JobResult:
+        """The result :meth:`to_dict` gave (as ``result.json`` holds it)."""
+        failed = tuple(
+            RankFailure(f["rank"], f["host"], f["exit_code"], tuple(f["last_lines"]))
+            for f in data.get("failed", ())
+        )
+        times = data.get("rank_times", {})
+        return cls(
+            job_id=data["job_id"],
+            returncode=data["returncode"],
+            rank_exit_codes={int(k): v for k, v in data.get("rank_exit_codes", {}).items()},
+            failed=failed,
+            duration=data["duration"],
+            timed_out=bool(data.get("timed_out")),
+            cancelled=bool(data.get("cancelled")),
+            launcher_tail=tuple(data.get("launcher_tail", ())),
+            error=data.get("error"),
+            notes=tuple(data.get("notes", ())),
+            rank_hosts={int(k): v for k, v in data.get("rank_hosts", {}).items()},
+            rank_times={int(k): (v[0], v[1]) for k, v in times.items()},
+            attempt=int(data.get("attempt", 1)),
+        )
+
 
 def failed_ranks(
     exit_order: list[int], exit_codes: Mapping[int, int], *, stopped_by_us: set[int]

@@ -1,0 +1,235 @@
+"""A handle on a cluster another process runs: ``cb.Cluster.attach(id_or_dir)``.
+
+Everything it knows comes from the cluster's directory: the record (``cluster.json``) for
+status, the job directories for logs and results. It stops the cluster the way anyone who can
+write the directory can: with the stop file, which the head acts on within a second. When the
+head is gone (the record is *stale*: its process was killed), ``stop()`` itself stops what the
+head left behind on this machine (the processes of its jobs) and marks the record stopped; two
+processes doing that at once are serialised by a lock on the directory.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import os
+import shutil
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import replace
+from typing import TYPE_CHECKING, Any
+
+from clusterbook import display
+from clusterbook.catalog import Found, find
+from clusterbook.errors import ClusterStateError
+from clusterbook.events import Subscribers
+from clusterbook.launch.guard import kill_tagged
+from clusterbook.launch.saved import SavedJob
+from clusterbook.paths import cluster_dir
+from clusterbook.record import (
+    STOP_FILE,
+    ClusterRecord,
+    JobEntry,
+    is_stale,
+    read_record,
+    snapshot_from,
+    write_record,
+)
+from clusterbook.status import ClusterSnapshot, nodes_frame
+
+if TYPE_CHECKING:
+    import pandas as pd
+
+__all__ = ["AttachedCluster"]
+
+_POLL = 0.1
+
+
+class AttachedCluster:
+    """A cluster run by another process, seen and stopped through its directory."""
+
+    def __init__(self, found: Found) -> None:
+        assert found.record is not None
+        self.run_dir = found.path
+        self._record = found.record
+        self._stale = found.stale
+        self._subscribers: Subscribers[ClusterSnapshot] = Subscribers()
+        self._poller: threading.Thread | None = None
+        self._poll_stop = threading.Event()
+        self._jobs: dict[str, SavedJob] = {}
+
+    @classmethod
+    def attach(cls, what: str | os.PathLike[str]) -> AttachedCluster:
+        found = find(what)
+        if found.error is not None:
+            raise found.error
+        return cls(found)
+
+    # -- what the record says --------------------------------------------------------------
+
+    def refresh(self) -> ClusterRecord:
+        """Read the record again (the head rewrites it on every change)."""
+        with contextlib.suppress(Exception):  # a record being replaced: keep the last one
+            self._record = read_record(self.run_dir)
+        self._stale = is_stale(self._record)
+        return self._record
+
+    @property
+    def record(self) -> ClusterRecord:
+        return self.refresh()
+
+    @property
+    def id(self) -> str:
+        return self._record.id
+
+    @property
+    def name(self) -> str:
+        return self._record.name
+
+    @property
+    def kind(self) -> str:
+        return self._record.kind
+
+    @property
+    def state(self) -> str:
+        """The head's word (starting, running, stopping, stopped), or ``stale``: the record
+        says it runs, but its head process is gone."""
+        record = self.refresh()
+        return "stale" if self._stale else record.state
+
+    @property
+    def time_left(self) -> float | None:
+        """Seconds until the cluster stops by itself, if it will."""
+        left = self.snapshot().time_left
+        return None if left is None else left[0]
+
+    def snapshot(self) -> ClusterSnapshot:
+        return snapshot_from(self.refresh(), now=time.time(), stale=self._stale)
+
+    def status(self) -> pd.DataFrame:
+        """One row per node, as the head last wrote it (columns as ``Cluster.status()``)."""
+        return nodes_frame(self.snapshot())
+
+    @property
+    def jobs(self) -> list[SavedJob]:
+        """The cluster's jobs, oldest first, read from their directories."""
+        out = []
+        for entry in self.refresh().jobs:
+            job = self._jobs.get(entry.id)
+            if job is None:
+                with contextlib.suppress(Exception):  # a job whose files are gone
+                    job = self._jobs[entry.id] = SavedJob(entry.directory)
+            if job is not None:
+                out.append(job)
+        return out
+
+    def job(self, job_id: str | None = None) -> SavedJob:
+        """A job by id (``job-0001``), or the newest one."""
+        jobs = self.jobs
+        if not jobs:
+            raise ClusterStateError(f"Cluster {self.id} has run no job yet.")
+        if job_id is None:
+            return jobs[-1]
+        for job in jobs:
+            if job.id == job_id:
+                return job
+        known = ", ".join(j.id for j in jobs)
+        raise ClusterStateError(f"Cluster {self.id} has no job {job_id!r}; its jobs: {known}.")
+
+    def subscribe(self, callback: Callable[[ClusterSnapshot], None]) -> Callable[[], None]:
+        """Call ``callback(snapshot)`` whenever the head rewrites the record (polled)."""
+        unsubscribe = self._subscribers.subscribe(callback)
+        if self._poller is None:
+            self._poller = threading.Thread(
+                target=self._poll, name="clusterbook-attached", daemon=True
+            )
+            self._poller.start()
+        return unsubscribe
+
+    def _poll(self) -> None:
+        seen = self._record.updated
+        while not self._poll_stop.wait(_POLL * 5):
+            record = self.refresh()
+            if record.updated != seen or self._stale:
+                seen = record.updated
+                if len(self._subscribers):
+                    self._subscribers.publish(self.snapshot())
+            if not record.live or self._stale:
+                return
+
+    # -- stopping ----------------------------------------------------------------------------
+
+    def stop(self, timeout: float = 30.0) -> None:
+        """Stop the cluster: its head stops it within a second of seeing the stop file;
+        a head that is gone leaves this process to stop what is left. Returns once it is
+        stopped; :class:`ClusterStateError` if the head has not stopped it in ``timeout`` s."""
+        record = self.refresh()
+        if not record.live:
+            return
+        if self._stale:
+            self._clean_after_dead_head()
+            return
+        with contextlib.suppress(FileExistsError):
+            (self.run_dir / STOP_FILE).touch()
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            record = self.refresh()
+            if not record.live:
+                return
+            if self._stale:
+                self._clean_after_dead_head()
+                return
+            time.sleep(_POLL)
+        raise ClusterStateError(
+            f"Cluster {self.id} is still {record.state} {timeout:g} s after its stop file was "
+            f"written; its head (pid {record.head_pid} on {record.head_host}) did not act on it."
+        )
+
+    def _clean_after_dead_head(self) -> None:
+        """Stop what a killed head left here: its jobs' processes, its files; mark the record
+        stopped. One process does it; another one asking at the same time waits for it."""
+        with open(self.run_dir / ".stop.lock", "w") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)  # the second one waits here, then finds it done
+            record = read_record(self.run_dir)
+            if not record.live:
+                return
+            tokens = [j.token for j in record.jobs if j.token and j.state == "running"]
+            if tokens:
+                kill_tagged(tokens, 1.0)
+            shutil.rmtree(cluster_dir(record.name), ignore_errors=True)
+            now = time.time()
+            jobs = tuple(
+                j if j.state != "running" else _ended(j, now, "cancelled") for j in record.jobs
+            )
+            write_record(
+                replace(
+                    record,
+                    state="stopped",
+                    stopped=now,
+                    stop_reason=f"its head (pid {record.head_pid}) was gone; stopped by pid "
+                    f"{os.getpid()}",
+                    jobs=jobs,
+                    updated=now,
+                )
+            )
+        self.refresh()
+        (self.run_dir / STOP_FILE).unlink(missing_ok=True)
+
+    # -- display -----------------------------------------------------------------------------
+
+    def __repr__(self) -> str:
+        record = self.refresh()
+        state = "stale" if self._stale else record.state
+        slots = sum(n.slots for n in record.nodes)
+        return (
+            f"<Cluster {record.name!r} {record.kind} {state} (attached, {record.id}): "
+            f"{len(record.nodes)} nodes, {slots} slots>"
+        )
+
+    def _repr_mimebundle_(self, **kwargs: Any) -> dict[str, Any]:
+        return display.mimebundle(self, **kwargs)
+
+
+def _ended(job: JobEntry, now: float, state: str) -> JobEntry:
+    return replace(job, state=state, ended=now)

@@ -1,0 +1,184 @@
+"""The ``clusterbook`` commands about clusters that run (or ran) elsewhere: ``ls``, ``status``,
+``logs``, ``stop`` and ``prune``. They read the clusters' directories; ``stop`` writes a stop
+file the head acts on (see :mod:`clusterbook.attached`)."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from collections.abc import Iterable, Sequence
+from datetime import datetime
+
+from clusterbook.lifetime import format_duration, parse_duration
+
+__all__ = ["add_commands"]
+
+
+def add_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """Add the commands to the ``clusterbook`` parser's subcommands."""
+    ls = sub.add_parser(
+        "ls",
+        help="list your clusters, running ones first",
+        description="List the clusters under the run directory root: running ones first, "
+        "'stale' where the process that ran a cluster is gone.",
+    )
+    ls.set_defaults(func=_ls)
+
+    status = sub.add_parser("status", help="a cluster's nodes and jobs")
+    status.add_argument("cluster", metavar="ID", help="a cluster's id, name or directory")
+    status.set_defaults(func=_status)
+
+    logs = sub.add_parser(
+        "logs",
+        help="print a job's output",
+        description="Print the output of JOB (default: the cluster's newest job), each line "
+        "behind its rank.",
+    )
+    logs.add_argument("cluster", metavar="ID", help="a cluster's id, name or directory")
+    logs.add_argument("job", nargs="?", metavar="JOB", help="a job id, like job-0001")
+    logs.add_argument(
+        "-f", "--follow", action="store_true", help="keep printing output until the job ends"
+    )
+    logs.add_argument("--rank", type=int, metavar="R", help="only rank R (-1: the launcher)")
+    logs.set_defaults(func=_logs)
+
+    stop = sub.add_parser(
+        "stop",
+        help="stop a cluster another process runs",
+        description="Stop cluster ID: its head stops its jobs and nodes within a second. When "
+        "the process that ran it is gone, stop what it left on this machine.",
+    )
+    stop.add_argument("cluster", metavar="ID", help="a cluster's id, name or directory")
+    stop.add_argument(
+        "--timeout", type=float, default=30.0, metavar="S", help="seconds to wait (default 30)"
+    )
+    stop.set_defaults(func=_stop)
+
+    prune = sub.add_parser(
+        "prune",
+        help="remove the directories of old clusters and jobs",
+        description="Remove the directories of clusters that stopped, and of jobs that ended, "
+        "longer ago than --older-than (default: each cluster's own retention). A running "
+        "cluster's or job's files are never removed.",
+    )
+    prune.add_argument("--older-than", metavar="AGE", help="like 7d, 12h, 30m")
+    prune.add_argument(
+        "--dry-run", action="store_true", help="print what would be removed; remove nothing"
+    )
+    prune.set_defaults(func=_prune)
+
+
+def _table(headers: Sequence[str], rows: Iterable[Sequence[str]]) -> str:
+    rows = [list(map(str, r)) for r in rows]
+    widths = [max([len(h), *(len(r[i]) for r in rows)]) for i, h in enumerate(headers)]
+    lines = [headers, *rows]
+    return "\n".join("  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip()
+                     for r in lines)  # fmt: skip
+
+
+def _when(seconds: float | None) -> str:
+    if seconds is None:
+        return "-"
+    return datetime.fromtimestamp(seconds).strftime("%Y-%m-%d %H:%M:%S")
+
+
+def _ls(args: argparse.Namespace) -> int:
+    from clusterbook.catalog import ordered, scan, time_left
+
+    now = time.time()
+    found = ordered(list(scan()))
+    if not found:
+        print("No clusters.")
+        return 0
+    rows = []
+    for f in found:
+        r = f.record
+        if r is None:
+            rows.append([f.id, "-", "-", "damaged", "-", "-", "-", "-", "-"])
+            continue
+        running = sum(j.state == "running" for j in r.jobs)
+        jobs = f"{len(r.jobs)}" + (f" ({running} running)" if running else "")
+        rows.append([
+            r.id, r.name, r.kind, f.state, str(len(r.nodes)), str(sum(n.slots for n in r.nodes)),
+            jobs, _when(r.created), time_left(r, now) or "-",
+        ])  # fmt: skip
+    headers = ["ID", "NAME", "KIND", "STATE", "NODES", "SLOTS", "JOBS", "CREATED", "TIME LEFT"]
+    print(_table(headers, rows))
+    return 0
+
+
+def _status(args: argparse.Namespace) -> int:
+    from clusterbook.attached import AttachedCluster
+
+    cluster = AttachedCluster.attach(args.cluster)
+    snap = cluster.snapshot()
+    record = cluster.record
+    line = f"{snap.name} ({record.id}) {snap.kind} {snap.state}"
+    if snap.uptime is not None:
+        line += f", up {format_duration(snap.uptime)}"
+    if snap.time_left is not None:
+        line += f", stops in {format_duration(snap.time_left[0])} ({snap.time_left[1]})"
+    if record.stop_reason and not record.live:
+        line += f", stopped: {record.stop_reason}"
+    print(line)
+    print(f"directory: {record.directory}")
+    if snap.problem:
+        print(f"problem: {snap.problem}")
+    print()
+    rows = [
+        [n.name, n.host, str(n.slots), n.state, ",".join(map(str, n.ranks)) or "-", n.job or "-"]
+        for n in snap.nodes
+    ]
+    print(_table(["NODE", "HOST", "SLOTS", "STATE", "RANKS", "JOB"], rows) if rows else "No nodes.")
+    print()
+    jobs = [
+        [j.id, j.state, str(j.np), "-" if j.returncode is None else str(j.returncode),
+         "-" if j.duration is None else f"{j.duration:.1f}s", " ".join(j.argv)]
+        for j in snap.jobs
+    ]  # fmt: skip
+    print(_table(["JOB", "STATE", "NP", "EXIT", "TIME", "COMMAND"], jobs) if jobs else "No jobs.")
+    return 0
+
+
+def _logs(args: argparse.Namespace) -> int:
+    from clusterbook.attached import AttachedCluster
+    from clusterbook.launch.logs import LAUNCHER_RANK, LiveText
+
+    job = AttachedCluster.attach(args.cluster).job(args.job)
+    live = LiveText()
+    records = job.stream() if args.follow else job.records(args.rank)
+    for record in records:
+        if args.rank is not None and record.rank != args.rank:
+            continue
+        prefix = "[launcher]" if record.rank == LAUNCHER_RANK else f"[{record.rank}]"
+        out = sys.stdout if record.stream == "stdout" else sys.stderr
+        print(live.render(record, prefix), file=out, end="", flush=True)
+    return 0
+
+
+def _stop(args: argparse.Namespace) -> int:
+    from clusterbook.attached import AttachedCluster
+
+    cluster = AttachedCluster.attach(args.cluster)
+    before = cluster.state
+    if before == "stopped":
+        print(f"Cluster {cluster.id} was already stopped.")
+        return 0
+    cluster.stop(timeout=args.timeout)
+    reason = cluster.record.stop_reason or "stopped"
+    print(f"Cluster {cluster.id} stopped ({reason}).")
+    return 0
+
+
+def _prune(args: argparse.Namespace) -> int:
+    from clusterbook.catalog import prune
+
+    keep = parse_duration(args.older_than, "--older-than")
+    removals = prune(older_than=keep, dry_run=args.dry_run)
+    verb = "would remove" if args.dry_run else "removed"
+    for removal in removals:
+        print(f"{verb} {removal.path} ({removal.why})")
+    if not removals:
+        print("Nothing to remove.")
+    return 0

@@ -1,0 +1,186 @@
+"""A job seen through its directory: from another process, or long after it ended.
+
+A job's directory holds ``job.json`` (what it runs, written at its start), ``rank-N.log`` and
+``launcher.log`` (every line as it arrived, see :mod:`clusterbook.launch.logs`) and, once it
+ended, ``result.json``. :class:`SavedJob` reads them: ``logs()``, ``result``, ``wait()`` and a
+live ``stream()`` that follows the files while the job runs. ``cb.Job.load(directory)`` makes
+one.
+"""
+
+from __future__ import annotations
+
+import heapq
+import json
+import os
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from clusterbook.errors import JobTimeoutError, RecordError
+from clusterbook.launch.logs import LAUNCHER_RANK, LogRecord, parse_log_line, records_frame
+from clusterbook.launch.result import JobResult
+from clusterbook.spec import validate_timeout
+
+if TYPE_CHECKING:
+    import pandas as pd
+
+__all__ = ["SavedJob"]
+
+_POLL = 0.1
+
+
+class SavedJob:
+    """A job read from its directory (see the module's docstring).
+
+    ``cancel`` is what the cluster that runs it gives (an attached cluster's handle passes
+    one); a job loaded on its own cannot be cancelled from here.
+    """
+
+    def __init__(
+        self, directory: str | os.PathLike[str], *, cancel: Callable[[str], object] | None = None
+    ) -> None:
+        self.directory = Path(directory)
+        info = _read_json(self.directory / "job.json", "a job's directory")
+        try:
+            self.id: str = str(info["id"])
+            self.np: int = int(info["np"])
+            self.argv: list[str] = [str(a) for a in info["argv"]]
+            self.started: float = float(info.get("started", 0.0))
+            self._hosts = {int(k): str(v) for k, v in info.get("hosts", {}).items()}
+        except (KeyError, TypeError, ValueError, AttributeError) as exc:
+            raise RecordError(
+                f"{self.directory / 'job.json'} is not a job's record ({exc!r}).",
+                path=self.directory / "job.json",
+            ) from exc
+        self._cancel = cancel
+        self._result: JobResult | None = None
+
+    # -- state ---------------------------------------------------------------------------
+
+    @property
+    def result(self) -> JobResult | None:
+        """The result once the job has ended (its ``result.json`` is there), else None."""
+        if self._result is None and (self.directory / "result.json").exists():
+            data = _read_json(self.directory / "result.json", "a job's result")
+            self._result = JobResult.from_dict(data)
+            hosts = self._result.rank_hosts
+            self._hosts.update({r: h for r, h in hosts.items() if h != "?"})
+        return self._result
+
+    @property
+    def done(self) -> bool:
+        return self.result is not None
+
+    def wait(self, timeout: float | None = None) -> JobResult:
+        """Wait for the job's result (``timeout``: for this wait only, as ``Job.wait``)."""
+        limit = validate_timeout(timeout)
+        deadline = None if limit is None else time.monotonic() + limit
+        while (result := self.result) is None:
+            if deadline is not None and time.monotonic() >= deadline:
+                raise JobTimeoutError(
+                    f"Job {self.id} is still running after waiting {limit:g} s; wait longer, "
+                    "or cancel it.",
+                    timeout=limit or 0.0,
+                )
+            time.sleep(_POLL)
+        return result
+
+    def cancel(self) -> JobResult:
+        """Stop the job through the cluster that runs it, and wait for its end."""
+        if self.result is None:
+            if self._cancel is None:
+                from clusterbook.errors import ClusterStateError
+
+                raise ClusterStateError(
+                    f"Job {self.id} was loaded from {self.directory}; cancel it through its "
+                    "cluster: cb.Cluster.attach(ID).jobs[...].cancel(), or clusterbook stop ID."
+                )
+            self._cancel(self.id)
+        return self.wait()
+
+    # -- output --------------------------------------------------------------------------
+
+    def logs(self, rank: int | None = None) -> pd.DataFrame:
+        """Every line the job's files hold so far, in the order they arrived (columns as
+        ``Job.logs()``); ``rank`` keeps one rank's (-1: the launcher's)."""
+        return records_frame(self.records(rank))
+
+    def records(self, rank: int | None = None) -> list[LogRecord]:
+        """What :meth:`logs` holds, as :class:`LogRecord` values."""
+        self.result  # noqa: B018 - reads the hosts the result knows
+        files = self._files() if rank is None else [(rank, self._log_path(rank))]
+        per_file = [list(_read(path, r, self._hosts.get(r, "?"))) for r, path in files]
+        return list(heapq.merge(*per_file, key=lambda rec: rec.time))
+
+    def stream(self, *, from_start: bool = True) -> Iterator[LogRecord]:
+        """Yield records as they reach the files, until the job has ended and every file
+        is read (``from_start=False``: only what comes from now on)."""
+        offsets: dict[Path, int] = {}
+        if not from_start:
+            offsets = {path: path.stat().st_size for _, path in self._files()}
+        while True:
+            ended = self.result is not None  # before reading: nothing written after is missed
+            batch: list[LogRecord] = []
+            for rank, path in self._files():
+                batch += self._read_new(path, rank, offsets)
+            batch.sort(key=lambda rec: rec.time)
+            yield from batch
+            if ended:
+                return
+            time.sleep(_POLL)
+
+    def _read_new(self, path: Path, rank: int, offsets: dict[Path, int]) -> list[LogRecord]:
+        start = offsets.get(path, 0)
+        try:
+            with open(path, "rb") as f:
+                f.seek(start)
+                data = f.read()
+        except FileNotFoundError:
+            return []
+        end = data.rfind(b"\n") + 1  # a line being written is read once it is whole
+        offsets[path] = start + end
+        host = self._hosts.get(rank, "?")
+        text = data[:end].decode("utf-8", errors="replace")
+        return [parse_log_line(line, rank, host) for line in text.split("\n")[:-1]]
+
+    def _files(self) -> list[tuple[int, Path]]:
+        found = []
+        for path in self.directory.glob("*.log"):
+            if path.name == "launcher.log":
+                found.append((LAUNCHER_RANK, path))
+            elif path.name.startswith("rank-") and path.stem[5:].isdigit():
+                found.append((int(path.stem[5:]), path))
+        return sorted(found)
+
+    def _log_path(self, rank: int) -> Path:
+        return self.directory / ("launcher.log" if rank == LAUNCHER_RANK else f"rank-{rank}.log")
+
+    def __repr__(self) -> str:
+        result = self.result
+        state = "running" if result is None else ("ok" if result.ok else "failed")
+        return f"<Job {self.id} np={self.np} {state} argv={self.argv!r} (from {self.directory})>"
+
+
+def _read(path: Path, rank: int, host: str) -> Iterator[LogRecord]:
+    try:
+        with open(path, encoding="utf-8", errors="replace", newline="\n") as f:
+            for raw in f:
+                if raw.endswith("\n"):  # a line being written is not one yet
+                    yield parse_log_line(raw[:-1], rank, host)
+    except FileNotFoundError:
+        return
+
+
+def _read_json(path: Path, what: str) -> dict[str, Any]:
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError as exc:
+        raise RecordError(
+            f"{path.parent} is not {what}: it has no {path.name}.", path=path
+        ) from exc
+    except (OSError, ValueError) as exc:
+        raise RecordError(f"Cannot read {path}: {exc}.", path=path) from exc
+    if not isinstance(data, dict):
+        raise RecordError(f"{path} is not {what}: it holds no JSON object.", path=path)
+    return data

@@ -1,0 +1,237 @@
+"""A cluster's record: ``cluster.json`` in its directory, what other processes know of it.
+
+The head rewrites it on every change (a temporary file, then an atomic rename: a reader sees
+the old record or the new one, never half of one). It holds no secret. Reading a record
+checks it: a file that is not a cluster's record is refused with its path.
+
+``state`` is the head's word: created, starting, running, stopping, stopped. A record whose
+head process is gone while it says starting, running or stopping is *stale* (the head was
+killed): :func:`is_stale` tells, from the pid and host the record names.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import tempfile
+from dataclasses import asdict, dataclass, field, fields
+from pathlib import Path
+from typing import Any
+
+from clusterbook.errors import RecordError
+from clusterbook.lifetime import Lifetime
+from clusterbook.status import ClusterSnapshot, JobStatus, NodeStatus
+
+__all__ = [
+    "FILE",
+    "STOP_FILE",
+    "ClusterRecord",
+    "JobEntry",
+    "is_stale",
+    "read_record",
+    "snapshot_from",
+    "write_atomic",
+    "write_record",
+]
+
+FILE = "cluster.json"
+STOP_FILE = "stop"
+FORMAT = 1
+LIVE_STATES = ("starting", "running", "stopping")
+
+
+@dataclass(frozen=True, slots=True)
+class JobEntry:
+    """A job as the record lists it: its id, state, directory, and what it ran."""
+
+    id: str
+    state: str
+    directory: str
+    np: int
+    argv: tuple[str, ...]
+    started: float | None = None
+    ended: float | None = None
+    returncode: int | None = None
+    failed_ranks: tuple[int, ...] = ()
+    token: str | None = None  # the tag of its processes, to stop what a dead head left
+
+
+@dataclass(frozen=True, slots=True)
+class ClusterRecord:
+    """What ``cluster.json`` holds (times are epoch seconds; durations seconds)."""
+
+    id: str
+    name: str
+    kind: str
+    state: str
+    directory: str
+    created: float
+    started: float | None = None
+    stopped: float | None = None
+    stop_reason: str | None = None
+    life_span: float | None = None
+    idle_timeout: float | None = None
+    retention: float | None = None
+    idle_since: float | None = None
+    detached: bool = False
+    head_pid: int = 0
+    head_host: str = ""
+    address: str | None = None  # where the head takes requests from attached handles
+    python: str = ""
+    launcher: str | None = None
+    nodes: tuple[NodeStatus, ...] = ()
+    jobs: tuple[JobEntry, ...] = ()
+    problem: str | None = None
+    min_nodes: int | None = None
+    max_nodes: int | None = None
+    updated: float = 0.0
+    format: int = FORMAT
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def live(self) -> bool:
+        """Whether the record says the cluster runs (its head may still be gone)."""
+        return self.state in LIVE_STATES
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self), indent=1, sort_keys=True)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> ClusterRecord:
+        known = {f.name for f in fields(cls)}
+        args = {k: v for k, v in data.items() if k in known}
+        args["nodes"] = tuple(_node(n) for n in data.get("nodes", ()))
+        args["jobs"] = tuple(_job(j) for j in data.get("jobs", ()))
+        for key in ("id", "name", "kind", "state", "directory"):
+            if not isinstance(args.get(key), str) or not args[key]:
+                raise ValueError(f"no {key}")
+        if not isinstance(args.get("created"), (int, float)):
+            raise ValueError("no created time")
+        return cls(**args)
+
+
+def _node(data: dict[str, Any]) -> NodeStatus:
+    known = {f.name for f in fields(NodeStatus)}
+    args = {k: v for k, v in data.items() if k in known}
+    args["ranks"] = tuple(args.get("ranks", ()))
+    return NodeStatus(**args)
+
+
+def _job(data: dict[str, Any]) -> JobEntry:
+    known = {f.name for f in fields(JobEntry)}
+    args = {k: v for k, v in data.items() if k in known}
+    args["argv"] = tuple(args.get("argv", ()))
+    args["failed_ranks"] = tuple(args.get("failed_ranks", ()))
+    return JobEntry(**args)
+
+
+def write_atomic(path: Path, text: str, mode: int = 0o600) -> None:
+    """Replace ``path`` with ``text`` in one step (a reader never sees half of it)."""
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(text)
+        os.chmod(tmp, mode)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def write_record(record: ClusterRecord) -> None:
+    """Write ``record`` to ``cluster.json`` in its directory."""
+    write_atomic(Path(record.directory) / FILE, record.to_json(), 0o644)
+
+
+def read_record(directory: str | os.PathLike[str]) -> ClusterRecord:
+    """The record in ``directory``; :class:`RecordError` naming the file when there is none,
+    or when it is not a cluster's record (half-written, corrupt, another program's)."""
+    path = Path(directory) / FILE
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError as exc:
+        raise RecordError(
+            f"{path.parent} is not a cluster's directory: it has no {FILE}.", path=path
+        ) from exc
+    except OSError as exc:
+        raise RecordError(f"Cannot read {path}: {exc.strerror or exc}.", path=path) from exc
+    try:
+        data = json.loads(text)
+        if not isinstance(data, dict):
+            raise ValueError("not an object")
+        record = ClusterRecord.from_dict(data)
+    except (ValueError, TypeError) as exc:
+        raise RecordError(
+            f"{path} is not a cluster record ({exc}); it may be half-written or damaged. "
+            "Remove its directory if the cluster is gone.",
+            path=path,
+        ) from exc
+    return record
+
+
+def is_stale(record: ClusterRecord, *, host: str | None = None) -> bool:
+    """Whether the record says the cluster runs while its head process is gone. Only the
+    machine the head ran on can tell; elsewhere a live record is taken at its word."""
+    if not record.live or record.head_pid <= 0:
+        return False
+    if record.head_host != (host or socket.gethostname()):
+        return False
+    return not _alive(record.head_pid)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    # A zombie is dead: it only waits for its parent to read its status.
+    try:
+        with open(f"/proc/{pid}/stat", encoding="ascii") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except (OSError, IndexError):
+        return True
+
+
+def snapshot_from(record: ClusterRecord, *, now: float, stale: bool) -> ClusterSnapshot:
+    """The snapshot an attached handle shows: the record's nodes and jobs, as of its
+    last update (a stale record says its head is gone)."""
+    state = "stale" if stale else record.state
+    problem, left = record.problem, None
+    if record.live and not stale and record.started is not None:
+        end = Lifetime(record.life_span, record.idle_timeout).deadline(
+            record.started, record.idle_since
+        )
+        left = None if end is None else (max(0.0, end[0] - now), end[1])
+    if stale:
+        problem = (
+            f"its head (pid {record.head_pid} on {record.head_host}) is gone; stop() cleans "
+            "what is left"
+        )
+    return ClusterSnapshot(
+        name=record.name,
+        kind=record.kind,
+        state=state,
+        nodes=record.nodes,
+        jobs=tuple(
+            JobStatus(
+                id=j.id,
+                np=j.np,
+                argv=j.argv,
+                state=j.state,
+                returncode=j.returncode,
+                duration=None if j.started is None or j.ended is None else j.ended - j.started,
+                failed_ranks=j.failed_ranks,
+            )
+            for j in record.jobs
+        ),
+        launcher=record.launcher,
+        run_dir=record.directory,
+        uptime=None if record.started is None else (record.stopped or now) - record.started,
+        problem=problem,
+        min_nodes=record.min_nodes,
+        max_nodes=record.max_nodes,
+        time_left=left,
+    )

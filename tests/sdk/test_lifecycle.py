@@ -1,0 +1,308 @@
+"""Unit tests of a cluster's life outside its kernel: durations, the stop decision, the keeper,
+the record, and the catalog of clusters (listing, finding, pruning)."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+import clusterbook as cb
+from clusterbook import catalog
+from clusterbook.keeper import Keeper
+from clusterbook.lifetime import Lifetime, decide, format_duration, parse_duration
+from clusterbook.record import ClusterRecord, JobEntry, is_stale, read_record, write_record
+from clusterbook.status import NodeStatus
+
+# -- durations -----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("given", "seconds"),
+    [(90, 90.0), (1.5, 1.5), ("90", 90.0), ("90s", 90.0), ("30m", 1800.0), ("2h", 7200.0),
+     ("1h30m", 5400.0), ("7d", 604800.0), (" 2H ", 7200.0), ("1w", 604800.0), (None, None)],
+)  # fmt: skip
+def test_durations_are_seconds_or_text(given: object, seconds: float | None) -> None:
+    assert parse_duration(given, "life_span") == seconds
+
+
+@pytest.mark.parametrize("bad", ["", "soon", "2x", "-5", 0, -1, "h", True, float("inf"), "1h 2"])
+def test_a_bad_duration_names_the_option_and_the_forms(bad: object) -> None:
+    with pytest.raises(cb.ConfigError, match=r"life_span=.* is not a duration; give seconds"):
+        parse_duration(bad, "life_span")
+
+
+def test_durations_read_as_a_person_says_them() -> None:
+    assert [format_duration(s) for s in (0.4, 45, 125, 3600, 3900, 90000)] == [
+        "0s", "45s", "2m05s", "1h00m", "1h05m", "1d01h",
+    ]  # fmt: skip
+
+
+def test_cluster_options_take_durations_and_refuse_bad_ones() -> None:
+    c = cb.Cluster.local(workers=1, life_span="2h", idle_timeout="30m", retention="7d")
+    assert (c._options.life_span, c._options.idle_timeout, c._options.retention) == (
+        7200.0, 1800.0, 604800.0,
+    )  # fmt: skip
+    with pytest.raises(cb.ConfigError, match="idle_timeout='later'"):
+        cb.Cluster.local(workers=1, idle_timeout="later")
+
+
+# -- the decision --------------------------------------------------------------------------
+
+
+def test_stop_file_stops_at_once_whatever_the_bounds() -> None:
+    d = decide(Lifetime(), now=5, started=0, idle_since=None, stop_file=True, warned=False)
+    assert d.stop == "its stop file appeared"
+
+
+def test_life_span_warns_a_minute_before_once_then_stops() -> None:
+    life = Lifetime(life_span=600)
+    kw = {"started": 0.0, "idle_since": None, "stop_file": False}
+    assert decide(life, now=500, warned=False, **kw).warn is None
+    assert decide(life, now=545, warned=False, **kw).warn == "stops in 55s (life_span)"
+    assert decide(life, now=546, warned=True, **kw).warn is None
+    assert decide(life, now=599, warned=True, **kw).stop is None
+    assert decide(life, now=600, warned=True, **kw).stop == "after 10m (life_span)"
+
+
+def test_idle_timeout_counts_only_while_no_job_runs() -> None:
+    life = Lifetime(idle_timeout=60)
+    busy = decide(life, now=1000, started=0, idle_since=None, stop_file=False, warned=False)
+    assert busy.stop is None
+    assert busy.warn is None
+    idle = decide(life, now=1000, started=0, idle_since=930, stop_file=False, warned=False)
+    assert idle.stop == "idle for 1m (idle_timeout)"
+    assert Lifetime(life_span=100, idle_timeout=60).deadline(0, 50) == (100, "life_span")
+    assert Lifetime(life_span=100, idle_timeout=60).deadline(0, 10) == (70, "idle_timeout")
+
+
+# -- the keeper ----------------------------------------------------------------------------
+
+
+def _record(tmp_path: Path, **changes: object) -> ClusterRecord:
+    base = ClusterRecord(
+        id="c-1", name="c", kind="local", state="running", directory=str(tmp_path),
+        created=100.0, started=100.0, head_pid=os.getpid(), head_host=socket.gethostname(),
+        nodes=(NodeStatus("n0", "localhost", 2, "ready"),),
+    )  # fmt: skip
+    return replace(base, **changes)  # type: ignore[arg-type]
+
+
+class Clock:
+    def __init__(self, now: float) -> None:
+        self.now = now
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_keeper_writes_on_change_warns_and_stops_once(tmp_path, caplog) -> None:
+    clock, stops, busy = Clock(100.0), [], [False]
+    writes: list[int] = []
+
+    def record() -> ClusterRecord:
+        writes.append(1)
+        return _record(tmp_path)
+
+    keeper = Keeper(
+        tmp_path, Lifetime(life_span=120), record=record, stop=stops.append,
+        busy=lambda: busy[0], started=100.0, clock=clock,
+    )  # fmt: skip
+    keeper.write()
+    assert read_record(tmp_path).id == "c-1"
+    assert len(writes) == 1
+    keeper.tick()
+    assert len(writes) == 1  # nothing changed: nothing written
+    keeper.changed()
+    keeper.tick()
+    assert len(writes) == 2
+    assert keeper.time_left() == (120.0, "life_span")
+    clock.now = 170.0
+    with caplog.at_level(logging.WARNING, "clusterbook.cluster"):
+        keeper.tick()
+        keeper.tick()
+    assert [r.getMessage() for r in caplog.records] == ["The cluster stops in 50s (life_span)"]
+    clock.now = 220.0
+    keeper.tick()
+    keeper.tick()
+    deadline = time.monotonic() + 5
+    while not stops and time.monotonic() < deadline:
+        time.sleep(0.01)
+    time.sleep(0.05)
+    assert stops == ["after 2m (life_span)"]
+
+
+def test_keeper_idle_clock_restarts_when_a_job_ends(tmp_path) -> None:
+    clock, busy = Clock(0.0), [False]
+    keeper = Keeper(
+        tmp_path, Lifetime(idle_timeout=30), record=lambda: _record(tmp_path),
+        stop=lambda why: None, busy=lambda: busy[0], started=0.0, clock=clock,
+    )  # fmt: skip
+    assert keeper.time_left() == (30.0, "idle_timeout")
+    busy[0] = True
+    clock.now = 10.0
+    keeper.tick()
+    assert keeper.idle_since is None
+    assert keeper.time_left() is None
+    busy[0] = False
+    clock.now = 50.0
+    keeper.tick()
+    assert keeper.idle_since == 50.0
+    assert keeper.time_left() == (30.0, "idle_timeout")
+
+
+def test_keeper_acts_on_the_stop_file(tmp_path) -> None:
+    stops: list[str] = []
+    keeper = Keeper(
+        tmp_path, Lifetime(), record=lambda: _record(tmp_path), stop=stops.append,
+        busy=lambda: False, started=0.0, clock=Clock(1.0),
+    )  # fmt: skip
+    keeper.tick()
+    (tmp_path / "stop").touch()
+    keeper.tick()
+    time.sleep(0.1)
+    assert stops == ["its stop file appeared"]
+
+
+# -- the record ----------------------------------------------------------------------------
+
+
+def test_record_round_trips_and_holds_no_token(tmp_path) -> None:
+    tag = "c-abc"  # the tag of the job's processes, not a secret
+    job = JobEntry("job-0001", "succeeded", str(tmp_path / "j"), 2, ("python", "x.py"),
+                   started=1.0, ended=2.0, returncode=0, token=tag)  # fmt: skip
+    record = _record(tmp_path, jobs=(job,), life_span=60.0)
+    write_record(record)
+    assert read_record(tmp_path) == record
+    data = json.loads((tmp_path / "cluster.json").read_text())
+    assert data["jobs"][0]["argv"] == ["python", "x.py"]
+    assert data["life_span"] == 60.0
+    assert not list(tmp_path.glob(".cluster.json.*"))  # no temporary file left
+
+
+@pytest.mark.parametrize(
+    "text", ['{"id": "x", "na', "[1, 2]", '{"id": "x"}', "", '{"id": 3, "name": "n"}']
+)
+def test_a_damaged_record_is_refused_with_its_path(tmp_path, text: str) -> None:
+    (tmp_path / "cluster.json").write_text(text)
+    with pytest.raises(cb.RecordError, match="not a cluster record") as info:
+        read_record(tmp_path)
+    assert info.value.path == str(tmp_path / "cluster.json")
+
+
+def test_a_directory_without_a_record_is_not_a_clusters(tmp_path) -> None:
+    with pytest.raises(cb.RecordError, match="is not a cluster's directory: it has no"):
+        read_record(tmp_path)
+
+
+def test_a_record_whose_head_died_is_stale_only_on_its_own_host(tmp_path) -> None:
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    assert not is_stale(_record(tmp_path))  # our own pid: alive
+    assert is_stale(_record(tmp_path, head_pid=dead.pid))
+    assert not is_stale(_record(tmp_path, head_pid=dead.pid, head_host="elsewhere"))
+    assert not is_stale(_record(tmp_path, head_pid=dead.pid, state="stopped"))
+
+
+# -- the catalog ---------------------------------------------------------------------------
+
+
+def _cluster_dir(root: Path, name: str, **changes: object) -> Path:
+    path = root / name
+    path.mkdir(parents=True)
+    write_record(_record(path, id=name, name=name.split("-")[0], **changes))
+    return path
+
+
+def test_clusters_are_listed_running_first_and_a_damaged_one_does_not_break_it(tmp_path):
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    _cluster_dir(tmp_path, "old-1", state="stopped", created=1.0, stopped=5.0)
+    _cluster_dir(tmp_path, "live-2", created=2.0)
+    _cluster_dir(tmp_path, "gone-3", created=3.0, head_pid=dead.pid)
+    (tmp_path / "junk-4").mkdir()
+    (tmp_path / "junk-4" / "cluster.json").write_text("{half")
+    (tmp_path / "not-a-cluster").mkdir()
+    frame = catalog.clusters_frame(tmp_path)
+    assert frame["id"].tolist() == ["live-2", "gone-3", "old-1", "junk-4"]
+    assert frame["state"].tolist() == ["running", "stale", "stopped", "damaged"]
+    assert "head is gone" in frame["problem"][1]
+    assert "junk-4" in frame["problem"][3]
+    assert "not a cluster record" in frame["problem"][3]
+    assert {c: str(t) for c, t in frame.dtypes.items()} == catalog.CLUSTER_DTYPES
+    empty = catalog.clusters_frame(tmp_path / "none")
+    assert {c: str(t) for c, t in empty.dtypes.items()} == catalog.CLUSTER_DTYPES
+
+
+def test_find_by_id_name_or_directory_and_say_what_exists(tmp_path) -> None:
+    a = _cluster_dir(tmp_path, "alpha-1", created=1.0)
+    _cluster_dir(tmp_path, "alpha-2", created=2.0)
+    assert catalog.find("alpha-1", tmp_path).path == a
+    assert catalog.find("alpha", tmp_path).id == "alpha-2"  # the newest of that name
+    assert catalog.find(str(a)).id == "alpha-1"
+    with pytest.raises(cb.UnknownClusterError, match=r"No cluster 'beta'.*there are: alpha-2, "
+                       r"alpha-1") as info:  # fmt: skip
+        catalog.find("beta", tmp_path)
+    assert info.value.known == ("alpha-2", "alpha-1")
+    with pytest.raises(cb.UnknownClusterError, match="there is none"):
+        catalog.find("beta", tmp_path / "empty")
+    with pytest.raises(cb.RecordError, match=r"has no cluster\.json"):
+        catalog.find(str(tmp_path / "alpha-1" / ".."), tmp_path)
+
+
+def test_a_cluster_elsewhere_is_linked_into_the_root_and_found(tmp_path) -> None:
+    root, elsewhere = tmp_path / "root", tmp_path / "mine" / "c-9"
+    elsewhere.mkdir(parents=True)
+    write_record(_record(elsewhere, id="c-9"))
+    catalog.link(elsewhere, "c-9", root)
+    assert catalog.find("c-9", root).record.directory == str(elsewhere)  # type: ignore[union-attr]
+
+
+def test_prune_removes_exactly_what_outlived_its_retention(tmp_path) -> None:
+    now = time.time()
+    day = 86400.0
+
+    def job(n: int, state: str, ended: float | None, path: Path) -> JobEntry:
+        directory = path / "jobs" / f"job-{n:04d}"
+        directory.mkdir(parents=True)
+        return JobEntry(f"job-{n:04d}", state, str(directory), 1, ("x",), ended=ended)
+
+    old = _cluster_dir(tmp_path, "old-1", state="stopped", stopped=now - 8 * day, retention=7 * day)
+    recent = _cluster_dir(
+        tmp_path, "recent-2", state="stopped", stopped=now - day, retention=7 * day
+    )
+    forever = _cluster_dir(tmp_path, "kept-3", state="stopped", stopped=now - 30 * day)
+    live = tmp_path / "live-4"
+    live.mkdir()
+    jobs = (job(1, "succeeded", now - 9 * day, live), job(2, "running", None, live),
+            job(3, "failed", now - 2 * day, live))  # fmt: skip
+    write_record(_record(live, id="live-4", name="live", retention=7 * day, jobs=jobs))
+
+    dry = catalog.prune(dry_run=True, root=tmp_path)
+    assert sorted(r.path.name for r in dry) == ["job-0001", "old-1"]
+    assert old.exists()
+    assert Path(jobs[0].directory).exists()
+    done = catalog.prune(root=tmp_path)
+    assert [r.path for r in done] == [r.path for r in dry]
+    assert not old.exists()
+    assert not Path(jobs[0].directory).exists()
+    assert recent.exists()
+    assert forever.exists()
+    assert live.exists()
+    assert Path(jobs[1].directory).exists()
+    assert Path(jobs[2].directory).exists()
+    # --older-than overrides every cluster's retention, never a live cluster or running job.
+    catalog.prune(older_than=1.0, root=tmp_path)
+    assert not recent.exists()
+    assert not forever.exists()
+    assert live.exists()
+    assert Path(jobs[1].directory).exists()
+    assert not Path(jobs[2].directory).exists()
