@@ -1,8 +1,11 @@
 """A handle on a cluster another process runs: ``cb.Cluster.attach(id_or_dir)``.
 
 Everything it knows comes from the cluster's directory: the record (``cluster.json``) for
-status, the job directories for logs and results. It stops the cluster the way anyone who can
-write the directory can: with the stop file, which the head acts on within a second. When the
+status, the job directories for logs and results. What it asks of the cluster (run a job,
+cancel one, copy files, stop) goes to the head's control server (:mod:`clusterbook.control`)
+at the address the record names, with the secret in the directory's 0600 ``token`` file.
+Stopping also works without it, the way anyone who can write the directory can: with the stop
+file, which the head acts on within a second. When the
 head is gone (the record is *stale*: its process was killed), ``stop()`` itself stops what the
 head left behind on this machine (the processes of its jobs) and marks the record stopped; two
 processes doing that at once are serialised by a lock on the directory.
@@ -16,12 +19,14 @@ import os
 import shutil
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from clusterbook import display
 from clusterbook.catalog import Found, find
+from clusterbook.control import TOKEN_FILE, ControlClient
 from clusterbook.errors import ClusterStateError
 from clusterbook.events import Subscribers
 from clusterbook.launch.guard import kill_tagged
@@ -36,10 +41,14 @@ from clusterbook.record import (
     snapshot_from,
     write_record,
 )
+from clusterbook.spec import NodeSpec
 from clusterbook.status import ClusterSnapshot, nodes_frame
 
 if TYPE_CHECKING:
     import pandas as pd
+    from typing_extensions import Unpack
+
+    from clusterbook.launch.prepare import JobArgs
 
 __all__ = ["AttachedCluster"]
 
@@ -58,6 +67,7 @@ class AttachedCluster:
         self._poller: threading.Thread | None = None
         self._poll_stop = threading.Event()
         self._jobs: dict[str, SavedJob] = {}
+        self._client: ControlClient | None = None
 
     @classmethod
     def attach(cls, what: str | os.PathLike[str]) -> AttachedCluster:
@@ -116,13 +126,86 @@ class AttachedCluster:
         """The cluster's jobs, oldest first, read from their directories."""
         out = []
         for entry in self.refresh().jobs:
-            job = self._jobs.get(entry.id)
-            if job is None:
-                with contextlib.suppress(Exception):  # a job whose files are gone
-                    job = self._jobs[entry.id] = SavedJob(entry.directory)
-            if job is not None:
-                out.append(job)
+            with contextlib.suppress(Exception):  # a job whose files are gone
+                out.append(self._saved(entry.id, entry.directory))
         return out
+
+    @property
+    def nodes(self) -> tuple[NodeSpec, ...]:
+        """The nodes as the head last wrote them."""
+        return tuple(NodeSpec(n.name, n.host, n.slots) for n in self.refresh().nodes)
+
+    @property
+    def join_command(self) -> str | None:
+        command = self.refresh().extra.get("join_command")
+        return command if isinstance(command, str) else None
+
+    # -- asking the head ---------------------------------------------------------------------
+
+    def _call(self, op: str, *, timeout: float | None = None, **args: Any) -> dict[str, Any]:
+        record = self.refresh()
+        if not record.live or self._stale:
+            state = "stale: its head is gone" if self._stale else record.state
+            raise ClusterStateError(f"Cluster {self.id} is {state}; it cannot {op}.")
+        if self._client is None:
+            if record.address is None:
+                raise ClusterStateError(
+                    f"Cluster {self.id} is {record.state}; its head takes no requests yet."
+                )
+            self._client = ControlClient(record.address, self.run_dir / TOKEN_FILE)
+        return self._client.call(op, timeout=timeout, **args)
+
+    def mpirun(
+        self, argv: Sequence[str], np: int | None = None, **job: Unpack[JobArgs]
+    ) -> SavedJob:
+        """Start a job on the cluster, as ``Cluster.mpirun`` does; its head runs it (it goes
+        on when this process ends). Returns the job, read from its directory."""
+        if isinstance(argv, str):
+            argv = [argv]  # the head refuses it with the message Cluster.mpirun gives
+        args: dict[str, Any] = {}
+        for key, value in job.items():
+            if isinstance(value, Mapping):
+                value = dict(value)
+            elif isinstance(value, os.PathLike):
+                value = os.fspath(value)
+            elif isinstance(value, (tuple, list)):
+                value = list(value)
+            args[key] = value
+        answer = self._call("mpirun", argv=list(argv), np=np, job=args)
+        return self._saved(answer["id"], answer["directory"])
+
+    def wait_ready(self, timeout: float = 60, *, progress: bool | None = None) -> None:
+        """Return when the head says every node is ready (see ``Cluster.wait_ready``)."""
+        self._call("wait_ready", timeout=None, **{"timeout": timeout})
+
+    def put(self, *paths: str | os.PathLike[str], progress: bool | None = None) -> None:
+        """Copy files to every node, as ``Cluster.put`` (the head reads them: same machine)."""
+        self._call("put", paths=[os.path.abspath(p) for p in paths])
+
+    def gather(
+        self, directory: str | os.PathLike[str], *, progress: bool | None = None
+    ) -> list[Path]:
+        """Move the files ranks wrote in ``directory`` here, as ``Cluster.gather``."""
+        answer = self._call("gather", directory=os.path.abspath(directory))
+        return [Path(p) for p in answer["paths"]]
+
+    def run_on_nodes(self, argv: Sequence[str], timeout: float = 60.0) -> pd.DataFrame:
+        """Run ``argv`` on every node, as ``Cluster.run_on_nodes``."""
+        from clusterbook.commands import NodeRun, runs_frame
+
+        if isinstance(argv, str):
+            argv = [argv]
+        answer = self._call("run_on_nodes", argv=list(argv), **{"timeout": timeout})
+        return runs_frame([NodeRun(**row) for row in answer["rows"]])
+
+    def _saved(self, job_id: str, directory: str) -> SavedJob:
+        job = self._jobs.get(job_id)
+        if job is None:
+            job = self._jobs[job_id] = SavedJob(directory, cancel=self._cancel)
+        return job
+
+    def _cancel(self, job_id: str) -> None:
+        self._call("cancel", job=job_id)
 
     def job(self, job_id: str | None = None) -> SavedJob:
         """A job by id (``job-0001``), or the newest one."""
@@ -170,8 +253,11 @@ class AttachedCluster:
         if self._stale:
             self._clean_after_dead_head()
             return
-        with contextlib.suppress(FileExistsError):
-            (self.run_dir / STOP_FILE).touch()
+        try:
+            self._call("stop", reason=f"stopped by an attached handle (pid {os.getpid()})")
+        except ClusterStateError:  # the head takes no requests: it reads the stop file
+            with contextlib.suppress(FileExistsError):
+                (self.run_dir / STOP_FILE).touch()
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             record = self.refresh()

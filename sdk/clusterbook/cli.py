@@ -19,6 +19,7 @@ from clusterbook.wording import speaking
 if TYPE_CHECKING:
     from clusterbook.launch.job import Job
     from clusterbook.launch.result import JobResult
+    from clusterbook.launch.saved import SavedJob
     from clusterbook.ssh.sshd import Sshd
 
 __all__ = ["main"]
@@ -404,7 +405,7 @@ def _split(hosts: str) -> list[str]:
     return entries
 
 
-def _print_live(job: Job) -> dict[int, list[tuple[str, ...]]]:
+def _print_live(job: Job | SavedJob) -> dict[int, list[tuple[str, ...]]]:
     """Print the job's output as it comes, each line behind its rank, folded as ``%%mpirun``
     folds it (no abort banners; tracebacks held, to be told once); return the tracebacks."""
     from clusterbook.launch.fold import OutputFilter

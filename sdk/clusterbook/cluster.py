@@ -6,7 +6,6 @@ import atexit
 import contextlib
 import logging
 import os
-import socket
 import threading
 import time
 import weakref
@@ -17,9 +16,8 @@ from typing import TYPE_CHECKING, Any
 
 from clusterbook import catalog, display
 from clusterbook.commands import runs_frame
-from clusterbook.errors import ClusterError, ClusterStateError, RunDirError
+from clusterbook.errors import ClusterError, ClusterStateError, ConfigError, RunDirError
 from clusterbook.events import Subscribers
-from clusterbook.keeper import Keeper
 from clusterbook.launch.flavour import Launcher, find_launcher
 from clusterbook.launch.job import Job
 from clusterbook.launch.prepare import (
@@ -31,22 +29,15 @@ from clusterbook.launch.prepare import (
     prepare,
     usable_nodes,
 )
-from clusterbook.lifetime import Lifetime
 from clusterbook.options import ClusterOptions
 from clusterbook.paths import cluster_dir, default_run_root
 from clusterbook.progress import NodeWatch, bar, checked
 from clusterbook.providers.base import Provider, StartContext
 from clusterbook.providers.registry import make_provider
-from clusterbook.record import (
-    STOP_FILE,
-    ClusterRecord,
-    JobEntry,
-    is_stale,
-    read_record,
-    write_record,
-)
+from clusterbook.record import STOP_FILE, is_stale, read_record
+from clusterbook.serving import HeadServices, write_record_of
 from clusterbook.spec import NodeSpec, validate_timeout
-from clusterbook.status import ClusterSnapshot, job_status, nodes_frame, snapshot_of
+from clusterbook.status import ClusterSnapshot, nodes_frame, snapshot_of
 from clusterbook.transfer import gather_into, put_paths
 
 if TYPE_CHECKING:
@@ -57,6 +48,7 @@ if TYPE_CHECKING:
     from clusterbook.attached import AttachedCluster
     from clusterbook.engines import EngineArgs
     from clusterbook.launch.prepare import JobArgs
+    from clusterbook.launch.saved import SavedJob
     from clusterbook.options import ClusterOptionsArgs, ElasticArgs, SSHArgs
 
 __all__ = ["Cluster", "default_run_root"]
@@ -89,7 +81,10 @@ class Cluster:
         self._started_at: float | None = None
         self._stopped_at: float | None = None
         self._stop_reason: str | None = None
-        self._keeper: Keeper | None = None
+        self._services: HeadServices | None = None
+        self._supervised = False  # this process is a detached cluster's supervisor
+        self._remote: AttachedCluster | None = None  # the supervisor of a detached cluster
+        self._spec: dict[str, Any] | None = None
         self._launcher: Launcher | None = None
         self._jobs: list[Job] = []
         self._lock = threading.RLock()
@@ -107,7 +102,9 @@ class Cluster:
         kind = args.pop("kind", None)
         own = {k: args.pop(k) for k in list(args) if k in ClusterOptions.given_names()}
         provider = make_provider(kind, args)
-        return cls(provider, ClusterOptions.make(provider.kind, **own))
+        cluster = cls(provider, ClusterOptions.make(provider.kind, **own))
+        cluster._spec = {"kind": kind, **args, **own}
+        return cluster
 
     @classmethod
     def local(
@@ -158,11 +155,15 @@ class Cluster:
     @property
     def join_command(self) -> str | None:
         """For elastic clusters once started: the command a node joins with."""
+        if self._remote is not None:
+            return self._remote.join_command
         return self._provider.join_command
 
     @property
     def nodes(self) -> tuple[NodeSpec, ...]:
         """The nodes, as the provider knows them (cores filled in once started)."""
+        if self._remote is not None:
+            return self._remote.nodes
         return self._provider.nodes
 
     # -- lifecycle ------------------------------------------------------------------------
@@ -193,7 +194,8 @@ class Cluster:
 
     def start(self, *, progress: bool | None = None) -> Cluster:
         """Find the MPI launcher, prepare the run directory, bring the nodes up (with a bar
-        of the nodes up where someone watches; ``progress`` decides instead)."""
+        of the nodes up where someone watches; ``progress`` decides instead). A detached
+        cluster starts its supervisor process, which does all that, and attaches to it."""
         progress = checked(progress)
         with self._lock:
             if self._state == "running":
@@ -202,6 +204,8 @@ class Cluster:
                 raise ClusterStateError(
                     f"Cluster {self.name!r} was stopped; make a new cluster to run again."
                 )
+            if self._options.detached and not self._supervised:
+                return self._start_detached()
             launcher = self.launcher
             self._claim_run_dir()
             env, total = self._options.env, len(self._provider.node_statuses()) or None
@@ -220,18 +224,32 @@ class Cluster:
             self._started = time.monotonic()
             self._started_at = time.time()
             self._state = "running"
-            _LIVE.add(self)
-            opts = self._options
-            self._keeper = Keeper(
-                self.run_dir,
-                Lifetime(opts.life_span, opts.idle_timeout),
-                record=self._record,
-                stop=self._stop_for,
-                busy=lambda: any(not j.done for j in self.jobs),
-                started=self._started_at,
-            ).start()
+            if not self._supervised:
+                _LIVE.add(self)
+            self._services = HeadServices(self, started=self._started_at)
+            self._services.start()
         self._changed()
         threading.Thread(target=_prune_quietly, name="clusterbook-prune", daemon=True).start()
+        return self
+
+    def _start_detached(self) -> Cluster:
+        """Start this cluster's supervisor process and attach to it."""
+        from clusterbook.attached import AttachedCluster
+        from clusterbook.supervisor import launch_supervisor
+
+        if self._spec is None:
+            raise ConfigError(
+                "A detached cluster must be made by Cluster.local, ssh, elastic or from_spec "
+                "(its supervisor makes it again from that spec)."
+            )
+        self._claim_run_dir()
+        spec = {**self._spec, "run_dir": str(self.run_dir), "detached": False}
+        spec["life_span"] = self._options.life_span
+        launch_supervisor(spec, self.id, self.run_dir)
+        self._remote = AttachedCluster.attach(str(self.run_dir))
+        self._started = time.monotonic()
+        self._started_at = time.time()
+        self._state = "running"
         return self
 
     def _claim_run_dir(self) -> None:
@@ -264,6 +282,10 @@ class Cluster:
 
     def stop(self) -> None:
         """Stop every job and release the nodes. Safe to call more than once."""
+        if self._remote is not None:
+            self._remote.stop()
+            self._state = "stopped"
+            return
         self._stop_for(None)
 
     def _stop_for(self, reason: str | None) -> None:
@@ -291,10 +313,11 @@ class Cluster:
                     self._state = "stopped"
                     self._stopped_at = time.time()
                     _LIVE.discard(self)
-                keeper, self._keeper = self._keeper, None
-                if keeper is not None:
-                    keeper.close()
+                services = self._services
+                if services is not None:
+                    services.close()
                 self._write_record()
+                self._services = None
                 (self.run_dir / STOP_FILE).unlink(missing_ok=True)
                 with contextlib.suppress(OSError):  # empty once the provider cleaned it
                     cluster_dir(self.name).rmdir()
@@ -318,6 +341,8 @@ class Cluster:
         self._require_running("wait_ready")
         if limit is None:
             return
+        if self._remote is not None:
+            return self._remote.wait_ready(limit)
         total = (self._provider.bounds or (len(self.nodes),))[0] or None
         with self._watch.showing(bar(progress, "waiting for nodes", total, "node")):
             self._provider.wait_ready(limit)
@@ -329,21 +354,29 @@ class Cluster:
         return sum(n.slots for n in self.nodes)
 
     @property
-    def jobs(self) -> list[Job]:
-        """Every job started on this cluster, oldest first."""
+    def jobs(self) -> Sequence[Job | SavedJob]:
+        """Every job started on this cluster, oldest first (of a detached cluster: as read
+        from their directories)."""
+        if self._remote is not None:
+            return self._remote.jobs
         with self._lock:
             return list(self._jobs)
 
-    def mpirun(self, argv: Sequence[str], np: int | None = None, **job: Unpack[JobArgs]) -> Job:
+    def mpirun(
+        self, argv: Sequence[str], np: int | None = None, **job: Unpack[JobArgs]
+    ) -> Job | SavedJob:
         """Start ``argv`` as an MPI program of ``np`` ranks on the cluster's nodes.
 
         ``argv`` is the program and its arguments, as a list (``"python"`` stands for the
         cluster's interpreter); ``np`` the number of ranks (default: all slots). The other
         arguments (``env``, ``cwd``, ``timeout``, ``oversubscribe``, ``launcher_args``,
         ``abort_on_error``) are those of :class:`~clusterbook.launch.prepare.JobArgs`. Returns
-        the running :class:`Job`; ``job.wait()`` returns its :class:`JobResult`.
+        the running :class:`Job`; ``job.wait()`` returns its :class:`JobResult`. A detached
+        cluster's supervisor runs the job: it is read from its directory (a :class:`SavedJob`).
         """
         self._require_running("mpirun")
+        if self._remote is not None:
+            return self._remote.mpirun(argv, np, **job)
         nodes = usable_nodes(self.name, self.nodes, self._provider.unreachable)
         request = JobRequest.make(argv, np, slots=sum(n.slots for n in nodes), **job)
         unreachable, names = self._provider.unreachable, [n.name for n in nodes]
@@ -378,6 +411,8 @@ class Cluster:
         :meth:`stop`. On a local cluster there is nothing to do.
         """
         self._require_running("put")
+        if self._remote is not None:
+            return self._remote.put(*paths, progress=progress)
         put_paths(self._provider.put, paths, progress)
 
     def run_on_nodes(self, argv: Sequence[str], timeout: float = 60.0) -> pd.DataFrame:
@@ -386,6 +421,8 @@ class Cluster:
         was stopped, or the node could not be asked), stdout, stderr (their last MiB),
         duration."""
         self._require_running("run_on_nodes")
+        if self._remote is not None:
+            return self._remote.run_on_nodes(argv, timeout)
         return runs_frame(self._provider.run_on_nodes(argv, timeout))
 
     def gather(
@@ -398,6 +435,8 @@ class Cluster:
         too gets ``.from-HOST`` appended); hidden files are left on the nodes.
         """
         self._require_running("gather")
+        if self._remote is not None:
+            return self._remote.gather(directory, progress=progress)
         return gather_into(self._provider.gather, Path(directory), progress)
 
     def engines(self, n: int | None = None, **how: Unpack[EngineArgs]) -> ipyparallel.Client:
@@ -407,6 +446,11 @@ class Cluster:
         :func:`clusterbook.engines.start_engines`. Needs ``pip install 'clusterbook[jupyter]'``.
         """
         self._require_running("engines")
+        if self._remote is not None:
+            raise ClusterStateError(
+                f"Cluster {self.name!r} is detached: its engines would need a controller that "
+                "outlives this kernel. Use engines() on a cluster that is not detached."
+            )
         from clusterbook.engines import start_engines
 
         remote = self._provider.remote()
@@ -430,10 +474,13 @@ class Cluster:
 
     def snapshot(self) -> ClusterSnapshot:
         """An immutable view of the cluster now (what widgets and ``status()`` render)."""
-        with self._lock:
-            jobs, state = list(self._jobs), self._state
-        keeper = self._keeper
-        left = keeper.time_left() if keeper is not None and state == "running" else None
+        if self._remote is not None:
+            return self._remote.snapshot()
+        # Not under the cluster's lock: the provider's threads ask for snapshots (through
+        # subscribers) while start() holds it waiting for them.
+        jobs, state = list(self._jobs), self._state
+        services = self._services
+        left = services.keeper.time_left() if services and state == "running" else None
         return snapshot_of(
             name=self.name,
             kind=self.kind,
@@ -452,6 +499,8 @@ class Cluster:
         """Call ``callback(snapshot)`` whenever the cluster changes (started, stopped, a job
         started or ended); returns the function that unsubscribes. Callbacks run on the
         thread that made the change and must be quick."""
+        if self._remote is not None:
+            return self._remote.subscribe(callback)
         return self._subscribers.subscribe(callback)
 
     def _changed(self, *, record: bool = False) -> None:
@@ -461,45 +510,18 @@ class Cluster:
         # may be waiting for with the lock held (a copy of the list is atomic).
         fail_on_lost_nodes(list(self._jobs), self._provider.unreachable)
         self._watch.changed()
-        keeper = self._keeper
-        if keeper is not None:
-            keeper.write() if record else keeper.changed()
+        services = self._services
+        if services is not None:
+            if record:
+                services.keeper.write()
+            else:
+                services.keeper.changed()
         if len(self._subscribers):
             self._subscribers.publish(self.snapshot())
 
-    def _record(self, state: str | None = None, reason: str | None = None) -> ClusterRecord:
-        """The cluster as ``cluster.json`` tells other processes (:mod:`clusterbook.record`)."""
-        snap = self.snapshot()
-        opts, keeper = self._options, self._keeper
-        return ClusterRecord(
-            id=self.id,
-            name=self.name,
-            kind=self.kind,
-            state=state or self._state,
-            directory=str(self.run_dir),
-            created=self._created,
-            started=self._started_at,
-            stopped=self._stopped_at,
-            stop_reason=reason or self._stop_reason,
-            life_span=opts.life_span,
-            idle_timeout=opts.idle_timeout,
-            retention=opts.retention,
-            idle_since=keeper.idle_since if keeper else None,
-            head_pid=os.getpid(),
-            head_host=socket.gethostname(),
-            python=self.python,
-            launcher=snap.launcher,
-            nodes=snap.nodes,
-            jobs=tuple(_entry(job) for job in self.jobs),
-            problem=snap.problem,
-            min_nodes=snap.min_nodes,
-            max_nodes=snap.max_nodes,
-            updated=time.time(),
-        )
-
     def _write_record(self, state: str | None = None, reason: str | None = None) -> None:
         try:
-            write_record(self._record(state, reason))
+            write_record_of(self, state, reason)
         except OSError as exc:
             _log.warning("Could not write the record of cluster %s: %s", self.name, exc)
 
@@ -507,8 +529,10 @@ class Cluster:
     def time_left(self) -> float | None:
         """Seconds until the cluster stops by itself (``life_span``, ``idle_timeout``), if
         one of them is set and it runs."""
-        keeper = self._keeper
-        left = keeper.time_left() if keeper is not None else None
+        if self._remote is not None:
+            return self._remote.time_left
+        services = self._services
+        left = services.keeper.time_left() if services is not None else None
         return None if left is None else max(0.0, left[0])
 
     def status(self) -> pd.DataFrame:
@@ -540,22 +564,6 @@ class Cluster:
             raise ClusterStateError(
                 f"Cluster {self.name!r} is {self._state}; make a new cluster to {what}()."
             )
-
-
-def _entry(job: Job) -> JobEntry:
-    result, status = job.result, job_status(job)
-    return JobEntry(
-        id=job.id,
-        state=status.state,
-        directory=str(job.directory),
-        np=job.np,
-        argv=tuple(job.argv),
-        started=job.started,
-        ended=None if result is None else job.started + result.duration,
-        returncode=status.returncode,
-        failed_ranks=status.failed_ranks,
-        token=job.plan.job_token,
-    )
 
 
 def _prune_quietly() -> None:

@@ -2,8 +2,9 @@
 
 Every ``interval`` (0.2 s) it writes the record if something changed, looks for the stop file
 and asks :func:`~clusterbook.lifetime.decide` whether the life span or the idle timeout has
-passed; it logs a warning a minute before such a stop. Stopping runs on a thread of its own:
-the cluster's ``stop()`` closes the keeper, which must not wait for itself.
+passed (or an ephemeral cluster's job has ended); it logs a warning a minute before a timed
+stop. Stopping runs on a thread of its own: the cluster's ``stop()`` closes the keeper, which
+must not wait for itself.
 """
 
 from __future__ import annotations
@@ -32,8 +33,9 @@ class Keeper:
         *,
         record: Callable[[], ClusterRecord],
         stop: Callable[[str], None],
-        busy: Callable[[], bool],
+        jobs: Callable[[], tuple[int, int]],
         started: float,
+        one_job: bool = False,
         clock: Callable[[], float] = time.time,
         interval: float = 0.2,
     ) -> None:
@@ -41,7 +43,8 @@ class Keeper:
         self._lifetime = lifetime
         self._record = record
         self._stop = stop
-        self._busy = busy
+        self._jobs = jobs
+        self._one_job = one_job
         self._clock = clock
         self._interval = interval
         self.started = started
@@ -85,7 +88,8 @@ class Keeper:
     def tick(self) -> None:
         """One round of housekeeping (the thread's loop body; tests call it directly)."""
         now = self._clock()
-        busy = self._busy()
+        running, ended = self._jobs()
+        busy = running > 0
         if busy:
             self.idle_since = None
         elif self.idle_since is None:
@@ -98,6 +102,7 @@ class Keeper:
             idle_since=self.idle_since,
             stop_file=self._stop_file.exists(),
             warned=self._warned,
+            one_job_done=self._one_job and ended > 0 and not busy,
         )
         if decision.warn:
             self._warned = True

@@ -1,7 +1,8 @@
 """How long a cluster lives: durations, and the pure decision of when to stop it.
 
 A cluster stops ``life_span`` after it started, or after ``idle_timeout`` with no job running,
-or when a stop file appears in its directory (whoever wrote it). :func:`decide` takes the
+or when a stop file appears in its directory (whoever wrote it); an ephemeral cluster, once
+its job has ended. :func:`decide` takes the
 cluster's times and the clock and returns what to do now; the head's keeper thread acts on it.
 A warning comes :data:`WARN_BEFORE` seconds before a timed stop.
 """
@@ -110,12 +111,15 @@ def decide(
     idle_since: float | None,
     stop_file: bool,
     warned: bool,
+    one_job_done: bool = False,
 ) -> Decision:
     """Whether the cluster is to stop now; whether to warn that it soon will (once: ``warned``
     says whether it was). ``idle_since``: when the last job ended (or the cluster started), None
-    while a job runs."""
+    while a job runs; ``one_job_done``: an ephemeral cluster's job has ended."""
     if stop_file:
         return Decision(stop="its stop file appeared")
+    if one_job_done:
+        return Decision(stop="its job ended (an ephemeral cluster)")
     end = lifetime.deadline(started, idle_since)
     if end is None:
         return Decision()

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, TypedDict
 
 from clusterbook.errors import ConfigError
 from clusterbook.launch.flavour import MPIFlavour
-from clusterbook.lifetime import parse_duration
+from clusterbook.lifetime import DETACHED_LIFE_SPAN, parse_duration
 from clusterbook.paths import default_run_root
 from clusterbook.spec import validate_env
 
@@ -42,6 +42,8 @@ class ClusterOptionsArgs(TypedDict, total=False):
     life_span: float | str | None
     idle_timeout: float | str | None
     retention: float | str | None
+    detached: bool
+    ephemeral: bool
 
 
 class SSHArgs(ClusterOptionsArgs, total=False):
@@ -137,6 +139,12 @@ class ClusterOptions:
         How long the directories of this cluster's finished jobs, and the cluster's own once
         it stopped, are kept (``"7d"``): removed by the next cluster that starts, or by
         ``clusterbook prune``. Default: kept until pruned by hand.
+    detached
+        Keep the cluster and its jobs running when this process exits or dies: a supervisor
+        process of its own runs the cluster, and this one (like any other) attaches to it.
+        A detached cluster stops after 12 hours unless given another ``life_span``.
+    ephemeral
+        Stop the cluster once its first job has ended (``cb.run`` makes such a cluster).
     """
 
     name: str
@@ -150,6 +158,8 @@ class ClusterOptions:
     life_span: float | None = None
     idle_timeout: float | None = None
     retention: float | None = None
+    detached: bool = False
+    ephemeral: bool = False
 
     @classmethod
     def given_names(cls) -> set[str]:
@@ -173,6 +183,11 @@ class ClusterOptions:
                 "starting with a letter or digit."
             )
         cluster_id = f"{name}-{time.strftime('%Y%m%d-%H%M%S')}"
+        detached, ephemeral = given.get("detached", False), given.get("ephemeral", False)
+        if not isinstance(detached, bool) or not isinstance(ephemeral, bool):
+            raise ConfigError(
+                f"detached and ephemeral must be True or False, got {detached!r} and {ephemeral!r}."
+            )
         python = given.get("python")
         if python is not None and not isinstance(python, str):
             raise ConfigError(f"python must be the path of an interpreter, got {python!r}.")
@@ -196,7 +211,15 @@ class ClusterOptions:
             launcher=launcher,
             mpi=mpi,
             env=validate_env(given.get("env")),  # type: ignore[arg-type]
-            life_span=parse_duration(given.get("life_span"), "life_span"),
+            life_span=_life_span(given.get("life_span"), detached),
             idle_timeout=parse_duration(given.get("idle_timeout"), "idle_timeout"),
             retention=parse_duration(given.get("retention"), "retention"),
+            detached=detached,
+            ephemeral=ephemeral,
         )
+
+
+def _life_span(given: object, detached: bool) -> float | None:
+    """The life span asked for; a detached cluster's default (nothing runs forever)."""
+    life_span = parse_duration(given, "life_span")
+    return DETACHED_LIFE_SPAN if life_span is None and detached else life_span

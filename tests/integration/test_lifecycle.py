@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -211,7 +212,12 @@ def test_another_process_sees_the_cluster_reads_its_logs_and_stops_it(head, tmp_
 
     stopped = cli("stop", cluster_id)
     assert stopped.returncode == 0, stopped.stderr
-    assert f"Cluster {cluster_id} stopped (its stop file appeared)." in stopped.stdout
+    # Through the head's control server, which says who asked.
+    assert re.search(
+        rf"^Cluster {cluster_id} stopped \(stopped by an attached handle \(pid \d+\)\)\.$",
+        stopped.stdout,
+        re.M,
+    )
     assert attached.state == "stopped"
     again = cli("stop", cluster_id)
     assert again.returncode == 0

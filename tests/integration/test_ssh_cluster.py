@@ -12,6 +12,7 @@ import psutil
 import pytest
 
 import clusterbook as cb
+from clusterbook.paths import cluster_dir as head_dir
 from tests.testbed import testbed as fake_hosts
 
 pytestmark = [pytest.mark.root, pytest.mark.sshd, pytest.mark.mpi]
@@ -234,3 +235,17 @@ def test_a_command_runs_on_every_node_over_the_kept_sessions(testbed, openmpi_py
         rows = dict(zip(frame.stdout.str.strip(), frame.returncode, strict=True))
         assert rows == {"node1": 0, "node2": 1, "node3": 0}
         assert frame.host.tolist() == [h.addr for h in testbed.hosts]
+
+
+def test_cb_run_on_ssh_hosts_leaves_nothing_on_the_nodes(testbed, tmp_path, openmpi_python):
+    script = tmp_path / "allreduce.py"
+    script.write_text(HOSTNAME_ALLREDUCE)
+    cluster = ssh_cluster(testbed, openmpi_python, tmp_path, env={"TRICKY": TRICKY})
+    result = cb.run(["python", str(script)], np=len(testbed.hosts), cluster=cluster)
+    assert result.ok, result.summary()
+    assert sorted(result.rank_hosts.values()) == sorted(h.name for h in testbed.hosts)
+    assert cluster.state == "stopped"
+    assert stray_processes(testbed) == {}
+    for h in testbed.hosts:
+        assert not cluster_dir(h, cluster).exists()
+    assert not head_dir(cluster.name).exists()  # nor on this machine, the head

@@ -53,8 +53,11 @@ def test_the_scan_finds_a_token_that_is_printed_or_shown(
     nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(c) for c in LEAKY])
     nbformat.write(nb, source)
     run = runner.execute(source, tmp_path / "run", probe=False)
-    (token,) = [path for path in run.secrets if path.endswith("/token")]
-    assert token.startswith(".clusterbook/clusters/")
+    tokens = sorted(path for path in run.secrets if path.endswith("/token"))
+    # The rendezvous token, and the control token in the cluster's run directory.
+    (token,) = [path for path in tokens if path.startswith(".clusterbook/clusters/")]
+    (control,) = [path for path in tokens if path.startswith(".local/state/clusterbook/runs/")]
+    assert run.secrets[control]  # harvested like the other: a leak of it would be found
     assert runner.find_leaks(run.nb, run.secrets) == [
         f"cell 1 outputs: the content of ~/{token}",
         f"cell 2 outputs: the content of ~/{token}",  # the widget's text repr

@@ -114,7 +114,7 @@ def test_keeper_writes_on_change_warns_and_stops_once(tmp_path, caplog) -> None:
 
     keeper = Keeper(
         tmp_path, Lifetime(life_span=120), record=record, stop=stops.append,
-        busy=lambda: busy[0], started=100.0, clock=clock,
+        jobs=lambda: (int(busy[0]), 0), started=100.0, clock=clock,
     )  # fmt: skip
     keeper.write()
     assert read_record(tmp_path).id == "c-1"
@@ -144,7 +144,7 @@ def test_keeper_idle_clock_restarts_when_a_job_ends(tmp_path) -> None:
     clock, busy = Clock(0.0), [False]
     keeper = Keeper(
         tmp_path, Lifetime(idle_timeout=30), record=lambda: _record(tmp_path),
-        stop=lambda why: None, busy=lambda: busy[0], started=0.0, clock=clock,
+        stop=lambda why: None, jobs=lambda: (int(busy[0]), 0), started=0.0, clock=clock,
     )  # fmt: skip
     assert keeper.time_left() == (30.0, "idle_timeout")
     busy[0] = True
@@ -163,7 +163,7 @@ def test_keeper_acts_on_the_stop_file(tmp_path) -> None:
     stops: list[str] = []
     keeper = Keeper(
         tmp_path, Lifetime(), record=lambda: _record(tmp_path), stop=stops.append,
-        busy=lambda: False, started=0.0, clock=Clock(1.0),
+        jobs=lambda: (0, 0), started=0.0, clock=Clock(1.0),
     )  # fmt: skip
     keeper.tick()
     (tmp_path / "stop").touch()

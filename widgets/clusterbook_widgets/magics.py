@@ -20,9 +20,11 @@ from IPython.core.magic import Magics, cell_magic, line_magic, magics_class
 from IPython.display import display as _untyped_display
 
 import clusterbook as cb
+from clusterbook.attached import AttachedCluster
 from clusterbook.errors import ClusterError
 from clusterbook.launch.fold import OutputFilter, failure_report
 from clusterbook.launch.logs import LiveText, LogRecord
+from clusterbook.launch.saved import SavedJob
 from clusterbook.wording import speaking
 from clusterbook_widgets.mpirun_cell import (
     ArgsError,
@@ -76,7 +78,7 @@ def _err(text: str) -> None:
 
 @magics_class
 class ClusterMagics(Magics):
-    """``%cluster local|ssh|status|stop`` and ``%%mpirun``.
+    """``%cluster local|ssh|attach|status|stop`` and ``%%mpirun``.
 
     The current cluster is :attr:`cluster` (one per shell); starting a new one stops the old
     one, and the kernel's exit stops it.
@@ -84,7 +86,7 @@ class ClusterMagics(Magics):
 
     def __init__(self, shell: Any = None) -> None:
         super().__init__(shell)
-        self.cluster: cb.Cluster | None = None
+        self.cluster: cb.Cluster | AttachedCluster | None = None
 
     # -- %cluster -----------------------------------------------------------------------------
 
@@ -96,7 +98,9 @@ class ClusterMagics(Magics):
 
         ``%cluster local [--workers N] [--slots S]``,
         ``%cluster ssh HOST[:SLOTS] ... [--user U] [--identity F] [--port P]
-        [--accept-new-host-keys]``, ``%cluster status``, ``%cluster stop``.
+        [--accept-new-host-keys]``, ``%cluster attach ID`` (a cluster another kernel or
+        process runs: shown with its newest job's output), ``%cluster status``,
+        ``%cluster stop``.
         """
         try:
             args = parse_cluster_args(line)
@@ -118,10 +122,31 @@ class ClusterMagics(Magics):
                     host_keys="accept-new" if args.accept_new_host_keys else None,
                 )
             )
+        elif args.command == "attach":
+            self._attach(args.id)
         elif args.command == "status":
             self._status()
         else:
             self._stop()
+
+    def _attach(self, what: str) -> None:
+        try:
+            cluster = cb.Cluster.attach(what)
+        except ClusterError as exc:
+            _err(f"%cluster: {exc}")
+            return
+        self._stop(quiet=True)
+        self.cluster = cluster
+        print(f"Attached to {cluster!r}.", flush=True)
+        self._status()
+        jobs = cluster.jobs
+        if jobs:
+            try:
+                from clusterbook_widgets.log_viewer import LogViewer
+            except ImportError:
+                display(jobs[-1].logs())
+            else:
+                display(LogViewer(jobs[-1]))
 
     def _start(self, make: Callable[[], cb.Cluster]) -> cb.Cluster | None:
         try:
@@ -143,7 +168,7 @@ class ClusterMagics(Magics):
         print(f"Started {cluster!r}.", flush=True)
         return cluster
 
-    def _running(self) -> cb.Cluster | None:
+    def _running(self) -> cb.Cluster | AttachedCluster | None:
         if self.cluster is not None and self.cluster.state == "running":
             return self.cluster
         return None
@@ -234,8 +259,12 @@ class ClusterMagics(Magics):
         return pickled({name: ns[name] for name in args.push}) if args.push else None
 
     def _launch(
-        self, cluster: cb.Cluster, args: MpirunArgs, cell: str, values: bytes | None
-    ) -> tuple[cb.Job, Path, Path | None]:
+        self,
+        cluster: cb.Cluster | AttachedCluster,
+        args: MpirunArgs,
+        cell: str,
+        values: bytes | None,
+    ) -> tuple[cb.Job | SavedJob, Path, Path | None]:
         cells = cluster.run_dir / "cells"
         cells.mkdir(mode=0o700, exist_ok=True)
         number = len(list(cells.iterdir())) + 1
@@ -276,9 +305,9 @@ class ClusterMagics(Magics):
         return job, script, pull_dir
 
     def _follow(
-        self, job: cb.Job, script: str
+        self, job: cb.Job | SavedJob, script: str
     ) -> tuple[cb.JobResult, dict[int, list[tuple[str, ...]]]]:
-        launcher = Path(job.plan.launcher.path).name
+        launcher = Path(job.plan.launcher.path if isinstance(job, cb.Job) else job.launcher).name
         shown = OutputFilter(runner=script)
         live = LiveText()
 
@@ -306,7 +335,12 @@ class ClusterMagics(Magics):
         return result, shown.tracebacks
 
     def _pull(
-        self, cluster: cb.Cluster, name: str, result: cb.JobResult, pull_dir: Path | None, np: int
+        self,
+        cluster: cb.Cluster | AttachedCluster,
+        name: str,
+        result: cb.JobResult,
+        pull_dir: Path | None,
+        np: int,
     ) -> None:
         if not result.ok:
             _err(f"%%mpirun: --pull {name}: not set, the job did not succeed.")

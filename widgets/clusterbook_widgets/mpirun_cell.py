@@ -155,7 +155,7 @@ def parse_mpirun_args(line: str) -> MpirunArgs:
 
 def _cluster_parser() -> _Parser:
     p = _Parser(prog="%cluster", description="Start, show or stop the notebook's cluster.")
-    sub = p.add_subparsers(dest="command", metavar="{local,ssh,status,stop}", required=True)
+    sub = p.add_subparsers(dest="command", metavar="{local,ssh,attach,status,stop}", required=True)
     local = sub.add_parser("local", help="a cluster on this machine")
     local.add_argument("--workers", type=_count("--workers"), default=1, metavar="N")
     local.add_argument("--slots", type=_count("--slots"), default=None, metavar="S")
@@ -169,6 +169,8 @@ def _cluster_parser() -> _Parser:
         action="store_true",
         help="trust hosts not yet in known_hosts on first use (a changed key is still refused)",
     )
+    attach = sub.add_parser("attach", help="a cluster another kernel or process runs")
+    attach.add_argument("id", metavar="ID", help="its id (clusterbook ls), name or directory")
     sub.add_parser("status", help="show the cluster's nodes")
     sub.add_parser("stop", help="stop the cluster and every process of it")
     return p

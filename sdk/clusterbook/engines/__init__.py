@@ -291,6 +291,9 @@ def start_engines(
             env={**(env or {}), CONNECTION_ENV: Hidden(json.dumps(engine_info))},
             abort_on_error=False,  # the engines' kernels catch what a cell raises
         )
+        from clusterbook.launch.job import Job
+
+        assert isinstance(job, Job)  # engines() refuses a detached cluster
         engines.job, engines.n = job, job.np
         with progress_bar:
             progress_bar.update(0, "connecting to the controller", job.np)

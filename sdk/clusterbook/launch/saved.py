@@ -47,6 +47,7 @@ class SavedJob:
             self.np: int = int(info["np"])
             self.argv: list[str] = [str(a) for a in info["argv"]]
             self.started: float = float(info.get("started", 0.0))
+            self.launcher: str = str(info.get("launcher", "mpirun"))
             self._hosts = {int(k): str(v) for k, v in info.get("hosts", {}).items()}
         except (KeyError, TypeError, ValueError, AttributeError) as exc:
             raise RecordError(
