@@ -48,6 +48,7 @@ if TYPE_CHECKING:
     import pandas as pd
     from typing_extensions import Unpack
 
+    from clusterbook.commands import NodeRun
     from clusterbook.launch.prepare import JobArgs
 
 __all__ = ["AttachedCluster"]
@@ -142,7 +143,7 @@ class AttachedCluster:
 
     # -- asking the head ---------------------------------------------------------------------
 
-    def _call(self, op: str, *, timeout: float | None = None, **args: Any) -> dict[str, Any]:
+    def _call(self, op: str, *, reply_within: float | None = None, **args: Any) -> dict[str, Any]:
         record = self.refresh()
         if not record.live or self._stale:
             state = "stale: its head is gone" if self._stale else record.state
@@ -153,7 +154,7 @@ class AttachedCluster:
                     f"Cluster {self.id} is {record.state}; its head takes no requests yet."
                 )
             self._client = ControlClient(record.address, self.run_dir / TOKEN_FILE)
-        return self._client.call(op, timeout=timeout, **args)
+        return self._client.call(op, reply_within=reply_within, **args)
 
     def mpirun(
         self, argv: Sequence[str], np: int | None = None, **job: Unpack[JobArgs]
@@ -176,7 +177,7 @@ class AttachedCluster:
 
     def wait_ready(self, timeout: float = 60, *, progress: bool | None = None) -> None:
         """Return when the head says every node is ready (see ``Cluster.wait_ready``)."""
-        self._call("wait_ready", timeout=None, **{"timeout": timeout})
+        self._call("wait_ready", timeout=timeout)
 
     def put(self, *paths: str | os.PathLike[str], progress: bool | None = None) -> None:
         """Copy files to every node, as ``Cluster.put`` (the head reads them: same machine)."""
@@ -191,12 +192,18 @@ class AttachedCluster:
 
     def run_on_nodes(self, argv: Sequence[str], timeout: float = 60.0) -> pd.DataFrame:
         """Run ``argv`` on every node, as ``Cluster.run_on_nodes``."""
-        from clusterbook.commands import NodeRun, runs_frame
+        from clusterbook.commands import runs_frame
+
+        return runs_frame(self.node_runs(argv, timeout))
+
+    def node_runs(self, argv: Sequence[str], timeout: float = 60.0) -> list[NodeRun]:
+        """What :meth:`run_on_nodes` shows, one :class:`NodeRun` per node."""
+        from clusterbook.commands import NodeRun
 
         if isinstance(argv, str):
-            argv = [argv]
-        answer = self._call("run_on_nodes", argv=list(argv), **{"timeout": timeout})
-        return runs_frame([NodeRun(**row) for row in answer["rows"]])
+            argv = [argv]  # the head refuses it with the message Cluster.run_on_nodes gives
+        answer = self._call("run_on_nodes", argv=list(argv), timeout=timeout)
+        return [NodeRun(**row) for row in answer["rows"]]
 
     def _saved(self, job_id: str, directory: str) -> SavedJob:
         job = self._jobs.get(job_id)

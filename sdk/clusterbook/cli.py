@@ -33,7 +33,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``clusterbook`` command; returns the exit code."""
     parser = _parser()
     words = list(sys.argv[1:] if argv is None else argv)
+    command: list[str] | None = None
+    if words[:1] == ["exec"] and "--" in words:
+        # exec's ID comes before its options: argparse would take the command for its own.
+        cut = words.index("--")
+        words, command = words[:cut], words[cut + 1 :]
     args, unknown = parser.parse_known_args(words)
+    if command is not None:
+        args.cmd = command
     if unknown:
         return _unknown_options(parser, words, unknown)
     if not hasattr(args, "func"):

@@ -1,6 +1,6 @@
 """The ``clusterbook`` commands about clusters that run (or ran) elsewhere: ``ls``, ``status``,
-``logs``, ``stop`` and ``prune``. They read the clusters' directories; ``stop`` writes a stop
-file the head acts on (see :mod:`clusterbook.attached`)."""
+``logs``, ``exec``, ``stop`` and ``prune``. They read the clusters' directories and ask their
+heads (see :mod:`clusterbook.attached`)."""
 
 from __future__ import annotations
 
@@ -54,6 +54,21 @@ def add_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> No
         "--timeout", type=float, default=30.0, metavar="S", help="seconds to wait (default 30)"
     )
     stop.set_defaults(func=_stop)
+
+    run_there = sub.add_parser(
+        "exec",
+        help="run a command on every node of a cluster",
+        description="Run CMD on every node of cluster ID at once (through its head), print "
+        "each node's output behind its name, and exit 0 if it succeeded everywhere, else 1.",
+        usage="clusterbook exec ID [--timeout S] -- CMD [ARG ...]",
+    )
+    run_there.add_argument("cluster", metavar="ID", help="a cluster's id, name or directory")
+    run_there.add_argument(
+        "--timeout", type=float, default=60.0, metavar="S", help="stop it after S s (60)"
+    )
+    # After '--' (the ID comes first, so a remainder would swallow --timeout).
+    run_there.add_argument("cmd", nargs="*", metavar="CMD", help="the command, after --")
+    run_there.set_defaults(func=_exec)
 
     prune = sub.add_parser(
         "prune",
@@ -169,6 +184,28 @@ def _stop(args: argparse.Namespace) -> int:
     reason = cluster.record.stop_reason or "stopped"
     print(f"Cluster {cluster.id} stopped ({reason}).")
     return 0
+
+
+def _exec(args: argparse.Namespace) -> int:
+    from clusterbook.attached import AttachedCluster
+    from clusterbook.errors import ConfigError
+
+    cmd = list(args.cmd)
+    if not cmd:
+        raise ConfigError("clusterbook exec needs a command: clusterbook exec ID -- CMD [ARG ...]")
+    runs = AttachedCluster.attach(args.cluster).node_runs(cmd, timeout=args.timeout)
+    failed = []
+    for run in runs:
+        for stream, text in ((sys.stdout, run.stdout), (sys.stderr, run.stderr)):
+            for line in text.splitlines():
+                print(f"[{run.node}] {line}", file=stream)
+        if run.returncode is None:
+            failed.append(f"{run.node} ({run.host}): stopped at its timeout, or not reached")
+        elif run.returncode != 0:
+            failed.append(f"{run.node} ({run.host}): exit code {run.returncode}")
+    for line in failed:
+        print(f"clusterbook: {line}", file=sys.stderr)
+    return 1 if failed else 0
 
 
 def _prune(args: argparse.Namespace) -> int:

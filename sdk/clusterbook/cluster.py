@@ -29,6 +29,7 @@ from clusterbook.launch.prepare import (
     prepare,
     usable_nodes,
 )
+from clusterbook.mirror import Mirror
 from clusterbook.options import ClusterOptions
 from clusterbook.paths import cluster_dir, default_run_root
 from clusterbook.progress import NodeWatch, bar, checked
@@ -49,7 +50,8 @@ if TYPE_CHECKING:
     from clusterbook.engines import EngineArgs
     from clusterbook.launch.prepare import JobArgs
     from clusterbook.launch.saved import SavedJob
-    from clusterbook.options import ClusterOptionsArgs, ElasticArgs, SSHArgs
+    from clusterbook.mirror import Mirror
+from clusterbook.options import ClusterOptionsArgs, ElasticArgs, SSHArgs
 
 __all__ = ["Cluster", "default_run_root"]
 
@@ -85,6 +87,7 @@ class Cluster:
         self._supervised = False  # this process is a detached cluster's supervisor
         self._remote: AttachedCluster | None = None  # the supervisor of a detached cluster
         self._spec: dict[str, Any] | None = None
+        self._mirror: Mirror | None = None  # copies at work_dir=URL
         self._launcher: Launcher | None = None
         self._jobs: list[Job] = []
         self._lock = threading.RLock()
@@ -208,6 +211,8 @@ class Cluster:
                 return self._start_detached()
             launcher = self.launcher
             self._claim_run_dir()
+            if self._options.work_dir is not None and self._mirror is None:
+                self._mirror = Mirror(self._options.work_dir, self._options.work_dir_options)
             env, total = self._options.env, len(self._provider.node_statuses()) or None
             self._state = "starting"
             self._write_record()
@@ -318,6 +323,8 @@ class Cluster:
                     services.close()
                 self._write_record()
                 self._services = None
+                if self._mirror is not None:
+                    self._mirror.close()
                 (self.run_dir / STOP_FILE).unlink(missing_ok=True)
                 with contextlib.suppress(OSError):  # empty once the provider cleaned it
                     cluster_dir(self.name).rmdir()

@@ -137,7 +137,7 @@ class ControlClient:
         self._lock = threading.Lock()
         self._chan: _Channel | None = None
 
-    def call(self, op: str, *, timeout: float | None = None, **args: Any) -> dict[str, Any]:
+    def call(self, op: str, *, reply_within: float | None = None, **args: Any) -> dict[str, Any]:
         """Send request ``op`` and return its answer; raise the error the head answered
         with, or :class:`ClusterStateError` when the head cannot be reached."""
         payload = json.dumps({"op": op, **args}).encode()
@@ -145,7 +145,7 @@ class ControlClient:
             try:
                 chan = self._connect()
                 chan.send(payload)
-                wait = None if timeout is None else time.monotonic() + timeout
+                wait = None if reply_within is None else time.monotonic() + reply_within
                 reply = json.loads(chan.recv(wait))
             except Exception as exc:
                 self.close()

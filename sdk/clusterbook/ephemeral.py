@@ -10,7 +10,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
-from clusterbook.errors import ClusterStateError
+from clusterbook.errors import ClusterStateError, JobTimeoutError
+from clusterbook.progress import bar, checked
 
 if TYPE_CHECKING:
     from typing_extensions import Unpack
@@ -36,6 +37,7 @@ def run(
     yet: a cluster someone else started is not ours to stop."""
     from clusterbook.cluster import Cluster
 
+    progress = checked(progress)
     if cluster is None:
         cluster = Cluster.local()
     if cluster.state != "created":
@@ -45,6 +47,16 @@ def run(
         )
     try:
         cluster.start(progress=progress)
-        return cluster.mpirun(argv, np, **job).wait()  # an interrupt cancels the job
+        running = cluster.mpirun(argv, np, **job)
+        # A bar of the ranks that ended, where someone watches; an interrupt cancels the job.
+        with bar(progress, f"running {running.id}", running.np, "rank") as shown:
+            while True:
+                try:
+                    result = running.wait(0.2)
+                except JobTimeoutError:
+                    shown.update(running.ranks_ended)
+                    continue
+                shown.update(running.ranks_ended)
+                return result
     finally:
         cluster.stop()

@@ -16,7 +16,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from clusterbook.lifetime import Lifetime, decide
-from clusterbook.record import STOP_FILE, ClusterRecord, write_record
+from clusterbook.record import STOP_FILE
 
 __all__ = ["Keeper"]
 
@@ -31,7 +31,7 @@ class Keeper:
         directory: Path,
         lifetime: Lifetime,
         *,
-        record: Callable[[], ClusterRecord],
+        write: Callable[[], None],
         stop: Callable[[str], None],
         jobs: Callable[[], tuple[int, int]],
         started: float,
@@ -41,7 +41,7 @@ class Keeper:
     ) -> None:
         self._stop_file = directory / STOP_FILE
         self._lifetime = lifetime
-        self._record = record
+        self._write = write
         self._stop = stop
         self._jobs = jobs
         self._one_job = one_job
@@ -70,7 +70,7 @@ class Keeper:
         try:
             with self._writing:
                 self._dirty.clear()
-                write_record(self._record())
+                self._write()
         except OSError as exc:
             _log.warning("Could not write the cluster's record: %s", exc)
 

@@ -14,11 +14,12 @@ import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
 from pathlib import Path
-from typing import TYPE_CHECKING, TypedDict
+from typing import TYPE_CHECKING, Any, TypedDict
 
 from clusterbook.errors import ConfigError
 from clusterbook.launch.flavour import MPIFlavour
 from clusterbook.lifetime import DETACHED_LIFE_SPAN, parse_duration
+from clusterbook.mirror import is_url
 from clusterbook.paths import default_run_root
 from clusterbook.spec import validate_env
 
@@ -44,6 +45,8 @@ class ClusterOptionsArgs(TypedDict, total=False):
     retention: float | str | None
     detached: bool
     ephemeral: bool
+    work_dir: str | os.PathLike[str] | None
+    work_dir_options: Mapping[str, Any] | None
 
 
 class SSHArgs(ClusterOptionsArgs, total=False):
@@ -145,6 +148,11 @@ class ClusterOptions:
         A detached cluster stops after 12 hours unless given another ``life_span``.
     ephemeral
         Stop the cluster once its first job has ended (``cb.run`` makes such a cluster).
+    work_dir, work_dir_options
+        Where the cluster's record and its jobs' logs are kept: a local directory (the same
+        as ``run_dir``), or an fsspec URL (``sftp://host/path``, ``s3://bucket/path``) they
+        are copied to from the local run directory (``work_dir_options``: the file system's
+        options, like ``key_filename``; for SSH, ``known_hosts`` too).
     """
 
     name: str
@@ -160,6 +168,8 @@ class ClusterOptions:
     retention: float | None = None
     detached: bool = False
     ephemeral: bool = False
+    work_dir: str | None = None  # an fsspec URL the run directory is copied to
+    work_dir_options: Mapping[str, Any] = field(default_factory=dict)
 
     @classmethod
     def given_names(cls) -> set[str]:
@@ -196,6 +206,14 @@ class ClusterOptions:
         run_dir = given.get("run_dir")
         if run_dir is not None and not isinstance(run_dir, (str, os.PathLike)):
             raise ConfigError(f"run_dir must be a directory path, got {run_dir!r}.")
+        work_dir, mirror = _work_dir(given.get("work_dir"), run_dir)
+        run_dir = run_dir if run_dir is not None else work_dir
+        work_dir_options = given.get("work_dir_options") or {}
+        if not isinstance(work_dir_options, Mapping):
+            raise ConfigError(
+                f"work_dir_options must be a mapping of the file system's options, got "
+                f"{work_dir_options!r}."
+            )
         launcher = given.get("launcher")
         if launcher is not None and not isinstance(launcher, str):
             raise ConfigError(f"launcher must be the path of mpirun or mpiexec, got {launcher!r}.")
@@ -216,6 +234,8 @@ class ClusterOptions:
             retention=parse_duration(given.get("retention"), "retention"),
             detached=detached,
             ephemeral=ephemeral,
+            work_dir=mirror,
+            work_dir_options=dict(work_dir_options),
         )
 
 
@@ -223,3 +243,20 @@ def _life_span(given: object, detached: bool) -> float | None:
     """The life span asked for; a detached cluster's default (nothing runs forever)."""
     life_span = parse_duration(given, "life_span")
     return DETACHED_LIFE_SPAN if life_span is None and detached else life_span
+
+
+def _work_dir(given: object, run_dir: object) -> tuple[str | os.PathLike[str] | None, str | None]:
+    """``work_dir`` as a local run directory, or as a URL to copy the run directory to."""
+    if given is None:
+        return None, None
+    if not isinstance(given, (str, os.PathLike)):
+        raise ConfigError(f"work_dir must be a directory or an fsspec URL, got {given!r}.")
+    if isinstance(given, str) and is_url(given) and not given.startswith("file://"):
+        return None, given
+    local = given.removeprefix("file://") if isinstance(given, str) else given
+    if run_dir is not None and Path(local) != Path(run_dir):  # type: ignore[arg-type]
+        raise ConfigError(
+            f"work_dir={given!r} and run_dir={run_dir!r} name two directories; a local "
+            "work_dir is the run directory: give one of them."
+        )
+    return local, None

@@ -15,6 +15,7 @@ import threading
 import time
 from collections.abc import Mapping
 from dataclasses import asdict
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from clusterbook.control import ControlServer, Handler
@@ -43,7 +44,7 @@ class HeadServices:
         self.keeper = Keeper(
             cluster.run_dir,
             Lifetime(opts.life_span, opts.idle_timeout),
-            record=lambda: record_of(cluster),
+            write=lambda: write_record_of(cluster),
             stop=cluster._stop_for,
             jobs=lambda: _counts(list(cluster._jobs)),
             started=started,
@@ -97,7 +98,16 @@ def record_of(
 
 
 def write_record_of(cluster: Cluster, state: str | None = None, reason: str | None = None) -> None:
-    write_record(record_of(cluster, state, reason))
+    """Write ``cluster``'s record, and have its mirror (``work_dir=URL``) copy it and the
+    jobs that have ended."""
+    record = record_of(cluster, state, reason)
+    write_record(record)
+    mirror = cluster._mirror
+    if mirror is not None:
+        mirror.record(record.to_json())
+        for job in record.jobs:
+            if job.state != "running":
+                mirror.job(Path(job.directory))
 
 
 def _counts(jobs: list[Job]) -> tuple[int, int]:

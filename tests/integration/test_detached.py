@@ -120,6 +120,7 @@ def test_a_detached_cluster_from_this_process_runs_jobs_and_has_a_day_long_life(
         assert record.head_pid != os.getpid()
         assert record.life_span == 12 * 3600  # nothing runs forever by accident
         assert 11.9 * 3600 < (cluster.time_left or 0) <= 12 * 3600
+        cluster.wait_ready(30)  # asked of the supervisor
         job = cluster.mpirun(["python", "-c", "print('hello')"], np=2)
         assert job.wait(60).ok
         assert job.logs()["line"].tolist() == ["hello", "hello"]

@@ -319,3 +319,40 @@ def test_prune_from_the_cli_removes_exactly_the_finished_runs(
         assert "--older-than='soon' is not a duration" in bad.stderr
     finally:
         live.stop()
+
+
+def test_exec_runs_a_command_on_every_node_of_a_running_cluster(openmpi_python, tmp_path):
+    with cb.Cluster.local(2, 1, python=openmpi_python, run_dir=tmp_path / "c") as cluster:
+        ok = cli("exec", cluster.id, "--", "sh", "-c", "echo out; echo err >&2")
+        assert ok.returncode == 0, ok.stderr
+        assert sorted(ok.stdout.splitlines()) == ["[local-0] out", "[local-1] out"]
+        assert sorted(ok.stderr.splitlines()) == ["[local-0] err", "[local-1] err"]
+        bad = cli("exec", cluster.id, "--timeout", "5", "--", "sh", "-c", "exit 3")
+        assert bad.returncode == 1
+        assert "clusterbook: local-0 (localhost): exit code 3" in bad.stderr
+        slow = cli("exec", cluster.id, "--timeout", "0.5", "--", "sleep", "30")
+        assert slow.returncode == 1
+        assert "stopped at its timeout, or not reached" in slow.stderr
+        empty = cli("exec", cluster.id)
+        assert empty.returncode == 2
+        assert "needs a command" in empty.stderr
+
+
+def test_cb_run_shows_a_bar_of_the_ranks_that_ended(openmpi_python, tmp_path):
+    program = (
+        "import sys, clusterbook as cb\n"
+        "c = cb.Cluster.local(1, 2, python=sys.argv[1], run_dir=sys.argv[2])\n"
+        "r = cb.run(['python', '-c', 'import time; time.sleep(1.5)'], np=2, cluster=c,\n"
+        "           progress=True)\n"
+        "print(r.ok)\n"
+    )
+    proc = subprocess.run(
+        [sys.executable, "-c", program, openmpi_python, str(tmp_path / "c")],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip() == "True"
+    assert re.search(r"running job-0001: .*0/2", proc.stderr), proc.stderr
+    assert re.search(r"running job-0001: .*2/2", proc.stderr), proc.stderr

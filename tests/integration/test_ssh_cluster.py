@@ -4,6 +4,8 @@ bootstrap, MPI across hosts with both flavours, host key refusal, clean-up."""
 from __future__ import annotations
 
 import contextlib
+import getpass
+import json
 import stat
 import time
 import warnings
@@ -13,6 +15,7 @@ import pytest
 
 import clusterbook as cb
 from clusterbook.paths import cluster_dir as head_dir
+from clusterbook.paths import default_run_root
 from tests.testbed import testbed as fake_hosts
 
 pytestmark = [pytest.mark.root, pytest.mark.sshd, pytest.mark.mpi]
@@ -249,3 +252,39 @@ def test_cb_run_on_ssh_hosts_leaves_nothing_on_the_nodes(testbed, tmp_path, open
     for h in testbed.hosts:
         assert not cluster_dir(h, cluster).exists()
     assert not head_dir(cluster.name).exists()  # nor on this machine, the head
+
+
+def test_work_dir_over_sftp_on_a_fake_host_gets_the_record_and_the_logs(
+    testbed, tmp_path, openmpi_python
+):
+    host = testbed.hosts[0]
+    remote = host.home / "mirror" / "run1"
+    url = f"sftp://{getpass.getuser()}@{host.addr}{remote}"
+    options = {"key_filename": str(testbed.identity), "known_hosts": str(testbed.known_hosts)}
+    testbed.write_known_hosts()
+    cluster = cb.Cluster.local(1, 2, python=openmpi_python, work_dir=url, work_dir_options=options)
+    assert cluster.run_dir.parent == default_run_root()  # the jobs write locally, fast
+    with cluster:
+        result = cluster.mpirun(["python", "-c", "print('mirrored')"], np=2).wait(60)
+        assert result.ok
+    record = json.loads((remote / "cluster.json").read_text())
+    assert record["state"] == "stopped"
+    assert record["id"] == cluster.id
+    job = remote / "jobs" / "job-0001"
+    for rank in (0, 1):
+        assert (job / f"rank-{rank}.log").read_text().rstrip().endswith(" out mirrored")
+    assert json.loads((job / "result.json").read_text())["returncode"] == 0
+    assert not list(remote.rglob("token"))  # the control token stays local
+
+
+def test_work_dir_over_sftp_refuses_an_unknown_host_key(testbed, tmp_path, openmpi_python):
+    host = testbed.hosts[0]
+    empty = tmp_path / "known_hosts"
+    empty.write_text("")
+    url = f"sftp://{getpass.getuser()}@{host.addr}{host.home}/mirror/run2"
+    options = {"key_filename": str(testbed.identity), "known_hosts": str(empty)}
+    cluster = cb.Cluster.local(1, 1, python=openmpi_python, work_dir=url, work_dir_options=options)
+    with pytest.raises(cb.HostKeyUnknownError, match=host.addr):
+        cluster.start()
+    assert cluster.state == "created"
+    assert not (host.home / "mirror" / "run2").exists()

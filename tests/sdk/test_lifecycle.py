@@ -108,12 +108,12 @@ def test_keeper_writes_on_change_warns_and_stops_once(tmp_path, caplog) -> None:
     clock, stops, busy = Clock(100.0), [], [False]
     writes: list[int] = []
 
-    def record() -> ClusterRecord:
+    def write() -> None:
         writes.append(1)
-        return _record(tmp_path)
+        write_record(_record(tmp_path))
 
     keeper = Keeper(
-        tmp_path, Lifetime(life_span=120), record=record, stop=stops.append,
+        tmp_path, Lifetime(life_span=120), write=write, stop=stops.append,
         jobs=lambda: (int(busy[0]), 0), started=100.0, clock=clock,
     )  # fmt: skip
     keeper.write()
@@ -143,7 +143,7 @@ def test_keeper_writes_on_change_warns_and_stops_once(tmp_path, caplog) -> None:
 def test_keeper_idle_clock_restarts_when_a_job_ends(tmp_path) -> None:
     clock, busy = Clock(0.0), [False]
     keeper = Keeper(
-        tmp_path, Lifetime(idle_timeout=30), record=lambda: _record(tmp_path),
+        tmp_path, Lifetime(idle_timeout=30), write=lambda: write_record(_record(tmp_path)),
         stop=lambda why: None, jobs=lambda: (int(busy[0]), 0), started=0.0, clock=clock,
     )  # fmt: skip
     assert keeper.time_left() == (30.0, "idle_timeout")
@@ -162,7 +162,7 @@ def test_keeper_idle_clock_restarts_when_a_job_ends(tmp_path) -> None:
 def test_keeper_acts_on_the_stop_file(tmp_path) -> None:
     stops: list[str] = []
     keeper = Keeper(
-        tmp_path, Lifetime(), record=lambda: _record(tmp_path), stop=stops.append,
+        tmp_path, Lifetime(), write=lambda: write_record(_record(tmp_path)), stop=stops.append,
         jobs=lambda: (0, 0), started=0.0, clock=Clock(1.0),
     )  # fmt: skip
     keeper.tick()
@@ -306,3 +306,52 @@ def test_prune_removes_exactly_what_outlived_its_retention(tmp_path) -> None:
     assert live.exists()
     assert Path(jobs[1].directory).exists()
     assert not Path(jobs[2].directory).exists()
+
+
+# -- work_dir ------------------------------------------------------------------------------
+
+
+def test_work_dir_is_the_run_dir_or_a_url_to_copy_it_to(tmp_path) -> None:
+    local = cb.Cluster.local(work_dir=tmp_path / "wd")
+    assert local.run_dir == tmp_path / "wd"
+    assert local._options.work_dir is None
+    remote = cb.Cluster.local(work_dir="sftp://me@host/runs/x")
+    assert remote._options.work_dir == "sftp://me@host/runs/x"
+    assert remote._options.own_run_dir  # the jobs still write to a local directory
+    for bad, message in [
+        ({"work_dir": 3}, "work_dir must be a directory or an fsspec URL, got 3"),
+        ({"work_dir": "/a", "run_dir": "/b"}, "name two directories"),
+        ({"work_dir_options": [1]}, "work_dir_options must be a mapping"),
+    ]:
+        with pytest.raises(cb.ConfigError, match=message):
+            cb.Cluster.local(**bad)  # type: ignore[arg-type]
+
+
+def test_the_mirror_copies_the_newest_record_and_ended_jobs(tmp_path) -> None:
+    import fsspec
+
+    from clusterbook.mirror import Mirror
+
+    job = tmp_path / "jobs" / "job-0001"
+    job.mkdir(parents=True)
+    for name in ("job.json", "rank-0.log", "result.json", "hostfile", "notes.tmp"):
+        (job / name).write_text(name)
+    mirror = Mirror("memory://mirror-test/c1")
+    for n in range(50):
+        mirror.record(f'{{"n": {n}}}')
+    mirror.job(job)
+    mirror.job(job)  # once is enough
+    mirror.close()
+    fs = fsspec.filesystem("memory")
+    assert fs.cat("/mirror-test/c1/cluster.json") == b'{"n": 49}'
+    copied = sorted(
+        p.rsplit("/", 1)[1] for p in fs.ls("/mirror-test/c1/jobs/job-0001", detail=False)
+    )
+    assert copied == ["hostfile", "job.json", "rank-0.log", "result.json"]
+
+
+def test_a_url_without_its_file_system_says_what_to_install() -> None:
+    from clusterbook.mirror import Mirror
+
+    with pytest.raises(cb.ConfigError, match=r"Cannot use work_dir='nosuchfs://x/y'"):
+        Mirror("nosuchfs://x/y")

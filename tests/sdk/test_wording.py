@@ -74,7 +74,12 @@ def test_a_missing_script_is_told_in_the_users_terms(tmp_path: Path) -> None:
 # Words like NAME= in messages that are not options: hostfile lines, join URL queries.
 NOT_OPTIONS = {"slots", "min", "max"}
 # Messages only Python can cause: a value no other interface can pass.
-PYTHON_ONLY = {("ssh/hostkeys.py", "host_keys")}
+PYTHON_ONLY = {
+    ("ssh/hostkeys.py", "host_keys"),
+    # work_dir= (and its options) exist in Python only.
+    *(("mirror.py", name) for name in ("work_dir", "known_hosts", "host_keys")),
+    *(("options.py", name) for name in ("work_dir", "run_dir")),
+}
 
 
 def _error_messages() -> list[tuple[str, int, str]]:

@@ -141,6 +141,11 @@ class Job:
         return self._done.is_set()
 
     @property
+    def ranks_ended(self) -> int:
+        """How many ranks have reported their exit so far."""
+        return len(self._store.exit_codes)
+
+    @property
     def result(self) -> JobResult | None:
         """The result once the job has ended, else None."""
         return self._result

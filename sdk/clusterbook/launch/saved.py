@@ -73,6 +73,12 @@ class SavedJob:
     def done(self) -> bool:
         return self.result is not None
 
+    @property
+    def ranks_ended(self) -> int:
+        """How many ranks have ended (all once the job has; its files say no more before)."""
+        result = self.result
+        return 0 if result is None else sum(c is not None for c in result.rank_exit_codes.values())
+
     def wait(self, timeout: float | None = None) -> JobResult:
         """Wait for the job's result (``timeout``: for this wait only, as ``Job.wait``)."""
         limit = validate_timeout(timeout)
