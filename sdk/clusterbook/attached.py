@@ -250,7 +250,7 @@ class AttachedCluster:
 
     # -- stopping ----------------------------------------------------------------------------
 
-    def stop(self, timeout: float = 30.0) -> None:
+    def stop(self, timeout: float = 30.0, *, reason: str | None = None) -> None:
         """Stop the cluster: its head stops it within a second of seeing the stop file;
         a head that is gone leaves this process to stop what is left. Returns once it is
         stopped; :class:`ClusterStateError` if the head has not stopped it in ``timeout`` s."""
@@ -261,7 +261,9 @@ class AttachedCluster:
             self._clean_after_dead_head()
             return
         try:
-            self._call("stop", reason=f"stopped by an attached handle (pid {os.getpid()})")
+            self._call(
+                "stop", reason=reason or f"stopped by an attached handle (pid {os.getpid()})"
+            )
         except ClusterStateError:  # the head takes no requests: it reads the stop file
             with contextlib.suppress(FileExistsError):
                 (self.run_dir / STOP_FILE).touch()

@@ -288,7 +288,7 @@ class Cluster:
     def stop(self) -> None:
         """Stop every job and release the nodes. Safe to call more than once."""
         if self._remote is not None:
-            self._remote.stop()
+            self._remote.stop(reason="stop() was called")
             self._state = "stopped"
             return
         self._stop_for(None)
@@ -314,20 +314,20 @@ class Cluster:
             try:
                 self._provider.stop()
             finally:
-                with self._lock:
-                    self._state = "stopped"
-                    self._stopped_at = time.time()
-                    _LIVE.discard(self)
-                services = self._services
+                self._stopped_at = time.time()
+                services, self._services = self._services, None
                 if services is not None:
                     services.close()
-                self._write_record()
-                self._services = None
+                self._write_record(state="stopped")
                 if self._mirror is not None:
                     self._mirror.close()
                 (self.run_dir / STOP_FILE).unlink(missing_ok=True)
                 with contextlib.suppress(OSError):  # empty once the provider cleaned it
                     cluster_dir(self.name).rmdir()
+                # Stopped once all of it is done: whoever waits for it finds it all done.
+                with self._lock:
+                    self._state = "stopped"
+                    _LIVE.discard(self)
                 self._changed()
 
     def __enter__(self) -> Cluster:

@@ -134,6 +134,7 @@ def test_a_detached_cluster_from_this_process_runs_jobs_and_has_a_day_long_life(
         cluster.stop()
     assert cluster.state == "stopped"
     assert cb.Cluster.attach(cluster.id).state == "stopped"
+    assert cb.Cluster.attach(cluster.id).record.stop_reason == "stop() was called"
     assert not (Path(cluster.run_dir) / "token").exists()
 
 

@@ -24,7 +24,7 @@ RANKS = (
     "rank = MPI.COMM_WORLD.Get_rank()\\n"
     "for i in range(40):\\n"
     "    print(f'line {i} of rank {rank}', flush=True)\\n"
-    "    time.sleep(0.1)\\n"
+    "    time.sleep(0.25)\\n"  # 10 s: kernel B attaches while it runs
 )
 
 NOTEBOOK_A = [

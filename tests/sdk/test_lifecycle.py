@@ -159,6 +159,13 @@ def test_keeper_idle_clock_restarts_when_a_job_ends(tmp_path) -> None:
     assert keeper.time_left() == (30.0, "idle_timeout")
 
 
+def test_keeper_looks_often_enough_to_stop_within_a_second() -> None:
+    import inspect
+
+    interval = inspect.signature(Keeper).parameters["interval"].default
+    assert 0 < interval <= 0.5  # a stop file is seen within a second, with room to act
+
+
 def test_keeper_acts_on_the_stop_file(tmp_path) -> None:
     stops: list[str] = []
     keeper = Keeper(
