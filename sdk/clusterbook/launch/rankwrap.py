@@ -7,6 +7,13 @@ launcher's own output forwarding (so it works across hosts too):
 - ``<RS>CB start HOST PID`` when the program starts, with the node's real hostname;
 - ``<RS>CB exit CODE`` when it ends (128+N when killed by signal N).
 
+It gives the program what ``torch.distributed`` (``env://``) and torchrun-style programs
+read: ``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``, ``LOCAL_WORLD_SIZE`` from the launcher's own
+variables (Open MPI's ``OMPI_COMM_WORLD_*``, MPICH's ``PMI_*`` and ``MPI_LOCAL*``),
+``NODE_RANK``/``GROUP_RANK`` (the index of the rank's host, from ``CLUSTERBOOK_RANK_NODES``),
+``MASTER_ADDR`` and ``MASTER_PORT`` (rank 0's host and a port the head chose), except those
+the job's own ``env`` set (``CLUSTERBOOK_USER_SET`` names them).
+
 It survives the signals mpirun forwards (which reach the program as well, being sent to the
 process group) so that it can still report the program's exit code; the shell's own
 "Terminated" notice is silenced (the exit code says it).
@@ -25,6 +32,20 @@ HOOK_DIR = str(Path(__file__).parent / "_rankhook")
 
 WRAPPER = """\
 read h </proc/sys/kernel/hostname 2>/dev/null || h=$(uname -n)
+r=${OMPI_COMM_WORLD_RANK:-${PMI_RANK:-}}
+if [ -n "$r" ]; then
+  cbset() { case " ${CLUSTERBOOK_USER_SET-} " in *" $1 "*) ;; *) export "$1=$2" ;; esac; }
+  n=0 i=0
+  for x in ${CLUSTERBOOK_RANK_NODES-}; do [ "$i" = "$r" ] && { n=$x; break; }; i=$((i+1)); done
+  cbset RANK "$r"
+  cbset WORLD_SIZE "${OMPI_COMM_WORLD_SIZE:-${PMI_SIZE:-}}"
+  cbset LOCAL_RANK "${OMPI_COMM_WORLD_LOCAL_RANK:-${MPI_LOCALRANKID:-0}}"
+  cbset LOCAL_WORLD_SIZE "${OMPI_COMM_WORLD_LOCAL_SIZE:-${MPI_LOCALNRANKS:-1}}"
+  cbset NODE_RANK "$n"
+  cbset GROUP_RANK "$n"
+  cbset MASTER_ADDR "${CLUSTERBOOK_MASTER_ADDR-}"
+  cbset MASTER_PORT "${CLUSTERBOOK_MASTER_PORT-}"
+fi
 trap : TERM INT HUP QUIT USR1 USR2
 "$@" <&0 &
 c=$!
