@@ -37,16 +37,13 @@ from clusterbook.errors import (
 )
 
 if TYPE_CHECKING:
-    from collections.abc import Sequence
-
     import pandas as pd
-    from typing_extensions import Unpack
 
     from clusterbook.cluster import Cluster
+    from clusterbook.ephemeral import run
     from clusterbook.launch.flavour import Launcher, MPIFlavour
     from clusterbook.launch.job import Job
     from clusterbook.launch.logs import LogRecord
-    from clusterbook.launch.prepare import JobArgs
     from clusterbook.launch.result import JobResult, RankFailure
     from clusterbook.spec import NodeSpec
     from clusterbook.status import ClusterSnapshot, JobStatus, NodeStatus
@@ -65,6 +62,7 @@ _LAZY = {
     "NodeSpec": "clusterbook.spec",
     "NodeStatus": "clusterbook.status",
     "RankFailure": "clusterbook.launch.result",
+    "run": "clusterbook.ephemeral",  # cb.run: start a cluster, one job, tear it down
 }
 
 
@@ -134,21 +132,6 @@ def prune(older_than: float | str | None = None, *, dry_run: bool = False) -> li
 
     keep = parse_duration(older_than, "older_than")
     return [str(r.path) for r in prune_dirs(older_than=keep, dry_run=dry_run)]
-
-
-def run(
-    argv: Sequence[str],
-    np: int | None = None,
-    *,
-    cluster: Cluster | None = None,
-    progress: bool | None = None,
-    **job: Unpack[JobArgs],
-) -> JobResult:
-    """Start ``cluster`` (default: a local one), run one job, stop the cluster, return the
-    job's result: also on failure and interrupt (see :func:`clusterbook.ephemeral.run`)."""
-    from clusterbook.ephemeral import run as run_once
-
-    return run_once(argv, np, cluster=cluster, progress=progress, **job)
 
 
 def load_ipython_extension(ipython: Any) -> None:
