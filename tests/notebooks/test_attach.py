@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import copy
 import re
+import subprocess
+import sys
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -68,6 +70,7 @@ def test_a_second_kernel_attaches_and_shows_the_jobs_live_output(
     home, folder = tmp_path / "home", tmp_path / "work"
     home.mkdir()
     folder.mkdir()
+    cluster_id = ""
     try:
         a, _ = run(NOTEBOOK_A, home, folder, runner)
         cluster_id = runner.stream(a.cells[0]).strip()
@@ -75,6 +78,13 @@ def test_a_second_kernel_attaches_and_shows_the_jobs_live_output(
         # Kernel A has shut down; its cluster and job go on.
         b, states = run(notebook_b(cluster_id), home, folder, runner)
     finally:
+        if cluster_id:  # a detached cluster outlives a failed test: stop it (a no-op if done)
+            subprocess.run(
+                [sys.executable, "-m", "clusterbook", "stop", cluster_id],
+                env=runner.kernel_env(home),
+                capture_output=True,
+                timeout=60,
+            )
         left = wait_gone(str(home), timeout=15)
         for p in left:
             p.kill()
