@@ -15,11 +15,18 @@ import os
 import shutil
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from clusterbook.errors import RecordError, UnknownClusterError
+from clusterbook.errors import (
+    ClusterError,
+    ClusterStateError,
+    RecordError,
+    RunDirError,
+    UnknownClusterError,
+)
+from clusterbook.launch.prepare import make_run_dir
 from clusterbook.lifetime import format_duration
 from clusterbook.paths import default_run_root
 from clusterbook.record import FILE, ClusterRecord, is_stale, read_record, snapshot_from
@@ -27,16 +34,20 @@ from clusterbook.record import FILE, ClusterRecord, is_stale, read_record, snaps
 if TYPE_CHECKING:
     import pandas as pd
 
+    from clusterbook.options import ClusterOptions
+
 __all__ = [
     "CLUSTER_DTYPES",
     "Found",
     "Removal",
+    "claim",
     "clusters_frame",
     "find",
     "link",
     "ordered",
     "prunable",
     "prune",
+    "prune_quietly",
     "scan",
     "time_left",
     "unlink",
@@ -289,3 +300,43 @@ def _dangling_links(root: Path) -> Iterator[Path]:
         for entry in root.iterdir():
             if entry.is_symlink() and not entry.exists():
                 yield entry
+
+
+def prune_quietly() -> None:
+    """:func:`prune` by each cluster's own retention, logging (not raising) what fails: any
+    cluster's start does it, so that a retention is kept without a daemon."""
+    try:
+        prune()
+    except Exception:
+        _log.exception("Pruning old run directories failed.")
+
+
+# -- a new cluster's directory --------------------------------------------------------------
+
+
+def claim(options: ClusterOptions) -> ClusterOptions:
+    """Make the run directory of a cluster with ``options``, unless another live cluster has
+    it, and make it findable; return the options with the id it got. A directory the cluster
+    makes itself is new: its id is numbered (``-2``, ``-3``...) past any taken."""
+    opts, n = options, 1
+    while opts.own_run_dir:
+        try:
+            opts.run_dir.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+            opts.run_dir.mkdir(mode=0o700)
+            break
+        except FileExistsError:
+            n += 1
+            numbered = f"{options.id}-{n}"
+            opts = replace(opts, id=numbered, run_dir=opts.run_dir.with_name(numbered))
+        except OSError as exc:
+            raise RunDirError.from_os_error(opts.run_dir, exc) from exc
+    make_run_dir(opts.run_dir)
+    with contextlib.suppress(ClusterError):
+        other = read_record(opts.run_dir)
+        if other.live and not is_stale(other) and other.head_pid != os.getpid():
+            raise ClusterStateError(
+                f"run_dir {str(opts.run_dir)!r} belongs to cluster {other.name!r}, which is "
+                "running; give this cluster another run_dir (or none: a new one is made)."
+            )
+    link(opts.run_dir, opts.id)
+    return opts

@@ -10,13 +10,12 @@ import threading
 import time
 import weakref
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from clusterbook import catalog, display
 from clusterbook.commands import runs_frame
-from clusterbook.errors import ClusterError, ClusterStateError, ConfigError, RunDirError
+from clusterbook.errors import ClusterStateError, ConfigError
 from clusterbook.events import Subscribers
 from clusterbook.launch.flavour import Launcher, find_launcher
 from clusterbook.launch.job import Job
@@ -25,7 +24,6 @@ from clusterbook.launch.prepare import (
     JobRequest,
     diagnose,
     fail_on_lost_nodes,
-    make_run_dir,
     prepare,
     usable_nodes,
 )
@@ -35,7 +33,7 @@ from clusterbook.paths import cluster_dir, default_run_root
 from clusterbook.progress import NodeWatch, bar, checked
 from clusterbook.providers.base import Provider, StartContext
 from clusterbook.providers.registry import make_provider
-from clusterbook.record import STOP_FILE, is_stale, read_record
+from clusterbook.record import STOP_FILE
 from clusterbook.serving import HeadServices, write_record_of
 from clusterbook.spec import NodeSpec, validate_timeout
 from clusterbook.status import ClusterSnapshot, nodes_frame, snapshot_of
@@ -234,7 +232,9 @@ class Cluster:
             self._services = HeadServices(self, started=self._started_at)
             self._services.start()
         self._changed()
-        threading.Thread(target=_prune_quietly, name="clusterbook-prune", daemon=True).start()
+        threading.Thread(
+            target=catalog.prune_quietly, name="clusterbook-prune", daemon=True
+        ).start()
         return self
 
     def _start_detached(self) -> Cluster:
@@ -258,32 +258,7 @@ class Cluster:
         return self
 
     def _claim_run_dir(self) -> None:
-        """Make the run directory, unless another live cluster has it; make it findable.
-        A directory the cluster makes itself is new: its id is numbered past any taken."""
-        opts, n = self._options, 1
-        while opts.own_run_dir:
-            try:
-                opts.run_dir.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
-                opts.run_dir.mkdir(mode=0o700)
-                break
-            except FileExistsError:
-                n += 1
-                base = self._options.id
-                opts = replace(
-                    opts, id=f"{base}-{n}", run_dir=opts.run_dir.with_name(f"{base}-{n}")
-                )
-            except OSError as exc:
-                raise RunDirError.from_os_error(opts.run_dir, exc) from exc
-        self._options = opts
-        make_run_dir(self.run_dir)
-        with contextlib.suppress(ClusterError):
-            other = read_record(self.run_dir)
-            if other.live and not is_stale(other) and other.head_pid != os.getpid():
-                raise ClusterStateError(
-                    f"run_dir {str(self.run_dir)!r} belongs to cluster {other.name!r}, which "
-                    "is running; give this cluster another run_dir (or none: a new one is made)."
-                )
-        catalog.link(self.run_dir, self.id)
+        self._options = catalog.claim(self._options)
 
     def stop(self) -> None:
         """Stop every job and release the nodes. Safe to call more than once."""
@@ -571,14 +546,6 @@ class Cluster:
             raise ClusterStateError(
                 f"Cluster {self.name!r} is {self._state}; make a new cluster to {what}()."
             )
-
-
-def _prune_quietly() -> None:
-    """Remove what has outlived its clusters' retention (any cluster's start does it)."""
-    try:
-        catalog.prune()
-    except Exception:
-        _log.exception("Pruning old run directories failed.")
 
 
 @atexit.register
