@@ -499,3 +499,24 @@ def test_current_cluster_is_the_one_the_magics_started(ip, magics) -> None:
     with capture_output():
         ip.run_line_magic("cluster", "stop")
     assert current_cluster(ip) is None
+
+
+def test_cluster_attach_then_mpirun_goes_through_the_head(  # type: ignore[no-untyped-def]
+    ip, magics: ClusterMagics, openmpi_python: str, tmp_path: Path
+) -> None:
+    owner = cb.Cluster.local(1, 2, python=openmpi_python, run_dir=tmp_path / "owned").start()
+    try:
+        with capture_output() as out:
+            ip.run_line_magic("cluster", f"attach {owner.id}")
+        assert f"Attached to <Cluster '{owner.name}' local running (attached" in out.stdout
+        ip.user_ns["k"] = 5
+        ip.user_ns.pop("y", None)
+        cell = "from mpi4py import MPI\ny = k * (MPI.COMM_WORLD.rank + 1)\nprint('y is', y)\n"
+        with capture_output() as out:
+            ip.run_cell_magic("mpirun", "-n 2 --push k --pull y", cell)
+        assert "[0] y is 5\n" in out.stdout
+        assert "[1] y is 10\n" in out.stdout
+        assert ip.user_ns["y"] == [5, 10]
+        assert [j.id for j in owner.jobs] == ["job-0001"]  # the head ran it, as its own job
+    finally:
+        owner.stop()
