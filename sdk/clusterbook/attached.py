@@ -251,35 +251,33 @@ class AttachedCluster:
     # -- stopping ----------------------------------------------------------------------------
 
     def stop(self, timeout: float = 30.0, *, reason: str | None = None) -> None:
-        """Stop the cluster: its head stops it within a second of seeing the stop file;
-        a head that is gone leaves this process to stop what is left. Returns once it is
-        stopped; :class:`ClusterStateError` if the head has not stopped it in ``timeout`` s."""
+        """Stop the cluster: its head is asked to (or, when it takes no requests, finds the
+        stop file within a second); a head that is gone leaves this process to stop what is
+        left. Returns once it is stopped; :class:`ClusterStateError` if the head has not
+        stopped it in ``timeout`` s."""
         record = self.refresh()
-        if not record.live:
-            return
-        if self._stale:
-            self._clean_after_dead_head()
-            return
-        try:
-            self._call(
-                "stop", reason=reason or f"stopped by an attached handle (pid {os.getpid()})"
-            )
-        except ClusterStateError:  # the head takes no requests: it reads the stop file
-            with contextlib.suppress(FileExistsError):
+        if record.live and not self._stale:
+            try:
+                asked = reason or f"stopped by an attached handle (pid {os.getpid()})"
+                self._call("stop", reason=asked)
+            except ClusterStateError:  # the head takes no requests: it reads the stop file
                 (self.run_dir / STOP_FILE).touch()
+        client, self._client = self._client, None
+        if client is not None:  # the head is going: its connection with it
+            client.close()
         deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            record = self.refresh()
-            if not record.live:
-                return
+        while record.live:
             if self._stale:
                 self._clean_after_dead_head()
                 return
+            if time.monotonic() >= deadline:
+                raise ClusterStateError(
+                    f"Cluster {self.id} is still {record.state} {timeout:g} s after it was "
+                    f"asked to stop; its head (pid {record.head_pid} on {record.head_host}) "
+                    "did not act on it."
+                )
             time.sleep(_POLL)
-        raise ClusterStateError(
-            f"Cluster {self.id} is still {record.state} {timeout:g} s after its stop file was "
-            f"written; its head (pid {record.head_pid} on {record.head_host}) did not act on it."
-        )
+            record = self.refresh()
 
     def _clean_after_dead_head(self) -> None:
         """Stop what a killed head left here: its jobs' processes, its files; mark the record

@@ -276,9 +276,6 @@ def prune(
     if not dry_run:
         for removal in removals:
             _remove(removal.path)
-        for f in found:
-            if f.path.is_symlink() and not f.path.exists():
-                f.path.unlink(missing_ok=True)
         for entry in _dangling_links(root):
             entry.unlink(missing_ok=True)
     return removals

@@ -26,7 +26,7 @@ def add_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> No
     ls.set_defaults(func=_ls)
 
     status = sub.add_parser("status", help="a cluster's nodes and jobs")
-    status.add_argument("cluster", metavar="ID", help="a cluster's id, name or directory")
+    _cluster_arg(status)
     status.set_defaults(func=_status)
 
     logs = sub.add_parser(
@@ -35,7 +35,7 @@ def add_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> No
         description="Print the output of JOB (default: the cluster's newest job), each line "
         "behind its rank.",
     )
-    logs.add_argument("cluster", metavar="ID", help="a cluster's id, name or directory")
+    _cluster_arg(logs)
     logs.add_argument("job", nargs="?", metavar="JOB", help="a job id, like job-0001")
     logs.add_argument(
         "-f", "--follow", action="store_true", help="keep printing output until the job ends"
@@ -49,7 +49,7 @@ def add_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> No
         description="Stop cluster ID: its head stops its jobs and nodes within a second. When "
         "the process that ran it is gone, stop what it left on this machine.",
     )
-    stop.add_argument("cluster", metavar="ID", help="a cluster's id, name or directory")
+    _cluster_arg(stop)
     stop.add_argument(
         "--timeout", type=float, default=30.0, metavar="S", help="seconds to wait (default 30)"
     )
@@ -62,7 +62,7 @@ def add_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> No
         "each node's output behind its name, and exit 0 if it succeeded everywhere, else 1.",
         usage="clusterbook exec ID [--timeout S] -- CMD [ARG ...]",
     )
-    run_there.add_argument("cluster", metavar="ID", help="a cluster's id, name or directory")
+    _cluster_arg(run_there)
     run_there.add_argument(
         "--timeout", type=float, default=60.0, metavar="S", help="stop it after S s (60)"
     )
@@ -82,6 +82,10 @@ def add_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> No
         "--dry-run", action="store_true", help="print what would be removed; remove nothing"
     )
     prune.set_defaults(func=_prune)
+
+
+def _cluster_arg(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("cluster", metavar="ID", help="a cluster's id, name or directory")
 
 
 def _table(headers: Sequence[str], rows: Iterable[Sequence[str]]) -> str:

@@ -117,7 +117,7 @@ class SavedJob:
         """What :meth:`logs` holds, as :class:`LogRecord` values."""
         self.result  # noqa: B018 - reads the hosts the result knows
         files = self._files() if rank is None else [(rank, self._log_path(rank))]
-        per_file = [list(_read(path, r, self._hosts.get(r, "?"))) for r, path in files]
+        per_file = [self._read_new(path, r, {}) for r, path in files]
         return list(heapq.merge(*per_file, key=lambda rec: rec.time))
 
     def stream(self, *, from_start: bool = True) -> Iterator[LogRecord]:
@@ -138,6 +138,7 @@ class SavedJob:
             time.sleep(_POLL)
 
     def _read_new(self, path: Path, rank: int, offsets: dict[Path, int]) -> list[LogRecord]:
+        """The whole lines of ``path`` after ``offsets[path]`` (which moves past them)."""
         start = offsets.get(path, 0)
         try:
             with open(path, "rb") as f:
@@ -167,16 +168,6 @@ class SavedJob:
         result = self.result
         state = "running" if result is None else ("ok" if result.ok else "failed")
         return f"<Job {self.id} np={self.np} {state} argv={self.argv!r} (from {self.directory})>"
-
-
-def _read(path: Path, rank: int, host: str) -> Iterator[LogRecord]:
-    try:
-        with open(path, encoding="utf-8", errors="replace", newline="\n") as f:
-            for raw in f:
-                if raw.endswith("\n"):  # a line being written is not one yet
-                    yield parse_log_line(raw[:-1], rank, host)
-    except FileNotFoundError:
-        return
 
 
 def _read_json(path: Path, what: str) -> dict[str, Any]:
