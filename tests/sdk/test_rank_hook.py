@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -16,7 +17,17 @@ import os, sys, types
 mpi = types.ModuleType("mpi4py.MPI")
 mpi.Is_initialized = lambda: True
 mpi.Is_finalized = lambda: False
-mpi.COMM_WORLD = types.SimpleNamespace(Abort=lambda code: os._exit(100 + code))
+def _abort(code):
+    # MPICH's proxy kills every rank on an abort, unread output or not: exit 99 if the
+    # launcher (here, the test) had not read all this rank wrote when it aborted.
+    import fcntl, termios
+    unread = bytearray(4)
+    for fd in (1, 2):
+        fcntl.ioctl(fd, termios.FIONREAD, unread)
+        if int.from_bytes(unread, sys.byteorder):
+            os._exit(99)
+    os._exit(100 + code)
+mpi.COMM_WORLD = types.SimpleNamespace(Abort=_abort)
 sys.modules["mpi4py.MPI"] = mpi
 """
 
@@ -42,6 +53,38 @@ def test_an_uncaught_exception_is_marked_before_its_traceback_then_aborts() -> N
     assert lines[1] == "Traceback (most recent call last):"
     assert lines[-1] == "ValueError: boom"
     assert out.returncode == 101  # MPI_Abort(1)
+
+
+def test_a_failing_rank_aborts_only_once_the_launcher_has_read_its_traceback() -> None:
+    # The launcher reads late (as MPICH's proxy may: the abort message arrives on another
+    # channel and is acted on first). The rank waits for its output to be read, then aborts.
+    env = {**os.environ, "PYTHONPATH": HOOK_DIR, "CLUSTERBOOK_RANK_HOOK": "1"}
+    with subprocess.Popen(
+        [sys.executable, "-c", FAKE_MPI + "print('partial result'); raise ValueError('boom')"],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    ) as rank:
+        time.sleep(0.5)  # not read yet: a rank that does not wait has aborted by now
+        out, err = rank.communicate(timeout=60)
+    assert rank.returncode == 101, err  # 99: aborted with its output still unread
+    assert out == "partial result\n"
+    assert err.rstrip("\n").split("\n")[-1] == "ValueError: boom"
+
+
+def test_a_rank_whose_launcher_never_reads_still_aborts() -> None:
+    # Nothing hangs: the wait for the reader is bounded.
+    env = {**os.environ, "PYTHONPATH": HOOK_DIR, "CLUSTERBOOK_RANK_HOOK": "1"}
+    with subprocess.Popen(
+        [sys.executable, "-c", FAKE_MPI + "raise ValueError('boom')"],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    ) as rank:
+        assert rank.wait(timeout=60) == 99  # aborted, its traceback still in the pipe
+        assert rank.stderr is not None
+        assert rank.stderr.read().endswith(b"ValueError: boom\n")
 
 
 @pytest.mark.parametrize(

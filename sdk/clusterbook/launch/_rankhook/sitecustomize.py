@@ -20,6 +20,38 @@ import sys
 _MARK = "\x1eCB"
 
 
+def _drain(fds: tuple[int, ...], within: float = 2.0) -> None:
+    """Wait, at most ``within`` seconds, until the launcher has read what this rank wrote to
+    ``fds``. An abort is a message on another channel: MPICH's proxy can act on it (killing
+    every rank, and itself) while the traceback is still in the pipe, unread, and lost."""
+    import fcntl
+    import stat
+    import termios
+    import time
+
+    unread = bytearray(4)
+    give_up = time.monotonic() + within
+    for fd in fds:
+        try:
+            mode = os.fstat(fd).st_mode
+        except OSError:  # closed
+            continue
+        if stat.S_ISFIFO(mode):
+            ask = termios.FIONREAD  # bytes in the pipe
+        elif stat.S_ISSOCK(mode):
+            ask = termios.TIOCOUTQ  # bytes sent and not yet read
+        else:  # a file or a terminal: nothing waits in between
+            continue
+        while time.monotonic() < give_up:
+            try:
+                fcntl.ioctl(fd, ask, unread)
+            except OSError:
+                break
+            if not int.from_bytes(unread, sys.byteorder):
+                break
+            time.sleep(0.001)
+
+
 def _install(abort_on_error: bool) -> None:
     # _signal, not signal: the latter imports enum and functools, ~7 ms in every rank.
     import _signal
@@ -49,6 +81,7 @@ def _install(abort_on_error: bool) -> None:
                 stream.flush()
             except Exception:  # noqa: S110 - a closed stream must not stop the abort
                 pass
+        _drain((1, 2))
         mpi.COMM_WORLD.Abort(code)
 
     previous_hook = sys.excepthook
