@@ -44,13 +44,16 @@ if TYPE_CHECKING:
     from clusterbook.launch.flavour import Launcher, MPIFlavour
     from clusterbook.launch.job import Job
     from clusterbook.launch.logs import LogRecord
-    from clusterbook.launch.result import JobResult, RankFailure
+    from clusterbook.launch.recovery import Backoff
+    from clusterbook.launch.result import AttemptInfo, JobResult, RankFailure
     from clusterbook.spec import NodeSpec
     from clusterbook.status import ClusterSnapshot, JobStatus, NodeStatus
 
 # Imported on first use, so that a process that needs one small part (a node's agent, the
 # rank hook) does not pay for all of it: ``import clusterbook.rendezvous.agent`` stays light.
 _LAZY = {
+    "AttemptInfo": "clusterbook.launch.result",
+    "Backoff": "clusterbook.launch.recovery",
     "Cluster": "clusterbook.cluster",
     "ClusterSnapshot": "clusterbook.status",
     "Job": "clusterbook.launch.job",
@@ -72,6 +75,8 @@ __getattr__, __dir__ = lazy_names(__name__, _LAZY, globals())
 __version__ = "0.1.0"
 
 __all__ = [
+    "AttemptInfo",
+    "Backoff",
     "BootstrapError",
     "CleanupWarning",
     "Cluster",

@@ -18,6 +18,7 @@ from clusterbook.wording import speaking
 
 if TYPE_CHECKING:
     from clusterbook.launch.job import Job
+    from clusterbook.launch.prepare import JobArgs
     from clusterbook.launch.result import JobResult
     from clusterbook.launch.saved import SavedJob
     from clusterbook.ssh.sshd import Sshd
@@ -156,6 +157,7 @@ def _parser() -> argparse.ArgumentParser:
         help="trust hosts seen for the first time (changed keys stay refused)",
     )
     run.add_argument("--timeout", type=float, metavar="S", help="stop the job after S seconds")
+    _recovery_options(run)
     run.add_argument(
         "--wdir", "-wdir", metavar="DIR", help="the ranks' working directory (default: this one)"
     )
@@ -339,6 +341,55 @@ def _cleanup(args: argparse.Namespace) -> int:
     return 1 if failed else 0
 
 
+def _recovery_options(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--retries",
+        type=int,
+        default=0,
+        metavar="N",
+        help="run the job again after a failure, up to N times (default 0)",
+    )
+    parser.add_argument(
+        "--backoff",
+        default="1",
+        metavar="S",
+        help="seconds before the first retry, doubled after each one up to 60 (default 1)",
+    )
+    parser.add_argument(
+        "--retry-on",
+        metavar="WHAT,...",
+        help="endings to retry, of failure, node-lost, timeout (default: failure,node-lost)",
+    )
+    parser.add_argument(
+        "--deadline",
+        metavar="S",
+        help="stop the job and its retries after S seconds together (or a duration like 2h)",
+    )
+    parser.add_argument(
+        "--restarts",
+        type=int,
+        default=0,
+        metavar="N",
+        help="when a node is lost, relaunch the job on the nodes left, up to N times",
+    )
+
+
+def recovery_args(args: argparse.Namespace) -> JobArgs:
+    """What ``--retries``, ``--backoff``, ``--retry-on`` and ``--deadline`` ask of
+    ``mpirun``."""
+    return {
+        "retries": args.retries,
+        "backoff": args.backoff,
+        "retry_on": None if args.retry_on is None else _split_words(args.retry_on),
+        "deadline": args.deadline,
+        "restarts": args.restarts,
+    }
+
+
+def _split_words(text: str) -> list[str]:
+    return [w.strip() for w in text.split(",") if w.strip()]
+
+
 def _run(args: argparse.Namespace) -> int:
     from clusterbook.cluster import Cluster
     from clusterbook.spec import read_hostfile
@@ -381,14 +432,10 @@ def _run(args: argparse.Namespace) -> int:
         cluster = Cluster.local(workers=1, slots=args.slots, **options)
     with cluster:
         cluster.put(*args.put)
-        job = cluster.mpirun(
-            cmd,
-            np=args.np,
-            env=env,
-            timeout=args.timeout,
-            oversubscribe=args.oversubscribe,
-            cwd=args.wdir,
-        )
+        how = recovery_args(args)
+        how["env"], how["timeout"], how["cwd"] = env, args.timeout, args.wdir
+        how["oversubscribe"] = args.oversubscribe
+        job = cluster.mpirun(cmd, np=args.np, **how)
         tracebacks = _print_live(job)
         result = job.wait()
         if args.gather:
@@ -420,6 +467,7 @@ def _print_live(job: Job | SavedJob) -> dict[int, list[tuple[str, ...]]]:
 
     live = LiveText()
     shown = OutputFilter()
+    attempt = 1
 
     def emit(rank: int, stream: str, text: str, partial: bool = False) -> None:
         prefix = "[launcher]" if rank == LAUNCHER_RANK else f"[{rank}]"
@@ -429,6 +477,12 @@ def _print_live(job: Job | SavedJob) -> dict[int, list[tuple[str, ...]]]:
 
     try:
         for record in job.stream():
+            if record.attempt != attempt:  # a retry: what the last attempt held is told now
+                for (rank, stream), lines in shown.finish().items():
+                    for text in lines:
+                        emit(rank, stream, text)
+                attempt, shown = record.attempt, OutputFilter()
+                print(f"clusterbook: attempt {attempt}", file=sys.stderr, flush=True)
             if record.partial or live.continues(record):  # an over-long line, as it is
                 emit(record.rank, record.stream, record.line, record.partial)
                 continue

@@ -22,9 +22,11 @@ from clusterbook.launch.job import Job
 from clusterbook.launch.prepare import (
     JobHooks,
     JobRequest,
+    Placement,
     diagnose,
     fail_on_lost_nodes,
     prepare,
+    remaining_nodes,
     usable_nodes,
 )
 from clusterbook.mirror import Mirror
@@ -362,10 +364,23 @@ class Cluster:
         nodes = usable_nodes(self.name, self.nodes, self._provider.unreachable)
         request = JobRequest.make(argv, np, slots=sum(n.slots for n in nodes), **job)
         unreachable, names = self._provider.unreachable, [n.name for n in nodes]
+
+        def where(restart: bool) -> Placement:  # for a retry or a restart: the nodes then
+            if self._state != "running":
+                raise ClusterStateError(f"Cluster {self.name!r} is {self._state}.")
+            provider = self._provider
+            if restart:
+                now = remaining_nodes(self.name, self.nodes, provider.unreachable, provider.bounds)
+            else:
+                now = usable_nodes(self.name, self.nodes, provider.unreachable)
+            return now, provider.remote()
+
         hooks = JobHooks(
             on_failure=self._provider.stop_job,
             on_done=lambda _: self._changed(record=True),
             diagnose=lambda result: diagnose(unreachable(names), result),
+            where=where,
+            on_attempt=lambda _: self._changed(record=True),
         )
         with self._lock:
             started = prepare(

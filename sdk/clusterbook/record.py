@@ -55,6 +55,9 @@ class JobEntry:
     returncode: int | None = None
     failed_ranks: tuple[int, ...] = ()
     token: str | None = None  # the tag of its processes, to stop what a dead head left
+    attempt: int = 1
+    last_reason: str | None = None
+    restarts: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -224,6 +227,9 @@ def snapshot_from(record: ClusterRecord, *, now: float, stale: bool) -> ClusterS
                 returncode=j.returncode,
                 duration=None if j.started is None or j.ended is None else j.ended - j.started,
                 failed_ranks=j.failed_ranks,
+                attempt=j.attempt,
+                last_reason=j.last_reason,
+                restarts=j.restarts,
             )
             for j in record.jobs
         ),

@@ -262,12 +262,19 @@ def render_jobs(snapshot: ClusterSnapshot) -> str:
         code = f'<code title="{_e(command)}">{_e(shown)}</code>'
         if (label := job_label(j)) is not None:
             code = f'<b class="cb-job-label">{_e(label)}</b> <small {_MUTED}>{code}</small>'
+        state = _badge(j.state)
+        if j.attempt > 1:
+            state += (
+                f' <small class="cb-attempt" {_MUTED} title="{_e(j.last_reason or "")}">'
+                f"attempt {j.attempt}{f', restart {j.restarts}' if j.restarts else ''} · "
+                f"after {_e(j.last_reason or '?')}</small>"
+            )
         rows.append(
             [
                 _e(j.id),
                 _e(j.np),
                 code,
-                _badge(j.state),
+                state,
                 "—" if j.returncode is None else _e(j.returncode),
                 _seconds(j.duration),
                 f'<span class="cb-failed" {_FAILED}>{_e(failed)}</span>' if failed else "—",

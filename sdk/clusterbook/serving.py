@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any
 from clusterbook.control import ControlServer, Handler
 from clusterbook.errors import ClusterStateError, ConfigError
 from clusterbook.keeper import Keeper
+from clusterbook.launch.prepare import JobArgs
 from clusterbook.lifetime import Lifetime
 from clusterbook.record import ClusterRecord, JobEntry, write_record
 from clusterbook.status import job_status
@@ -31,7 +32,7 @@ if TYPE_CHECKING:
 
 __all__ = ["HeadServices", "record_of"]
 
-_JOB_ARGS = ("env", "cwd", "timeout", "oversubscribe", "launcher_args", "abort_on_error")
+_JOB_ARGS = tuple(JobArgs.__annotations__)
 
 
 class HeadServices:
@@ -129,6 +130,9 @@ def _entry(job: Job) -> JobEntry:
         returncode=status.returncode,
         failed_ranks=status.failed_ranks,
         token=job.plan.job_token,
+        attempt=status.attempt,
+        last_reason=status.last_reason,
+        restarts=status.restarts,
     )
 
 

@@ -49,7 +49,10 @@ class NodeStatus:
 
 @dataclass(frozen=True, slots=True)
 class JobStatus:
-    """One job as it is now. ``state`` is running, succeeded, failed, timed out or cancelled."""
+    """One job as it is now. ``state`` is running, succeeded, failed, timed out or cancelled;
+    ``attempt`` the attempt running (or the last one), ``last_reason`` how the attempt before
+    it ended ("rank 1 exited 1", "node node2 lost"; None when it is the first), ``restarts``
+    how many attempts were relaunches after a node was lost."""
 
     id: str
     np: int
@@ -58,6 +61,9 @@ class JobStatus:
     returncode: int | None
     duration: float | None
     failed_ranks: tuple[int, ...] = ()
+    attempt: int = 1
+    last_reason: str | None = None
+    restarts: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -231,4 +237,7 @@ def job_status(job: Job) -> JobStatus:
         returncode=None if r is None else r.returncode,
         duration=None if r is None else r.duration,
         failed_ranks=() if r is None else tuple(r.failed_ranks),
+        attempt=job.attempt,
+        last_reason=job.last_reason,
+        restarts=job.restarts,
     )

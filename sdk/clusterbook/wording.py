@@ -31,6 +31,11 @@ INTERFACES: dict[str, dict[str, str]] = {
         "identity": "--identity {}",
         "user": "--user {}",
         "port": "--port {}",
+        "retries": "--retries {}",
+        "backoff": "--backoff {}",
+        "retry_on": "--retry-on {}",
+        "deadline": "--deadline {}",
+        "restarts": "--restarts {}",
     },
     "magics": {
         "np": "-n {}",
@@ -40,6 +45,11 @@ INTERFACES: dict[str, dict[str, str]] = {
         "identity": "--identity {}",
         "user": "--user {}",
         "port": "--port {}",
+        "retries": "--retries {}",
+        "backoff": "--backoff {}",
+        "retry_on": "--retry-on {}",
+        "deadline": "--deadline {}",
+        "restarts": "--restarts {}",
     },
 }
 

@@ -200,3 +200,25 @@ def test_a_failed_run_says_where_its_logs_are(openmpi_python, tmp_path):
     logs = re.search(r"each rank's log is in (\S+)", proc.stderr)
     assert logs is not None, proc.stderr
     assert "about to fail" in (Path(logs.group(1)) / "rank-0.log").read_text()
+
+
+def test_run_retries_a_failed_job_and_says_so(openmpi_python, tmp_path):
+    script = tmp_path / "flaky.py"
+    script.write_text(
+        "import os, sys\nfrom mpi4py import MPI\n"
+        "attempt = os.environ['CLUSTERBOOK_ATTEMPT']\n"
+        "print('attempt', attempt, flush=True)\n"
+        "if attempt == '1' and MPI.COMM_WORLD.rank == 1:\n    sys.exit(5)\n"
+        "MPI.COMM_WORLD.Barrier()\n"
+    )
+    argv = ["run", "-n", "2", "--retries", "2", "--backoff", "0.1", "--", "python", str(script)]
+    proc = run(argv, tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    assert "clusterbook: attempt 2\n" in proc.stderr
+    assert "[0] attempt 2\n" in proc.stdout
+    assert "[1] attempt 2\n" in proc.stdout
+    assert "[1] attempt 1\n" in proc.stdout
+
+    proc = run(["run", "-n", "2", "--retries", "-1", "--", "python", str(script)], tmp_path)
+    assert proc.returncode == 2
+    assert "Retries -1 is negative; give 0 (never) or more, like --retries 3." in proc.stderr

@@ -61,7 +61,7 @@ def test_allreduce_on_four_ranks(mpi_python, make_cluster, program):
     assert result.ok, result.summary()
     assert result.rank_exit_codes == {0: 0, 1: 0, 2: 0, 3: 0}
     logs = job.logs()
-    assert list(logs.columns) == ["time", "rank", "host", "stream", "line", "partial"]
+    assert list(logs.columns) == ["time", "rank", "host", "stream", "line", "partial", "attempt"]
     out = logs[logs.stream == "stdout"].sort_values("rank")
     assert out.line.tolist() == [f"rank {r} of 4 sum 10" for r in range(4)]
     err = logs[logs.stream == "stderr"].sort_values("rank")

@@ -416,7 +416,7 @@ def test_records_frame_columns_and_utc_times(make_store) -> None:
     store.add(0, "stdout", "x")
     store.add(None, "stderr", "y")
     frame = records_frame(store.records())
-    assert list(frame.columns) == ["time", "rank", "host", "stream", "line", "partial"]
+    assert list(frame.columns) == ["time", "rank", "host", "stream", "line", "partial", "attempt"]
     assert str(frame["time"].dt.tz) == "UTC"
     assert list(frame["time"]) == [
         pd.Timestamp(datetime(2023, 11, 14, 22, 13, 20, tzinfo=timezone.utc)),
@@ -431,7 +431,7 @@ def test_records_frame_columns_and_utc_times(make_store) -> None:
 
 def test_records_frame_empty() -> None:
     frame = records_frame([])
-    assert list(frame.columns) == ["time", "rank", "host", "stream", "line", "partial"]
+    assert list(frame.columns) == ["time", "rank", "host", "stream", "line", "partial", "attempt"]
     assert len(frame) == 0
     assert str(frame["time"].dt.tz) == "UTC"
 

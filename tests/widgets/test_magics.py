@@ -40,6 +40,13 @@ def test_mpirun_args_parsed() -> None:
     args = parse_mpirun_args("-n 2 --timeout 1.5 --push a,b --push c,a --pull y --oversubscribe")
     assert args == MpirunArgs(np=2, timeout=1.5, push=("a", "b", "c"), pull="y", oversubscribe=True)
     assert parse_mpirun_args("") == MpirunArgs()
+    args = parse_mpirun_args("--retries 3 --backoff 5 --retry-on failure,timeout --deadline 2h")
+    assert (args.retries, args.backoff, args.retry_on, args.deadline) == (
+        3,
+        "5",
+        ("failure", "timeout"),
+        "2h",
+    )
 
 
 @pytest.mark.parametrize(
@@ -57,6 +64,8 @@ def test_mpirun_args_parsed() -> None:
         ("--frob", "unrecognized arguments: --frob"),
         ("--time 3", "unrecognized arguments: --time 3"),  # no abbreviations
         ("-n '2", "No closing quotation"),
+        ("--retries -1", "--retries must be >= 0, got -1"),
+        ("--retries x", "--retries must be a whole number >= 0, got 'x'"),
     ],
 )
 def test_bad_mpirun_args_say_what_and_how(line: str, said: str) -> None:
@@ -232,6 +241,24 @@ def cluster(magics: ClusterMagics, openmpi_python: str, tmp_path: Path) -> cb.Cl
     """A started local cluster of one node with two slots, current in ``magics``."""
     magics.cluster = cb.Cluster.local(1, 2, python=openmpi_python, run_dir=tmp_path / "run")
     return magics.cluster.start()
+
+
+def test_mpirun_retries_a_failed_cell_and_says_so(ip, cluster: cb.Cluster) -> None:  # type: ignore[no-untyped-def]
+    cell = "import os, sys\nfrom mpi4py import MPI\nr = MPI.COMM_WORLD.rank\n"
+    cell += "attempt = os.environ['CLUSTERBOOK_ATTEMPT']\nprint('try', attempt, 'rank', r)\n"
+    cell += "if attempt == '1' and r == 1:\n    raise RuntimeError('flaky')\n"
+    with capture_output() as out:
+        ip.run_cell_magic("mpirun", "-n 2 --retries 1 --backoff 0.1", cell)
+    assert "%%mpirun: attempt 2\n" in out.stderr
+    assert "[0] try 2 rank 0\n" in out.stdout
+    assert "[1] try 2 rank 1\n" in out.stdout
+    (job,) = cluster.jobs
+    assert job.result is not None
+    assert job.result.ok
+    assert [a.outcome for a in job.result.attempts] == ["failure", "ok"]
+    with capture_output() as out:
+        ip.run_cell_magic("mpirun", "-n 1 --deadline 1 --timeout 5", "print(1)")
+    assert "%%mpirun: The deadline (1 s) is shorter than one attempt's timeout (5 s)" in out.stderr
 
 
 def test_mpirun_streams_every_rank_with_its_prefix(ip, cluster: cb.Cluster) -> None:  # type: ignore[no-untyped-def]
@@ -514,7 +541,7 @@ def test_cluster_attach_then_mpirun_goes_through_the_head(  # type: ignore[no-un
         cell = "from mpi4py import MPI\ny = k * (MPI.COMM_WORLD.rank + 1)\nprint('y is', y)\n"
         with capture_output() as out:
             ip.run_cell_magic("mpirun", "-n 2 --push k --pull y", cell)
-        assert "[0] y is 5\n" in out.stdout
+        assert "[0] y is 5\n" in out.stdout, out.stderr
         assert "[1] y is 10\n" in out.stdout
         assert ip.user_ns["y"] == [5, 10]
         assert [j.id for j in owner.jobs] == ["job-0001"]  # the head ran it, as its own job

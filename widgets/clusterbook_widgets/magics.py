@@ -207,11 +207,13 @@ class ClusterMagics(Magics):
     def mpirun(self, line: str, cell: str) -> None:
         """Run the cell as an MPI program on the current cluster.
 
-        ``%%mpirun [-n N] [--timeout S] [--push a,b] [--pull NAME] [--oversubscribe]``. Each
-        rank's output is shown as it comes, prefixed ``[rank]``; an error raised on several
-        ranks is shown once, with its ranks. ``--push`` gives every rank the notebook's
-        values of a, b; ``--pull NAME`` sets NAME in the notebook to the ranks' values of
-        NAME, in rank order. Interrupting the kernel stops every rank.
+        ``%%mpirun [-n N] [--timeout S] [--push a,b] [--pull NAME] [--oversubscribe]
+        [--retries N] [--backoff S] [--retry-on WHAT,...] [--deadline S] [--restarts N]``.
+        Each rank's output is shown as it comes, prefixed ``[rank]``; an error raised on
+        several ranks is shown once, with its ranks; a retry is announced as it starts.
+        ``--push`` gives every rank the notebook's values of a, b; ``--pull NAME`` sets NAME
+        in the notebook to the ranks' values of NAME, in rank order. Interrupting the kernel
+        stops every rank.
         """
         try:
             args = parse_mpirun_args(line)
@@ -238,7 +240,12 @@ class ClusterMagics(Magics):
         result, tracebacks = self._follow(job, str(script))
         for text in failure_report(tracebacks, result.failed):
             _err(text)
-        if result.timed_out:
+        if result.deadline_exceeded:
+            _err(
+                f"%%mpirun: the deadline passed after {result.duration:.1f} s; the job was "
+                "stopped. Where each rank was is in its stack above (most recent call first)."
+            )
+        elif result.timed_out:
             _err(
                 f"%%mpirun: timed out after {args.timeout:g} s; the job was stopped. Where each "
                 "rank was is in its stack above (most recent call first)."
@@ -301,6 +308,11 @@ class ClusterMagics(Magics):
             env={"PYTHONUNBUFFERED": "1"},  # output as it is printed, not when a buffer fills
             timeout=args.timeout,
             oversubscribe=args.oversubscribe,
+            retries=args.retries,
+            backoff=1.0 if args.backoff is None else args.backoff,
+            retry_on=args.retry_on,
+            deadline=args.deadline,
+            restarts=args.restarts,
         )
         return job, script, pull_dir
 
@@ -317,8 +329,15 @@ class ClusterMagics(Magics):
             record = LogRecord(0.0, rank, "", stream, text, partial)
             print(live.render(record, prefix), file=out, end="", flush=True)
 
+        attempt = 1
         try:
             for record in job.stream():
+                if record.attempt != attempt:  # a retry: what the last attempt held is told now
+                    for (rank, stream), lines in shown.finish().items():
+                        for text in lines:
+                            emit(rank, stream, text)
+                    attempt, shown = record.attempt, OutputFilter(runner=script)
+                    _err(f"%%mpirun: attempt {attempt}")
                 if record.partial or live.continues(record):  # an over-long line, as it is
                     emit(record.rank, record.stream, record.line, record.partial)
                     continue

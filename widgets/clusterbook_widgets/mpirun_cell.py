@@ -66,16 +66,16 @@ def _split(parser: _Parser, line: str) -> list[str]:
         raise ArgsError(f"{parser.prog}: {exc} in {line!r}", parser.format_usage()) from exc
 
 
-def _count(what: str):  # type: ignore[no-untyped-def]
+def _count(what: str, least: int = 1):  # type: ignore[no-untyped-def]
     def convert(text: str) -> int:
         try:
             value = int(text)
         except ValueError:
             raise argparse.ArgumentTypeError(
-                f"{what} must be a whole number >= 1, got {text!r}"
+                f"{what} must be a whole number >= {least}, got {text!r}"
             ) from None
-        if value < 1:
-            raise argparse.ArgumentTypeError(f"{what} must be >= 1, got {value}")
+        if value < least:
+            raise argparse.ArgumentTypeError(f"{what} must be >= {least}, got {value}")
         return value
 
     return convert
@@ -115,6 +115,11 @@ class MpirunArgs:
     push: tuple[str, ...] = ()
     pull: str | None = None
     oversubscribe: bool = False
+    retries: int = 0
+    backoff: str | None = None
+    retry_on: tuple[str, ...] | None = None
+    deadline: str | None = None
+    restarts: int = 0
 
 
 def _mpirun_parser() -> _Parser:
@@ -142,6 +147,31 @@ def _mpirun_parser() -> _Parser:
     p.add_argument(
         "--oversubscribe", action="store_true", help="allow more ranks than the cluster's slots"
     )
+    p.add_argument(
+        "--retries",
+        type=_count("--retries", least=0),
+        default=0,
+        metavar="N",
+        help="run the cell again after a failure, up to N times",
+    )
+    p.add_argument(
+        "--backoff", metavar="S", help="seconds before the first retry, doubled after each one"
+    )
+    p.add_argument(
+        "--retry-on",
+        metavar="WHAT,...",
+        help="of failure, node-lost, timeout (default: the first two)",
+    )
+    p.add_argument(
+        "--deadline", metavar="S", help="stop the job and its retries after S seconds (or 2h)"
+    )
+    p.add_argument(
+        "--restarts",
+        type=_count("--restarts", least=0),
+        default=0,
+        metavar="N",
+        help="when a node is lost, run the cell again on the nodes left, up to N times",
+    )
     return p
 
 
@@ -150,7 +180,19 @@ def parse_mpirun_args(line: str) -> MpirunArgs:
     parser = _mpirun_parser()
     ns = parser.parse_args(_split(parser, line))
     push = tuple(dict.fromkeys(name for names in ns.push for name in names))
-    return MpirunArgs(ns.np, ns.timeout, push, ns.pull, ns.oversubscribe)
+    retry_on = None if ns.retry_on is None else tuple(w.strip() for w in ns.retry_on.split(","))
+    return MpirunArgs(
+        ns.np,
+        ns.timeout,
+        push,
+        ns.pull,
+        ns.oversubscribe,
+        ns.retries,
+        ns.backoff,
+        retry_on,
+        ns.deadline,
+        ns.restarts,
+    )
 
 
 def _cluster_parser() -> _Parser:

@@ -1,28 +1,28 @@
-"""A running MPI job: the launcher process, its output readers, its timeout and its end."""
+"""An MPI job: its attempts (one, or more when it is retried), its deadline and its end.
+
+The first attempt runs in the job's directory (``RUN_DIR/jobs/job-0001``); a retry runs in
+``attempt-2/``, ``attempt-3/``, ... under it, with its own per-rank logs. What to do when an
+attempt ends is decided by :func:`~clusterbook.launch.recovery.next_step`.
+"""
 
 from __future__ import annotations
 
-import contextlib
 import json
 import logging
 import os
-import signal
-import subprocess
 import threading
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import replace
 from pathlib import Path
-from typing import IO, TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
-from clusterbook.errors import ClusterError, JobTimeoutError, RunDirError
-from clusterbook.launch import proc as procs
-from clusterbook.launch.command import LaunchCommand, LaunchPlan
-from clusterbook.launch.flavour import MPIFlavour
-from clusterbook.launch.guard import guard, kill_tagged
-from clusterbook.launch.logs import LAUNCHER_RANK, LogRecord, LogStore, records_frame
-from clusterbook.launch.parse import LineSplitter, OmpiChunkParser
-from clusterbook.launch.result import JobResult, RankFailure, failed_ranks
+from clusterbook.errors import ClusterError, JobTimeoutError
+from clusterbook.launch.attempt import Attempt
+from clusterbook.launch.command import LaunchPlan
+from clusterbook.launch.logs import LogRecord, records_frame
+from clusterbook.launch.recovery import NO_RECOVERY, Recovery, Stop, next_step, outcome, reason
+from clusterbook.launch.result import AttemptInfo, JobResult
 from clusterbook.spec import validate_timeout
 
 if TYPE_CHECKING:
@@ -30,95 +30,67 @@ if TYPE_CHECKING:
 
     from clusterbook.launch.saved import SavedJob
 
-__all__ = ["Job"]
+__all__ = ["Job", "attempt_dir"]
 
-_READ = 65536
 _log = logging.getLogger("clusterbook.job")
+
+# start(number, directory, restarts, restart): attempt ``number`` in ``directory``, the job
+# having been restarted ``restarts`` times (``restart``: this attempt is a restart).
+StartAttempt = Callable[[int, Path, int, bool], Attempt]
+
+
+def attempt_dir(directory: Path, number: int) -> Path:
+    """Where attempt ``number`` of the job in ``directory`` keeps its files."""
+    return directory if number == 1 else directory / f"attempt-{number}"
 
 
 class Job:
     """An MPI job started by ``cluster.mpirun``.
 
     Output of every rank is parsed into records as it arrives, appended to ``rank-N.log`` in
-    :attr:`directory`, kept in a bounded buffer (:meth:`logs`) and streamed (:meth:`stream`).
+    the attempt's directory, kept in a bounded buffer (:meth:`logs`) and streamed
+    (:meth:`stream`). A job with ``retries`` runs again after a failure (see
+    :class:`~clusterbook.launch.recovery.Recovery`); ``cancel()`` ends the whole series.
     """
 
     def __init__(
         self,
         job_id: str,
-        plan: LaunchPlan,
-        command: LaunchCommand,
         directory: Path,
-        store: LogStore,
+        start: StartAttempt,
+        recovery: Recovery = NO_RECOVERY,
         *,
-        base_env: dict[str, str],
-        cwd: str | None,
+        argv: list[str],
         timeout: float | None,
-        grace: float = 3.0,
-        stack_grace: float = 1.0,
-        failure_grace: float = 2.0,
-        on_failure: Callable[[str], None] | None = None,
         on_done: Callable[[JobResult], None] | None = None,
-        diagnose: Callable[[JobResult | None], list[str]] | None = None,
+        on_attempt: Callable[[int], None] | None = None,
     ) -> None:
         self.id = job_id
-        self.plan = plan
         self.directory = directory
-        self.np = plan.np
-        self.argv = list(plan.argv)
+        self.argv = list(argv)
         self.timeout = timeout
-        self._store = store
-        self._grace = grace
-        self._stack_grace = stack_grace
-        self._failure_grace = failure_grace
-        self._on_failure = on_failure
+        self.recovery = recovery
+        self._start = start
         self._on_done = on_done
-        self._diagnose = diagnose
-        self._notes: list[str] = []
-        self._lock = threading.Lock()
-        self._stop_reason: str | None = None  # "timeout" | "cancel" | "failure" | "error"
-        self._error: ClusterError | None = None  # why clusterbook stopped the job itself
-        self._stopped_at_exit_count: int | None = None
-        self._done = threading.Event()
-        self._exited = threading.Event()  # the launcher has exited
+        self._on_attempt = on_attempt
+        self._cond = threading.Condition()
+        self._wake = threading.Event()  # ends a delay before a retry
+        self._cancelled = False
+        self._restarts = 0
+        self._deadline_passed = False
+        self._ended: list[AttemptInfo] = []
+        self._retry_at: float | None = None  # monotonic time of the next attempt, in a delay
         self._result: JobResult | None = None
-        self._listeners: list[object] = []
-
-        job_file = {
-            "id": job_id,
-            "argv": self.argv,
-            "np": plan.np,
-            "launcher": plan.launcher.path,
-            "flavour": plan.launcher.flavour.value,
-            "launcher_argv": command.argv,
-            "started": time.time(),
-            "hosts": {str(rank): host for rank, host in store.hosts.items()},
-            "token": plan.job_token,
-        }
-        path = directory / "hostfile"
-        try:
-            path.write_text(command.hostfile_text)
-            path = directory / "job.json"
-            path.write_text(json.dumps(job_file, indent=2))
-            if plan.launcher.flavour is MPIFlavour.MPICH:
-                path = Path(plan.output_dir)
-                path.mkdir(parents=True, exist_ok=True)
-        except OSError as exc:
-            raise RunDirError.from_os_error(path, exc) from exc
-        store.on_exit(self._on_rank_exit)
-        store.on_write_error(self.fail)
+        self._done = threading.Event()
         self.started = time.time()
         self._t0 = time.monotonic()
-        self._token = plan.job_token
-        guard.watch(self._token)
-        self._proc = procs.spawn(command.argv, env={**base_env, **command.env}, cwd=cwd)
-        self._readers = self._start_readers()
+        self._attempts = [start(1, directory, 0, False)]  # raises if it cannot start: nothing ran
         self._timer: threading.Timer | None = None
-        if timeout is not None:
-            self._timer = threading.Timer(timeout, self._guarded(self._stop), args=("timeout",))
+        if recovery.deadline is not None:
+            self._timer = threading.Timer(recovery.deadline, self._at_deadline)
             self._timer.daemon = True
             self._timer.start()
-        threading.Thread(target=self._supervise, name=f"clusterbook-{job_id}", daemon=True).start()
+        threading.Thread(target=self._run, name=f"clusterbook-{job_id}-series", daemon=True).start()
 
     # -- public API -----------------------------------------------------------------------
 
@@ -132,9 +104,49 @@ class Job:
         return SavedJob(directory)
 
     @property
+    def _current(self) -> Attempt:
+        with self._cond:
+            return self._attempts[-1]
+
+    @property
+    def attempt(self) -> int:
+        """The number of the attempt running now, or of the last one (1: the first)."""
+        return self._current.number
+
+    @property
+    def last_reason(self) -> str | None:
+        """How the attempt before the current one ended ("rank 3 exited 1"), once the job was
+        retried; else None."""
+        with self._cond:
+            number = self._attempts[-1].number
+            return self._ended[number - 2].reason if number > 1 else None
+
+    @property
+    def restarts(self) -> int:
+        """How many times the job was relaunched on the nodes left after one was lost."""
+        return self._restarts
+
+    @property
+    def retrying_in(self) -> float | None:
+        """Seconds until the next attempt starts, while the job waits before a retry; else
+        None."""
+        at = self._retry_at
+        return None if at is None else max(0.0, at - time.monotonic())
+
+    @property
+    def plan(self) -> LaunchPlan:
+        """The launch plan of the current attempt."""
+        return self._current.plan
+
+    @property
+    def np(self) -> int:
+        """Ranks of the current attempt."""
+        return self._current.np
+
+    @property
     def pid(self) -> int:
-        """Process id of the launcher (mpirun / mpiexec)."""
-        return self._proc.pid
+        """Process id of the current attempt's launcher (mpirun / mpiexec)."""
+        return self._current.pid
 
     @property
     def done(self) -> bool:
@@ -142,13 +154,18 @@ class Job:
 
     @property
     def ranks_ended(self) -> int:
-        """How many ranks have reported their exit so far."""
-        return len(self._store.exit_codes)
+        """How many ranks of the current attempt have reported their exit so far."""
+        return len(self._current.store.exit_codes)
 
     @property
     def result(self) -> JobResult | None:
-        """The result once the job has ended, else None."""
+        """The result once the job has ended (every attempt), else None."""
         return self._result
+
+    @property
+    def error(self) -> ClusterError | None:
+        """Why clusterbook stopped the current attempt itself (see :meth:`fail`), if it did."""
+        return self._current.error
 
     def wait(self, timeout: float | None = None) -> JobResult:
         """Wait for the job to end and return its :class:`JobResult`.
@@ -172,39 +189,51 @@ class Job:
         return self._result
 
     def cancel(self) -> JobResult:
-        """Stop every process of the job (SIGTERM, then SIGKILL after a grace period)."""
-        self._stop("cancel")
+        """Stop every process of the job (SIGTERM, then SIGKILL after a grace period); no
+        retry follows, and a delay before one ends at once."""
+        with self._cond:
+            self._cancelled = True
+            current = self._attempts[-1]
+        self._wake.set()
+        current.stop("cancel")
         self._done.wait()
         assert self._result is not None
         return self._result
 
     def fail(self, error: ClusterError) -> None:
-        """Stop the job because of ``error`` (its logs cannot be written, a node it runs on
-        was lost, ...): its result is failed with that error. Returns at once."""
-        with self._lock:
-            if self._error is None and not self._done.is_set():
-                self._error = error
-        threading.Thread(
-            target=self._guarded(self._stop), args=("error",), name=f"clusterbook-{self.id}-fail"
-        ).start()
-
-    @property
-    def error(self) -> ClusterError | None:
-        """Why clusterbook stopped the job itself (see :meth:`fail`), if it did."""
-        return self._error
+        """Stop the current attempt because of ``error`` (its logs cannot be written, a node it
+        runs on was lost, ...): its result is failed with that error. Returns at once."""
+        self._current.fail(error)
 
     def logs(self, rank: int | None = None) -> pd.DataFrame:
-        """Output so far as a DataFrame (time, rank, host, stream, line, partial); launcher
-        lines have rank -1; a line over 1 MiB comes in pieces, all but its last ``partial``.
-        Older lines than the buffer holds are in the job directory's files."""
-        records = self._store.records()
-        if rank is not None:
-            records = [r for r in records if r.rank == rank]
-        return records_frame(records)
+        """Output so far as a DataFrame (time, rank, host, stream, line, partial, attempt);
+        launcher lines have rank -1; a line over 1 MiB comes in pieces, all but its last
+        ``partial``. Older lines than the buffer holds are in the job directory's files."""
+        return records_frame(self._records(rank))
+
+    def _records(self, rank: int | None = None) -> list[LogRecord]:
+        with self._cond:
+            attempts = list(self._attempts)
+        records = [r for a in attempts for r in a.store.records()]
+        return records if rank is None else [r for r in records if r.rank == rank]
 
     def stream(self, *, from_start: bool = True) -> Iterator[LogRecord]:
-        """Yield output records live, until the job has ended and all output is read."""
-        return self._store.stream(from_start=from_start)
+        """Yield output records live, attempt after attempt, until the job has ended and all
+        output is read (``from_start=False``: from now on)."""
+        with self._cond:
+            index = 0 if from_start else len(self._attempts) - 1
+        fresh = from_start
+        while True:
+            with self._cond:
+                attempt = self._attempts[index]
+            yield from attempt.store.stream(from_start=fresh)
+            fresh = True
+            with self._cond:
+                while len(self._attempts) <= index + 1 and not self.done:
+                    self._cond.wait()
+                if len(self._attempts) <= index + 1:
+                    return
+            index += 1
 
     def _repr_html_(self) -> str:
         """In a notebook: the job's row (state, ranks, time) and its last lines, as they are
@@ -212,7 +241,7 @@ class Job:
         from clusterbook.render import render_job, render_timeline
         from clusterbook.status import job_status
 
-        page = render_job(job_status(self), self._store.records()[-20:])
+        page = render_job(job_status(self), self._records()[-20:])
         result = self._result
         return page + (render_timeline(result.rank_times, result.rank_exit_codes) if result else "")
 
@@ -220,233 +249,130 @@ class Job:
         state = (
             "running" if not self.done else ("ok" if self._result and self._result.ok else "failed")
         )
-        return f"<Job {self.id} np={self.np} {state} argv={self.argv!r}>"
+        tried = f" attempt={self.attempt}" if self.attempt > 1 else ""
+        return f"<Job {self.id} np={self.np} {state}{tried} argv={self.argv!r}>"
 
     # -- internals ------------------------------------------------------------------------
 
-    def _start_readers(self) -> list[threading.Thread]:
-        assert self._proc.stdout is not None
-        assert self._proc.stderr is not None
-        targets: list[tuple[Callable[[Any], None], IO[bytes] | None]]
-        if self.plan.launcher.flavour is MPIFlavour.OPENMPI:
-            # Every rank's output comes tagged on mpirun's stdout; its own, on its stderr.
-            targets = [
-                (self._read_tagged, self._proc.stdout),
-                (self._read_launcher, self._proc.stderr),
-            ]
-        else:
-            targets = [
-                (self._read_launcher, self._proc.stdout),
-                (self._read_launcher, self._proc.stderr),
-                (self._tail_files, None),
-            ]
-        threads = []
-        for target, pipe in targets:
-            t = threading.Thread(
-                target=self._guarded(target),
-                args=(pipe,),
-                daemon=True,
-                name=f"clusterbook-{self.id}-io",
-            )
-            t.start()
-            threads.append(t)
-        return threads
+    def _at_deadline(self) -> None:
+        with self._cond:
+            if self._done.is_set():
+                return
+            self._deadline_passed = True
+            current = self._attempts[-1]
+        self._wake.set()
+        current.stop("timeout")  # Python ranks dump their stacks first
 
-    def _guarded(self, target: Callable[..., None]) -> Callable[..., None]:
-        """``target`` for a thread of this job: an exception in it fails the job with a
-        clear error (a dead reader would leave the launcher blocked on a full pipe)."""
-
-        def run(*args: object) -> None:
-            try:
-                target(*args)
-            except Exception as exc:
-                _log.exception("Thread %s of job %s failed.", target.__name__, self.id)
-                error = exc if isinstance(exc, ClusterError) else None
-                self.fail(error or ClusterError(f"{type(exc).__name__}: {exc}"))
-
-        return run
-
-    def _read_tagged(self, pipe: object) -> None:
-        parser = OmpiChunkParser()
-        fd = pipe.fileno()  # type: ignore[attr-defined]
-        add = self._store.add
-        try:
-            while chunk := os.read(fd, _READ):
-                for line in parser.feed(chunk):
-                    add(line.rank, line.stream, line.text, line.partial)
-            for line in parser.flush():
-                add(line.rank, line.stream, line.text, line.partial)
-        finally:
-            pipe.close()  # type: ignore[attr-defined]
-
-    def _read_launcher(self, pipe: object) -> None:
-        splitter = LineSplitter()
-        fd = pipe.fileno()  # type: ignore[attr-defined]
-        stream = "stdout" if pipe is self._proc.stdout else "stderr"
-        try:
-            while chunk := os.read(fd, _READ):
-                for text, partial in splitter.feed(chunk):
-                    self._store.add(None, stream, text, partial)
-            for text, partial in splitter.flush():
-                self._store.add(None, stream, text, partial)
-        finally:
-            pipe.close()  # type: ignore[attr-defined]
-
-    def _tail_files(self, _: object) -> None:
-        # MPICH writes each rank's streams to their own file; follow them until the launcher
-        # has exited, then read what is left.
-        out = Path(self.plan.output_dir)
-        tails: dict[str, tuple[object, LineSplitter, int, str]] = {}
+    def _run(self) -> None:
+        last: JobResult | None = None
+        why: str | None = None
         try:
             while True:
-                finished = self._exited.is_set()
-                for path in out.iterdir():
-                    name = path.name
-                    if name not in tails:
-                        rank_text, _, kind = name.removeprefix("rank-").partition(".")
-                        if not rank_text.isdigit() or kind not in ("stdout", "stderr"):
-                            continue
-                        tails[name] = (open(path, "rb"), LineSplitter(), int(rank_text), kind)  # noqa: SIM115
-                    f, splitter, rank, kind = tails[name]
-                    while chunk := f.read(_READ):  # type: ignore[attr-defined]
-                        for text, partial in splitter.feed(chunk):
-                            self._store.add(rank, kind, text, partial)
-                if finished:
-                    break
-                self._exited.wait(0.02)
-            for _, splitter, rank, kind in tails.values():
-                for text, partial in splitter.flush():
-                    self._store.add(rank, kind, text, partial)
-        finally:
-            for f, *_ in tails.values():
-                f.close()  # type: ignore[attr-defined]
-
-    def _on_rank_exit(self, rank: int, code: int) -> None:
-        if code != 0 and self._failure_grace is not None:
-            # Launchers end the job when a rank fails; make sure of it even when one doesn't
-            # (a rank stuck in MPI_Finalize, say).
-            t = threading.Timer(self._failure_grace, self._guarded(self._stop), args=("failure",))
-            t.daemon = True
-            t.start()
-
-    def _stop(self, reason: str) -> None:
-        with self._lock:
-            if self._stop_reason is not None or self._proc.poll() is not None:
-                return
-            self._stop_reason = reason
-            self._stopped_at_exit_count = len(self._store.exit_order)
-        if reason == "timeout":
-            self._notes += self._find_out(None)
-            # Python ranks dump every thread's stack on SIGUSR1 (the rank hook); the launcher
-            # forwards the signal to them.
-            with contextlib.suppress(ProcessLookupError):
-                self._proc.send_signal(signal.SIGUSR1)
-            with contextlib.suppress(subprocess.TimeoutExpired):
-                self._proc.wait(timeout=self._stack_grace)
-        # Stopped for an error (a node lost): the launcher cannot tear down what it cannot
-        # reach, so it gets less time to try.
-        grace = min(self._grace, 1.0) if reason == "error" else self._grace
-        procs.kill_tree(self._proc, grace, self._token)
-
-    def _find_out(self, result: JobResult | None) -> list[str]:
-        """What ``diagnose`` says about the job (``result``: once it has ended)."""
-        if self._diagnose is None:
-            return []
-        try:
-            return list(self._diagnose(result))
-        except Exception:
-            _log.exception("Diagnosing job %s failed.", self.id)
-            return []
-
-    def _supervise(self) -> None:
-        returncode: int | None = None
-        try:
-            returncode = self._proc.wait()
-            self._exited.set()
-            for t in self._readers:
-                # A process that outlived the launcher may still hold its pipes open; its
-                # output is not waited for forever.
-                t.join(timeout=5.0)
-            if self._timer is not None:
-                self._timer.cancel()
-            # Whatever a rank left behind (a daemonized child, say) goes with the job; on
-            # remote nodes too when the job did not end cleanly.
-            kill_tagged([self._token], self._grace)
-            if returncode != 0 and self._on_failure is not None:
+                attempt = self._current
+                last = attempt.wait()
+                assert last is not None
+                ended = AttemptInfo(
+                    attempt.number,
+                    outcome(last, attempt.error),
+                    reason(last, attempt.error),
+                    attempt.started,
+                    last.duration,
+                    tuple(last.failed_ranks),
+                )
+                if attempt.number > 1:
+                    self._write(attempt.directory / "result.json", last)
+                with self._cond:
+                    self._ended.append(ended)
+                    stopped = self._cancelled or self._deadline_passed
+                elapsed = time.monotonic() - self._t0
+                step = next_step(
+                    self.recovery,
+                    attempt.number,
+                    ended.outcome,
+                    elapsed,
+                    restarts=self._restarts,
+                    cancelled=stopped,
+                )
+                if isinstance(step, Stop):
+                    why = step.why
+                    if step.deadline:
+                        with self._cond:
+                            self._deadline_passed = True
+                    return
+                _log.info(
+                    "Job %s: %s; attempt %d in %g s.",
+                    self.id,
+                    ended.reason,
+                    step.attempt,
+                    step.delay,
+                )
+                self._retry_at = time.monotonic() + step.delay
                 try:
-                    self._on_failure(self._token)
-                except Exception:
-                    _log.exception("Stopping job %s on the nodes failed.", self.id)
+                    if self._wake.wait(step.delay):
+                        return  # cancelled, or the deadline passed, before the retry
+                finally:
+                    self._retry_at = None
+                restarts = self._restarts + step.restart
+                folder = attempt_dir(self.directory, step.attempt)
+                try:
+                    following = self._start(step.attempt, folder, restarts, step.restart)
+                except ClusterError as exc:
+                    why = f"Attempt {step.attempt} could not start: {exc}"
+                    return
+                with self._cond:
+                    self._attempts.append(following)
+                    self._restarts = restarts
+                    stopped = self._cancelled or self._deadline_passed
+                    self._cond.notify_all()
+                if stopped:  # cancel() or the deadline came while it was starting
+                    following.stop("cancel" if self._cancelled else "timeout")
+                if self._on_attempt is not None:
+                    self._on_attempt(step.attempt)
         except Exception as exc:
             _log.exception("The supervisor of job %s failed.", self.id)
-            if self._error is None:
-                self._error = ClusterError(f"{type(exc).__name__}: {exc}")
+            why = f"{type(exc).__name__}: {exc}"
         finally:
-            self._finish(returncode)
+            self._finish(last, why)
 
-    def _finish(self, returncode: int | None) -> None:
+    def _finish(self, last: JobResult | None, why: str | None) -> None:
         """Mark the job done with its result, whatever happened before: ``wait()``,
         ``cancel()`` and the cluster's ``stop()`` must return."""
-        duration = time.monotonic() - self._t0
-        try:
-            guard.release(self._token)
-        except Exception:
-            _log.exception("Releasing job %s from the guard failed.", self.id)
-        self._exited.set()
-        self._store.close()
-        if self._store.write_error is not None and self._error is None:
-            self._error = self._store.write_error
-        polled = self._proc.poll() if returncode is None else returncode
-        code = polled if polled is not None else -1  # -1: the launcher's end was not seen
-        try:
-            self._result = self._make_result(code, duration)
-            if not self._result.ok:
-                said = [*self._notes, self._result.error or ""]
-                notes = [n for n in self._find_out(self._result) if not any(n in t for t in said)]
-                self._notes += notes
-                self._result = replace(self._result, notes=tuple(self._notes))
-        except Exception as exc:
-            _log.exception("Making the result of job %s failed.", self.id)
-            self._result = JobResult(
-                self.id, code, {}, (), duration, error=f"{type(exc).__name__}: {exc}"
-            )
-        if self._store.write_error is None:
-            try:
-                (self.directory / "result.json").write_text(
-                    json.dumps(self._result.to_dict(), indent=2)
-                )
-            except OSError as exc:
-                _log.warning("Could not write the result of job %s: %s", self.id, exc)
-        self._done.set()
+        if self._timer is not None:
+            self._timer.cancel()
+        attempt = self._current
+        if last is None:  # the supervisor failed before the attempt ended
+            attempt.stop("cancel")
+            last = attempt.wait() or JobResult(self.id, -1, {}, (), 0.0, attempt=attempt.number)
+        with self._cond:
+            ended = tuple(self._ended)
+            cancelled = self._cancelled
+            deadline = self._deadline_passed
+        notes = (*last.notes, why) if why else last.notes
+        result = replace(
+            last,
+            job_id=self.id,
+            duration=time.monotonic() - self._t0,
+            notes=notes,
+            attempt=attempt.number,
+            attempts=ended,
+            restarts=self._restarts,
+            cancelled=last.cancelled or (cancelled and not last.ok),
+            deadline_exceeded=deadline and not last.ok,
+        )
+        if attempt.store.write_error is None:
+            self._write(self.directory / "result.json", result)
+        with self._cond:
+            self._result = result
+            self._done.set()
+            self._cond.notify_all()
         if self._on_done is not None:
             try:
-                self._on_done(self._result)
+                self._on_done(result)
             except Exception:
                 _log.exception("A callback on the end of job %s failed.", self.id)
 
-    def _make_result(self, returncode: int, duration: float) -> JobResult:
-        store = self._store
-        order = list(store.exit_order)
-        cut = self._stopped_at_exit_count
-        stopped = set(order[cut:]) if cut is not None and self._stop_reason != "failure" else set()
-        failed = failed_ranks(order, store.exit_codes, stopped_by_us=stopped)
-        return JobResult(
-            job_id=self.id,
-            returncode=returncode,
-            rank_exit_codes={r: store.exit_codes.get(r) for r in range(self.np)},
-            failed=tuple(
-                RankFailure(r, store.hosts.get(r, "?"), store.exit_codes[r], tuple(store.tail(r)))
-                for r in failed
-            ),
-            duration=duration,
-            timed_out=self._stop_reason == "timeout",
-            cancelled=self._stop_reason == "cancel",
-            launcher_tail=tuple(store.tail(LAUNCHER_RANK)),
-            error=None if self._error is None else str(self._error),
-            rank_hosts={r: store.hosts.get(r, "?") for r in range(self.np)},
-            rank_times={
-                r: (store.started.get(r), store.ended.get(r))
-                for r in range(self.np)
-                if r in store.started or r in store.ended
-            },
-        )
+    def _write(self, path: Path, result: JobResult) -> None:
+        try:
+            path.write_text(json.dumps(result.to_dict(), indent=2))
+        except OSError as exc:
+            _log.warning("Could not write the result of job %s: %s", self.id, exc)

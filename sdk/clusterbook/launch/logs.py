@@ -37,7 +37,7 @@ __all__ = [
 
 #: Rank number of lines the launcher itself wrote (not any rank).
 LAUNCHER_RANK = -1
-COLUMNS = ("time", "rank", "host", "stream", "line", "partial")
+COLUMNS = ("time", "rank", "host", "stream", "line", "partial", "attempt")
 _SHORT = {"stdout": "out", "stderr": "err"}
 _LONG = {v: k for k, v in _SHORT.items()}
 _TAIL_CHARS = 2000  # of each line kept for failure reports
@@ -48,7 +48,8 @@ class LogRecord:
     """One line a rank wrote: when it arrived (epoch seconds), rank, host, stream, text.
 
     ``partial`` marks a piece of a line longer than :data:`~clusterbook.launch.parse.MAX_LINE`
-    (1 MiB) that goes on in the next record of the same rank and stream.
+    (1 MiB) that goes on in the next record of the same rank and stream. ``attempt``: which
+    run of the job wrote it (1 unless the job was retried or restarted).
     """
 
     time: float
@@ -57,6 +58,7 @@ class LogRecord:
     stream: str
     line: str
     partial: bool = False
+    attempt: int = 1
 
 
 class LogStore:
@@ -73,6 +75,7 @@ class LogStore:
         hosts: dict[int, str],
         *,
         launcher_host: str,
+        attempt: int = 1,
         max_records: int = 100_000,
         max_bytes: int = 64 << 20,
         tail_lines: int = 40,
@@ -88,6 +91,7 @@ class LogStore:
         self.ended: dict[int, float] = {}
         self.write_error: RunDirError | None = None
         self._launcher_host = launcher_host
+        self.attempt = attempt
         self._clock = clock
         self._records: deque[LogRecord] = deque()
         self._max_records = max_records
@@ -136,7 +140,7 @@ class LogStore:
                         self._notify_exit(rank, exited)
                     return
         host = self._launcher_host if rank == LAUNCHER_RANK else self.hosts.get(rank, "?")
-        record = LogRecord(self._clock(), rank, host, stream, text, partial)
+        record = LogRecord(self._clock(), rank, host, stream, text, partial, self.attempt)
         failed = None
         with self._cond:
             if self._closed:
@@ -274,37 +278,40 @@ DTYPES = {
     "stream": "category",  # stdout, stderr
     "line": "string",
     "partial": "bool",
+    "attempt": "int64",
 }
 
 
 def records_frame(records: Iterable[LogRecord]) -> pd.DataFrame:
     """A DataFrame of records with columns time (UTC), rank, host, stream (categorical:
-    stdout, stderr), line, partial; dtypes :data:`DTYPES`."""
+    stdout, stderr), line, partial, attempt; dtypes :data:`DTYPES`."""
     import pandas as pd
 
-    rows = [(r.time, r.rank, r.host, r.stream, r.line, r.partial) for r in records]
+    rows = [(r.time, r.rank, r.host, r.stream, r.line, r.partial, r.attempt) for r in records]
     frame: pd.DataFrame = pd.DataFrame(rows, columns=list(COLUMNS))
     seconds = frame["time"].astype("float64")
     frame["time"] = pd.to_datetime(seconds, unit="s", utc=True).astype("datetime64[us, UTC]")
-    frame = frame.astype({"rank": "int64", "host": "string", "line": "string", "partial": "bool"})
+    frame = frame.astype(
+        {"rank": "int64", "host": "string", "line": "string", "partial": "bool", "attempt": "int64"}
+    )
     frame["stream"] = pd.Categorical(frame["stream"], categories=("stdout", "stderr"))
     return frame
 
 
-def parse_log_line(raw: str, rank: int, host: str = "?") -> LogRecord:
+def parse_log_line(raw: str, rank: int, host: str = "?", attempt: int = 1) -> LogRecord:
     """A record from a line of a ``rank-N.log`` file (without its newline)."""
     stamp, _, rest = raw.partition(" ")
     short, _, line = rest.partition(" ")
     try:
         when = datetime.fromisoformat(stamp).timestamp()
     except ValueError:  # not a line the store wrote: kept whole, undated
-        return LogRecord(0.0, rank, host, "stdout", raw)
+        return LogRecord(0.0, rank, host, "stdout", raw, False, attempt)
     stream = _LONG.get(short.rstrip("+"), "stdout")
-    return LogRecord(when, rank, host, stream, line, short.endswith("+"))
+    return LogRecord(when, rank, host, stream, line, short.endswith("+"), attempt)
 
 
-def read_log_file(path: Path, rank: int, host: str = "?") -> list[LogRecord]:
+def read_log_file(path: Path, rank: int, host: str = "?", attempt: int = 1) -> list[LogRecord]:
     """Read a ``rank-N.log`` file back into records (to page in lines the buffer dropped)."""
     # Lines end at "\n" only: a rank's "\r" (a progress bar) is part of its line.
     with open(path, encoding="utf-8", errors="replace", newline="\n") as f:
-        return [parse_log_line(raw.removesuffix("\n"), rank, host) for raw in f]
+        return [parse_log_line(raw.removesuffix("\n"), rank, host, attempt) for raw in f]

@@ -17,12 +17,14 @@ from pathlib import Path
 from typing import TYPE_CHECKING, TypedDict
 
 from clusterbook.errors import ClusterStateError, ConfigError, NodeLostError, RunDirError
+from clusterbook.launch.attempt import Attempt
 from clusterbook.launch.command import LaunchPlan, build_command, placement
 from clusterbook.launch.flavour import Launcher
 from clusterbook.launch.job import Job
 from clusterbook.launch.logs import LogStore
 from clusterbook.launch.program import check_argv, check_cwd, resolve_program
 from clusterbook.launch.rankwrap import HOOK_DIR
+from clusterbook.launch.recovery import NO_RECOVERY, Backoff, Recovery
 from clusterbook.launch.result import JobResult, ssh_refusals
 from clusterbook.spec import NodeSpec, validate_env, validate_np, validate_timeout
 
@@ -33,11 +35,13 @@ __all__ = [
     "JobArgs",
     "JobHooks",
     "JobRequest",
+    "Placement",
     "diagnose",
     "fail_on_lost_nodes",
     "make_run_dir",
     "new_job_dir",
     "prepare",
+    "remaining_nodes",
     "usable_nodes",
 ]
 
@@ -61,6 +65,23 @@ class JobArgs(TypedDict, total=False):
         A Python rank that raises, or calls ``sys.exit`` with a non-zero code, aborts the whole
         MPI job, so that no other rank hangs in a collective (default). Turn it off for programs
         that handle errors themselves (interactive engines).
+    retries
+        Run the job again after a failure, up to this many times (default 0), each attempt
+        with its own logs (``job.logs()``'s ``attempt`` column).
+    backoff
+        Seconds before the first retry, doubled after each one up to 60 s (default 1), or a
+        ``cb.Backoff(first, factor, limit)``.
+    retry_on
+        Which endings are retried: ``"failure"`` (a rank failed), ``"node-lost"``,
+        ``"timeout"`` (default: ``{"failure", "node-lost"}``).
+    deadline
+        Seconds (or ``"2h"``) the job and all its retries may take together; at it the job is
+        stopped as at a timeout (Python ranks dump their stacks).
+    restarts
+        When a node the job runs on is lost, relaunch it at once on the nodes that are left,
+        up to this many times (default 0; not counted as retries), on all their slots (or
+        ``np``, if fewer); ranks see ``CLUSTERBOOK_RESTART`` and
+        ``TORCHELASTIC_RESTART_COUNT``, to resume from their own checkpoint.
     """
 
     env: Mapping[str, str] | None
@@ -69,6 +90,11 @@ class JobArgs(TypedDict, total=False):
     oversubscribe: bool
     launcher_args: Sequence[str]
     abort_on_error: bool
+    retries: int
+    backoff: float | str | Backoff
+    retry_on: Sequence[str] | str | None
+    deadline: float | str | None
+    restarts: int
 
 
 @dataclass(frozen=True, slots=True)
@@ -83,6 +109,8 @@ class JobRequest:
     oversubscribe: bool
     launcher_args: tuple[str, ...]
     abort_on_error: bool
+    recovery: Recovery = NO_RECOVERY
+    all_slots: bool = False  # np was not given: every slot, of the nodes left on a restart
 
     @classmethod
     def make(
@@ -97,26 +125,45 @@ class JobRequest:
         oversubscribe: bool = False,
         launcher_args: Sequence[str] = (),
         abort_on_error: bool = True,
+        retries: int = 0,
+        backoff: float | str | Backoff = 1.0,
+        retry_on: Sequence[str] | str | None = None,
+        deadline: float | str | None = None,
+        restarts: int = 0,
     ) -> JobRequest:
+        """Check what ``cluster.mpirun`` was given, for a cluster of ``slots`` slots."""
         if not isinstance(oversubscribe, bool) or not isinstance(abort_on_error, bool):
             raise ConfigError(
                 "oversubscribe and abort_on_error must be True or False, got "
                 f"{oversubscribe!r} and {abort_on_error!r}."
             )
-        """Check what ``cluster.mpirun`` was given, for a cluster of ``slots`` slots."""
         program = tuple(check_argv(argv))
-        np = validate_np(slots if np is None else np, slots, oversubscribe=oversubscribe)
+        count = validate_np(slots if np is None else np, slots, oversubscribe=oversubscribe)
         extra = tuple(check_argv(launcher_args)) if launcher_args else ()
+        limit = validate_timeout(timeout)
         return cls(
             argv=program,
-            np=np,
+            np=count,
             env=validate_env(env),
             cwd=check_cwd(cwd),
-            timeout=validate_timeout(timeout),
+            timeout=limit,
             oversubscribe=oversubscribe,
             launcher_args=extra,
             abort_on_error=abort_on_error,
+            recovery=Recovery.make(
+                retries=retries,
+                backoff=backoff,
+                retry_on=retry_on,
+                deadline=deadline,
+                timeout=limit,
+                restarts=restarts,
+            ),
+            all_slots=np is None,
         )
+
+
+Placement = tuple[tuple[NodeSpec, ...], "RemoteLaunch | None"]
+"""The nodes of an attempt, and how the launcher reaches them (None: on this machine)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -126,6 +173,10 @@ class JobHooks:
     on_failure: Callable[[str], None]  # stop job ``token`` on every node
     on_done: Callable[[JobResult], None]
     diagnose: Callable[[JobResult | None], list[str]]
+    # The nodes a new attempt may run on now, and how the launcher reaches them; with True,
+    # for a restart: those left when some were lost.
+    where: Callable[[bool], Placement]
+    on_attempt: Callable[[int], None] | None = None
 
 
 Unreachable = Callable[..., dict[str, str]]
@@ -211,6 +262,33 @@ def _master_port(*, local: bool) -> int:
     return 20000 + secrets.randbelow(20000)
 
 
+def _attempt_env(number: int, restarts: int) -> dict[str, str]:
+    """What every rank of attempt ``number`` is told (unless the job's ``env`` says it)."""
+    return {
+        "CLUSTERBOOK_ATTEMPT": str(number),
+        "CLUSTERBOOK_RESTART": str(restarts),
+        "TORCHELASTIC_RESTART_COUNT": str(restarts),
+    }
+
+
+def remaining_nodes(
+    cluster: str,
+    nodes: tuple[NodeSpec, ...],
+    unreachable: Unreachable,
+    bounds: tuple[int, int] | None,
+) -> tuple[NodeSpec, ...]:
+    """The ``nodes`` not lost, for a restart: at least one, and ``bounds``' minimum."""
+    lost = unreachable([n.name for n in nodes], lost_only=True)
+    left = tuple(n for n in nodes if n.name not in lost)
+    least = bounds[0] if bounds else 1
+    if len(left) < least:
+        raise ClusterStateError(
+            f"Cluster {cluster!r} has {len(left)} nodes left, fewer than the {least} it needs "
+            f"({'; '.join(lost.values()) or 'its nodes were lost'})."
+        )
+    return left
+
+
 def prepare(
     request: JobRequest,
     *,
@@ -225,55 +303,77 @@ def prepare(
     hooks: JobHooks,
 ) -> Job:
     """Start ``request`` on ``nodes`` of cluster ``cluster``, in a new job directory under
-    ``run_dir``; return the job."""
-    np = request.np
+    ``run_dir``; return the job. A retry runs where ``hooks.where()`` says then."""
     job_env = {**env, **request.env}
     base_env = dict(os.environ)
-    # Nodes whose environments differ in path run the same per-cluster link on each node.
-    python = (remote and remote.python) or python
-    launcher = (remote and remote.launcher) or launcher
+    first = (nodes, remote)
     program = resolve_program(
         list(request.argv),
-        python=python,
+        # Nodes whose environments differ in path run the same per-cluster link on each node.
+        python=(remote and remote.python) or python,
         path_env={**base_env, **job_env}.get("PATH"),
         cwd=request.cwd,
         local=remote is None,
     )
     job_id, directory = new_job_dir(run_dir, jobs_so_far)
-    plan = LaunchPlan(
-        launcher=launcher,
-        nodes=nodes,
-        np=np,
-        argv=tuple(program),
-        env=job_env,
-        hostfile=str(directory / "hostfile"),
-        output_dir=str(directory / "raw"),
-        as_root=hasattr(os, "geteuid") and os.geteuid() == 0,
-        oversubscribe=request.oversubscribe,
-        remote=remote,
-        inherited_env=base_env,
-        launcher_args=request.launcher_args,
-        job_token=f"{cluster}-{secrets.token_hex(6)}",
-        hook_dir=(remote and remote.hook_dir) or HOOK_DIR,
-        abort_on_error=request.abort_on_error,
-        master_port=_master_port(local=remote is None),
-    )
-    here = socket.gethostname()
-    names = remote.hostnames if remote else {}
-    hosts = {
-        r: names.get(nodes[i].host, nodes[i].host) if remote else here
-        for r, i in enumerate(placement(nodes, np))
-    }
+
+    def start(number: int, folder: Path, restarts: int, restart: bool) -> Attempt:
+        nodes, remote = first if number == 1 else hooks.where(restart)
+        np = request.np
+        if number > 1:
+            slots = sum(n.slots for n in nodes)
+            if restart and (request.all_slots or np > slots):
+                np = slots  # the new world size
+            validate_np(np, slots, oversubscribe=request.oversubscribe)
+            try:
+                folder.mkdir(mode=0o700)
+            except OSError as exc:
+                raise RunDirError.from_os_error(folder, exc) from exc
+        plan = LaunchPlan(
+            launcher=(remote and remote.launcher) or launcher,
+            nodes=nodes,
+            np=np,
+            argv=tuple(program),
+            env={**_attempt_env(number, restarts), **job_env},
+            hostfile=str(folder / "hostfile"),
+            output_dir=str(folder / "raw"),
+            as_root=hasattr(os, "geteuid") and os.geteuid() == 0,
+            oversubscribe=request.oversubscribe,
+            remote=remote,
+            inherited_env=base_env,
+            launcher_args=request.launcher_args,
+            job_token=f"{cluster}-{secrets.token_hex(6)}",
+            hook_dir=(remote and remote.hook_dir) or HOOK_DIR,
+            abort_on_error=request.abort_on_error,
+            master_port=_master_port(local=remote is None),
+        )
+        here = socket.gethostname()
+        names = remote.hostnames if remote else {}
+        hosts = {
+            r: names.get(nodes[i].host, nodes[i].host) if remote else here
+            for r, i in enumerate(placement(nodes, np))
+        }
+        return Attempt(
+            job_id,
+            number,
+            plan,
+            build_command(plan),
+            folder,
+            LogStore(folder, hosts, launcher_host=here, attempt=number),
+            base_env=base_env,
+            cwd=request.cwd,
+            timeout=request.timeout,
+            on_failure=hooks.on_failure,
+            diagnose=hooks.diagnose,
+        )
+
     return Job(
         job_id,
-        plan,
-        build_command(plan),
         directory,
-        LogStore(directory, hosts, launcher_host=here),
-        base_env=base_env,
-        cwd=request.cwd,
+        start,
+        request.recovery,
+        argv=list(program),
         timeout=request.timeout,
-        on_failure=hooks.on_failure,
         on_done=hooks.on_done,
-        diagnose=hooks.diagnose,
+        on_attempt=hooks.on_attempt,
     )

@@ -14,6 +14,7 @@ from clusterbook.errors import JobFailedError
 
 __all__ = [
     "TIMELINE_DTYPES",
+    "AttemptInfo",
     "JobResult",
     "RankFailure",
     "excerpt",
@@ -47,6 +48,21 @@ class RankFailure:
 
 
 @dataclass(frozen=True, slots=True)
+class AttemptInfo:
+    """One attempt of a job that was retried or restarted: its number (1: the first), how it
+    ended (``ok``, ``failure``, ``node-lost``, ``timeout``, ``cancelled``, ``error``) and in a
+    few words (``reason``: "rank 1 exited 1"), when it started (epoch seconds), how long it
+    ran and which ranks failed."""
+
+    number: int
+    outcome: str
+    reason: str
+    started: float
+    duration: float
+    failed_ranks: tuple[int, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
 class JobResult:
     """How a job ended.
 
@@ -75,7 +91,14 @@ class JobResult:
         Each rank's host, and when its start and its exit were reported (epoch seconds; None
         where it never was): see :meth:`timeline`.
     attempt
-        Which run of the job this is (1: the first).
+        Which run of the job this is (1: the first): its last, once the job has ended.
+    attempts
+        Every attempt of a job that was retried or restarted, first first (empty when it ran
+        once), each an :class:`AttemptInfo`.
+    deadline_exceeded
+        The job was stopped at its ``deadline`` (all its attempts together).
+    restarts
+        How many of its attempts were relaunches after a node was lost (``restarts=``).
     """
 
     job_id: str
@@ -91,12 +114,15 @@ class JobResult:
     rank_hosts: Mapping[int, str] = field(default_factory=dict)
     rank_times: Mapping[int, tuple[float | None, float | None]] = field(default_factory=dict)
     attempt: int = 1
+    attempts: tuple[AttemptInfo, ...] = ()
+    deadline_exceeded: bool = False
+    restarts: int = 0
 
     @property
     def ok(self) -> bool:
         """True when the job ran to the end and every rank exited 0."""
         stopped = self.timed_out or self.cancelled or self.error is not None
-        return self.returncode == 0 and not (stopped or self.failed)
+        return self.returncode == 0 and not (stopped or self.failed or self.deadline_exceeded)
 
     @property
     def failed_ranks(self) -> list[int]:
@@ -104,12 +130,15 @@ class JobResult:
 
     def summary(self) -> str:
         """One paragraph saying how the job ended."""
+        tries = self._attempts_line()
         if self.ok:
             return (
                 f"Job {self.job_id} succeeded: {len(self.rank_exit_codes)} ranks in "
-                f"{self.duration:.2f} s."
+                f"{self.duration:.2f} s." + (f"\n{tries}" if tries else "")
             )
-        if self.error is not None:
+        if self.deadline_exceeded:
+            head = f"Job {self.job_id} was stopped by its deadline after {self.duration:.1f} s"
+        elif self.error is not None:
             head = f"Job {self.job_id} failed after {self.duration:.1f} s: {self.error}"
         elif self.timed_out:
             head = f"Job {self.job_id} timed out after {self.duration:.1f} s and was stopped"
@@ -118,6 +147,8 @@ class JobResult:
         else:
             head = f"Job {self.job_id} failed (launcher exit code {self.returncode})"
         parts = [head if head.endswith(".") else head + ".", *self.notes]
+        if tries:
+            parts.append(tries)
         for f in self.failed:
             parts.append(f"Rank {f.rank} on {f.host} exited with code {f.exit_code}:")
             parts.extend(f"    {line}" for line in excerpt(f.last_lines))
@@ -127,12 +158,20 @@ class JobResult:
             parts.extend(f"    {line}" for line in self.launcher_tail[-8:])
         return "\n".join(parts)
 
+    def _attempts_line(self) -> str:
+        if len(self.attempts) < 2:
+            return ""
+        each = "; ".join(f"{a.number}: {a.reason} ({a.duration:.1f} s)" for a in self.attempts)
+        return f"Attempts: {each}."
+
     @property
     def state(self) -> str:
         """succeeded, failed, timed out or cancelled."""
         if self.ok:
             return "succeeded"
-        return "timed out" if self.timed_out else "cancelled" if self.cancelled else "failed"
+        if self.timed_out or self.deadline_exceeded:
+            return "timed out"
+        return "cancelled" if self.cancelled else "failed"
 
     def _repr_html_(self) -> str:
         from clusterbook.render import render_result, render_timeline
@@ -197,6 +236,19 @@ class JobResult:
             rank_hosts={int(k): v for k, v in data.get("rank_hosts", {}).items()},
             rank_times={int(k): (v[0], v[1]) for k, v in times.items()},
             attempt=int(data.get("attempt", 1)),
+            attempts=tuple(
+                AttemptInfo(
+                    int(a["number"]),
+                    str(a["outcome"]),
+                    str(a["reason"]),
+                    float(a["started"]),
+                    float(a["duration"]),
+                    tuple(int(r) for r in a.get("failed_ranks", ())),
+                )
+                for a in data.get("attempts", ())
+            ),
+            deadline_exceeded=bool(data.get("deadline_exceeded")),
+            restarts=int(data.get("restarts", 0)),
         )
 
 

@@ -1,10 +1,10 @@
 """A job seen through its directory: from another process, or long after it ended.
 
 A job's directory holds ``job.json`` (what it runs, written at its start), ``rank-N.log`` and
-``launcher.log`` (every line as it arrived, see :mod:`clusterbook.launch.logs`) and, once it
-ended, ``result.json``. :class:`SavedJob` reads them: ``logs()``, ``result``, ``wait()`` and a
-live ``stream()`` that follows the files while the job runs. ``cb.Job.load(directory)`` makes
-one.
+``launcher.log`` (every line as it arrived, see :mod:`clusterbook.launch.logs`), the same in
+``attempt-2/``, ... for each retry, and, once it ended, ``result.json``. :class:`SavedJob`
+reads them: ``logs()``, ``result``, ``wait()`` and a live ``stream()`` that follows the files
+while the job runs. ``cb.Job.load(directory)`` makes one.
 """
 
 from __future__ import annotations
@@ -116,28 +116,30 @@ class SavedJob:
     def records(self, rank: int | None = None) -> list[LogRecord]:
         """What :meth:`logs` holds, as :class:`LogRecord` values."""
         self.result  # noqa: B018 - reads the hosts the result knows
-        files = self._files() if rank is None else [(rank, self._log_path(rank))]
-        per_file = [self._read_new(path, r, {}) for r, path in files]
-        return list(heapq.merge(*per_file, key=lambda rec: rec.time))
+        files = [f for f in self._files() if rank is None or f[0] == rank]
+        per_file = [self._read_new(path, r, n, {}) for r, path, n in files]
+        return list(heapq.merge(*per_file, key=lambda rec: (rec.attempt, rec.time)))
 
     def stream(self, *, from_start: bool = True) -> Iterator[LogRecord]:
         """Yield records as they reach the files, until the job has ended and every file
         is read (``from_start=False``: only what comes from now on)."""
         offsets: dict[Path, int] = {}
         if not from_start:
-            offsets = {path: path.stat().st_size for _, path in self._files()}
+            offsets = {path: path.stat().st_size for _, path, _ in self._files()}
         while True:
             ended = self.result is not None  # before reading: nothing written after is missed
             batch: list[LogRecord] = []
-            for rank, path in self._files():
-                batch += self._read_new(path, rank, offsets)
-            batch.sort(key=lambda rec: rec.time)
+            for rank, path, attempt in self._files():
+                batch += self._read_new(path, rank, attempt, offsets)
+            batch.sort(key=lambda rec: (rec.attempt, rec.time))
             yield from batch
             if ended:
                 return
             time.sleep(_POLL)
 
-    def _read_new(self, path: Path, rank: int, offsets: dict[Path, int]) -> list[LogRecord]:
+    def _read_new(
+        self, path: Path, rank: int, attempt: int, offsets: dict[Path, int]
+    ) -> list[LogRecord]:
         """The whole lines of ``path`` after ``offsets[path]`` (which moves past them)."""
         start = offsets.get(path, 0)
         try:
@@ -150,19 +152,23 @@ class SavedJob:
         offsets[path] = start + end
         host = self._hosts.get(rank, "?")
         text = data[:end].decode("utf-8", errors="replace")
-        return [parse_log_line(line, rank, host) for line in text.split("\n")[:-1]]
+        return [parse_log_line(line, rank, host, attempt) for line in text.split("\n")[:-1]]
 
-    def _files(self) -> list[tuple[int, Path]]:
+    def _files(self) -> list[tuple[int, Path, int]]:
+        """Every log file: its rank, path and attempt, attempt by attempt."""
         found = []
-        for path in self.directory.glob("*.log"):
-            if path.name == "launcher.log":
-                found.append((LAUNCHER_RANK, path))
-            elif path.name.startswith("rank-") and path.stem[5:].isdigit():
-                found.append((int(path.stem[5:]), path))
-        return sorted(found)
-
-    def _log_path(self, rank: int) -> Path:
-        return self.directory / ("launcher.log" if rank == LAUNCHER_RANK else f"rank-{rank}.log")
+        folders = [(1, self.directory)] + [
+            (int(p.name[8:]), p)
+            for p in self.directory.glob("attempt-*")
+            if p.name[8:].isdigit() and p.is_dir()
+        ]
+        for attempt, folder in sorted(folders):
+            for path in sorted(folder.glob("*.log")):
+                if path.name == "launcher.log":
+                    found.append((LAUNCHER_RANK, path, attempt))
+                elif path.name.startswith("rank-") and path.stem[5:].isdigit():
+                    found.append((int(path.stem[5:]), path, attempt))
+        return found
 
     def __repr__(self) -> str:
         result = self.result

@@ -1,0 +1,391 @@
+"""One run of an MPI job: the launcher process, its output readers, its timeout and its end.
+
+A :class:`~clusterbook.launch.job.Job` is one attempt, or several when it is retried or
+restarted; each attempt has its own directory, logs and result.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import os
+import signal
+import subprocess
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import replace
+from pathlib import Path
+from typing import IO, Any
+
+from clusterbook.errors import ClusterError, RunDirError
+from clusterbook.launch import proc as procs
+from clusterbook.launch.command import LaunchCommand, LaunchPlan
+from clusterbook.launch.flavour import MPIFlavour
+from clusterbook.launch.guard import guard, kill_tagged
+from clusterbook.launch.logs import LAUNCHER_RANK, LogStore
+from clusterbook.launch.parse import LineSplitter, OmpiChunkParser
+from clusterbook.launch.result import JobResult, RankFailure, failed_ranks
+
+__all__ = ["Attempt"]
+
+_READ = 65536
+_log = logging.getLogger("clusterbook.job")
+
+
+class Attempt:
+    """One run of job ``job_id`` (``number``: 1 for the first).
+
+    Output of every rank is parsed into records as it arrives, appended to ``rank-N.log`` in
+    :attr:`directory`, kept in a bounded buffer and streamed (the store's). Starting it starts
+    the launcher; :meth:`wait` returns its result once it has ended.
+    """
+
+    def __init__(
+        self,
+        job_id: str,
+        number: int,
+        plan: LaunchPlan,
+        command: LaunchCommand,
+        directory: Path,
+        store: LogStore,
+        *,
+        base_env: dict[str, str],
+        cwd: str | None,
+        timeout: float | None,
+        grace: float = 3.0,
+        stack_grace: float = 1.0,
+        failure_grace: float = 2.0,
+        on_failure: Callable[[str], None] | None = None,
+        diagnose: Callable[[JobResult | None], list[str]] | None = None,
+    ) -> None:
+        self.id = job_id
+        self.number = number
+        self.plan = plan
+        self.directory = directory
+        self.np = plan.np
+        self.argv = list(plan.argv)
+        self.timeout = timeout
+        self._store = store
+        self._grace = grace
+        self._stack_grace = stack_grace
+        self._failure_grace = failure_grace
+        self._on_failure = on_failure
+        self._diagnose = diagnose
+        self._notes: list[str] = []
+        self._lock = threading.Lock()
+        self._stop_reason: str | None = None  # "timeout" | "cancel" | "failure" | "error"
+        self._error: ClusterError | None = None  # why clusterbook stopped the job itself
+        self._stopped_at_exit_count: int | None = None
+        self._done = threading.Event()
+        self._exited = threading.Event()  # the launcher has exited
+        self._result: JobResult | None = None
+
+        job_file = {
+            "id": job_id,
+            "attempt": number,
+            "argv": self.argv,
+            "np": plan.np,
+            "launcher": plan.launcher.path,
+            "flavour": plan.launcher.flavour.value,
+            "launcher_argv": command.argv,
+            "started": time.time(),
+            "hosts": {str(rank): host for rank, host in store.hosts.items()},
+            "token": plan.job_token,
+        }
+        path = directory / "hostfile"
+        try:
+            path.write_text(command.hostfile_text)
+            path = directory / "job.json"
+            path.write_text(json.dumps(job_file, indent=2))
+            if plan.launcher.flavour is MPIFlavour.MPICH:
+                path = Path(plan.output_dir)
+                path.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise RunDirError.from_os_error(path, exc) from exc
+        store.on_exit(self._on_rank_exit)
+        store.on_write_error(self.fail)
+        self.started = time.time()
+        self._t0 = time.monotonic()
+        self._token = plan.job_token
+        guard.watch(self._token)
+        self._proc = procs.spawn(command.argv, env={**base_env, **command.env}, cwd=cwd)
+        self._readers = self._start_readers()
+        self._timer: threading.Timer | None = None
+        if timeout is not None:
+            self._timer = threading.Timer(timeout, self._guarded(self._stop), args=("timeout",))
+            self._timer.daemon = True
+            self._timer.start()
+        threading.Thread(target=self._supervise, name=f"clusterbook-{job_id}", daemon=True).start()
+
+    # -- what the job asks of its attempt --------------------------------------------------
+
+    @property
+    def store(self) -> LogStore:
+        """Where this attempt's output goes (files, buffer, live readers)."""
+        return self._store
+
+    @property
+    def pid(self) -> int:
+        """Process id of the launcher (mpirun / mpiexec)."""
+        return self._proc.pid
+
+    @property
+    def done(self) -> bool:
+        return self._done.is_set()
+
+    @property
+    def result(self) -> JobResult | None:
+        """The result once the attempt has ended, else None."""
+        return self._result
+
+    @property
+    def error(self) -> ClusterError | None:
+        """Why clusterbook stopped the attempt itself (see :meth:`fail`), if it did."""
+        return self._error
+
+    def wait(self, timeout: float | None = None) -> JobResult | None:
+        """The result, once the attempt has ended within ``timeout`` seconds; else None."""
+        self._done.wait(timeout)
+        return self._result
+
+    def stop(self, reason: str) -> None:
+        """Stop every process of the attempt (SIGTERM, then SIGKILL after a grace period);
+        ``reason``: "cancel" or "timeout" (Python ranks dump their stacks first). Returns
+        once the launcher has exited."""
+        self._stop(reason)
+
+    def fail(self, error: ClusterError) -> None:
+        """Stop the attempt because of ``error`` (its logs cannot be written, a node it runs
+        on was lost, ...): its result is failed with that error. Returns at once."""
+        with self._lock:
+            if self._error is None and not self._done.is_set():
+                self._error = error
+        threading.Thread(
+            target=self._guarded(self._stop), args=("error",), name=f"clusterbook-{self.id}-fail"
+        ).start()
+
+    # -- internals ------------------------------------------------------------------------
+
+    def _start_readers(self) -> list[threading.Thread]:
+        assert self._proc.stdout is not None
+        assert self._proc.stderr is not None
+        targets: list[tuple[Callable[[Any], None], IO[bytes] | None]]
+        if self.plan.launcher.flavour is MPIFlavour.OPENMPI:
+            # Every rank's output comes tagged on mpirun's stdout; its own, on its stderr.
+            targets = [
+                (self._read_tagged, self._proc.stdout),
+                (self._read_launcher, self._proc.stderr),
+            ]
+        else:
+            targets = [
+                (self._read_launcher, self._proc.stdout),
+                (self._read_launcher, self._proc.stderr),
+                (self._tail_files, None),
+            ]
+        threads = []
+        for target, pipe in targets:
+            t = threading.Thread(
+                target=self._guarded(target),
+                args=(pipe,),
+                daemon=True,
+                name=f"clusterbook-{self.id}-io",
+            )
+            t.start()
+            threads.append(t)
+        return threads
+
+    def _guarded(self, target: Callable[..., None]) -> Callable[..., None]:
+        """``target`` for a thread of this job: an exception in it fails the job with a
+        clear error (a dead reader would leave the launcher blocked on a full pipe)."""
+
+        def run(*args: object) -> None:
+            try:
+                target(*args)
+            except Exception as exc:
+                _log.exception("Thread %s of job %s failed.", target.__name__, self.id)
+                error = exc if isinstance(exc, ClusterError) else None
+                self.fail(error or ClusterError(f"{type(exc).__name__}: {exc}"))
+
+        return run
+
+    def _read_tagged(self, pipe: object) -> None:
+        parser = OmpiChunkParser()
+        fd = pipe.fileno()  # type: ignore[attr-defined]
+        add = self._store.add
+        try:
+            while chunk := os.read(fd, _READ):
+                for line in parser.feed(chunk):
+                    add(line.rank, line.stream, line.text, line.partial)
+            for line in parser.flush():
+                add(line.rank, line.stream, line.text, line.partial)
+        finally:
+            pipe.close()  # type: ignore[attr-defined]
+
+    def _read_launcher(self, pipe: object) -> None:
+        splitter = LineSplitter()
+        fd = pipe.fileno()  # type: ignore[attr-defined]
+        stream = "stdout" if pipe is self._proc.stdout else "stderr"
+        try:
+            while chunk := os.read(fd, _READ):
+                for text, partial in splitter.feed(chunk):
+                    self._store.add(None, stream, text, partial)
+            for text, partial in splitter.flush():
+                self._store.add(None, stream, text, partial)
+        finally:
+            pipe.close()  # type: ignore[attr-defined]
+
+    def _tail_files(self, _: object) -> None:
+        # MPICH writes each rank's streams to their own file; follow them until the launcher
+        # has exited, then read what is left.
+        out = Path(self.plan.output_dir)
+        tails: dict[str, tuple[object, LineSplitter, int, str]] = {}
+        try:
+            while True:
+                finished = self._exited.is_set()
+                for path in out.iterdir():
+                    name = path.name
+                    if name not in tails:
+                        rank_text, _, kind = name.removeprefix("rank-").partition(".")
+                        if not rank_text.isdigit() or kind not in ("stdout", "stderr"):
+                            continue
+                        tails[name] = (open(path, "rb"), LineSplitter(), int(rank_text), kind)  # noqa: SIM115
+                    f, splitter, rank, kind = tails[name]
+                    while chunk := f.read(_READ):  # type: ignore[attr-defined]
+                        for text, partial in splitter.feed(chunk):
+                            self._store.add(rank, kind, text, partial)
+                if finished:
+                    break
+                self._exited.wait(0.02)
+            for _, splitter, rank, kind in tails.values():
+                for text, partial in splitter.flush():
+                    self._store.add(rank, kind, text, partial)
+        finally:
+            for f, *_ in tails.values():
+                f.close()  # type: ignore[attr-defined]
+
+    def _on_rank_exit(self, rank: int, code: int) -> None:
+        if code != 0 and self._failure_grace is not None:
+            # Launchers end the job when a rank fails; make sure of it even when one doesn't
+            # (a rank stuck in MPI_Finalize, say).
+            t = threading.Timer(self._failure_grace, self._guarded(self._stop), args=("failure",))
+            t.daemon = True
+            t.start()
+
+    def _stop(self, reason: str) -> None:
+        with self._lock:
+            if self._stop_reason is not None or self._proc.poll() is not None:
+                return
+            self._stop_reason = reason
+            self._stopped_at_exit_count = len(self._store.exit_order)
+        if reason == "timeout":
+            self._notes += self._find_out(None)
+            # Python ranks dump every thread's stack on SIGUSR1 (the rank hook); the launcher
+            # forwards the signal to them.
+            with contextlib.suppress(ProcessLookupError):
+                self._proc.send_signal(signal.SIGUSR1)
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                self._proc.wait(timeout=self._stack_grace)
+        # Stopped for an error (a node lost): the launcher cannot tear down what it cannot
+        # reach, so it gets less time to try.
+        grace = min(self._grace, 1.0) if reason == "error" else self._grace
+        procs.kill_tree(self._proc, grace, self._token)
+
+    def _find_out(self, result: JobResult | None) -> list[str]:
+        """What ``diagnose`` says about the job (``result``: once it has ended)."""
+        if self._diagnose is None:
+            return []
+        try:
+            return list(self._diagnose(result))
+        except Exception:
+            _log.exception("Diagnosing job %s failed.", self.id)
+            return []
+
+    def _supervise(self) -> None:
+        returncode: int | None = None
+        try:
+            returncode = self._proc.wait()
+            self._exited.set()
+            for t in self._readers:
+                # A process that outlived the launcher may still hold its pipes open; its
+                # output is not waited for forever.
+                t.join(timeout=5.0)
+            if self._timer is not None:
+                self._timer.cancel()
+            # Whatever a rank left behind (a daemonized child, say) goes with the job; on
+            # remote nodes too when the job did not end cleanly.
+            kill_tagged([self._token], self._grace)
+            if returncode != 0 and self._on_failure is not None:
+                try:
+                    self._on_failure(self._token)
+                except Exception:
+                    _log.exception("Stopping job %s on the nodes failed.", self.id)
+        except Exception as exc:
+            _log.exception("The supervisor of job %s failed.", self.id)
+            if self._error is None:
+                self._error = ClusterError(f"{type(exc).__name__}: {exc}")
+        finally:
+            self._finish(returncode)
+
+    def _finish(self, returncode: int | None) -> None:
+        """Mark the job done with its result, whatever happened before: ``wait()``,
+        ``cancel()`` and the cluster's ``stop()`` must return."""
+        duration = time.monotonic() - self._t0
+        try:
+            guard.release(self._token)
+        except Exception:
+            _log.exception("Releasing job %s from the guard failed.", self.id)
+        self._exited.set()
+        self._store.close()
+        if self._store.write_error is not None and self._error is None:
+            self._error = self._store.write_error
+        polled = self._proc.poll() if returncode is None else returncode
+        code = polled if polled is not None else -1  # -1: the launcher's end was not seen
+        try:
+            self._result = self._make_result(code, duration)
+            if not self._result.ok:
+                said = [*self._notes, self._result.error or ""]
+                notes = [n for n in self._find_out(self._result) if not any(n in t for t in said)]
+                self._notes += notes
+                self._result = replace(self._result, notes=tuple(self._notes))
+        except Exception as exc:
+            _log.exception("Making the result of job %s failed.", self.id)
+            self._result = JobResult(
+                self.id,
+                code,
+                {},
+                (),
+                duration,
+                error=f"{type(exc).__name__}: {exc}",
+                attempt=self.number,
+            )
+        self._done.set()
+
+    def _make_result(self, returncode: int, duration: float) -> JobResult:
+        store = self._store
+        order = list(store.exit_order)
+        cut = self._stopped_at_exit_count
+        stopped = set(order[cut:]) if cut is not None and self._stop_reason != "failure" else set()
+        failed = failed_ranks(order, store.exit_codes, stopped_by_us=stopped)
+        return JobResult(
+            job_id=self.id,
+            returncode=returncode,
+            rank_exit_codes={r: store.exit_codes.get(r) for r in range(self.np)},
+            failed=tuple(
+                RankFailure(r, store.hosts.get(r, "?"), store.exit_codes[r], tuple(store.tail(r)))
+                for r in failed
+            ),
+            duration=duration,
+            timed_out=self._stop_reason == "timeout",
+            cancelled=self._stop_reason == "cancel",
+            launcher_tail=tuple(store.tail(LAUNCHER_RANK)),
+            error=None if self._error is None else str(self._error),
+            rank_hosts={r: store.hosts.get(r, "?") for r in range(self.np)},
+            rank_times={
+                r: (store.started.get(r), store.ended.get(r))
+                for r in range(self.np)
+                if r in store.started or r in store.ended
+            },
+            attempt=self.number,
+        )
