@@ -175,7 +175,14 @@ class FakeProvider(Provider):
     def node_statuses(self) -> list[NodeStatus]:
         state = "ready" if self.started and self._ready else "pending"
         return [
-            NodeStatus(n.name, n.host, n.slots, "lost" if n.name in self._lost else state)
+            NodeStatus(
+                n.name,
+                n.host,
+                n.slots,
+                "lost" if n.name in self._lost else state,
+                gpus=n.gpus.count,
+                gpu_model=n.gpus.model,
+            )
             for n in self._nodes
         ]
 

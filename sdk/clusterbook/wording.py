@@ -31,6 +31,8 @@ INTERFACES: dict[str, dict[str, str]] = {
         "identity": "--identity {}",
         "user": "--user {}",
         "port": "--port {}",
+        "slots": "--slots {}",
+        "workers": "--workers {}",  # of clusterbook demo
     },
     "magics": {
         "np": "-n {}",
@@ -40,6 +42,8 @@ INTERFACES: dict[str, dict[str, str]] = {
         "identity": "--identity {}",
         "user": "--user {}",
         "port": "--port {}",
+        "slots": "--slots {}",
+        "workers": "--workers {}",
     },
 }
 

@@ -5,11 +5,13 @@ on PATH (this machine has no GPU): parsing, the probe (also failing, missing and
 from __future__ import annotations
 
 import os
+import sys
 import time
 from pathlib import Path
 
 import pytest
 
+from clusterbook import _node_tasks as tasks
 from clusterbook.gpus import (
     GPU,
     NO_GPUS,
@@ -19,6 +21,8 @@ from clusterbook.gpus import (
     probe_gpus,
     visible_gpus,
 )
+from clusterbook.rendezvous.report import NodeReport
+from clusterbook.ssh.preflight import NodeFacts
 from clusterbook.testing import fake_nvidia_smi
 
 LISTING = """\
@@ -145,3 +149,21 @@ def test_an_empty_listing_and_a_hiding_cuda_visible_devices_say_so() -> None:
     assert hidden.count == 0
     assert hidden.problem == "CUDA_VISIBLE_DEVICES='' where it was probed hides all 4 of its GPUs"
     assert gpu_info({"stdout": LISTING, "cuda_visible_devices": "3"}).ids == ("3",)
+
+
+def test_the_node_probe_reports_the_gpus_and_the_visible_ones_only(smi_path, monkeypatch) -> None:
+    smi_path(4)
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "3,1")
+    facts = NodeFacts.from_json(tasks.probe({"prefix": sys.prefix, "flavour": "openmpi"}))
+    assert facts.gpus.ids == ("3", "1")
+    assert facts.gpus.model == "NVIDIA A100-SXM4-40GB"
+    assert NodeFacts.from_json({"cores": 2}).gpus == NO_GPUS  # a probe that said nothing
+
+
+def test_an_agents_report_carries_its_gpus(smi_path) -> None:
+    smi_path(2)
+    report = NodeReport.here(2)
+    assert report.gpus.count == 2
+    back = NodeReport.from_json(report.with_load().to_json())
+    assert back.gpus == report.gpus
+    assert NodeReport.from_json({"hostname": "n"}).gpus == NO_GPUS  # an older agent's
