@@ -41,6 +41,7 @@ if TYPE_CHECKING:
 
     from clusterbook.cluster import Cluster
     from clusterbook.ephemeral import run
+    from clusterbook.gpus import GPUInfo
     from clusterbook.launch.flavour import Launcher, MPIFlavour
     from clusterbook.launch.job import Job
     from clusterbook.launch.logs import LogRecord
@@ -53,6 +54,7 @@ if TYPE_CHECKING:
 _LAZY = {
     "Cluster": "clusterbook.cluster",
     "ClusterSnapshot": "clusterbook.status",
+    "GPUInfo": "clusterbook.gpus",
     "Job": "clusterbook.launch.job",
     "JobResult": "clusterbook.launch.result",
     "JobStatus": "clusterbook.status",
@@ -79,6 +81,7 @@ __all__ = [
     "ClusterSnapshot",
     "ClusterStateError",
     "ConfigError",
+    "GPUInfo",
     "HostKeyChangedError",
     "HostKeyUnknownError",
     "HostNotFoundError",

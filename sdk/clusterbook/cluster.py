@@ -526,7 +526,8 @@ class Cluster:
         return None if left is None else max(0.0, left[0])
 
     def status(self) -> pd.DataFrame:
-        """One row per node: node, host, slots, state, ranks, job."""
+        """One row per node: node, host, slots, gpus, gpu_model, state, ranks, job, ...
+        (:func:`~clusterbook.status.nodes_frame`)."""
         return nodes_frame(self.snapshot())
 
     def __repr__(self) -> str:

@@ -82,7 +82,14 @@ def _count(what: str):  # type: ignore[no-untyped-def]
 
 
 def _slots(text: str) -> int | str:
-    return text if text == "gpus" else _count("--slots")(text)
+    if text == "gpus":
+        return text
+    try:
+        return int(_count("--slots")(text))
+    except argparse.ArgumentTypeError:
+        raise argparse.ArgumentTypeError(
+            f"--slots must be a whole number >= 1 or 'gpus' (one per GPU), got {text!r}"
+        ) from None
 
 
 def _seconds(text: str) -> float:
