@@ -41,6 +41,7 @@ if TYPE_CHECKING:
 
     from clusterbook.cluster import Cluster
     from clusterbook.ephemeral import run
+    from clusterbook.gpus import GPUInfo
     from clusterbook.launch.flavour import Launcher, MPIFlavour
     from clusterbook.launch.job import Job
     from clusterbook.launch.logs import LogRecord
@@ -56,6 +57,7 @@ _LAZY = {
     "Backoff": "clusterbook.launch.recovery",
     "Cluster": "clusterbook.cluster",
     "ClusterSnapshot": "clusterbook.status",
+    "GPUInfo": "clusterbook.gpus",
     "Job": "clusterbook.launch.job",
     "JobResult": "clusterbook.launch.result",
     "JobStatus": "clusterbook.status",
@@ -84,6 +86,7 @@ __all__ = [
     "ClusterSnapshot",
     "ClusterStateError",
     "ConfigError",
+    "GPUInfo",
     "HostKeyChangedError",
     "HostKeyUnknownError",
     "HostNotFoundError",

@@ -3,7 +3,8 @@
 Sent as source (``python -c SOURCE TASK JSON``) so that nothing has to be on the node first;
 each task prints one JSON object. Importable too, for tests.
 
-- ``probe``: facts about the node (hostname, Python, cores, mpi4py and its MPI, launcher).
+- ``probe``: facts about the node (hostname, Python, cores, mpi4py and its MPI, launcher,
+  what ``nvidia-smi -L`` says of its GPUs).
 - ``install``: write the cluster's files atomically with their modes under
   ``~/.clusterbook/clusters/ID`` and add the cluster's key to ``~/.ssh/authorized_keys``.
 - ``cleanup``: stop the cluster's processes, remove its key lines and its directory.
@@ -42,7 +43,7 @@ DAEMONS = ("prted", "hydra_pmi_proxy")
 
 
 def probe(args: Args) -> Reply:
-    facts = {
+    facts: Reply = {
         "hostname": socket.gethostname(),
         "home": os.path.expanduser("~"),
         "python": sys.executable,
@@ -77,7 +78,50 @@ def probe(args: Args) -> Reply:
         names = {"openmpi": "prted", "mpich": "hydra_pmi_proxy"}
         name = names.get(str(args.get("flavour")), "mpirun")
         facts["launcher_found"] = os.access(os.path.join(prefix, "bin", name), os.X_OK)
+    facts["gpus"] = nvidia_smi()
     return facts
+
+
+#: Seconds ``nvidia-smi -L`` may take: it answers in well under a second with a working
+#: driver (a few seconds when it must load it); a hung driver would keep it forever.
+NVIDIA_SMI_TIMEOUT = 10.0
+
+
+def nvidia_smi(timeout: float = NVIDIA_SMI_TIMEOUT) -> Reply:
+    """What ``nvidia-smi -L`` prints here (``stdout``), or why it printed nothing
+    (``error``), with the ``CUDA_VISIBLE_DEVICES`` this process has; ``clusterbook.gpus``
+    reads it. No CUDA library is loaded: only the driver's own tool runs."""
+    import shutil
+    import subprocess
+
+    reply: Reply = {"cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES")}
+    path = shutil.which("nvidia-smi")
+    if path is None:
+        return {**reply, "error": "nvidia-smi is not on PATH"}
+    try:
+        proc = subprocess.Popen(
+            [path, "-L"],
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            start_new_session=True,  # its group is killed when it hangs
+        )
+    except OSError as exc:
+        return {**reply, "error": f"nvidia-smi could not start: {exc.strerror or exc}"}
+    try:
+        out, err = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        with contextlib.suppress(OSError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        # A process stuck in the driver may not even die: it is not waited for long.
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            proc.communicate(timeout=1.0)
+        return {**reply, "error": f"nvidia-smi -L did not answer within {timeout:g} s"}
+    if proc.returncode != 0:
+        said = (err or out).decode("utf-8", "replace").strip().splitlines()
+        why = f": {said[-1].strip()[:200]}" if said else ""
+        return {**reply, "error": f"nvidia-smi -L exited with {proc.returncode}{why}"}
+    return {**reply, "stdout": out.decode("utf-8", "replace")}
 
 
 def write_atomic(path: str, data: bytes, mode: int) -> None:

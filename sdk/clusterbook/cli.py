@@ -57,6 +57,21 @@ def main(argv: Sequence[str] | None = None) -> int:
         return EXIT_INTERRUPTED
 
 
+def _slots_arg(text: str) -> int | str:
+    """``--slots``: a whole number >= 1, or ``gpus`` (one slot per GPU of the node)."""
+    if text == "gpus":
+        return text
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(
+            f"--slots must be a whole number >= 1 or 'gpus' (one per GPU), got {text!r}"
+        )
+    return value
+
+
 def _ssh_options(parser: argparse.ArgumentParser) -> None:
     """How a command logs in to its hosts (what ~/.ssh/config does not say, or overrides)."""
     parser.add_argument("--user", help="ssh login user on the hosts (default: yours)")
@@ -145,10 +160,10 @@ def _parser() -> argparse.ArgumentParser:
     )
     run.add_argument(
         "--slots",
-        type=int,
+        type=_slots_arg,
         metavar="S",
         help="slots of each host given without its own (default 1), or of this machine "
-        "without --hosts (default: its cores)",
+        "without --hosts (default: its cores); 'gpus': one per GPU of the node",
     )
     _ssh_options(run)
     run.add_argument(
@@ -222,9 +237,9 @@ def _parser() -> argparse.ArgumentParser:
     )
     join.add_argument(
         "--slots",
-        type=int,
+        type=_slots_arg,
         default=os.cpu_count() or 1,
-        help="ranks this node takes (default: its cores)",
+        help="ranks this node takes (default: its cores; 'gpus': one per GPU it has)",
     )
     join.add_argument("--node-id", help="this node's id (default: HOSTNAME-PID)")
     join.add_argument(
@@ -255,15 +270,27 @@ def _worker_join(args: argparse.Namespace) -> int:
     import signal
     import socket
 
+    from clusterbook.gpus import GPUS, probe_gpus, slots_from_gpus
     from clusterbook.rendezvous.agent import Agent
     from clusterbook.rendezvous.backends.tcp import read_secret
     from clusterbook.rendezvous.report import NodeReport
-    from clusterbook.spec import validate_positive_int
+    from clusterbook.spec import validate_slots
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
-    slots = validate_positive_int(args.slots, "--slots")
-    secret = read_secret(args.token_file)
+    asked = validate_slots(args.slots, "--slots")
     node_id = args.node_id or f"{socket.gethostname()}-{os.getpid()}"
+    gpus = probe_gpus()
+    if asked == GPUS:
+        cores = os.cpu_count() or 1
+        slots = slots_from_gpus(
+            gpus,
+            node=node_id,
+            asked=f"--slots {GPUS}",
+            fix=f"pass a number (--slots {cores}), or join from a machine with GPUs",
+        )
+    else:
+        slots = asked
+    secret = read_secret(args.token_file)
     sshd = None
     if args.start_sshd is not None:
         sshd = _agent_sshd(args.url, secret, node_id, args.start_sshd)
@@ -271,6 +298,7 @@ def _worker_join(args: argparse.Namespace) -> int:
         slots,
         sshd_host_key=sshd.host_public_key if sshd else None,
         sshd_port=sshd.port if sshd else None,
+        gpus=gpus,
     )
     agent = Agent(
         args.url,

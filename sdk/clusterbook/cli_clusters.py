@@ -145,11 +145,14 @@ def _status(args: argparse.Namespace) -> int:
     if snap.problem:
         print(f"problem: {snap.problem}")
     print()
+    gpus = any(n.gpus for n in snap.nodes)  # a GPUS column where there are GPUs
     rows = [
-        [n.name, n.host, str(n.slots), n.state, ",".join(map(str, n.ranks)) or "-", n.job or "-"]
+        [n.name, n.host, str(n.slots), *([str(n.gpus)] if gpus else []), n.state,
+         ",".join(map(str, n.ranks)) or "-", n.job or "-"]
         for n in snap.nodes
-    ]
-    print(_table(["NODE", "HOST", "SLOTS", "STATE", "RANKS", "JOB"], rows) if rows else "No nodes.")
+    ]  # fmt: skip
+    headers = ["NODE", "HOST", "SLOTS", *(["GPUS"] if gpus else []), "STATE", "RANKS", "JOB"]
+    print(_table(headers, rows) if rows else "No nodes.")
     print()
     jobs = [
         [j.id, j.state, str(j.np), "-" if j.returncode is None else str(j.returncode),

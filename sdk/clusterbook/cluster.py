@@ -17,6 +17,7 @@ from clusterbook import catalog, display
 from clusterbook.commands import runs_frame
 from clusterbook.errors import ClusterStateError, ConfigError
 from clusterbook.events import Subscribers
+from clusterbook.gpus import Slots
 from clusterbook.launch.flavour import Launcher, find_launcher
 from clusterbook.launch.job import Job
 from clusterbook.launch.prepare import (
@@ -111,16 +112,22 @@ class Cluster:
 
     @classmethod
     def local(
-        cls, workers: int = 1, slots: int | None = None, **options: Unpack[ClusterOptionsArgs]
+        cls, workers: int = 1, slots: Slots | None = None, **options: Unpack[ClusterOptionsArgs]
     ) -> Cluster:
         """A cluster of ``workers`` nodes on this machine, ``slots`` ranks each (default: its
-        cores) before a job counts as oversubscribed."""
+        cores) before a job counts as oversubscribed.
+
+        ``slots="gpus"`` gives each node one slot per GPU: the machine's GPUs (``nvidia-smi
+        -L``, counted now) are shared out among the nodes, and a node left with none is a
+        :class:`ConfigError`. Whatever the slots, each rank gets one of the GPUs of its
+        machine in ``CUDA_VISIBLE_DEVICES`` (see :mod:`clusterbook.gpus`)."""
         return cls.from_spec({"kind": "local", "workers": workers, "slots": slots, **options})
 
     @classmethod
     def ssh(cls, hosts: Sequence[str], **args: Unpack[SSHArgs]) -> Cluster:
         """A cluster of SSH hosts (``["node1:4", "node2:4"]``: names or addresses, with
-        slots), bootstrapped securely at ``start()`` (arguments: :class:`SSHArgs`).
+        slots; ``"node1:gpus"``: one slot per GPU of the node, counted at ``start()``),
+        bootstrapped securely at ``start()`` (arguments: :class:`SSHArgs`).
 
         Each node needs the head's Python environment (the same Python minor version,
         clusterbook, mpi4py and MPI): at the same path, or where ``node_python`` says.
@@ -139,7 +146,8 @@ class Cluster:
         ``start()`` serves the rendezvous and prints the command nodes join with
         (``clusterbook worker join URL --token-file F``; also :attr:`join_command`).
         ``wait_ready()`` returns once a round completes: ``min_nodes`` joined and the last
-        call passed, or ``max_nodes`` joined.
+        call passed, or ``max_nodes`` joined. Each node says its slots as it joins
+        (``--slots N``, default its cores; ``--slots gpus``: one per GPU it has).
         """
         bounds = {"min_nodes": min_nodes, "max_nodes": max_nodes}
         return cls.from_spec({"kind": "elastic", **bounds, **args})
@@ -533,7 +541,8 @@ class Cluster:
         return None if left is None else max(0.0, left[0])
 
     def status(self) -> pd.DataFrame:
-        """One row per node: node, host, slots, state, ranks, job."""
+        """One row per node: node, host, slots, gpus, gpu_model, state, ranks, job, ...
+        (:func:`~clusterbook.status.nodes_frame`)."""
         return nodes_frame(self.snapshot())
 
     def __repr__(self) -> str:

@@ -209,12 +209,25 @@ def render_progress(
     )
 
 
+def _gpus(node: NodeStatus) -> str:
+    """``4 NVIDIA A100-SXM4-40GB``: the count, then the model in smaller type."""
+    if not node.gpus:
+        return "—"
+    model = node.gpu_model or ""
+    return f'<span class="cb-gpus" title="{_e(model)}">{node.gpus}</span>' + (
+        f" <small {_MUTED}>{_e(model)}</small>" if model else ""
+    )
+
+
 def render_nodes(snapshot: ClusterSnapshot) -> str:
-    """A table of the nodes: name, host, slots, state (coloured), ranks of the running job,
-    heartbeat age, load, and memory in use."""
+    """A table of the nodes: name, host, slots, GPUs (count and model; the column is left
+    out when no node has a GPU), state (coloured), ranks of the running job, heartbeat age,
+    load, and memory in use."""
     if not snapshot.nodes:
         return _empty("cb-nodes", "No nodes yet.")
-    headers = ["Node", "Host", "Slots", "State", "Ranks", "Heartbeat", "Load", "Memory"]
+    gpus = any(n.gpus for n in snapshot.nodes)
+    headers = ["Node", "Host", "Slots", *(["GPUs"] if gpus else [])]
+    headers += ["State", "Ranks", "Heartbeat", "Load", "Memory"]
     rows = []
     for n in snapshot.nodes:
         ranks = ",".join(str(r) for r in n.ranks)
@@ -222,6 +235,7 @@ def render_nodes(snapshot: ClusterSnapshot) -> str:
             _e(n.name),
             _e(n.host),
             _e(n.slots),
+            *([_gpus(n)] if gpus else []),
             _badge(n.state),
             _e(f"{ranks} ({n.job})" if ranks and n.job else ranks),
             "—" if n.heartbeat_age is None else f"{n.heartbeat_age:.1f} s ago",

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from clusterbook.errors import ConfigError
+from clusterbook.gpus import GPUS, NO_GPUS, GPUInfo, Slots
 from clusterbook.wording import spell
 
 __all__ = [
@@ -27,6 +28,7 @@ __all__ = [
     "validate_port",
     "validate_positive_int",
     "validate_seconds",
+    "validate_slots",
     "validate_timeout",
 ]
 
@@ -67,8 +69,21 @@ def validate_positive_int(value: object, name: str) -> int:
     return value
 
 
-def parse_host_slots(text: object, default_slots: int = 1) -> tuple[str, int]:
-    """Parse ``"node1:4"`` into ``("node1", 4)``; ``"node1"`` gets ``default_slots``."""
+def validate_slots(value: object, name: str = "slots") -> Slots:
+    """``value`` as the slots of a node: a whole number >= 1, or ``"gpus"`` (one slot per
+    GPU of the node, counted once its GPUs are known: :mod:`clusterbook.gpus`)."""
+    if value == GPUS:
+        return GPUS
+    if isinstance(value, str):
+        raise ConfigError(
+            f"{name} must be a whole number >= 1 or {GPUS!r} (one slot per GPU), got {value!r}."
+        )
+    return validate_positive_int(value, name)
+
+
+def parse_host_slots(text: object, default_slots: Slots = 1) -> tuple[str, Slots]:
+    """Parse ``"node1:4"`` into ``("node1", 4)`` and ``"node1:gpus"`` into ``("node1",
+    "gpus")`` (one slot per GPU); ``"node1"`` gets ``default_slots``."""
     if not isinstance(text, str):
         raise ConfigError(f"Host entry {text!r} must be a string like 'node1:4'.")
     host, sep, slots_text = text.partition(":")
@@ -77,10 +92,12 @@ def parse_host_slots(text: object, default_slots: int = 1) -> tuple[str, int]:
     validate_host(host)
     if not sep:
         return host, default_slots
+    if slots_text == GPUS:
+        return host, GPUS
     if not re.fullmatch(r"-?[0-9]+", slots_text):
         raise ConfigError(
             f"Slots {slots_text!r} in host entry {text!r} is not a number; write it like "
-            f"'{host}:4'."
+            f"'{host}:4' (or '{host}:{GPUS}', one slot per GPU)."
         )
     slots = int(slots_text)
     if slots < 1:
@@ -103,7 +120,9 @@ def parse_hostfile(text: str, source: str = "hostfile") -> list[str]:
         slots = None
         for word in rest:
             key, sep, value = word.partition("=")
-            if key in ("slots", "max_slots", "max-slots") and sep and value.isdigit():
+            if key == "slots" and value == GPUS:
+                slots = value
+            elif key in ("slots", "max_slots", "max-slots") and sep and value.isdigit():
                 slots = value if key == "slots" or slots is None else slots
             else:
                 raise ConfigError(
@@ -143,16 +162,24 @@ class NodeSpec:
         Number of ranks the node takes before it counts as oversubscribed.
     cores
         Cores of the node when known; ranks above that many turn core binding off.
+    gpus
+        The node's GPUs (none until known): each rank there gets one of them in
+        ``CUDA_VISIBLE_DEVICES``.
     """
 
     name: str
     host: str
     slots: int
     cores: int | None = None
+    gpus: GPUInfo = NO_GPUS
 
     def __post_init__(self) -> None:
         validate_host(self.host)
         validate_positive_int(self.slots, f"Slots of node {self.name!r}")
+        if not isinstance(self.gpus, GPUInfo):
+            raise ConfigError(
+                f"gpus of node {self.name!r} must be a GPUInfo, got {type(self.gpus).__name__}."
+            )
 
 
 def validate_np(np: object, total_slots: int, *, oversubscribe: bool) -> int:

@@ -31,7 +31,9 @@ __all__ = [
 class NodeStatus:
     """One node as it is now. ``state`` is pending, ready, joined, running, lost or left;
     nodes with an agent also have their rendezvous round, heartbeat age (s), load (1-minute
-    load average), memory in use (percent), total memory (bytes) and the agent's pid."""
+    load average), memory in use (percent), total memory (bytes) and the agent's pid;
+    ``gpus`` is how many GPUs the node has (0: none, or not known yet) and ``gpu_model``
+    their model (:attr:`clusterbook.gpus.GPUInfo.model`)."""
 
     name: str
     host: str
@@ -45,6 +47,8 @@ class NodeStatus:
     pid: int | None = None
     memory_used: float | None = None
     memory: int | None = None
+    gpus: int = 0
+    gpu_model: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -96,6 +100,8 @@ NODE_COLUMNS = (
     "node",
     "host",
     "slots",
+    "gpus",
+    "gpu_model",
     "state",
     "ranks",
     "job",
@@ -117,6 +123,8 @@ NODE_DTYPES = {
     "node": "string",
     "host": "string",
     "slots": "int64",
+    "gpus": "int64",
+    "gpu_model": "string",  # <NA> without GPUs
     "state": "category",
     "ranks": "object",  # a list of ints
     "job": "string",
@@ -131,11 +139,11 @@ NODE_DTYPES = {
 
 
 def nodes_frame(snapshot: ClusterSnapshot) -> pd.DataFrame:
-    """One row per node: node, host, slots, state (categorical, :data:`NODE_STATES`), ranks
-    (of the running job), job, and for nodes with an agent round, heartbeat age (s), load,
-    memory used (%), memory (bytes) and pid (``<NA>`` elsewhere), and the time left before
-    the cluster stops by itself (``life_span``, ``idle_timeout``; NaT if it will not); dtypes
-    :data:`NODE_DTYPES`."""
+    """One row per node: node, host, slots, gpus (0 without) and gpu_model (``<NA>``
+    without), state (categorical, :data:`NODE_STATES`), ranks (of the running job), job, and
+    for nodes with an agent round, heartbeat age (s), load, memory used (%), memory (bytes)
+    and pid (``<NA>`` elsewhere), and the time left before the cluster stops by itself
+    (``life_span``, ``idle_timeout``; NaT if it will not); dtypes :data:`NODE_DTYPES`."""
     import pandas as pd
 
     left = None if snapshot.time_left is None else pd.Timedelta(round(snapshot.time_left[0]), "s")
@@ -144,6 +152,8 @@ def nodes_frame(snapshot: ClusterSnapshot) -> pd.DataFrame:
             n.name,
             n.host,
             n.slots,
+            n.gpus,
+            n.gpu_model,
             n.state,
             list(n.ranks),
             n.job or "",

@@ -1,6 +1,10 @@
 """Test doubles shipped with clusterbook, for code that uses it (as httpx ships
 ``MockTransport``).
 
+:func:`fake_nvidia_smi` writes a stand-in ``nvidia-smi`` that lists made-up GPUs (or fails,
+or hangs): put its directory first on ``PATH`` and clusterbook sees those GPUs (its probe runs
+``nvidia-smi -L`` and nothing else), on a machine that has none.
+
 :class:`FakeProvider` is a provider whose nodes exist in memory: starting and stopping them is
 instant, their status is whatever the test says (:meth:`FakeProvider.lose`), and jobs run on
 this machine, with the cluster's launcher. Inject it::
@@ -10,6 +14,7 @@ this machine, with the cluster's launcher. Inject it::
 
 from __future__ import annotations
 
+import shlex
 from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -20,7 +25,44 @@ from clusterbook.spec import NodeSpec, validate_positive_int
 from clusterbook.status import NodeStatus
 from clusterbook.transfer import Outgoing, uncounted
 
-__all__ = ["FakeProvider"]
+__all__ = ["FakeProvider", "fake_nvidia_smi"]
+
+#: What nvidia-smi says on a machine whose driver is not loaded (its exit code is 9).
+NO_DRIVER = (
+    "NVIDIA-SMI has failed because it couldn't communicate with the NVIDIA driver. Make sure "
+    "that the latest NVIDIA driver is installed and running."
+)
+
+
+def fake_nvidia_smi(
+    directory: str | Path,
+    gpus: int | Sequence[str] = 2,
+    *,
+    exit_code: int = 0,
+    delay: float = 0.0,
+) -> Path:
+    """Write a stand-in ``nvidia-smi`` into ``directory`` and return the directory (put it
+    first on ``PATH``). ``nvidia-smi -L`` then lists ``gpus`` GPUs (a number of
+    ``NVIDIA A100-SXM4-40GB``, or the models, in order) with made-up UUIDs, after ``delay``
+    seconds; with a nonzero ``exit_code`` it says what nvidia-smi says without a driver and
+    exits with that code instead."""
+    models = ["NVIDIA A100-SXM4-40GB"] * gpus if isinstance(gpus, int) else list(gpus)
+    listing = "".join(
+        f"GPU {i}: {model} (UUID: GPU-{i:08x}-fake-4000-8000-{i:012x})\n"
+        for i, model in enumerate(models)
+    )
+    said = f"printf %s {shlex.quote(NO_DRIVER + chr(10))}; exit {exit_code}"
+    script = (
+        "#!/bin/sh\n"
+        '[ "$1" = -L ] || { echo "fake nvidia-smi: only -L" >&2; exit 2; }\n'
+        + (f"sleep {delay:g}\n" if delay else "")
+        + (f"{said}\n" if exit_code else f"printf %s {shlex.quote(listing)}\n")
+    )
+    path = Path(directory)
+    path.mkdir(parents=True, exist_ok=True)
+    (path / "nvidia-smi").write_text(script)
+    (path / "nvidia-smi").chmod(0o755)
+    return path
 
 
 @dataclass
@@ -133,7 +175,14 @@ class FakeProvider(Provider):
     def node_statuses(self) -> list[NodeStatus]:
         state = "ready" if self.started and self._ready else "pending"
         return [
-            NodeStatus(n.name, n.host, n.slots, "lost" if n.name in self._lost else state)
+            NodeStatus(
+                n.name,
+                n.host,
+                n.slots,
+                "lost" if n.name in self._lost else state,
+                gpus=n.gpus.count,
+                gpu_model=n.gpus.model,
+            )
             for n in self._nodes
         ]
 

@@ -36,6 +36,8 @@ INTERFACES: dict[str, dict[str, str]] = {
         "retry_on": "--retry-on {}",
         "deadline": "--deadline {}",
         "restarts": "--restarts {}",
+        "slots": "--slots {}",
+        "workers": "--workers {}",  # of clusterbook demo
     },
     "magics": {
         "np": "-n {}",
@@ -50,6 +52,8 @@ INTERFACES: dict[str, dict[str, str]] = {
         "retry_on": "--retry-on {}",
         "deadline": "--deadline {}",
         "restarts": "--restarts {}",
+        "slots": "--slots {}",
+        "workers": "--workers {}",
     },
 }
 

@@ -8,11 +8,13 @@ from pathlib import Path
 
 import pytest
 
+from clusterbook.gpus import GPU, GPUInfo
 from clusterbook.launch.command import (
     OPENMPI_TUNING,
     LaunchPlan,
     binding,
     build_command,
+    host_gpus,
     placement,
     rank_env,
     render_hostfile,
@@ -462,3 +464,37 @@ def test_openmpi_starts_every_daemon_from_the_head_when_nodes_hold_no_key() -> N
 def test_jobs_that_handle_errors_themselves_keep_the_stacks_but_not_the_abort() -> None:
     assert rank_env(plan())["CLUSTERBOOK_RANK_HOOK"] == "1"
     assert rank_env(plan(abort_on_error=False))["CLUSTERBOOK_RANK_HOOK"] == "stacks"
+
+
+def gpus(*indices: int) -> GPUInfo:
+    return GPUInfo(tuple(GPU(i, "NVIDIA A100-SXM4-40GB") for i in indices))
+
+
+GPU_NODES = (
+    NodeSpec("local-0", "localhost", 2, gpus=gpus(0, 1)),
+    NodeSpec("n1", "10.0.0.2", 2),
+    NodeSpec("local-1", "localhost", 2, gpus=gpus(2, 3)),
+    NodeSpec("n2", "10.0.0.3", 4, gpus=gpus(0, 1, 2, 3)),
+    NodeSpec("n2-again", "10.0.0.3", 4, gpus=gpus(0, 1, 2, 3)),  # a 2nd agent, same machine
+)
+
+
+def test_each_hosts_gpus_go_to_the_ranks_with_the_host_index() -> None:
+    assert host_gpus(GPU_NODES) == [("0", "1", "2", "3"), (), ("0", "1", "2", "3")]
+    env = rank_env(plan(nodes=GPU_NODES, np=6))
+    assert env["CLUSTERBOOK_GPUS"] == "0,1,2,3 - 0,1,2,3"
+    assert env["CLUSTERBOOK_RANK_NODES"] == "0 0 0 0 1 1"  # indices into the same hosts
+    assert "CLUSTERBOOK_USER_SET" not in env
+
+
+def test_no_gpu_variable_without_gpus_or_when_the_job_chose_them() -> None:
+    assert "CLUSTERBOOK_GPUS" not in rank_env(plan())  # no node has a GPU
+    chosen = rank_env(plan(nodes=GPU_NODES, env={"CUDA_VISIBLE_DEVICES": "1"}))
+    assert "CLUSTERBOOK_GPUS" not in chosen
+    assert chosen["CUDA_VISIBLE_DEVICES"] == "1"
+    assert chosen["CLUSTERBOOK_USER_SET"] == "CUDA_VISIBLE_DEVICES"
+    ordered = rank_env(plan(nodes=GPU_NODES, env={"CUDA_DEVICE_ORDER": "FASTEST_FIRST"}))
+    assert ordered["CLUSTERBOOK_GPUS"] == "0,1,2,3 - 0,1,2,3"
+    assert ordered["CLUSTERBOOK_USER_SET"] == "CUDA_DEVICE_ORDER"
+    # Open MPI exports it by name, as every other variable of the ranks.
+    assert "CLUSTERBOOK_GPUS" in x_names(build_command(plan(nodes=GPU_NODES)).argv)

@@ -75,3 +75,71 @@ def test_host_of_each_rank_follows_the_hostfile() -> None:
     assert host_ranks(nodes, 6) == [0, 0, 0, 1, 0, 0]
     assert master_addr(nodes) == "h1"
     assert master_addr((NodeSpec("l", "localhost", 4),)) == "127.0.0.1"
+
+
+# -- each rank's GPU ---------------------------------------------------------------------------
+
+GPU_VARS = ("CUDA_VISIBLE_DEVICES", "CUDA_DEVICE_ORDER", "LOCAL_RANK")
+
+
+def rank_gpu(env: dict[str, str]) -> tuple[str | None, ...]:
+    argv = [*PRINT[:2], PRINT[2] % (GPU_VARS,)]
+    out = subprocess.run(
+        wrap_argv(argv), env={"PATH": "/usr/bin:/bin", **env}, capture_output=True, text=True
+    )
+    assert out.returncode == 0, out.stderr
+    got = eval(out.stdout)  # noqa: S307 - the repr of a dict of strings, printed just above
+    return tuple(got[name] for name in GPU_VARS)
+
+
+def ranks_on(host: int, local_rank: int, launcher: str) -> dict[str, str]:
+    """Rank 5 of 8, on host ``host`` (of 0 1 2), with ``local_rank`` there."""
+    if launcher == "openmpi":
+        return {
+            "OMPI_COMM_WORLD_RANK": "5",
+            "OMPI_COMM_WORLD_SIZE": "8",
+            "OMPI_COMM_WORLD_LOCAL_RANK": str(local_rank),
+        }
+    return {"PMI_RANK": "5", "PMI_SIZE": "8", "MPI_LOCALRANKID": str(local_rank)}
+
+
+@pytest.mark.parametrize("launcher", ["openmpi", "mpich"])
+@pytest.mark.parametrize(
+    ("host", "local_rank", "device"),
+    [
+        (0, 0, "0"),  # host 0 has GPUs 0-3: local rank i gets GPU i
+        (0, 3, "3"),
+        (0, 5, "1"),  # more ranks than GPUs: they take them in turn
+        (1, 0, None),  # host 1 has none: nothing is set
+        (2, 0, "2"),  # host 2's GPUs are 2 and 5 (what its CUDA_VISIBLE_DEVICES left)
+        (2, 1, "5"),
+        (2, 2, "2"),
+    ],
+)
+def test_each_rank_gets_its_hosts_gpu_by_local_rank(
+    launcher: str, host: int, local_rank: int, device: str | None
+) -> None:
+    env = {
+        **ranks_on(host, local_rank, launcher),
+        "CLUSTERBOOK_RANK_NODES": " ".join([str(host)] * 8),
+        "CLUSTERBOOK_GPUS": "0,1,2,3 - 2,5",
+    }
+    order = None if device is None else "PCI_BUS_ID"
+    assert rank_gpu(env) == (device, order, str(local_rank))
+
+
+def test_the_jobs_own_cuda_device_order_stays() -> None:
+    env = {
+        **ranks_on(0, 1, "openmpi"),
+        "CLUSTERBOOK_RANK_NODES": "0 0 0 0 0 0 0 0",
+        "CLUSTERBOOK_GPUS": "0,1",
+        "CUDA_DEVICE_ORDER": "FASTEST_FIRST",
+        "CLUSTERBOOK_USER_SET": "CUDA_DEVICE_ORDER",
+    }
+    assert rank_gpu(env) == ("1", "FASTEST_FIRST", "1")
+
+
+def test_without_gpus_or_outside_mpi_no_gpu_is_chosen() -> None:
+    inherited = {"CUDA_VISIBLE_DEVICES": "7"}  # the head's own, left as it was
+    assert rank_gpu({**ranks_on(0, 0, "openmpi"), **HEAD, **inherited})[0] == "7"
+    assert rank_gpu({"CLUSTERBOOK_GPUS": "0,1", **HEAD}) == (None, None, None)

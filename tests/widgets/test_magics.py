@@ -87,6 +87,7 @@ def test_cluster_args_parsed() -> None:
     local = parse_cluster_args("local --workers 3 --slots 2")
     assert (local.command, local.workers, local.slots) == ("local", 3, 2)
     assert parse_cluster_args("local").workers == 1
+    assert parse_cluster_args("local --slots gpus").slots == "gpus"  # one slot per GPU
     ssh = parse_cluster_args(
         "ssh node1:4 10.0.0.2 --user me --identity '~/my key' --port 2222 --accept-new-host-keys"
     )
@@ -104,7 +105,7 @@ def test_cluster_args_parsed() -> None:
         ("", "required"),
         ("start", "invalid choice: 'start'"),
         ("local --workers 0", "--workers must be >= 1"),
-        ("local --slots two", "--slots must be a whole number"),
+        ("local --slots two", "--slots must be a whole number >= 1 or 'gpus'"),
         ("ssh", "required: HOST[:SLOTS]"),
         ("ssh h --port 0", "--port must be >= 1"),
     ],

@@ -96,7 +96,7 @@ class ClusterMagics(Magics):
     def cluster_magic(self, line: str) -> None:
         """Start, show or stop the notebook's cluster.
 
-        ``%cluster local [--workers N] [--slots S]``,
+        ``%cluster local [--workers N] [--slots S|gpus]``,
         ``%cluster ssh HOST[:SLOTS] ... [--user U] [--identity F] [--port P]
         [--accept-new-host-keys]``, ``%cluster attach ID`` (a cluster another kernel or
         process runs: shown with its newest job's output), ``%cluster status``,

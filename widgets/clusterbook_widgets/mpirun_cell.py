@@ -81,6 +81,17 @@ def _count(what: str, least: int = 1):  # type: ignore[no-untyped-def]
     return convert
 
 
+def _slots(text: str) -> int | str:
+    if text == "gpus":
+        return text
+    try:
+        return int(_count("--slots")(text))
+    except argparse.ArgumentTypeError:
+        raise argparse.ArgumentTypeError(
+            f"--slots must be a whole number >= 1 or 'gpus' (one per GPU), got {text!r}"
+        ) from None
+
+
 def _seconds(text: str) -> float:
     try:
         value = float(text)
@@ -200,7 +211,13 @@ def _cluster_parser() -> _Parser:
     sub = p.add_subparsers(dest="command", metavar="{local,ssh,attach,status,stop}", required=True)
     local = sub.add_parser("local", help="a cluster on this machine")
     local.add_argument("--workers", type=_count("--workers"), default=1, metavar="N")
-    local.add_argument("--slots", type=_count("--slots"), default=None, metavar="S")
+    local.add_argument(
+        "--slots",
+        type=_slots,
+        default=None,
+        metavar="S",
+        help="ranks each node takes (default: its cores; 'gpus': one per GPU)",
+    )
     ssh = sub.add_parser("ssh", help="a cluster of SSH hosts")
     ssh.add_argument("hosts", nargs="+", metavar="HOST[:SLOTS]")
     ssh.add_argument("--user", metavar="U")

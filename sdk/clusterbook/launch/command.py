@@ -20,6 +20,7 @@ if TYPE_CHECKING:
     from clusterbook.providers.base import RemoteLaunch
 
 __all__ = [
+    "GPU_ENV",
     "OPENMPI_OUTPUT",
     "OPENMPI_TUNING",
     "TORCH_ENV",
@@ -27,6 +28,7 @@ __all__ = [
     "LaunchPlan",
     "binding",
     "build_command",
+    "host_gpus",
     "host_ranks",
     "master_addr",
     "placement",
@@ -116,6 +118,20 @@ TORCH_ENV = (
 )
 
 
+#: What the rank wrapper sets on a rank of a node with GPUs, unless the job sets it: the
+#: rank's GPU, by nvidia-smi's index, in nvidia-smi's order.
+GPU_ENV = ("CUDA_VISIBLE_DEVICES", "CUDA_DEVICE_ORDER")
+
+
+def host_gpus(nodes: tuple[NodeSpec, ...]) -> list[tuple[str, ...]]:
+    """The GPUs of each host (numbered as in :func:`host_ranks`), by ``CUDA_VISIBLE_DEVICES``
+    id: its nodes' together, each GPU once (agents on one machine each report all of it)."""
+    gpus: dict[str, dict[str, None]] = {}
+    for node in nodes:
+        gpus.setdefault(node.host, {}).update(dict.fromkeys(node.gpus.ids))
+    return [tuple(ids) for ids in gpus.values()]
+
+
 def host_ranks(nodes: tuple[NodeSpec, ...], np: int) -> list[int]:
     """Index of the host each rank runs on, hosts numbered in order of first appearance:
     the launcher fills each host's slots (its nodes' together, as in the hostfile), then
@@ -135,12 +151,16 @@ def master_addr(nodes: tuple[NodeSpec, ...]) -> str:
 
 def rank_env(plan: LaunchPlan) -> dict[str, str]:
     """Variables every rank gets: the user's, the rank hook on PYTHONPATH, and what the rank
-    wrapper needs to give torch.distributed its variables."""
+    wrapper needs to give torch.distributed its variables and each rank its GPU."""
     env = dict(plan.env)
     env["CLUSTERBOOK_RANK_NODES"] = " ".join(map(str, host_ranks(plan.nodes, plan.np)))
     env["CLUSTERBOOK_MASTER_ADDR"] = master_addr(plan.nodes)
     env["CLUSTERBOOK_MASTER_PORT"] = str(plan.master_port)
-    if chosen := " ".join(name for name in TORCH_ENV if name in plan.env):
+    gpus = host_gpus(plan.nodes)
+    # A rank's GPU, unless the job chose the GPUs itself: each host's, "-" for none.
+    if any(gpus) and "CUDA_VISIBLE_DEVICES" not in plan.env:
+        env["CLUSTERBOOK_GPUS"] = " ".join(",".join(ids) or "-" for ids in gpus)
+    if chosen := " ".join(name for name in (*TORCH_ENV, *GPU_ENV) if name in plan.env):
         env["CLUSTERBOOK_USER_SET"] = chosen
     base = env.get("PYTHONPATH", plan.inherited_env.get("PYTHONPATH", ""))
     env["PYTHONPATH"] = plan.hook_dir + (os.pathsep + base if base else "")

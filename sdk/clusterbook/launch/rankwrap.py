@@ -14,6 +14,13 @@ variables (Open MPI's ``OMPI_COMM_WORLD_*``, MPICH's ``PMI_*`` and ``MPI_LOCAL*`
 ``MASTER_ADDR`` and ``MASTER_PORT`` (rank 0's host and a port the head chose), except those
 the job's own ``env`` set (``CLUSTERBOOK_USER_SET`` names them).
 
+On a host with GPUs (``CLUSTERBOOK_GPUS``: each host's GPU ids, comma-separated, ``-`` for
+none, in the order of ``CLUSTERBOOK_RANK_NODES``' host indices) it gives each rank one GPU in
+``CUDA_VISIBLE_DEVICES``: the host's GPU number LOCAL_RANK modulo its GPUs (local rank i gets
+the i-th GPU while there are enough; more ranks share them in turn), with
+``CUDA_DEVICE_ORDER=PCI_BUS_ID`` so that the ids mean what ``nvidia-smi`` numbered. The head
+leaves ``CLUSTERBOOK_GPUS`` out when the job sets ``CUDA_VISIBLE_DEVICES`` itself.
+
 It survives the signals mpirun forwards (which reach the program as well, being sent to the
 process group) so that it can still report the program's exit code; the shell's own
 "Terminated" notice is silenced (the exit code says it).
@@ -39,12 +46,23 @@ if [ -n "$r" ]; then
   for x in ${CLUSTERBOOK_RANK_NODES-}; do [ "$i" = "$r" ] && { n=$x; break; }; i=$((i+1)); done
   cbset RANK "$r"
   cbset WORLD_SIZE "${OMPI_COMM_WORLD_SIZE:-${PMI_SIZE:-}}"
-  cbset LOCAL_RANK "${OMPI_COMM_WORLD_LOCAL_RANK:-${MPI_LOCALRANKID:-0}}"
+  l=${OMPI_COMM_WORLD_LOCAL_RANK:-${MPI_LOCALRANKID:-0}}
+  cbset LOCAL_RANK "$l"
   cbset LOCAL_WORLD_SIZE "${OMPI_COMM_WORLD_LOCAL_SIZE:-${MPI_LOCALNRANKS:-1}}"
   cbset NODE_RANK "$n"
   cbset GROUP_RANK "$n"
   cbset MASTER_ADDR "${CLUSTERBOOK_MASTER_ADDR-}"
   cbset MASTER_PORT "${CLUSTERBOOK_MASTER_PORT-}"
+  g=- i=0
+  for x in ${CLUSTERBOOK_GPUS-}; do [ "$i" = "$n" ] && { g=$x; break; }; i=$((i+1)); done
+  if [ "$g" != - ]; then
+    k=0 x=$g,
+    while [ -n "$x" ]; do x=${x#*,}; k=$((k+1)); done
+    i=$(($l % $k)) x=$g,
+    while [ "$i" -gt 0 ]; do x=${x#*,}; i=$((i-1)); done
+    cbset CUDA_VISIBLE_DEVICES "${x%%,*}"
+    cbset CUDA_DEVICE_ORDER PCI_BUS_ID
+  fi
 fi
 trap : TERM INT HUP QUIT USR1 USR2
 "$@" <&0 &

@@ -135,7 +135,10 @@ class Provider(ABC):
     def node_statuses(self) -> list[NodeStatus]:
         """One status per node; by default ``pending`` until started, then ``ready``."""
         state = "ready" if self.started else "pending"
-        return [NodeStatus(n.name, n.host, n.slots, state) for n in self.nodes]
+        return [
+            NodeStatus(n.name, n.host, n.slots, state, gpus=n.gpus.count, gpu_model=n.gpus.model)
+            for n in self.nodes
+        ]
 
     def problem(self) -> str | None:
         """What is wrong with the provider's view of the nodes now, if anything."""

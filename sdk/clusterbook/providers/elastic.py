@@ -145,7 +145,7 @@ class ElasticProvider(Provider):
             addresses = list(report.addresses) or ["?"]
             local = report.hostname == here
             host = "localhost" if local else pick_address(addresses, self._networks)
-            out.append(NodeSpec(node, host, report.slots, cores=report.cores))
+            out.append(NodeSpec(node, host, report.slots, cores=report.cores, gpus=report.gpus))
         return tuple(out)
 
     def node_statuses(self) -> list[NodeStatus]:

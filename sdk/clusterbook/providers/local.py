@@ -16,13 +16,15 @@ from collections.abc import Collection
 from dataclasses import replace
 
 from clusterbook.errors import ClusterError
+from clusterbook.gpus import GPUS, GPUInfo, Slots, probe_gpus, slots_from_gpus
 from clusterbook.launch.guard import guard, kill_tagged
 from clusterbook.providers.base import Provider, StartContext
 from clusterbook.rendezvous.agent import HEAD_LEASE, agent_argv
 from clusterbook.rendezvous.api import RendezvousSettings, RendezvousTimeout
 from clusterbook.rendezvous.head import RendezvousHead
-from clusterbook.spec import NodeSpec, validate_positive_int
+from clusterbook.spec import NodeSpec, validate_positive_int, validate_slots
 from clusterbook.status import NodeStatus
+from clusterbook.wording import spell_or
 
 __all__ = ["LocalAgentsProvider", "local_nodes"]
 
@@ -30,12 +32,41 @@ __all__ = ["LocalAgentsProvider", "local_nodes"]
 START_TIMEOUT = 60.0
 
 
-def local_nodes(workers: int, slots: int | None) -> tuple[NodeSpec, ...]:
-    """``workers`` nodes on this machine with ``slots`` slots each (default: one per core)."""
+def local_nodes(
+    workers: int, slots: Slots | None, gpus: GPUInfo | None = None
+) -> tuple[NodeSpec, ...]:
+    """``workers`` nodes on this machine with ``slots`` slots each (default: one per core;
+    ``"gpus"``: one per GPU of the node). The machine's GPUs (``gpus``, else probed now) are
+    shared out among the nodes in order, so that no two nodes count the same GPU."""
     validate_positive_int(workers, "workers")
+    asked = None if slots is None else validate_slots(slots)
     cores = os.cpu_count() or 1
-    slots = cores if slots is None else validate_positive_int(slots, "slots")
-    return tuple(NodeSpec(f"local-{i}", "localhost", slots, cores=cores) for i in range(workers))
+    if gpus is None:
+        gpus = probe_gpus()
+    nodes = []
+    for i in range(workers):
+        name, share = f"local-{i}", gpus.share(i, workers)
+        if asked == GPUS:
+            count = slots_from_gpus(
+                share, node=f"{name} (this machine)", asked=_spelled(GPUS), fix=_fix(gpus, cores)
+            )
+        else:
+            count = cores if asked is None else asked
+        nodes.append(NodeSpec(name, "localhost", count, cores=cores, gpus=share))
+    return tuple(nodes)
+
+
+def _spelled(slots: Slots) -> str:
+    return spell_or("slots", slots, f"slots {slots!r}")
+
+
+def _fix(gpus: GPUInfo, cores: int) -> str:
+    """What to do when a local node has no GPU for ``slots="gpus"``."""
+    number = f"give slots as a number ({_spelled(cores)})"
+    if gpus.count:
+        fewer = spell_or("workers", gpus.count, f"{gpus.count} workers")
+        return f"ask for at most {gpus.count} workers ({fewer}), or {number}"
+    return f"{number}, or run on a machine with GPUs"
 
 
 class LocalAgentsProvider(Provider):
@@ -57,8 +88,9 @@ class LocalAgentsProvider(Provider):
         self._token = ""
 
     @classmethod
-    def from_spec(cls, workers: int = 1, slots: int | None = None) -> LocalAgentsProvider:
-        """``workers`` nodes on this machine, ``slots`` ranks each (default: its cores)."""
+    def from_spec(cls, workers: int = 1, slots: Slots | None = None) -> LocalAgentsProvider:
+        """``workers`` nodes on this machine, ``slots`` ranks each (default: its cores;
+        ``"gpus"``: one per GPU, the machine's GPUs shared out among the nodes)."""
         return cls(local_nodes(workers, slots))
 
     @property
@@ -130,9 +162,15 @@ class LocalAgentsProvider(Provider):
         self.head.stop_job(token)
 
     def node_statuses(self) -> list[NodeStatus]:
+        # Each agent reports all of this machine's GPUs; a node has its share of them.
         seen = {s.name: s for s in self.head.node_statuses()}
         return [
-            seen.get(n.name) or NodeStatus(n.name, n.host, n.slots, "pending") for n in self._spec
+            replace(
+                seen.get(n.name) or NodeStatus(n.name, n.host, n.slots, "pending"),
+                gpus=n.gpus.count,
+                gpu_model=n.gpus.model,
+            )
+            for n in self._spec
         ]
 
     def problem(self) -> str | None:

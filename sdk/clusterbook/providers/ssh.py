@@ -22,6 +22,7 @@ from clusterbook.errors import (
     ConfigError,
 )
 from clusterbook.fanout import parallel
+from clusterbook.gpus import Slots
 from clusterbook.launch.rankwrap import HOOK_DIR
 from clusterbook.paths import CLUSTERS_DIR, cluster_dir, node_cluster_dir
 from clusterbook.providers.base import Provider, RemoteLaunch, StartContext
@@ -54,38 +55,50 @@ from clusterbook.ssh.hostkeys import HostKeyPolicy, host_entry_name, make_policy
 from clusterbook.ssh.keys import authorized_keys_line, generate_keypair, key_tag
 from clusterbook.ssh.local_shell import LocalShell
 from clusterbook.ssh.paramiko_shell import ParamikoShell, Tunnels, connect_hop
-from clusterbook.ssh.preflight import NodeFacts, all_problems
+from clusterbook.ssh.preflight import NodeFacts, all_problems, resolve_slots
 from clusterbook.ssh.relay import Relay
 from clusterbook.ssh.target import read_ssh_config, resolve
 from clusterbook.status import NodeStatus
 from clusterbook.transfer import Call, Outgoing, fetch_all, send_all, uncounted
 
-__all__ = ["SSHProvider", "parse_hosts"]
+__all__ = ["SSHProvider", "parse_host_list", "parse_hosts"]
 
 _HEAD = "(head)"
 _AGENT_LOG = "agent.log"  # key of the head among hosts (never a valid host name)
 
 
-def parse_hosts(hosts: Sequence[str] | str, default_slots: int = 1) -> tuple[NodeSpec, ...]:
-    """``["node1:4", "node2"]`` into nodes; empty lists and duplicate hosts are refused."""
+def parse_host_list(
+    hosts: Sequence[str] | str, default_slots: Slots = 1
+) -> tuple[tuple[str, Slots], ...]:
+    """``["node1:4", "node2:gpus", "node3"]`` into ``(host, slots)`` pairs (``"gpus"``: one
+    slot per GPU, counted once the node is probed); empty lists and duplicate hosts are
+    refused."""
     if isinstance(hosts, str):
         raise ConfigError(
             f"hosts must be a list like ['node1:4', 'node2:4'], not the string {hosts!r}."
         )
-    nodes = []
-    seen: set[str] = set()
+    entries: dict[str, Slots] = {}
     for entry in hosts:
         host, slots = parse_host_slots(entry, default_slots)
-        if host in seen:
+        if host in entries:
             raise ConfigError(
                 f"Host {host!r} is listed twice; list each host once and give it all its slots "
                 f"('{host}:N')."
             )
-        seen.add(host)
-        nodes.append(NodeSpec(host, host, slots))
-    if not nodes:
+        entries[host] = slots
+    if not entries:
         raise ConfigError("hosts is empty; give at least one host, like ['node1:4'].")
-    return tuple(nodes)
+    return tuple(entries.items())
+
+
+def parse_hosts(hosts: Sequence[str] | str, default_slots: Slots = 1) -> tuple[NodeSpec, ...]:
+    """``["node1:4", "node2"]`` into nodes (:func:`parse_host_list`); a node whose slots are
+    ``"gpus"`` has 1 until its GPUs are counted."""
+    return tuple(_node(host, slots) for host, slots in parse_host_list(hosts, default_slots))
+
+
+def _node(host: str, slots: Slots) -> NodeSpec:
+    return NodeSpec(host, host, slots if isinstance(slots, int) else 1)
 
 
 class SSHProvider(Provider):
@@ -107,7 +120,9 @@ class SSHProvider(Provider):
         ssh_config: str | os.PathLike[str] | None = None,
         passphrase: str | None = None,
     ) -> None:
-        self._nodes = parse_hosts(hosts)
+        entries = parse_host_list(hosts)
+        self._asked = dict(entries)  # "gpus" slots are counted at start()
+        self._nodes = tuple(_node(host, slots) for host, slots in entries)
         self.node_python = validate_node_python(node_python, [n.host for n in self.nodes])
         if passphrase is not None and not isinstance(passphrase, str):
             raise ConfigError("passphrase must be a string (or None: ask where someone can).")
@@ -219,7 +234,10 @@ class SSHProvider(Provider):
             raise failed[_HEAD]
         head = self._head_facts = facts.pop(_HEAD)
         self._unprobed = set(failed)
-        nodes = {n.host: (n.host, n.slots, self._prefix(n.host)) for n in self.nodes}
+        slots = resolve_slots({h: self._asked[h] for h in facts}, facts)
+        nodes = {
+            n.host: (n.host, slots.get(n.host, n.slots), self._prefix(n.host)) for n in self.nodes
+        }
         found = all_problems(head, facts, failed, nodes, flavour)
         if self.node_python:
             homes = {h: (self._python(h), f.home) for h, f in facts.items()}
@@ -231,7 +249,10 @@ class SSHProvider(Provider):
             raise BootstrapError(found)
         self._facts = facts
         self._nodes = tuple(
-            NodeSpec(n.name, n.host, n.slots, cores=facts[n.host].cores) for n in self.nodes
+            NodeSpec(
+                n.name, n.host, slots[n.host], cores=facts[n.host].cores, gpus=facts[n.host].gpus
+            )
+            for n in self.nodes
         )
 
     def _launcher_ssh(self, ctx: StartContext, head_dir: Path) -> tuple[list[str], bool]:

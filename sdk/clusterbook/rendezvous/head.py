@@ -306,6 +306,8 @@ class RendezvousHead:
                     memory_used=report.memory_used,
                     memory=report.memory,
                     pid=report.pid,
+                    gpus=report.gpus.count,
+                    gpu_model=report.gpus.model,
                 )
             )
         return rows

@@ -14,6 +14,8 @@ import sys
 from dataclasses import asdict, dataclass, replace
 from typing import Any
 
+from clusterbook.gpus import NO_GPUS, GPUInfo, probe_gpus
+
 __all__ = ["NodeReport"]
 
 
@@ -53,6 +55,8 @@ class NodeReport:
         The host key (``"ssh-ed25519 AAAA..."``) and port of the sshd the agent started, if any.
     load, memory_used
         1-minute load average and memory in use (percent), sent with every heartbeat.
+    gpus
+        The node's GPUs (``nvidia-smi -L``, see :mod:`clusterbook.gpus`).
     """
 
     hostname: str = "?"
@@ -69,12 +73,19 @@ class NodeReport:
     sshd_port: int | None = None
     load: float | None = None
     memory_used: float | None = None
+    gpus: GPUInfo = NO_GPUS
 
     @classmethod
     def here(
-        cls, slots: int, *, sshd_host_key: str | None = None, sshd_port: int | None = None
+        cls,
+        slots: int,
+        *,
+        sshd_host_key: str | None = None,
+        sshd_port: int | None = None,
+        gpus: GPUInfo | None = None,
     ) -> NodeReport:
-        """This node's report (no reverse DNS: addresses come from the interfaces)."""
+        """This node's report (no reverse DNS: addresses come from the interfaces); its
+        GPUs are probed unless given."""
         import psutil
 
         addresses = tuple(
@@ -109,6 +120,7 @@ class NodeReport:
             pid=os.getpid(),
             sshd_host_key=sshd_host_key,
             sshd_port=sshd_port,
+            gpus=probe_gpus() if gpus is None else gpus,
         )
 
     def with_load(self) -> NodeReport:
@@ -121,6 +133,7 @@ class NodeReport:
     def to_json(self) -> dict[str, Any]:
         data = asdict(self)
         data["addresses"] = list(self.addresses)
+        data["gpus"] = self.gpus.to_json()
         return data
 
     @classmethod
@@ -146,4 +159,5 @@ class NodeReport:
             sshd_port=_int(data.get("sshd_port")),
             load=_float(data.get("load")),
             memory_used=_float(data.get("memory_used")),
+            gpus=GPUInfo.from_json(data.get("gpus")),
         )

@@ -7,7 +7,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["NodeFacts", "all_problems", "problems"]
+from clusterbook.errors import ConfigError
+from clusterbook.gpus import GPUS, NO_GPUS, GPUInfo, Slots, gpu_info, slots_from_gpus
+
+__all__ = ["NodeFacts", "all_problems", "problems", "resolve_slots"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -24,11 +27,14 @@ class NodeFacts:
     clusterbook: str | None
     launcher_found: bool | None
     mpi4py_error: str | None = None
+    gpus: GPUInfo = NO_GPUS
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> NodeFacts:
         names = [f.name for f in dataclasses.fields(cls)]
         given: dict[str, Any] = {name: data.get(name) for name in names}
+        raw = data.get("gpus")  # what nvidia-smi said there
+        given["gpus"] = gpu_info(raw) if isinstance(raw, Mapping) else NO_GPUS
         return cls(**given)
 
     @property
@@ -88,3 +94,28 @@ def all_problems(
         if issues:
             found[key] = issues
     return found
+
+
+def resolve_slots(asked: Mapping[str, Slots], facts: Mapping[str, NodeFacts]) -> dict[str, int]:
+    """The slots of each host of ``asked`` (``"node1:gpus"``: its GPU count in ``facts``); a
+    :class:`~clusterbook.ConfigError` naming every such host that has no GPU, and the fix."""
+    slots: dict[str, int] = {}
+    refused = []
+    for host, given in asked.items():
+        if given != GPUS:
+            slots[host] = given
+            continue
+        node = facts[host]
+        try:
+            slots[host] = slots_from_gpus(
+                node.gpus,
+                node=host,
+                asked=f"'{host}:{GPUS}'",
+                fix=f"give its slots as a number ('{host}:{node.cores}'), or list only hosts "
+                f"with GPUs as 'HOST:{GPUS}'",
+            )
+        except ConfigError as exc:
+            refused.append(str(exc))
+    if refused:
+        raise ConfigError(" ".join(refused))
+    return slots
