@@ -28,6 +28,7 @@ from clusterbook.launch.prepare import (
     fail_on_lost_nodes,
     prepare,
     remaining_nodes,
+    restart_grown_jobs,
     usable_nodes,
 )
 from clusterbook.mirror import Mirror
@@ -58,6 +59,10 @@ __all__ = ["Cluster", "default_run_root"]
 
 _LIVE: weakref.WeakSet[Cluster] = weakref.WeakSet()
 _log = logging.getLogger("clusterbook.cluster")
+
+# How long a restart waits for a complete round of enough nodes (an elastic cluster's nodes
+# join again after one was lost).
+RESTART_WAIT = 60.0
 
 
 class Cluster:
@@ -377,8 +382,18 @@ class Cluster:
             if self._state != "running":
                 raise ClusterStateError(f"Cluster {self.name!r} is {self._state}.")
             provider = self._provider
-            if restart:
-                now = remaining_nodes(self.name, self.nodes, provider.unreachable, provider.bounds)
+            if restart:  # an elastic cluster's round may be forming again: wait for it
+                give_up = time.monotonic() + RESTART_WAIT
+                while True:
+                    try:
+                        now = remaining_nodes(
+                            self.name, self.nodes, provider.unreachable, provider.bounds
+                        )
+                        break
+                    except ClusterStateError:
+                        if time.monotonic() > give_up or self._state != "running":
+                            raise
+                        time.sleep(0.05)
             else:
                 now = usable_nodes(self.name, self.nodes, provider.unreachable)
             return now, provider.remote()
@@ -513,7 +528,10 @@ class Cluster:
         a job's start or end, which another process must see even if this one dies next)."""
         # Not under the cluster's lock: this runs on the provider's thread, which start()
         # may be waiting for with the lock held (a copy of the list is atomic).
-        fail_on_lost_nodes(list(self._jobs), self._provider.unreachable)
+        jobs = list(self._jobs)
+        fail_on_lost_nodes(jobs, self._provider.unreachable)
+        if self._state == "running":
+            restart_grown_jobs(jobs, self._provider.nodes)
         self._watch.changed()
         services = self._services
         if services is not None:

@@ -271,3 +271,79 @@ def _refused(port: int) -> bool:
     except OSError:
         return True
     return False
+
+
+RESTARTS = """\
+import os, time
+from mpi4py import MPI
+comm = MPI.COMM_WORLD
+restart = os.environ["CLUSTERBOOK_RESTART"]
+print(f"rank {comm.rank} of {comm.size} restart {restart}", flush=True)
+if restart == "0":
+    comm.Barrier()
+    print("started", flush=True)
+    time.sleep(600)  # until the round changes
+"""
+
+
+def _started(job: cb.Job, ranks: int) -> None:
+    seen = 0
+    for record in job.stream():
+        seen += record.line == "started"
+        if seen == ranks:
+            return
+    raise AssertionError(f"the job ended before {ranks} ranks started: {job.wait().summary()}")
+
+
+def test_a_job_restarts_on_the_round_left_when_an_agent_is_killed(elastic, agents, program):
+    cluster = elastic(2, 3, last_call=0.3)
+    procs = [agents(cluster.join_command, f"n{i}") for i in range(3)]
+    cluster.wait_ready(timeout=60)
+    job = cluster.mpirun(["python", program("restarts.py", RESTARTS)], restarts=2, timeout=120)
+    _started(job, 3)
+    procs[1].send_signal(signal.SIGKILL)
+    result = job.wait(timeout=120)
+    assert result.ok, result.summary()
+    assert [(a.outcome, a.reason) for a in result.attempts] == [
+        ("node-lost", "node n1 lost"),
+        ("ok", "succeeded"),
+    ]
+    assert result.restarts == 1
+    assert [n.name for n in job.plan.nodes] == ["n0", "n2"]
+    second = sorted(job.logs().query("attempt == 2").line)
+    assert second == ["rank 0 of 2 restart 1", "rank 1 of 2 restart 1"]
+
+
+def test_a_job_restarts_on_the_larger_round_when_a_node_joins(elastic, agents, program):
+    cluster = elastic(2, 3, last_call=0.3)
+    for i in range(2):
+        agents(cluster.join_command, f"n{i}")
+    cluster.wait_ready(timeout=60)
+    job = cluster.mpirun(
+        ["python", program("restarts.py", RESTARTS)], restarts=1, restart_on_join=True, timeout=120
+    )
+    _started(job, 2)
+    agents(cluster.join_command, "late")
+    result = job.wait(timeout=120)
+    assert result.ok, result.summary()
+    assert [(a.outcome, a.reason) for a in result.attempts] == [
+        ("node-joined", "node late joined"),
+        ("ok", "succeeded"),
+    ]
+    assert job.np == 3
+    second = sorted(job.logs().query("attempt == 2").line)
+    assert second == [f"rank {r} of 3 restart 1" for r in range(3)]
+
+
+def test_without_restart_on_join_a_joining_node_leaves_the_job_alone(elastic, agents, program):
+    cluster = elastic(2, 3, last_call=0.3)
+    for i in range(2):
+        agents(cluster.join_command, f"n{i}")
+    cluster.wait_ready(timeout=60)
+    job = cluster.mpirun(["python", program("restarts.py", RESTARTS)], restarts=1, timeout=120)
+    _started(job, 2)
+    agents(cluster.join_command, "late")
+    eventually(lambda: len(cluster.nodes) == 3, timeout=30)
+    assert not job.done
+    assert job.attempt == 1
+    job.cancel()

@@ -65,6 +65,8 @@ def test_recovery_defaults_retry_nothing() -> None:
         ({"retries": -2}, r"Retries -2 is negative; give 0 \(never\) or more, like retries=3"),
         ({"restarts": -1}, r"Restarts -1 is negative; give 0 \(never\) or more, like restarts=2"),
         ({"restarts": 0.5}, "Restarts 0.5 is not a whole number"),
+        ({"restart_on_join": True}, r"give restarts=1 \(or more\) too"),
+        ({"restart_on_join": 1, "restarts": 1}, "restart_on_join must be True or False, got 1"),
         ({"retries": True}, "Retries True is not a whole number"),
         ({"retries": "3"}, "Retries '3' is not a whole number"),
         ({"retry_on": "oops"}, "'oops' is not an ending a job can retry; choose among 'failure'"),
@@ -123,6 +125,12 @@ def test_a_lost_node_restarts_at_once_without_using_a_retry() -> None:
     assert next_step(policy, 1, "failure", 0.0) == Retry(2, 5.0)
     with_deadline = Recovery.make(restarts=1, deadline=10)
     assert next_step(with_deadline, 1, "node-lost", 10.0).deadline  # type: ignore[union-attr]
+
+
+def test_a_node_that_joins_restarts_only_with_restarts_left() -> None:
+    policy = Recovery.make(restarts=1, restart_on_join=True)
+    assert next_step(policy, 1, "node-joined", 0.0) == Retry(2, 0.0, restart=True)
+    assert next_step(policy, 2, "node-joined", 0.0, restarts=1) == Stop()
 
 
 def test_a_restart_runs_on_the_nodes_left_and_no_fewer_than_the_minimum() -> None:

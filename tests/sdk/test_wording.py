@@ -79,6 +79,7 @@ PYTHON_ONLY = {
     # work_dir= (and its options) exist in Python only.
     *(("mirror.py", name) for name in ("work_dir", "known_hosts", "host_keys")),
     *(("options.py", name) for name in ("work_dir", "run_dir")),
+    ("launch/recovery.py", "restart_on_join"),  # Python only
 }
 
 

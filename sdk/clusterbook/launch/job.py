@@ -77,6 +77,7 @@ class Job:
         self._wake = threading.Event()  # ends a delay before a retry
         self._cancelled = False
         self._restarts = 0
+        self._joined: str | None = None  # why the current attempt is stopped for a restart
         self._deadline_passed = False
         self._ended: list[AttemptInfo] = []
         self._retry_at: float | None = None  # monotonic time of the next attempt, in a delay
@@ -200,6 +201,29 @@ class Job:
         assert self._result is not None
         return self._result
 
+    def restart_if_grown(self, joined: list[str]) -> bool:
+        """With ``restart_on_join`` and a restart left: stop the current attempt because the
+        nodes ``joined`` the cluster's round, for a restart on the larger one. Returns whether
+        it did."""
+        policy = self.recovery
+        with self._cond:
+            if (
+                not joined
+                or not policy.restart_on_join
+                or self._restarts >= policy.restarts
+                or self._joined is not None
+                or self._cancelled
+                or self._done.is_set()
+            ):
+                return False
+            names = ", ".join(joined)
+            self._joined = f"node{'s' if len(joined) > 1 else ''} {names} joined"
+            current = self._attempts[-1]
+        threading.Thread(
+            target=current.stop, args=("cancel",), name=f"clusterbook-{self.id}-grown"
+        ).start()
+        return True
+
     def fail(self, error: ClusterError) -> None:
         """Stop the current attempt because of ``error`` (its logs cannot be written, a node it
         runs on was lost, ...): its result is failed with that error. Returns at once."""
@@ -271,10 +295,15 @@ class Job:
                 attempt = self._current
                 last = attempt.wait()
                 assert last is not None
+                kind, words = outcome(last, attempt.error), reason(last, attempt.error)
+                with self._cond:
+                    if self._joined is not None and kind == "cancelled" and not self._cancelled:
+                        kind, words = "node-joined", self._joined  # stopped for a restart
+                    self._joined = None
                 ended = AttemptInfo(
                     attempt.number,
-                    outcome(last, attempt.error),
-                    reason(last, attempt.error),
+                    kind,
+                    words,
                     attempt.started,
                     last.duration,
                     tuple(last.failed_ranks),

@@ -42,6 +42,7 @@ __all__ = [
     "new_job_dir",
     "prepare",
     "remaining_nodes",
+    "restart_grown_jobs",
     "usable_nodes",
 ]
 
@@ -81,7 +82,11 @@ class JobArgs(TypedDict, total=False):
         When a node the job runs on is lost, relaunch it at once on the nodes that are left,
         up to this many times (default 0; not counted as retries), on all their slots (or
         ``np``, if fewer); ranks see ``CLUSTERBOOK_RESTART`` and
-        ``TORCHELASTIC_RESTART_COUNT``, to resume from their own checkpoint.
+        ``TORCHELASTIC_RESTART_COUNT``, to resume from their own checkpoint. An elastic
+        cluster's job waits for a complete round of at least ``min_nodes`` (up to 60 s).
+    restart_on_join
+        Also restart (taking one of ``restarts``) when a node joins an elastic cluster and its
+        round grows: the job runs again on the larger round (default False).
     """
 
     env: Mapping[str, str] | None
@@ -95,6 +100,7 @@ class JobArgs(TypedDict, total=False):
     retry_on: Sequence[str] | str | None
     deadline: float | str | None
     restarts: int
+    restart_on_join: bool
 
 
 @dataclass(frozen=True, slots=True)
@@ -130,6 +136,7 @@ class JobRequest:
         retry_on: Sequence[str] | str | None = None,
         deadline: float | str | None = None,
         restarts: int = 0,
+        restart_on_join: bool = False,
     ) -> JobRequest:
         """Check what ``cluster.mpirun`` was given, for a cluster of ``slots`` slots."""
         if not isinstance(oversubscribe, bool) or not isinstance(abort_on_error, bool):
@@ -157,6 +164,7 @@ class JobRequest:
                 deadline=deadline,
                 timeout=limit,
                 restarts=restarts,
+                restart_on_join=restart_on_join,
             ),
             all_slots=np is None,
         )
@@ -220,6 +228,18 @@ def fail_on_lost_nodes(jobs: Sequence[Job], unreachable: Unreachable) -> None:
             name, why = next(iter(lost.items()))
             host = next(n.host for n in job.plan.nodes if n.name == name)
             job.fail(NodeLostError(f"{why}; the job was stopped.", node=name, host=host))
+
+
+def restart_grown_jobs(jobs: Sequence[Job], nodes: tuple[NodeSpec, ...]) -> None:
+    """A running job with ``restart_on_join`` whose nodes are fewer than the cluster's round
+    now (nodes joined, none of its own lost) is restarted on the larger round."""
+    now = [n.name for n in nodes]
+    for job in jobs:
+        if job.done or not job.recovery.restart_on_join:
+            continue
+        ran = {n.name for n in job.plan.nodes}
+        if ran < set(now):
+            job.restart_if_grown([name for name in now if name not in ran])
 
 
 def diagnose(silent: Mapping[str, str], result: JobResult | None) -> list[str]:

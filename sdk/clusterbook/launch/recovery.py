@@ -4,8 +4,8 @@ The policy is Kubeflow MPIJob's ``runPolicy`` in a job's own terms: ``retries`` 
 ``backoffLimit``) with an increasing delay, which endings are worth another attempt
 (``retry_on``), and a ``deadline`` for the job and all its attempts together (its
 ``activeDeadlineSeconds``); and torchrun's ``--max-restarts``: ``restarts``, a relaunch at
-once on the nodes that are left when one is lost. :func:`next_step` decides; the job does
-what it says.
+once on the nodes of the cluster when one is lost (or, with ``restart_on_join``, when one
+joins an elastic cluster). :func:`next_step` decides; the job does what it says.
 """
 
 from __future__ import annotations
@@ -95,6 +95,7 @@ class Recovery:
     retry_on: frozenset[str] = DEFAULT_RETRY_ON
     deadline: float | None = None
     restarts: int = 0
+    restart_on_join: bool = False
 
     @classmethod
     def make(
@@ -106,6 +107,7 @@ class Recovery:
         deadline: float | str | None = None,
         timeout: float | None = None,
         restarts: int = 0,
+        restart_on_join: bool = False,
     ) -> Recovery:
         """Check a job's recovery arguments.
 
@@ -115,8 +117,15 @@ class Recovery:
         seconds (or a duration like ``"2h"``) the job and all its attempts may take together;
         it may not be shorter than one attempt's ``timeout``. ``restarts``: relaunches, at most,
         when a node is lost, at once, on the nodes that are left (they do not count as
-        retries).
+        retries); ``restart_on_join``: also when a node joins and the round grows.
         """
+        if not isinstance(restart_on_join, bool):
+            raise ConfigError(f"restart_on_join must be True or False, got {restart_on_join!r}.")
+        if restart_on_join and not restarts:
+            raise ConfigError(
+                "restart_on_join=True relaunches the job when a node joins, which takes a "
+                f"restart; give {spell('restarts', 1)} (or more) too."
+            )
         for name, count, example in (("retries", retries, 3), ("restarts", restarts, 2)):
             if isinstance(count, bool) or not isinstance(count, int):
                 raise ConfigError(
@@ -137,7 +146,7 @@ class Recovery:
                 "the timeout "
                 "(it bounds all attempts together), or a shorter timeout."
             )
-        return cls(retries, Backoff.make(backoff), chosen, limit, restarts)
+        return cls(retries, Backoff.make(backoff), chosen, limit, restarts, restart_on_join)
 
 
 NO_RECOVERY = Recovery()
@@ -157,7 +166,8 @@ def _retry_on(value: Iterable[str] | str) -> frozenset[str]:
 
 def outcome(result: JobResult, error: BaseException | None) -> str:
     """How an attempt ended: ``ok``, ``failure``, ``node-lost``, ``timeout``, ``cancelled`` or
-    ``error`` (clusterbook stopped it for another reason, such as a full disk)."""
+    ``error`` (clusterbook stopped it for another reason, such as a full disk). (An attempt
+    the job stopped because a node joined is ``node-joined``: the job says so itself.)"""
     if result.ok:
         return "ok"
     if result.cancelled:
@@ -227,7 +237,7 @@ def next_step(
         return Stop()
     step: Retry | Stop
     retried = attempts - 1 - restarts
-    if ending == "node-lost" and restarts < policy.restarts:
+    if ending in ("node-lost", "node-joined") and restarts < policy.restarts:
         step = Retry(attempts + 1, 0.0, restart=True)
     elif ending not in policy.retry_on:
         return Stop()
