@@ -33,7 +33,8 @@ class NodeStatus:
     nodes with an agent also have their rendezvous round, heartbeat age (s), load (1-minute
     load average), memory in use (percent), total memory (bytes) and the agent's pid;
     ``gpus`` is how many GPUs the node has (0: none, or not known yet) and ``gpu_model``
-    their model (:attr:`clusterbook.gpus.GPUInfo.model`)."""
+    their model (:attr:`clusterbook.gpus.GPUInfo.model`); the job running there, its
+    ``attempt``, ``restarts`` and ``last_reason`` (see :class:`JobStatus`)."""
 
     name: str
     host: str
@@ -49,6 +50,9 @@ class NodeStatus:
     memory: int | None = None
     gpus: int = 0
     gpu_model: str | None = None
+    attempt: int | None = None  # of the running job: its attempt,
+    restarts: int | None = None  # how many times it was restarted,
+    last_reason: str | None = None  # and why the attempt before ended
 
 
 @dataclass(frozen=True, slots=True)
@@ -105,6 +109,9 @@ NODE_COLUMNS = (
     "state",
     "ranks",
     "job",
+    "attempt",
+    "restarts",
+    "last_reason",
     "round",
     "heartbeat_age",
     "load",
@@ -128,6 +135,9 @@ NODE_DTYPES = {
     "state": "category",
     "ranks": "object",  # a list of ints
     "job": "string",
+    "attempt": "Int64",  # of the job running there (<NA>: none)
+    "restarts": "Int64",
+    "last_reason": "string",  # why its attempt before ended (<NA>: the first)
     "round": "Int64",
     "heartbeat_age": "Float64",
     "load": "Float64",
@@ -141,6 +151,7 @@ NODE_DTYPES = {
 def nodes_frame(snapshot: ClusterSnapshot) -> pd.DataFrame:
     """One row per node: node, host, slots, gpus (0 without) and gpu_model (``<NA>``
     without), state (categorical, :data:`NODE_STATES`), ranks (of the running job), job, and
+    the running job's attempt, restarts and last_reason (why its attempt before ended), and
     for nodes with an agent round, heartbeat age (s), load, memory used (%), memory (bytes)
     and pid (``<NA>`` elsewhere), and the time left before the cluster stops by itself
     (``life_span``, ``idle_timeout``; NaT if it will not); dtypes :data:`NODE_DTYPES`."""
@@ -157,6 +168,9 @@ def nodes_frame(snapshot: ClusterSnapshot) -> pd.DataFrame:
             n.state,
             list(n.ranks),
             n.job or "",
+            n.attempt,
+            n.restarts,
+            n.last_reason,
             n.round,
             n.heartbeat_age,
             n.load,
@@ -180,19 +194,31 @@ def with_running_jobs(
     lost or gone stays so, whatever ran there)."""
     from clusterbook.launch.command import placement
 
-    busy: dict[str, tuple[str, list[int]]] = {}
+    busy: dict[str, tuple[Job, list[int]]] = {}
     for job in jobs:
         if job.done:
             continue
-        where = job.plan.nodes  # the nodes the job was launched on
+        where = job.plan.nodes  # the nodes the job's current attempt was launched on
         for rank, i in enumerate(placement(where, job.np)):
-            busy.setdefault(where[i].name, (job.id, []))[1].append(rank)
-    return tuple(
-        replace(s, state="running", ranks=tuple(busy[s.name][1]), job=busy[s.name][0])
-        if s.name in busy and s.state not in ("lost", "left")
-        else s
-        for s in statuses
-    )
+            busy.setdefault(where[i].name, (job, []))[1].append(rank)
+    out = []
+    for s in statuses:
+        if s.name not in busy or s.state in ("lost", "left"):
+            out.append(s)
+            continue
+        job, ranks = busy[s.name]
+        out.append(
+            replace(
+                s,
+                state="running",
+                ranks=tuple(ranks),
+                job=job.id,
+                attempt=job.attempt,
+                restarts=job.restarts,
+                last_reason=job.last_reason,
+            )
+        )
+    return tuple(out)
 
 
 def snapshot_of(

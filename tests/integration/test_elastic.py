@@ -283,6 +283,8 @@ if restart == "0":
     comm.Barrier()
     print("started", flush=True)
     time.sleep(600)  # until the round changes
+while not os.path.exists(os.environ.get("RELEASE", "/")):  # held until the test looked
+    time.sleep(0.05)
 """
 
 
@@ -314,16 +316,31 @@ def test_a_job_restarts_on_the_round_left_when_an_agent_is_killed(elastic, agent
     assert second == ["rank 0 of 2 restart 1", "rank 1 of 2 restart 1"]
 
 
-def test_a_job_restarts_on_the_larger_round_when_a_node_joins(elastic, agents, program):
+def test_a_job_restarts_on_the_larger_round_when_a_node_joins(elastic, agents, program, tmp_path):
     cluster = elastic(2, 3, last_call=0.3)
     for i in range(2):
         agents(cluster.join_command, f"n{i}")
     cluster.wait_ready(timeout=60)
+    release = tmp_path / "release"
     job = cluster.mpirun(
-        ["python", program("restarts.py", RESTARTS)], restarts=1, restart_on_join=True, timeout=120
+        ["python", program("restarts.py", RESTARTS)],
+        restarts=1,
+        restart_on_join=True,
+        timeout=120,
+        env={"RELEASE": str(release)},
     )
     _started(job, 2)
     agents(cluster.join_command, "late")
+    eventually(lambda: job.attempt == 2 and states(cluster).get("late") == "running", timeout=60)
+    # status() shows the attempt running, the restart count and why the attempt before ended.
+    frame = cluster.status().set_index("node")
+    assert frame.loc["late", ["job", "attempt", "restarts", "last_reason"]].tolist() == [
+        job.id,
+        2,
+        1,
+        "node late joined",
+    ]
+    release.touch()
     result = job.wait(timeout=120)
     assert result.ok, result.summary()
     assert [(a.outcome, a.reason) for a in result.attempts] == [
