@@ -205,6 +205,19 @@ def test_running_job_has_no_exit_code_or_failed_ranks_yet():
     assert cells[6] == "—"
 
 
+def test_a_retried_job_shows_its_attempt_restarts_and_why_the_one_before_ended():
+    retried = job(
+        "job-0002", "running", returncode=None, duration=None, attempt=3, restarts=1,
+        last_reason="node <b>n2</b> lost",
+    )  # fmt: skip
+    (row,) = rows(render_jobs(snap(jobs=[retried])))
+    state = re.findall(r"<td[^>]*>(.*?)</td>", row)[3]
+    assert "attempt 3, restart 1 · after node &lt;b&gt;n2&lt;/b&gt; lost" in state
+    assert 'title="node &lt;b&gt;n2&lt;/b&gt; lost"' in state
+    (first,) = rows(render_jobs(snap(jobs=[job("job-0001", "running")])))
+    assert "attempt" not in first
+
+
 def test_running_jobs_come_first_then_finished_newest_first():
     jobs = [
         job("job-0001"),
