@@ -26,9 +26,10 @@ comm.Barrier()
 """
 
 ALWAYS_FAILS = """\
-import sys
+import os, sys
 from mpi4py import MPI
 if MPI.COMM_WORLD.rank == 0:
+    print("attempt", os.environ["CLUSTERBOOK_ATTEMPT"])
     sys.exit(2)
 MPI.COMM_WORLD.Barrier()
 """
@@ -86,7 +87,10 @@ def test_retries_end_after_the_last_attempt(mpi_python, make_cluster, program):
     assert [a.outcome for a in result.attempts] == ["failure"] * 3
     assert result.failed_ranks == [0]
     assert "It ran 3 times (retries=2)." in result.notes
-    assert sorted(set(job.logs().attempt)) == [1, 2, 3]
+    said = job.logs().query("rank == 0 and stream == 'stdout'")
+    assert list(zip(said.attempt, said.line, strict=True)) == [
+        (n, f"attempt {n}") for n in (1, 2, 3)
+    ]
 
 
 def test_without_retries_a_failure_is_final(mpi_python, make_cluster, program):
