@@ -26,6 +26,7 @@ from clusterbook.launch.prepare import (
     Placement,
     diagnose,
     fail_on_lost_nodes,
+    lost_node,
     prepare,
     remaining_nodes,
     restart_grown_jobs,
@@ -404,6 +405,7 @@ class Cluster:
             diagnose=lambda result: diagnose(unreachable(names), result),
             where=where,
             on_attempt=lambda _: self._changed(record=True),
+            lost=lambda nodes: lost_node(nodes, self._provider.unreachable),
         )
         with self._lock:
             started = prepare(

@@ -15,10 +15,15 @@ from clusterbook.providers.registry import provider_kinds, register_provider
 from clusterbook.status import ClusterSnapshot
 from clusterbook.testing import FakeProvider
 
+# Runs no rank: says, as Open MPI's tagged output would, that each of -n N ranks exited 0.
 STAND_IN = """\
 #!/bin/sh
 if [ "$1" = "--version" ]; then echo "mpirun (Open MPI) 5.0.11"; exit 0; fi
-exec sleep "${FAKE_MPIRUN_SLEEP:-0}"
+n=1
+while [ $# -gt 0 ]; do [ "$1" = -n ] && n=$2; shift; done
+sleep "${FAKE_MPIRUN_SLEEP:-0}"
+r=0
+while [ $r -lt $n ]; do printf '[1,%d]<stderr>: \\036CB exit 0\\n' $r; r=$((r+1)); done
 """
 
 

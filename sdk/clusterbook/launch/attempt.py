@@ -19,7 +19,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import IO, Any
 
-from clusterbook.errors import ClusterError, RunDirError
+from clusterbook.errors import ClusterError, NodeLostError, RunDirError
 from clusterbook.launch import proc as procs
 from clusterbook.launch.command import LaunchCommand, LaunchPlan
 from clusterbook.launch.flavour import MPIFlavour
@@ -27,6 +27,7 @@ from clusterbook.launch.guard import guard, kill_tagged
 from clusterbook.launch.logs import LAUNCHER_RANK, LogStore
 from clusterbook.launch.parse import LineSplitter, OmpiChunkParser
 from clusterbook.launch.result import JobResult, RankFailure, failed_ranks
+from clusterbook.spec import NodeSpec
 
 __all__ = ["Attempt"]
 
@@ -59,6 +60,8 @@ class Attempt:
         failure_grace: float = 2.0,
         on_failure: Callable[[str], None] | None = None,
         diagnose: Callable[[JobResult | None], list[str]] | None = None,
+        lost: Callable[[tuple[NodeSpec, ...]], NodeLostError | None] | None = None,
+        loss_grace: float = 3.5,
     ) -> None:
         self.id = job_id
         self.number = number
@@ -73,6 +76,8 @@ class Attempt:
         self._failure_grace = failure_grace
         self._on_failure = on_failure
         self._diagnose = diagnose
+        self._lost = lost
+        self._loss_grace = loss_grace
         self._notes: list[str] = []
         self._lock = threading.Lock()
         self._stop_reason: str | None = None  # "timeout" | "cancel" | "failure" | "error"
@@ -313,10 +318,18 @@ class Attempt:
                 t.join(timeout=5.0)
             if self._timer is not None:
                 self._timer.cancel()
+            codes = self._store.exit_codes
+            unreported = len(codes) < self.np
+            unexplained = not any(codes.values()) and self._stop_reason is None
+            if unreported and unexplained and self._error is None:
+                # Ranks that never said how they ended, and none that failed: their node may
+                # be gone (Open MPI's mpirun can even exit 0 when a node's daemon dies). Wait
+                # for the head to know.
+                self._error = self._loss()
             # Whatever a rank left behind (a daemonized child, say) goes with the job; on
             # remote nodes too when the job did not end cleanly.
             kill_tagged([self._token], self._grace)
-            if returncode != 0 and self._on_failure is not None:
+            if (returncode != 0 or unreported) and self._on_failure is not None:
                 try:
                     self._on_failure(self._token)
                 except Exception:
@@ -327,6 +340,15 @@ class Attempt:
                 self._error = ClusterError(f"{type(exc).__name__}: {exc}")
         finally:
             self._finish(returncode)
+
+    def _loss(self) -> NodeLostError | None:
+        """The loss of a node of this attempt, if the head learns of one within the grace."""
+        if self._lost is None:
+            return None
+        give_up = time.monotonic() + self._loss_grace
+        while (error := self._lost(self.plan.nodes)) is None and time.monotonic() < give_up:
+            time.sleep(0.05)
+        return error
 
     def _finish(self, returncode: int | None) -> None:
         """Mark the job done with its result, whatever happened before: ``wait()``,

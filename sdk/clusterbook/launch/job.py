@@ -17,6 +17,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from clusterbook._node_tasks import write_atomic
 from clusterbook.errors import ClusterError, JobTimeoutError
 from clusterbook.launch.attempt import Attempt
 from clusterbook.launch.command import LaunchPlan
@@ -401,7 +402,8 @@ class Job:
                 _log.exception("A callback on the end of job %s failed.", self.id)
 
     def _write(self, path: Path, result: JobResult) -> None:
+        # In one step: another process (an attached handle) may read it at any time.
         try:
-            path.write_text(json.dumps(result.to_dict(), indent=2))
+            write_atomic(str(path), json.dumps(result.to_dict(), indent=2).encode(), 0o600)
         except OSError as exc:
             _log.warning("Could not write the result of job %s: %s", self.id, exc)

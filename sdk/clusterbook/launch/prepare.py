@@ -38,6 +38,7 @@ __all__ = [
     "Placement",
     "diagnose",
     "fail_on_lost_nodes",
+    "lost_node",
     "make_run_dir",
     "new_job_dir",
     "prepare",
@@ -185,6 +186,8 @@ class JobHooks:
     # for a restart: those left when some were lost.
     where: Callable[[bool], Placement]
     on_attempt: Callable[[int], None] | None = None
+    # Which of these nodes was lost, if one was (asked when ranks ended unreported).
+    lost: Callable[[tuple[NodeSpec, ...]], NodeLostError | None] | None = None
 
 
 Unreachable = Callable[..., dict[str, str]]
@@ -217,17 +220,24 @@ def usable_nodes(
     return nodes
 
 
+def lost_node(nodes: tuple[NodeSpec, ...], unreachable: Unreachable) -> NodeLostError | None:
+    """The error for the first of ``nodes`` that was lost, if one was."""
+    lost = unreachable([n.name for n in nodes], lost_only=True)
+    if not lost:
+        return None
+    name, why = next(iter(lost.items()))
+    host = next(n.host for n in nodes if n.name == name)
+    return NodeLostError(f"{why}; the job was stopped.", node=name, host=host)
+
+
 def fail_on_lost_nodes(jobs: Sequence[Job], unreachable: Unreachable) -> None:
     """A running job with ranks on a node that was lost cannot finish: fail it, naming the
     node (its agent stops what runs there once it has lost the head for its lease)."""
     for job in jobs:
         if job.done or job.error is not None:
             continue
-        lost = unreachable([n.name for n in job.plan.nodes], lost_only=True)
-        if lost:
-            name, why = next(iter(lost.items()))
-            host = next(n.host for n in job.plan.nodes if n.name == name)
-            job.fail(NodeLostError(f"{why}; the job was stopped.", node=name, host=host))
+        if (error := lost_node(job.plan.nodes, unreachable)) is not None:
+            job.fail(error)
 
 
 def restart_grown_jobs(jobs: Sequence[Job], nodes: tuple[NodeSpec, ...]) -> None:
@@ -385,6 +395,7 @@ def prepare(
             timeout=request.timeout,
             on_failure=hooks.on_failure,
             diagnose=hooks.diagnose,
+            lost=hooks.lost,
         )
 
     return Job(

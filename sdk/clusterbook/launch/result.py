@@ -120,9 +120,17 @@ class JobResult:
 
     @property
     def ok(self) -> bool:
-        """True when the job ran to the end and every rank exited 0."""
+        """True when the job ran to the end and every rank exited 0 (and said so: a rank
+        whose exit was never reported, its node gone say, did not succeed)."""
         stopped = self.timed_out or self.cancelled or self.error is not None
-        return self.returncode == 0 and not (stopped or self.failed or self.deadline_exceeded)
+        if stopped or self.failed or self.deadline_exceeded or self.returncode != 0:
+            return False
+        return all(code == 0 for code in self.rank_exit_codes.values())
+
+    @property
+    def unreported_ranks(self) -> list[int]:
+        """Ranks whose exit was never reported (killed with their node, say)."""
+        return [rank for rank, code in sorted(self.rank_exit_codes.items()) if code is None]
 
     @property
     def failed_ranks(self) -> list[int]:
@@ -147,12 +155,17 @@ class JobResult:
         else:
             head = f"Job {self.job_id} failed (launcher exit code {self.returncode})"
         parts = [head if head.endswith(".") else head + ".", *self.notes]
+        stopped = self.timed_out or self.cancelled or self.error is not None
+        if not self.failed and not stopped and (silent := self.unreported_ranks):
+            parts.append(
+                f"Rank{'s' if len(silent) > 1 else ''} {', '.join(map(str, silent))} ended "
+                "without reporting an exit code: killed from outside, or with its node."
+            )
         if tries:
             parts.append(tries)
         for f in self.failed:
             parts.append(f"Rank {f.rank} on {f.host} exited with code {f.exit_code}:")
             parts.extend(f"    {line}" for line in excerpt(f.last_lines))
-        stopped = self.timed_out or self.cancelled or self.error is not None
         if not self.failed and self.launcher_tail and not stopped:
             parts.append("The launcher said:")
             parts.extend(f"    {line}" for line in self.launcher_tail[-8:])
