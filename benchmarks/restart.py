@@ -97,37 +97,11 @@ def starts(lines: Iterable[str], restart: int) -> list[tuple[float, str]]:
 
 
 def kill_node(host: FakeHost) -> float:
-    """SIGKILL every process in ``host``'s network namespace but its sshd daemon, as the
-    node dying would; returns the wall-clock time it began. All are frozen (SIGSTOP) first,
-    so that none forks or answers in between; sessions the daemon opens later are left be."""
-    spare = {host.sshd.pid}
-    frozen: set[int] = set()
-    at, until = time.time(), time.monotonic() + 2.0
-    while (found := {p for p in host.processes() if p not in spare} - frozen) and (
-        time.monotonic() < until
-    ):
-        for pid in found:
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGSTOP)
-        frozen |= found
-    if not frozen:
-        raise RuntimeError(f"nothing runs on {host.name} to kill")
-    for pid in frozen:
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(pid, signal.SIGKILL)
-    deadline = time.monotonic() + 5.0
-    while left := [p for p in frozen if _alive(p)]:
-        if time.monotonic() > deadline:
-            raise RuntimeError(f"processes on {host.name} outlived SIGKILL: {left}")
-        time.sleep(0.01)
+    """Kill ``host`` as the node dying would (every process but its sshd daemon, see
+    :meth:`FakeHost.die`); returns the wall-clock time it began."""
+    at = time.time()
+    host.die()
     return at
-
-
-def _alive(pid: int) -> bool:
-    try:
-        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
-    except psutil.Error:
-        return False
 
 
 def kill_agent(host: FakeHost) -> float:

@@ -147,6 +147,29 @@ class FakeHost:
         """Pids of the processes running in this host's network namespace."""
         return _netns_pids(self.netns)
 
+    def die(self) -> None:
+        """SIGKILL every process of this host but its sshd daemon, as the machine dying would.
+        All are frozen (SIGSTOP) first, so that none forks or answers in between; sessions
+        the daemon opens later are left be. Returns once they are gone."""
+        spare = {self.sshd.pid}
+        frozen: set[int] = set()
+        until = time.monotonic() + 2.0
+        while (found := set(self.processes()) - spare - frozen) and time.monotonic() < until:
+            for pid in found:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGSTOP)
+            frozen |= found
+        if not frozen:
+            raise TestbedError(f"nothing runs on {self.name} to kill")
+        for pid in frozen:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        deadline = time.monotonic() + 5.0
+        while left := [p for p in frozen if _running(p)]:
+            if time.monotonic() > deadline:
+                raise TestbedError(f"processes on {self.name} outlived SIGKILL: {left}")
+            time.sleep(0.01)
+
     def refuse_from(self, addr: str) -> None:
         """Refuse every connection ``addr`` opens to this host (answers to the connections
         this host opens still pass): a host ``addr`` can reach only through another."""
@@ -284,6 +307,13 @@ class Testbed:
 
     def __repr__(self) -> str:
         return f"<Testbed {self.index} {self.bridge} hosts={[h.name for h in self.hosts]}>"
+
+
+def _running(pid: int) -> bool:
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.Error:
+        return False
 
 
 def make_testbed(n: int, directory: Path) -> Testbed:

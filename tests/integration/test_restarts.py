@@ -98,6 +98,27 @@ def test_a_job_is_relaunched_on_the_nodes_left_when_one_is_lost(
         assert status.last_reason == f"node {node3.addr} lost"
 
 
+def test_a_job_whose_node_dies_whole_is_relaunched_not_called_a_success(
+    testbed, openmpi_python, tmp_path: Path
+):
+    # The node's agent, its MPI daemon and its ranks die together: Open MPI's mpirun may then
+    # exit 0 with no rank having reported; the job waits for the head to learn of the loss.
+    script = tmp_path / "resumes.py"
+    script.write_text(RESUMES)
+    node3 = testbed.hosts[2]
+    with testbed.cluster(openmpi_python, tmp_path / "run", hosts=3) as cluster:
+        job = cluster.mpirun(["python", str(script), str(tmp_path / "ckpt")], restarts=1)
+        started(job, 3)
+        node3.die()
+        result = job.wait(timeout=120)
+        assert result.ok, result.summary()
+        assert [(a.outcome, a.reason) for a in result.attempts] == [
+            ("node-lost", f"node {node3.addr} lost"),
+            ("ok", "succeeded"),
+        ]
+        assert job.np == 2
+
+
 def test_without_restarts_a_lost_node_fails_the_job(testbed, openmpi_python, tmp_path: Path):
     script = tmp_path / "resumes.py"
     script.write_text(RESUMES)

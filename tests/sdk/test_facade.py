@@ -3,6 +3,7 @@ status, lost nodes, files, specs. No agent, no sshd; jobs run a stand-in launche
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
@@ -15,7 +16,8 @@ from clusterbook.providers.registry import provider_kinds, register_provider
 from clusterbook.status import ClusterSnapshot
 from clusterbook.testing import FakeProvider
 
-# Runs no rank: says, as Open MPI's tagged output would, that each of -n N ranks exited 0.
+# Runs no rank: says, as Open MPI's tagged output would, that each of -n N ranks exited 0
+# (unless FAKE_MPIRUN_SILENT is set: as when a node's daemon died, mpirun exits 0 unheard).
 STAND_IN = """\
 #!/bin/sh
 if [ "$1" = "--version" ]; then echo "mpirun (Open MPI) 5.0.11"; exit 0; fi
@@ -23,6 +25,7 @@ n=1
 while [ $# -gt 0 ]; do [ "$1" = -n ] && n=$2; shift; done
 sleep "${FAKE_MPIRUN_SLEEP:-0}"
 r=0
+[ -n "${FAKE_MPIRUN_SILENT-}" ] && exit 0
 while [ $r -lt $n ]; do printf '[1,%d]<stderr>: \\036CB exit 0\\n' $r; r=$((r+1)); done
 """
 
@@ -129,6 +132,28 @@ def test_a_running_job_fails_naming_the_node_that_was_lost(make) -> None:
     assert not result.ok
     # The provider was asked to stop what the job left on the nodes.
     assert fake.calls.stopped_jobs == [job.plan.job_token]
+
+
+def test_ranks_that_never_report_are_not_a_success_and_a_node_lost_meanwhile_is_named(
+    make,
+) -> None:
+    fake = FakeProvider(nodes=2)
+    cluster = make(fake).start()
+    silent = {"FAKE_MPIRUN_SILENT": "1"}
+    result = cluster.mpirun(["true"], np=2, env=silent).wait(timeout=30)
+    assert result.returncode == 0
+    assert not result.ok
+    assert result.unreported_ranks == [0, 1]
+    assert "Ranks 0, 1 ended without reporting an exit code" in result.summary()
+
+    # The launcher exits 0 first; the head learns of the lost node a moment later.
+    job = cluster.mpirun(["true"], np=2, env=silent)
+    threading.Timer(0.3, fake.lose, args=("fake-1",)).start()
+    result = job.wait(timeout=30)
+    assert not result.ok
+    assert isinstance(job.error, cb.NodeLostError)
+    assert "Node fake-1 (localhost) was lost" in (result.error or "")
+    assert [a.outcome for a in result.attempts] == ["node-lost"]
 
 
 def test_put_and_gather_go_through_the_provider(make, tmp_path: Path) -> None:
