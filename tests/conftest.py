@@ -98,6 +98,16 @@ def wait_gone(text: str, timeout: float) -> list[psutil.Process]:
     return left
 
 
+def ranks_started(job: cb.Job, ranks: int, line: str = "started") -> None:
+    """Return once ``ranks`` ranks of ``job`` have printed ``line`` (fail if it ends first)."""
+    seen = 0
+    for record in job.stream():
+        seen += record.line == line
+        if seen == ranks:
+            return
+    raise AssertionError(f"the job ended before {ranks} ranks started: {job.wait().summary()}")
+
+
 def mpi_debris() -> set[str]:
     """What MPI leaves when a job is killed, on this machine (the fake hosts share /tmp and
     /dev/shm with it): shared memory segments and launcher and daemon session directories."""

@@ -16,45 +16,35 @@ __all__ = ["INTERFACES", "speaking", "spell", "spell_or"]
 
 _SPEAKING: ContextVar[str] = ContextVar("clusterbook_interface", default="python")
 
+# What both the command line and %%mpirun have, spelled alike.
+_SHARED = {
+    "np": "-n {}",
+    "oversubscribe": "--oversubscribe",
+    "timeout": "--timeout {}",
+    "host_keys": "--accept-new-host-keys",  # the one policy they can ask for
+    "identity": "--identity {}",
+    "user": "--user {}",
+    "port": "--port {}",
+    "retries": "--retries {}",
+    "backoff": "--backoff {}",
+    "retry_on": "--retry-on {}",
+    "deadline": "--deadline {}",
+    "restarts": "--restarts {}",
+    "slots": "--slots {}",
+    "workers": "--workers {}",  # clusterbook demo, %cluster local
+}
+
 #: For each interface but Python: option -> how it is passed there (``{}`` stands for the
 #: value); an option it does not list, it does not have.
 INTERFACES: dict[str, dict[str, str]] = {
     "cli": {
-        "np": "-n {}",
-        "oversubscribe": "--oversubscribe",
-        "timeout": "--timeout {}",
+        **_SHARED,
         "cwd": "--wdir {}",
         "launcher": "--launcher {}",
         "mpi": "--mpi {}",
-        "host_keys": "--accept-new-host-keys",  # the one policy it can ask for
         "known_hosts": "--known-hosts {}",
-        "identity": "--identity {}",
-        "user": "--user {}",
-        "port": "--port {}",
-        "retries": "--retries {}",
-        "backoff": "--backoff {}",
-        "retry_on": "--retry-on {}",
-        "deadline": "--deadline {}",
-        "restarts": "--restarts {}",
-        "slots": "--slots {}",
-        "workers": "--workers {}",  # of clusterbook demo
     },
-    "magics": {
-        "np": "-n {}",
-        "oversubscribe": "--oversubscribe",
-        "timeout": "--timeout {}",
-        "host_keys": "--accept-new-host-keys",
-        "identity": "--identity {}",
-        "user": "--user {}",
-        "port": "--port {}",
-        "retries": "--retries {}",
-        "backoff": "--backoff {}",
-        "retry_on": "--retry-on {}",
-        "deadline": "--deadline {}",
-        "restarts": "--restarts {}",
-        "slots": "--slots {}",
-        "workers": "--workers {}",
-    },
+    "magics": dict(_SHARED),
 }
 
 

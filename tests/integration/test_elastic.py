@@ -15,6 +15,7 @@ import pytest
 import clusterbook as cb
 from clusterbook.rendezvous.backends.tcp import StoreServer, write_secret
 from clusterbook.rendezvous.state import RendezvousState, encode
+from tests.conftest import ranks_started
 
 pytestmark = pytest.mark.mpi
 
@@ -288,21 +289,12 @@ while not os.path.exists(os.environ.get("RELEASE", "/")):  # held until the test
 """
 
 
-def _started(job: cb.Job, ranks: int) -> None:
-    seen = 0
-    for record in job.stream():
-        seen += record.line == "started"
-        if seen == ranks:
-            return
-    raise AssertionError(f"the job ended before {ranks} ranks started: {job.wait().summary()}")
-
-
 def test_a_job_restarts_on_the_round_left_when_an_agent_is_killed(elastic, agents, program):
     cluster = elastic(2, 3, last_call=0.3)
     procs = [agents(cluster.join_command, f"n{i}") for i in range(3)]
     cluster.wait_ready(timeout=60)
     job = cluster.mpirun(["python", program("restarts.py", RESTARTS)], restarts=2, timeout=120)
-    _started(job, 3)
+    ranks_started(job, 3)
     procs[1].send_signal(signal.SIGKILL)
     result = job.wait(timeout=120)
     assert result.ok, result.summary()
@@ -329,7 +321,7 @@ def test_a_job_restarts_on_the_larger_round_when_a_node_joins(elastic, agents, p
         timeout=120,
         env={"RELEASE": str(release)},
     )
-    _started(job, 2)
+    ranks_started(job, 2)
     agents(cluster.join_command, "late")
     eventually(lambda: job.attempt == 2 and states(cluster).get("late") == "running", timeout=60)
     # status() shows the attempt running, the restart count and why the attempt before ended.
@@ -358,7 +350,7 @@ def test_without_restart_on_join_a_joining_node_leaves_the_job_alone(elastic, ag
         agents(cluster.join_command, f"n{i}")
     cluster.wait_ready(timeout=60)
     job = cluster.mpirun(["python", program("restarts.py", RESTARTS)], restarts=1, timeout=120)
-    _started(job, 2)
+    ranks_started(job, 2)
     agents(cluster.join_command, "late")
     eventually(lambda: len(cluster.nodes) == 3, timeout=30)
     assert not job.done

@@ -15,7 +15,7 @@ import psutil
 import pytest
 
 import clusterbook as cb
-from tests.conftest import require
+from tests.conftest import ranks_started, require
 from tests.testbed import FakeHost
 from tests.testbed import testbed as fake_hosts
 
@@ -53,15 +53,6 @@ def kill_agent(host: FakeHost) -> None:
     assert killed, f"no agent found on {host.name}"
 
 
-def started(job: cb.Job, ranks: int) -> None:
-    seen = 0
-    for record in job.stream():
-        seen += record.line == "started"
-        if seen == ranks:
-            return
-    raise AssertionError(f"the job ended before {ranks} ranks started: {job.wait().summary()}")
-
-
 def test_a_job_is_relaunched_on_the_nodes_left_when_one_is_lost(
     testbed, mpi_python, tmp_path: Path
 ):
@@ -71,7 +62,7 @@ def test_a_job_is_relaunched_on_the_nodes_left_when_one_is_lost(
     node3 = testbed.hosts[2]
     with testbed.cluster(mpi_python, tmp_path / "run", hosts=3) as cluster:
         job = cluster.mpirun(["python", str(script), str(checkpoint)], restarts=1, timeout=300)
-        started(job, 3)
+        ranks_started(job, 3)
         kill_agent(node3)
         result = job.wait(timeout=120)
         assert result.ok, result.summary()
@@ -108,7 +99,7 @@ def test_a_job_whose_node_dies_whole_is_relaunched_not_called_a_success(
     node3 = testbed.hosts[2]
     with testbed.cluster(openmpi_python, tmp_path / "run", hosts=3) as cluster:
         job = cluster.mpirun(["python", str(script), str(tmp_path / "ckpt")], restarts=1)
-        started(job, 3)
+        ranks_started(job, 3)
         node3.die()
         result = job.wait(timeout=120)
         assert result.ok, result.summary()
@@ -124,7 +115,7 @@ def test_without_restarts_a_lost_node_fails_the_job(testbed, openmpi_python, tmp
     script.write_text(RESUMES)
     with testbed.cluster(openmpi_python, tmp_path / "run", hosts=3) as cluster:
         job = cluster.mpirun(["python", str(script), str(tmp_path / "ckpt")], timeout=300)
-        started(job, 3)
+        ranks_started(job, 3)
         kill_agent(testbed.hosts[2])
         result = job.wait(timeout=120)
         assert not result.ok
@@ -176,7 +167,7 @@ def test_torch_ddp_resumes_from_its_checkpoint_after_a_restart(
     env = {"GLOO_SOCKET_IFNAME": "eth0", "CKPT": str(tmp_path / "ckpt.pt")}
     with testbed.cluster(openmpi_python, tmp_path / "run", hosts=3) as cluster:
         job = cluster.mpirun(["python", str(script)], env=env, restarts=1, timeout=300)
-        started(job, 3)  # after the checkpoint was written
+        ranks_started(job, 3)  # after the checkpoint was written
         kill_agent(testbed.hosts[2])
         result = job.wait(timeout=180)
         lines = sorted(line for line in job.logs().line if line.startswith("rank "))

@@ -51,6 +51,7 @@ def test_backoff_doubles_up_to_its_limit() -> None:
     assert Backoff.make("30s") == Backoff(30.0, 2.0, 60.0)
     assert Backoff.make(120) == Backoff(120.0, 2.0, 120.0)  # a long first delay is kept
     assert Backoff.make(0).delay(3) == 0
+    assert Backoff.make("0") == Backoff.make(" 0.0s") == Backoff.make(0.0)  # --backoff 0
 
 
 def test_recovery_defaults_retry_nothing() -> None:

@@ -41,6 +41,16 @@ DEFAULT_RETRY_ON = frozenset({"failure", "node-lost"})
 _LIMIT = 60.0
 
 
+def _is_zero(value: object) -> bool:
+    """``0``, ``0.0``, ``"0"``, ``"0s"``: no delay (a duration otherwise is more than 0)."""
+    if isinstance(value, str):
+        try:
+            return float(value.strip().lower().removesuffix("s")) == 0
+        except ValueError:
+            return False
+    return not isinstance(value, bool) and value == 0
+
+
 @dataclass(frozen=True, slots=True)
 class Backoff:
     """The delay before each retry: ``first`` seconds, times ``factor`` after each one, at
@@ -62,8 +72,7 @@ class Backoff:
             backoff = value
         else:
             try:
-                zero = value == 0 and not isinstance(value, bool)
-                first = 0.0 if zero else parse_duration(value, "backoff")
+                first = 0.0 if _is_zero(value) else parse_duration(value, "backoff")
                 if first is None:
                     return cls()
             except ConfigError:
