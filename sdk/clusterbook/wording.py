@@ -37,7 +37,15 @@ INTERFACES: dict[str, dict[str, str]] = {
         "deadline": "--deadline {}",
         "restarts": "--restarts {}",
         "slots": "--slots {}",
-        "workers": "--workers {}",  # of clusterbook demo
+        "workers": "--workers {}",  # of clusterbook demo and export mpijob
+        # clusterbook export mpijob:
+        "image": "--image {}",
+        "name": "--name {}",
+        "namespace": "--namespace {}",
+        "slots_per_worker": "--slots {}",
+        "retention": "--retention {}",
+        "clean": "--clean {}",
+        "ssh_auth_mount_path": "--ssh-auth-mount-path {}",
     },
     "magics": {
         "np": "-n {}",
