@@ -323,7 +323,7 @@ def _launcher_script(run: list[str], mount: str) -> str:
         ' > "$HOME/.ssh/known_hosts"\n'
         f"for host in $(cut -d' ' -f1 {HOSTFILE} | cut -d: -f1); do\n"
         "  tries=0\n"
-        '  until getent hosts "$host" > /dev/null; do\n'
+        '  until getent ahosts "$host" > /dev/null; do\n'
         "    tries=$((tries + 1))\n"
         f'    if [ "$tries" -ge {RESOLVE_WAIT} ]; then\n'
         '      echo "clusterbook: worker $host does not resolve" >&2; exit 1\n'
