@@ -1,6 +1,6 @@
 """The ``clusterbook`` command: ``demo``, ``run``, ``cleanup`` and ``worker join``; the
 commands about clusters elsewhere (``ls``, ``status``, ``logs``, ``stop``, ``prune``) are in
-:mod:`clusterbook.cli_clusters`."""
+:mod:`clusterbook.cli_clusters`, ``export mpijob`` in :mod:`clusterbook.cli_export`."""
 
 from __future__ import annotations
 
@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from clusterbook.cli_clusters import add_commands
+from clusterbook.cli_export import add_export, env_args
 from clusterbook.errors import ClusterError, ConfigError
 from clusterbook.wording import speaking
 
@@ -219,6 +220,7 @@ def _parser() -> argparse.ArgumentParser:
     clean.set_defaults(func=_cleanup)
 
     add_commands(sub)
+    add_export(sub)
 
     worker = sub.add_parser("worker", help="run this machine as a node of an elastic cluster")
     worker_sub = worker.add_subparsers(title="worker commands")
@@ -429,12 +431,7 @@ def _run(args: argparse.Namespace) -> int:
         raise ConfigError(
             "No command given; write it after '--', like: clusterbook run -n 2 -- python train.py"
         )
-    env = {}
-    for item in args.env:
-        name, sep, value = item.partition("=")
-        if not sep:
-            raise ConfigError(f"--env {item!r} has no '='; write it like --env SEED=1.")
-        env[name] = value
+    env = env_args(args.env)
     for path in args.put:  # before any host is bootstrapped
         if not Path(path).expanduser().exists():
             raise ConfigError(f"--put {path!r}: there is no such file or directory here.")

@@ -54,6 +54,7 @@ if TYPE_CHECKING:
     from clusterbook.launch.prepare import JobArgs
     from clusterbook.launch.saved import SavedJob
     from clusterbook.mirror import Mirror
+    from clusterbook.mpijob import MPIJobArgs
 from clusterbook.options import ClusterOptionsArgs, ElasticArgs, SSHArgs
 
 __all__ = ["Cluster", "default_run_root"]
@@ -423,6 +424,38 @@ class Cluster:
             self._jobs.append(started)
         self._changed(record=True)
         return started
+
+    def to_mpijob(
+        self,
+        argv: Sequence[str],
+        np: int | None = None,
+        *,
+        image: str,
+        **options: Unpack[MPIJobArgs],
+    ) -> dict[str, Any]:
+        """``argv`` as a Kubeflow MPIJob manifest (``kubeflow.org/v2beta1``) for ``kubectl
+        apply -f``: ``np`` ranks (default: all slots) on pods of ``image``, run by ``clusterbook
+        run`` in the launcher pod. The cluster gives the defaults: a worker per node, its
+        nodes' slots, its MPI flavour, its name and ``env``; ``options`` are those of
+        :func:`clusterbook.mpijob.render_mpijob` (``retries``, ``deadline``, ``retention``,
+        ``clean``, ``resources``, ...). ``clusterbook.mpijob.to_yaml`` writes it as YAML."""
+        from clusterbook.errors import LauncherNotFoundError
+        from clusterbook.mpijob import render_for_nodes
+
+        flavour = self._options.mpi
+        if flavour is None:
+            with contextlib.suppress(LauncherNotFoundError):  # no MPI here: the default
+                flavour = self.launcher.flavour
+        return render_for_nodes(
+            argv,
+            np,
+            image=image,
+            nodes=self.nodes,
+            cluster_name=self.name,
+            flavour=flavour,
+            cluster_env=self._options.env,
+            **options,
+        )
 
     def put(self, *paths: str | os.PathLike[str], progress: bool | None = None) -> None:
         """Copy files and directories (with all they hold) from this machine to the same

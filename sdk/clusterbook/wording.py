@@ -43,6 +43,14 @@ INTERFACES: dict[str, dict[str, str]] = {
         "launcher": "--launcher {}",
         "mpi": "--mpi {}",
         "known_hosts": "--known-hosts {}",
+        # clusterbook export mpijob:
+        "image": "--image {}",
+        "name": "--name {}",
+        "namespace": "--namespace {}",
+        "slots_per_worker": "--slots {}",
+        "retention": "--retention {}",
+        "clean": "--clean {}",
+        "ssh_auth_mount_path": "--ssh-auth-mount-path {}",
     },
     "magics": dict(_SHARED),
 }
