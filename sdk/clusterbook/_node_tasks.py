@@ -424,6 +424,15 @@ def release(args: Args) -> Reply:
     return {"killed": killed, "keys_removed": removed, "kept_for": []}
 
 
+def free_port(args: Args) -> Reply:
+    """A TCP port free on this node now (for torch.distributed's store on rank 0's node)."""
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("", 0))
+        return {"port": sock.getsockname()[1]}
+
+
 def kill(args: Args) -> Reply:
     grace = float(args.get("grace", 1.0))
     return {"killed": kill_tagged([args["token"]], grace, daemons=True)}
@@ -674,6 +683,7 @@ TASKS: dict[str, Callable[[Args], Reply]] = {
     "cleanup": cleanup,
     "release": release,
     "kill": kill,
+    "free_port": free_port,
     "run": run,
     "spawn": spawn,
     "tail": tail,

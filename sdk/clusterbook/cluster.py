@@ -407,6 +407,7 @@ class Cluster:
             where=where,
             on_attempt=lambda _: self._changed(record=True),
             lost=lambda nodes: lost_node(nodes, self._provider.unreachable),
+            free_port=self._provider.free_port,
         )
         with self._lock:
             started = prepare(

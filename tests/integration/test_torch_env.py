@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import re
 from importlib.util import find_spec
+from pathlib import Path
 
 import pytest
 
@@ -73,3 +74,19 @@ def test_a_ddp_step_with_gloo_across_two_fake_hosts(testbed, tmp_path, openmpi_p
         "rank 0/2 node 0 grad 1.5",
         "rank 1/2 node 1 grad 1.5",
     ]
+
+
+@pytest.mark.root
+@pytest.mark.sshd
+@pytest.mark.mpi
+def test_master_port_is_one_rank_zeros_node_found_free(testbed, tmp_path, openmpi_python):
+    cluster = testbed.cluster(openmpi_python, tmp_path / "run", hosts=2, slots=1)
+    with cluster:
+        job = cluster.mpirun(["python", "-c", SHOW], np=2)
+        assert job.wait(120).ok
+    ports = {line.split()[7] for line in job.logs()["line"]}
+    (port,) = ports  # every rank has the same
+    # Asked of node1 (its kernel's ephemeral range), not a guess (which stays below it).
+    low, high = map(int, Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split())
+    assert low <= int(port) <= high
+    assert job.plan.master_port == int(port)

@@ -143,3 +143,26 @@ def test_without_gpus_or_outside_mpi_no_gpu_is_chosen() -> None:
     inherited = {"CUDA_VISIBLE_DEVICES": "7"}  # the head's own, left as it was
     assert rank_gpu({**ranks_on(0, 0, "openmpi"), **HEAD, **inherited})[0] == "7"
     assert rank_gpu({"CLUSTERBOOK_GPUS": "0,1", **HEAD}) == (None, None, None)
+
+
+def test_master_port_is_asked_of_rank_zeros_node_else_guessed_below_ephemeral_ports() -> None:
+    from clusterbook.launch.prepare import _master_port
+    from clusterbook.spec import NodeSpec
+
+    node = NodeSpec("n1", "10.0.0.1", 2)
+    asked: list[str] = []
+
+    def answers(n: NodeSpec) -> int:
+        asked.append(n.name)
+        return 45678
+
+    def fails(n: NodeSpec) -> int:
+        raise OSError("no route to host")
+
+    assert _master_port(node, answers, local=False) == 45678
+    assert asked == ["n1"]
+    for ask in (fails, lambda n: None, None):
+        assert 20000 <= _master_port(node, ask, local=False) < 32768
+    here = _master_port(node, answers, local=True)  # this machine: bound here, not asked
+    assert asked == ["n1"]
+    assert 0 < here < 65536

@@ -7,6 +7,7 @@ directory, builds the launch plan and starts the job.
 
 from __future__ import annotations
 
+import logging
 import os
 import re
 import secrets
@@ -48,6 +49,7 @@ __all__ = [
 ]
 
 _JOB_RE = re.compile(r"job-\d{4,}")
+_log = logging.getLogger("clusterbook.job")
 
 
 class JobArgs(TypedDict, total=False):
@@ -188,6 +190,8 @@ class JobHooks:
     on_attempt: Callable[[int], None] | None = None
     # Which of these nodes was lost, if one was (asked when ranks ended unreported).
     lost: Callable[[tuple[NodeSpec, ...]], NodeLostError | None] | None = None
+    # A port free on a node now (None: not known).
+    free_port: Callable[[NodeSpec], int | None] | None = None
 
 
 Unreachable = Callable[..., dict[str, str]]
@@ -280,16 +284,25 @@ def new_job_dir(run_dir: Path, at_least: int) -> tuple[str, Path]:
         return job_id, jobs / job_id
 
 
-def _master_port(*, local: bool) -> int:
-    """A port for torch.distributed's store on rank 0's host: one free now when that host is
-    this machine; else a random one above the usual services (the job's ``env`` may pin
+def _master_port(
+    node: NodeSpec, free_port: Callable[[NodeSpec], int | None] | None, *, local: bool
+) -> int:
+    """A port for torch.distributed's store on rank 0's ``node``: one free there now, as
+    this machine (``local``) or the node (``free_port``) says; else, when the node cannot be
+    asked, a random one above the usual services and below Linux's ephemeral ports (where
+    connections' own ports come from), 20000-32767 (the job's ``env`` may pin
     ``MASTER_PORT``)."""
     if local:
         with socket.socket() as sock:
             sock.bind(("127.0.0.1", 0))
             port: int = sock.getsockname()[1]
             return port
-    return 20000 + secrets.randbelow(20000)
+    try:
+        asked = None if free_port is None else free_port(node)
+    except Exception as exc:  # a node that does not answer now: the launch will tell
+        _log.info("Could not ask %s for a free port: %s", node.name, exc)
+        asked = None
+    return asked if asked is not None else 20000 + secrets.randbelow(12768)
 
 
 def _attempt_env(number: int, restarts: int) -> dict[str, str]:
@@ -375,7 +388,9 @@ def prepare(
             job_token=f"{cluster}-{secrets.token_hex(6)}",
             hook_dir=(remote and remote.hook_dir) or HOOK_DIR,
             abort_on_error=request.abort_on_error,
-            master_port=_master_port(local=remote is None),
+            master_port=_master_port(
+                nodes[placement(nodes, np)[0]], hooks.free_port, local=remote is None
+            ),
         )
         here = socket.gethostname()
         names = remote.hostnames if remote else {}

@@ -25,6 +25,8 @@ member                default   what it must do
                                 it failed on, with why
 ``gather(dir, skip)`` ([], {})  move the files ranks wrote in ``dir`` on such nodes here
 ``run_on_nodes(...)`` here      run a command on every node (by default here, once a node)
+``free_port(node)``   None      a TCP port free on ``node`` now (None: not known; the job then
+                                picks one at random, or this machine's for nodes here)
 ``join_command``      None      for nodes that join by themselves: the command that joins
 ``bounds``            None      ``(min_nodes, max_nodes)`` of a cluster whose size may change
 ====================  ========  ==================================================================
@@ -161,6 +163,11 @@ class Provider(ABC):
         """Run ``argv`` on every node at once (``timeout`` seconds each); by default every
         node is this machine, so it runs here, once for each."""
         return run_everywhere(self.nodes, {}, argv, timeout)
+
+    def free_port(self, node: NodeSpec) -> int | None:
+        """A TCP port free on ``node`` now, for the rendezvous of a job's rank 0 there
+        (``MASTER_PORT``); None when the provider cannot ask the node."""
+        return None
 
     def gather(
         self, directory: Path, skip: Sequence[str], receiving: Callable[[int], None] = uncounted

@@ -197,6 +197,11 @@ class ElasticProvider(Provider):
         callers, unreachable = self._callers()
         return run_everywhere(self.nodes, callers, argv, timeout, unreachable)
 
+    def free_port(self, node: NodeSpec) -> int | None:
+        """Asked of a node on another machine through its sshd (None for this machine's)."""
+        call = self._callers()[0].get(node.name)
+        return None if call is None else int(call("free_port", {}, 10.0)["port"])
+
     def _callers(self) -> tuple[dict[str, Call], dict[str, Exception]]:
         """Node tasks on each node of the round on another machine; those the head cannot
         reach, with why."""

@@ -492,6 +492,12 @@ class SSHProvider(Provider):
         """Run ``argv`` on every node, in the sessions kept for them."""
         return run_everywhere(self.nodes, self._callers(), argv, timeout)
 
+    def free_port(self, node: NodeSpec) -> int | None:
+        """Asked of the node, in its kept session."""
+        if node.host not in self._conns:
+            return None
+        return int(self._task(node.host, "free_port", {}, 10.0)["port"])
+
     def _callers(self) -> dict[str, Call]:
         """Node tasks on each node, in its session (see :meth:`_task`)."""
 
