@@ -20,18 +20,14 @@ from clusterbook.events import Subscribers
 from clusterbook.gpus import Slots
 from clusterbook.launch.flavour import Launcher, find_launcher
 from clusterbook.launch.job import Job
-from clusterbook.launch.prepare import (
-    JobHooks,
-    JobRequest,
-    Placement,
-    diagnose,
+from clusterbook.launch.nodes import (
     fail_on_lost_nodes,
     lost_node,
-    prepare,
-    remaining_nodes,
+    nodes_for_attempt,
     restart_grown_jobs,
     usable_nodes,
 )
+from clusterbook.launch.prepare import JobHooks, JobRequest, diagnose, prepare
 from clusterbook.mirror import Mirror
 from clusterbook.options import ClusterOptions
 from clusterbook.paths import cluster_dir, default_run_root
@@ -61,10 +57,6 @@ __all__ = ["Cluster", "default_run_root"]
 
 _LIVE: weakref.WeakSet[Cluster] = weakref.WeakSet()
 _log = logging.getLogger("clusterbook.cluster")
-
-# How long a restart waits for a complete round of enough nodes (an elastic cluster's nodes
-# join again after one was lost).
-RESTART_WAIT = 60.0
 
 
 class Cluster:
@@ -380,31 +372,13 @@ class Cluster:
         request = JobRequest.make(argv, np, slots=sum(n.slots for n in nodes), **job)
         unreachable, names = self._provider.unreachable, [n.name for n in nodes]
 
-        def where(restart: bool) -> Placement:  # for a retry or a restart: the nodes then
-            if self._state != "running":
-                raise ClusterStateError(f"Cluster {self.name!r} is {self._state}.")
-            provider = self._provider
-            if restart:  # an elastic cluster's round may be forming again: wait for it
-                give_up = time.monotonic() + RESTART_WAIT
-                while True:
-                    try:
-                        now = remaining_nodes(
-                            self.name, self.nodes, provider.unreachable, provider.bounds
-                        )
-                        break
-                    except ClusterStateError:
-                        if time.monotonic() > give_up or self._state != "running":
-                            raise
-                        time.sleep(0.05)
-            else:
-                now = usable_nodes(self.name, self.nodes, provider.unreachable)
-            return now, provider.remote()
-
         hooks = JobHooks(
             on_failure=self._provider.stop_job,
             on_done=lambda _: self._changed(record=True),
             diagnose=lambda result: diagnose(unreachable(names), result),
-            where=where,
+            where=lambda restart: nodes_for_attempt(
+                self.name, self._provider, restart=restart, running=lambda: self._state == "running"
+            ),
             on_attempt=lambda _: self._changed(record=True),
             lost=lambda nodes: lost_node(nodes, self._provider.unreachable),
             free_port=self._provider.free_port,

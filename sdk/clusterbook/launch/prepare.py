@@ -17,12 +17,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, TypedDict
 
-from clusterbook.errors import ClusterStateError, ConfigError, NodeLostError, RunDirError
+from clusterbook.errors import ConfigError, NodeLostError, RunDirError
 from clusterbook.launch.attempt import Attempt
 from clusterbook.launch.command import LaunchPlan, build_command, placement
 from clusterbook.launch.flavour import Launcher
 from clusterbook.launch.job import Job
 from clusterbook.launch.logs import LogStore
+from clusterbook.launch.nodes import Placement
 from clusterbook.launch.program import check_argv, check_cwd, resolve_program
 from clusterbook.launch.rankwrap import HOOK_DIR
 from clusterbook.launch.recovery import NO_RECOVERY, Backoff, Recovery
@@ -36,16 +37,10 @@ __all__ = [
     "JobArgs",
     "JobHooks",
     "JobRequest",
-    "Placement",
     "diagnose",
-    "fail_on_lost_nodes",
-    "lost_node",
     "make_run_dir",
     "new_job_dir",
     "prepare",
-    "remaining_nodes",
-    "restart_grown_jobs",
-    "usable_nodes",
 ]
 
 _JOB_RE = re.compile(r"job-\d{4,}")
@@ -173,10 +168,6 @@ class JobRequest:
         )
 
 
-Placement = tuple[tuple[NodeSpec, ...], "RemoteLaunch | None"]
-"""The nodes of an attempt, and how the launcher reaches them (None: on this machine)."""
-
-
 @dataclass(frozen=True, slots=True)
 class JobHooks:
     """What the job tells the cluster, and asks of it."""
@@ -194,9 +185,6 @@ class JobHooks:
     free_port: Callable[[NodeSpec], int | None] | None = None
 
 
-Unreachable = Callable[..., dict[str, str]]
-
-
 def make_run_dir(run_dir: Path) -> None:
     """Make a cluster's run directory (0700: logs are private) and its ``jobs/``."""
     try:
@@ -204,56 +192,6 @@ def make_run_dir(run_dir: Path) -> None:
         (run_dir / "jobs").mkdir(exist_ok=True)
     except OSError as exc:
         raise RunDirError.from_os_error(run_dir, exc) from exc
-
-
-def usable_nodes(
-    cluster: str, nodes: tuple[NodeSpec, ...], unreachable: Unreachable
-) -> tuple[NodeSpec, ...]:
-    """``nodes``, if a job can start on them: there are some, and none was lost."""
-    if not nodes:
-        raise ClusterStateError(
-            f"Cluster {cluster!r} has no nodes yet; call cluster.wait_ready() first."
-        )
-    lost = unreachable([n.name for n in nodes], lost_only=True)
-    if lost:
-        raise ClusterStateError(
-            f"Cluster {cluster!r} lost {len(lost)} of its nodes: {'; '.join(lost.values())}. "
-            "Stop it and start a new one (or, for an elastic cluster, wait for the next round "
-            "with cluster.wait_ready())."
-        )
-    return nodes
-
-
-def lost_node(nodes: tuple[NodeSpec, ...], unreachable: Unreachable) -> NodeLostError | None:
-    """The error for the first of ``nodes`` that was lost, if one was."""
-    lost = unreachable([n.name for n in nodes], lost_only=True)
-    if not lost:
-        return None
-    name, why = next(iter(lost.items()))
-    host = next(n.host for n in nodes if n.name == name)
-    return NodeLostError(f"{why}; the job was stopped.", node=name, host=host)
-
-
-def fail_on_lost_nodes(jobs: Sequence[Job], unreachable: Unreachable) -> None:
-    """A running job with ranks on a node that was lost cannot finish: fail it, naming the
-    node (its agent stops what runs there once it has lost the head for its lease)."""
-    for job in jobs:
-        if job.done or job.error is not None:
-            continue
-        if (error := lost_node(job.plan.nodes, unreachable)) is not None:
-            job.fail(error)
-
-
-def restart_grown_jobs(jobs: Sequence[Job], nodes: tuple[NodeSpec, ...]) -> None:
-    """A running job with ``restart_on_join`` whose nodes are fewer than the cluster's round
-    now (nodes joined, none of its own lost) is restarted on the larger round."""
-    now = [n.name for n in nodes]
-    for job in jobs:
-        if job.done or not job.recovery.restart_on_join:
-            continue
-        ran = {n.name for n in job.plan.nodes}
-        if ran < set(now):
-            job.restart_if_grown([name for name in now if name not in ran])
 
 
 def diagnose(silent: Mapping[str, str], result: JobResult | None) -> list[str]:
@@ -312,24 +250,6 @@ def _attempt_env(number: int, restarts: int) -> dict[str, str]:
         "CLUSTERBOOK_RESTART": str(restarts),
         "TORCHELASTIC_RESTART_COUNT": str(restarts),
     }
-
-
-def remaining_nodes(
-    cluster: str,
-    nodes: tuple[NodeSpec, ...],
-    unreachable: Unreachable,
-    bounds: tuple[int, int] | None,
-) -> tuple[NodeSpec, ...]:
-    """The ``nodes`` not lost, for a restart: at least one, and ``bounds``' minimum."""
-    lost = unreachable([n.name for n in nodes], lost_only=True)
-    left = tuple(n for n in nodes if n.name not in lost)
-    least = bounds[0] if bounds else 1
-    if len(left) < least:
-        raise ClusterStateError(
-            f"Cluster {cluster!r} has {len(left)} nodes left, fewer than the {least} it needs "
-            f"({'; '.join(lost.values()) or 'its nodes were lost'})."
-        )
-    return left
 
 
 def prepare(

@@ -1,0 +1,132 @@
+"""Which nodes a job's attempt runs on: the cluster's (none lost) for a first run or a retry,
+those left for a restart; and what a change of the nodes does to running jobs (a lost node
+fails them, a grown round restarts those that asked for it)."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING
+
+from clusterbook.errors import ClusterStateError, NodeLostError
+from clusterbook.spec import NodeSpec
+
+if TYPE_CHECKING:  # a cycle at run time: providers import launch
+    from clusterbook.launch.job import Job
+    from clusterbook.providers.base import Provider, RemoteLaunch
+
+__all__ = [
+    "RESTART_WAIT",
+    "Placement",
+    "fail_on_lost_nodes",
+    "lost_node",
+    "nodes_for_attempt",
+    "remaining_nodes",
+    "restart_grown_jobs",
+    "usable_nodes",
+]
+
+Placement = tuple[tuple[NodeSpec, ...], "RemoteLaunch | None"]
+"""The nodes of an attempt, and how the launcher reaches them (None: on this machine)."""
+
+
+Unreachable = Callable[..., dict[str, str]]
+
+
+#: How long a restart waits for a complete round of enough nodes (an elastic cluster's nodes
+#: join again after one was lost).
+RESTART_WAIT = 60.0
+
+
+def usable_nodes(
+    cluster: str, nodes: tuple[NodeSpec, ...], unreachable: Unreachable
+) -> tuple[NodeSpec, ...]:
+    """``nodes``, if a job can start on them: there are some, and none was lost."""
+    if not nodes:
+        raise ClusterStateError(
+            f"Cluster {cluster!r} has no nodes yet; call cluster.wait_ready() first."
+        )
+    lost = unreachable([n.name for n in nodes], lost_only=True)
+    if lost:
+        raise ClusterStateError(
+            f"Cluster {cluster!r} lost {len(lost)} of its nodes: {'; '.join(lost.values())}. "
+            "Stop it and start a new one (or, for an elastic cluster, wait for the next round "
+            "with cluster.wait_ready())."
+        )
+    return nodes
+
+
+def remaining_nodes(
+    cluster: str,
+    nodes: tuple[NodeSpec, ...],
+    unreachable: Unreachable,
+    bounds: tuple[int, int] | None,
+) -> tuple[NodeSpec, ...]:
+    """The ``nodes`` not lost, for a restart: at least one, and ``bounds``' minimum."""
+    lost = unreachable([n.name for n in nodes], lost_only=True)
+    left = tuple(n for n in nodes if n.name not in lost)
+    least = bounds[0] if bounds else 1
+    if len(left) < least:
+        raise ClusterStateError(
+            f"Cluster {cluster!r} has {len(left)} nodes left, fewer than the {least} it needs "
+            f"({'; '.join(lost.values()) or 'its nodes were lost'})."
+        )
+    return left
+
+
+def nodes_for_attempt(
+    cluster: str,
+    provider: Provider,
+    *,
+    restart: bool,
+    running: Callable[[], bool],
+    wait: float = RESTART_WAIT,
+) -> Placement:
+    """Where a retry runs (the cluster's nodes, none lost) or a restart (the nodes left, at
+    least the cluster's minimum: waiting up to ``wait`` seconds for an elastic cluster's
+    round to form again), and how the launcher reaches them."""
+    give_up = time.monotonic() + wait
+    while True:
+        if not running():
+            raise ClusterStateError(f"Cluster {cluster!r} is not running any more.")
+        if not restart:
+            return usable_nodes(cluster, provider.nodes, provider.unreachable), provider.remote()
+        try:
+            left = remaining_nodes(cluster, provider.nodes, provider.unreachable, provider.bounds)
+            return left, provider.remote()
+        except ClusterStateError:
+            if time.monotonic() > give_up:
+                raise
+            time.sleep(0.05)
+
+
+def lost_node(nodes: tuple[NodeSpec, ...], unreachable: Unreachable) -> NodeLostError | None:
+    """The error for the first of ``nodes`` that was lost, if one was."""
+    lost = unreachable([n.name for n in nodes], lost_only=True)
+    if not lost:
+        return None
+    name, why = next(iter(lost.items()))
+    host = next(n.host for n in nodes if n.name == name)
+    return NodeLostError(f"{why}; the job was stopped.", node=name, host=host)
+
+
+def fail_on_lost_nodes(jobs: Sequence[Job], unreachable: Unreachable) -> None:
+    """A running job with ranks on a node that was lost cannot finish: fail it, naming the
+    node (its agent stops what runs there once it has lost the head for its lease)."""
+    for job in jobs:
+        if job.done or job.error is not None:
+            continue
+        if (error := lost_node(job.plan.nodes, unreachable)) is not None:
+            job.fail(error)
+
+
+def restart_grown_jobs(jobs: Sequence[Job], nodes: tuple[NodeSpec, ...]) -> None:
+    """A running job with ``restart_on_join`` whose nodes are fewer than the cluster's round
+    now (nodes joined, none of its own lost) is restarted on the larger round."""
+    now = [n.name for n in nodes]
+    for job in jobs:
+        if job.done or not job.recovery.restart_on_join:
+            continue
+        ran = {n.name for n in job.plan.nodes}
+        if ran < set(now):
+            job.restart_if_grown([name for name in now if name not in ran])
