@@ -21,12 +21,14 @@ from clusterbook.launch.attempt import Attempt
 from clusterbook.launch.command import LaunchPlan, build_command, placement
 from clusterbook.launch.flavour import Launcher
 from clusterbook.launch.job import Job
+from clusterbook.launch.keep import check_clean
 from clusterbook.launch.logs import LogStore
 from clusterbook.launch.program import check_argv, check_cwd, resolve_program
 from clusterbook.launch.rankwrap import HOOK_DIR
 from clusterbook.launch.recovery import NO_RECOVERY, Backoff, Recovery
 from clusterbook.launch.result import JobResult, ssh_refusals
 from clusterbook.spec import NodeSpec, validate_env, validate_np, validate_timeout
+from clusterbook.wording import spell_or
 
 if TYPE_CHECKING:  # a cycle at run time: providers import launch
     from clusterbook.providers.base import RemoteLaunch
@@ -82,6 +84,24 @@ class JobArgs(TypedDict, total=False):
         up to this many times (default 0; not counted as retries), on all their slots (or
         ``np``, if fewer); ranks see ``CLUSTERBOOK_RESTART`` and
         ``TORCHELASTIC_RESTART_COUNT``, to resume from their own checkpoint.
+    clean
+        What is left of the job's processes once it has ended (Kubeflow MPIJob's
+        ``cleanPodPolicy``). ``"all"`` (default): nothing; every process of the job is gone
+        when ``wait()`` returns. ``"running"``: the processes still running when the job
+        ended are ended, those that already exited are gone: for MPI ranks, whose logs are
+        kept either way, that is what ``"all"`` does (a pod would stay to show its logs; a
+        process leaves nothing to look at). ``"none"``: when a rank fails, the job's
+        processes stay where they are, stopped (SIGSTOP, state ``T``), so that a debugger
+        can attach (``py-spy dump --pid PID``, ``gdb -p PID``): the failing rank stops
+        itself (a Python rank after its traceback; any other program when it exits: its
+        wrapper stops) before the launcher tears the job down, then the head stops all the
+        others, the launcher first. The job still ends: ``wait()`` returns its result,
+        whose ``kept`` lists them (the launcher's ``returncode`` is -19, SIGSTOP); the
+        failing rank's exit code is the one it reported. ``job.cleanup()`` ends them (and
+        ``job.cancel()``, the cluster's ``stop()``, and the kernel's exit). A job that is
+        retried ends the processes of each failed attempt before the next; a timeout or a
+        cancel ends everything as usual. Only on clusters whose nodes are all this machine
+        (a local cluster): elsewhere it is a :class:`~clusterbook.errors.ConfigError`.
     """
 
     env: Mapping[str, str] | None
@@ -95,6 +115,7 @@ class JobArgs(TypedDict, total=False):
     retry_on: Sequence[str] | str | None
     deadline: float | str | None
     restarts: int
+    clean: str
 
 
 @dataclass(frozen=True, slots=True)
@@ -111,6 +132,7 @@ class JobRequest:
     abort_on_error: bool
     recovery: Recovery = NO_RECOVERY
     all_slots: bool = False  # np was not given: every slot, of the nodes left on a restart
+    clean: str = "all"
 
     @classmethod
     def make(
@@ -130,6 +152,7 @@ class JobRequest:
         retry_on: Sequence[str] | str | None = None,
         deadline: float | str | None = None,
         restarts: int = 0,
+        clean: str = "all",
     ) -> JobRequest:
         """Check what ``cluster.mpirun`` was given, for a cluster of ``slots`` slots."""
         if not isinstance(oversubscribe, bool) or not isinstance(abort_on_error, bool):
@@ -159,6 +182,7 @@ class JobRequest:
                 restarts=restarts,
             ),
             all_slots=np is None,
+            clean=check_clean(clean),
         )
 
 
@@ -304,6 +328,13 @@ def prepare(
 ) -> Job:
     """Start ``request`` on ``nodes`` of cluster ``cluster``, in a new job directory under
     ``run_dir``; return the job. A retry runs where ``hooks.where()`` says then."""
+    if request.clean == "none" and remote is not None:
+        given = spell_or("clean", "none", "clean 'none'")
+        raise ConfigError(
+            f"{given} keeps a failed job's processes on this machine only, and cluster "
+            f"{cluster!r} has nodes on other machines; run the job on a local cluster, or "
+            "leave clean as it is ('all')."
+        )
     job_env = {**env, **request.env}
     base_env = dict(os.environ)
     first = (nodes, remote)
@@ -346,6 +377,7 @@ def prepare(
             hook_dir=(remote and remote.hook_dir) or HOOK_DIR,
             abort_on_error=request.abort_on_error,
             master_port=_master_port(local=remote is None),
+            clean=request.clean if remote is None else "all",
         )
         here = socket.gethostname()
         names = remote.hostnames if remote else {}
@@ -365,6 +397,7 @@ def prepare(
             timeout=request.timeout,
             on_failure=hooks.on_failure,
             diagnose=hooks.diagnose,
+            keep=plan.clean == "none",
         )
 
     return Job(
