@@ -54,6 +54,7 @@ INTERFACES: dict[str, dict[str, str]] = {
         "restarts": "--restarts {}",
         "slots": "--slots {}",
         "workers": "--workers {}",
+        "clean": "--clean {}",
     },
 }
 

@@ -29,6 +29,7 @@ from clusterbook.launch.result import JobResult, KeptProcess, RankFailure
 from clusterbook.options import ClusterOptions
 from clusterbook.providers.base import RemoteLaunch
 from clusterbook.testing import FakeProvider
+from clusterbook.wording import speaking
 from tests.sdk.test_recovery import FAILED, FakeAttempt, _result
 
 STAND_IN = """\
@@ -60,6 +61,11 @@ def test_a_bad_policy_names_the_value_and_the_policies(value: object) -> None:
     assert f"Clean {value!r} is not a clean policy" in message
     assert "choose among 'all', 'running', 'none'" in message
     assert "clean='none' keeps a failed job's processes stopped" in message
+
+
+def test_the_magics_name_their_own_option() -> None:
+    with speaking("magics"), pytest.raises(cb.ConfigError, match="--clean none keeps"):
+        check_clean("nothing")
 
 
 # -- on a cluster -------------------------------------------------------------------------------
