@@ -46,7 +46,7 @@ if TYPE_CHECKING:
     from clusterbook.launch.job import Job
     from clusterbook.launch.logs import LogRecord
     from clusterbook.launch.recovery import Backoff
-    from clusterbook.launch.result import AttemptInfo, JobResult, RankFailure
+    from clusterbook.launch.result import AttemptInfo, JobResult, KeptProcess, RankFailure
     from clusterbook.spec import NodeSpec
     from clusterbook.status import ClusterSnapshot, JobStatus, NodeStatus
 
@@ -61,6 +61,7 @@ _LAZY = {
     "Job": "clusterbook.launch.job",
     "JobResult": "clusterbook.launch.result",
     "JobStatus": "clusterbook.status",
+    "KeptProcess": "clusterbook.launch.result",
     "Launcher": "clusterbook.launch.flavour",
     "LogRecord": "clusterbook.launch.logs",
     "MPIFlavour": "clusterbook.launch.flavour",
@@ -96,6 +97,7 @@ __all__ = [
     "JobResult",
     "JobStatus",
     "JobTimeoutError",
+    "KeptProcess",
     "Launcher",
     "LauncherNotFoundError",
     "LogRecord",

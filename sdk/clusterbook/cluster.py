@@ -294,6 +294,7 @@ class Cluster:
             for job in jobs:
                 if not job.done:
                     job.cancel()
+                job.cleanup()  # what a failed job kept stopped (clean="none")
         finally:
             try:
                 self._provider.stop()
@@ -361,7 +362,8 @@ class Cluster:
         ``argv`` is the program and its arguments, as a list (``"python"`` stands for the
         cluster's interpreter); ``np`` the number of ranks (default: all slots). The other
         arguments (``env``, ``cwd``, ``timeout``, ``oversubscribe``, ``launcher_args``,
-        ``abort_on_error``) are those of :class:`~clusterbook.launch.prepare.JobArgs`. Returns
+        ``abort_on_error``, the recovery options and ``clean``) are those of
+        :class:`~clusterbook.launch.prepare.JobArgs`. Returns
         the running :class:`Job`; ``job.wait()`` returns its :class:`JobResult`. A detached
         cluster's supervisor runs the job: it is read from its directory (a :class:`SavedJob`).
         """

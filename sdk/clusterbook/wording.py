@@ -52,7 +52,7 @@ INTERFACES: dict[str, dict[str, str]] = {
         "clean": "--clean {}",
         "ssh_auth_mount_path": "--ssh-auth-mount-path {}",
     },
-    "magics": dict(_SHARED),
+    "magics": {**_SHARED, "clean": "--clean {}"},
 }
 
 

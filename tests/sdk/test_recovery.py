@@ -196,6 +196,7 @@ class FakeAttempt:
         self.store = LogStore(directory, {0: "h", 1: "h"}, launcher_host="h", attempt=number)
         self.store.add(0, "stdout", f"attempt {number}")
         self.stopped: list[str] = []
+        self.cleanups = 0
         self._done = threading.Event()
         self.result: JobResult | None = None
         if ends_with is not None:
@@ -220,6 +221,10 @@ class FakeAttempt:
             self.end(
                 _result(returncode=-15, cancelled=reason == "cancel", timed_out=reason == "timeout")
             )
+
+    def cleanup(self) -> list[int]:
+        self.cleanups += 1
+        return []
 
 
 def _series(

@@ -125,7 +125,9 @@ def test_every_option_a_message_spells_is_known_to_the_interfaces_that_have_it()
     for option, form in INTERFACES["cli"].items():
         flag = form.split()[0]
         assert flag in cli_flags, f"{option}: the command line has no {flag}"
-    # What the command line does not have: said in words there (see each message).
+    # What the command line does not have: said in words there (see each message). (Its
+    # --clean is export mpijob's: `clusterbook run` stops its cluster with the job, so there is
+    # nothing it could keep.)
     no_flag = {"sshd_path", "min_nodes", "join_timeout", "passphrase", "node_python"}
     assert set(spelled) - set(INTERFACES["cli"]) == no_flag
 

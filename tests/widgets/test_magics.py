@@ -47,6 +47,8 @@ def test_mpirun_args_parsed() -> None:
         ("failure", "timeout"),
         "2h",
     )
+    assert parse_mpirun_args("--clean none").clean == "none"
+    assert parse_mpirun_args("").clean == "all"
 
 
 @pytest.mark.parametrize(
@@ -66,6 +68,7 @@ def test_mpirun_args_parsed() -> None:
         ("-n '2", "No closing quotation"),
         ("--retries -1", "--retries must be >= 0, got -1"),
         ("--retries x", "--retries must be a whole number >= 0, got 'x'"),
+        ("--clean some", "invalid choice: 'some' (choose from 'all', 'running', 'none')"),
     ],
 )
 def test_bad_mpirun_args_say_what_and_how(line: str, said: str) -> None:
@@ -260,6 +263,33 @@ def test_mpirun_retries_a_failed_cell_and_says_so(ip, cluster: cb.Cluster) -> No
     with capture_output() as out:
         ip.run_cell_magic("mpirun", "-n 1 --deadline 1 --timeout 5", "print(1)")
     assert "%%mpirun: The deadline (1 s) is shorter than one attempt's timeout (5 s)" in out.stderr
+
+
+def test_mpirun_clean_none_keeps_a_failed_cells_ranks_until_the_cluster_stops(  # type: ignore[no-untyped-def]
+    ip, magics: ClusterMagics, cluster: cb.Cluster
+) -> None:
+    cell = "from mpi4py import MPI\nif MPI.COMM_WORLD.rank == 1:\n    raise RuntimeError('bad')\n"
+    cell += "MPI.COMM_WORLD.Barrier()\n"
+    with capture_output() as out:
+        ip.run_cell_magic("mpirun", "-n 2 --clean none", cell)
+    (job,) = cluster.jobs
+    assert job.result is not None
+    kept = {k.rank: k.pid for k in job.result.kept if k.rank is not None}
+    assert set(kept) == {0, 1}
+    assert f"kept stopped for inspection (--clean none): rank 0 pid {kept[0]}, rank 1 pid" in (
+        out.stderr
+    )
+    assert "RuntimeError: bad" in out.stderr
+    assert all(psutil.Process(pid).status() == psutil.STATUS_STOPPED for pid in kept.values())
+    magics.stop_cluster()
+    assert not [pid for pid in kept.values() if _alive(pid)]
+
+
+def _alive(pid: int) -> bool:
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE  # a zombie has ended
+    except psutil.Error:
+        return False
 
 
 def test_mpirun_streams_every_rank_with_its_prefix(ip, cluster: cb.Cluster) -> None:  # type: ignore[no-untyped-def]

@@ -208,7 +208,8 @@ class ClusterMagics(Magics):
         """Run the cell as an MPI program on the current cluster.
 
         ``%%mpirun [-n N] [--timeout S] [--push a,b] [--pull NAME] [--oversubscribe]
-        [--retries N] [--backoff S] [--retry-on WHAT,...] [--deadline S] [--restarts N]``.
+        [--retries N] [--backoff S] [--retry-on WHAT,...] [--deadline S] [--restarts N]
+        [--clean {all,running,none}]``.
         Each rank's output is shown as it comes, prefixed ``[rank]``; an error raised on
         several ranks is shown once, with its ranks; a retry is announced as it starts.
         ``--push`` gives every rank the notebook's values of a, b; ``--pull NAME`` sets NAME
@@ -252,6 +253,15 @@ class ClusterMagics(Magics):
             )
         elif not result.ok and not result.failed and not tracebacks:
             _err(result.summary())
+        if result.kept:
+            ranks = ", ".join(
+                f"rank {k.rank} pid {k.pid}" for k in result.kept if k.rank is not None
+            )
+            _err(
+                f"%%mpirun: kept stopped for inspection (--clean none): {ranks or 'no rank'}, "
+                f"with {len(result.kept)} process(es) in all; %cluster stop ends them (or "
+                "cluster.jobs[-1].cleanup())."
+            )
         if args.pull is not None:
             self._pull(cluster, args.pull, result, pull_dir, job.np)
 
@@ -313,6 +323,7 @@ class ClusterMagics(Magics):
             retry_on=args.retry_on,
             deadline=args.deadline,
             restarts=args.restarts,
+            clean=args.clean,
         )
         return job, script, pull_dir
 

@@ -10,6 +10,7 @@ import shlex
 from dataclasses import dataclass
 
 from clusterbook.errors import ConfigError
+from clusterbook.launch.keep import CLEAN
 from clusterbook.spec import validate_seconds
 
 __all__ = [
@@ -131,6 +132,7 @@ class MpirunArgs:
     retry_on: tuple[str, ...] | None = None
     deadline: str | None = None
     restarts: int = 0
+    clean: str = "all"
 
 
 def _mpirun_parser() -> _Parser:
@@ -183,6 +185,13 @@ def _mpirun_parser() -> _Parser:
         metavar="N",
         help="when a node is lost, run the cell again on the nodes left, up to N times",
     )
+    p.add_argument(
+        "--clean",
+        choices=CLEAN,
+        default="all",
+        help="what is left of a failed cell's processes: none keeps them stopped for "
+        "inspection until %%cluster stop (default: all, nothing left)",
+    )
     return p
 
 
@@ -203,6 +212,7 @@ def parse_mpirun_args(line: str) -> MpirunArgs:
         retry_on,
         ns.deadline,
         ns.restarts,
+        ns.clean,
     )
 
 

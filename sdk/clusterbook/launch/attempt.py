@@ -20,13 +20,14 @@ from pathlib import Path
 from typing import IO, Any
 
 from clusterbook.errors import ClusterError, NodeLostError, RunDirError
+from clusterbook.launch import keep
 from clusterbook.launch import proc as procs
 from clusterbook.launch.command import LaunchCommand, LaunchPlan
 from clusterbook.launch.flavour import MPIFlavour
 from clusterbook.launch.guard import guard, kill_tagged
 from clusterbook.launch.logs import LAUNCHER_RANK, LogStore
 from clusterbook.launch.parse import LineSplitter, OmpiChunkParser
-from clusterbook.launch.result import JobResult, RankFailure, failed_ranks
+from clusterbook.launch.result import JobResult, KeptProcess, RankFailure, failed_ranks
 from clusterbook.spec import NodeSpec
 
 __all__ = ["Attempt"]
@@ -40,7 +41,9 @@ class Attempt:
 
     Output of every rank is parsed into records as it arrives, appended to ``rank-N.log`` in
     :attr:`directory`, kept in a bounded buffer and streamed (the store's). Starting it starts
-    the launcher; :meth:`wait` returns its result once it has ended.
+    the launcher; :meth:`wait` returns its result once it has ended. With ``keep``
+    (``clean="none"``), the first rank failure stops every process of the attempt on this
+    machine instead, until :meth:`cleanup` (see :mod:`clusterbook.launch.keep`).
     """
 
     def __init__(
@@ -62,6 +65,7 @@ class Attempt:
         diagnose: Callable[[JobResult | None], list[str]] | None = None,
         lost: Callable[[tuple[NodeSpec, ...]], NodeLostError | None] | None = None,
         loss_grace: float = 3.5,
+        keep: bool = False,
     ) -> None:
         self.id = job_id
         self.number = number
@@ -86,6 +90,10 @@ class Attempt:
         self._done = threading.Event()
         self._exited = threading.Event()  # the launcher has exited
         self._result: JobResult | None = None
+        self._keep = keep
+        self._holding = False  # the attempt's processes are kept stopped (see _hold)
+        self._cleaned = False
+        self._kept: tuple[KeptProcess, ...] = ()
 
         job_file = {
             "id": job_id,
@@ -170,6 +178,24 @@ class Attempt:
         threading.Thread(
             target=self._guarded(self._stop), args=("error",), name=f"clusterbook-{self.id}-fail"
         ).start()
+
+    def cleanup(self) -> list[int]:
+        """End the processes the attempt kept stopped (``clean="none"``), all at once; return
+        their pids (none when it kept none). Returns once they are gone."""
+        with self._lock:
+            holding = self._holding
+        if not holding:
+            return []
+        self._done.wait()  # a hold under way ends first (within seconds)
+        with self._lock:
+            if self._cleaned:
+                return []
+            self._cleaned = True
+        pids = keep.end_kept(self._token)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            self._proc.wait(timeout=5)  # the launcher, stopped with the rest
+        guard.release(self._token)
+        return pids
 
     # -- internals ------------------------------------------------------------------------
 
@@ -271,7 +297,11 @@ class Attempt:
                 f.close()  # type: ignore[attr-defined]
 
     def _on_rank_exit(self, rank: int, code: int) -> None:
-        if code != 0 and self._failure_grace is not None:
+        if code != 0 and self._keep:
+            threading.Thread(
+                target=self._guarded(self._hold), args=(rank,), name=f"clusterbook-{self.id}-keep"
+            ).start()
+        elif code != 0 and self._failure_grace is not None:
             # Launchers end the job when a rank fails; make sure of it even when one doesn't
             # (a rank stuck in MPI_Finalize, say).
             t = threading.Timer(self._failure_grace, self._guarded(self._stop), args=("failure",))
@@ -297,6 +327,26 @@ class Attempt:
         grace = min(self._grace, 1.0) if reason == "error" else self._grace
         procs.kill_tree(self._proc, grace, self._token)
 
+    def _hold(self, rank: int) -> None:
+        """Keep the attempt's processes, stopped where they are, for inspection: ``rank``
+        failed and stopped itself (or its wrapper did), so the launcher has not seen it."""
+        with self._lock:
+            if self._stop_reason is not None or self._proc.poll() is not None:
+                return
+            self._stop_reason = "failure"
+            self._holding = True
+            self._stopped_at_exit_count = len(self._store.exit_order)
+        code = -int(signal.SIGSTOP)  # the launcher's state, as a returncode
+        try:
+            pipes = (self._proc.stdout, self._proc.stderr)
+            self._kept = keep.hold(self._token, self._store.pids.get(rank), pipes, self._store.pids)
+            if self._timer is not None:
+                self._timer.cancel()
+            polled = self._proc.poll()
+            code = code if polled is None else polled
+        finally:
+            self._finish(code)
+
     def _find_out(self, result: JobResult | None) -> list[str]:
         """What ``diagnose`` says about the job (``result``: once it has ended)."""
         if self._diagnose is None:
@@ -309,8 +359,13 @@ class Attempt:
 
     def _supervise(self) -> None:
         returncode: int | None = None
+        holding = False
         try:
             returncode = self._proc.wait()
+            with self._lock:
+                holding = self._holding
+            if holding:  # ended by cleanup(), or by itself: the hold makes the result
+                return
             self._exited.set()
             for t in self._readers:
                 # A process that outlived the launcher may still hold its pipes open; its
@@ -339,7 +394,8 @@ class Attempt:
             if self._error is None:
                 self._error = ClusterError(f"{type(exc).__name__}: {exc}")
         finally:
-            self._finish(returncode)
+            if not holding:
+                self._finish(returncode)
 
     def _loss(self) -> NodeLostError | None:
         """The loss of a node of this attempt, if the head learns of one within the grace."""
@@ -355,7 +411,8 @@ class Attempt:
         ``cancel()`` and the cluster's ``stop()`` must return."""
         duration = time.monotonic() - self._t0
         try:
-            guard.release(self._token)
+            if not self._holding:  # kept processes die with us until cleanup()
+                guard.release(self._token)
         except Exception:
             _log.exception("Releasing job %s from the guard failed.", self.id)
         self._exited.set()
@@ -381,6 +438,7 @@ class Attempt:
                 duration,
                 error=f"{type(exc).__name__}: {exc}",
                 attempt=self.number,
+                kept=self._kept,
             )
         self._done.set()
 
@@ -410,4 +468,5 @@ class Attempt:
                 if r in store.started or r in store.ended
             },
             attempt=self.number,
+            kept=self._kept,
         )

@@ -61,6 +61,7 @@ class LaunchPlan:
     hook_dir: str = HOOK_DIR
     abort_on_error: bool = True
     master_port: int = 29500  # torch.distributed's, on rank 0's host (chosen at prepare)
+    clean: str = "all"  # "none": a failing rank stops itself (see launch.keep)
 
 
 @dataclass(frozen=True, slots=True)
@@ -165,6 +166,10 @@ def rank_env(plan: LaunchPlan) -> dict[str, str]:
     base = env.get("PYTHONPATH", plan.inherited_env.get("PYTHONPATH", ""))
     env["PYTHONPATH"] = plan.hook_dir + (os.pathsep + base if base else "")
     env["CLUSTERBOOK_RANK_HOOK"] = "1" if plan.abort_on_error else "stacks"
+    if plan.clean == "none":
+        env["CLUSTERBOOK_CLEAN"] = "none"
+    else:  # what stops a failing rank is the head's to ask, not the job's env
+        env.pop("CLUSTERBOOK_CLEAN", None)
     if plan.job_token:
         env[GUARD_ENV] = plan.job_token
     return env

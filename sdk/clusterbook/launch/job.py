@@ -192,13 +192,15 @@ class Job:
 
     def cancel(self) -> JobResult:
         """Stop every process of the job (SIGTERM, then SIGKILL after a grace period); no
-        retry follows, and a delay before one ends at once."""
+        retry follows, and a delay before one ends at once. What it kept stopped
+        (``clean="none"``) is ended too."""
         with self._cond:
             self._cancelled = True
             current = self._attempts[-1]
         self._wake.set()
         current.stop("cancel")
         self._done.wait()
+        self.cleanup()
         assert self._result is not None
         return self._result
 
@@ -224,6 +226,15 @@ class Job:
             target=current.stop, args=("cancel",), name=f"clusterbook-{self.id}-grown"
         ).start()
         return True
+
+    def cleanup(self) -> None:
+        """End the processes a failed job kept stopped for inspection (``clean="none"``,
+        listed in ``result.kept``), at once (SIGKILL); returns once they are gone. Nothing
+        to do for a job that kept none; a job still running goes on."""
+        with self._cond:
+            attempts = list(self._attempts)
+        for attempt in attempts:
+            attempt.cleanup()
 
     def fail(self, error: ClusterError) -> None:
         """Stop the current attempt because of ``error`` (its logs cannot be written, a node it
@@ -329,6 +340,7 @@ class Job:
                         with self._cond:
                             self._deadline_passed = True
                     return
+                attempt.cleanup()  # what it kept (clean="none") goes before the next one
                 _log.info(
                     "Job %s: %s; attempt %d in %g s.",
                     self.id,

@@ -22,6 +22,7 @@ from clusterbook.launch.attempt import Attempt
 from clusterbook.launch.command import LaunchPlan, build_command, placement
 from clusterbook.launch.flavour import Launcher
 from clusterbook.launch.job import Job
+from clusterbook.launch.keep import check_clean
 from clusterbook.launch.logs import LogStore
 from clusterbook.launch.nodes import Placement
 from clusterbook.launch.program import check_argv, check_cwd, resolve_program
@@ -29,6 +30,7 @@ from clusterbook.launch.rankwrap import HOOK_DIR
 from clusterbook.launch.recovery import NO_RECOVERY, Backoff, Recovery
 from clusterbook.launch.result import JobResult, ssh_refusals
 from clusterbook.spec import NodeSpec, validate_env, validate_np, validate_timeout
+from clusterbook.wording import spell_or
 
 if TYPE_CHECKING:  # a cycle at run time: providers import launch
     from clusterbook.providers.base import RemoteLaunch
@@ -85,6 +87,24 @@ class JobArgs(TypedDict, total=False):
     restart_on_join
         Also restart (taking one of ``restarts``) when a node joins an elastic cluster and its
         round grows: the job runs again on the larger round (default False).
+    clean
+        What is left of the job's processes once it has ended (Kubeflow MPIJob's
+        ``cleanPodPolicy``). ``"all"`` (default): nothing; every process of the job is gone
+        when ``wait()`` returns. ``"running"``: the processes still running when the job
+        ended are ended, those that already exited are gone: for MPI ranks, whose logs are
+        kept either way, that is what ``"all"`` does (a pod would stay to show its logs; a
+        process leaves nothing to look at). ``"none"``: when a rank fails, the job's
+        processes stay where they are, stopped (SIGSTOP, state ``T``), so that a debugger
+        can attach (``py-spy dump --pid PID``, ``gdb -p PID``): the failing rank stops
+        itself (a Python rank after its traceback; any other program when it exits: its
+        wrapper stops) before the launcher tears the job down, then the head stops all the
+        others, the launcher first. The job still ends: ``wait()`` returns its result,
+        whose ``kept`` lists them (the launcher's ``returncode`` is -19, SIGSTOP); the
+        failing rank's exit code is the one it reported. ``job.cleanup()`` ends them (and
+        ``job.cancel()``, the cluster's ``stop()``, and the kernel's exit). A job that is
+        retried ends the processes of each failed attempt before the next; a timeout or a
+        cancel ends everything as usual. Only on clusters whose nodes are all this machine
+        (a local cluster): elsewhere it is a :class:`~clusterbook.errors.ConfigError`.
     """
 
     env: Mapping[str, str] | None
@@ -99,6 +119,7 @@ class JobArgs(TypedDict, total=False):
     deadline: float | str | None
     restarts: int
     restart_on_join: bool
+    clean: str
 
 
 @dataclass(frozen=True, slots=True)
@@ -115,6 +136,7 @@ class JobRequest:
     abort_on_error: bool
     recovery: Recovery = NO_RECOVERY
     all_slots: bool = False  # np was not given: every slot, of the nodes left on a restart
+    clean: str = "all"
 
     @classmethod
     def make(
@@ -135,6 +157,7 @@ class JobRequest:
         deadline: float | str | None = None,
         restarts: int = 0,
         restart_on_join: bool = False,
+        clean: str = "all",
     ) -> JobRequest:
         """Check what ``cluster.mpirun`` was given, for a cluster of ``slots`` slots."""
         if not isinstance(oversubscribe, bool) or not isinstance(abort_on_error, bool):
@@ -165,6 +188,7 @@ class JobRequest:
                 restart_on_join=restart_on_join,
             ),
             all_slots=np is None,
+            clean=check_clean(clean),
         )
 
 
@@ -267,6 +291,13 @@ def prepare(
 ) -> Job:
     """Start ``request`` on ``nodes`` of cluster ``cluster``, in a new job directory under
     ``run_dir``; return the job. A retry runs where ``hooks.where()`` says then."""
+    if request.clean == "none" and remote is not None:
+        given = spell_or("clean", "none", "clean 'none'")
+        raise ConfigError(
+            f"{given} keeps a failed job's processes on this machine only, and cluster "
+            f"{cluster!r} has nodes on other machines; run the job on a local cluster, or "
+            "leave clean as it is ('all')."
+        )
     job_env = {**env, **request.env}
     base_env = dict(os.environ)
     first = (nodes, remote)
@@ -311,6 +342,7 @@ def prepare(
             master_port=_master_port(
                 nodes[placement(nodes, np)[0]], hooks.free_port, local=remote is None
             ),
+            clean=request.clean if remote is None else "all",
         )
         here = socket.gethostname()
         names = remote.hostnames if remote else {}
@@ -331,6 +363,7 @@ def prepare(
             on_failure=hooks.on_failure,
             diagnose=hooks.diagnose,
             lost=hooks.lost,
+            keep=plan.clean == "none",
         )
 
     return Job(

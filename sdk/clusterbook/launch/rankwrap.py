@@ -24,6 +24,13 @@ leaves ``CLUSTERBOOK_GPUS`` out when the job sets ``CUDA_VISIBLE_DEVICES`` itsel
 It survives the signals mpirun forwards (which reach the program as well, being sent to the
 process group) so that it can still report the program's exit code; the shell's own
 "Terminated" notice is silenced (the exit code says it).
+
+In a job that keeps its processes (``clean="none"``, ``CLUSTERBOOK_CLEAN=none``), a program
+that fails on its own leaves the wrapper stopped (SIGSTOP) after its exit marker, instead of
+exiting: the launcher sees no failure, so it does not tear the job down before the head stops
+the rest (see :mod:`clusterbook.launch.keep`). Not after a SIGHUP, SIGINT or SIGTERM reached
+the wrapper, nor when SIGHUP, SIGINT, SIGKILL or SIGTERM killed the program: that is a
+teardown from outside.
 """
 
 from __future__ import annotations
@@ -64,12 +71,17 @@ if [ -n "$r" ]; then
     cbset CUDA_DEVICE_ORDER PCI_BUS_ID
   fi
 fi
-trap : TERM INT HUP QUIT USR1 USR2
+t=
+trap t=1 TERM INT HUP
+trap : QUIT USR1 USR2
 "$@" <&0 &
 c=$!
 printf '\\036CB start %s %s\\n' "$h" "$c" >&2
 while :; do wait "$c" 2>/dev/null; r=$?; kill -0 "$c" 2>/dev/null || break; done
 printf '\\036CB exit %s\\n' "$r" >&2
+case $r in 0|129|130|137|143) ;; *)
+  [ -n "$t" ] || [ "${CLUSTERBOOK_CLEAN-}" != none ] || kill -STOP $$ ;;
+esac
 exit "$r"
 """
 

@@ -16,6 +16,7 @@ __all__ = [
     "TIMELINE_DTYPES",
     "AttemptInfo",
     "JobResult",
+    "KeptProcess",
     "RankFailure",
     "excerpt",
     "failed_ranks",
@@ -63,6 +64,18 @@ class AttemptInfo:
 
 
 @dataclass(frozen=True, slots=True)
+class KeptProcess:
+    """A process of a failed job kept stopped (SIGSTOP) for inspection, with ``clean="none"``:
+    ``pid`` on ``host``, its command ``name``, and ``rank`` when it is a rank's program (None:
+    the launcher, an MPI daemon, a rank's wrapper or a child of a rank)."""
+
+    pid: int
+    host: str
+    name: str
+    rank: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
 class JobResult:
     """How a job ended.
 
@@ -99,6 +112,10 @@ class JobResult:
         The job was stopped at its ``deadline`` (all its attempts together).
     restarts
         How many of its attempts were relaunches after a node was lost (``restarts=``).
+    kept
+        With ``clean="none"``: the processes of the failed job left stopped for inspection
+        (``py-spy dump --pid PID``, ``gdb -p PID``), ranks first, each a
+        :class:`KeptProcess`, until ``job.cleanup()`` or the cluster's ``stop()`` ends them.
     """
 
     job_id: str
@@ -117,6 +134,7 @@ class JobResult:
     attempts: tuple[AttemptInfo, ...] = ()
     deadline_exceeded: bool = False
     restarts: int = 0
+    kept: tuple[KeptProcess, ...] = ()
 
     @property
     def ok(self) -> bool:
@@ -169,7 +187,19 @@ class JobResult:
         if not self.failed and self.launcher_tail and not stopped:
             parts.append("The launcher said:")
             parts.extend(f"    {line}" for line in self.launcher_tail[-8:])
+        if self.kept:
+            parts.append(self._kept_line())
         return "\n".join(parts)
+
+    def _kept_line(self) -> str:
+        ranks = [k for k in self.kept if k.rank is not None]
+        each = ", ".join(f"rank {k.rank} pid {k.pid} on {k.host}" for k in ranks)
+        others = len(self.kept) - len(ranks)
+        rest = f"{'; ' if each else ''}{others} other process(es) of the job" if others else ""
+        return (
+            f"Kept stopped for inspection (clean='none'): {each}{rest}; job.cleanup() or the "
+            "cluster's stop() ends them."
+        )
 
     def _attempts_line(self) -> str:
         if len(self.attempts) < 2:
@@ -262,6 +292,15 @@ class JobResult:
             ),
             deadline_exceeded=bool(data.get("deadline_exceeded")),
             restarts=int(data.get("restarts", 0)),
+            kept=tuple(
+                KeptProcess(
+                    int(k["pid"]),
+                    str(k["host"]),
+                    str(k["name"]),
+                    None if k.get("rank") is None else int(k["rank"]),
+                )
+                for k in data.get("kept", ())
+            ),
         )
 
 

@@ -10,6 +10,9 @@ It makes a Python rank behave well under MPI, whatever program it runs:
   whose kernels catch what a cell raises, ``SystemExit`` included).
 - A marker line on stderr tells the head which rank failed and how, even when the launcher
   then kills every process before their wrappers can report.
+- In a job that keeps its processes for inspection (``CLUSTERBOOK_CLEAN=none``), such a rank
+  stops itself (SIGSTOP) after its marker and traceback, before aborting: the head then stops
+  the rest of the job, where it is (resumed with SIGCONT, the rank would abort as usual).
 
 Then any other ``sitecustomize`` module on the path is run, as if this one were not there.
 """
@@ -52,7 +55,7 @@ def _drain(fds: tuple[int, ...], within: float = 2.0) -> None:
             time.sleep(0.001)
 
 
-def _install(abort_on_error: bool) -> None:
+def _install(abort_on_error: bool, keep: bool) -> None:
     # _signal, not signal: the latter imports enum and functools, ~7 ms in every rank.
     import _signal
     import faulthandler
@@ -65,43 +68,49 @@ def _install(abort_on_error: bool) -> None:
     if not abort_on_error:
         return
 
-    def failing(code: int):  # type: ignore[no-untyped-def]
+    def failing(code: int, hold: bool):  # type: ignore[no-untyped-def]
         """MPI if the job is to be aborted, after the marker that says this rank failed with
         ``code``. The marker comes first, before the traceback: another rank that fails at
         the same moment may abort the job, and the launcher then kills this one mid-way."""
         mpi = sys.modules.get("mpi4py.MPI")
         if mpi is None or not mpi.Is_initialized() or mpi.Is_finalized():
-            return None
-        os.write(2, f"{_MARK} exit {code}\n".encode())
+            mpi = None
+        if mpi is not None or hold:
+            os.write(2, f"{_MARK} exit {code}\n".encode())
         return mpi
 
-    def abort(mpi, code: int) -> None:  # type: ignore[no-untyped-def]
+    def abort(mpi, code: int, hold: bool) -> None:  # type: ignore[no-untyped-def]
+        if mpi is None and not hold:
+            return
         for stream in (sys.stdout, sys.stderr):
             try:  # noqa: SIM105 - contextlib costs an import in every rank
                 stream.flush()
             except Exception:  # noqa: S110 - a closed stream must not stop the abort
                 pass
         _drain((1, 2))
-        mpi.COMM_WORLD.Abort(code)
+        if hold:  # the head stops the rest of the job, and keeps it all
+            os.kill(os.getpid(), _signal.SIGSTOP)
+        if mpi is not None:
+            mpi.COMM_WORLD.Abort(code)
 
     previous_hook = sys.excepthook
 
     def excepthook(kind, value, tb):  # type: ignore[no-untyped-def]
-        mpi = failing(1)
+        # An interrupt comes from outside (a launcher's teardown): nothing to keep then.
+        hold = keep and not issubclass(kind, KeyboardInterrupt)
+        mpi = failing(1, hold)
         previous_hook(kind, value, tb)
-        if mpi is not None:
-            abort(mpi, 1)
+        abort(mpi, 1, hold)
 
     real_exit = sys.exit
 
     def exit(code=None):  # type: ignore[no-untyped-def]
         if code not in (None, 0):
             status = code if isinstance(code, int) else 1
-            mpi = failing(status)
+            mpi = failing(status, keep)
             if not isinstance(code, int):
                 print(code, file=sys.stderr)
-            if mpi is not None:
-                abort(mpi, status)
+            abort(mpi, status, keep)
         real_exit(code)
 
     sys.excepthook = excepthook
@@ -123,5 +132,8 @@ def _chain() -> None:
 
 
 if os.environ.get("CLUSTERBOOK_RANK_HOOK") in ("1", "stacks"):
-    _install(abort_on_error=os.environ["CLUSTERBOOK_RANK_HOOK"] == "1")
+    _install(
+        abort_on_error=os.environ["CLUSTERBOOK_RANK_HOOK"] == "1",
+        keep=os.environ.get("CLUSTERBOOK_CLEAN") == "none",
+    )
 _chain()
