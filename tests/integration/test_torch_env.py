@@ -84,8 +84,11 @@ def test_master_port_is_one_rank_zeros_node_found_free(testbed, tmp_path, openmp
     with cluster:
         job = cluster.mpirun(["python", "-c", SHOW], np=2)
         assert job.wait(120).ok
-    ports = {line.split()[7] for line in job.logs()["line"]}
-    (port,) = ports  # every rank has the same
+    logs = job.logs()
+    said = logs[(logs["rank"] >= 0) & (logs.stream == "stdout")]["line"]
+    ports = {line.split()[7] for line in said}
+    assert len(ports) == 1, said.tolist()  # every rank has the same
+    (port,) = ports
     # Asked of node1 (its kernel's ephemeral range), not a guess (which stays below it).
     low, high = map(int, Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split())
     assert low <= int(port) <= high

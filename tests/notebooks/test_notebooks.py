@@ -100,8 +100,9 @@ def check_local_cluster(run: Any, runner: ModuleType) -> None:
     assert any("ended · 4 lines in memory" in h for h in html)
 
     (status,) = runner.data(runner.code_cell(nb, "cluster.status()"), "text/plain")
-    assert re.search(r"local-0\s+\S+\s+2\s+joined", status)
-    assert re.search(r"local-1\s+\S+\s+2\s+joined", status)
+    # node, host, slots, gpus, gpu_model, state
+    assert re.search(r"local-0\s+\S+\s+2\s+0\s+<NA>\s+joined", status), status
+    assert re.search(r"local-1\s+\S+\s+2\s+0\s+<NA>\s+joined", status), status
 
     (stopped,) = runner.data(runner.code_cell(nb, "cluster.stop()"), "text/plain")
     assert stopped == "'stopped'"
