@@ -1,6 +1,7 @@
 """The ``clusterbook`` command: ``demo``, ``run``, ``cleanup`` and ``worker join``; the
 commands about clusters elsewhere (``ls``, ``status``, ``logs``, ``stop``, ``prune``) are in
-:mod:`clusterbook.cli_clusters`, ``export mpijob`` in :mod:`clusterbook.cli_export`."""
+:mod:`clusterbook.cli_clusters`, ``export mpijob`` in :mod:`clusterbook.cli_export`; what
+``run`` and ``export`` share of a job in :mod:`clusterbook.cli_job`."""
 
 from __future__ import annotations
 
@@ -13,13 +14,19 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from clusterbook.cli_clusters import add_commands
-from clusterbook.cli_export import add_export, env_args
+from clusterbook.cli_export import add_export
+from clusterbook.cli_job import (
+    add_env_option,
+    add_recovery_options,
+    command,
+    env_args,
+    recovery_args,
+)
 from clusterbook.errors import ClusterError, ConfigError
 from clusterbook.wording import speaking
 
 if TYPE_CHECKING:
     from clusterbook.launch.job import Job
-    from clusterbook.launch.prepare import JobArgs
     from clusterbook.launch.result import JobResult
     from clusterbook.launch.saved import SavedJob
     from clusterbook.ssh.sshd import Sshd
@@ -173,17 +180,11 @@ def _parser() -> argparse.ArgumentParser:
         help="trust hosts seen for the first time (changed keys stay refused)",
     )
     run.add_argument("--timeout", type=float, metavar="S", help="stop the job after S seconds")
-    _recovery_options(run)
+    add_recovery_options(run)
     run.add_argument(
         "--wdir", "-wdir", metavar="DIR", help="the ranks' working directory (default: this one)"
     )
-    run.add_argument(
-        "--env",
-        action="append",
-        default=[],
-        metavar="NAME=VALUE",
-        help="set a variable for the ranks (repeatable)",
-    )
+    add_env_option(run)
     run.add_argument("--mpi", choices=["openmpi", "mpich"], help="MPI flavour to use")
     run.add_argument("--launcher", metavar="PATH", help="mpirun/mpiexec to use")
     run.add_argument("--oversubscribe", action="store_true", help="allow more ranks than slots")
@@ -371,66 +372,11 @@ def _cleanup(args: argparse.Namespace) -> int:
     return 1 if failed else 0
 
 
-def _recovery_options(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument(
-        "--retries",
-        type=int,
-        default=0,
-        metavar="N",
-        help="run the job again after a failure, up to N times (default 0)",
-    )
-    parser.add_argument(
-        "--backoff",
-        default="1",
-        metavar="S",
-        help="seconds before the first retry, doubled after each one up to 60 (default 1)",
-    )
-    parser.add_argument(
-        "--retry-on",
-        metavar="WHAT,...",
-        help="endings to retry, of failure, node-lost, timeout (default: failure,node-lost)",
-    )
-    parser.add_argument(
-        "--deadline",
-        metavar="S",
-        help="stop the job and its retries after S seconds together (or a duration like 2h)",
-    )
-    parser.add_argument(
-        "--restarts",
-        type=int,
-        default=0,
-        metavar="N",
-        help="when a node is lost, relaunch the job on the nodes left, up to N times",
-    )
-
-
-def recovery_args(args: argparse.Namespace) -> JobArgs:
-    """What ``--retries``, ``--backoff``, ``--retry-on`` and ``--deadline`` ask of
-    ``mpirun``."""
-    return {
-        "retries": args.retries,
-        "backoff": args.backoff,
-        "retry_on": None if args.retry_on is None else _split_words(args.retry_on),
-        "deadline": args.deadline,
-        "restarts": args.restarts,
-    }
-
-
-def _split_words(text: str) -> list[str]:
-    return [w.strip() for w in text.split(",") if w.strip()]
-
-
 def _run(args: argparse.Namespace) -> int:
     from clusterbook.cluster import Cluster
     from clusterbook.spec import read_hostfile
 
-    cmd = list(args.cmd)
-    if cmd[:1] == ["--"]:
-        cmd = cmd[1:]
-    if not cmd:
-        raise ConfigError(
-            "No command given; write it after '--', like: clusterbook run -n 2 -- python train.py"
-        )
+    cmd = command(args.cmd, "clusterbook run -n 2 -- python train.py")
     env = env_args(args.env)
     for path in args.put:  # before any host is bootstrapped
         if not Path(path).expanduser().exists():

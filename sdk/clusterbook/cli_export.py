@@ -6,14 +6,19 @@ from __future__ import annotations
 import argparse
 import sys
 
-from clusterbook.errors import ConfigError
+from clusterbook.cli_job import (
+    add_env_option,
+    add_recovery_options,
+    command,
+    env_args,
+    recovery_args,
+)
 
-__all__ = ["add_export", "env_args"]
+__all__ = ["add_export"]
 
 
 def add_export(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     """Add ``export`` and its ``mpijob`` to the ``clusterbook`` parser's subcommands."""
-    from clusterbook.cli import _recovery_options  # cli imports this module first
     from clusterbook.mpijob import SSH_AUTH_MOUNT_PATH
 
     export = sub.add_parser("export", help="write a job for another scheduler to run")
@@ -49,15 +54,9 @@ def add_export(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     mpijob.add_argument(
         "--timeout", type=float, metavar="S", help="stop each attempt after S seconds"
     )
-    _recovery_options(mpijob)
+    add_recovery_options(mpijob)
     mpijob.add_argument("--wdir", metavar="DIR", help="the ranks' working directory in the image")
-    mpijob.add_argument(
-        "--env",
-        action="append",
-        default=[],
-        metavar="NAME=VALUE",
-        help="set a variable for the ranks (repeatable)",
-    )
+    add_env_option(mpijob)
     mpijob.add_argument(
         "--retention",
         metavar="D",
@@ -81,29 +80,10 @@ def add_export(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     mpijob.set_defaults(func=_export_mpijob)
 
 
-def env_args(items: list[str]) -> dict[str, str]:
-    """``--env NAME=VALUE`` options as a mapping."""
-    env = {}
-    for item in items:
-        name, sep, value = item.partition("=")
-        if not sep:
-            raise ConfigError(f"--env {item!r} has no '='; write it like --env SEED=1.")
-        env[name] = value
-    return env
-
-
 def _export_mpijob(args: argparse.Namespace) -> int:
-    from clusterbook.cli import recovery_args
     from clusterbook.mpijob import render_mpijob, to_yaml
 
-    cmd = list(args.cmd)
-    if cmd[:1] == ["--"]:
-        cmd = cmd[1:]
-    if not cmd:
-        raise ConfigError(
-            "No command given; write it after '--', like: clusterbook export mpijob --image "
-            "IMG -n 2 -- python train.py"
-        )
+    cmd = command(args.cmd, "clusterbook export mpijob --image IMG -n 2 -- python train.py")
     how = recovery_args(args)
     manifest = render_mpijob(
         cmd,
