@@ -433,39 +433,25 @@ def _split(hosts: str) -> list[str]:
 def _print_live(job: Job | SavedJob) -> dict[int, list[tuple[str, ...]]]:
     """Print the job's output as it comes, each line behind its rank, folded as ``%%mpirun``
     folds it (no abort banners; tracebacks held, to be told once); return the tracebacks."""
-    from clusterbook.launch.fold import OutputFilter
+    from clusterbook.launch.fold import fold_live
     from clusterbook.launch.logs import LAUNCHER_RANK, LiveText, LogRecord
 
     live = LiveText()
-    shown = OutputFilter()
-    attempt = 1
 
-    def emit(rank: int, stream: str, text: str, partial: bool = False) -> None:
+    def emit(rank: int, stream: str, text: str, partial: bool) -> None:
         prefix = "[launcher]" if rank == LAUNCHER_RANK else f"[{rank}]"
         record = LogRecord(0.0, rank, "", stream, text, partial)
         out = sys.stdout if stream == "stdout" else sys.stderr
         print(live.render(record, prefix), file=out, end="", flush=True)
 
+    def announce(attempt: int) -> None:
+        print(f"clusterbook: attempt {attempt}", file=sys.stderr, flush=True)
+
     try:
-        for record in job.stream():
-            if record.attempt != attempt:  # a retry: what the last attempt held is told now
-                for (rank, stream), lines in shown.finish().items():
-                    for text in lines:
-                        emit(rank, stream, text)
-                attempt, shown = record.attempt, OutputFilter()
-                print(f"clusterbook: attempt {attempt}", file=sys.stderr, flush=True)
-            if record.partial or live.continues(record):  # an over-long line, as it is
-                emit(record.rank, record.stream, record.line, record.partial)
-                continue
-            for text in shown.feed(record.rank, record.stream, record.line):
-                emit(record.rank, record.stream, text)
+        return fold_live(job.stream(), emit, continues=live.continues, on_attempt=announce)
     except KeyboardInterrupt:
         job.cancel()
         raise
-    for (rank, stream), lines in shown.finish().items():
-        for text in lines:
-            emit(rank, stream, text)
-    return shown.tracebacks
 
 
 def _print_failure(result: JobResult, tracebacks: dict[int, list[tuple[str, ...]]]) -> None:

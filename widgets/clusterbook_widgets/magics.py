@@ -22,7 +22,7 @@ from IPython.display import display as _untyped_display
 import clusterbook as cb
 from clusterbook.attached import AttachedCluster
 from clusterbook.errors import ClusterError
-from clusterbook.launch.fold import OutputFilter, failure_report
+from clusterbook.launch.fold import failure_report, fold_live
 from clusterbook.launch.logs import LiveText, LogRecord
 from clusterbook.launch.saved import SavedJob
 from clusterbook.wording import speaking
@@ -331,38 +331,27 @@ class ClusterMagics(Magics):
         self, job: cb.Job | SavedJob, script: str
     ) -> tuple[cb.JobResult, dict[int, list[tuple[str, ...]]]]:
         launcher = Path(job.plan.launcher.path if isinstance(job, cb.Job) else job.launcher).name
-        shown = OutputFilter(runner=script)
         live = LiveText()
 
-        def emit(rank: int, stream: str, text: str, partial: bool = False) -> None:
+        def emit(rank: int, stream: str, text: str, partial: bool) -> None:
             prefix = f"[{launcher}]" if rank < 0 else f"[{rank}]"
             out = sys.stderr if stream == "stderr" else sys.stdout
             record = LogRecord(0.0, rank, "", stream, text, partial)
             print(live.render(record, prefix), file=out, end="", flush=True)
 
-        attempt = 1
+        def announce(attempt: int) -> None:
+            _err(f"%%mpirun: attempt {attempt}")
+
         try:
-            for record in job.stream():
-                if record.attempt != attempt:  # a retry: what the last attempt held is told now
-                    for (rank, stream), lines in shown.finish().items():
-                        for text in lines:
-                            emit(rank, stream, text)
-                    attempt, shown = record.attempt, OutputFilter(runner=script)
-                    _err(f"%%mpirun: attempt {attempt}")
-                if record.partial or live.continues(record):  # an over-long line, as it is
-                    emit(record.rank, record.stream, record.line, record.partial)
-                    continue
-                for text in shown.feed(record.rank, record.stream, record.line):
-                    emit(record.rank, record.stream, text)
+            tracebacks = fold_live(
+                job.stream(), emit, continues=live.continues, runner=script, on_attempt=announce
+            )
             result = job.wait()
         except KeyboardInterrupt:
             job.cancel()
             _err(f"%%mpirun: interrupted; {job.id} was cancelled and every rank stopped.")
             raise
-        for (rank, stream), lines in shown.finish().items():
-            for text in lines:
-                emit(rank, stream, text)
-        return result, shown.tracebacks
+        return result, tracebacks
 
     def _pull(
         self,

@@ -7,15 +7,17 @@ Pure decisions on lines; ``%%mpirun`` and ``clusterbook run`` print what they re
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
+from clusterbook.launch.logs import LogRecord
 from clusterbook.launch.result import RankFailure
 
 __all__ = [
     "ErrorGroup",
     "OutputFilter",
     "failure_report",
+    "fold_live",
     "group_errors",
     "last_traceback",
     "rank_list",
@@ -47,6 +49,43 @@ class _State:
     complete: bool = False  # the block has its exception line; a chained one may follow
     pending: list[str] = field(default_factory=list)  # blank lines after a complete block
     banner: list[str] | None = None  # lines of a ----- banner being read
+
+
+Emit = Callable[[int, str, str, bool], None]  # rank, stream, text, partial
+
+
+def fold_live(
+    records: Iterable[LogRecord],
+    emit: Emit,
+    *,
+    continues: Callable[[LogRecord], bool],
+    runner: str | None = None,
+    on_attempt: Callable[[int], None] | None = None,
+) -> dict[int, list[tuple[str, ...]]]:
+    """Feed a job's ``records``, as they come, through an :class:`OutputFilter` and
+    ``emit`` what to show: the pieces of an over-long line (``continues``: a later piece of
+    one begun) as they are; at a retry, what the last attempt held, then ``on_attempt(N)``.
+    Returns the tracebacks of the last attempt, to be told once."""
+    shown, attempt = OutputFilter(runner), 1
+
+    def flush() -> None:
+        for (rank, stream), lines in shown.finish().items():
+            for text in lines:
+                emit(rank, stream, text, False)
+
+    for record in records:
+        if record.attempt != attempt:
+            flush()
+            attempt, shown = record.attempt, OutputFilter(runner)
+            if on_attempt is not None:
+                on_attempt(attempt)
+        if record.partial or continues(record):
+            emit(record.rank, record.stream, record.line, record.partial)
+            continue
+        for text in shown.feed(record.rank, record.stream, record.line):
+            emit(record.rank, record.stream, text, False)
+    flush()
+    return shown.tracebacks
 
 
 class OutputFilter:
