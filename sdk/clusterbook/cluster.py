@@ -543,7 +543,7 @@ class Cluster:
         jobs = list(self._jobs)
         fail_on_lost_nodes(jobs, self._provider.unreachable)
         if self._state == "running":
-            restart_grown_jobs(jobs, self._provider.nodes)
+            restart_grown_jobs(jobs, lambda: self._provider.nodes)
         self._watch.changed()
         services = self._services
         if services is not None:

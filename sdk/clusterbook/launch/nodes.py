@@ -120,13 +120,15 @@ def fail_on_lost_nodes(jobs: Sequence[Job], unreachable: Unreachable) -> None:
             job.fail(error)
 
 
-def restart_grown_jobs(jobs: Sequence[Job], nodes: tuple[NodeSpec, ...]) -> None:
+def restart_grown_jobs(jobs: Sequence[Job], nodes: Callable[[], tuple[NodeSpec, ...]]) -> None:
     """A running job with ``restart_on_join`` whose nodes are fewer than the cluster's round
-    now (nodes joined, none of its own lost) is restarted on the larger round."""
-    now = [n.name for n in nodes]
-    for job in jobs:
-        if job.done or not job.recovery.restart_on_join:
-            continue
+    now (``nodes()``: nodes joined, none of its own lost) is restarted on the larger round.
+    The round is read only when some job asked for that (this runs at every change)."""
+    asking = [j for j in jobs if not j.done and j.recovery.restart_on_join]
+    if not asking:
+        return
+    now = [n.name for n in nodes()]
+    for job in asking:
         ran = {n.name for n in job.plan.nodes}
         if ran < set(now):
             job.restart_if_grown([name for name in now if name not in ran])
