@@ -148,7 +148,7 @@ class Reach:
         from clusterbook.ssh.bootstrap import KeptSession, NodeSession  # paramiko: late
 
         def start() -> NodeSession:
-            return NodeSession(self._connect(node), python)
+            return NodeSession(self._connect(node), python, owns_shell=True)
 
         with self._lock:
             kept = self._sessions.get(node.name)

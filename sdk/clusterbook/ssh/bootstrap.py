@@ -246,9 +246,12 @@ class NodeSession:
     """One Python process on a node running the bootstrap tasks one after another (one login
     shell and one interpreter start for the whole bootstrap, instead of one per step)."""
 
-    def __init__(self, shell: RemoteShell, python: str) -> None:
+    def __init__(self, shell: RemoteShell, python: str, *, owns_shell: bool = False) -> None:
         self.host = shell.host
         self._python = python
+        # A connection opened for this session alone is closed with it: else its sshd
+        # session process stays on the node until the connection is garbage-collected.
+        self._shell = shell if owns_shell else None
         self._proc = shell.start([python, "-c", _TASKS, "session"])
 
     def call(self, task: str, args: Mapping[str, Any], timeout: float = 60.0) -> dict[str, Any]:
@@ -274,7 +277,11 @@ class NodeSession:
                 return answer
 
     def close(self) -> None:
-        self._proc.close(timeout=10)
+        try:
+            self._proc.close(timeout=10)
+        finally:
+            if self._shell is not None:
+                self._shell.close()
 
 
 class KeptSession:
