@@ -51,7 +51,7 @@ if TYPE_CHECKING:
     from clusterbook.launch.saved import SavedJob
     from clusterbook.mirror import Mirror
     from clusterbook.mpijob import MPIJobArgs
-from clusterbook.options import ClusterOptionsArgs, ElasticArgs, SSHArgs
+from clusterbook.options import ClusterOptionsArgs, ElasticArgs, SlurmArgs, SSHArgs
 
 __all__ = ["Cluster", "default_run_root"]
 
@@ -62,10 +62,10 @@ _log = logging.getLogger("clusterbook.cluster")
 class Cluster:
     """A set of nodes to run MPI jobs on.
 
-    Make one with :meth:`local`, :meth:`ssh`, :meth:`elastic` or :meth:`from_spec`; use it as
-    a context manager (``start()`` on enter, ``stop()`` on exit, also on error). Every job's
-    per-rank logs go to files under :attr:`run_dir` as they arrive, and stay there after the
-    cluster stops. Every constructor takes the options of
+    Make one with :meth:`local`, :meth:`ssh`, :meth:`elastic`, :meth:`slurm` or
+    :meth:`from_spec`; use it as a context manager (``start()`` on enter, ``stop()`` on exit,
+    also on error). Every job's per-rank logs go to files under :attr:`run_dir` as they
+    arrive, and stay there after the cluster stops. Every constructor takes the options of
     :class:`~clusterbook.options.ClusterOptions`: ``name``, ``run_dir``, ``python``,
     ``launcher``, ``mpi`` and ``env``.
     """
@@ -105,6 +105,8 @@ class Cluster:
         kind = args.pop("kind", None)
         own = {k: args.pop(k) for k in list(args) if k in ClusterOptions.given_names()}
         provider = make_provider(kind, args)
+        if own.get("life_span") is None and provider.life_span is not None:
+            own["life_span"] = provider.life_span  # a batch job's nodes go at its time limit
         cluster = cls(provider, ClusterOptions.make(provider.kind, **own))
         cluster._spec = {"kind": kind, **args, **own}
         return cluster
@@ -150,6 +152,47 @@ class Cluster:
         """
         bounds = {"min_nodes": min_nodes, "max_nodes": max_nodes}
         return cls.from_spec({"kind": "elastic", **bounds, **args})
+
+    @classmethod
+    def slurm(
+        cls,
+        nodes: int = 2,
+        slots: int | None = None,
+        partition: str | None = None,
+        time: str | float = "1:00:00",
+        account: str | None = None,
+        sbatch_args: Sequence[str] = (),
+        min_nodes: int | None = None,
+        **args: Unpack[SlurmArgs],
+    ) -> Cluster:
+        """A cluster of ``nodes`` nodes from one Slurm batch job (other arguments:
+        :class:`SlurmArgs`).
+
+        ``start()`` submits the job (``sbatch``; its script and output go to :attr:`run_dir`)
+        and returns at once; its step runs ``clusterbook worker join`` on every node it gets,
+        so the nodes join as those of :meth:`elastic` do, each with its own sshd for MPI.
+        ``wait_ready()`` returns once they joined (``min_nodes``: the job may start with fewer,
+        ``sbatch --nodes=MIN-MAX``). While the job waits in the queue, ``status()`` shows a
+        pending row per node to come, with Slurm's reason. ``slots`` is each node's ranks
+        (``--cpus-per-task``; default: whole nodes, ``--exclusive``, one slot per CPU);
+        ``partition``, ``time`` (Slurm's ``"1:00:00"``, ``"2-0"``, or ``"30m"``) and
+        ``account`` go to sbatch, and so do ``sbatch_args`` (last: they win). The time limit is
+        the cluster's ``life_span`` unless it is given one. ``stop()`` ends the job
+        (``scancel`` if it is still there) and leaves nothing on the nodes. sbatch's refusal (an
+        unknown partition, a bad time, no such account) is a :class:`ConfigError` quoting it.
+        The nodes must see the head's home directory (the token file) and its Python
+        environment at the same path, as the nodes of a Slurm cluster do.
+        """
+        job = {
+            "nodes": nodes,
+            "slots": slots,
+            "partition": partition,
+            "time": time,
+            "account": account,
+            "sbatch_args": tuple(sbatch_args),
+            "min_nodes": min_nodes,
+        }
+        return cls.from_spec({"kind": "slurm", **job, **args})
 
     @staticmethod
     def attach(what: str | os.PathLike[str]) -> AttachedCluster:
@@ -226,7 +269,13 @@ class Cluster:
             try:
                 with self._watch.showing(bar(progress, f"starting {self.name}", total, "node")):
                     ctx = StartContext(
-                        self.name, self.python, launcher, env, self._changed, self._watch.changed
+                        self.name,
+                        self.python,
+                        launcher,
+                        env,
+                        self._changed,
+                        self._watch.changed,
+                        run_dir=self.run_dir,
                     )
                     self._provider.start(ctx)
             except BaseException as exc:

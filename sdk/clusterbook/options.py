@@ -24,9 +24,10 @@ from clusterbook.paths import default_run_root
 from clusterbook.spec import validate_env
 
 if TYPE_CHECKING:
+    from clusterbook.providers.slurm_commands import SlurmRunner
     from clusterbook.ssh.hostkeys import HostKeyPolicy
 
-__all__ = ["ClusterOptions", "ClusterOptionsArgs", "ElasticArgs", "SSHArgs"]
+__all__ = ["ClusterOptions", "ClusterOptionsArgs", "ElasticArgs", "SSHArgs", "SlurmArgs"]
 
 _NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,62}")
 
@@ -110,6 +111,32 @@ class ElasticArgs(ClusterOptionsArgs, total=False):
     join_timeout: float
     keep_alive_interval: float
     keep_alive_max_attempt: int
+
+
+class SlurmArgs(ClusterOptionsArgs, total=False):
+    """What ``Cluster.slurm(nodes, ...)`` takes besides the job's own arguments.
+
+    listen, port
+        Where the rendezvous store listens: the nodes must reach it (default: this machine's
+        address on the way to slurmctld, any free port).
+    last_call, join_timeout, keep_alive_interval, keep_alive_max_attempt
+        As for :class:`ElasticArgs`.
+    runner
+        What runs Slurm's commands (``sbatch``, ``squeue``, ``scancel``, ``scontrol``):
+        ``runner(argv, env, timeout) -> subprocess.CompletedProcess``; default: here, with
+        ``subprocess``. Tests inject :class:`clusterbook.testing.FakeSlurm`.
+    poll_interval
+        Seconds between two ``squeue`` of the job while nodes are still to come (0.5).
+    """
+
+    listen: str
+    port: int
+    last_call: float
+    join_timeout: float
+    keep_alive_interval: float
+    keep_alive_max_attempt: int
+    runner: SlurmRunner
+    poll_interval: float
 
 
 @dataclass(frozen=True, slots=True)

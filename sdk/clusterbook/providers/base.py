@@ -29,6 +29,8 @@ member                default   what it must do
                                 picks one at random, or this machine's for nodes here)
 ``join_command``      None      for nodes that join by themselves: the command that joins
 ``bounds``            None      ``(min_nodes, max_nodes)`` of a cluster whose size may change
+``life_span``         None      seconds the nodes are there at most (a batch job's time limit):
+                                the cluster's ``life_span`` unless it was given one
 ====================  ========  ==================================================================
 
 Providers are looked up by kind in :mod:`clusterbook.providers.registry`, which third parties
@@ -67,6 +69,7 @@ class StartContext:
     ``changed`` is to be called whenever the nodes change (a node joined, was lost, reported
     its load): the cluster then publishes a new snapshot. It may be called from any thread.
     ``progress`` is told what the start does now (``"checking 8 nodes"``), for its bar.
+    ``run_dir`` is the cluster's run directory (where a batch script and its output go).
     """
 
     cluster_id: str
@@ -75,6 +78,7 @@ class StartContext:
     env: Mapping[str, str]
     changed: Callable[[], None] = _nothing
     progress: Callable[[str], None] = _quiet
+    run_dir: Path | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -186,4 +190,10 @@ class Provider(ABC):
     @property
     def bounds(self) -> tuple[int, int] | None:
         """``(min_nodes, max_nodes)`` of a cluster whose size may change, else None."""
+        return None
+
+    @property
+    def life_span(self) -> float | None:
+        """Seconds the nodes are there at most (a batch job's time limit), if bounded: the
+        cluster's ``life_span`` unless it was given one."""
         return None

@@ -35,6 +35,7 @@ _BUILTIN = {
     "local": "clusterbook.providers.local:LocalAgentsProvider.from_spec",
     "ssh": "clusterbook.providers.ssh:SSHProvider",
     "elastic": "clusterbook.providers.elastic:ElasticProvider",
+    "slurm": "clusterbook.providers.slurm:SlurmProvider",
 }
 _REGISTERED: dict[str, ProviderFactory] = {}
 
