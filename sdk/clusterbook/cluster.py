@@ -159,7 +159,7 @@ class Cluster:
         nodes: int = 2,
         slots: int | None = None,
         partition: str | None = None,
-        time: str | float = "1:00:00",
+        time: str | float | None = "1:00:00",
         account: str | None = None,
         sbatch_args: Sequence[str] = (),
         min_nodes: int | None = None,
@@ -176,8 +176,9 @@ class Cluster:
         pending row per node to come, with Slurm's reason. ``slots`` is each node's ranks
         (``--cpus-per-task``; default: whole nodes, ``--exclusive``, one slot per CPU);
         ``partition``, ``time`` (Slurm's ``"1:00:00"``, ``"2-0"``, or ``"30m"``) and
-        ``account`` go to sbatch, and so do ``sbatch_args`` (last: they win). The time limit is
-        the cluster's ``life_span`` unless it is given one. ``stop()`` ends the job
+        ``account`` go to sbatch (``time=None``: the partition's default), and so do
+        ``sbatch_args`` (last: they win). The time limit is the cluster's ``life_span`` unless
+        it is given one. ``stop()`` ends the job
         (``scancel`` if it is still there) and leaves nothing on the nodes. sbatch's refusal (an
         unknown partition, a bad time, no such account) is a :class:`ConfigError` quoting it.
         The nodes must see the head's home directory (the token file) and its Python

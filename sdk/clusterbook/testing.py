@@ -10,12 +10,20 @@ instant, their status is whatever the test says (:meth:`FakeProvider.lose`), and
 this machine, with the cluster's launcher. Inject it::
 
     cluster = cb.Cluster(FakeProvider(nodes=2, slots=2))
+
+:class:`FakeSlurm` answers ``sbatch``, ``squeue``, ``scancel`` and ``scontrol`` as a Slurm
+whose jobs stay where the test puts them: inject it as a Slurm cluster's runner::
+
+    slurm = FakeSlurm(reason="Resources")
+    cluster = cb.Cluster.slurm(nodes=2, runner=slurm)
 """
 
 from __future__ import annotations
 
 import shlex
-from collections.abc import Callable, Collection, Sequence
+import subprocess
+import threading
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -25,7 +33,7 @@ from clusterbook.spec import NodeSpec, validate_positive_int
 from clusterbook.status import NodeStatus
 from clusterbook.transfer import Outgoing, uncounted
 
-__all__ = ["FakeProvider", "fake_nvidia_smi"]
+__all__ = ["FakeProvider", "FakeSlurm", "fake_nvidia_smi"]
 
 #: What nvidia-smi says on a machine whose driver is not loaded (its exit code is 9).
 NO_DRIVER = (
@@ -217,3 +225,74 @@ class FakeProvider(Provider):
     @property
     def bounds(self) -> tuple[int, int] | None:
         return self._bounds
+
+
+class FakeSlurm:
+    """Slurm's commands answered in memory: a runner for ``Cluster.slurm(runner=...)``.
+
+    Every job ``sbatch`` submits gets the next id and stays in ``state`` (with ``reason``)
+    until the test moves it (:meth:`set_state`) or ``scancel`` cancels it. ``refuse`` is what
+    sbatch says on stderr, exiting 1, instead of submitting. ``calls`` holds every argv, and
+    ``scripts`` each submitted script's text.
+    """
+
+    def __init__(
+        self,
+        *,
+        state: str = "PENDING",
+        reason: str | None = "Resources",
+        refuse: str | None = None,
+        controller: str = "127.0.0.1",
+    ) -> None:
+        self.state, self.reason, self.refuse = state, reason, refuse
+        self.controller = controller
+        self.calls: list[list[str]] = []
+        self.scripts: list[str] = []
+        self.jobs: dict[int, tuple[str, str | None]] = {}
+        self._lock = threading.Lock()
+
+    def set_state(self, job_id: int, state: str, reason: str | None = None) -> None:
+        """Job ``job_id`` is in ``state`` now (``RUNNING``, ``COMPLETED``...)."""
+        with self._lock:
+            self.jobs[job_id] = (state, reason)
+
+    def commands(self, name: str) -> list[list[str]]:
+        """The calls of command ``name`` (``"scancel"``), in order."""
+        return [c for c in self.calls if c[0] == name]
+
+    def __call__(
+        self, argv: Sequence[str], env: Mapping[str, str], timeout: float
+    ) -> subprocess.CompletedProcess[str]:
+        argv = list(argv)
+        with self._lock:
+            self.calls.append(argv)
+            return self._answer(argv)
+
+    def _answer(self, argv: list[str]) -> subprocess.CompletedProcess[str]:
+        def done(code: int, out: str = "", err: str = "") -> subprocess.CompletedProcess[str]:
+            return subprocess.CompletedProcess(argv, code, out, err)
+
+        invalid = "slurm_load_jobs error: Invalid job id specified"
+        command = argv[0]
+        if command == "sbatch":
+            if self.refuse is not None:
+                return done(1, err=self.refuse + "\n")
+            self.scripts.append(Path(argv[-1]).read_text())
+            job_id = len(self.jobs) + 1
+            self.jobs[job_id] = (self.state, self.reason)
+            return done(0, f"{job_id}\n")
+        if command == "squeue":
+            job = self.jobs.get(int(argv[argv.index("-j") + 1]))
+            if job is None:
+                return done(1, err=invalid)
+            return done(0, f"{job[0]} {job[1] or 'None'}\n")
+        if command == "scancel":
+            job_id = int(argv[1])
+            if job_id not in self.jobs:
+                return done(1, err=f"scancel: error: Kill job error on job id {job_id}: {invalid}")
+            if self.jobs[job_id][0] in ("PENDING", "RUNNING", "CONFIGURING"):
+                self.jobs[job_id] = ("CANCELLED", None)
+            return done(0)
+        if argv[:3] == ["scontrol", "show", "config"]:
+            return done(0, f"SlurmctldHost[0]        = fake({self.controller})\n")
+        return done(1, err=f"FakeSlurm does not know {shlex.join(argv)!r}")

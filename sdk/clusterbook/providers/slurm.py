@@ -58,7 +58,7 @@ class SlurmProvider(ElasticProvider):
         nodes: int = 2,
         slots: int | None = None,
         partition: str | None = None,
-        time: str | float = "1:00:00",
+        time: str | float | None = "1:00:00",
         account: str | None = None,
         sbatch_args: Sequence[str] = (),
         min_nodes: int | None = None,
@@ -142,7 +142,10 @@ class SlurmProvider(ElasticProvider):
         ctx.progress("submitting the Slurm job")
         self.job_id = self.slurm.submit(argv)
         self.output = directory / f"slurm-{self.job_id}.out"
-        self._job_state = JobState("PENDING")
+        try:  # its reason, shown from the start
+            self._job_state = self.slurm.state(self.job_id)
+        except ClusterError:
+            self._job_state = JobState("PENDING")
         ctx.changed()
 
     def _address_for_nodes(self) -> str:
@@ -178,18 +181,22 @@ class SlurmProvider(ElasticProvider):
     def stop(self) -> None:
         self._stopping = True
         self._watching.set()
-        job_id, self.job_id = self.job_id, None
+        joined = job_id = None
+        if self.job_id is not None:
+            joined = self._missing() < self.job.nodes
+            job_id, self.job_id = self.job_id, None
         try:
             super().stop()  # the agents leave: the step, then the job, end by themselves
         finally:
             if job_id is not None:
-                self._end_job(job_id)
+                self._end_job(job_id, bool(joined))
 
-    def _end_job(self, job_id: int) -> None:
-        """Cancel the job unless it ended by itself soon; wait until Slurm says it ended."""
+    def _end_job(self, job_id: int, joined: bool) -> None:
+        """Cancel the job unless its agents (``joined``: some did) ended it by leaving; wait
+        until Slurm says it ended."""
         try:
             state = self.slurm.state(job_id)
-            if state.active and state.state != "PENDING":
+            if state.active and joined:
                 state = self.slurm.wait_ended(job_id, _LEAVE_WAIT)
             if state.active:
                 self.slurm.cancel(job_id)

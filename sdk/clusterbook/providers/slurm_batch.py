@@ -62,6 +62,8 @@ def parse_time(value: object) -> tuple[str, float | None]:
     """A job's time limit as ``(text for sbatch --time, seconds)``; seconds is None for
     ``"UNLIMITED"``. Takes Slurm's formats (``"1:00:00"``, ``"2-12"``, ``"90"`` minutes),
     a number of seconds, or clusterbook's durations (``"30m"``, ``"2h"``)."""
+    if value is None:
+        raise ConfigError(f"time=None is not a time limit; give {_FORMATS}.")
     if isinstance(value, str):
         text = value.strip()
         if text.upper() in ("UNLIMITED", "INFINITE"):
@@ -109,7 +111,7 @@ class BatchJob:
     min_nodes: int | None = None
     slots: int | None = None
     partition: str | None = None
-    time: str = "1:00:00"
+    time: str | None = "1:00:00"  # None: the partition's default
     account: str | None = None
     sbatch_args: tuple[str, ...] = ()
 
@@ -138,7 +140,7 @@ class BatchJob:
                 if not isinstance(given, str):
                     raise ConfigError(f"{name} must be a name, got {given!r}.")
                 validate_host(given)  # a plain name, never read as an option
-        text, _ = parse_time(time)
+        text = None if time is None else parse_time(time)[0]
         if isinstance(sbatch_args, str) or not all(isinstance(a, str) for a in sbatch_args):  # type: ignore[attr-defined]
             raise ConfigError(
                 f"sbatch_args must be a list of sbatch's arguments, like ['--qos=debug'], "
@@ -156,8 +158,8 @@ class BatchJob:
 
     @property
     def seconds(self) -> float | None:
-        """The time limit in seconds (None: unlimited)."""
-        return parse_time(self.time)[1]
+        """The time limit in seconds (None: unlimited, or the partition's default)."""
+        return None if self.time is None else parse_time(self.time)[1]
 
 
 def sbatch_argv(job: BatchJob, *, name: str, script: Path, output: Path) -> list[str]:
@@ -170,9 +172,10 @@ def sbatch_argv(job: BatchJob, *, name: str, script: Path, output: Path) -> list
         f"--job-name=clusterbook-{name}",
         f"--nodes={nodes}",
         "--ntasks-per-node=1",
-        f"--time={job.time}",
         f"--output={output}",
     ]
+    if job.time is not None:
+        argv.insert(5, f"--time={job.time}")
     argv.append("--exclusive" if job.slots is None else f"--cpus-per-task={job.slots}")
     if job.partition:
         argv.append(f"--partition={job.partition}")
