@@ -17,6 +17,7 @@ until Slurm says it has ended.
 
 from __future__ import annotations
 
+import contextlib
 import socket
 import threading
 import time
@@ -123,6 +124,8 @@ class SlurmProvider(ElasticProvider):
             self._submit(ctx)
         except BaseException:
             super().stop()
+            with contextlib.suppress(OSError):  # its token and keys are gone: it is empty
+                cluster_dir(ctx.cluster_id).rmdir()
             raise
         threading.Thread(
             target=self._watch, args=(ctx,), name="clusterbook-slurm", daemon=True

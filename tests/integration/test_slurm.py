@@ -1,0 +1,146 @@
+"""Cluster.slurm on a real Slurm (tests/slurm_testbed.sh: slurmctld here, slurmd on the fake
+hosts snode1 and snode2): MPI across the job's nodes, a queued job shown with Slurm's reason,
+stop() ending the job and leaving nothing on the nodes, and sbatch's refusal."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+
+import clusterbook as cb
+from tests.conftest import processes_mentioning
+from tests.slurmbed import SlurmBed
+from tests.slurmbed import slurm as slurm_fixture
+from tests.slurmbed import slurmbed as slurmbed_fixture
+
+pytestmark = [pytest.mark.slurm, pytest.mark.root, pytest.mark.mpi]
+slurm, slurmbed = slurm_fixture, slurmbed_fixture
+
+WHERE = """\
+import socket
+from mpi4py import MPI
+comm = MPI.COMM_WORLD
+print(f"rank {comm.rank} of {comm.size} on {socket.gethostname()} sum {comm.allreduce(comm.rank)}")
+"""
+
+
+def _job_state(bed: SlurmBed, job_id: int) -> str:
+    return bed.run("squeue", "-h", "-t", "all", "-j", str(job_id), "-o", "%T").strip()
+
+
+def _netns_pids(i: int) -> list[psutil.Process]:
+    out = subprocess.run(
+        ["ip", "netns", "pids", f"slurmh{i}"], capture_output=True, text=True, check=False
+    ).stdout
+    found = []
+    for pid in out.split():
+        try:
+            found.append(psutil.Process(int(pid)))
+        except psutil.NoSuchProcess:
+            continue
+    return found
+
+
+def _left_on_nodes(bed: SlurmBed) -> dict[str, list[str]]:
+    """What runs on each fake host but its slurmd (waiting a moment for Slurm's own
+    slurmstepd to end)."""
+    deadline = time.monotonic() + 15
+    while True:
+        left = {}
+        for i, host in enumerate(bed.hosts, 1):
+            others = [p for p in _netns_pids(i) if p.name() != "slurmd"]
+            if others:
+                left[host] = [" ".join(p.cmdline()) for p in others]
+        if not left or time.monotonic() > deadline:
+            return left
+        time.sleep(0.2)
+
+
+def _agents(cluster: cb.Cluster) -> list[psutil.Process]:
+    return [p for p in processes_mentioning(cluster.name) if "join" in p.cmdline()]
+
+
+def test_a_two_node_slurm_cluster_runs_open_mpi_across_both_and_stop_leaves_nothing(
+    slurm, openmpi_python, tmp_path
+):
+    script = tmp_path / "where.py"
+    script.write_text(WHERE)
+    cluster = cb.Cluster.slurm(nodes=2, time="10m", python=openmpi_python, run_dir=tmp_path / "r")
+    assert cluster._options.life_span == 600  # the job's time limit
+    with cluster:
+        cluster.wait_ready(timeout=60)
+        job_id = cluster._provider.job_id
+        assert sorted(cluster.status()["host"]) == list(slurm.hosts)
+        assert (tmp_path / "r" / "slurm-job.sh").exists()
+        # The agents run where Slurm put them, with this process's environment (sbatch
+        # exports it): the same clusterbook, from the same PYTHONPATH.
+        agents = _agents(cluster)
+        assert len(agents) == 2
+        for agent in agents:
+            assert agent.environ().get("PYTHONPATH") == os.environ.get("PYTHONPATH")
+            assert agent.environ().get("SLURM_JOB_ID") == str(job_id)
+
+        result = cluster.mpirun(["python", str(script)], np=4, timeout=120).wait()
+        result.check()
+        logs = cluster.jobs[-1].logs()
+        ranks = logs[logs["rank"] >= 0]
+        assert sorted(ranks["line"]) == [
+            f"rank {r} of 4 on {slurm.hosts[r // 2]} sum 6" for r in range(4)
+        ]
+        assert dict(zip(ranks["rank"], ranks["host"], strict=True)) == {
+            r: slurm.hosts[r // 2] for r in range(4)
+        }
+        assert _job_state(slurm, job_id) == "RUNNING"
+
+    # The job ended (the agents left: it completed, or was cancelled), nothing is left on
+    # the nodes: no process, no sshd key or file, no token.
+    assert _job_state(slurm, job_id) in ("COMPLETED", "CANCELLED")
+    assert _left_on_nodes(slurm) == {}
+    assert processes_mentioning(cluster.name) == []
+    clusterbook_home = Path.home() / ".clusterbook"
+    assert not list(clusterbook_home.glob(f"sshd-snode*-{job_id}"))
+    assert not (clusterbook_home / "clusters" / cluster.name).exists()
+    assert "Node snode1-" in (tmp_path / "r" / f"slurm-{job_id}.out").read_text()
+
+
+def test_a_job_that_cannot_start_is_pending_with_slurms_reason_and_stop_cancels_it(slurm, tmp_path):
+    cluster = cb.Cluster.slurm(nodes=3, run_dir=tmp_path / "r")  # the partition has 2
+    with cluster:
+        job_id = cluster._provider.job_id
+        deadline = time.monotonic() + 20
+        while True:  # until the scheduler has looked at it and said why it waits
+            status = cluster.status()
+            if all(r.endswith(")") for r in status["last_reason"]):
+                break
+            assert time.monotonic() < deadline, status
+            time.sleep(0.1)
+        assert list(status["state"]) == ["pending"] * 3
+        assert set(status["host"]) == {"(queued)"}
+        # Slurm's own words: 3 whole nodes (--exclusive) of a 2-node partition.
+        [reason] = set(status["last_reason"])
+        assert re.fullmatch(
+            rf"Slurm job {job_id} is PENDING \(Partition(NodeLimit|Config)\)", reason
+        )
+        assert slurm.active_jobs() == [f"{job_id} PENDING"]
+        with pytest.raises(cb.ReadyTimeoutError, match=r"PENDING \(Partition"):
+            cluster.wait_ready(timeout=1)
+    assert slurm.active_jobs() == []
+    assert _job_state(slurm, job_id) == "CANCELLED"
+    assert _left_on_nodes(slurm) == {}
+
+
+def test_an_unknown_partition_is_a_config_error_with_sbatchs_message(slurm, tmp_path):
+    cluster = cb.Cluster.slurm(nodes=1, partition="nosuch", run_dir=tmp_path / "r")
+    with pytest.raises(cb.ConfigError, match=r"Slurm refused.*invalid partition") as err:
+        cluster.start()
+    assert "nosuch" in str(err.value)
+    assert cluster.state == "created"
+    assert slurm.active_jobs() == []
+    assert processes_mentioning(cluster.name) == []
+    assert not (Path.home() / ".clusterbook" / "clusters" / cluster.name).exists()
