@@ -26,6 +26,7 @@ from clusterbook.errors import ClusterError, ConfigError
 from clusterbook.wording import speaking
 
 if TYPE_CHECKING:
+    from clusterbook.cluster import Cluster
     from clusterbook.launch.job import Job
     from clusterbook.launch.result import JobResult
     from clusterbook.launch.saved import SavedJob
@@ -94,6 +95,51 @@ def _ssh_options(parser: argparse.ArgumentParser) -> None:
     )
 
 
+def _slurm_options(parser: argparse.ArgumentParser) -> None:
+    """Nodes from a Slurm batch job (``Cluster.slurm``) instead of hosts."""
+    parser.add_argument(
+        "--slurm",
+        type=int,
+        metavar="N",
+        help="run on N nodes of one Slurm batch job (sbatch; its nodes join the cluster and "
+        "the job ends with it), with --slots ranks each (default: whole nodes)",
+    )
+    parser.add_argument("--partition", metavar="P", help="the Slurm partition (with --slurm)")
+    parser.add_argument(
+        "--time",
+        metavar="T",
+        help="the Slurm job's time limit, like 1:00:00 or 30m (with --slurm; default 1:00:00)",
+    )
+    parser.add_argument("--account", metavar="A", help="the Slurm account (with --slurm)")
+    parser.add_argument(
+        "--ready-timeout",
+        type=float,
+        default=3600.0,
+        metavar="S",
+        help="with --slurm: seconds to wait for the job's nodes, queue included (default 3600)",
+    )
+
+
+def _slurm_cluster(args: argparse.Namespace, options: dict[str, str | None]) -> Cluster:
+    """The cluster of ``--slurm N`` (the other ways to give nodes are refused beside it)."""
+    from clusterbook.cluster import Cluster
+
+    if args.hosts or args.hostfile:
+        raise ConfigError("Give the nodes with --slurm or with --hosts/--hostfile, not both.")
+    if args.slurm < 1:
+        raise ConfigError(f"--slurm must be a number of nodes >= 1, got {args.slurm}.")
+    if args.slots == "gpus":
+        raise ConfigError("--slots gpus does not go with --slurm; give a number of ranks per node.")
+    return Cluster.slurm(
+        nodes=args.slurm,
+        slots=args.slots,
+        partition=args.partition,
+        time=args.time or "1:00:00",
+        account=args.account,
+        **options,  # type: ignore[arg-type]
+    )
+
+
 def _subparser(parser: argparse.ArgumentParser, words: list[str]) -> argparse.ArgumentParser:
     """The (sub)command ``words`` name: ``clusterbook worker join ...`` is ``join``'s parser."""
     current = parser
@@ -150,7 +196,7 @@ def _parser() -> argparse.ArgumentParser:
         help="run a command as an MPI job",
         description="Run CMD as an MPI job of N ranks and exit with its exit code "
         "(124 when it timed out, 130 when interrupted).",
-        usage="clusterbook run -n N [--hosts H:S,...] [options] -- CMD [ARG ...]",
+        usage="clusterbook run -n N [--hosts H:S,... | --slurm N] [options] -- CMD [ARG ...]",
     )
     run.add_argument(
         "-n", "-np", "--np", type=int, required=True, metavar="N", help="number of ranks"
@@ -174,6 +220,7 @@ def _parser() -> argparse.ArgumentParser:
         "without --hosts (default: its cores); 'gpus': one per GPU of the node",
     )
     _ssh_options(run)
+    _slurm_options(run)
     run.add_argument(
         "--accept-new-host-keys",
         action="store_true",
@@ -389,7 +436,12 @@ def _run(args: argparse.Namespace) -> int:
         hosts = read_hostfile(args.hostfile)
     if args.slots is not None:
         hosts = [h if ":" in h else f"{h}:{args.slots}" for h in hosts]
-    if hosts:
+    slurm_only = [f"--{n}" for n in ("partition", "time", "account") if getattr(args, n)]
+    if slurm_only and args.slurm is None:
+        raise ConfigError(f"{', '.join(slurm_only)} go with --slurm N (nodes from Slurm).")
+    if args.slurm is not None:
+        cluster = _slurm_cluster(args, options)
+    elif hosts:
         cluster = Cluster.ssh(
             hosts,
             user=args.user,
@@ -402,6 +454,9 @@ def _run(args: argparse.Namespace) -> int:
     else:
         cluster = Cluster.local(workers=1, slots=args.slots, **options)
     with cluster:
+        if args.slurm is not None:
+            print(f"clusterbook: waiting for {args.slurm} node(s) from Slurm", file=sys.stderr)
+            cluster.wait_ready(timeout=args.ready_timeout)
         cluster.put(*args.put)
         how = recovery_args(args)
         how["env"], how["timeout"], how["cwd"] = env, args.timeout, args.wdir

@@ -144,3 +144,48 @@ def test_an_unknown_partition_is_a_config_error_with_sbatchs_message(slurm, tmp_
     assert slurm.active_jobs() == []
     assert processes_mentioning(cluster.name) == []
     assert not (Path.home() / ".clusterbook" / "clusters" / cluster.name).exists()
+
+
+def test_clusterbook_run_slurm_and_the_cluster_magic_run_on_the_jobs_nodes(
+    slurm, openmpi_python, tmp_path
+):
+    script = tmp_path / "where.py"
+    script.write_text(WHERE)
+    done = subprocess.run(
+        [openmpi_python, "-m", "clusterbook.cli", "run", "--slurm", "2", "--slots", "1",
+         "--time", "5m", "-n", "2", "--run-dir", str(tmp_path / "cli"),
+         "--", "python", str(script)],
+        capture_output=True, text=True, timeout=180, check=False,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert sorted(done.stdout.splitlines()) == [
+        f"[{r}] rank {r} of 2 on {slurm.hosts[r]} sum 1" for r in range(2)
+    ]
+    assert "waiting for 2 node(s) from Slurm" in done.stderr
+    assert slurm.active_jobs() == []
+
+    from IPython import get_ipython
+    from IPython.testing.globalipapp import start_ipython
+    from IPython.utils.capture import capture_output
+
+    from clusterbook_widgets.magics import ClusterMagics
+
+    ip = start_ipython() or get_ipython()
+    magics = ClusterMagics(ip)
+    ip.register_magics(magics)
+    try:
+        with capture_output() as out:
+            ip.run_line_magic("cluster", "slurm --nodes 2 --slots 1 --time 5m")
+        assert "Its nodes join as Slurm starts the job" in out.stdout, out.stderr
+        cluster = magics.cluster
+        assert isinstance(cluster, cb.Cluster)
+        assert cluster.kind == "slurm"
+        cluster.wait_ready(timeout=60)
+        with capture_output() as out:
+            ip.run_cell_magic("mpirun", "-n 2", "import socket\nprint(socket.gethostname())")
+        assert sorted(out.stdout.split()) == ["[0]", "[1]", *slurm.hosts], out.stdout
+    finally:
+        with capture_output():
+            ip.run_line_magic("cluster", "stop")
+    assert slurm.active_jobs() == []
+    assert _left_on_nodes(slurm) == {}

@@ -202,3 +202,24 @@ def test_without_slurm_commands_it_says_so(tmp_path, monkeypatch):
     cluster = cb.Cluster.slurm(nodes=1, run_dir=tmp_path / "run")
     with pytest.raises(cb.ConfigError, match="Slurm's 'scontrol' is not on PATH"):
         cluster.start()
+
+
+# -- clusterbook run --slurm: what it refuses before asking Slurm -----------------------------
+
+
+@pytest.mark.parametrize(
+    ("argv", "said"),
+    [
+        (["--partition", "debug"], "--partition go with --slurm N"),
+        (["--time", "1:00", "--account", "a"], "--time, --account go with --slurm N"),
+        (["--slurm", "2", "--hosts", "n1:2"], "with --slurm or with --hosts/--hostfile"),
+        (["--slurm", "0"], "--slurm must be a number of nodes >= 1, got 0"),
+        (["--slurm", "2", "--slots", "gpus"], "--slots gpus does not go with --slurm"),
+        (["--slurm", "2", "--time", "soon"], "time='soon' is not a time limit"),
+    ],
+)
+def test_clusterbook_run_slurm_refuses_what_does_not_fit(argv, said, capsys):
+    from clusterbook.cli import main
+
+    assert main(["run", "-n", "2", *argv, "--", "true"]) == 2
+    assert said in capsys.readouterr().err

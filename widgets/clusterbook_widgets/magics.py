@@ -78,7 +78,7 @@ def _err(text: str) -> None:
 
 @magics_class
 class ClusterMagics(Magics):
-    """``%cluster local|ssh|attach|status|stop`` and ``%%mpirun``.
+    """``%cluster local|ssh|slurm|attach|status|stop`` and ``%%mpirun``.
 
     The current cluster is :attr:`cluster` (one per shell); starting a new one stops the old
     one, and the kernel's exit stops it.
@@ -98,7 +98,9 @@ class ClusterMagics(Magics):
 
         ``%cluster local [--workers N] [--slots S|gpus]``,
         ``%cluster ssh HOST[:SLOTS] ... [--user U] [--identity F] [--port P]
-        [--accept-new-host-keys]``, ``%cluster attach ID`` (a cluster another kernel or
+        [--accept-new-host-keys]``, ``%cluster slurm [--nodes N] [--slots S] [--partition P]
+        [--time T] [--account A] [--min-nodes M]`` (nodes from one Slurm batch job: they
+        join as Slurm starts it), ``%cluster attach ID`` (a cluster another kernel or
         process runs: shown with its newest job's output), ``%cluster status``,
         ``%cluster stop``.
         """
@@ -122,6 +124,19 @@ class ClusterMagics(Magics):
                     host_keys="accept-new" if args.accept_new_host_keys else None,
                 )
             )
+        elif args.command == "slurm":
+            started = self._start(
+                lambda: cb.Cluster.slurm(
+                    args.nodes,
+                    args.slots,
+                    partition=args.partition,
+                    time=args.time,
+                    account=args.account,
+                    min_nodes=args.min_nodes,
+                )
+            )
+            if started is not None:
+                print("Its nodes join as Slurm starts the job: %cluster status shows them.")
         elif args.command == "attach":
             self._attach(args.id)
         elif args.command == "status":

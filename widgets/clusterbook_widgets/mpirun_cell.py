@@ -218,7 +218,9 @@ def parse_mpirun_args(line: str) -> MpirunArgs:
 
 def _cluster_parser() -> _Parser:
     p = _Parser(prog="%cluster", description="Start, show or stop the notebook's cluster.")
-    sub = p.add_subparsers(dest="command", metavar="{local,ssh,attach,status,stop}", required=True)
+    sub = p.add_subparsers(
+        dest="command", metavar="{local,ssh,slurm,attach,status,stop}", required=True
+    )
     local = sub.add_parser("local", help="a cluster on this machine")
     local.add_argument("--workers", type=_count("--workers"), default=1, metavar="N")
     local.add_argument(
@@ -237,6 +239,25 @@ def _cluster_parser() -> _Parser:
         "--accept-new-host-keys",
         action="store_true",
         help="trust hosts not yet in known_hosts on first use (a changed key is still refused)",
+    )
+    slurm = sub.add_parser("slurm", help="nodes from one Slurm batch job")
+    slurm.add_argument("--nodes", type=_count("--nodes"), default=2, metavar="N")
+    slurm.add_argument(
+        "--slots",
+        type=_count("--slots"),
+        default=None,
+        metavar="S",
+        help="ranks each node takes (default: whole nodes, one per CPU)",
+    )
+    slurm.add_argument("--partition", metavar="P")
+    slurm.add_argument("--time", default="1:00:00", metavar="T", help="like 1:00:00 or 30m")
+    slurm.add_argument("--account", metavar="A")
+    slurm.add_argument(
+        "--min-nodes",
+        type=_count("--min-nodes"),
+        default=None,
+        metavar="M",
+        help="start with at least M nodes (sbatch --nodes=M-N)",
     )
     attach = sub.add_parser("attach", help="a cluster another kernel or process runs")
     attach.add_argument("id", metavar="ID", help="its id (clusterbook ls), name or directory")
