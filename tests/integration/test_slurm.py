@@ -189,3 +189,22 @@ def test_clusterbook_run_slurm_and_the_cluster_magic_run_on_the_jobs_nodes(
             ip.run_line_magic("cluster", "stop")
     assert slurm.active_jobs() == []
     assert _left_on_nodes(slurm) == {}
+
+
+def test_a_job_slurm_ends_under_the_cluster_leaves_nothing_and_is_its_problem(slurm, tmp_path):
+    """scancel from outside (as Slurm does at the time limit): the agents get SIGTERM, stop
+    their sshd, and the step's shell removes their files; the cluster says the job is gone."""
+    with cb.Cluster.slurm(nodes=2, run_dir=tmp_path / "r") as cluster:
+        cluster.wait_ready(timeout=60)
+        job_id = cluster._provider.job_id
+        homes = list((Path.home() / ".clusterbook").glob(f"sshd-snode*-{job_id}"))
+        assert len(homes) == 2
+        slurm.run("scancel", str(job_id))
+        deadline = time.monotonic() + 30
+        while "its nodes are gone" not in (cluster.snapshot().problem or ""):
+            assert time.monotonic() < deadline, cluster.snapshot().problem
+            time.sleep(0.1)
+        assert f"Slurm job {job_id} is CANCELLED" in (cluster.snapshot().problem or "")
+        assert _left_on_nodes(slurm) == {}
+        assert not any(h.exists() for h in homes)
+        assert set(cluster.status()["state"]) <= {"lost", "left"}
