@@ -219,10 +219,17 @@ def _gpus(node: NodeStatus) -> str:
     )
 
 
+def _waiting_for(node: NodeStatus) -> str:
+    """Why a pending node waits, when its provider says (a queued batch job's reason)."""
+    if node.state != "pending" or not node.last_reason:
+        return ""
+    return f' <small class="cb-pending-reason" {_MUTED}>{_e(node.last_reason)}</small>'
+
+
 def render_nodes(snapshot: ClusterSnapshot) -> str:
     """A table of the nodes: name, host, slots, GPUs (count and model; the column is left
-    out when no node has a GPU), state (coloured), ranks of the running job, heartbeat age,
-    load, and memory in use."""
+    out when no node has a GPU), state (coloured; a pending node's reason beside it, like a
+    queued Slurm job's), ranks of the running job, heartbeat age, load, and memory in use."""
     if not snapshot.nodes:
         return _empty("cb-nodes", "No nodes yet.")
     gpus = any(n.gpus for n in snapshot.nodes)
@@ -236,7 +243,7 @@ def render_nodes(snapshot: ClusterSnapshot) -> str:
             _e(n.host),
             _e(n.slots),
             *([_gpus(n)] if gpus else []),
-            _badge(n.state),
+            _badge(n.state) + _waiting_for(n),
             _e(f"{ranks} ({n.job})" if ranks and n.job else ranks),
             "—" if n.heartbeat_age is None else f"{n.heartbeat_age:.1f} s ago",
             "—" if n.load is None else _e(f"{n.load:.2f}"),

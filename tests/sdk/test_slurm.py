@@ -223,3 +223,12 @@ def test_clusterbook_run_slurm_refuses_what_does_not_fit(argv, said, capsys):
 
     assert main(["run", "-n", "2", *argv, "--", "true"]) == 2
     assert said in capsys.readouterr().err
+
+
+def test_the_widgets_node_table_shows_slurms_reason_beside_pending(fake, tmp_path):
+    from clusterbook.render import render_nodes
+
+    with _cluster(fake, tmp_path, nodes=2) as cluster:
+        html = render_nodes(cluster.snapshot())
+    assert html.count('class="cb-pending-reason"') == 2
+    assert "Slurm job 1 is PENDING (Priority)" in html
