@@ -12,7 +12,6 @@ object a factory ``(url, secret, *, node, timeout) -> RendezvousBackend``.
 from __future__ import annotations
 
 from collections.abc import Callable
-from importlib.metadata import entry_points
 from typing import Protocol
 from urllib.parse import parse_qs, urlencode, urlsplit
 
@@ -69,6 +68,8 @@ def _load_entry_points() -> None:
     if _LOADED:
         return
     _LOADED = True
+    from importlib.metadata import entry_points  # imported when needed: agents start faster
+
     for entry in entry_points(group=ENTRY_POINTS):
         if entry.name not in _FACTORIES:
             factory: Callable[..., RendezvousBackend] = entry.load()
@@ -86,7 +87,8 @@ def backend_for(
 ) -> RendezvousBackend:
     """The store at ``url``, by its scheme."""
     scheme = urlsplit(url).scheme
-    _load_entry_points()
+    if scheme not in _FACTORIES:  # entry points add schemes, never replace one
+        _load_entry_points()
     factory = _FACTORIES.get(scheme)
     if factory is None:
         raise ConfigError(
