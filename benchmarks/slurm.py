@@ -18,7 +18,9 @@ snode2) is brought up for the run and taken down after it, whatever happens.
 2. MPI (unless ``--no-mpi``): an mpi4py allreduce of 4 ranks over both nodes,
    ``cluster.mpirun(...).wait()`` against ``srun --jobid=ID --overlap -N2 -n4 --mpi=pmix`` in
    the same allocation (the cluster's own job), the same environment for both (libfabric's
-   probe off: ``OMPI_MCA_btl=^ofi``, ``OMPI_MCA_mtl=^ofi``). Goal: ratio <= 1.10.
+   probe off: ``OMPI_MCA_btl=^ofi``, ``OMPI_MCA_mtl=^ofi``). Goal: ratio <= 1.10. For
+   information, the bare ``mpirun`` clusterbook's launch wraps, over the same ssh path (the
+   agents' sshd, the cluster's ssh config): what the ssh path itself costs next to srun.
 
     python benchmarks/slurm.py [--repeat 5] [--no-mpi]   (as root, with Slurm's packages)
 
@@ -114,16 +116,22 @@ def clusterbook_ready(tmp: Path, i: int) -> tuple[float, float]:
     return ready, time.perf_counter() - t1
 
 
-def mpi_side_by_side(tmp: Path, repeat: int) -> tuple[float, float]:
-    """Median seconds of the MPI job through clusterbook and through bare srun."""
+def mpi_side_by_side(tmp: Path, repeat: int) -> tuple[float, float, float]:
+    """Median seconds of the MPI job through clusterbook, through bare srun, and through bare
+    mpirun over the cluster's ssh path."""
     program = tmp / "allreduce.py"
     program.write_text(PROGRAM)
-    through, bare = [], []
+    through, bare, over_ssh = [], [], []
     with cb.Cluster.slurm(nodes=2, run_dir=tmp / "mpi") as cluster:
         cluster.wait_ready(timeout=60, progress=False)
         job_id = cluster._provider.job_id  # type: ignore[attr-defined]
         srun = ["srun", f"--jobid={job_id}", "--overlap", "-N2", "-n4", "--mpi=pmix"]
         env = {**os.environ, **MPI_ENV}
+        remote = cluster._provider.remote()  # type: ignore[attr-defined]
+        hosts = ",".join(f"{n.host}:{n.slots}" for n in cluster.nodes)
+        mpirun = [cluster.launcher.path, "--host", hosts, "-n", "4", "--allow-run-as-root"]
+        mpirun += ["--prefix", cluster.launcher.prefix, "--prtemca", "plm_ssh_args"]
+        mpirun += [" ".join(remote.ssh_args), "--prtemca", "plm_ssh_no_tree_spawn", "1"]
         for _ in range(repeat):
             t0 = time.perf_counter()
             result = cluster.mpirun(["python", str(program)], np=4, env=MPI_ENV, timeout=120).wait()
@@ -135,10 +143,21 @@ def mpi_side_by_side(tmp: Path, repeat: int) -> tuple[float, float]:
                 env=env, capture_output=True, text=True, timeout=120, check=False,
             )  # fmt: skip
             bare.append(time.perf_counter() - t0)
-            lines = done.stdout.splitlines()
-            if done.returncode != 0 or len(lines) != 4 or any(" 4 " not in ln for ln in lines):
-                sys.exit(f"bare srun failed ({done.returncode}): {done.stdout}{done.stderr}")
-    return statistics.median(through), statistics.median(bare)
+            _check(done, "bare srun")
+            t0 = time.perf_counter()
+            done = subprocess.run(
+                [*mpirun, sys.executable, str(program)],
+                env=env, capture_output=True, text=True, timeout=120, check=False,
+            )  # fmt: skip
+            over_ssh.append(time.perf_counter() - t0)
+            _check(done, "bare mpirun over ssh")
+    return statistics.median(through), statistics.median(bare), statistics.median(over_ssh)
+
+
+def _check(done: subprocess.CompletedProcess[str], what: str) -> None:
+    lines = done.stdout.splitlines()
+    if done.returncode != 0 or len(lines) != 4 or any(" 4 " not in ln for ln in lines):
+        sys.exit(f"{what} failed ({done.returncode}): {done.stdout}{done.stderr}")
 
 
 def main() -> int:
@@ -187,11 +206,12 @@ def main() -> int:
             missed |= not ok
             print(f"ready / bare batch job: {r / b:.2f}x (goal <= {GOAL_READY}x) {_ok(ok)}")
             if not args.no_mpi:
-                through, bare = mpi_side_by_side(tmp_dir, args.repeat)
+                through, bare, over_ssh = mpi_side_by_side(tmp_dir, args.repeat)
                 ok = through <= GOAL_MPI * bare
                 missed |= not ok
                 print(f"{'MPI job, 4 ranks: cluster.mpirun':34} {through:>8.3f}")
                 print(f"{'MPI job, 4 ranks: srun --mpi=pmix':34} {bare:>8.3f}")
+                print(f"{'  bare mpirun over the same ssh':34} {over_ssh:>8.3f}")
                 print(f"mpirun / srun: {through / bare:.2f}x (goal <= {GOAL_MPI}x) {_ok(ok)}")
         finally:
             subprocess.run(["bash", str(TESTBED), "down", str(bed)], capture_output=True)
