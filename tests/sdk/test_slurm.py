@@ -232,3 +232,19 @@ def test_the_widgets_node_table_shows_slurms_reason_beside_pending(fake, tmp_pat
         html = render_nodes(cluster.snapshot())
     assert html.count('class="cb-pending-reason"') == 2
     assert "Slurm job 1 is PENDING (Priority)" in html
+
+
+def test_a_start_interrupted_once_the_job_was_submitted_cancels_it(tmp_path):
+    class Interrupting(FakeSlurm):
+        def _answer(self, argv):  # type: ignore[no-untyped-def]
+            if argv[0] == "squeue" and len(self.commands("squeue")) == 1:
+                raise KeyboardInterrupt  # the first one, right after sbatch
+            return super()._answer(argv)
+
+    slurm = Interrupting()
+    cluster = _cluster(slurm, tmp_path, nodes=1)
+    with pytest.raises(KeyboardInterrupt):
+        cluster.start()
+    assert slurm.commands("scancel") == [["scancel", "1"]]
+    assert slurm.jobs[1][0] == "CANCELLED"
+    assert not (Path.home() / ".clusterbook" / "clusters" / cluster.name).exists()

@@ -123,7 +123,7 @@ class SlurmProvider(ElasticProvider):
         try:
             self._submit(ctx)
         except BaseException:
-            super().stop()
+            self.stop()  # the job too, if sbatch took it (an interrupt while asking squeue)
             with contextlib.suppress(OSError):  # its token and keys are gone: it is empty
                 cluster_dir(ctx.cluster_id).rmdir()
             raise
