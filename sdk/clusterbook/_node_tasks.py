@@ -11,6 +11,7 @@ each task prints one JSON object. Importable too, for tests.
 - ``release`` (the node's agent, when it has lost the head): stop the cluster's jobs here and
   remove what ``install`` put here, unless another node sharing this home is still in it.
 - ``kill``: stop the processes of one job.
+- ``hold``: stop (SIGSTOP) the processes of one failed job, for inspection (``clean="none"``).
 - ``run``: run a command (``cluster.run_on_nodes``).
 - ``put_*``: write files, piece by piece, at the paths they have on the head (what it
   created is removed at ``cleanup``); ``gather_*``: hand over, piece by piece, the files
@@ -40,6 +41,8 @@ CLUSTERS_DIR = ".clusterbook/clusters"
 AGENTS = "agents"  # a cluster's agents are tagged CLUSTER-agents; its jobs, CLUSTER-TOKEN
 # The MPI launchers' daemons on a node: the parents of a job's ranks there.
 DAEMONS = ("prted", "hydra_pmi_proxy")
+#: Processes of a job that can stop or kill its ranks: launchers and their daemons.
+LAUNCHERS = frozenset({"mpirun", "mpiexec", "mpiexec.hydra", "prterun", "prte", *DAEMONS})
 
 
 def probe(args: Args) -> Reply:
@@ -279,6 +282,7 @@ def kill_tagged(
         for pid in pids:
             try:
                 os.kill(pid, sig)
+                os.kill(pid, signal.SIGCONT)  # a process kept stopped takes its signal now
                 killed.add(pid)
             except OSError:
                 pass
@@ -436,6 +440,67 @@ def free_port(args: Args) -> Reply:
 def kill(args: Args) -> Reply:
     grace = float(args.get("grace", 1.0))
     return {"killed": kill_tagged([args["token"]], grace, daemons=True)}
+
+
+def process_name(pid: int) -> str:
+    """``pid``'s command name, or "" once it has gone."""
+    try:
+        with open(f"/proc/{pid}/comm", "rb") as f:
+            return f.read().strip().decode(errors="replace")
+    except OSError:
+        return ""
+
+
+def _state(pid: int) -> str:
+    """``pid``'s state letter (``T`` stopped, ``Z`` zombie), or "" once it has gone."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            stat = f.read()
+        return stat[stat.rindex(b")") + 2 :][:1].decode()
+    except (OSError, ValueError):
+        return ""
+
+
+def settle(pid: int | None, within: float) -> None:
+    """Wait, at most ``within`` seconds, until ``pid`` (a failing rank) has stopped itself
+    or ended; without a pid, wait ``within``."""
+    if pid is None:
+        time.sleep(within)
+        return
+    give_up = time.monotonic() + within
+    while _state(pid) not in ("T", "t", "Z", "") and time.monotonic() < give_up:
+        time.sleep(0.01)
+
+
+def freeze(token: str, *, daemons: bool = False) -> list[int]:
+    """SIGSTOP every process of job ``token`` on this node (with ``daemons``, the MPI daemons
+    above them too), launchers and daemons first, so that none of them can kill the others;
+    return the pids stopped."""
+    stopped: list[int] = []
+    for _ in range(3):  # again for any started meanwhile (a rank's child)
+        found = [p for p in tagged([token], daemons=daemons) if p not in stopped]
+        if not found:
+            break
+        found.sort(key=lambda pid: process_name(pid) not in LAUNCHERS)
+        for pid in found:
+            with contextlib.suppress(OSError):
+                os.kill(pid, signal.SIGSTOP)
+                stopped.append(pid)
+    give_up = time.monotonic() + 1.0  # a signal takes effect when the process next runs
+    while any(_state(p) in ("R", "S", "D") for p in stopped) and time.monotonic() < give_up:
+        time.sleep(0.005)
+    return stopped
+
+
+def hold(args: Args) -> Reply:
+    """Keep job ``token``'s processes on this node stopped for inspection, once the failing
+    rank's program (``settle``: its pid, when it runs here) has stopped itself; name them."""
+    pid = args.get("settle")
+    if pid is not None:
+        settle(int(pid), within=3.0)  # its last output is read by its daemon first
+    time.sleep(0.05)  # and forwarded to the launcher
+    held = freeze(args["token"], daemons=True)
+    return {"held": [[p, process_name(p)] for p in held if _state(p) not in ("Z", "")]}
 
 
 def run(args: Args) -> Reply:
@@ -683,6 +748,7 @@ TASKS: dict[str, Callable[[Args], Reply]] = {
     "cleanup": cleanup,
     "release": release,
     "kill": kill,
+    "hold": hold,
     "free_port": free_port,
     "run": run,
     "spawn": spawn,

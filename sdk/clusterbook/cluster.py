@@ -384,6 +384,7 @@ class Cluster:
             on_attempt=lambda _: self._changed(record=True),
             lost=lambda nodes: lost_node(nodes, self._provider.unreachable),
             free_port=self._provider.free_port,
+            hold=self._provider.hold_job,
         )
         with self._lock:
             started = prepare(

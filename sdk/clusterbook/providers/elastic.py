@@ -14,13 +14,15 @@ import shlex
 import shutil
 import socket
 import warnings
-from collections.abc import Callable, Collection, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from pathlib import Path
 
 import psutil
 
 from clusterbook.commands import NodeRun, run_everywhere
 from clusterbook.errors import CleanupWarning, ClusterError
+from clusterbook.launch.keep import hold_far
+from clusterbook.launch.result import KeptProcess
 from clusterbook.paths import cluster_dir
 from clusterbook.providers.base import Provider, RemoteLaunch, StartContext
 from clusterbook.providers.elastic_reach import Reach, far_nodes, pick_address
@@ -160,6 +162,13 @@ class ElasticProvider(Provider):
     def stop_job(self, token: str) -> None:
         """Ask every agent to stop the processes of job ``token`` on its node."""
         self.head.stop_job(token)
+
+    def hold_job(self, token: str, failing: Mapping[str, int]) -> tuple[KeptProcess, ...]:
+        """Asked of each node on another machine through its sshd (this machine's are the
+        job's own)."""
+        if self._reach is None:
+            return ()
+        return hold_far(self._callers()[0], token, failing)
 
     def remote(self) -> RemoteLaunch | None:
         """None when every node is on this machine; else the checked ssh path to them."""

@@ -23,7 +23,9 @@ from clusterbook.errors import (
 )
 from clusterbook.fanout import parallel
 from clusterbook.gpus import Slots
+from clusterbook.launch.keep import hold_far
 from clusterbook.launch.rankwrap import HOOK_DIR
+from clusterbook.launch.result import KeptProcess
 from clusterbook.paths import CLUSTERS_DIR, cluster_dir, node_cluster_dir
 from clusterbook.providers.base import Provider, RemoteLaunch, StartContext
 from clusterbook.rendezvous.agent import HEAD_LEASE, agent_argv
@@ -441,6 +443,13 @@ class SSHProvider(Provider):
         lost = self.unreachable(self._conns, lost_only=True)
         hosts = [h for h in self._conns if h not in lost]
         parallel(hosts, lambda host: self._task(host, "kill", {"token": token}, 5))
+
+    def hold_job(self, token: str, failing: Mapping[str, int]) -> tuple[KeptProcess, ...]:
+        if self._ctx is None:
+            return ()
+        lost = self.unreachable(self._conns, lost_only=True)
+        callers = {h: call for h, call in self._callers().items() if h not in lost}
+        return hold_far(callers, token, failing)
 
     def _task(self, host: str, task: str, args: Mapping[str, Any], timeout: float) -> Any:
         """Run a node task on ``host``, in the session kept for it."""
