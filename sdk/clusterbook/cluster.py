@@ -20,6 +20,7 @@ from clusterbook.events import Subscribers
 from clusterbook.gpus import Slots
 from clusterbook.launch.flavour import Launcher, find_launcher
 from clusterbook.launch.job import Job
+from clusterbook.launch.logs import LogBudget
 from clusterbook.launch.nodes import (
     fail_on_lost_nodes,
     lost_node,
@@ -90,6 +91,7 @@ class Cluster:
         self._mirror: Mirror | None = None  # copies at work_dir=URL
         self._launcher: Launcher | None = None
         self._jobs: list[Job] = []
+        self._logs = LogBudget()  # what the jobs' log buffers hold together
         self._lock = threading.RLock()
         self._subscribers: Subscribers[ClusterSnapshot] = Subscribers()
         self._stoppers: list[Callable[[], None]] = []
@@ -398,6 +400,7 @@ class Cluster:
                 run_dir=self.run_dir,
                 jobs_so_far=len(self._jobs),
                 hooks=hooks,
+                logs=self._logs,
             )
             self._jobs.append(started)
         self._changed(record=True)

@@ -26,7 +26,7 @@ from clusterbook.launch.command import LaunchCommand, LaunchPlan, placement
 from clusterbook.launch.flavour import MPIFlavour
 from clusterbook.launch.guard import guard, kill_tagged
 from clusterbook.launch.logs import LAUNCHER_RANK, LogStore
-from clusterbook.launch.parse import LineSplitter, OmpiChunkParser
+from clusterbook.launch.parse import LineSplitter, OmpiChunkParser, as_lines
 from clusterbook.launch.result import JobResult, KeptProcess, RankFailure, failed_ranks
 from clusterbook.spec import NodeSpec
 
@@ -252,13 +252,13 @@ class Attempt:
     def _read_tagged(self, pipe: object) -> None:
         parser = OmpiChunkParser()
         fd = pipe.fileno()  # type: ignore[attr-defined]
-        add = self._store.add
+        add = self._store.add_lines
         try:
             while chunk := os.read(fd, _READ):
-                for line in parser.feed(chunk):
-                    add(line.rank, line.stream, line.text, line.partial)
-            for line in parser.flush():
-                add(line.rank, line.stream, line.text, line.partial)
+                for rank, stream, lines in parser.feed_batches(chunk):
+                    add(rank, stream, *lines)
+            for rank, stream, lines in parser.flush_batches():
+                add(rank, stream, *lines)
         finally:
             pipe.close()  # type: ignore[attr-defined]
 
@@ -268,10 +268,8 @@ class Attempt:
         stream = "stdout" if pipe is self._proc.stdout else "stderr"
         try:
             while chunk := os.read(fd, _READ):
-                for text, partial in splitter.feed(chunk):
-                    self._store.add(None, stream, text, partial)
-            for text, partial in splitter.flush():
-                self._store.add(None, stream, text, partial)
+                self._store.add_lines(None, stream, *splitter.feed_lines(chunk))
+            self._store.add_lines(None, stream, *as_lines(splitter.flush()))
         finally:
             pipe.close()  # type: ignore[attr-defined]
 
@@ -292,8 +290,7 @@ class Attempt:
                         tails[name] = (open(path, "rb"), LineSplitter(), int(rank_text), kind)  # noqa: SIM115
                     f, splitter, rank, kind = tails[name]
                     while chunk := f.read(_READ):  # type: ignore[attr-defined]
-                        for text, partial in splitter.feed(chunk):
-                            self._store.add(rank, kind, text, partial)
+                        self._store.add_lines(rank, kind, *splitter.feed_lines(chunk))
                 if finished:
                     break
                 self._exited.wait(0.02)

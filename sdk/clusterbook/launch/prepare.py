@@ -23,7 +23,7 @@ from clusterbook.launch.command import LaunchPlan, build_command, placement
 from clusterbook.launch.flavour import Launcher
 from clusterbook.launch.job import Job
 from clusterbook.launch.keep import check_clean
-from clusterbook.launch.logs import LogStore
+from clusterbook.launch.logs import LogBudget, LogStore
 from clusterbook.launch.nodes import Placement
 from clusterbook.launch.program import check_argv, check_cwd, resolve_program
 from clusterbook.launch.rankwrap import HOOK_DIR
@@ -289,9 +289,11 @@ def prepare(
     run_dir: Path,
     jobs_so_far: int,
     hooks: JobHooks,
+    logs: LogBudget | None = None,
 ) -> Job:
     """Start ``request`` on ``nodes`` of cluster ``cluster``, in a new job directory under
-    ``run_dir``; return the job. A retry runs where ``hooks.where()`` says then."""
+    ``run_dir``; return the job. A retry runs where ``hooks.where()`` says then. ``logs``:
+    what the log buffers of the cluster's jobs may hold together."""
     job_env = {**env, **request.env}
     base_env = dict(os.environ)
     first = (nodes, remote)
@@ -350,7 +352,7 @@ def prepare(
             plan,
             build_command(plan),
             folder,
-            LogStore(folder, hosts, launcher_host=here, attempt=number),
+            LogStore(folder, hosts, launcher_host=here, attempt=number, budget=logs),
             base_env=base_env,
             cwd=request.cwd,
             timeout=request.timeout,
