@@ -265,8 +265,9 @@ def kill_tagged(
     exclude: Iterable[str] = (),
     daemons: bool = False,
 ) -> list[int]:
-    """SIGTERM the processes :func:`tagged` finds, SIGKILL those left after ``grace`` s;
-    then remove what their MPI left behind (:func:`leftovers`). Returns the pids signalled."""
+    """SIGTERM the processes :func:`tagged` finds, SIGKILL those left after ``grace`` s
+    (and those signalled before that run on: an MPI daemon whose ranks have gone); then
+    remove what their MPI left behind (:func:`leftovers`). Returns the pids signalled."""
     killed: set[int] = set()
     left: set[str] = set()
     values, exclude = list(values), list(exclude)
@@ -274,27 +275,35 @@ def kill_tagged(
     def find() -> list[int]:
         return tagged(values, prefix=prefix, exclude=exclude, daemons=daemons)
 
+    born: dict[int, str] = {}  # when each process signalled was started: its identity
+
+    def still_there() -> list[int]:
+        """Those signalled that run on (a daemon is found through its ranks only)."""
+        return [p for p, when in born.items() if _born(p) == when]
+
     for sig, pause in ((signal.SIGTERM, grace), (signal.SIGKILL, 0.0)):
-        pids = find()
+        pids = sorted(set(find()) | set(still_there()))
         if not pids:
             break
         left.update(leftovers(pids))
         for pid in pids:
+            when = born.get(pid) or _born(pid)
             try:
                 os.kill(pid, sig)
                 os.kill(pid, signal.SIGCONT)  # a process kept stopped takes its signal now
                 killed.add(pid)
             except OSError:
-                pass
+                continue
+            if when:
+                born[pid] = when
         deadline = time.monotonic() + pause
         while pause and find() and time.monotonic() < deadline:
             time.sleep(0.05)
-    if left:
-        end = time.monotonic() + 1.0  # a SIGKILL takes effect soon, not at once
-        while (busy := _alive(killed)) and time.monotonic() < end:
-            time.sleep(0.01)
-        if not busy:
-            remove_leftovers(left)
+    end = time.monotonic() + 1.0  # a SIGKILL takes effect soon, not at once
+    while (busy := bool(still_there())) and time.monotonic() < end:
+        time.sleep(0.01)
+    if left and not busy:
+        remove_leftovers(left)
     return sorted(killed)
 
 
@@ -349,17 +358,14 @@ def _environ(pid: int) -> dict[str, str]:
     return dict(item.split("=", 1) for item in items if "=" in item)
 
 
-def _alive(pids: Iterable[int]) -> bool:
-    """Whether any of ``pids`` still runs (a zombie has ended)."""
-    for pid in pids:
-        try:
-            with open(f"/proc/{pid}/stat", "rb") as f:
-                stat = f.read()
-        except OSError:
-            continue
-        if stat[stat.rindex(b")") + 2 :][:1] != b"Z":
-            return True
-    return False
+def _born(pid: int) -> str | None:
+    """When ``pid`` was started (clock ticks since boot), or None once it has ended."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            fields = f.read().rsplit(b")", 1)[1].split()
+    except (OSError, IndexError):
+        return None
+    return None if fields[0] == b"Z" else fields[19].decode()
 
 
 def stop_jobs(cluster_id: str, grace: float = 1.0) -> list[int]:

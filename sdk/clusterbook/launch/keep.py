@@ -44,6 +44,7 @@ __all__ = [
     "CLEAN",
     "check_clean",
     "drained",
+    "end_far",
     "end_kept",
     "hold",
     "hold_far",
@@ -105,6 +106,16 @@ def hold_far(
 
     held, _ = parallel(sorted(callers), hold_on)
     return tuple(k for name in sorted(held) for k in held[name])
+
+
+def end_far(callers: Mapping[str, Call], token: str) -> None:
+    """End job ``token``'s processes kept stopped on the nodes ``callers`` reach, at once
+    (no grace: SIGKILL), returning once they are gone."""
+
+    def end_on(name: str) -> object:
+        return callers[name]("kill", {"token": token, "grace": 0}, 15.0)
+
+    parallel(sorted(callers), end_on)
 
 
 def drained(fds: Iterable[int], within: float) -> None:

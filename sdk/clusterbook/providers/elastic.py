@@ -21,7 +21,7 @@ import psutil
 
 from clusterbook.commands import NodeRun, run_everywhere
 from clusterbook.errors import CleanupWarning, ClusterError
-from clusterbook.launch.keep import hold_far
+from clusterbook.launch.keep import end_far, hold_far
 from clusterbook.launch.result import KeptProcess
 from clusterbook.paths import cluster_dir
 from clusterbook.providers.base import Provider, RemoteLaunch, StartContext
@@ -68,6 +68,7 @@ class ElasticProvider(Provider):
         self.announce = announce
         self._ctx: StartContext | None = None
         self._reach: Reach | None = None
+        self._held: set[str] = set()  # jobs kept stopped on far nodes (clean="none")
         self._networks: list[str] = []
         self.stop_problems: dict[str, Exception] = {}
 
@@ -160,7 +161,11 @@ class ElasticProvider(Provider):
         return self.head.unreachable(names, lost_only=lost_only)
 
     def stop_job(self, token: str) -> None:
-        """Ask every agent to stop the processes of job ``token`` on its node."""
+        """Ask every agent to stop the processes of job ``token`` on its node; those of a
+        job kept for inspection, through the nodes' sshd, before returning."""
+        if token in self._held:  # first: the agents' own clean-up gives a grace
+            self._held.discard(token)
+            end_far(self._callers()[0] if self._reach is not None else {}, token)
         self.head.stop_job(token)
 
     def hold_job(self, token: str, failing: Mapping[str, int]) -> tuple[KeptProcess, ...]:
@@ -168,6 +173,7 @@ class ElasticProvider(Provider):
         job's own)."""
         if self._reach is None:
             return ()
+        self._held.add(token)
         return hold_far(self._callers()[0], token, failing)
 
     def remote(self) -> RemoteLaunch | None:

@@ -23,7 +23,7 @@ from clusterbook.errors import (
 )
 from clusterbook.fanout import parallel
 from clusterbook.gpus import Slots
-from clusterbook.launch.keep import hold_far
+from clusterbook.launch.keep import end_far, hold_far
 from clusterbook.launch.rankwrap import HOOK_DIR
 from clusterbook.launch.result import KeptProcess
 from clusterbook.paths import CLUSTERS_DIR, cluster_dir, node_cluster_dir
@@ -158,6 +158,7 @@ class SSHProvider(Provider):
         self._rendezvous: RendezvousHead | None = None
         self._head_facts: NodeFacts | None = None
         self.stop_problems: dict[str, Exception] = {}
+        self._held: set[str] = set()  # jobs kept stopped on the nodes (clean="none")
 
     @property
     def nodes(self) -> tuple[NodeSpec, ...]:
@@ -442,6 +443,10 @@ class SSHProvider(Provider):
         # A lost node is not waited for: its agent stops the job there when its lease ends.
         lost = self.unreachable(self._conns, lost_only=True)
         hosts = [h for h in self._conns if h not in lost]
+        if token in self._held:  # kept stopped for inspection: no grace to give
+            self._held.discard(token)
+            end_far({h: c for h, c in self._callers().items() if h in hosts}, token)
+            return
         parallel(hosts, lambda host: self._task(host, "kill", {"token": token}, 5))
 
     def hold_job(self, token: str, failing: Mapping[str, int]) -> tuple[KeptProcess, ...]:
@@ -449,6 +454,7 @@ class SSHProvider(Provider):
             return ()
         lost = self.unreachable(self._conns, lost_only=True)
         callers = {h: call for h, call in self._callers().items() if h not in lost}
+        self._held.add(token)
         return hold_far(callers, token, failing)
 
     def _task(self, host: str, task: str, args: Mapping[str, Any], timeout: float) -> Any:
