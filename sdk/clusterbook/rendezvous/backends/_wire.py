@@ -5,20 +5,25 @@ head too) talks to it through a :class:`~clusterbook.rendezvous.backends.tcp.Tcp
 sides share a per-cluster secret (:func:`write_secret` makes the token file, :func:`read_secret`
 reads it back). No pickle anywhere.
 
-Wire protocol (version 2). Every frame is a 4-byte big-endian length and that many bytes. The
-handshake frames are small (at most 256 bytes) and not authenticated::
+Wire protocol (version 3). The connection is TLS 1.3: the server shows its self-signed
+certificate, and the client goes on only if its SHA-256 fingerprint is the one in the store's
+URL (:mod:`._tls`), so everything below is encrypted and goes to the head and nowhere else.
+Inside TLS, every frame is a 4-byte big-endian length and that many bytes. The handshake frames
+are small (at most 256 bytes)::
 
     client -> server   MAGIC + client_nonce                      (nonces: 32 random bytes)
     server -> client   MAGIC + server_nonce + HMAC(secret, "server proof" | cn | sn)
     client -> server   HMAC(secret, "client proof" | cn | sn)
 
 Each side checks the other's proof, so both prove they know the secret, which itself never
-crosses the wire. After the handshake every frame is ``payload + tag``, with
-``tag = HMAC(key, seq | payload)``: one key per direction derived from the secret and both
-nonces, ``seq`` counting that direction's frames. A frame cannot be forged, altered, replayed,
-reordered or moved to another connection; the peer that tries is dropped. Frames hold at most
-:data:`MAX_FRAME` bytes. Frames are authenticated, not encrypted: whoever sees the traffic can
-read the state (node ids, ranks, heartbeat times), but cannot change it.
+crosses the wire: a client that knows the fingerprint (it is in the join URL) but not the secret
+is dropped before it can read or change anything. After the handshake every frame is
+``payload + tag``, with ``tag = HMAC(key, seq | payload)``: one key per direction derived from
+the secret and both nonces, ``seq`` counting that direction's frames. TLS already protects the
+records; the tags bind every frame to the secret as well, and keep the same framing for the
+head's control channel (:mod:`clusterbook.control`), which runs on 127.0.0.1 without TLS. A
+frame cannot be forged, altered, replayed, reordered or moved to another connection; the peer
+that tries is dropped. Frames hold at most :data:`MAX_FRAME` bytes.
 
 Requests (client payloads) and their replies::
 
@@ -50,18 +55,21 @@ from __future__ import annotations
 
 import errno
 import hmac
+import math
 import os
 import secrets
 import select
 import socket
+import ssl
 import stat
 import struct
 import threading
 import time
 from hashlib import sha256
-from urllib.parse import urlsplit
+from urllib.parse import parse_qs, urlsplit
 
 from clusterbook.errors import ConfigError
+from clusterbook.rendezvous.backends._tls import check_fingerprint
 from clusterbook.spec import validate_seconds
 
 MAX_FRAME = 16 * 1024 * 1024
@@ -190,13 +198,21 @@ def read_secret(path: str | os.PathLike[str]) -> bytes:
 
 
 def parse_url(url: object) -> tuple[str, int]:
-    """``(host, port)`` of a ``tcp://host:port`` URL (IPv6 hosts in brackets)."""
+    """``(host, port)`` of a ``tcp://host:port`` URL (IPv6 hosts in brackets), which may name
+    the store's certificate (``?fingerprint=sha256:HEX``)."""
+    host, port, _ = parse_store_url(url)
+    return host, port
+
+
+def parse_store_url(url: object) -> tuple[str, int, str | None]:
+    """``(host, port, fingerprint)`` of a store URL, the fingerprint None when it names none."""
     example = "tcp://host:port, for example tcp://10.0.0.1:29400"
     if not isinstance(url, str):
         raise ConfigError(f"The rendezvous store URL must be a string like {example}; got {url!r}.")
     try:
         parts = urlsplit(url)
         port = parts.port
+        query = parse_qs(parts.query, keep_blank_values=True, strict_parsing=bool(parts.query))
     except ValueError as exc:
         raise ConfigError(
             f"The rendezvous store URL {url!r} is not valid ({exc}); use {example}."
@@ -208,17 +224,22 @@ def parse_url(url: object) -> tuple[str, int]:
         or port is None
         or port == 0
         or parts.path not in ("", "/")
-        or parts.query
+        or set(query) - {"fingerprint"}
+        or len(query.get("fingerprint", ())) > 1
         or parts.fragment
         or parts.username is not None
         or parts.password is not None
     ):
         raise ConfigError(f"The rendezvous store URL {url!r} is not of the form {example}.")
-    return parts.hostname, port
+    fingerprint = None
+    if "fingerprint" in query:
+        fingerprint = check_fingerprint(query["fingerprint"][0], f"the URL {url!r}")
+    return parts.hostname, port, fingerprint
 
 
-def _format_url(host: str, port: int) -> str:
-    return f"tcp://[{host}]:{port}" if ":" in host else f"tcp://{host}:{port}"
+def _format_url(host: str, port: int, fingerprint: str | None = None) -> str:
+    url = f"tcp://[{host}]:{port}" if ":" in host else f"tcp://{host}:{port}"
+    return url if fingerprint is None else f"{url}?fingerprint={fingerprint}"
 
 
 def _seconds(value: object, name: str, *, zero: bool = False) -> float:
@@ -275,7 +296,13 @@ def _derive(secret: bytes, label: bytes, client_nonce: bytes, server_nonce: byte
 
 
 class _Channel:
-    """Authenticated frames over a connected socket (see the module docstring)."""
+    """Authenticated frames over a connected socket (see the module docstring).
+
+    Over TLS (an ``ssl.SSLSocket``, after its handshake) the socket is made non-blocking and
+    every read and write of the TLS session takes one lock, waiting for the socket outside it:
+    a client says goodbye from one thread while another waits for an answer, and OpenSSL does
+    not allow one session to be used by two threads at once.
+    """
 
     def __init__(self, sock: socket.socket, send_key: bytes, recv_key: bytes) -> None:
         self.sock = sock
@@ -284,31 +311,102 @@ class _Channel:
         self._send_seq = 0
         self._recv_seq = 0
         self._send_lock = threading.Lock()
+        self._tls = isinstance(sock, ssl.SSLSocket)
+        self._io_lock = threading.Lock()
+        if self._tls:
+            sock.setblocking(False)
 
     def _tag(self, key: bytes, seq: int, payload: bytes) -> bytes:
         mac = hmac.new(key, _SEQ.pack(seq), sha256)
         mac.update(payload)
         return mac.digest()
 
-    def send(self, payload: bytes) -> None:
+    def send(self, payload: bytes, deadline: float | None = None) -> None:
+        """Send one frame; over TLS, raise :class:`TimeoutError` if it cannot go out by
+        ``deadline`` (a plain socket keeps the timeout it has)."""
         size = len(payload) + _TAG
         if size > MAX_FRAME:
             raise _ProtocolError(f"frame of {size} bytes is over the {MAX_FRAME}-byte limit")
         with self._send_lock:
             tag = self._tag(self._send_key, self._send_seq, payload)
             self._send_seq += 1
-            self.sock.sendall(b"".join((_LEN.pack(size), payload, tag)))
+            data = b"".join((_LEN.pack(size), payload, tag))
+            if self._tls:
+                self._send_tls(data, deadline)
+            else:
+                self.sock.sendall(data)
 
     def recv(self, deadline: float | None) -> bytes:
-        (size,) = _LEN.unpack(_recv_exact(self.sock, _LEN.size, deadline))
+        (size,) = _LEN.unpack(self._recv_exact(_LEN.size, deadline))
         if size < _TAG or size > MAX_FRAME:
             raise _ProtocolError(f"frame of {size} bytes (limit {MAX_FRAME})")
-        body = _recv_exact(self.sock, size, deadline)
+        body = self._recv_exact(size, deadline)
         payload, tag = body[:-_TAG], body[-_TAG:]
         if not hmac.compare_digest(tag, self._tag(self._recv_key, self._recv_seq, payload)):
             raise _ProtocolError("frame with a bad tag (forged, altered or replayed)")
         self._recv_seq += 1
         return payload
+
+    def readable(self) -> bool:
+        """Whether a read would not wait: data (or the end of the connection) is there."""
+        if self._tls and self.sock.pending():  # type: ignore[attr-defined]
+            return True
+        return _readable(self.sock, 0)
+
+    def _recv_exact(self, size: int, deadline: float | None) -> bytes:
+        if not self._tls:
+            return _recv_exact(self.sock, size, deadline)
+        buf = bytearray(size)
+        view = memoryview(buf)
+        got = 0
+        while got < size:
+            with self._io_lock:
+                try:
+                    n = self.sock.recv_into(view[got:], size - got)
+                except (ssl.SSLWantReadError, BlockingIOError):
+                    n = -1
+                except ssl.SSLWantWriteError:
+                    n = -2
+            if n == 0:
+                raise _PeerClosed("the peer closed the connection")
+            if n > 0:
+                got += n
+            else:
+                _wait(self.sock, select.POLLIN if n == -1 else select.POLLOUT, deadline)
+        return bytes(buf)
+
+    def _send_tls(self, data: bytes, deadline: float | None) -> None:
+        view = memoryview(data)
+        while view:
+            with self._io_lock:
+                try:
+                    view = view[self.sock.send(view) :]
+                    continue
+                except (ssl.SSLWantWriteError, BlockingIOError):
+                    event = select.POLLOUT
+                except ssl.SSLWantReadError:
+                    event = select.POLLIN
+            _wait(self.sock, event, deadline)
+
+
+def _shutdown(sock: socket.socket, how: int) -> None:
+    """Shut the connection down; a TLS socket keeps its session (``SSLSocket.shutdown`` drops
+    it, and another thread may be reading it)."""
+    socket.socket.shutdown(sock, how)
+
+
+def _wait(sock: socket.socket, event: int, deadline: float | None) -> None:
+    """Wait until ``sock`` is ready for ``event`` (POLLIN or POLLOUT), or raise at ``deadline``."""
+    if sock.fileno() < 0:
+        raise OSError(errno.EBADF, "closed socket")
+    poller = select.poll()
+    poller.register(sock, event)
+    if deadline is None:
+        poller.poll()
+        return
+    left = deadline - time.monotonic()
+    if left <= 0 or not poller.poll(max(1, math.ceil(left * 1000))):
+        raise TimeoutError("timed out")
 
 
 def _client_handshake(sock: socket.socket, secret: bytes, deadline: float | None) -> _Channel:
