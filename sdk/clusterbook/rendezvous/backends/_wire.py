@@ -93,6 +93,8 @@ _MIN_SECRET = 16
 _MAX_NODE = 1024
 
 _ANY, _NONE, _INT = 2, 0, 1
+_POLLIN = getattr(select, "POLLIN", 1)
+_POLLOUT = getattr(select, "POLLOUT", 4)
 
 
 class _ProtocolError(Exception):
@@ -372,7 +374,7 @@ class _Channel:
             if n > 0:
                 got += n
             else:
-                _wait(self.sock, select.POLLIN if n == -1 else select.POLLOUT, deadline)
+                _wait(self.sock, _POLLIN if n == -1 else _POLLOUT, deadline)
         return bytes(buf)
 
     def _send_tls(self, data: bytes, deadline: float | None) -> None:
@@ -383,9 +385,9 @@ class _Channel:
                     view = view[self.sock.send(view) :]
                     continue
                 except (ssl.SSLWantWriteError, BlockingIOError):
-                    event = select.POLLOUT
+                    event = _POLLOUT
                 except ssl.SSLWantReadError:
-                    event = select.POLLIN
+                    event = _POLLIN
             _wait(self.sock, event, deadline)
 
 
@@ -399,13 +401,17 @@ def _wait(sock: socket.socket, event: int, deadline: float | None) -> None:
     """Wait until ``sock`` is ready for ``event`` (POLLIN or POLLOUT), or raise at ``deadline``."""
     if sock.fileno() < 0:
         raise OSError(errno.EBADF, "closed socket")
-    poller = select.poll()
-    poller.register(sock, event)
-    if deadline is None:
-        poller.poll()
-        return
-    left = deadline - time.monotonic()
-    if left <= 0 or not poller.poll(max(1, math.ceil(left * 1000))):
+    left = None if deadline is None else deadline - time.monotonic()
+    if left is not None and left <= 0:
+        raise TimeoutError("timed out")
+    if hasattr(select, "poll"):
+        poller = select.poll()
+        poller.register(sock, event)
+        ready = bool(poller.poll(None if left is None else max(1, math.ceil(left * 1000))))
+    else:
+        reads, writes = ([sock], []) if event == _POLLIN else ([], [sock])
+        ready = any(select.select(reads, writes, [], left)[:2])
+    if not ready:
         raise TimeoutError("timed out")
 
 
