@@ -232,13 +232,24 @@ class ClusterMagics(Magics):
         try:
             values = self._push_values(args)
             cluster = self._running() or self._start(lambda: cb.Cluster.local())
-            if cluster is None:
-                return
-            job, script, pull_dir = self._launch(cluster, args, cell, values)
         except (ClusterError, _CellError) as exc:
             _err(f"%%mpirun: {exc}")
             return
-        result, tracebacks = self._follow(job, str(script))
+        if cluster is None:
+            return
+        before = len(cluster.jobs)
+        try:
+            try:
+                job, script, pull_dir = self._launch(cluster, args, cell, values)
+            except (ClusterError, _CellError) as exc:
+                _err(f"%%mpirun: {exc}")
+                return
+            result, tracebacks = self._follow(job, str(script))
+        except KeyboardInterrupt:  # wherever it came, the job it started is cancelled
+            for started in cluster.jobs[before:]:
+                started.cancel()
+                _err(f"%%mpirun: interrupted; {started.id} was cancelled and every rank stopped.")
+            raise
         for text in failure_report(tracebacks, result.failed):
             _err(text)
         if result.deadline_exceeded:
@@ -330,6 +341,8 @@ class ClusterMagics(Magics):
     def _follow(
         self, job: cb.Job | SavedJob, script: str
     ) -> tuple[cb.JobResult, dict[int, list[tuple[str, ...]]]]:
+        """Print the job's output as it comes; its result once it has ended (an interrupt
+        is the caller's to handle: it cancels the job)."""
         launcher = Path(job.plan.launcher.path if isinstance(job, cb.Job) else job.launcher).name
         live = LiveText()
 
@@ -342,16 +355,10 @@ class ClusterMagics(Magics):
         def announce(attempt: int) -> None:
             _err(f"%%mpirun: attempt {attempt}")
 
-        try:
-            tracebacks = fold_live(
-                job.stream(), emit, continues=live.continues, runner=script, on_attempt=announce
-            )
-            result = job.wait()
-        except KeyboardInterrupt:
-            job.cancel()
-            _err(f"%%mpirun: interrupted; {job.id} was cancelled and every rank stopped.")
-            raise
-        return result, tracebacks
+        tracebacks = fold_live(
+            job.stream(), emit, continues=live.continues, runner=script, on_attempt=announce
+        )
+        return job.wait(), tracebacks
 
     def _pull(
         self,
