@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import base64
 import hashlib
+import io
+import json
 import os
 from pathlib import Path
 
@@ -168,13 +170,13 @@ def test_fetch_through_a_symlinked_directory_stores_through_it(tmp_path: Path) -
     link = tmp_path / "link"
     link.symlink_to(head)
 
-    def call(task: str, args: dict, timeout: float) -> object:
+    def call(task: str, args: dict, timeout: float, **streams) -> object:  # type: ignore[no-untyped-def]
         # The node has the link's target at the real path only (what a rank wrote to).
         args = dict(args)
-        if task == "gather_list":
+        if task == "gather_files":
             assert args["directories"] == [str(link), str(head)]
             args["directories"] = [str(tmp_path / "missing"), str(node)]
-        return getattr(tasks, task)(args)
+        return _in_process(task, args, **streams)
 
     stored: list[Path] = []
     fetch(call, link, [], "n1", stored.append)
@@ -212,6 +214,19 @@ def test_arrivals_never_overwrite(tmp_path: Path) -> None:
 # -- the exchanges, against the node tasks run here on a node that "lives" under a root ----
 
 
+def _in_process(task: str, args, frames=(), on_frame=None):  # type: ignore[no-untyped-def]
+    """A node task run here, as a node's session runs it: with the frames sent after the
+    request, and those it sends before its reply told to ``on_frame``."""
+    if task not in tasks.STREAMS:
+        return tasks.TASKS[task](args)
+    out = io.BytesIO()
+    result = tasks.STREAMS[task](args, io.BytesIO(b"".join(frames)), out)
+    out.seek(0)
+    while out.tell() < len(out.getvalue()) and (got := tasks.read_frame(out))[0] != b"Z":
+        on_frame(*got)
+    return result
+
+
 def _node_at(head: Path, root: Path, fail_on: str | None = None):  # type: ignore[no-untyped-def]
     """A ``Call`` to the node tasks run in this process, for a node whose filesystem is
     ``root``: paths under ``head`` are moved there on the way in and back on the way out."""
@@ -225,11 +240,19 @@ def _node_at(head: Path, root: Path, fail_on: str | None = None):  # type: ignor
             return {move(k, src, dst): move(v, src, dst) for k, v in value.items()}
         return value
 
-    def call(task: str, args, timeout: float):  # type: ignore[no-untyped-def]
+    def call(task: str, args, timeout: float, frames=(), on_frame=None):  # type: ignore[no-untyped-def]
         if task == fail_on:
             raise ConnectionError(f"lost the node during {task}")
-        result = tasks.TASKS[task](move(dict(args), str(head), str(root)))
-        return move(result, str(root), str(head))
+
+        def told(kind: bytes, payload: bytes) -> None:
+            if kind == b"W":  # the node's directory
+                payload = json.dumps(move(json.loads(payload), str(root), str(head))).encode()
+            if fail_on == f"{task} after {kind.decode()}":
+                raise ConnectionError(f"lost the node during {task}")
+            on_frame(kind, payload)
+
+        args = move(dict(args), str(head), str(root))
+        return move(_in_process(task, args, frames, told), str(root), str(head))
 
     return call
 
@@ -262,7 +285,13 @@ def test_a_fetch_cut_short_loses_nothing(home: Path, tmp_path: Path) -> None:
     (root / "out" / "r0.bin").write_bytes(b"result")
     arrived: list[Path] = []
     with pytest.raises(ConnectionError):
-        fetch(_node_at(head, root, fail_on="gather_chunk"), head / "out", [], "n1", arrived.append)
+        fetch(
+            _node_at(head, root, fail_on="gather_files after D"),
+            head / "out",
+            [],
+            "n1",
+            arrived.append,
+        )
     assert arrived == []
     assert (root / "out" / "r0.bin").read_bytes() == b"result"  # still on the node
     assert list((head / "out").iterdir()) == []  # and no half file here

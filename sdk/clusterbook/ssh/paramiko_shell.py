@@ -413,13 +413,51 @@ class _Process:
         self._buf = bytearray()
         self._err = bytearray()
 
-    def send(self, data: bytes) -> None:
+    def send(self, data: bytes, timeout: float | None = None) -> None:
+        self._chan.settimeout(timeout)
         try:
             _send_all(self._chan, data)
+        except TimeoutError:
+            raise SSHTimeoutError(
+                f"{self.host} took nothing of what was sent for {timeout:g} s.", host=self.host
+            ) from None
         except (paramiko.SSHException, OSError) as exc:
             raise SSHConnectError(
                 f"Lost the connection to {self.host}: {exc}.", host=self.host
             ) from exc
+        finally:
+            self._chan.settimeout(None)
+
+    def read(self, size: int, timeout: float) -> bytes:
+        if len(self._buf) >= size:
+            data = bytes(self._buf[:size])
+            del self._buf[:size]
+            return data
+        parts = [bytes(self._buf)]
+        have = len(self._buf)
+        self._buf = bytearray()
+        deadline = time.monotonic() + timeout
+        while have < size:
+            if self._chan.recv_ready():
+                chunk = self._chan.recv(size - have)
+                if not chunk:
+                    break
+                parts.append(chunk)
+                have += len(chunk)
+                deadline = time.monotonic() + timeout
+                continue
+            while self._chan.recv_stderr_ready():
+                self._err += self._chan.recv_stderr(65536)
+            if self._chan.closed or (
+                self._chan.exit_status_ready() and not self._chan.recv_ready()
+            ):
+                break
+            if time.monotonic() > deadline:
+                raise SSHTimeoutError(
+                    f"No data from {self.host} within {timeout:g} s.", host=self.host
+                )
+            select.select([self._chan], [], [], 0.01)
+        return b"".join(parts)
 
     def readline(self, timeout: float) -> bytes:
         deadline = time.monotonic() + timeout
