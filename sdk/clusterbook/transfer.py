@@ -57,6 +57,7 @@ class Call(Protocol):
 
 #: Bytes per piece of a file on the wire (the payload of one data frame).
 CHUNK = FRAME_DATA
+_WRITE_AT = 8 << 20  # an arriving file is written in pieces of this size
 
 
 @dataclass(frozen=True, slots=True)
@@ -145,15 +146,27 @@ class Arrival:
         self._dir.mkdir(parents=True, exist_ok=True, mode=0o700)
         self._tmp = self._dir / f".{self._base}.cb-from-{host}"
         self._fd = os.open(self._tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        self._pending = bytearray()
 
     def write(self, data: bytes) -> None:
-        view = memoryview(data)
-        while view:
-            view = view[os.write(self._fd, view) :]
+        self._pending += data
+        if len(self._pending) >= _WRITE_AT:
+            self._flush()
+
+    def _flush(self) -> None:
+        # Few large writes: each one may wait for the GIL behind paramiko's thread after.
+        done = 0
+        with memoryview(self._pending) as view:
+            while done < len(view):
+                done += os.write(self._fd, view[done:])
+        self._pending.clear()
 
     def finish(self) -> Path:
         """The file under its name; raise if both names are taken (the temp file is kept)."""
-        os.close(self._fd)
+        try:
+            self._flush()
+        finally:
+            os.close(self._fd)
         for candidate in (self._base, f"{self._base}.from-{self.host}"):
             try:
                 os.link(self._tmp, self._dir / candidate)  # fails if the name is taken

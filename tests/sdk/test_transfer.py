@@ -9,13 +9,24 @@ import hashlib
 import io
 import json
 import os
+import re
 from pathlib import Path
 
 import pytest
 
 from clusterbook import _node_tasks as tasks
-from clusterbook.errors import ConfigError
-from clusterbook.transfer import CHUNK, Arrival, OutFile, fetch, outgoing, pieces, send
+from clusterbook.errors import ClusterError, ConfigError, SSHConnectError
+from clusterbook.transfer import (
+    CHUNK,
+    Arrival,
+    OutFile,
+    fetch,
+    fetch_all,
+    gather_into,
+    outgoing,
+    pieces,
+    send,
+)
 
 
 @pytest.fixture
@@ -318,3 +329,139 @@ def test_nodes_sharing_a_home_each_clean_up_their_own_puts(
     tasks.put_cleanup({"cluster_id": "c1"})
     assert not (tmp_path / "scratch-b").exists()
     assert not (home / ".clusterbook" / "clusters" / "c1").exists()  # nothing else was there
+
+
+# -- the raw frames of put_files and gather_files ------------------------------------------
+
+
+def _frames(*files: bytes, end: bytes = b"Z") -> bytes:
+    """The frames a head sends after a put_files request: each file's data, then E."""
+    out = b"".join(tasks.frame(b"D", data) + tasks.frame(b"E") for data in files)
+    return out + (tasks.frame(end) if end else b"")
+
+
+def test_put_files_writes_from_frames_and_a_cut_stream_leaves_no_part(
+    home: Path, tmp_path: Path
+) -> None:
+    a, b = tmp_path / "a.bin", tmp_path / "b.bin"
+    stream = io.BytesIO(_frames(b"AAAA", b"") + b"next request\n")
+    args = {"cluster_id": "c1", "files": [[str(a), "640"], [str(b), "600"]]}
+    assert tasks.put_files(args, stream, io.BytesIO()) == {"written": 2}
+    assert stream.read() == b"next request\n"  # read up to its end, not a byte more
+    assert (a.read_bytes(), b.read_bytes()) == (b"AAAA", b"")
+    assert a.stat().st_mode & 0o777 == 0o640
+
+    # The connection goes in the middle of c.bin: neither it nor its temp file is left.
+    c = tmp_path / "c.bin"
+    cut = io.BytesIO(tasks.frame(b"D", b"first piece") + tasks.frame(b"D", b"sec")[:-1])
+    with pytest.raises(EOFError):
+        tasks.put_files({"cluster_id": "c1", "files": [[str(c), "644"]]}, cut, io.BytesIO())
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a.bin", "b.bin", "home"]
+
+
+def test_put_files_names_a_file_it_cannot_write_and_stays_in_step(
+    home: Path, tmp_path: Path
+) -> None:
+    (tmp_path / "ro").mkdir(mode=0o500)
+    if os.access(tmp_path / "ro", os.W_OK):  # root writes anywhere: a file in the way instead
+        (tmp_path / "ro").rmdir()
+        (tmp_path / "ro").write_text("not a directory")
+    bad, good = tmp_path / "ro" / "x.bin", tmp_path / "y.bin"
+    stream = io.BytesIO(_frames(b"xx", b"yy") + b"next request\n")
+    args = {"cluster_id": "c1", "files": [[str(bad), "644"], [str(good), "644"]]}
+    with pytest.raises(OSError, match=f"could not write {bad}"):
+        tasks.put_files(args, stream, io.BytesIO())
+    assert stream.read() == b"next request\n"
+    assert not good.exists()  # after the first failure the rest is read, not written
+
+
+def test_a_file_that_shrinks_while_put_is_dropped_on_the_node(home: Path, tmp_path: Path) -> None:
+    head, root = tmp_path / "head", tmp_path / "node"
+    head.mkdir()
+    (head / "f.bin").write_bytes(b"x" * (3 * CHUNK))
+    sent = outgoing([head / "f.bin"])
+    (head / "f.bin").write_bytes(b"x" * (CHUNK + 1))
+    with pytest.raises(ConfigError, match="shrank"):
+        send(_node_at(head, root), "c1", sent)
+    assert list(root.iterdir()) == []  # no part of it, under any name
+
+
+def test_a_put_cut_off_mid_file_names_the_file(home: Path, tmp_path: Path) -> None:
+    head, root = tmp_path / "head", tmp_path / "node"
+    head.mkdir()
+    (head / "small.txt").write_text("s")
+    (head / "big.bin").write_bytes(os.urandom(2 * CHUNK))
+    node = _node_at(head, root)
+
+    def call(task: str, args, timeout: float, frames=()):  # type: ignore[no-untyped-def]
+        if task != "put_files":
+            return node(task, args, timeout)
+        for count, _ in enumerate(frames):
+            if count == 2:  # a piece of big.bin went (files go by name)
+                raise SSHConnectError("Lost the connection to n1: EOF.", host="n1")
+        raise AssertionError("not cut")
+
+    with pytest.raises(ClusterError, match=re.escape(f"{head / 'big.bin'} was not sent whole")):
+        send(call, "c1", outgoing([head]))
+
+
+def test_gather_moves_nested_directories_and_keeps_what_the_head_has(
+    home: Path, tmp_path: Path
+) -> None:
+    head, root = tmp_path / "head", tmp_path / "node"
+    out = root / "out"
+    for rel, text in [
+        ("top.txt", "t"),
+        ("a/b/deep.txt", "d"),
+        ("a/same.txt", "node's"),
+        ("a/.hidden", "h"),
+        (".cache/x", "x"),
+        ("a/c/only.txt", "o"),
+    ]:
+        (out / rel).parent.mkdir(parents=True, exist_ok=True)
+        (out / rel).write_text(text)
+    (out / "a" / "link").symlink_to(out / "top.txt")
+    (head / "out" / "a").mkdir(parents=True)
+    (head / "out" / "a" / "same.txt").write_text("head's")
+    arrived: list[Path] = []
+    gather_into(
+        lambda target, skip, receiving: fetch_all(
+            {"n1": _node_at(head, root)}, target, skip, receiving
+        ),
+        head / "out",
+    )
+    arrived = sorted(p for p in (head / "out").rglob("*") if p.is_file())
+    assert [str(p.relative_to(head / "out")) for p in arrived] == [
+        "a/b/deep.txt",
+        "a/c/only.txt",
+        "a/same.txt",
+        "top.txt",
+    ]
+    assert (head / "out" / "a" / "same.txt").read_text() == "head's"  # never overwritten
+    assert (head / "out" / "a" / "b" / "deep.txt").read_text() == "d"
+    # Moved: what the head took is gone there, with the directories it leaves empty.
+    left = sorted(str(p.relative_to(out)) for p in out.rglob("*"))
+    assert left == [".cache", ".cache/x", "a", "a/.hidden", "a/link", "a/same.txt"]
+
+
+def test_a_gather_cut_off_mid_file_names_it_and_keeps_no_part(home: Path, tmp_path: Path) -> None:
+    head, root = tmp_path / "head", tmp_path / "node"
+    (root / "out").mkdir(parents=True)
+    (root / "out" / "r0.bin").write_bytes(os.urandom(3 * CHUNK))
+    node = _node_at(head, root)
+
+    def call(task: str, args, timeout: float, on_frame=None):  # type: ignore[no-untyped-def]
+        if task != "gather_files":
+            return node(task, args, timeout)
+
+        def cut(kind: bytes, payload: bytes) -> None:
+            on_frame(kind, payload)
+            if kind == b"D":
+                raise SSHConnectError("Lost the connection to n1: EOF.", host="n1")
+
+        return node(task, args, timeout, on_frame=cut)
+
+    with pytest.raises(ClusterError, match=r"r0\.bin did not arrive whole.*n1 still has it"):
+        fetch(call, head / "out", [], "n1", pytest.fail)
+    assert list((head / "out").iterdir()) == []
+    assert (root / "out" / "r0.bin").stat().st_size == 3 * CHUNK
