@@ -16,7 +16,9 @@ each task prints one JSON object. Importable too, for tests.
 - ``put_*``: write files at the paths they have on the head (what it created is removed at
   ``cleanup``); ``gather_*``: hand over the files ranks wrote in a directory (and the
   directories in it), then remove them. ``put_files`` and ``gather_files`` move the bytes raw,
-  in frames that follow the request or precede the reply (see :func:`session`).
+  in frames that follow the request or precede the reply (see :func:`session`); the head uses
+  those (``put_chunk`` and ``gather_chunk`` take one base64 piece in the JSON, for a caller
+  that has no frames).
 - ``reap`` (local only): the guard that stops a Python process's jobs when it dies.
 """
 
