@@ -601,32 +601,39 @@ def _put_log(directory: str) -> str:
 def put_begin(args: Args) -> Reply:
     """Make ``dirs`` and the parents of ``files`` (path -> [size, sha256]); return the files
     this node needs: those it lacks or has with other bytes. A file already there with the
-    same bytes is left alone (a shared filesystem, or a node that is the head)."""
+    same bytes is left alone (a shared filesystem, or a node that is the head). A file given
+    without its sha256 (None) that is here with its size is not in ``need``: its sha256 here
+    is in ``digests``, for the head to compare."""
     created = []
     for path in args.get("dirs", []):
         created += _makedirs(path)
     need = []
+    digests = {}
     for path, (size, digest) in sorted(args["files"].items()):
         created += _makedirs(os.path.dirname(path))
-        if not _same(path, size, digest):
+        here = _digest(path, size)
+        if here is not None and digest is None:
+            digests[path] = here
+        elif here is None or here != digest:
             need.append(path)
     _log_created(args["cluster_id"], created)
-    return {"need": need}
+    return {"need": need, "digests": digests} if digests else {"need": need}
 
 
-def _same(path: str, size: int, digest: str) -> bool:
+def _digest(path: str, size: int) -> str | None:
+    """The sha256 of the file at ``path`` if it has ``size`` bytes, else None."""
     import hashlib
 
     try:
-        if os.path.getsize(path) != size:
-            return False
+        if not os.path.isfile(path) or os.path.getsize(path) != size:
+            return None
         h = hashlib.sha256()
         with open(path, "rb") as f:
             while chunk := f.read(1 << 20):
                 h.update(chunk)
     except OSError:
-        return False
-    return h.hexdigest() == digest
+        return None
+    return h.hexdigest()
 
 
 def put_chunk(args: Args) -> Reply:
@@ -874,7 +881,8 @@ def gather_files(args: Args, stdin: Any, stdout: Any) -> Reply:
                 stdout.write(frame(b"H", json.dumps({"name": name, "size": size}).encode()))
                 try:
                     while data := f.read(FRAME_DATA):
-                        stdout.write(frame(b"D", data))
+                        stdout.write(FRAME.pack(b"D", len(data)))
+                        stdout.write(data)  # written through, not copied
                 except OSError as exc:
                     stdout.write(frame(b"X", f"{name}: {exc.strerror or exc}".encode()))
                     continue

@@ -62,7 +62,8 @@ _WRITE_AT = 8 << 20  # an arriving file is written in pieces of this size
 
 @dataclass(frozen=True, slots=True)
 class OutFile:
-    """A file to send: its absolute path (the same on the nodes), mode, size and sha256."""
+    """A file to send: its absolute path (the same on the nodes), mode, size and sha256 (""
+    until a node has a file of that size there: see :func:`outgoing`)."""
 
     path: str
     mode: str
@@ -78,20 +79,18 @@ class Outgoing:
     files: tuple[OutFile, ...]
 
 
-def outgoing(paths: Iterable[str | os.PathLike[str]]) -> Outgoing:
+def outgoing(paths: Iterable[str | os.PathLike[str]], *, digests: bool = True) -> Outgoing:
     """Files and directories to send, by absolute path; directories with all they hold
-    (symbolic links to directories are not followed)."""
+    (symbolic links to directories are not followed). Without ``digests``, the sha256 of a
+    file is left for :func:`send` to compute if a node has a file of its size."""
     dirs: list[str] = []
     files: dict[str, OutFile] = {}
 
     def add_file(path: Path) -> None:
-        h = hashlib.sha256()
-        with open(path, "rb") as f:
-            while chunk := f.read(1 << 20):
-                h.update(chunk)
         info = path.stat()
+        digest = sha256_of(str(path)) if digests else ""
         files[str(path)] = OutFile(
-            str(path), format(info.st_mode & 0o777, "o"), info.st_size, h.hexdigest()
+            str(path), format(info.st_mode & 0o777, "o"), info.st_size, digest
         )
 
     for given in paths:
@@ -113,6 +112,32 @@ def outgoing(paths: Iterable[str | os.PathLike[str]]) -> Outgoing:
                 "give the path of something that exists here."
             )
     return Outgoing(tuple(dirs), tuple(files.values()))
+
+
+def sha256_of(path: str) -> str:
+    """The sha256 of the file at ``path``, in hex."""
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while chunk := f.read(1 << 20):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+class Digests:
+    """The sha256 of files to send, each computed once, when a node first asks (by the
+    threads that send to each node)."""
+
+    def __init__(self) -> None:
+        self._known: dict[str, str] = {}
+        self._lock = threading.Lock()
+
+    def of(self, file: OutFile) -> str:
+        if file.digest:
+            return file.digest
+        with self._lock:  # the others wait for it rather than read the file too
+            if file.path not in self._known:
+                self._known[file.path] = sha256_of(file.path)
+            return self._known[file.path]
 
 
 def pieces(file: OutFile, size: int = CHUNK) -> Iterator[tuple[int, bytes, bool]]:
@@ -146,20 +171,24 @@ class Arrival:
         self._dir.mkdir(parents=True, exist_ok=True, mode=0o700)
         self._tmp = self._dir / f".{self._base}.cb-from-{host}"
         self._fd = os.open(self._tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-        self._pending = bytearray()
+        self._pending: list[bytes] = []
+        self._size = 0
 
     def write(self, data: bytes) -> None:
-        self._pending += data
-        if len(self._pending) >= _WRITE_AT:
+        self._pending.append(data)
+        self._size += len(data)
+        if self._size >= _WRITE_AT:
             self._flush()
 
     def _flush(self) -> None:
         # Few large writes: each one may wait for the GIL behind paramiko's thread after.
-        done = 0
-        with memoryview(self._pending) as view:
-            while done < len(view):
-                done += os.write(self._fd, view[done:])
-        self._pending.clear()
+        pending, self._pending, self._size = self._pending, [], 0
+        while pending:
+            done = os.writev(self._fd, pending)
+            while pending and done >= len(pending[0]):
+                done -= len(pending.pop(0))
+            if done:
+                pending[0] = pending[0][done:]
 
     def finish(self) -> Path:
         """The file under its name; raise if both names are taken (the temp file is kept)."""
@@ -191,17 +220,26 @@ def uncounted(amount: int) -> None:
 
 
 def send(
-    call: Call, cluster_id: str, sent: Outgoing, sending: Callable[[int], None] = uncounted
+    call: Call,
+    cluster_id: str,
+    sent: Outgoing,
+    sending: Callable[[int], None] = uncounted,
+    digests: Digests | None = None,
 ) -> int:
-    """Put ``sent`` on one node: its directories, then the files it lacks (``sending`` is told
-    each piece's bytes once it is on its way). Returns how many files were sent."""
+    """Put ``sent`` on one node: its directories, then the files it lacks or has with other
+    bytes (``sending`` is told each piece's bytes once it is on its way). Returns how many
+    files were sent."""
     files = {f.path: f for f in sent.files}
     begin = {
         "cluster_id": cluster_id,
         "dirs": list(sent.dirs),
-        "files": {f.path: [f.size, f.digest] for f in sent.files},
+        "files": {f.path: [f.size, f.digest or None] for f in sent.files},
     }
-    need = call("put_begin", begin, 300)["need"]
+    told = call("put_begin", begin, 300)
+    digests = digests or Digests()
+    # Files the node has with the same size: sent if their sha256 differs from the node's.
+    theirs: dict[str, str] = told.get("digests", {})
+    need = sorted([*told["need"], *(p for p, d in theirs.items() if d != digests.of(files[p]))])
     if not need:
         return 0
     at: list[str] = []  # the file being sent
@@ -316,7 +354,12 @@ def send_all(
     sending: Callable[[int], None] = uncounted,
 ) -> dict[str, Exception]:
     """:func:`send` to every node at once (``callers`` by node); the nodes it failed on."""
-    return parallel(list(callers), lambda node: send(callers[node], cluster_id, sent, sending))[1]
+    digests = Digests()
+
+    def one(node: str) -> int:
+        return send(callers[node], cluster_id, sent, sending, digests)
+
+    return parallel(list(callers), one)[1]
 
 
 def fetch_all(
@@ -348,7 +391,7 @@ def put_paths(
     """``cluster.put(*paths)``: send them with ``put`` (a provider's), with a bar of the bytes
     sent; raise naming the nodes it failed on."""
     progress = checked(progress)
-    sent = outgoing(paths)
+    sent = outgoing(paths, digests=False)
     if sent.dirs or sent.files:
         with bar(progress, "put", unit="B", leave=True) as shown:
             failed = put(sent, shown.add)

@@ -465,3 +465,26 @@ def test_a_gather_cut_off_mid_file_names_it_and_keeps_no_part(home: Path, tmp_pa
         fetch(call, head / "out", [], "n1", pytest.fail)
     assert list((head / "out").iterdir()) == []
     assert (root / "out" / "r0.bin").stat().st_size == 3 * CHUNK
+
+
+def test_put_checks_sha256_only_of_files_a_node_has_with_their_size(
+    home: Path, tmp_path: Path
+) -> None:
+    head, root = tmp_path / "head", tmp_path / "node"
+    head.mkdir()
+    for name, data in [("same.bin", b"12345"), ("other.bin", b"abcde"), ("new.bin", b"n")]:
+        (head / name).write_bytes(data)
+    (root / "head").mkdir(parents=True)
+    (root / "head" / "same.bin").write_bytes(b"12345")  # the same bytes: left alone
+    (root / "head" / "other.bin").write_bytes(b"ABCDE")  # its size, other bytes: replaced
+    (root / "head" / "same.bin").chmod(0o400)
+    sent = outgoing([head], digests=False)
+    assert {f.digest for f in sent.files} == {""}  # nothing read yet
+    there = {str(root / "head" / Path(f.path).name): [f.size, None] for f in sent.files}
+    asked = tasks.put_begin({"cluster_id": "c1", "files": there})
+    assert asked["need"] == [str(root / "head" / "new.bin")]
+    assert sorted(Path(p).name for p in asked["digests"]) == ["other.bin", "same.bin"]
+    assert send(_node_at(tmp_path, tmp_path / "node"), "c1", sent) == 2
+    assert (root / "head" / "other.bin").read_bytes() == b"abcde"
+    assert (root / "head" / "new.bin").read_bytes() == b"n"
+    assert (root / "head" / "same.bin").stat().st_mode & 0o777 == 0o400  # not written again
