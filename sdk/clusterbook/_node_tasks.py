@@ -863,10 +863,10 @@ def _drop(fd: int, tmp: str) -> int:
 
 
 def gather_files(args: Args, stdin: Any, stdout: Any) -> Reply:
-    """The files :func:`gather_list` finds, each as frames before the reply: ``H`` (JSON:
-        its relative name and size), data frames (``D``), then ``E``, or ``X`` (why) if it could
-        not be read; ``Z`` after the last. The first frame (``W``) names the directory they come
-    from (the reply too)."""
+    """The files :func:`gather_list` finds, each as frames before the reply: ``H`` (JSON: its
+    relative name and size), data frames (``D``), then ``E``, or ``X`` (why) if it could not
+    be read; ``Z`` after the last. The first frame (``W``) names the directory they come from
+    (the reply too)."""
     found = gather_list(args)
     where = found.get("directory") or args["directory"]
     stdout.write(frame(b"W", json.dumps(where).encode()))

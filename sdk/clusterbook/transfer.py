@@ -313,7 +313,10 @@ def fetch(
                 now["arrival"] = None
                 stored(arrival.finish())
                 taken.append(now["name"])
-            elif kind == b"X":
+            elif kind == b"X":  # the node could not read it (all of it)
+                now["arrival"] = None
+                if arrival is not None:
+                    arrival.abandon()
                 problems.append(ClusterError(f"could not read {payload.decode()} there"))
             elif kind == b"W":
                 now["where"] = json.loads(payload)

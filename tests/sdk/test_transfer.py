@@ -488,3 +488,27 @@ def test_put_checks_sha256_only_of_files_a_node_has_with_their_size(
     assert (root / "head" / "other.bin").read_bytes() == b"abcde"
     assert (root / "head" / "new.bin").read_bytes() == b"n"
     assert (root / "head" / "same.bin").stat().st_mode & 0o777 == 0o400  # not written again
+
+
+def test_a_file_the_node_cannot_read_whole_is_named_and_the_others_arrive(tmp_path: Path) -> None:
+    def call(task: str, args, timeout: float, on_frame=None):  # type: ignore[no-untyped-def]
+        if task == "gather_done":
+            assert args == {"directory": "/there", "names": ["b.txt"]}
+            return {}
+        for kind, payload in [
+            (b"W", b'"/there"'),
+            (b"H", b'{"name": "a.bin", "size": 9}'),
+            (b"D", b"part"),
+            (b"X", b"a.bin: Input/output error"),
+            (b"H", b'{"name": "b.txt", "size": 1}'),
+            (b"D", b"b"),
+            (b"E", b""),
+        ]:
+            on_frame(kind, payload)
+        return {"directory": "/there"}
+
+    stored: list[Path] = []
+    with pytest.raises(ClusterError, match=r"could not read a\.bin: Input/output error there"):
+        fetch(call, tmp_path, [], "n1", stored.append)
+    assert stored == [tmp_path / "b.txt"]
+    assert sorted(os.listdir(tmp_path)) == ["b.txt"]  # no part of a.bin, no temp file
