@@ -257,6 +257,11 @@ def test_a_lost_session_is_replaced_and_none_outlives_stop(
         cluster.put(tmp_path / "f.txt")
         (new_pid,) = _sessions(node1)
         assert new_pid != pid
+        os.kill(new_pid, signal.SIGKILL)  # and for a gather, whose files come as frames
+        with contextlib.suppress(psutil.NoSuchProcess):
+            psutil.Process(new_pid).wait(timeout=5)
+        assert cluster.gather(tmp_path / "none") == []
+        (new_pid,) = _sessions(node1)
         job = cluster.mpirun(["python", "-c", "import time; time.sleep(60)"], np=2)
         time.sleep(0.5)
         job.cancel()  # its clean-up on the nodes goes through the sessions

@@ -14,7 +14,7 @@ import json
 import shlex
 import threading
 import time
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, NoReturn
@@ -341,16 +341,35 @@ class KeptSession:
         **streams: Any,
     ) -> Any:
         """``NodeSession.call`` in the kept session; a call with ``frames`` or ``on_frame``
-        (see there) is not tried again in a new session: its frames went, or came, in part."""
+        (see there) is tried again in a new session only if none of its frames went or came
+        (a session lost while it was idle)."""
+        moved = False
+
+        def sent(frames: Iterable[bytes]) -> Iterator[bytes]:
+            nonlocal moved
+            for piece in frames:
+                moved = True
+                yield piece
+
+        def told(kind: bytes, payload: bytes) -> None:
+            nonlocal moved
+            moved = True
+            streams["on_frame"](kind, payload)
+
+        wrapped = dict(streams)
+        if streams.get("frames") is not None:
+            wrapped["frames"] = sent(streams["frames"])
+        if streams.get("on_frame") is not None:
+            wrapped["on_frame"] = told
         with self._lock:
             try:
-                return self._call(task, args, timeout, streams)
+                return self._call(task, args, timeout, wrapped)
             except TaskFailedError:
                 raise
             except SSHError:
-                if streams:
+                if moved:
                     raise
-                return self._call(task, args, timeout, streams)  # in a new session, once
+                return self._call(task, args, timeout, wrapped)  # in a new session, once
 
     def _call(
         self, task: str, args: Mapping[str, Any], timeout: float, streams: dict[str, Any]
