@@ -464,11 +464,14 @@ class Cluster:
     def gather(
         self, directory: str | os.PathLike[str], *, progress: bool | None = None
     ) -> list[Path]:
-        """Move the files ranks wrote in ``directory`` on the nodes (not in its
-        subdirectories) to ``directory`` on this machine; return the paths that arrived.
+        """Move the files ranks wrote in ``directory`` on the nodes (and in the directories
+        in it, at the same relative paths) to ``directory`` on this machine; return the paths
+        that arrived.
 
-        Files this machine already has there stay as they are (a name another node sent
-        too gets ``.from-HOST`` appended); hidden files are left on the nodes.
+        Files this machine already has there stay as they are, and so do the nodes' files of
+        those names (a name another node sent too gets ``.from-HOST`` appended); hidden
+        files and directories are left on the nodes. A file cut off on its way is not kept
+        here, under any name, and stays on its node.
         """
         self._require_running("gather")
         if self._remote is not None:

@@ -183,8 +183,9 @@ class Provider(ABC):
     def gather(
         self, directory: Path, skip: Sequence[str], receiving: Callable[[int], None] = uncounted
     ) -> tuple[list[Path], dict[str, Exception]]:
-        """Move the files ranks wrote in ``directory`` on the nodes (but those named in
-        ``skip``: this machine has them) here, telling ``receiving`` the bytes as they come;
+        """Move the files ranks wrote in ``directory`` and its directories on the nodes (but
+        those whose relative names are in ``skip``: this machine has them) here, telling
+        ``receiving`` the bytes as they come;
         return what arrived, and the nodes it failed on. By default every node shares this
         machine's files: nothing to move."""
         return [], {}

@@ -457,12 +457,15 @@ class SSHProvider(Provider):
         self._held.add(token)
         return hold_far(callers, token, failing)
 
-    def _task(self, host: str, task: str, args: Mapping[str, Any], timeout: float) -> Any:
-        """Run a node task on ``host``, in the session kept for it."""
+    def _task(
+        self, host: str, task: str, args: Mapping[str, Any], timeout: float, **streams: Any
+    ) -> Any:
+        """Run a node task on ``host``, in the session kept for it (``streams``: the frames
+        of a ``put_files`` or ``gather_files``, see ``NodeSession.call``)."""
         kept = self._sessions.get(host)
         if kept is None:  # a node the bootstrap did not get to
             kept = self._sessions[host] = KeptSession(self._session_starter(host))
-        return kept.call(task, args, timeout=timeout)
+        return kept.call(task, args, timeout, **streams)
 
     def _session_starter(self, host: str) -> Callable[[], NodeSession]:
         return lambda: NodeSession(self._shell(host), self._python(host))
@@ -517,7 +520,9 @@ class SSHProvider(Provider):
         """Node tasks on each node, in its session (see :meth:`_task`)."""
 
         def caller(host: str) -> Call:
-            return lambda task, args, timeout: self._task(host, task, args, timeout)
+            return lambda task, args, timeout, **streams: self._task(
+                host, task, args, timeout, **streams
+            )
 
         return {host: caller(host) for host in self._conns}
 
