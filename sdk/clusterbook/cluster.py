@@ -36,7 +36,7 @@ from clusterbook.providers.base import Provider, StartContext
 from clusterbook.providers.registry import make_provider
 from clusterbook.record import STOP_FILE
 from clusterbook.serving import HeadServices, write_record_of
-from clusterbook.spec import NodeSpec, validate_timeout
+from clusterbook.spec import NodeSpec, read_hostfile, validate_timeout
 from clusterbook.status import ClusterSnapshot, nodes_frame, snapshot_of
 from clusterbook.transfer import gather_into, put_paths
 
@@ -62,7 +62,8 @@ _log = logging.getLogger("clusterbook.cluster")
 class Cluster:
     """A set of nodes to run MPI jobs on.
 
-    Make one with :meth:`local`, :meth:`ssh`, :meth:`elastic` or :meth:`from_spec`; use it as
+    Make one with :meth:`local`, :meth:`ssh`, :meth:`elastic`, :meth:`from_hostfile` or
+    :meth:`from_spec`; use it as
     a context manager (``start()`` on enter, ``stop()`` on exit, also on error). Every job's
     per-rank logs go to files under :attr:`run_dir` as they arrive, and stay there after the
     cluster stops. Every constructor takes the options of
@@ -150,6 +151,14 @@ class Cluster:
         """
         bounds = {"min_nodes": min_nodes, "max_nodes": max_nodes}
         return cls.from_spec({"kind": "elastic", **bounds, **args})
+
+    @classmethod
+    def from_hostfile(cls, path: str | os.PathLike[str], **args: Unpack[SSHArgs]) -> Cluster:
+        """An SSH cluster (:meth:`ssh`) of the hosts in an Open MPI (``node1 slots=4``,
+        ``max_slots=N``) or MPICH (``node1:4``) hostfile: one node per distinct host, the
+        slots of its lines added up, comments and blank lines skipped. A line of neither form
+        is a :class:`ConfigError` naming the file, the line's number and the line."""
+        return cls.ssh(read_hostfile(path), **args)
 
     @staticmethod
     def attach(what: str | os.PathLike[str]) -> AttachedCluster:
