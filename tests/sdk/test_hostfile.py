@@ -60,7 +60,7 @@ def test_an_empty_or_missing_hostfile_says_so(tmp_path: Path) -> None:
     (tmp_path / "empty").write_text("# nothing\n\n")
     with pytest.raises(cb.ConfigError, match="lists no host; write one per line"):
         read_hostfile(tmp_path / "empty")
-    with pytest.raises(cb.ConfigError, match="Cannot read the hostfile .*No such file"):
+    with pytest.raises(cb.ConfigError, match=r"Cannot read the hostfile .*No such file"):
         read_hostfile(tmp_path / "absent")
 
 
