@@ -63,6 +63,14 @@ def _read(where: Surroundings, path: str, what: str) -> str:
         ) from None
 
 
+def _unset(name: str, kind: str, where: str) -> ConfigError:
+    return ConfigError(
+        f"{name} is not set, so there are no {kind} nodes to read (kind={kind!r} or "
+        f"CLUSTERBOOK_ENVIRONMENT={kind} asked for them); run {where}, or leave the kind out "
+        "to look for any system."
+    )
+
+
 # -- Slurm ------------------------------------------------------------------------------------
 
 
@@ -90,6 +98,8 @@ def _slurm_hosts(nodelist: str, where: Surroundings, name: str) -> list[str]:
 def read_slurm(where: Surroundings) -> Detected:
     name = "SLURM_JOB_NODELIST" if where.get("SLURM_JOB_NODELIST") else "SLURM_NODELIST"
     nodelist = (where.get(name) or "").strip()
+    if not nodelist:
+        raise _unset("SLURM_JOB_NODELIST", "slurm", "inside an allocation (salloc, sbatch)")
     hosts = _slurm_hosts(nodelist, where, name)
     counts, source = [1], "one slot per node"
     for var in ("SLURM_NTASKS_PER_NODE", "SLURM_TASKS_PER_NODE", "SLURM_JOB_CPUS_PER_NODE"):
@@ -111,6 +121,8 @@ def read_slurm(where: Surroundings) -> Detected:
 
 def read_pbs(where: Surroundings) -> Detected:
     path = where.get("PBS_NODEFILE") or ""
+    if not path:
+        raise _unset("PBS_NODEFILE", "pbs", "inside a PBS/Torque job (qsub)")
     source = f"PBS_NODEFILE={path!r}"
     text = _read(where, path, "the PBS nodefile")
     # One line per slot: a host's lines add up (parse_hostfile sums repeated hosts).

@@ -272,3 +272,10 @@ def test_from_environment_makes_an_ssh_cluster_options_win(tmp_path: Path) -> No
     assert fewer.total_slots == 2
     with pytest.raises(cb.ConfigError, match="slots must be >= 1"):
         cb.Cluster.from_environment(slots=0, environ=SLURM, runner=Scontrol())
+
+
+def test_a_kind_asked_for_whose_variable_is_unset() -> None:
+    with pytest.raises(cb.ConfigError, match="SLURM_JOB_NODELIST is not set, so there are no"):
+        detect({}, kind="slurm")
+    with pytest.raises(cb.ConfigError, match="PBS_NODEFILE is not set"):
+        detect({"CLUSTERBOOK_ENVIRONMENT": "pbs"})
