@@ -98,9 +98,11 @@ class ClusterMagics(Magics):
 
         ``%cluster local [--workers N] [--slots S|gpus]``,
         ``%cluster ssh HOST[:SLOTS] ... [--user U] [--identity F] [--port P]
-        [--accept-new-host-keys]``, ``%cluster attach ID`` (a cluster another kernel or
-        process runs: shown with its newest job's output), ``%cluster status``,
-        ``%cluster stop``.
+        [--accept-new-host-keys]``, ``%cluster env [slurm|pbs|mpijob|sagemaker] [--slots N]
+        [--user U] [--identity F] [--port P]`` (the nodes of the allocation or training job
+        the kernel runs in: :meth:`clusterbook.Cluster.from_environment`), ``%cluster attach
+        ID`` (a cluster another kernel or process runs: shown with its newest job's output),
+        ``%cluster status``, ``%cluster stop``.
         """
         try:
             args = parse_cluster_args(line)
@@ -119,6 +121,18 @@ class ClusterMagics(Magics):
                     user=args.user,
                     identity=args.identity,
                     port=args.port,
+                    host_keys="accept-new" if args.accept_new_host_keys else None,
+                )
+            )
+        elif args.command == "env":
+            self._start(
+                lambda: cb.Cluster.from_environment(
+                    args.kind,
+                    slots=args.slots,
+                    user=args.user,
+                    identity=args.identity,
+                    port=args.port,
+                    # None: the system's own (an MPIJob's pinned keys), else known_hosts
                     host_keys="accept-new" if args.accept_new_host_keys else None,
                 )
             )
