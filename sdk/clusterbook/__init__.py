@@ -16,6 +16,7 @@ from clusterbook.errors import (
     ClusterError,
     ClusterStateError,
     ConfigError,
+    EnvironmentNotFoundError,
     HostKeyChangedError,
     HostKeyUnknownError,
     HostNotFoundError,
@@ -34,12 +35,14 @@ from clusterbook.errors import (
     SSHError,
     SSHTimeoutError,
     UnknownClusterError,
+    WorkerHostError,
 )
 
 if TYPE_CHECKING:
     import pandas as pd
 
     from clusterbook.cluster import Cluster
+    from clusterbook.environment import Detected, detect_environment
     from clusterbook.ephemeral import run
     from clusterbook.gpus import GPUInfo
     from clusterbook.launch.flavour import Launcher, MPIFlavour
@@ -57,6 +60,8 @@ _LAZY = {
     "Backoff": "clusterbook.launch.recovery",
     "Cluster": "clusterbook.cluster",
     "ClusterSnapshot": "clusterbook.status",
+    "Detected": "clusterbook.environment",
+    "detect_environment": "clusterbook.environment",
     "GPUInfo": "clusterbook.gpus",
     "Job": "clusterbook.launch.job",
     "JobResult": "clusterbook.launch.result",
@@ -87,6 +92,8 @@ __all__ = [
     "ClusterSnapshot",
     "ClusterStateError",
     "ConfigError",
+    "Detected",
+    "EnvironmentNotFoundError",
     "GPUInfo",
     "HostKeyChangedError",
     "HostKeyUnknownError",
@@ -116,7 +123,9 @@ __all__ = [
     "SSHError",
     "SSHTimeoutError",
     "UnknownClusterError",
+    "WorkerHostError",
     "clusters",
+    "detect_environment",
     "load_ipython_extension",
     "prune",
     "run",

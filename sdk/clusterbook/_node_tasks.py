@@ -11,10 +11,14 @@ each task prints one JSON object. Importable too, for tests.
 - ``release`` (the node's agent, when it has lost the head): stop the cluster's jobs here and
   remove what ``install`` put here, unless another node sharing this home is still in it.
 - ``kill``: stop the processes of one job.
+- ``hold``: stop (SIGSTOP) the processes of one failed job, for inspection (``clean="none"``).
 - ``run``: run a command (``cluster.run_on_nodes``).
-- ``put_*``: write files, piece by piece, at the paths they have on the head (what it
-  created is removed at ``cleanup``); ``gather_*``: hand over, piece by piece, the files
-  ranks wrote in a directory, then remove them.
+- ``put_*``: write files at the paths they have on the head (what it created is removed at
+  ``cleanup``); ``gather_*``: hand over the files ranks wrote in a directory (and the
+  directories in it), then remove them. ``put_files`` and ``gather_files`` move the bytes raw,
+  in frames that follow the request or precede the reply (see :func:`session`); the head uses
+  those (``put_chunk`` and ``gather_chunk`` take one base64 piece in the JSON, for a caller
+  that has no frames).
 - ``reap`` (local only): the guard that stops a Python process's jobs when it dies.
 """
 
@@ -25,6 +29,7 @@ import os
 import shutil
 import signal
 import socket
+import struct
 import sys
 import tempfile
 import time
@@ -40,6 +45,8 @@ CLUSTERS_DIR = ".clusterbook/clusters"
 AGENTS = "agents"  # a cluster's agents are tagged CLUSTER-agents; its jobs, CLUSTER-TOKEN
 # The MPI launchers' daemons on a node: the parents of a job's ranks there.
 DAEMONS = ("prted", "hydra_pmi_proxy")
+#: Processes of a job that can stop or kill its ranks: launchers and their daemons.
+LAUNCHERS = frozenset({"mpirun", "mpiexec", "mpiexec.hydra", "prterun", "prte", *DAEMONS})
 
 
 def probe(args: Args) -> Reply:
@@ -181,10 +188,10 @@ def install(args: Args) -> Reply:
     return {"home": os.path.expanduser("~"), "dir": directory}
 
 
-def _inside(directory: str, name: str) -> str:
-    """``directory/name`` for a relative name of plain parts (``sub/file`` at most)."""
+def _inside(directory: str, name: str, depth: int = 2) -> str:
+    """``directory/name`` for a relative name of plain parts (``depth`` of them at most)."""
     parts = name.split("/")
-    if len(parts) > 2 or any(not p or p.startswith(".") for p in parts):
+    if len(parts) > depth or any(not p or p.startswith(".") for p in parts):
         raise ValueError(f"bad file name {name!r}")
     return os.path.join(directory, *parts)
 
@@ -262,8 +269,9 @@ def kill_tagged(
     exclude: Iterable[str] = (),
     daemons: bool = False,
 ) -> list[int]:
-    """SIGTERM the processes :func:`tagged` finds, SIGKILL those left after ``grace`` s;
-    then remove what their MPI left behind (:func:`leftovers`). Returns the pids signalled."""
+    """SIGTERM the processes :func:`tagged` finds, SIGKILL those left after ``grace`` s
+    (and those signalled before that run on: an MPI daemon whose ranks have gone); then
+    remove what their MPI left behind (:func:`leftovers`). Returns the pids signalled."""
     killed: set[int] = set()
     left: set[str] = set()
     values, exclude = list(values), list(exclude)
@@ -271,26 +279,35 @@ def kill_tagged(
     def find() -> list[int]:
         return tagged(values, prefix=prefix, exclude=exclude, daemons=daemons)
 
+    born: dict[int, str] = {}  # when each process signalled was started: its identity
+
+    def still_there() -> list[int]:
+        """Those signalled that run on (a daemon is found through its ranks only)."""
+        return [p for p, when in born.items() if _born(p) == when]
+
     for sig, pause in ((signal.SIGTERM, grace), (signal.SIGKILL, 0.0)):
-        pids = find()
+        pids = sorted(set(find()) | set(still_there()))
         if not pids:
             break
         left.update(leftovers(pids))
         for pid in pids:
+            when = born.get(pid) or _born(pid)
             try:
                 os.kill(pid, sig)
+                os.kill(pid, signal.SIGCONT)  # a process kept stopped takes its signal now
                 killed.add(pid)
             except OSError:
-                pass
+                continue
+            if when:
+                born[pid] = when
         deadline = time.monotonic() + pause
         while pause and find() and time.monotonic() < deadline:
             time.sleep(0.05)
-    if left:
-        end = time.monotonic() + 1.0  # a SIGKILL takes effect soon, not at once
-        while (busy := _alive(killed)) and time.monotonic() < end:
-            time.sleep(0.01)
-        if not busy:
-            remove_leftovers(left)
+    end = time.monotonic() + 1.0  # a SIGKILL takes effect soon, not at once
+    while (busy := bool(still_there())) and time.monotonic() < end:
+        time.sleep(0.01)
+    if left and not busy:
+        remove_leftovers(left)
     return sorted(killed)
 
 
@@ -345,17 +362,14 @@ def _environ(pid: int) -> dict[str, str]:
     return dict(item.split("=", 1) for item in items if "=" in item)
 
 
-def _alive(pids: Iterable[int]) -> bool:
-    """Whether any of ``pids`` still runs (a zombie has ended)."""
-    for pid in pids:
-        try:
-            with open(f"/proc/{pid}/stat", "rb") as f:
-                stat = f.read()
-        except OSError:
-            continue
-        if stat[stat.rindex(b")") + 2 :][:1] != b"Z":
-            return True
-    return False
+def _born(pid: int) -> str | None:
+    """When ``pid`` was started (clock ticks since boot), or None once it has ended."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            fields = f.read().rsplit(b")", 1)[1].split()
+    except (OSError, IndexError):
+        return None
+    return None if fields[0] == b"Z" else fields[19].decode()
 
 
 def stop_jobs(cluster_id: str, grace: float = 1.0) -> list[int]:
@@ -436,6 +450,67 @@ def free_port(args: Args) -> Reply:
 def kill(args: Args) -> Reply:
     grace = float(args.get("grace", 1.0))
     return {"killed": kill_tagged([args["token"]], grace, daemons=True)}
+
+
+def process_name(pid: int) -> str:
+    """``pid``'s command name, or "" once it has gone."""
+    try:
+        with open(f"/proc/{pid}/comm", "rb") as f:
+            return f.read().strip().decode(errors="replace")
+    except OSError:
+        return ""
+
+
+def _state(pid: int) -> str:
+    """``pid``'s state letter (``T`` stopped, ``Z`` zombie), or "" once it has gone."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            stat = f.read()
+        return stat[stat.rindex(b")") + 2 :][:1].decode()
+    except (OSError, ValueError):
+        return ""
+
+
+def settle(pid: int | None, within: float) -> None:
+    """Wait, at most ``within`` seconds, until ``pid`` (a failing rank) has stopped itself
+    or ended; without a pid, wait ``within``."""
+    if pid is None:
+        time.sleep(within)
+        return
+    give_up = time.monotonic() + within
+    while _state(pid) not in ("T", "t", "Z", "") and time.monotonic() < give_up:
+        time.sleep(0.01)
+
+
+def freeze(token: str, *, daemons: bool = False) -> list[int]:
+    """SIGSTOP every process of job ``token`` on this node (with ``daemons``, the MPI daemons
+    above them too), launchers and daemons first, so that none of them can kill the others;
+    return the pids stopped."""
+    stopped: list[int] = []
+    for _ in range(3):  # again for any started meanwhile (a rank's child)
+        found = [p for p in tagged([token], daemons=daemons) if p not in stopped]
+        if not found:
+            break
+        found.sort(key=lambda pid: process_name(pid) not in LAUNCHERS)
+        for pid in found:
+            with contextlib.suppress(OSError):
+                os.kill(pid, signal.SIGSTOP)
+                stopped.append(pid)
+    give_up = time.monotonic() + 1.0  # a signal takes effect when the process next runs
+    while any(_state(p) in ("R", "S", "D") for p in stopped) and time.monotonic() < give_up:
+        time.sleep(0.005)
+    return stopped
+
+
+def hold(args: Args) -> Reply:
+    """Keep job ``token``'s processes on this node stopped for inspection, once the failing
+    rank's program (``settle``: its pid, when it runs here) has stopped itself; name them."""
+    pid = args.get("settle")
+    if pid is not None:
+        settle(int(pid), within=3.0)  # its last output is read by its daemon first
+    time.sleep(0.05)  # and forwarded to the launcher
+    held = freeze(args["token"], daemons=True)
+    return {"held": [[p, process_name(p)] for p in held if _state(p) not in ("Z", "")]}
 
 
 def run(args: Args) -> Reply:
@@ -526,32 +601,39 @@ def _put_log(directory: str) -> str:
 def put_begin(args: Args) -> Reply:
     """Make ``dirs`` and the parents of ``files`` (path -> [size, sha256]); return the files
     this node needs: those it lacks or has with other bytes. A file already there with the
-    same bytes is left alone (a shared filesystem, or a node that is the head)."""
+    same bytes is left alone (a shared filesystem, or a node that is the head). A file given
+    without its sha256 (None) that is here with its size is not in ``need``: its sha256 here
+    is in ``digests``, for the head to compare."""
     created = []
     for path in args.get("dirs", []):
         created += _makedirs(path)
     need = []
+    digests = {}
     for path, (size, digest) in sorted(args["files"].items()):
         created += _makedirs(os.path.dirname(path))
-        if not _same(path, size, digest):
+        here = _digest(path, size)
+        if here is not None and digest is None:
+            digests[path] = here
+        elif here is None or here != digest:
             need.append(path)
     _log_created(args["cluster_id"], created)
-    return {"need": need}
+    return {"need": need, "digests": digests} if digests else {"need": need}
 
 
-def _same(path: str, size: int, digest: str) -> bool:
+def _digest(path: str, size: int) -> str | None:
+    """The sha256 of the file at ``path`` if it has ``size`` bytes, else None."""
     import hashlib
 
     try:
-        if os.path.getsize(path) != size:
-            return False
+        if not os.path.isfile(path) or os.path.getsize(path) != size:
+            return None
         h = hashlib.sha256()
         with open(path, "rb") as f:
             while chunk := f.read(1 << 20):
                 h.update(chunk)
     except OSError:
-        return False
-    return h.hexdigest() == digest
+        return None
+    return h.hexdigest()
 
 
 def put_chunk(args: Args) -> Reply:
@@ -627,42 +709,187 @@ def _remove_put(directory: str) -> None:
 
 
 def gather_list(args: Args) -> Reply:
-    """The regular files in ``directory``, but hidden ones and those named in ``skip`` (the
-    head has them): name -> size. ``directory`` is the first of ``directories`` this node
-    has (the head's path, then the path it leads to there, when it goes through a symbolic
-    link: the ranks may have used either)."""
+    """The regular files in ``directory`` and the directories in it, but hidden ones and
+    those named in ``skip`` (the head has them): relative name -> size. ``directory`` is the
+    first of ``directories`` this node has (the head's path, then the path it leads to there,
+    when it goes through a symbolic link: the ranks may have used either)."""
     skip = set(args.get("skip", []))
     asked = args.get("directories")
     for directory in asked or [args["directory"]]:
-        try:
-            entries = list(os.scandir(directory))
-        except (FileNotFoundError, NotADirectoryError):
+        if not os.path.isdir(directory):
             continue
-        files = {
-            e.name: e.stat(follow_symlinks=False).st_size
-            for e in sorted(entries, key=lambda e: e.name)
-            if e.name not in skip
-            and not e.name.startswith(".")
-            and e.is_file(follow_symlinks=False)
-        }
+        files = dict(_walk(directory, "", skip))
         return {"files": files, "directory": directory} if asked else {"files": files}
     return {"files": {}}
 
 
+def _walk(top: str, prefix: str, skip: set[str]) -> Iterable[tuple[str, int]]:
+    """``(relative name, size)`` of the regular files under ``top``, by name, depth first
+    (symbolic links are not followed; hidden names and those in ``skip`` are left)."""
+    try:
+        entries = sorted(os.scandir(top), key=lambda e: e.name)
+    except OSError:
+        return
+    for e in entries:
+        name = prefix + e.name
+        if e.name.startswith("."):
+            continue
+        if e.is_file(follow_symlinks=False):
+            if name not in skip:
+                yield name, e.stat(follow_symlinks=False).st_size
+        elif e.is_dir(follow_symlinks=False):
+            yield from _walk(e.path, name + "/", skip)
+
+
 def gather_chunk(args: Args) -> Reply:
     """``size`` bytes of file ``name`` in ``directory`` from ``offset``, base64."""
-    path = _inside(args["directory"], args["name"])
+    path = _inside(args["directory"], args["name"], MAX_DEPTH)
     with open(path, "rb") as f:
         f.seek(int(args["offset"]))
         return {"data": base64.b64encode(f.read(int(args["size"]))).decode()}
 
 
 def gather_done(args: Args) -> Reply:
-    """Remove the files in ``directory`` the head now has."""
+    """Remove the files in ``directory`` the head now has, and the directories in it that
+    this leaves empty."""
+    top = args["directory"]
+    parents: set[str] = set()
     for name in args["names"]:
         with contextlib.suppress(FileNotFoundError):
-            os.unlink(_inside(args["directory"], name))
+            os.unlink(_inside(top, name, MAX_DEPTH))
+        parts = name.split("/")[:-1]
+        parents.update("/".join(parts[:i]) for i in range(1, len(parts) + 1))
+    for parent in sorted(parents, key=lambda p: p.count("/"), reverse=True):
+        with contextlib.suppress(OSError):  # not empty: a rank's file the head did not take
+            os.rmdir(os.path.join(top, parent))
     return {}
+
+
+# -- raw bytes: frames after a request or before a reply ------------------------------------
+
+#: A frame: its kind (one byte) and its payload's length, then the payload.
+FRAME = struct.Struct(">cI")
+#: Payload bytes per data frame.
+FRAME_DATA = 1 << 20
+#: How deep ``gather`` goes into the directories of a gathered directory.
+MAX_DEPTH = 64
+
+
+def read_frame(stream: Any) -> tuple[bytes, bytes]:
+    """The next frame of ``stream`` (a binary file): ``(kind, payload)``; EOFError if it ends
+    inside one."""
+    head = _read_exact(stream, FRAME.size)
+    kind, size = FRAME.unpack(head)
+    return kind, _read_exact(stream, size)
+
+
+def _read_exact(stream: Any, size: int) -> bytes:
+    data: bytes = stream.read(size)  # a buffered reader returns all of it, unless at the end
+    if len(data) < size:
+        raise EOFError("the head's stream ended inside a file")
+    return data
+
+
+def frame(kind: bytes, payload: bytes = b"") -> bytes:
+    """A frame's header and payload, ready to send."""
+    return FRAME.pack(kind, len(payload)) + payload
+
+
+def put_files(args: Args, stdin: Any, stdout: Any) -> Reply:
+    """Write ``files`` (``[path, mode]`` each) from the frames that follow the request: for
+    each file in turn, data frames (``D``) then ``E``; ``Z`` ends early (``X``: the head gave
+    up on the file it was sending, and the rest). Each goes to a private temp file beside its
+    path, which replaces the path at ``E`` (with its mode); a file that did not exist before
+    is logged, its temp file first. A stream cut short leaves the temp file of the file it was
+    in removed. A file that cannot be written here fails the task, once the frames are read."""
+    cluster_id = args["cluster_id"]
+    files = list(args["files"])
+    written = 0
+    failed = ""
+    fd, tmp = -1, ""
+    try:
+        for path, mode in files:
+            tmp = os.path.join(os.path.dirname(path), f".{os.path.basename(path)}.cb-{cluster_id}")
+            if not failed:
+                try:
+                    _log_created(cluster_id, [tmp])
+                    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+                except OSError as exc:
+                    failed = f"{path}: {exc.strerror or exc}"
+            while True:
+                kind, payload = read_frame(stdin)
+                if kind != b"D":
+                    break
+                if fd >= 0:
+                    try:
+                        _write_all(fd, payload)
+                    except OSError as exc:
+                        failed = f"{path}: {exc.strerror or exc}"
+                        fd = _drop(fd, tmp)
+            if kind != b"E":  # X or Z: no more files
+                fd = _drop(fd, tmp)
+                break
+            if fd >= 0:
+                os.fchmod(fd, int(mode, 8))
+                os.close(fd)
+                fd = -1
+                existed = os.path.lexists(path)
+                os.replace(tmp, path)
+                if not existed:
+                    _log_created(cluster_id, [path])
+                written += 1
+        else:
+            kind, _ = read_frame(stdin)  # Z
+    finally:
+        _drop(fd, tmp)
+    if failed:
+        raise OSError(f"could not write {failed}")
+    return {"written": written}
+
+
+def _write_all(fd: int, data: bytes) -> None:
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view) :]
+
+
+def _drop(fd: int, tmp: str) -> int:
+    """Close and remove a temp file being written (if ``fd`` is open); -1."""
+    if fd >= 0:
+        os.close(fd)
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+    return -1
+
+
+def gather_files(args: Args, stdin: Any, stdout: Any) -> Reply:
+    """The files :func:`gather_list` finds, each as frames before the reply: ``H`` (JSON: its
+    relative name and size), data frames (``D``), then ``E``, or ``X`` (why) if it could not
+    be read; ``Z`` after the last. The first frame (``W``) names the directory they come from
+    (the reply too)."""
+    found = gather_list(args)
+    where = found.get("directory") or args["directory"]
+    stdout.write(frame(b"W", json.dumps(where).encode()))
+    try:
+        for name, size in found["files"].items():
+            try:
+                f = open(_inside(where, name, MAX_DEPTH), "rb")  # noqa: SIM115 - closed below
+            except OSError as exc:
+                stdout.write(frame(b"X", f"{name}: {exc.strerror or exc}".encode()))
+                continue
+            with f:
+                stdout.write(frame(b"H", json.dumps({"name": name, "size": size}).encode()))
+                try:
+                    while data := f.read(FRAME_DATA):
+                        stdout.write(FRAME.pack(b"D", len(data)))
+                        stdout.write(data)  # written through, not copied
+                except OSError as exc:
+                    stdout.write(frame(b"X", f"{name}: {exc.strerror or exc}".encode()))
+                    continue
+                stdout.write(frame(b"E"))
+    finally:
+        stdout.write(frame(b"Z"))
+    return {"directory": where}
 
 
 def tail(args: Args) -> Reply:
@@ -683,6 +910,7 @@ TASKS: dict[str, Callable[[Args], Reply]] = {
     "cleanup": cleanup,
     "release": release,
     "kill": kill,
+    "hold": hold,
     "free_port": free_port,
     "run": run,
     "spawn": spawn,
@@ -696,21 +924,41 @@ TASKS: dict[str, Callable[[Args], Reply]] = {
 }
 
 
+#: Tasks that read frames after their request (``put_files``) or write frames before their
+#: reply (``gather_files``, after a ``{"frames": true}`` reply line).
+STREAMS: dict[str, Callable[[Args, Any, Any], Reply]] = {
+    "put_files": put_files,
+    "gather_files": gather_files,
+}
+
 REPLY = "\x1eCBT "
 
 
 def session() -> None:
     """Run tasks as they come, one JSON request per line on stdin, one reply line each,
-    so that a node pays for one login shell and one Python start for all of its bootstrap."""
-    for line in sys.stdin:
+    so that a node pays for one login shell and one Python start for all of its bootstrap.
+    The bytes of files travel raw, in frames (:func:`read_frame`) between the lines."""
+    stdin, stdout = sys.stdin.buffer, sys.stdout.buffer
+    for fd in (0, 1):  # sshd and this process hand files over in 1 MiB, not 64 KiB, pipefuls
+        with contextlib.suppress(OSError, AttributeError):
+            import fcntl
+
+            fcntl.fcntl(fd, fcntl.F_SETPIPE_SZ, FRAME_DATA)
+    while line := stdin.readline():
         request = json.loads(line)
         reply: dict[str, object]
         try:
-            reply = {"ok": TASKS[request["task"]](request["args"])}
+            task = request["task"]
+            if task in STREAMS:
+                if task == "gather_files":
+                    stdout.write(f"{REPLY}{json.dumps({'frames': True})}\n".encode())
+                reply = {"ok": STREAMS[task](request["args"], stdin, stdout)}
+            else:
+                reply = {"ok": TASKS[task](request["args"])}
         except Exception as exc:
             reply = {"error": f"{type(exc).__name__}: {exc}"}
-        sys.stdout.write(REPLY + json.dumps(reply) + "\n")
-        sys.stdout.flush()
+        stdout.write(f"{REPLY}{json.dumps(reply)}\n".encode())
+        stdout.flush()
 
 
 def main(argv: list[str]) -> None:

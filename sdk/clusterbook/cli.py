@@ -205,7 +205,9 @@ def _parser() -> argparse.ArgumentParser:
         "--hosts",
         metavar="H:S,...",
         help="SSH hosts and slots, like node1:4,node2:4, bootstrapped with a per-cluster key "
-        "(default: this machine, one slot per core)",
+        "(default: the nodes of the Slurm allocation, PBS job, SageMaker training job or MPIJob "
+        "launcher pod this runs in, else this machine with one slot per core; "
+        "CLUSTERBOOK_ENVIRONMENT=none: this machine)",
     )
     run.add_argument(
         "--hostfile",
@@ -421,6 +423,7 @@ def _cleanup(args: argparse.Namespace) -> int:
 
 def _run(args: argparse.Namespace) -> int:
     from clusterbook.cluster import Cluster
+    from clusterbook.environment import cluster_spec, find_environment
     from clusterbook.spec import read_hostfile
 
     cmd = command(args.cmd, "clusterbook run -n 2 -- python train.py")
@@ -439,18 +442,23 @@ def _run(args: argparse.Namespace) -> int:
     slurm_only = [f"--{n}" for n in ("partition", "time", "account") if getattr(args, n)]
     if slurm_only and args.slurm is None:
         raise ConfigError(f"{', '.join(slurm_only)} go with --slurm N (nodes from Slurm).")
+    ssh = {
+        "user": args.user,
+        "identity": args.identity,
+        "known_hosts": args.known_hosts,
+        "port": args.port,
+        "host_keys": "accept-new" if args.accept_new_host_keys else None,
+    }
+    # --slurm asks for new nodes: the allocation this may run in is not looked for.
+    found = None if hosts or args.slurm is not None else find_environment()
     if args.slurm is not None:
         cluster = _slurm_cluster(args, options)
     elif hosts:
-        cluster = Cluster.ssh(
-            hosts,
-            user=args.user,
-            identity=args.identity,
-            known_hosts=args.known_hosts,
-            port=args.port,
-            host_keys="accept-new" if args.accept_new_host_keys else None,
-            **options,
-        )
+        cluster = Cluster.ssh(hosts, **ssh, **options)
+    elif found is not None:
+        slots = args.slots if isinstance(args.slots, int) else None
+        print(f"clusterbook: the nodes of {found.kind}: {found.source}", file=sys.stderr)
+        cluster = Cluster.from_spec(cluster_spec(found, {**ssh, **options}, slots))
     else:
         cluster = Cluster.local(workers=1, slots=args.slots, **options)
     with cluster:

@@ -20,6 +20,7 @@ from clusterbook.events import Subscribers
 from clusterbook.gpus import Slots
 from clusterbook.launch.flavour import Launcher, find_launcher
 from clusterbook.launch.job import Job
+from clusterbook.launch.logs import LogBudget
 from clusterbook.launch.nodes import (
     fail_on_lost_nodes,
     lost_node,
@@ -36,7 +37,7 @@ from clusterbook.providers.base import Provider, StartContext
 from clusterbook.providers.registry import make_provider
 from clusterbook.record import STOP_FILE
 from clusterbook.serving import HeadServices, write_record_of
-from clusterbook.spec import NodeSpec, validate_timeout
+from clusterbook.spec import NodeSpec, read_hostfile, validate_timeout
 from clusterbook.status import ClusterSnapshot, nodes_frame, snapshot_of
 from clusterbook.transfer import gather_into, put_paths
 
@@ -47,6 +48,7 @@ if TYPE_CHECKING:
 
     from clusterbook.attached import AttachedCluster
     from clusterbook.engines import EngineArgs
+    from clusterbook.environment import Runner
     from clusterbook.launch.prepare import JobArgs
     from clusterbook.launch.saved import SavedJob
     from clusterbook.mirror import Mirror
@@ -62,10 +64,11 @@ _log = logging.getLogger("clusterbook.cluster")
 class Cluster:
     """A set of nodes to run MPI jobs on.
 
-    Make one with :meth:`local`, :meth:`ssh`, :meth:`elastic`, :meth:`slurm` or
-    :meth:`from_spec`; use it as a context manager (``start()`` on enter, ``stop()`` on exit,
-    also on error). Every job's per-rank logs go to files under :attr:`run_dir` as they
-    arrive, and stay there after the cluster stops. Every constructor takes the options of
+    Make one with :meth:`local`, :meth:`ssh`, :meth:`elastic`, :meth:`slurm`,
+    :meth:`from_hostfile`, :meth:`from_environment` or :meth:`from_spec`; use it as a context
+    manager (``start()`` on enter, ``stop()`` on exit, also on error). Every job's per-rank
+    logs go to files under :attr:`run_dir` as they arrive, and stay there after the cluster
+    stops. Every constructor takes the options of
     :class:`~clusterbook.options.ClusterOptions`: ``name``, ``run_dir``, ``python``,
     ``launcher``, ``mpi`` and ``env``.
     """
@@ -90,6 +93,7 @@ class Cluster:
         self._mirror: Mirror | None = None  # copies at work_dir=URL
         self._launcher: Launcher | None = None
         self._jobs: list[Job] = []
+        self._logs = LogBudget()  # what the jobs' log buffers hold together
         self._lock = threading.RLock()
         self._subscribers: Subscribers[ClusterSnapshot] = Subscribers()
         self._stoppers: list[Callable[[], None]] = []
@@ -194,6 +198,43 @@ class Cluster:
             "min_nodes": min_nodes,
         }
         return cls.from_spec({"kind": "slurm", **job, **args})
+
+    @classmethod
+    def from_hostfile(cls, path: str | os.PathLike[str], **args: Unpack[SSHArgs]) -> Cluster:
+        """An SSH cluster (:meth:`ssh`) of the hosts in an Open MPI (``node1 slots=4``,
+        ``max_slots=N``) or MPICH (``node1:4``) hostfile: one node per distinct host, the
+        slots of its lines added up, comments and blank lines skipped. A line of neither form
+        is a :class:`ConfigError` naming the file, the line's number and the line."""
+        return cls.ssh(read_hostfile(path), **args)
+
+    @classmethod
+    def from_environment(
+        cls,
+        kind: str | None = None,
+        *,
+        slots: int | None = None,
+        environ: Mapping[str, str] | None = None,
+        root: str | os.PathLike[str] | None = None,
+        runner: Runner | None = None,
+        **args: Unpack[SSHArgs],
+    ) -> Cluster:
+        """An SSH cluster (:meth:`ssh`) of the nodes the system around this process gives: a
+        Slurm allocation, a PBS/Torque job, a SageMaker training job or a Kubeflow MPIJob's
+        launcher pod (what is read, and in which order: :mod:`clusterbook.environment`).
+
+        ``kind`` reads that system only (default: ``CLUSTERBOOK_ENVIRONMENT``, else the
+        first found); ``slots`` gives every node that many instead of what the system says.
+        The system's SSH settings (an MPIJob's key and pinned host keys, SageMaker's new
+        containers trusted on first use) and MPI flavour are defaults that ``args`` (those
+        of :meth:`ssh`) override. ``environ``, ``root`` and ``runner`` stand for this
+        process's variables, ``/`` and the commands it runs (``scontrol``). None found:
+        :class:`~clusterbook.environment.EnvironmentNotFoundError` saying what was looked
+        for; on a SageMaker host other than the first, or an MPIJob worker pod:
+        :class:`~clusterbook.environment.WorkerHostError`."""
+        from clusterbook.environment import cluster_spec, detect_environment
+
+        found = detect_environment(kind, environ=environ, root=root, runner=runner)
+        return cls.from_spec(cluster_spec(found, args, slots))
 
     @staticmethod
     def attach(what: str | os.PathLike[str]) -> AttachedCluster:
@@ -434,6 +475,7 @@ class Cluster:
             on_attempt=lambda _: self._changed(record=True),
             lost=lambda nodes: lost_node(nodes, self._provider.unreachable),
             free_port=self._provider.free_port,
+            hold=self._provider.hold_job,
         )
         with self._lock:
             started = prepare(
@@ -447,6 +489,7 @@ class Cluster:
                 run_dir=self.run_dir,
                 jobs_so_far=len(self._jobs),
                 hooks=hooks,
+                logs=self._logs,
             )
             self._jobs.append(started)
         self._changed(record=True)
@@ -510,11 +553,14 @@ class Cluster:
     def gather(
         self, directory: str | os.PathLike[str], *, progress: bool | None = None
     ) -> list[Path]:
-        """Move the files ranks wrote in ``directory`` on the nodes (not in its
-        subdirectories) to ``directory`` on this machine; return the paths that arrived.
+        """Move the files ranks wrote in ``directory`` on the nodes (and in the directories
+        in it, at the same relative paths) to ``directory`` on this machine; return the paths
+        that arrived.
 
-        Files this machine already has there stay as they are (a name another node sent
-        too gets ``.from-HOST`` appended); hidden files are left on the nodes.
+        Files this machine already has there stay as they are, and so do the nodes' files of
+        those names (a name another node sent too gets ``.from-HOST`` appended); hidden
+        files and directories are left on the nodes. A file cut off on its way is not kept
+        here, under any name, and stays on its node.
         """
         self._require_running("gather")
         if self._remote is not None:

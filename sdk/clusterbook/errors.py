@@ -9,7 +9,9 @@ and what to do about it. Errors of third-party libraries are translated at the b
     ClusterError
     ├── ConfigError (also ValueError)       bad input to a public entry point
     │   ├── LauncherNotFoundError           no mpirun / mpiexec to use
-    │   └── ProgramNotFoundError            the program (or script) of a job does not exist
+    │   ├── ProgramNotFoundError            the program (or script) of a job does not exist
+    │   ├── EnvironmentNotFoundError        no scheduler or launcher around this process
+    │   └── WorkerHostError                 this host is a worker of the job, not its leader
     ├── ClusterStateError                   the call does not fit the cluster's state
     ├── NodeLostError                       a node stopped heartbeating (``node``, ``host``)
     ├── RunDirError                         a job's files cannot be written (a full disk)
@@ -48,6 +50,7 @@ __all__ = [
     "ClusterError",
     "ClusterStateError",
     "ConfigError",
+    "EnvironmentNotFoundError",
     "HostKeyChangedError",
     "HostKeyUnknownError",
     "HostNotFoundError",
@@ -66,6 +69,7 @@ __all__ = [
     "SSHError",
     "SSHTimeoutError",
     "UnknownClusterError",
+    "WorkerHostError",
 ]
 
 
@@ -83,6 +87,16 @@ class LauncherNotFoundError(ConfigError):
 
 class ProgramNotFoundError(ConfigError):
     """The program or script a job should run does not exist."""
+
+
+class EnvironmentNotFoundError(ConfigError):
+    """``Cluster.from_environment``: no scheduler or launcher environment is around this
+    process; the message says what was looked for."""
+
+
+class WorkerHostError(ConfigError):
+    """``Cluster.from_environment`` on one of the job's workers: the cluster is built on its
+    leader (SageMaker's first host, an MPIJob's launcher pod)."""
 
 
 class ClusterStateError(ClusterError):

@@ -107,34 +107,66 @@ def parse_host_slots(text: object, default_slots: Slots = 1) -> tuple[str, Slots
     return host, slots
 
 
+_HOSTFILE_FORMS = "'HOST', 'HOST slots=N' (Open MPI) or 'HOST:N' (MPICH), like 'node1 slots=4'"
+
+
 def parse_hostfile(text: str, source: str = "hostfile") -> list[str]:
-    """The hosts of an Open MPI (``node1 slots=4``) or MPICH (``node1:4``) hostfile as
-    ``["node1:4", ...]``; comments (``#``) and blank lines are skipped, a host without slots
-    gets none (the default of whoever reads them). Anything else is named with its line."""
-    hosts = []
+    """The hosts of an Open MPI (``node1 slots=4``, ``max_slots=N`` too) or MPICH
+    (``node1:4``) hostfile as ``["node1:4", ...]``, one entry per distinct host in the order
+    they first appear, with the slots of its lines added up (a PBS nodefile lists a host once
+    per slot). Comments (``#``) and blank lines are skipped; a host without slots gets none
+    (the default of whoever reads them). Anything else is a :class:`ConfigError` naming
+    ``source``, the line's number, the line and the forms a line may take."""
+    slots_of: dict[str, list[Slots | None]] = {}
     for number, raw in enumerate(text.splitlines(), 1):
         line = raw.split("#", 1)[0].strip()
         if not line:
             continue
-        host, *rest = line.split()
-        slots = None
-        for word in rest:
-            key, sep, value = word.partition("=")
-            if key == "slots" and value == GPUS:
-                slots = value
-            elif key in ("slots", "max_slots", "max-slots") and sep and value.isdigit():
-                slots = value if key == "slots" or slots is None else slots
-            else:
-                raise ConfigError(
-                    f"{source} line {number}: {raw.strip()!r} is not 'HOST', 'HOST slots=N' "
-                    "(Open MPI) or 'HOST:N' (MPICH)."
-                )
-        entry = f"{host}:{slots}" if slots is not None and ":" not in host else host
-        parse_host_slots(entry)  # checked like any host entry
-        hosts.append(entry)
-    if not hosts:
+        where = f"{source} line {number}: {raw.strip()!r}"
+        try:
+            host, slots = _hostfile_line(line)
+        except ConfigError as exc:
+            raise ConfigError(f"{where}: {exc} Write each line as {_HOSTFILE_FORMS}.") from None
+        if host is None:
+            raise ConfigError(f"{where} is not {_HOSTFILE_FORMS}.")
+        slots_of.setdefault(host, []).append(slots)
+    if not slots_of:
         raise ConfigError(f"{source} lists no host; write one per line, like 'node1 slots=4'.")
-    return hosts
+    return [_summed(host, given, source) for host, given in slots_of.items()]
+
+
+def _hostfile_line(line: str) -> tuple[str | None, Slots | None]:
+    """``(host, slots)`` of one hostfile line (None for slots not given); ``(None, None)``
+    when the line has a word of neither format."""
+    host, *rest = line.split()
+    slots: Slots | None = None
+    if ":" in host:  # MPICH's HOST:N
+        if rest:
+            return None, None
+        return parse_host_slots(host)
+    validate_host(host)
+    for word in rest:
+        key, sep, value = word.partition("=")
+        if key == "slots" and value == GPUS:
+            slots = GPUS
+        elif key in ("slots", "max_slots", "max-slots") and sep and value.isdigit():
+            if int(value) < 1:
+                raise ConfigError(f"{key} must be >= 1, got {value}.")
+            slots = int(value) if key == "slots" or slots is None else slots
+        else:
+            return None, None
+    return host, slots
+
+
+def _summed(host: str, given: list[Slots | None], source: str) -> str:
+    if len(given) == 1:
+        return host if given[0] is None else f"{host}:{given[0]}"
+    if GPUS in given:
+        raise ConfigError(
+            f"{source} lists host {host!r} {len(given)} times, once with slots={GPUS}: list it "
+            f"once, with slots={GPUS} or a number."
+        )
+    return f"{host}:{sum(1 if s is None else int(s) for s in given)}"
 
 
 def read_hostfile(path: str | os.PathLike[str]) -> list[str]:
@@ -143,7 +175,8 @@ def read_hostfile(path: str | os.PathLike[str]) -> list[str]:
         text = Path(path).expanduser().read_text()
     except OSError as exc:
         raise ConfigError(
-            f"Cannot read the hostfile {os.fspath(path)!r}: {exc.strerror}."
+            f"Cannot read the hostfile {os.fspath(path)!r}: {exc.strerror}; give the path of "
+            "a readable hostfile."
         ) from None
     return parse_hostfile(text, f"hostfile {os.fspath(path)!r}")
 

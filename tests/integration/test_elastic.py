@@ -168,10 +168,16 @@ def test_stop_closes_the_rendezvous_and_agents_leave(elastic, agents):
     assert not cluster._provider.token_file.exists()
 
 
+def join_url_of(server: StoreServer, rest: str) -> str:
+    """A join URL to ``server``'s store: ``rest`` is the run id and the settings."""
+    host, port = server.address
+    return f"tcp://{host}:{port}/{rest}&fingerprint={server.fingerprint}"
+
+
 def test_agents_exit_when_the_head_is_gone_for_their_lease(tmp_path, agents):
     secret = write_secret(tmp_path / "token")
     server = StoreServer(secret=secret).start()
-    url = f"{server.url}/lease-test?min=1&max=1&last_call=0.1"
+    url = join_url_of(server, "lease-test?min=1&max=1&last_call=0.1")
     try:
         proc = agents(
             f"x worker join {url} --token-file {tmp_path / 'token'}", "n0", "--lease", "1"
@@ -192,7 +198,7 @@ def test_joining_a_closed_rendezvous_exits(tmp_path, agents):
 
         with TcpBackend(server.url, secret) as client:
             client.set_state(encode(RendezvousState(closed=True)))
-        url = f"{server.url}/closed-test?min=1&max=2"
+        url = join_url_of(server, "closed-test?min=1&max=2")
         proc = agents(f"x worker join {url} --token-file {tmp_path / 'token'}", "n0")
         assert proc.wait(timeout=30) == 0
         assert "closed" in proc.stderr.read()

@@ -226,3 +226,49 @@ def test_put_and_gather_reach_far_nodes_without_a_shared_filesystem(
         assert texts == [f"0 on {hosts[0].name}", f"1 on {hosts[1].name}"]
     # What put() created on the far nodes went with the cluster (the agents were still up).
     assert [sorted(os.listdir(d)) for d in seen.values()] == [[], []]
+
+
+RAISES = """\
+import time
+from mpi4py import MPI
+comm = MPI.COMM_WORLD
+if comm.rank == 1:
+    time.sleep(0.3)
+    raise RuntimeError("rank 1 gives up")
+comm.Barrier()
+"""
+
+
+def _alive(pid: int) -> bool:
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.Error:
+        return False
+
+
+def test_a_failed_job_is_kept_stopped_on_far_agents_until_cleanup(
+    testbed, far_agents, openmpi_python, tmp_path
+):
+    script = tmp_path / "raises.py"
+    script.write_text(RAISES)
+    hosts = testbed.hosts[:2]
+    kept: list[int] = []
+    try:
+        with elastic_cluster(testbed, openmpi_python, tmp_path, 2) as cluster:
+            for h in hosts:
+                far_agents(h, cluster, "--slots", "1", "--start-sshd", str(SSHD_PORT))
+            cluster.wait_ready(timeout=60)
+            job = cluster.mpirun(["python", str(script)], np=2, clean="none")
+            result = job.wait(timeout=90)
+            kept += [k.pid for k in result.kept]
+            assert [f.rank for f in result.failed] == [1], result
+            ranks = {k.rank: k.host for k in result.kept if k.rank is not None}
+            assert ranks == {r: hosts[r].name for r in (0, 1)}, result.kept
+            assert {k.host for k in result.kept if k.name == "prted"} == {h.name for h in hosts}
+            assert {psutil.Process(pid).status() for pid in kept} == {psutil.STATUS_STOPPED}
+            job.cleanup()  # returns once they are gone
+            assert [k for k in result.kept if _alive(k.pid)] == []
+    finally:
+        for pid in kept:  # a stopped process ends only with SIGKILL
+            with contextlib.suppress(OSError):
+                os.kill(pid, 9)

@@ -124,7 +124,7 @@ def test_without_restarts_a_lost_node_fails_the_job(testbed, openmpi_python, tmp
 
 
 DDP_RESUMES = """\
-import os, time
+import os, sys, time
 import torch
 import torch.distributed as dist
 
@@ -155,6 +155,10 @@ if restarts == 0:
     print("started", flush=True)
     time.sleep(600)  # until a node is lost
 dist.destroy_process_group()
+# torch 2.13's gloo aborts about one exit in 20 ("terminate called without an active
+# exception": a thread still joinable as the interpreter ends); leave without that teardown.
+sys.stdout.flush()
+os._exit(0)
 """
 
 

@@ -4,6 +4,7 @@ filesystem: each host sees its own empty directory where the head has ``work/``.
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import os
 import signal
 import sys
@@ -16,7 +17,7 @@ import pytest
 
 import clusterbook as cb
 from clusterbook.errors import ClusterError, ConfigError
-from clusterbook.transfer import CHUNK
+from clusterbook.transfer import CHUNK, outgoing
 from tests.testbed import Testbed
 from tests.testbed import testbed as fake_hosts
 from tests.testbed import unshared as private_dirs
@@ -256,6 +257,11 @@ def test_a_lost_session_is_replaced_and_none_outlives_stop(
         cluster.put(tmp_path / "f.txt")
         (new_pid,) = _sessions(node1)
         assert new_pid != pid
+        os.kill(new_pid, signal.SIGKILL)  # and for a gather, whose files come as frames
+        with contextlib.suppress(psutil.NoSuchProcess):
+            psutil.Process(new_pid).wait(timeout=5)
+        assert cluster.gather(tmp_path / "none") == []
+        (new_pid,) = _sessions(node1)
         job = cluster.mpirun(["python", "-c", "import time; time.sleep(60)"], np=2)
         time.sleep(0.5)
         job.cancel()  # its clean-up on the nodes goes through the sessions
@@ -300,3 +306,115 @@ def test_nodes_with_one_home_but_own_disks_each_lose_what_put_made(
     finally:
         for host in hosts:
             host.rebind()
+
+
+def _sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while chunk := f.read(1 << 20):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def test_a_40_mib_file_goes_and_comes_back_whole(
+    testbed, unshared, openmpi_python, tmp_path
+) -> None:  # type: ignore[no-untyped-def]
+    work, seen = unshared
+    with open(work / "big.bin", "wb") as f:
+        for _ in range(40):
+            f.write(os.urandom(1 << 20))
+    digest = _sha256(work / "big.bin")
+    with _cluster(testbed, openmpi_python, tmp_path / "run") as cluster:
+        provider = cluster._provider
+        counted: list[int] = []
+        assert provider.put(outgoing([work / "big.bin"]), counted.append) == {}
+        assert sum(counted) == 2 * (40 << 20)  # told of every byte, to both nodes
+        assert [_sha256(seen[n] / "big.bin") for n in seen] == [digest, digest]
+        counted.clear()
+        assert provider.put(outgoing([work / "big.bin"]), counted.append) == {}
+        assert counted == []  # the nodes have it (same sha256): nothing is sent again
+        os.rename(seen["node2"] / "big.bin", seen["node2"] / "back.bin")
+        stored, failed = provider.gather(work, ["big.bin"], counted.append)
+    assert (stored, failed) == ([work / "back.bin"], {})
+    assert sum(counted) == 40 << 20
+    assert _sha256(work / "back.bin") == digest
+    assert [sorted(os.listdir(d)) for d in seen.values()] == [[], []]  # put's copy went at stop
+
+
+def test_nested_directories_are_gathered_and_nothing_is_overwritten(
+    testbed, unshared, openmpi_python, tmp_path
+) -> None:  # type: ignore[no-untyped-def]
+    work, seen = unshared
+    (work / "out" / "logs").mkdir(parents=True)
+    (work / "out" / "logs" / "keep.txt").write_text("the head's own\n")
+    for name in seen:
+        tree = seen[name] / "out"
+        (tree / "logs").mkdir(parents=True)
+        (tree / "logs" / "keep.txt").write_text(f"{name}'s\n")  # the head has that name
+        (tree / "ckpt" / name / "step-1").mkdir(parents=True)
+        (tree / "ckpt" / name / "step-1" / "model.bin").write_bytes(name.encode() * 1000)
+        (tree / "shared" / "deep").mkdir(parents=True)
+        (tree / "shared" / "deep" / "same.txt").write_text(f"from {name}\n")
+        (tree / ".cache").mkdir()
+        (tree / ".cache" / "x").write_text("hidden")
+    with _cluster(testbed, openmpi_python, tmp_path / "run") as cluster:
+        arrived = cluster.gather(work / "out")
+    got = sorted(str(p.relative_to(work / "out")) for p in arrived)
+    addrs = {h.addr: h.name for h in testbed.hosts[:2]}
+    (second,) = [g for g in got if ".from-" in g]
+    first = ({"node1", "node2"} - {addrs[second.rsplit(".from-", 1)[1]]}).pop()
+    assert got == sorted(
+        [
+            "ckpt/node1/step-1/model.bin",
+            "ckpt/node2/step-1/model.bin",
+            "shared/deep/same.txt",
+            second,
+        ]
+    )
+    assert (work / "out" / "shared" / "deep" / "same.txt").read_text() == f"from {first}\n"
+    for name in seen:
+        model = work / "out" / "ckpt" / name / "step-1" / "model.bin"
+        assert model.read_bytes() == name.encode() * 1000
+        # Moved: the node keeps what the head had and what is hidden, nothing else.
+        left = sorted(
+            str(p.relative_to(seen[name] / "out")) for p in (seen[name] / "out").rglob("*")
+        )
+        assert left == [".cache", ".cache/x", "logs", "logs/keep.txt"]
+    assert (work / "out" / "logs" / "keep.txt").read_text() == "the head's own\n"
+    assert not [p for p in (work / "out").rglob(".*")]  # no temp file left
+
+
+def test_a_connection_closed_mid_file_leaves_no_part_of_it_and_says_which(
+    testbed, unshared, openmpi_python, tmp_path
+) -> None:  # type: ignore[no-untyped-def]
+    work, seen = unshared
+    (work / "big.bin").write_bytes(os.urandom(16 << 20))
+    node1 = seen["node1"]
+    cluster = testbed.cluster(openmpi_python, tmp_path / "run", hosts=1)
+    with cluster:
+        provider = cluster._provider
+        (host,) = provider._conns
+
+        def cut(amount: int) -> None:  # the first piece went: the connection goes
+            provider._conns[host].shell.close()
+
+        failed = provider.put(outgoing([work / "big.bin"]), cut)
+        assert list(failed) == [host]
+        assert f"{work / 'big.bin'} was not sent whole" in str(failed[host])
+        deadline = time.monotonic() + 5  # the node's session sees the end, drops its part
+        while os.listdir(node1) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert os.listdir(node1) == []
+
+        cluster.put(work / "big.bin")  # a new connection, and a new session, take the next
+        assert (node1 / "big.bin").read_bytes() == (work / "big.bin").read_bytes()
+
+        os.rename(node1 / "big.bin", node1 / "result.bin")
+        stored, failed = provider.gather(work, ["big.bin"], cut)
+        assert stored == []
+        assert list(failed) == [host]
+        assert "result.bin did not arrive whole" in str(failed[host])
+        assert sorted(os.listdir(work)) == ["big.bin"]  # no part of it here, under any name
+        assert sorted(os.listdir(node1)) == ["result.bin"]  # still there, whole
+        (back,) = cluster.gather(work)
+        assert back.read_bytes() == (work / "big.bin").read_bytes()

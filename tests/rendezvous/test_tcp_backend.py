@@ -10,6 +10,7 @@ import os
 import secrets
 import signal
 import socket
+import ssl
 import subprocess
 import sys
 import threading
@@ -33,6 +34,18 @@ from clusterbook.rendezvous.backends.tcp import (
 from tests.rendezvous.contract import RemoteBackendContract
 
 WAIT = 30.0  # generous bound for "eventually"
+NOBODY = "sha256:" + "0" * 64  # the fingerprint of no certificate: for addresses with no store
+
+
+def url_of(port: int, fingerprint: str = NOBODY) -> str:
+    return f"tcp://127.0.0.1:{port}?fingerprint={fingerprint}"
+
+
+def tls_connect(server: StoreServer) -> ssl.SSLSocket:
+    """A TLS connection to ``server`` made by hand (its certificate checked), before the
+    clusterbook handshake."""
+    sock = socket.create_connection(server.address, timeout=WAIT)
+    return tcp.client_tls(sock, server.fingerprint, time.monotonic() + WAIT)
 
 
 def wait_for(predicate: Callable[[], object], timeout: float = WAIT) -> None:
@@ -75,7 +88,7 @@ class TestTcpBackend(RemoteBackendContract):
     @pytest.fixture
     def unreachable(self, make_client):
         port = free_port()
-        return lambda: make_client(f"tcp://127.0.0.1:{port}", timeout=1.0)
+        return lambda: make_client(url_of(port), timeout=1.0)
 
 
 # --- a raw peer speaking the protocol by hand -----------------------------------------------------
@@ -83,7 +96,7 @@ class TestTcpBackend(RemoteBackendContract):
 
 def raw_session(server: StoreServer, secret: bytes, node: str = "") -> tcp._Channel:
     """An authenticated connection made by hand, after its hello."""
-    sock = socket.create_connection(server.address, timeout=WAIT)
+    sock = tls_connect(server)
     chan = tcp._client_handshake(sock, secret, time.monotonic() + WAIT)
     chan.send(b"H" + node.encode())
     assert chan.recv(time.monotonic() + WAIT) == b"O"
@@ -128,7 +141,7 @@ def test_server_proves_it_knows_the_secret_and_drops_a_wrong_client_proof(
 ) -> None:
     caplog.set_level(logging.WARNING, logger=tcp.__name__)
     server = make_server()
-    with socket.create_connection(server.address, timeout=WAIT) as sock:
+    with tls_connect(server) as sock:
         client_nonce = secrets.token_bytes(32)
         tcp._send_plain(sock, tcp._MAGIC + client_nonce)
         reply = tcp._recv_plain(sock, time.monotonic() + WAIT)
@@ -216,7 +229,7 @@ def test_secret_never_crosses_the_wire(make_server, make_client, secret) -> None
     server = make_server()
     proxy = Proxy(server.address)
     try:
-        url = f"tcp://127.0.0.1:{proxy.port}"
+        url = url_of(proxy.port, server.fingerprint)
         client = make_client(url, node="n1")
         _, token, _ = client.set_state(b"visible-state-marker")
         assert client.get_state() == (b"visible-state-marker", token)
@@ -229,7 +242,8 @@ def test_secret_never_crosses_the_wire(make_server, make_client, secret) -> None
     finally:
         proxy.close()
     traffic = bytes(proxy.upstream) + bytes(proxy.downstream)
-    assert b"visible-state-marker" in traffic  # the capture did see the session
+    assert len(traffic) > 1000  # the capture did see the sessions
+    assert b"visible-state-marker" not in traffic  # encrypted (more in test_tls.py)
     for key in (secret, other):
         for form in (key, key.hex().encode(), key.hex().upper().encode()):
             assert form not in traffic
@@ -635,7 +649,7 @@ def test_server_killed_while_a_client_waits(make_client, secret) -> None:
 
 def test_store_that_does_not_answer_times_out(make_client) -> None:
     with socket.create_server(("127.0.0.1", 0)) as silent:  # accepts (backlog), never answers
-        url = f"tcp://127.0.0.1:{silent.getsockname()[1]}"
+        url = url_of(silent.getsockname()[1])
         client = make_client(url, timeout=1.0)
         start = time.monotonic()
         with pytest.raises(RendezvousConnectionError, match="no answer") as info:
@@ -647,7 +661,7 @@ def test_store_that_does_not_answer_times_out(make_client) -> None:
 
 
 def test_unreachable_error_names_the_address_and_the_fix(make_client) -> None:
-    url = f"tcp://127.0.0.1:{free_port()}"
+    url = url_of(free_port())
     with pytest.raises(RendezvousConnectionError) as info:
         make_client(url, timeout=1.0).watch(None, 0.1)
     message = str(info.value)
@@ -690,7 +704,8 @@ def test_client_reconnects_after_a_server_restart(make_client, secret) -> None:
         client.set_state(b"old")
     finally:
         first.close()
-    second = StoreServer("127.0.0.1", port, secret=secret).start()
+    # The same certificate: a client pins the one its URL names.
+    second = StoreServer("127.0.0.1", port, secret=secret, certificate=first.certificate).start()
     try:
         assert client.get_state() is None  # a new, empty store
         assert client.set_state(b"new")[:2] == (b"new", 1)
@@ -778,7 +793,7 @@ def test_server_url_and_address(make_server) -> None:
     host, port = server.address
     assert host == "127.0.0.1"
     assert port > 0
-    assert server.url == f"tcp://127.0.0.1:{port}"
+    assert server.url == f"tcp://127.0.0.1:{port}?fingerprint={server.fingerprint}"
 
 
 # --- the secret's token file ----------------------------------------------------------------------

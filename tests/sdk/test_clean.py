@@ -9,6 +9,7 @@ import json
 import os
 import signal
 import subprocess
+import threading
 import time
 from collections.abc import Iterator
 from dataclasses import replace
@@ -18,10 +19,11 @@ import psutil
 import pytest
 
 import clusterbook as cb
+from clusterbook import _node_tasks as tasks
 from clusterbook.launch.command import LaunchPlan, rank_env
 from clusterbook.launch.flavour import Launcher, MPIFlavour
 from clusterbook.launch.job import Job
-from clusterbook.launch.keep import CLEAN, check_clean
+from clusterbook.launch.keep import CLEAN, check_clean, hold_far
 from clusterbook.launch.prepare import JobRequest
 from clusterbook.launch.rankwrap import wrap_argv
 from clusterbook.launch.recovery import Recovery
@@ -105,13 +107,96 @@ def test_mpirun_refuses_a_bad_policy_and_starts_nothing(make) -> None:
     assert cluster.jobs == []
 
 
-def test_keeping_is_refused_on_nodes_of_other_machines(make) -> None:
+def test_a_job_on_nodes_of_other_machines_keeps_there_too(make) -> None:
     cluster = make(FarProvider())
-    with pytest.raises(cb.ConfigError) as info:
-        cluster.mpirun(["true"], np=1, clean="none")
-    assert "clean='none' keeps a failed job's processes on this machine only" in str(info.value)
-    assert f"cluster {cluster.name!r} has nodes on other machines" in str(info.value)
-    assert cluster.jobs == []
+    job = cluster.mpirun(["true"], np=1, clean="none")
+    job.wait(30)  # (the stand-in launcher runs no rank)
+    assert job.plan.clean == "none"  # its ranks stop themselves after a failure, on any node
+    assert rank_env(job.plan)["CLUSTERBOOK_CLEAN"] == "none"
+
+
+# -- keeping on a node (the node task) and through a provider ----------------------------------
+
+
+@pytest.fixture
+def tagged_sleepers() -> Iterator[tuple[str, list[subprocess.Popen[bytes]]]]:
+    """Two processes of one job (tagged as the launcher tags them), killed at teardown."""
+    token = f"cb-test-{os.getpid()}-{time.monotonic_ns()}"
+    env = {**os.environ, "CLUSTERBOOK_JOB": token}
+    procs = [subprocess.Popen(["sleep", "60"], env=env) for _ in range(2)]
+    for _ in range(500):  # until both have exec'd: only then do they carry the tag
+        if len(tasks.tagged([token])) == 2:
+            break
+        time.sleep(0.01)
+    yield token, procs
+    for proc in procs:
+        proc.kill()
+        proc.wait()
+
+
+def _state(pid: int) -> str:
+    return psutil.Process(pid).status()
+
+
+def test_the_hold_task_stops_a_jobs_processes_and_kill_ends_them_at_once(
+    tagged_sleepers,
+) -> None:
+    token, procs = tagged_sleepers
+    pids = {p.pid for p in procs}
+    reply = tasks.hold({"token": token, "settle": procs[0].pid})
+    assert {pid for pid, _ in reply["held"]} == pids
+    assert {name for _, name in reply["held"]} == {"sleep"}
+    assert {_state(pid) for pid in pids} == {psutil.STATUS_STOPPED}
+    # Ending them does not wait out the grace a running process gets: stopped, they take
+    # their SIGTERM at once (it comes with a SIGCONT).
+    started = time.monotonic()
+    assert set(tasks.kill({"token": token, "grace": 30})["killed"]) == pids
+    assert time.monotonic() - started < 20
+    assert [p.wait(5) for p in procs] == [-signal.SIGTERM, -signal.SIGTERM]
+
+
+def test_the_hold_task_waits_for_the_failing_rank_to_stop_itself(tagged_sleepers) -> None:
+    token, procs = tagged_sleepers
+    failing = procs[0].pid
+    threading.Timer(0.3, os.kill, args=(failing, signal.SIGSTOP)).start()
+    before = time.monotonic()
+    tasks.hold({"token": token, "settle": failing})
+    assert time.monotonic() - before >= 0.3  # not before it stopped itself
+    assert _state(procs[1].pid) == psutil.STATUS_STOPPED
+
+
+def test_hold_far_asks_every_node_and_names_what_each_kept() -> None:
+    asked: list[tuple[str, str, dict]] = []
+
+    def caller(name: str, held: list[list]) -> object:
+        def call(task: str, args: dict, timeout: float) -> dict:
+            asked.append((name, task, dict(args)))
+            if name == "node3":
+                raise OSError("connection reset")  # keeps nothing; stop_job ends it later
+            return {"held": held}
+
+        return call
+
+    callers = {
+        "node1": caller("node1", [[40, "prted"], [41, "python"]]),
+        "node2": caller("node2", [[40, "prted"]]),
+        "node3": caller("node3", []),
+    }
+    kept = hold_far(callers, "c-tok", {"node2": 77})
+    assert sorted(asked, key=lambda a: a[0]) == [
+        ("node1", "hold", {"token": "c-tok", "settle": None}),
+        ("node2", "hold", {"token": "c-tok", "settle": 77}),
+        ("node3", "hold", {"token": "c-tok", "settle": None}),
+    ]
+    assert kept == (
+        KeptProcess(40, "node1", "prted"),
+        KeptProcess(41, "node1", "python"),
+        KeptProcess(40, "node2", "prted"),
+    )
+
+
+def test_a_provider_of_this_machines_nodes_holds_nothing_itself() -> None:
+    assert FakeProvider().hold_job("tok", {"n": 1}) == ()
 
 
 # -- what the ranks are told --------------------------------------------------------------------

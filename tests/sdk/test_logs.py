@@ -14,6 +14,7 @@ import pytest
 from clusterbook.errors import RunDirError
 from clusterbook.launch.logs import (
     LAUNCHER_RANK,
+    LogBudget,
     LogRecord,
     LogStore,
     read_log_file,
@@ -289,6 +290,111 @@ def test_non_markers_are_plain_text(rank: int | None, stream: str, text: str, ma
     assert store.pids == {}
     assert store.hosts == {0: "node0", 1: "node1"}
     assert seen == []
+
+
+# -- lines that arrive together -----------------------------------------------------------
+
+
+def test_lines_added_together_are_the_records_and_file_lines_added_one_by_one(
+    tmp_path: Path, make_store
+) -> None:
+    texts = ["a", "", "b\rc", "piece-", "rest", "é"]
+    one = make_store()
+    for i, text in enumerate(texts):
+        one.add(1, "stdout", text, partial=i == 3)
+    one.close()
+    by_one = [r[1:] for r in one.records()], (tmp_path / "rank-1.log").read_bytes().decode()
+    (tmp_path / "rank-1.log").unlink()
+    together = make_store()
+    together.add_lines(1, "stdout", texts, frozenset({3}))
+    together.close()
+    records = together.records()
+    assert [r[1:] for r in records] == by_one[0]
+    assert len({r.time for r in records}) == 1  # they arrived at one time
+    stamp = datetime.fromtimestamp(records[0].time, timezone.utc).isoformat(timespec="microseconds")
+    written = (tmp_path / "rank-1.log").read_bytes().decode()
+    assert written == "".join(
+        f"{stamp} out{'+' if i == 3 else ''} {t}\n" for i, t in enumerate(texts)
+    )
+    assert [line.split(" ", 1)[-1] for line in written.split("\n")] == [
+        line.split(" ", 1)[-1] for line in by_one[1].split("\n")
+    ]
+
+
+def test_markers_among_lines_added_together(make_store) -> None:
+    store = make_store(hosts={})
+    seen: list[tuple[int, int, list[str]]] = []
+    store.on_exit(lambda rank, code: seen.append((rank, code, store.tail(rank))))
+    store.add_lines(
+        3,
+        "stderr",
+        [f"{MARK} start node9 77", "Traceback", "long-", f"tail{MARK} exit 1", "after"],
+        frozenset({2}),
+    )
+    assert [(r.line, r.partial, r.host) for r in store.records()] == [
+        ("Traceback", False, "node9"),
+        ("long-", True, "node9"),
+        ("tail", False, "node9"),
+        ("after", False, "node9"),
+    ]
+    assert (store.pids, store.exit_codes) == ({3: 77}, {3: 1})
+    # Told once every line of the batch is stored: a failure report has them all.
+    assert seen == [(3, 1, ["Traceback", "long-", "tail", "after"])]
+
+
+def test_a_piece_that_looks_like_a_marker_is_text(make_store) -> None:
+    store = make_store()
+    store.add_lines(0, "stderr", [f"{MARK} exit 4", "x"], frozenset({0}))
+    assert [r.line for r in store.records()] == [f"{MARK} exit 4", "x"]
+    assert store.exit_codes == {}
+
+
+def test_a_clusters_jobs_share_one_bound_and_ended_jobs_read_their_files(
+    tmp_path: Path, clock: FakeClock
+) -> None:
+    budget = LogBudget(max_records=5, max_bytes=1 << 20)
+
+    def store(name: str) -> LogStore:
+        (tmp_path / name).mkdir()
+        return LogStore(tmp_path / name, {0: "n0"}, launcher_host="h", clock=clock, budget=budget)
+
+    first = store("job-1")
+    first.add_lines(0, "stdout", ["a", "b", "c"])
+    first.add(None, "stderr", "launcher says")
+    before = first.records()
+    first.close()
+    second = store("job-2")
+    second.add_lines(0, "stdout", ["d"])
+    assert first.held == (4, 16)  # 5 records in all: they fit
+    second.add_lines(0, "stdout", ["e", "f"])
+    assert first.held == (0, 0)  # 7: the ended job's buffer goes
+    assert budget.held == (3, 3)
+    assert first.records() == before  # read back from its files
+    assert list(first.stream()) == before
+    assert list(first.stream(from_start=False)) == []
+    third = store("job-3")
+    third.add_lines(0, "stdout", [str(i) for i in range(4)])
+    assert budget.held == (7, 7)  # running jobs keep theirs (each is bounded on its own)
+    for s in (second, third):
+        s.close()
+    assert [r.line for r in third.records()] == ["0", "1", "2", "3"]
+
+
+def test_a_let_go_buffer_reads_back_the_newest_its_bound_allows(tmp_path: Path, make_store) -> None:
+    store = make_store(max_records=3)
+    store.add_lines(0, "stdout", ["1", "2"])
+    store.add_lines(1, "stdout", ["3", "4"])
+    held = store.records()
+    store.close()
+    store.release()
+    assert store.records() == held == [r for r in held if r.line in {"2", "3", "4"}]
+
+
+def test_an_open_store_is_never_let_go(make_store) -> None:
+    store = make_store()
+    store.add(0, "stdout", "x")
+    store.release()
+    assert [r.line for r in store.records()] == ["x"]
 
 
 # -- buffer and tails ----------------------------------------------------------------------

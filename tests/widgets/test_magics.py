@@ -51,6 +51,28 @@ def test_mpirun_args_parsed() -> None:
     assert parse_mpirun_args("").clean == "all"
 
 
+def test_an_interrupt_as_the_job_starts_cancels_it_too(
+    ip, cluster: cb.Cluster, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:  # type: ignore[no-untyped-def]
+    started = tmp_path / "started"
+    cell = f"import time\nopen({str(started)!r}, 'a').close()\ntime.sleep(120)\n"
+    start = cluster.mpirun
+
+    def interrupted_as_it_returns(*args: object, **kwargs: object) -> cb.Job:
+        start(*args, **kwargs)  # type: ignore[arg-type]
+        raise KeyboardInterrupt  # the stop button, before the magic holds the job
+
+    monkeypatch.setattr(cluster, "mpirun", interrupted_as_it_returns)
+    with capture_output() as out, pytest.raises(KeyboardInterrupt):
+        ip.run_cell_magic("mpirun", "-n 2", cell)
+    (job,) = cluster.jobs
+    assert job.done
+    assert job.result is not None
+    assert job.result.cancelled
+    assert "interrupted; job-0001 was cancelled" in out.stderr
+    assert processes_mentioning(str(cluster.run_dir / "cells")) == []
+
+
 @pytest.mark.parametrize(
     ("line", "said"),
     [

@@ -78,7 +78,7 @@ def _err(text: str) -> None:
 
 @magics_class
 class ClusterMagics(Magics):
-    """``%cluster local|ssh|slurm|attach|status|stop`` and ``%%mpirun``.
+    """``%cluster local|ssh|slurm|env|attach|status|stop`` and ``%%mpirun``.
 
     The current cluster is :attr:`cluster` (one per shell); starting a new one stops the old
     one, and the kernel's exit stops it.
@@ -100,9 +100,11 @@ class ClusterMagics(Magics):
         ``%cluster ssh HOST[:SLOTS] ... [--user U] [--identity F] [--port P]
         [--accept-new-host-keys]``, ``%cluster slurm [--nodes N] [--slots S] [--partition P]
         [--time T] [--account A] [--min-nodes M]`` (nodes from one Slurm batch job: they
-        join as Slurm starts it), ``%cluster attach ID`` (a cluster another kernel or
-        process runs: shown with its newest job's output), ``%cluster status``,
-        ``%cluster stop``.
+        join as Slurm starts it), ``%cluster env [slurm|pbs|mpijob|sagemaker] [--slots N]
+        [--user U] [--identity F] [--port P]`` (the nodes of the allocation or training job
+        the kernel runs in: :meth:`clusterbook.Cluster.from_environment`), ``%cluster attach
+        ID`` (a cluster another kernel or process runs: shown with its newest job's output),
+        ``%cluster status``, ``%cluster stop``.
         """
         try:
             args = parse_cluster_args(line)
@@ -137,6 +139,18 @@ class ClusterMagics(Magics):
             )
             if started is not None:
                 print("Its nodes join as Slurm starts the job: %cluster status shows them.")
+        elif args.command == "env":
+            self._start(
+                lambda: cb.Cluster.from_environment(
+                    args.kind,
+                    slots=args.slots,
+                    user=args.user,
+                    identity=args.identity,
+                    port=args.port,
+                    # None: the system's own (an MPIJob's pinned keys), else known_hosts
+                    host_keys="accept-new" if args.accept_new_host_keys else None,
+                )
+            )
         elif args.command == "attach":
             self._attach(args.id)
         elif args.command == "status":
@@ -247,13 +261,24 @@ class ClusterMagics(Magics):
         try:
             values = self._push_values(args)
             cluster = self._running() or self._start(lambda: cb.Cluster.local())
-            if cluster is None:
-                return
-            job, script, pull_dir = self._launch(cluster, args, cell, values)
         except (ClusterError, _CellError) as exc:
             _err(f"%%mpirun: {exc}")
             return
-        result, tracebacks = self._follow(job, str(script))
+        if cluster is None:
+            return
+        before = len(cluster.jobs)
+        try:
+            try:
+                job, script, pull_dir = self._launch(cluster, args, cell, values)
+            except (ClusterError, _CellError) as exc:
+                _err(f"%%mpirun: {exc}")
+                return
+            result, tracebacks = self._follow(job, str(script))
+        except KeyboardInterrupt:  # wherever it came, the job it started is cancelled
+            for started in cluster.jobs[before:]:
+                started.cancel()
+                _err(f"%%mpirun: interrupted; {started.id} was cancelled and every rank stopped.")
+            raise
         for text in failure_report(tracebacks, result.failed):
             _err(text)
         if result.deadline_exceeded:
@@ -345,6 +370,8 @@ class ClusterMagics(Magics):
     def _follow(
         self, job: cb.Job | SavedJob, script: str
     ) -> tuple[cb.JobResult, dict[int, list[tuple[str, ...]]]]:
+        """Print the job's output as it comes; its result once it has ended (an interrupt
+        is the caller's to handle: it cancels the job)."""
         launcher = Path(job.plan.launcher.path if isinstance(job, cb.Job) else job.launcher).name
         live = LiveText()
 
@@ -357,16 +384,10 @@ class ClusterMagics(Magics):
         def announce(attempt: int) -> None:
             _err(f"%%mpirun: attempt {attempt}")
 
-        try:
-            tracebacks = fold_live(
-                job.stream(), emit, continues=live.continues, runner=script, on_attempt=announce
-            )
-            result = job.wait()
-        except KeyboardInterrupt:
-            job.cancel()
-            _err(f"%%mpirun: interrupted; {job.id} was cancelled and every rank stopped.")
-            raise
-        return result, tracebacks
+        tracebacks = fold_live(
+            job.stream(), emit, continues=live.continues, runner=script, on_attempt=announce
+        )
+        return job.wait(), tracebacks
 
     def _pull(
         self,

@@ -219,7 +219,7 @@ def parse_mpirun_args(line: str) -> MpirunArgs:
 def _cluster_parser() -> _Parser:
     p = _Parser(prog="%cluster", description="Start, show or stop the notebook's cluster.")
     sub = p.add_subparsers(
-        dest="command", metavar="{local,ssh,slurm,attach,status,stop}", required=True
+        dest="command", metavar="{local,ssh,slurm,env,attach,status,stop}", required=True
     )
     local = sub.add_parser("local", help="a cluster on this machine")
     local.add_argument("--workers", type=_count("--workers"), default=1, metavar="N")
@@ -258,6 +258,26 @@ def _cluster_parser() -> _Parser:
         default=None,
         metavar="M",
         help="start with at least M nodes (sbatch --nodes=M-N)",
+    )
+    env = sub.add_parser(
+        "env",
+        help="a cluster of the nodes of the Slurm allocation, PBS job, SageMaker training job "
+        "or MPIJob launcher pod this kernel runs in",
+    )
+    env.add_argument(
+        "kind",
+        nargs="?",
+        choices=["slurm", "pbs", "mpijob", "sagemaker"],
+        help="read this system only (default: the first found)",
+    )
+    env.add_argument("--slots", type=_count("--slots"), metavar="N", help="ranks per node")
+    env.add_argument("--user", metavar="U")
+    env.add_argument("--identity", metavar="F", help="private key file")
+    env.add_argument("--port", type=_count("--port"), metavar="P")
+    env.add_argument(
+        "--accept-new-host-keys",
+        action="store_true",
+        help="trust hosts not yet in known_hosts on first use (a changed key is still refused)",
     )
     attach = sub.add_parser("attach", help="a cluster another kernel or process runs")
     attach.add_argument("id", metavar="ID", help="its id (clusterbook ls), name or directory")

@@ -14,7 +14,7 @@ import signal
 import subprocess
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import replace
 from pathlib import Path
 from typing import IO, Any
@@ -22,11 +22,11 @@ from typing import IO, Any
 from clusterbook.errors import ClusterError, NodeLostError, RunDirError
 from clusterbook.launch import keep
 from clusterbook.launch import proc as procs
-from clusterbook.launch.command import LaunchCommand, LaunchPlan
+from clusterbook.launch.command import LaunchCommand, LaunchPlan, placement
 from clusterbook.launch.flavour import MPIFlavour
 from clusterbook.launch.guard import guard, kill_tagged
 from clusterbook.launch.logs import LAUNCHER_RANK, LogStore
-from clusterbook.launch.parse import LineSplitter, OmpiChunkParser
+from clusterbook.launch.parse import LineSplitter, OmpiChunkParser, as_lines
 from clusterbook.launch.result import JobResult, KeptProcess, RankFailure, failed_ranks
 from clusterbook.spec import NodeSpec
 
@@ -42,8 +42,9 @@ class Attempt:
     Output of every rank is parsed into records as it arrives, appended to ``rank-N.log`` in
     :attr:`directory`, kept in a bounded buffer and streamed (the store's). Starting it starts
     the launcher; :meth:`wait` returns its result once it has ended. With ``keep``
-    (``clean="none"``), the first rank failure stops every process of the attempt on this
-    machine instead, until :meth:`cleanup` (see :mod:`clusterbook.launch.keep`).
+    (``clean="none"``), the first rank failure stops every process of the attempt instead,
+    on this machine and, through ``hold_far`` (the provider's ``hold_job``), on the nodes of
+    other machines, until :meth:`cleanup` (see :mod:`clusterbook.launch.keep`).
     """
 
     def __init__(
@@ -66,6 +67,7 @@ class Attempt:
         lost: Callable[[tuple[NodeSpec, ...]], NodeLostError | None] | None = None,
         loss_grace: float = 3.5,
         keep: bool = False,
+        hold_far: Callable[[str, Mapping[str, int]], tuple[KeptProcess, ...]] | None = None,
     ) -> None:
         self.id = job_id
         self.number = number
@@ -91,6 +93,7 @@ class Attempt:
         self._exited = threading.Event()  # the launcher has exited
         self._result: JobResult | None = None
         self._keep = keep
+        self._hold_far = hold_far if plan.remote is not None else None
         self._holding = False  # the attempt's processes are kept stopped (see _hold)
         self._cleaned = False
         self._kept: tuple[KeptProcess, ...] = ()
@@ -195,6 +198,11 @@ class Attempt:
         with contextlib.suppress(subprocess.TimeoutExpired):
             self._proc.wait(timeout=5)  # the launcher, stopped with the rest
         guard.release(self._token)
+        if self._hold_far is not None and self._on_failure is not None:
+            try:
+                self._on_failure(self._token)  # what was kept on the nodes of other machines
+            except Exception:
+                _log.exception("Ending what job %s kept on the nodes failed.", self.id)
         return pids
 
     # -- internals ------------------------------------------------------------------------
@@ -244,13 +252,13 @@ class Attempt:
     def _read_tagged(self, pipe: object) -> None:
         parser = OmpiChunkParser()
         fd = pipe.fileno()  # type: ignore[attr-defined]
-        add = self._store.add
+        add = self._store.add_lines
         try:
             while chunk := os.read(fd, _READ):
-                for line in parser.feed(chunk):
-                    add(line.rank, line.stream, line.text, line.partial)
-            for line in parser.flush():
-                add(line.rank, line.stream, line.text, line.partial)
+                for rank, stream, lines in parser.feed_batches(chunk):
+                    add(rank, stream, *lines)
+            for rank, stream, lines in parser.flush_batches():
+                add(rank, stream, *lines)
         finally:
             pipe.close()  # type: ignore[attr-defined]
 
@@ -260,10 +268,8 @@ class Attempt:
         stream = "stdout" if pipe is self._proc.stdout else "stderr"
         try:
             while chunk := os.read(fd, _READ):
-                for text, partial in splitter.feed(chunk):
-                    self._store.add(None, stream, text, partial)
-            for text, partial in splitter.flush():
-                self._store.add(None, stream, text, partial)
+                self._store.add_lines(None, stream, *splitter.feed_lines(chunk))
+            self._store.add_lines(None, stream, *as_lines(splitter.flush()))
         finally:
             pipe.close()  # type: ignore[attr-defined]
 
@@ -284,8 +290,7 @@ class Attempt:
                         tails[name] = (open(path, "rb"), LineSplitter(), int(rank_text), kind)  # noqa: SIM115
                     f, splitter, rank, kind = tails[name]
                     while chunk := f.read(_READ):  # type: ignore[attr-defined]
-                        for text, partial in splitter.feed(chunk):
-                            self._store.add(rank, kind, text, partial)
+                        self._store.add_lines(rank, kind, *splitter.feed_lines(chunk))
                 if finished:
                     break
                 self._exited.wait(0.02)
@@ -338,14 +343,40 @@ class Attempt:
             self._stopped_at_exit_count = len(self._store.exit_order)
         code = -int(signal.SIGSTOP)  # the launcher's state, as a returncode
         try:
+            pid = self._store.pids.get(rank)
+            nodes = self.plan.nodes
+            node_of = {r: nodes[i] for r, i in enumerate(placement(nodes, self.np))}
+            far = {r for r, n in node_of.items() if self._hold_far and n.host != "localhost"}
+            kept_far: tuple[KeptProcess, ...] = ()
+            if self._hold_far is not None:
+                failing = {node_of[rank].name: pid} if rank in far and pid is not None else {}
+                try:  # the nodes of other machines first: this machine's launcher holds on
+                    kept_far = self._named(self._hold_far(self._token, failing), node_of)
+                except Exception:
+                    _log.exception("Keeping job %s on the nodes failed.", self.id)
             pipes = (self._proc.stdout, self._proc.stderr)
-            self._kept = keep.hold(self._token, self._store.pids.get(rank), pipes, self._store.pids)
+            here = {r: p for r, p in self._store.pids.items() if r not in far}
+            kept_here = keep.hold(self._token, pid, pipes, here, far=rank in far)
+            self._kept = tuple(sorted(kept_here + kept_far, key=_rank_first))
             if self._timer is not None:
                 self._timer.cancel()
             polled = self._proc.poll()
             code = code if polled is None else polled
         finally:
             self._finish(code)
+
+    def _named(
+        self, kept: tuple[KeptProcess, ...], node_of: Mapping[int, NodeSpec]
+    ) -> tuple[KeptProcess, ...]:
+        """``kept`` (``host``: a node's name) with the host name its ranks reported, and the
+        rank of each rank's program."""
+        hosts = self._store.hosts
+        shown = {node_of[r].name: hosts[r] for r in node_of if r in hosts}
+        ranks = {(node_of[r].name, p): r for r, p in self._store.pids.items() if r in node_of}
+        return tuple(
+            replace(k, host=shown.get(k.host, k.host), rank=ranks.get((k.host, k.pid)))
+            for k in kept
+        )
 
     def _find_out(self, result: JobResult | None) -> list[str]:
         """What ``diagnose`` says about the job (``result``: once it has ended)."""
@@ -470,3 +501,7 @@ class Attempt:
             attempt=self.number,
             kept=self._kept,
         )
+
+
+def _rank_first(k: KeptProcess) -> tuple[bool, int, str, int]:
+    return (k.rank is None, k.rank or 0, k.host, k.pid)

@@ -9,12 +9,14 @@ two steps, because a launcher tears the whole job down as soon as a rank fails:
   non-zero) writes its exit marker, then stops itself with SIGSTOP, so the launcher sees no
   failure and the other ranks, blocked on it, stay where they are;
 - the head, told by the marker, waits until the rank is stopped and its output read, then
-  stops every process of the job on this machine (the launcher and its daemons first, so
-  that none of them can kill the others) and ends the attempt without waiting for the
-  launcher, which stays stopped with them.
+  stops every process of the job: on the nodes of other machines first, through the
+  provider (:func:`hold_far`, the node task ``hold``: each node's MPI daemons, then its
+  ranks), then on this machine (the launcher first, so that it cannot kill the others), and
+  ends the attempt without waiting for the launcher, which stays stopped with them.
 
 ``job.cleanup()`` (and the cluster's ``stop()``, and the guard if the kernel dies) then kills
-them all with SIGKILL, which ends a stopped process too.
+them all with SIGKILL, which ends a stopped process too; on other machines the provider's
+``stop_job`` does it.
 """
 
 from __future__ import annotations
@@ -31,26 +33,26 @@ from typing import IO
 
 import psutil
 
-from clusterbook._node_tasks import DAEMONS, leftovers, remove_leftovers, tagged
+from clusterbook._node_tasks import freeze, leftovers, remove_leftovers, settle, tagged
 from clusterbook.errors import ConfigError
+from clusterbook.fanout import parallel
 from clusterbook.launch.result import KeptProcess
+from clusterbook.transfer import Call
 from clusterbook.wording import spell_or
 
 __all__ = [
     "CLEAN",
     "check_clean",
     "drained",
+    "end_far",
     "end_kept",
-    "freeze",
     "hold",
+    "hold_far",
     "kept_processes",
-    "settle",
 ]
 
 #: What ``clean=`` takes: what is left of a finished job's processes.
 CLEAN = ("all", "running", "none")
-#: Processes of a job that can stop or kill its ranks: launchers and their daemons.
-_LAUNCHERS = frozenset({"mpirun", "mpiexec", "mpiexec.hydra", "prterun", "prte", *DAEMONS})
 
 
 def check_clean(value: object) -> str:
@@ -64,25 +66,21 @@ def check_clean(value: object) -> str:
     )
 
 
-def _name(pid: int) -> str:
-    try:
-        with open(f"/proc/{pid}/comm", "rb") as f:
-            return f.read().strip().decode(errors="replace")
-    except OSError:
-        return ""
-
-
 def hold(
     token: str,
     failing: int | None,
     pipes: Sequence[IO[bytes] | None],
     rank_pids: Mapping[int, int],
+    *,
+    far: bool = False,
 ) -> tuple[KeptProcess, ...]:
     """Stop every process of job ``token`` on this machine, once the failing rank's program
-    (pid ``failing``) has stopped itself or ended, and return them, once what the launcher
-    wrote to ``pipes`` is read (``rank_pids``: each rank's program's pid)."""
+    (pid ``failing``; ``far``: it ran on another machine, already held) has stopped itself
+    or ended, and return them, once what the launcher wrote to ``pipes`` is read
+    (``rank_pids``: the pid of each rank's program on this machine)."""
     # The rank's traceback comes after its marker: written, then forwarded by the launcher.
-    settle(failing, within=3.0)
+    if not far:
+        settle(failing, within=3.0)
     time.sleep(0.05)
     stopped = freeze(token)
     fds = []
@@ -94,36 +92,30 @@ def hold(
     return kept_processes(stopped, socket.gethostname(), rank_pids)
 
 
-def freeze(token: str) -> list[int]:
-    """SIGSTOP every process of job ``token`` on this machine, the launcher and its daemons
-    first; return the pids stopped."""
-    stopped: list[int] = []
-    for _ in range(3):  # again for any started meanwhile (a rank's child)
-        found = [p for p in tagged([token]) if p not in stopped]
-        if not found:
-            break
-        found.sort(key=lambda pid: _name(pid) not in _LAUNCHERS)
-        for pid in found:
-            with contextlib.suppress(OSError):
-                os.kill(pid, signal.SIGSTOP)
-                stopped.append(pid)
-    return stopped
+def hold_far(
+    callers: Mapping[str, Call], token: str, failing: Mapping[str, int]
+) -> tuple[KeptProcess, ...]:
+    """Stop every process of job ``token`` on the nodes ``callers`` reach (by node name),
+    each once the failing rank's program there (``failing``: its pid, by node name) has
+    stopped itself; return them, named by node (a node that does not answer keeps nothing:
+    the job's ``stop_job`` ends what it has)."""
+
+    def hold_on(name: str) -> list[KeptProcess]:
+        reply = callers[name]("hold", {"token": token, "settle": failing.get(name)}, 15.0)
+        return [KeptProcess(int(pid), name, str(comm)) for pid, comm in reply["held"]]
+
+    held, _ = parallel(sorted(callers), hold_on)
+    return tuple(k for name in sorted(held) for k in held[name])
 
 
-def settle(pid: int | None, within: float) -> None:
-    """Wait, at most ``within`` seconds, until ``pid`` (a failing rank) has stopped itself
-    or ended; without a pid, wait ``within``."""
-    if pid is None:
-        time.sleep(within)
-        return
-    give_up = time.monotonic() + within
-    while time.monotonic() < give_up:
-        try:
-            if psutil.Process(pid).status() in (psutil.STATUS_STOPPED, psutil.STATUS_ZOMBIE):
-                return
-        except psutil.Error:
-            return
-        time.sleep(0.01)
+def end_far(callers: Mapping[str, Call], token: str) -> None:
+    """End job ``token``'s processes kept stopped on the nodes ``callers`` reach, at once
+    (no grace: SIGKILL), returning once they are gone."""
+
+    def end_on(name: str) -> object:
+        return callers[name]("kill", {"token": token, "grace": 0}, 15.0)
+
+    parallel(sorted(callers), end_on)
 
 
 def drained(fds: Iterable[int], within: float) -> None:

@@ -3,9 +3,11 @@
 On disk, a job directory holds ``rank-N.log`` per rank and ``launcher.log`` for the launcher's
 own output, one line per record: ``ISO-TIME out|err TEXT``; a piece of an over-long line that
 goes on in the next record is written ``out+`` / ``err+``, so the file holds every byte. Files
-are flushed record by record, so a dead kernel or a killed rank leaves every line that arrived
-readable. When a file cannot be written (a full disk), the store stops writing, keeps what
-comes in memory (bounded) and tells its listener, which stops the job with that error.
+are flushed as lines arrive, so a dead kernel or a killed rank leaves every line that arrived
+readable. Lines that arrived together are stored together: one time (when they arrived),
+one write, one wake-up of the readers. When a file cannot be written (a full disk), the store
+stops writing, keeps what comes in memory (bounded) and tells its listener, which stops the
+job with that error.
 """
 
 from __future__ import annotations
@@ -14,13 +16,12 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator
-from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import IO, TYPE_CHECKING
+from typing import IO, TYPE_CHECKING, NamedTuple
 
 from clusterbook.errors import RunDirError
-from clusterbook.launch.rankwrap import parse_marker
+from clusterbook.launch.rankwrap import MARK, parse_marker
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -28,6 +29,7 @@ if TYPE_CHECKING:
 __all__ = [
     "LAUNCHER_RANK",
     "LiveText",
+    "LogBudget",
     "LogRecord",
     "LogStore",
     "parse_log_line",
@@ -41,15 +43,18 @@ COLUMNS = ("time", "rank", "host", "stream", "line", "partial", "attempt")
 _SHORT = {"stdout": "out", "stderr": "err"}
 _LONG = {v: k for k, v in _SHORT.items()}
 _TAIL_CHARS = 2000  # of each line kept for failure reports
+_NONE: frozenset[int] = frozenset()
+_FIRST = frozenset({0})
 
 
-@dataclass(frozen=True, slots=True)
-class LogRecord:
+class LogRecord(NamedTuple):
     """One line a rank wrote: when it arrived (epoch seconds), rank, host, stream, text.
 
     ``partial`` marks a piece of a line longer than :data:`~clusterbook.launch.parse.MAX_LINE`
     (1 MiB) that goes on in the next record of the same rank and stream. ``attempt``: which
     run of the job wrote it (1 unless the job was retried or restarted).
+
+    Immutable, and a tuple (one is made per line: a tuple is the cheapest record to make).
     """
 
     time: float
@@ -59,6 +64,44 @@ class LogRecord:
     line: str
     partial: bool = False
     attempt: int = 1
+
+
+class LogBudget:
+    """What the log buffers of a cluster's jobs may hold in memory together: at most
+    ``max_records`` records and ``max_bytes`` characters of text. Past that, the buffers of
+    ended jobs are let go, oldest first; their lines are read back from their files when
+    asked for. (Each job's own buffer is bounded too, running or not.)"""
+
+    def __init__(self, max_records: int = 200_000, max_bytes: int = 128 << 20) -> None:
+        self.max_records = max_records
+        self.max_bytes = max_bytes
+        self._stores: list[LogStore] = []
+        self._lock = threading.Lock()
+
+    def add(self, store: LogStore) -> None:
+        with self._lock:
+            self._stores.append(store)
+
+    def settle(self) -> None:
+        """Let go of the buffers of ended jobs, oldest first, until the rest fit."""
+        with self._lock:
+            records = sum(s.held[0] for s in self._stores)
+            size = sum(s.held[1] for s in self._stores)
+            for store in list(self._stores):
+                if records <= self.max_records and size <= self.max_bytes:
+                    break
+                if store.closed:
+                    held = store.held
+                    store.release()
+                    records, size = records - held[0], size - held[1]
+                    self._stores.remove(store)
+
+    @property
+    def held(self) -> tuple[int, int]:
+        """Records and characters the buffers hold now."""
+        with self._lock:
+            stores = list(self._stores)
+        return sum(s.held[0] for s in stores), sum(s.held[1] for s in stores)
 
 
 class LogStore:
@@ -80,6 +123,7 @@ class LogStore:
         max_bytes: int = 64 << 20,
         tail_lines: int = 40,
         clock: Callable[[], float] = time.time,
+        budget: LogBudget | None = None,
     ) -> None:
         self.directory = directory
         self.hosts = dict(hosts)
@@ -105,6 +149,10 @@ class LogStore:
         self._closed = False
         self._exit_listeners: list[Callable[[int, int], None]] = []
         self._error_listeners: list[Callable[[RunDirError], None]] = []
+        self._released = False  # the buffer was let go (see LogBudget): read the files
+        self._budget = budget
+        if budget is not None:
+            budget.add(self)
 
     # -- writing ---------------------------------------------------------------------------
 
@@ -120,70 +168,126 @@ class LogStore:
     def add(self, rank: int | None, stream: str | None, text: str, partial: bool = False) -> None:
         """Record a line of ``rank`` (None: the launcher) on ``stream``; ``partial``: a
         piece of a longer line, which goes on in the next record."""
+        self.add_lines(rank, stream, [text], _FIRST if partial else _NONE)
+
+    def add_lines(
+        self,
+        rank: int | None,
+        stream: str | None,
+        texts: list[str],
+        partial: frozenset[int] = frozenset(),
+    ) -> None:
+        """Record lines of ``rank`` (None: the launcher) on ``stream`` that arrived together:
+        one time, one write to the file, one wake-up of the readers. ``partial``: the
+        indexes of pieces of longer lines, which go on in the next record."""
         rank = LAUNCHER_RANK if rank is None else rank
         stream = stream or "stderr"
-        exited: int | None = None
-        if stream == "stderr" and rank != LAUNCHER_RANK and not partial:
-            text, marker = parse_marker(text)
-            if marker is not None:
-                if marker.kind == "start":
-                    self.hosts[rank] = marker.host or self.hosts.get(rank, "?")
-                    self.started.setdefault(rank, self._clock())
-                    if marker.pid is not None:
-                        self.pids[rank] = marker.pid
-                elif rank not in self.exit_codes and marker.code is not None:
-                    self.exit_codes[rank] = exited = marker.code
-                    self.exit_order.append(rank)
-                    self.ended[rank] = self._clock()
-                if not text:
-                    if exited is not None:
-                        self._notify_exit(rank, exited)
-                    return
+        exited: list[tuple[int, int]] = []
+        if stream == "stderr" and rank != LAUNCHER_RANK and any(MARK in t for t in texts):
+            texts, partial = self._markers(rank, texts, partial, exited)
+        if texts:
+            self._store(rank, stream, texts, partial)
+        for code in exited:
+            self._notify_exit(*code)
+
+    def _markers(
+        self, rank: int, texts: list[str], partial: frozenset[int], exited: list[tuple[int, int]]
+    ) -> tuple[list[str], frozenset[int]]:
+        """``texts`` without the rank wrapper's markers (what they report is kept: the rank's
+        host, pid, start, exit code) nor the lines that held nothing else."""
+        kept: list[str] = []
+        kept_partial: set[int] = set()
+        for i, text in enumerate(texts):
+            if i not in partial:
+                text, marker = parse_marker(text)
+                if marker is not None:
+                    if marker.kind == "start":
+                        self.hosts[rank] = marker.host or self.hosts.get(rank, "?")
+                        self.started.setdefault(rank, self._clock())
+                        if marker.pid is not None:
+                            self.pids[rank] = marker.pid
+                    elif rank not in self.exit_codes and marker.code is not None:
+                        self.exit_codes[rank] = marker.code
+                        self.exit_order.append(rank)
+                        self.ended[rank] = self._clock()
+                        exited.append((rank, marker.code))
+                    if not text:
+                        continue
+            else:
+                kept_partial.add(len(kept))
+            kept.append(text)
+        return kept, frozenset(kept_partial)
+
+    def _store(self, rank: int, stream: str, texts: list[str], partial: frozenset[int]) -> None:
+        now = self._clock()
         host = self._launcher_host if rank == LAUNCHER_RANK else self.hosts.get(rank, "?")
-        record = LogRecord(self._clock(), rank, host, stream, text, partial, self.attempt)
+        attempt = self.attempt
+        if partial:
+            records = [
+                LogRecord(now, rank, host, stream, t, i in partial, attempt)
+                for i, t in enumerate(texts)
+            ]
+        else:
+            records = [LogRecord(now, rank, host, stream, t, False, attempt) for t in texts]
+        size = sum(map(len, texts))
         failed = None
         with self._cond:
             if self._closed:
                 return
             if self.write_error is None:
-                failed = self._write(record)
-            self._records.append(record)
-            self._bytes += len(text)
+                failed = self._write(rank, stream, now, texts, partial)
+            self._records.extend(records)
+            self._bytes += size
             while len(self._records) > self._max_records or (
                 self._bytes > self._max_bytes and len(self._records) > 1
             ):
                 self._bytes -= len(self._records.popleft().line)
-            self._seq += 1
-            tail = text if len(text) <= _TAIL_CHARS else text[: _TAIL_CHARS - 1] + "\u2026"
-            self._tails.setdefault(rank, deque(maxlen=self._tail_lines)).append(tail)
+            self._seq += len(records)
+            tail = self._tails.get(rank)
+            if tail is None:
+                tail = self._tails[rank] = deque(maxlen=self._tail_lines)
+            tail.extend(
+                t if len(t) <= _TAIL_CHARS else t[: _TAIL_CHARS - 1] + "\u2026"
+                for t in texts[-self._tail_lines :]
+            )
             self._cond.notify_all()
         if failed is not None:
             for listener in self._error_listeners:
                 listener(failed)
-        if exited is not None:
-            self._notify_exit(rank, exited)
+        if self._budget is not None:
+            self._budget.settle()
 
     def _notify_exit(self, rank: int, code: int) -> None:
         for callback in self._exit_listeners:
             callback(rank, code)
 
-    def _write(self, record: LogRecord) -> RunDirError | None:
-        """Append ``record`` to its file; on failure, stop writing and return the error."""
-        name = "launcher.log" if record.rank == LAUNCHER_RANK else f"rank-{record.rank}.log"
-        stamp = datetime.fromtimestamp(record.time, timezone.utc).isoformat(timespec="microseconds")
-        code = _SHORT[record.stream] + ("+" if record.partial else "")
+    def _write(
+        self, rank: int, stream: str, now: float, texts: list[str], partial: frozenset[int]
+    ) -> RunDirError | None:
+        """Append lines to their rank's file, in one write, flushed; on failure, stop
+        writing and return the error."""
+        name = "launcher.log" if rank == LAUNCHER_RANK else f"rank-{rank}.log"
+        stamp = datetime.fromtimestamp(now, timezone.utc).isoformat(timespec="microseconds")
+        code = _SHORT[stream]
+        if partial:
+            data = "".join(
+                f"{stamp} {code}{'+' if i in partial else ''} {t}\n" for i, t in enumerate(texts)
+            )
+        else:
+            prefix = f"{stamp} {code} "
+            data = prefix + ("\n" + prefix).join(texts) + "\n"
         try:
-            f = self._files.get(record.rank)
+            f = self._files.get(rank)
             if f is None:
-                f = self._files[record.rank] = open(  # noqa: SIM115 - closed in close()
+                f = self._files[rank] = open(  # noqa: SIM115 - closed in close()
                     self.directory / name,
                     "a",
                     encoding="utf-8",
                     errors="replace",
                     newline="\n",
-                    buffering=1,
                 )
-            f.write(f"{stamp} {code} {record.line}\n")
+            f.write(data)
+            f.flush()
         except OSError as exc:
             self.write_error = RunDirError.from_os_error(self.directory / name, exc)
             self._close_files()
@@ -212,10 +316,54 @@ class LogStore:
     def closed(self) -> bool:
         return self._closed
 
-    def records(self) -> list[LogRecord]:
-        """The records still in the buffer, oldest first."""
+    @property
+    def held(self) -> tuple[int, int]:
+        """Records and characters the buffer holds now."""
+        return len(self._records), self._bytes
+
+    def release(self) -> None:
+        """Let go of the buffer of an ended job: :meth:`records` reads the files instead."""
         with self._cond:
-            return list(self._records)
+            if not self._closed:
+                return
+            self._released = True
+            self._records = deque()
+            self._bytes = 0
+
+    def records(self) -> list[LogRecord]:
+        """The records still in the buffer, oldest first (once the buffer was let go, the
+        newest the buffer would hold, read from the files)."""
+        with self._cond:
+            if not self._released:
+                return list(self._records)
+        return self._from_files()
+
+    def _from_files(self) -> list[LogRecord]:
+        found: list[LogRecord] = []
+        for path in sorted(self.directory.glob("*.log")):
+            name = path.name.removesuffix(".log")
+            if name == "launcher":
+                rank, host = LAUNCHER_RANK, self._launcher_host
+            elif name.startswith("rank-") and name[5:].isdigit():
+                rank = int(name[5:])
+                host = self.hosts.get(rank, "?")
+            else:
+                continue
+            try:
+                found += read_log_file(path, rank, host, self.attempt)
+            except OSError:
+                continue
+        found.sort(key=lambda r: r.time)  # stable: each file's order stays
+        kept: deque[LogRecord] = deque()
+        size = 0
+        for record in reversed(found):
+            if len(kept) >= self._max_records or (
+                kept and size + len(record.line) > self._max_bytes
+            ):
+                break
+            kept.appendleft(record)
+            size += len(record.line)
+        return list(kept)
 
     def tail(self, rank: int) -> list[str]:
         """The last lines ``rank`` wrote (stdout and stderr)."""
@@ -229,7 +377,12 @@ class LogStore:
         skipped here (they are in the files).
         """
         with self._cond:
+            released = self._released
             cursor = self._seq - (len(self._records) if from_start else 0)
+        if released:  # an ended job's, from its files
+            if from_start:
+                yield from self._from_files()
+            return
         while True:
             with self._cond:
                 while cursor >= self._seq and not self._closed:
@@ -287,8 +440,7 @@ def records_frame(records: Iterable[LogRecord]) -> pd.DataFrame:
     stdout, stderr), line, partial, attempt; dtypes :data:`DTYPES`."""
     import pandas as pd
 
-    rows = [(r.time, r.rank, r.host, r.stream, r.line, r.partial, r.attempt) for r in records]
-    frame: pd.DataFrame = pd.DataFrame(rows, columns=list(COLUMNS))
+    frame: pd.DataFrame = pd.DataFrame(list(records), columns=list(COLUMNS))
     seconds = frame["time"].astype("float64")
     frame["time"] = pd.to_datetime(seconds, unit="s", utc=True).astype("datetime64[us, UTC]")
     frame = frame.astype(

@@ -26,7 +26,7 @@ import re
 from dataclasses import dataclass
 from typing import NamedTuple
 
-__all__ = ["MAX_LINE", "LineSplitter", "OmpiChunkParser", "Piece", "TaggedLine"]
+__all__ = ["MAX_LINE", "Batch", "LineSplitter", "Lines", "OmpiChunkParser", "Piece", "TaggedLine"]
 
 #: Longest piece of a line, in bytes; a longer line comes in several pieces.
 MAX_LINE = 1 << 20
@@ -37,6 +37,25 @@ class Piece(NamedTuple):
 
     text: str
     partial: bool = False
+
+
+class Lines(NamedTuple):
+    """Lines (and pieces of over-long ones) in order: ``partial`` holds the indexes of the
+    pieces that go on in the next one. What the parsers hand over at a time: the lines a
+    read completed, to be stored in one go."""
+
+    texts: list[str]
+    partial: frozenset[int] = frozenset()
+
+    def pieces(self) -> list[Piece]:
+        partial = self.partial
+        return [Piece(t, i in partial) for i, t in enumerate(self.texts)]
+
+
+def as_lines(pieces: list[Piece]) -> Lines:
+    """``pieces`` as one :class:`Lines`."""
+    partial = frozenset(i for i, p in enumerate(pieces) if p.partial)
+    return Lines([p.text for p in pieces], partial)
 
 
 def _decode(raw: bytes | bytearray | memoryview, *, complete: bool = True) -> str:
@@ -61,25 +80,45 @@ class LineSplitter:
 
     def feed(self, data: bytes) -> list[Piece]:
         """Add bytes; return the lines (and pieces of over-long lines) they complete."""
-        out: list[Piece] = []
+        return self.feed_lines(data).pieces()
+
+    def feed_lines(self, data: bytes) -> Lines:
+        """Add bytes; return the lines (and pieces of over-long lines) they complete, in one
+        :class:`Lines`. Lines of at most ``max_line`` bytes, the usual case, are decoded and
+        split all at once."""
         # NULs come from C strings some launchers print whole; they mean nothing in a log,
         # and go before anything is measured (a line's length, whether it ends with CR).
-        data = data.replace(b"\x00", b"")
-        if b"\n" in data:
-            first, *middle, last = data.split(b"\n")
-            self._buf += first
-            self._finish(self._buf, out)
-            for raw in middle:
-                self._finish(raw, out)
-            self._buf = bytearray(last)
+        if b"\x00" in data:
+            data = data.replace(b"\x00", b"")
+        end = data.rfind(b"\n")
+        texts: list[str] = []
+        partial: set[int] = set()
+        if end >= 0:
+            complete = bytes(self._buf) + data[:end] if self._buf else data[:end]
+            self._buf = bytearray(data[end + 1 :])
+            raws = complete.split(b"\n")
+            if len(complete) <= self._max or max(map(len, raws)) <= self._max:
+                # A newline is never inside a UTF-8 character: decoding the whole and
+                # splitting it gives what decoding each line would.
+                text = complete.decode("utf-8", errors="replace")
+                texts = text.split("\n")
+                if "\r" in text:
+                    texts = [t[:-1] if t.endswith("\r") else t for t in texts]
+            else:
+                out: list[Piece] = []
+                for raw in raws:
+                    self._finish(raw, out)
+                lines = as_lines(out)
+                texts, partial = lines.texts, set(lines.partial)
         else:
             self._buf += data
         buf = self._buf
         while len(buf) > self._max:
             cut = _cut_point(buf, self._max)
-            out.append(Piece(_decode(buf[:cut], complete=False), True))
+            partial.add(len(texts))
+            texts.append(_decode(buf[:cut], complete=False))
             del buf[:cut]
-        return out
+        return Lines(texts, frozenset(partial)) if partial else Lines(texts)
 
     @property
     def holding(self) -> bool:
@@ -102,6 +141,14 @@ class LineSplitter:
             out.append(Piece(_decode(raw[start:cut], complete=False), True))
             start = cut
         out.append(Piece(_decode(raw[start:] if start else raw), False))
+
+
+class Batch(NamedTuple):
+    """Lines of one rank (None: the launcher) on one stream, in order."""
+
+    rank: int | None
+    stream: str | None
+    lines: Lines
 
 
 @dataclass(frozen=True, slots=True)
@@ -137,22 +184,30 @@ class OmpiChunkParser:
 
     def feed(self, data: bytes) -> list[TaggedLine]:
         """Add bytes; return the tagged lines (and pieces) they complete."""
+        return _tagged(self.feed_batches(data))
+
+    def flush(self) -> list[TaggedLine]:
+        """Return what is left at end of stream: every rank's last line without newline."""
+        return _tagged(self.flush_batches())
+
+    def feed_batches(self, data: bytes) -> list[Batch]:
+        """Add bytes; return the lines they complete, a batch per rank's chunk."""
         buf = self._pending + data if self._pending else data
         self._pending = b""
         return self._parse(buf, final=False)
 
-    def flush(self) -> list[TaggedLine]:
-        """Return what is left at end of stream: every rank's last line without newline."""
+    def flush_batches(self) -> list[Batch]:
+        """What is left at end of stream: every rank's last line without newline."""
         out = self._parse(self._pending, final=True)
         self._pending = b""
         self._end_aside(out)
         for (rank, stream), splitter in self._lines.items():
-            out.extend(TaggedLine(rank, stream, p.text, p.partial) for p in splitter.flush())
+            out.append(Batch(rank, stream, as_lines(splitter.flush())))
         self._lines.clear()
-        return out
+        return [b for b in out if b.lines.texts]
 
-    def _parse(self, buf: bytes, *, final: bool) -> list[TaggedLine]:
-        out: list[TaggedLine] = []
+    def _parse(self, buf: bytes, *, final: bool) -> list[Batch]:
+        out: list[Batch] = []
         pos = 0
         last_tag = -1
         for m in _TAG.finditer(buf):
@@ -191,7 +246,7 @@ class OmpiChunkParser:
             splitter = self._lines[target] = LineSplitter(self._max)
         return splitter
 
-    def _emit(self, raw: bytes, out: list[TaggedLine]) -> None:
+    def _emit(self, raw: bytes, out: list[Batch]) -> None:
         target = self._target
         splitter = self._splitter(target)
         if self._chunk_start:
@@ -200,16 +255,26 @@ class OmpiChunkParser:
                 self._aside = LineSplitter(self._max)
         if self._aside is not None:
             splitter = self._aside
-        rank, stream = target
-        out.extend(TaggedLine(rank, stream, p.text, p.partial) for p in splitter.feed(raw))
+        lines = splitter.feed_lines(raw)
+        if lines.texts:
+            out.append(Batch(*target, lines))
 
-    def _end_aside(self, out: list[TaggedLine]) -> None:
+    def _end_aside(self, out: list[Batch]) -> None:
         """The end of a help message's chunk: its lines are out (and a last one without
         newline, which a help message does not have)."""
         if self._aside is not None:
-            rank, stream = self._target
-            out.extend(TaggedLine(rank, stream, p.text, p.partial) for p in self._aside.flush())
+            left = as_lines(self._aside.flush())
+            if left.texts:
+                out.append(Batch(*self._target, left))
             self._aside = None
+
+
+def _tagged(batches: list[Batch]) -> list[TaggedLine]:
+    return [
+        TaggedLine(b.rank, b.stream, text, partial)
+        for b in batches
+        for text, partial in b.lines.pieces()
+    ]
 
 
 def _tag_start_at_end(buf: bytes, pos: int) -> int:

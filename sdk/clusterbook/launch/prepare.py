@@ -23,14 +23,13 @@ from clusterbook.launch.command import LaunchPlan, build_command, placement
 from clusterbook.launch.flavour import Launcher
 from clusterbook.launch.job import Job
 from clusterbook.launch.keep import check_clean
-from clusterbook.launch.logs import LogStore
+from clusterbook.launch.logs import LogBudget, LogStore
 from clusterbook.launch.nodes import Placement
 from clusterbook.launch.program import check_argv, check_cwd, resolve_program
 from clusterbook.launch.rankwrap import HOOK_DIR
 from clusterbook.launch.recovery import NO_RECOVERY, Backoff, Recovery
-from clusterbook.launch.result import JobResult, ssh_refusals
+from clusterbook.launch.result import JobResult, KeptProcess, ssh_refusals
 from clusterbook.spec import NodeSpec, validate_env, validate_np, validate_timeout
-from clusterbook.wording import spell_or
 
 if TYPE_CHECKING:  # a cycle at run time: providers import launch
     from clusterbook.providers.base import RemoteLaunch
@@ -207,6 +206,8 @@ class JobHooks:
     lost: Callable[[tuple[NodeSpec, ...]], NodeLostError | None] | None = None
     # A port free on a node now (None: not known).
     free_port: Callable[[NodeSpec], int | None] | None = None
+    # Keep a failed job's processes stopped on the nodes of other machines (clean="none").
+    hold: Callable[[str, Mapping[str, int]], tuple[KeptProcess, ...]] | None = None
 
 
 def make_run_dir(run_dir: Path) -> None:
@@ -288,16 +289,11 @@ def prepare(
     run_dir: Path,
     jobs_so_far: int,
     hooks: JobHooks,
+    logs: LogBudget | None = None,
 ) -> Job:
     """Start ``request`` on ``nodes`` of cluster ``cluster``, in a new job directory under
-    ``run_dir``; return the job. A retry runs where ``hooks.where()`` says then."""
-    if request.clean == "none" and remote is not None:
-        given = spell_or("clean", "none", "clean 'none'")
-        raise ConfigError(
-            f"{given} keeps a failed job's processes on this machine only, and cluster "
-            f"{cluster!r} has nodes on other machines; run the job on a local cluster, or "
-            "leave clean as it is ('all')."
-        )
+    ``run_dir``; return the job. A retry runs where ``hooks.where()`` says then. ``logs``:
+    what the log buffers of the cluster's jobs may hold together."""
     job_env = {**env, **request.env}
     base_env = dict(os.environ)
     first = (nodes, remote)
@@ -342,7 +338,7 @@ def prepare(
             master_port=_master_port(
                 nodes[placement(nodes, np)[0]], hooks.free_port, local=remote is None
             ),
-            clean=request.clean if remote is None else "all",
+            clean=request.clean,
         )
         here = socket.gethostname()
         names = remote.hostnames if remote else {}
@@ -356,7 +352,7 @@ def prepare(
             plan,
             build_command(plan),
             folder,
-            LogStore(folder, hosts, launcher_host=here, attempt=number),
+            LogStore(folder, hosts, launcher_host=here, attempt=number, budget=logs),
             base_env=base_env,
             cwd=request.cwd,
             timeout=request.timeout,
@@ -364,6 +360,7 @@ def prepare(
             diagnose=hooks.diagnose,
             lost=hooks.lost,
             keep=plan.clean == "none",
+            hold_far=hooks.hold,
         )
 
     return Job(

@@ -18,6 +18,8 @@ member                default   what it must do
 ``remote()``          None      how the launcher reaches the nodes, None when they are this machine
 ``stop_job(token)``   nothing   no process of job ``token`` left on any node (the job's own
                                 clean-up covers this machine)
+``hold_job(...)``     ()        keep job ``token``'s processes stopped (SIGSTOP) on the nodes of
+                                other machines, for inspection (``clean="none"``); name them
 ``node_statuses()``   derived   one :class:`NodeStatus` per node: pending until started, then ready
 ``problem()``         None      what is wrong with the provider's view of the nodes (in status)
 ``unreachable(...)``  {}        of the nodes named, those lost or silent, with a sentence each
@@ -47,6 +49,7 @@ from typing import ClassVar
 
 from clusterbook.commands import NodeRun, run_everywhere
 from clusterbook.launch.flavour import Launcher
+from clusterbook.launch.result import KeptProcess
 from clusterbook.spec import NodeSpec
 from clusterbook.status import NodeStatus
 from clusterbook.transfer import Outgoing, uncounted
@@ -138,6 +141,14 @@ class Provider(ABC):
         """Make sure no process of job ``token`` is left on any node. Called when a job did
         not end cleanly; the job itself already stopped what runs on this machine."""
 
+    def hold_job(self, token: str, failing: Mapping[str, int]) -> tuple[KeptProcess, ...]:
+        """Stop (SIGSTOP) every process of job ``token`` on the nodes of other machines, each
+        node's MPI daemons first, once the failing rank's program there (``failing``: its
+        pid, by node name) has stopped itself; return them, ``host`` being the node's name.
+        A failed job is kept so with ``clean="none"``, until :meth:`stop_job` ends it. By
+        default every node is this machine, where the job holds its own processes."""
+        return ()
+
     def node_statuses(self) -> list[NodeStatus]:
         """One status per node; by default ``pending`` until started, then ``ready``."""
         state = "ready" if self.started else "pending"
@@ -176,8 +187,9 @@ class Provider(ABC):
     def gather(
         self, directory: Path, skip: Sequence[str], receiving: Callable[[int], None] = uncounted
     ) -> tuple[list[Path], dict[str, Exception]]:
-        """Move the files ranks wrote in ``directory`` on the nodes (but those named in
-        ``skip``: this machine has them) here, telling ``receiving`` the bytes as they come;
+        """Move the files ranks wrote in ``directory`` and its directories on the nodes (but
+        those whose relative names are in ``skip``: this machine has them) here, telling
+        ``receiving`` the bytes as they come;
         return what arrived, and the nodes it failed on. By default every node shares this
         machine's files: nothing to move."""
         return [], {}

@@ -14,13 +14,15 @@ import shlex
 import shutil
 import socket
 import warnings
-from collections.abc import Callable, Collection, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from pathlib import Path
 
 import psutil
 
 from clusterbook.commands import NodeRun, run_everywhere
 from clusterbook.errors import CleanupWarning, ClusterError
+from clusterbook.launch.keep import end_far, hold_far
+from clusterbook.launch.result import KeptProcess
 from clusterbook.paths import cluster_dir
 from clusterbook.providers.base import Provider, RemoteLaunch, StartContext
 from clusterbook.providers.elastic_reach import Reach, far_nodes, pick_address
@@ -66,6 +68,7 @@ class ElasticProvider(Provider):
         self.announce = announce
         self._ctx: StartContext | None = None
         self._reach: Reach | None = None
+        self._held: set[str] = set()  # jobs kept stopped on far nodes (clean="none")
         self._networks: list[str] = []
         self.stop_problems: dict[str, Exception] = {}
 
@@ -158,8 +161,20 @@ class ElasticProvider(Provider):
         return self.head.unreachable(names, lost_only=lost_only)
 
     def stop_job(self, token: str) -> None:
-        """Ask every agent to stop the processes of job ``token`` on its node."""
+        """Ask every agent to stop the processes of job ``token`` on its node; those of a
+        job kept for inspection, through the nodes' sshd, before returning."""
+        if token in self._held:  # first: the agents' own clean-up gives a grace
+            self._held.discard(token)
+            end_far(self._callers()[0] if self._reach is not None else {}, token)
         self.head.stop_job(token)
+
+    def hold_job(self, token: str, failing: Mapping[str, int]) -> tuple[KeptProcess, ...]:
+        """Asked of each node on another machine through its sshd (this machine's are the
+        job's own)."""
+        if self._reach is None:
+            return ()
+        self._held.add(token)
+        return hold_far(self._callers()[0], token, failing)
 
     def remote(self) -> RemoteLaunch | None:
         """None when every node is on this machine; else the checked ssh path to them."""

@@ -23,7 +23,9 @@ from clusterbook.errors import (
 )
 from clusterbook.fanout import parallel
 from clusterbook.gpus import Slots
+from clusterbook.launch.keep import end_far, hold_far
 from clusterbook.launch.rankwrap import HOOK_DIR
+from clusterbook.launch.result import KeptProcess
 from clusterbook.paths import CLUSTERS_DIR, cluster_dir, node_cluster_dir
 from clusterbook.providers.base import Provider, RemoteLaunch, StartContext
 from clusterbook.rendezvous.agent import HEAD_LEASE, agent_argv
@@ -156,6 +158,7 @@ class SSHProvider(Provider):
         self._rendezvous: RendezvousHead | None = None
         self._head_facts: NodeFacts | None = None
         self.stop_problems: dict[str, Exception] = {}
+        self._held: set[str] = set()  # jobs kept stopped on the nodes (clean="none")
 
     @property
     def nodes(self) -> tuple[NodeSpec, ...]:
@@ -440,14 +443,29 @@ class SSHProvider(Provider):
         # A lost node is not waited for: its agent stops the job there when its lease ends.
         lost = self.unreachable(self._conns, lost_only=True)
         hosts = [h for h in self._conns if h not in lost]
+        if token in self._held:  # kept stopped for inspection: no grace to give
+            self._held.discard(token)
+            end_far({h: c for h, c in self._callers().items() if h in hosts}, token)
+            return
         parallel(hosts, lambda host: self._task(host, "kill", {"token": token}, 5))
 
-    def _task(self, host: str, task: str, args: Mapping[str, Any], timeout: float) -> Any:
-        """Run a node task on ``host``, in the session kept for it."""
+    def hold_job(self, token: str, failing: Mapping[str, int]) -> tuple[KeptProcess, ...]:
+        if self._ctx is None:
+            return ()
+        lost = self.unreachable(self._conns, lost_only=True)
+        callers = {h: call for h, call in self._callers().items() if h not in lost}
+        self._held.add(token)
+        return hold_far(callers, token, failing)
+
+    def _task(
+        self, host: str, task: str, args: Mapping[str, Any], timeout: float, **streams: Any
+    ) -> Any:
+        """Run a node task on ``host``, in the session kept for it (``streams``: the frames
+        of a ``put_files`` or ``gather_files``, see ``NodeSession.call``)."""
         kept = self._sessions.get(host)
         if kept is None:  # a node the bootstrap did not get to
             kept = self._sessions[host] = KeptSession(self._session_starter(host))
-        return kept.call(task, args, timeout=timeout)
+        return kept.call(task, args, timeout, **streams)
 
     def _session_starter(self, host: str) -> Callable[[], NodeSession]:
         return lambda: NodeSession(self._shell(host), self._python(host))
@@ -502,7 +520,9 @@ class SSHProvider(Provider):
         """Node tasks on each node, in its session (see :meth:`_task`)."""
 
         def caller(host: str) -> Call:
-            return lambda task, args, timeout: self._task(host, task, args, timeout)
+            return lambda task, args, timeout, **streams: self._task(
+                host, task, args, timeout, **streams
+            )
 
         return {host: caller(host) for host in self._conns}
 

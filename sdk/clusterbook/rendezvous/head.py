@@ -1,7 +1,8 @@
 """The head side of a rendezvous, which every provider whose nodes run agents composes.
 
 :class:`RendezvousHead` serves the store (a TCP :class:`StoreServer` with the cluster's secret
-in a 0600 token file), follows its state on a thread of its own, and answers what the cluster
+in a 0600 token file, its traffic TLS with a certificate of its own, pinned by the fingerprint
+in the join URL), follows its state on a thread of its own, and answers what the cluster
 asks of its nodes: are they ready, who is in the round and what did they report, which are
 lost, what is their status. It writes the state only through ``RendezvousBackend.update()``:
 to drop nodes whose heartbeat is overdue (a node cut off says nothing, and with no other node
@@ -88,8 +89,7 @@ class RendezvousHead:
         self.secret = secret = write_secret(self.token_file)
         self._server = StoreServer(self._listen, self._port, secret=secret, on_lost=self._lost)
         self._server.start()
-        host, port = self._server.address
-        self.join_url = join_url(f"tcp://{host}:{port}", self._settings)
+        self.join_url = join_url(self._server.url, self._settings)
         self._watcher = TcpBackend(self._server.url, secret)
         # Writes go on their own connection: the watcher's is held by a long-poll most of
         # the time, and a write queued behind it would wait up to a second.

@@ -1,7 +1,8 @@
 """Rendezvous stores by URL scheme, and the join URL agents are given.
 
 A join URL is the store's URL, the rendezvous' run id and its settings:
-``tcp://10.0.0.1:29400/my-cluster?min=2&max=8`` (the head's TCP store), or
+``tcp://10.0.0.1:29400/my-cluster?min=2&max=8&fingerprint=sha256:HEX`` (the head's TCP store,
+whose certificate has that fingerprint), or
 ``file:///shared/rdzv/my-cluster?min=2&max=8`` (a directory every node can write). An agent
 makes the store its URL names with :func:`backend_for`, chosen by scheme, the way torchrun
 finds rendezvous handlers by backend name. Third parties add schemes through the
@@ -13,7 +14,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from typing import Protocol
-from urllib.parse import parse_qs, urlencode, urlsplit
+from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
 from clusterbook.errors import ConfigError
 from clusterbook.rendezvous.api import RendezvousBackend, RendezvousSettings, RendezvousTimeout
@@ -98,19 +99,27 @@ def backend_for(
     return factory(url, secret, node=node, timeout=timeout)
 
 
+_SETTINGS = ("min", "max", "last_call", "join", "interval", "attempts")
+
+
 def join_url(store_url: str, settings: RendezvousSettings) -> str:
-    """The URL agents join with: the store's URL, the run id and the settings."""
+    """The URL agents join with: the store's URL, the run id and the settings. What the store's
+    URL has in its query (the TCP store's certificate fingerprint) joins the settings there."""
+    parts = urlsplit(store_url)
     query = urlencode(
-        {
-            "min": settings.min_nodes,
-            "max": settings.max_nodes,
-            "last_call": settings.timeout.last_call,
-            "join": settings.timeout.join,
-            "interval": settings.keep_alive_interval,
-            "attempts": settings.keep_alive_max_attempt,
-        }
+        [
+            ("min", settings.min_nodes),
+            ("max", settings.max_nodes),
+            ("last_call", settings.timeout.last_call),
+            ("join", settings.timeout.join),
+            ("interval", settings.keep_alive_interval),
+            ("attempts", settings.keep_alive_max_attempt),
+            *parse_qsl(parts.query, keep_blank_values=True),
+        ],
+        safe=":",
     )
-    return f"{store_url.rstrip('/')}/{settings.run_id}?{query}"
+    base = urlunsplit(parts._replace(query="", fragment="")).rstrip("/")
+    return f"{base}/{settings.run_id}?{query}"
 
 
 def parse_join_url(url: str) -> tuple[str, RendezvousSettings]:
@@ -123,11 +132,12 @@ def parse_join_url(url: str) -> tuple[str, RendezvousSettings]:
     if not usable:
         raise ConfigError(
             f"Join URL {url!r} is not a clusterbook join URL; copy the whole URL the head "
-            "printed, like tcp://10.0.0.1:29400/my-cluster?min=2&max=8 (stores: "
-            f"{', '.join(s + '://' for s in sorted(_FACTORIES))})."
+            "printed, like tcp://10.0.0.1:29400/my-cluster?min=2&max=8&fingerprint=sha256:... "
+            f"(stores: {', '.join(s + '://' for s in sorted(_FACTORIES))})."
         )
     assert parts is not None
-    query = {k: v[-1] for k, v in parse_qs(parts.query).items()}
+    pairs = parse_qsl(parts.query, keep_blank_values=True)
+    query = dict(pairs)
     try:
         settings = RendezvousSettings(
             run_id=run_id,
@@ -143,4 +153,5 @@ def parse_join_url(url: str) -> tuple[str, RendezvousSettings]:
         )
     except ValueError as exc:
         raise ConfigError(f"Join URL {url!r} has a bad setting ({exc}).") from None
-    return f"{scheme}://{parts.netloc}{store}", settings
+    rest = urlencode([(k, v) for k, v in pairs if k not in _SETTINGS], safe=":")
+    return f"{scheme}://{parts.netloc}{store}" + (f"?{rest}" if rest else ""), settings

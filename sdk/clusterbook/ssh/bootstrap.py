@@ -14,10 +14,10 @@ import json
 import shlex
 import threading
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 from clusterbook import _node_tasks
 from clusterbook.errors import (
@@ -254,27 +254,66 @@ class NodeSession:
         self._shell = shell if owns_shell else None
         self._proc = shell.start([python, "-c", _TASKS, "session"])
 
-    def call(self, task: str, args: Mapping[str, Any], timeout: float = 60.0) -> dict[str, Any]:
-        """Run ``task`` on the node and return its result."""
+    def call(
+        self,
+        task: str,
+        args: Mapping[str, Any],
+        timeout: float = 60.0,
+        *,
+        frames: Iterable[bytes] | None = None,
+        on_frame: Callable[[bytes, bytes], None] | None = None,
+    ) -> dict[str, Any]:
+        """Run ``task`` on the node and return its result: with ``frames`` (encoded, see
+        :func:`clusterbook._node_tasks.frame`) sent after the request, as they come, and
+        ``on_frame(kind, payload)`` told each frame the task sends before its reply, up to
+        the ``Z`` that ends them. ``timeout`` bounds each wait for the node, not the whole."""
         self._proc.send(json.dumps({"task": task, "args": args}).encode() + b"\n")
+        for piece in frames or ():
+            self._proc.send(piece, timeout)
+        while True:
+            reply = self._reply(task, timeout)
+            if "frames" not in reply:
+                break
+            while True:
+                kind, payload = self._frame(task, timeout)
+                if kind == b"Z":
+                    break
+                if on_frame is not None:
+                    on_frame(kind, payload)
+        if "error" in reply:
+            raise TaskFailedError(
+                f"The {task} step failed on {self.host}: {reply['error']}", host=self.host
+            )
+        answer: dict[str, Any] = reply["ok"]
+        return answer
+
+    def _reply(self, task: str, timeout: float) -> dict[str, Any]:
         deadline = time.monotonic() + timeout
         while True:
             line = self._proc.readline(max(0.0, deadline - time.monotonic()))
             if not line:
-                code, err = self._proc.close(timeout=5)
-                if code == 127:
-                    raise SSHError(_missing_python(self._python, self.host), host=self.host)
-                tail = " / ".join(err.strip().splitlines()[-3:]) or f"exit code {code}"
-                raise SSHError(f"The {task} step ended on {self.host}: {tail}", host=self.host)
+                self._ended(task)
             text = line.decode(errors="replace")
             if text.startswith(_REPLY):  # anything else is noise from shell start-up files
-                reply = json.loads(text[len(_REPLY) :])
-                if "error" in reply:
-                    raise TaskFailedError(
-                        f"The {task} step failed on {self.host}: {reply['error']}", host=self.host
-                    )
-                answer: dict[str, Any] = reply["ok"]
-                return answer
+                reply: dict[str, Any] = json.loads(text[len(_REPLY) :])
+                return reply
+
+    def _frame(self, task: str, timeout: float) -> tuple[bytes, bytes]:
+        head = self._proc.read(_node_tasks.FRAME.size, timeout)
+        if len(head) < _node_tasks.FRAME.size:
+            self._ended(task)
+        kind, size = _node_tasks.FRAME.unpack(head)
+        payload = self._proc.read(size, timeout) if size else b""
+        if len(payload) < size:
+            self._ended(task)
+        return kind, payload
+
+    def _ended(self, task: str) -> NoReturn:
+        code, err = self._proc.close(timeout=5)
+        if code == 127:
+            raise SSHError(_missing_python(self._python, self.host), host=self.host)
+        tail = " / ".join(err.strip().splitlines()[-3:]) or f"exit code {code}"
+        raise SSHError(f"The {task} step ended on {self.host}: {tail}", host=self.host)
 
     def close(self) -> None:
         try:
@@ -294,26 +333,59 @@ class KeptSession:
         self._session = session
         self._lock = threading.Lock()
 
-    def call(self, task: str, args: Mapping[str, Any], timeout: float = 60.0) -> Any:
+    def call(
+        self,
+        task: str,
+        args: Mapping[str, Any],
+        timeout: float = 60.0,
+        **streams: Any,
+    ) -> Any:
+        """``NodeSession.call`` in the kept session; a call with ``frames`` or ``on_frame``
+        (see there) is tried again in a new session only if none of its frames went or came
+        (a session lost while it was idle)."""
+        moved = False
+
+        def sent(frames: Iterable[bytes]) -> Iterator[bytes]:
+            nonlocal moved
+            for piece in frames:
+                moved = True
+                yield piece
+
+        def told(kind: bytes, payload: bytes) -> None:
+            nonlocal moved
+            moved = True
+            streams["on_frame"](kind, payload)
+
+        wrapped = dict(streams)
+        if streams.get("frames") is not None:
+            wrapped["frames"] = sent(streams["frames"])
+        if streams.get("on_frame") is not None:
+            wrapped["on_frame"] = told
         with self._lock:
             try:
-                return self._call(task, args, timeout)
+                return self._call(task, args, timeout, wrapped)
             except TaskFailedError:
                 raise
             except SSHError:
-                return self._call(task, args, timeout)  # in a new session, once
+                if moved:
+                    raise
+                return self._call(task, args, timeout, wrapped)  # in a new session, once
 
-    def _call(self, task: str, args: Mapping[str, Any], timeout: float) -> Any:
+    def _call(
+        self, task: str, args: Mapping[str, Any], timeout: float, streams: dict[str, Any]
+    ) -> Any:
         if self._session is None:
             self._session = self._start()
         try:
-            return self._session.call(task, args, timeout=timeout)
+            return self._session.call(task, args, timeout=timeout, **streams)
         except TaskFailedError:
             raise
-        except SSHError:  # gone, or out of step after a timeout: not used again
-            lost, self._session = self._session, None
-            with contextlib.suppress(Exception):
-                lost.close()
+        except BaseException as exc:
+            # Gone, or out of step after a timeout or a stream cut short here: not used again.
+            if isinstance(exc, SSHError) or streams:
+                lost, self._session = self._session, None
+                with contextlib.suppress(Exception):
+                    lost.close()
             raise
 
     def close(self) -> None:

@@ -109,11 +109,13 @@ class LocalShell:
 
 
 class _Process:
-    """A local process, read line by line (a thread moves its stdout lines to a queue)."""
+    """A local process, read line by line (a thread moves its stdout lines to a queue) or
+    by the byte."""
 
     def __init__(self, host: str, argv: list[str], env: Mapping[str, str] | None) -> None:
         self.host = host
         self._lines: queue.Queue[bytes] = queue.Queue()
+        self._rest = b""  # what a read took of a line and left
         try:
             self._proc: subprocess.Popen[bytes] | None = subprocess.Popen(
                 argv,
@@ -135,13 +137,31 @@ class _Process:
             self._lines.put(line)
         self._lines.put(b"")
 
-    def send(self, data: bytes) -> None:
+    def send(self, data: bytes, timeout: float | None = None) -> None:
         if self._proc is not None and self._proc.stdin is not None:
             with contextlib.suppress(BrokenPipeError):
                 self._proc.stdin.write(data)
                 self._proc.stdin.flush()
 
     def readline(self, timeout: float) -> bytes:
+        if self._rest:
+            line, self._rest = self._rest, b""
+            if line.endswith(b"\n"):
+                return line
+            return line + self.readline(timeout)
+        return self._next(timeout)
+
+    def read(self, size: int, timeout: float) -> bytes:
+        data = self._rest
+        while len(data) < size:
+            more = self._next(timeout)
+            if not more:
+                break
+            data += more
+        data, self._rest = data[:size], data[size:]
+        return data
+
+    def _next(self, timeout: float) -> bytes:
         try:
             return self._lines.get(timeout=timeout)
         except queue.Empty:

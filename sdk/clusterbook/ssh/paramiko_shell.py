@@ -136,6 +136,9 @@ def _log_in(
         options = transport.get_security_options()
         if preferred:
             options.key_types = [*preferred, *(t for t in options.key_types if t not in preferred)]
+        # AES-GCM first: one pass of C for cipher and MAC, where paramiko's default (CTR, then
+        # an HMAC) costs the head about a third more CPU per byte of put() and gather().
+        options.ciphers = [*_CIPHERS, *(c for c in options.ciphers if c not in _CIPHERS)]
         with _count_lock:
             _handshakes += 1
         started = time.monotonic()
@@ -160,6 +163,13 @@ def _log_in(
         transport.close()
         raise
     return transport
+
+
+_CIPHERS = ("aes128-gcm@openssh.com", "aes256-gcm@openssh.com")
+#: A channel's window and largest packet from the node: gather() streams files on the node's
+#: session, and paramiko's work on the head is per packet (sshd takes up to 256 KiB).
+_WINDOW = 16 << 20
+_MAX_PACKET = 128 << 10
 
 
 def _authenticate(transport: paramiko.Transport, hop: Hop, credentials: Credentials) -> None:
@@ -290,7 +300,9 @@ class ParamikoShell:
         """A new channel; a connection that cannot open one is closed, so that the next step
         logs in again instead of waiting on it (a node cut off for a while, say)."""
         try:
-            return self._transport.open_session(timeout=self._timeout)
+            return self._transport.open_session(
+                window_size=_WINDOW, max_packet_size=_MAX_PACKET, timeout=self._timeout
+            )
         except (paramiko.SSHException, OSError, EOFError) as exc:
             self._transport.close()
             raise SSHConnectError(
@@ -413,13 +425,49 @@ class _Process:
         self._buf = bytearray()
         self._err = bytearray()
 
-    def send(self, data: bytes) -> None:
+    def send(self, data: bytes, timeout: float | None = None) -> None:
+        self._chan.settimeout(timeout)
         try:
             _send_all(self._chan, data)
+        except TimeoutError:
+            raise SSHTimeoutError(
+                f"{self.host} took nothing of what was sent for {timeout:g} s.", host=self.host
+            ) from None
         except (paramiko.SSHException, OSError) as exc:
             raise SSHConnectError(
                 f"Lost the connection to {self.host}: {exc}.", host=self.host
             ) from exc
+        finally:
+            self._chan.settimeout(None)
+
+    def read(self, size: int, timeout: float) -> bytes:
+        deadline = time.monotonic() + timeout
+        while len(self._buf) < size:
+            if self._chan.recv_ready():
+                # All the channel holds, in one call: each call may wait for the GIL behind
+                # paramiko's busy thread, and a partial read makes paramiko move the rest of
+                # its buffer down (quadratic with a large window).
+                chunk = self._chan.recv(_WINDOW)
+                if not chunk:
+                    break
+                self._buf += chunk
+                deadline = time.monotonic() + timeout
+                continue
+            while self._chan.recv_stderr_ready():
+                self._err += self._chan.recv_stderr(65536)
+            if self._chan.closed or (
+                self._chan.exit_status_ready() and not self._chan.recv_ready()
+            ):
+                break
+            if time.monotonic() > deadline:
+                raise SSHTimeoutError(
+                    f"No data from {self.host} within {timeout:g} s.", host=self.host
+                )
+            select.select([self._chan], [], [], 0.01)
+        with memoryview(self._buf) as view:
+            data = bytes(view[:size])
+        del self._buf[:size]
+        return data
 
     def readline(self, timeout: float) -> bytes:
         deadline = time.monotonic() + timeout

@@ -58,12 +58,17 @@ class RemoteProcess(Protocol):
 
     host: str
 
-    def send(self, data: bytes) -> None:
-        """Write to its stdin."""
+    def send(self, data: bytes, timeout: float | None = None) -> None:
+        """Write to its stdin; SSHTimeoutError if it takes nothing for ``timeout`` s."""
         ...
 
     def readline(self, timeout: float) -> bytes:
         """The next line of its stdout (b"" at end); SSHTimeoutError after ``timeout``."""
+        ...
+
+    def read(self, size: int, timeout: float) -> bytes:
+        """The next ``size`` bytes of its stdout (fewer at its end); SSHTimeoutError if
+        nothing comes for ``timeout`` s."""
         ...
 
     def close(self, timeout: float = 10.0) -> tuple[int | None, str]:

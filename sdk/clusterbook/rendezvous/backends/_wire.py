@@ -5,20 +5,25 @@ head too) talks to it through a :class:`~clusterbook.rendezvous.backends.tcp.Tcp
 sides share a per-cluster secret (:func:`write_secret` makes the token file, :func:`read_secret`
 reads it back). No pickle anywhere.
 
-Wire protocol (version 2). Every frame is a 4-byte big-endian length and that many bytes. The
-handshake frames are small (at most 256 bytes) and not authenticated::
+Wire protocol (version 3). The connection is TLS 1.3: the server shows its self-signed
+certificate, and the client goes on only if its SHA-256 fingerprint is the one in the store's
+URL (:mod:`._tls`), so everything below is encrypted and goes to the head and nowhere else.
+Inside TLS, every frame is a 4-byte big-endian length and that many bytes. The handshake frames
+are small (at most 256 bytes)::
 
     client -> server   MAGIC + client_nonce                      (nonces: 32 random bytes)
     server -> client   MAGIC + server_nonce + HMAC(secret, "server proof" | cn | sn)
     client -> server   HMAC(secret, "client proof" | cn | sn)
 
 Each side checks the other's proof, so both prove they know the secret, which itself never
-crosses the wire. After the handshake every frame is ``payload + tag``, with
-``tag = HMAC(key, seq | payload)``: one key per direction derived from the secret and both
-nonces, ``seq`` counting that direction's frames. A frame cannot be forged, altered, replayed,
-reordered or moved to another connection; the peer that tries is dropped. Frames hold at most
-:data:`MAX_FRAME` bytes. Frames are authenticated, not encrypted: whoever sees the traffic can
-read the state (node ids, ranks, heartbeat times), but cannot change it.
+crosses the wire: a client that knows the fingerprint (it is in the join URL) but not the secret
+is dropped before it can read or change anything. After the handshake every frame is
+``payload + tag``, with ``tag = HMAC(key, seq | payload)``: one key per direction derived from
+the secret and both nonces, ``seq`` counting that direction's frames. TLS already protects the
+records; the tags bind every frame to the secret as well, and keep the same framing for the
+head's control channel (:mod:`clusterbook.control`), which runs on 127.0.0.1 without TLS. A
+frame cannot be forged, altered, replayed, reordered or moved to another connection; the peer
+that tries is dropped. Frames hold at most :data:`MAX_FRAME` bytes.
 
 Requests (client payloads) and their replies::
 
@@ -50,18 +55,22 @@ from __future__ import annotations
 
 import errno
 import hmac
-import os
+import math
 import secrets
 import select
 import socket
-import stat
+import ssl
 import struct
 import threading
 import time
 from hashlib import sha256
-from urllib.parse import urlsplit
+from urllib.parse import parse_qs, urlsplit
 
 from clusterbook.errors import ConfigError
+from clusterbook.rendezvous.backends._secret import _check_secret as _check_secret
+from clusterbook.rendezvous.backends._secret import read_secret as read_secret
+from clusterbook.rendezvous.backends._secret import write_secret as write_secret
+from clusterbook.rendezvous.backends._tls import check_fingerprint
 from clusterbook.spec import validate_seconds
 
 MAX_FRAME = 16 * 1024 * 1024
@@ -81,10 +90,11 @@ _MAGIC = b"CBRDZV2\n"
 _NONCE = 32
 _HANDSHAKE_MAX = 256
 _WATCH_MAX = 86400.0
-_MIN_SECRET = 16
 _MAX_NODE = 1024
 
 _ANY, _NONE, _INT = 2, 0, 1
+_POLLIN = getattr(select, "POLLIN", 1)
+_POLLOUT = getattr(select, "POLLOUT", 4)
 
 
 class _ProtocolError(Exception):
@@ -99,104 +109,25 @@ class _PeerClosed(ConnectionError):
     """The peer closed the connection."""
 
 
-# --- secrets --------------------------------------------------------------------------------------
-
-
-def _check_secret(secret: object) -> bytes:
-    if not isinstance(secret, bytes):
-        raise ConfigError(
-            f"The rendezvous secret must be bytes, got {type(secret).__name__}; use "
-            "read_secret(path) on the cluster's token file."
-        )
-    if len(secret) < _MIN_SECRET:
-        raise ConfigError(
-            f"The rendezvous secret is {len(secret)} bytes; it must have at least {_MIN_SECRET} "
-            "(write_secret() makes a random 32-byte one)."
-        )
-    return secret
-
-
-def write_secret(path: str | os.PathLike[str], secret: bytes | None = None) -> bytes:
-    """Create the token file ``path`` holding ``secret`` (random 32 bytes if None) in hex.
-
-    The file is created with mode 0600 in one step, so it is never readable by others, not even
-    for a moment; an existing file is never overwritten. Returns the secret.
-    """
-    secret = _check_secret(secrets.token_bytes(32) if secret is None else secret)
-    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0)
-    try:
-        fd = os.open(path, flags, 0o600)
-    except FileExistsError:
-        raise ConfigError(
-            f"Refusing to overwrite the secret file {os.fspath(path)}: it exists. Read it with "
-            "read_secret(), or delete it first to give the cluster a new secret (every node "
-            "must then use the new one)."
-        ) from None
-    except OSError as exc:
-        raise ConfigError(
-            f"Cannot create the secret file {os.fspath(path)}: {exc.strerror or exc}."
-        ) from exc
-    try:
-        data = memoryview(secret.hex().encode() + b"\n")
-        while data:
-            data = data[os.write(fd, data) :]
-        os.fsync(fd)
-    except BaseException:
-        os.close(fd)
-        os.unlink(path)
-        raise
-    os.close(fd)
-    return secret
-
-
-def read_secret(path: str | os.PathLike[str]) -> bytes:
-    """The secret in the token file ``path`` (see :func:`write_secret`).
-
-    Refuses a file that its group or other users may access: a secret others can read is no
-    secret.
-    """
-    name = os.fspath(path)
-    try:
-        fd = os.open(path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
-    except FileNotFoundError:
-        raise ConfigError(
-            f"There is no secret file at {name}; the head writes it with write_secret()."
-        ) from None
-    except OSError as exc:
-        raise ConfigError(f"Cannot read the secret file {name}: {exc.strerror or exc}.") from exc
-    try:
-        info = os.fstat(fd)
-        if not stat.S_ISREG(info.st_mode):
-            raise ConfigError(f"The secret file {name} is not a regular file.")
-        mode = stat.S_IMODE(info.st_mode)
-        if mode & 0o077:
-            raise ConfigError(
-                f"The secret file {name} is open to its group or other users (mode "
-                f"{mode:04o}); run `chmod 600 {name}` so only its owner can read it."
-            )
-        text = os.read(fd, 4096)
-    finally:
-        os.close(fd)
-    try:
-        secret = bytes.fromhex(text.decode("ascii").strip())
-    except (UnicodeDecodeError, ValueError):
-        raise ConfigError(
-            f"The secret file {name} does not hold a hex secret; write it with write_secret()."
-        ) from None
-    return _check_secret(secret)
-
-
 # --- addresses ------------------------------------------------------------------------------------
 
 
 def parse_url(url: object) -> tuple[str, int]:
-    """``(host, port)`` of a ``tcp://host:port`` URL (IPv6 hosts in brackets)."""
+    """``(host, port)`` of a ``tcp://host:port`` URL (IPv6 hosts in brackets), which may name
+    the store's certificate (``?fingerprint=sha256:HEX``)."""
+    host, port, _ = parse_store_url(url)
+    return host, port
+
+
+def parse_store_url(url: object) -> tuple[str, int, str | None]:
+    """``(host, port, fingerprint)`` of a store URL, the fingerprint None when it names none."""
     example = "tcp://host:port, for example tcp://10.0.0.1:29400"
     if not isinstance(url, str):
         raise ConfigError(f"The rendezvous store URL must be a string like {example}; got {url!r}.")
     try:
         parts = urlsplit(url)
         port = parts.port
+        query = parse_qs(parts.query, keep_blank_values=True, strict_parsing=bool(parts.query))
     except ValueError as exc:
         raise ConfigError(
             f"The rendezvous store URL {url!r} is not valid ({exc}); use {example}."
@@ -208,17 +139,22 @@ def parse_url(url: object) -> tuple[str, int]:
         or port is None
         or port == 0
         or parts.path not in ("", "/")
-        or parts.query
+        or set(query) - {"fingerprint"}
+        or len(query.get("fingerprint", ())) > 1
         or parts.fragment
         or parts.username is not None
         or parts.password is not None
     ):
         raise ConfigError(f"The rendezvous store URL {url!r} is not of the form {example}.")
-    return parts.hostname, port
+    fingerprint = None
+    if "fingerprint" in query:
+        fingerprint = check_fingerprint(query["fingerprint"][0], f"the URL {url!r}")
+    return parts.hostname, port, fingerprint
 
 
-def _format_url(host: str, port: int) -> str:
-    return f"tcp://[{host}]:{port}" if ":" in host else f"tcp://{host}:{port}"
+def _format_url(host: str, port: int, fingerprint: str | None = None) -> str:
+    url = f"tcp://[{host}]:{port}" if ":" in host else f"tcp://{host}:{port}"
+    return url if fingerprint is None else f"{url}?fingerprint={fingerprint}"
 
 
 def _seconds(value: object, name: str, *, zero: bool = False) -> float:
@@ -275,7 +211,13 @@ def _derive(secret: bytes, label: bytes, client_nonce: bytes, server_nonce: byte
 
 
 class _Channel:
-    """Authenticated frames over a connected socket (see the module docstring)."""
+    """Authenticated frames over a connected socket (see the module docstring).
+
+    Over TLS (an ``ssl.SSLSocket``, after its handshake) the socket is made non-blocking and
+    every read and write of the TLS session takes one lock, waiting for the socket outside it:
+    a client says goodbye from one thread while another waits for an answer, and OpenSSL does
+    not allow one session to be used by two threads at once.
+    """
 
     def __init__(self, sock: socket.socket, send_key: bytes, recv_key: bytes) -> None:
         self.sock = sock
@@ -284,31 +226,106 @@ class _Channel:
         self._send_seq = 0
         self._recv_seq = 0
         self._send_lock = threading.Lock()
+        self._tls = isinstance(sock, ssl.SSLSocket)
+        self._io_lock = threading.Lock()
+        if self._tls:
+            sock.setblocking(False)
 
     def _tag(self, key: bytes, seq: int, payload: bytes) -> bytes:
         mac = hmac.new(key, _SEQ.pack(seq), sha256)
         mac.update(payload)
         return mac.digest()
 
-    def send(self, payload: bytes) -> None:
+    def send(self, payload: bytes, deadline: float | None = None) -> None:
+        """Send one frame; over TLS, raise :class:`TimeoutError` if it cannot go out by
+        ``deadline`` (a plain socket keeps the timeout it has)."""
         size = len(payload) + _TAG
         if size > MAX_FRAME:
             raise _ProtocolError(f"frame of {size} bytes is over the {MAX_FRAME}-byte limit")
         with self._send_lock:
             tag = self._tag(self._send_key, self._send_seq, payload)
             self._send_seq += 1
-            self.sock.sendall(b"".join((_LEN.pack(size), payload, tag)))
+            data = b"".join((_LEN.pack(size), payload, tag))
+            if self._tls:
+                self._send_tls(data, deadline)
+            else:
+                self.sock.sendall(data)
 
     def recv(self, deadline: float | None) -> bytes:
-        (size,) = _LEN.unpack(_recv_exact(self.sock, _LEN.size, deadline))
+        (size,) = _LEN.unpack(self._recv_exact(_LEN.size, deadline))
         if size < _TAG or size > MAX_FRAME:
             raise _ProtocolError(f"frame of {size} bytes (limit {MAX_FRAME})")
-        body = _recv_exact(self.sock, size, deadline)
+        body = self._recv_exact(size, deadline)
         payload, tag = body[:-_TAG], body[-_TAG:]
         if not hmac.compare_digest(tag, self._tag(self._recv_key, self._recv_seq, payload)):
             raise _ProtocolError("frame with a bad tag (forged, altered or replayed)")
         self._recv_seq += 1
         return payload
+
+    def readable(self) -> bool:
+        """Whether a read would not wait: data (or the end of the connection) is there."""
+        if self._tls and self.sock.pending():  # type: ignore[attr-defined]
+            return True
+        return _readable(self.sock, 0)
+
+    def _recv_exact(self, size: int, deadline: float | None) -> bytes:
+        if not self._tls:
+            return _recv_exact(self.sock, size, deadline)
+        buf = bytearray(size)
+        view = memoryview(buf)
+        got = 0
+        while got < size:
+            with self._io_lock:
+                try:
+                    n = self.sock.recv_into(view[got:], size - got)
+                except (ssl.SSLWantReadError, BlockingIOError):
+                    n = -1
+                except ssl.SSLWantWriteError:
+                    n = -2
+            if n == 0:
+                raise _PeerClosed("the peer closed the connection")
+            if n > 0:
+                got += n
+            else:
+                _wait(self.sock, _POLLIN if n == -1 else _POLLOUT, deadline)
+        return bytes(buf)
+
+    def _send_tls(self, data: bytes, deadline: float | None) -> None:
+        view = memoryview(data)
+        while view:
+            with self._io_lock:
+                try:
+                    view = view[self.sock.send(view) :]
+                    continue
+                except (ssl.SSLWantWriteError, BlockingIOError):
+                    event = _POLLOUT
+                except ssl.SSLWantReadError:
+                    event = _POLLIN
+            _wait(self.sock, event, deadline)
+
+
+def _shutdown(sock: socket.socket, how: int) -> None:
+    """Shut the connection down; a TLS socket keeps its session (``SSLSocket.shutdown`` drops
+    it, and another thread may be reading it)."""
+    socket.socket.shutdown(sock, how)
+
+
+def _wait(sock: socket.socket, event: int, deadline: float | None) -> None:
+    """Wait until ``sock`` is ready for ``event`` (POLLIN or POLLOUT), or raise at ``deadline``."""
+    if sock.fileno() < 0:
+        raise OSError(errno.EBADF, "closed socket")
+    left = None if deadline is None else deadline - time.monotonic()
+    if left is not None and left <= 0:
+        raise TimeoutError("timed out")
+    if hasattr(select, "poll"):
+        poller = select.poll()
+        poller.register(sock, event)
+        ready = bool(poller.poll(None if left is None else max(1, math.ceil(left * 1000))))
+    else:
+        reads, writes = ([sock], []) if event == _POLLIN else ([], [sock])
+        ready = any(select.select(reads, writes, [], left)[:2])
+    if not ready:
+        raise TimeoutError("timed out")
 
 
 def _client_handshake(sock: socket.socket, secret: bytes, deadline: float | None) -> _Channel:

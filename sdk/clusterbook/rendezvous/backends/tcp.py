@@ -1,7 +1,9 @@
 """A rendezvous store served over TCP by the head, and the backend its nodes use to reach it.
 
 The head runs a :class:`StoreServer` (from :mod:`.tcp_server`); every node (the head too) talks to
-it through a :class:`TcpBackend`. Both sides share a per-cluster secret (:func:`write_secret`
+it through a :class:`TcpBackend`. The traffic is TLS, with the server's self-signed certificate
+pinned by the fingerprint in the store's URL (``tcp://host:port?fingerprint=sha256:HEX``, see
+:mod:`._tls`); inside it, both sides prove they share a per-cluster secret (:func:`write_secret`
 makes the token file, :func:`read_secret` reads it back). The wire protocol is described in
 :mod:`clusterbook.rendezvous.backends._wire`.
 """
@@ -22,6 +24,12 @@ from clusterbook.rendezvous.api import (
     StateChange,
     Token,
 )
+from clusterbook.rendezvous.backends._tls import (
+    FINGERPRINT_PREFIX,
+    Certificate,
+    _WrongCertificate,
+    client_tls,
+)
 from clusterbook.rendezvous.backends._wire import (
     _HEAD,
     _MAX_NODE,
@@ -37,10 +45,11 @@ from clusterbook.rendezvous.backends._wire import (
     _format_url,
     _PeerClosed,
     _ProtocolError,
-    _readable,
     _seconds,
+    _shutdown,
     _spec,
     _tune,
+    parse_store_url,
     parse_url,
     read_secret,
     write_secret,
@@ -56,8 +65,10 @@ from clusterbook.rendezvous.backends.tcp_server import StoreServer
 from clusterbook.rendezvous.step import Step
 
 __all__ = [
+    "FINGERPRINT_PREFIX",
     "MAX_FRAME",
     "MAX_STATE",
+    "Certificate",
     "StoreServer",
     "TcpBackend",
     "parse_url",
@@ -67,7 +78,11 @@ __all__ = [
 
 
 class TcpBackend(RendezvousBackend):
-    """A client of a :class:`StoreServer` at ``url`` (``tcp://host:port``).
+    """A client of a :class:`StoreServer` at ``url`` (``tcp://host:port?fingerprint=sha256:HEX``,
+    the server's :attr:`~StoreServer.url`).
+
+    The connection is TLS; the server must show the certificate whose fingerprint the URL
+    names, else the client hangs up before it sends anything.
 
     Keeps one connection, made on first use and again whenever it was lost; calls from several
     threads take turns on it. ``node`` announces this client as that node, for the server's
@@ -81,8 +96,7 @@ class TcpBackend(RendezvousBackend):
     def __init__(
         self, url: str, secret: bytes, *, node: str | None = None, timeout: float = 5.0
     ) -> None:
-        self._host, self._port = parse_url(url)
-        self._url = _format_url(self._host, self._port)
+        self._host, self._port, fingerprint = parse_store_url(url)
         self._secret = _check_secret(secret)
         if node is not None and (
             not isinstance(node, str) or not node or len(node.encode("utf-8")) > _MAX_NODE
@@ -93,6 +107,17 @@ class TcpBackend(RendezvousBackend):
             )
         self._node = node
         self._timeout = _seconds(timeout, "store timeout")
+        if fingerprint is None:
+            raise ConfigError(
+                f"The rendezvous store URL {url!r} names no certificate fingerprint. The store "
+                "encrypts its traffic with TLS, and its clients check the head's certificate "
+                f"against the fingerprint in the URL (...?fingerprint={FINGERPRINT_PREFIX}HEX): "
+                "use the whole URL the head gives now (StoreServer.url, or the join URL in "
+                "the `clusterbook worker join` command it prints); a URL without it, from an "
+                "older clusterbook, no longer works."
+            )
+        self._fingerprint = fingerprint
+        self._url = _format_url(self._host, self._port, fingerprint)
         self._lock = threading.Lock()
         self._chan: _Channel | None = None
         self._closed = False
@@ -175,7 +200,7 @@ class TcpBackend(RendezvousBackend):
         else:  # a call is stuck waiting on the store: end it
             for chan in {c for c in (first, self._chan) if c is not None}:
                 with contextlib.suppress(OSError):
-                    chan.sock.shutdown(socket.SHUT_RDWR)
+                    _shutdown(chan.sock, socket.SHUT_RDWR)
 
     def __enter__(self) -> TcpBackend:
         return self
@@ -197,12 +222,17 @@ class TcpBackend(RendezvousBackend):
         sock = socket.create_connection((self._host, self._port), timeout=left)
         try:
             _tune(sock)
-            chan = _client_handshake(sock, self._secret, deadline)
-            chan.send(b"H" + (self._node or "").encode("utf-8"))
+            tls = client_tls(sock, self._fingerprint, deadline)
+        except BaseException:
+            sock.close()
+            raise
+        try:
+            chan = _client_handshake(tls, self._secret, deadline)
+            chan.send(b"H" + (self._node or "").encode("utf-8"), deadline)
             if chan.recv(deadline) != b"O":
                 raise _ProtocolError("unexpected answer to the hello")
         except BaseException:
-            sock.close()
+            tls.close()
             raise
         return chan
 
@@ -219,7 +249,7 @@ class TcpBackend(RendezvousBackend):
             for attempt in (1, 2):
                 chan = self._chan
                 reused = chan is not None
-                if chan is not None and _stale(chan.sock):
+                if chan is not None and _stale(chan):
                     self._drop()
                     chan, reused = None, False
                 if self._closed:
@@ -232,8 +262,19 @@ class TcpBackend(RendezvousBackend):
                             _goodbye(chan)
                             self._drop()
                             raise self._closed_error()
-                    chan.send(request(max(0.0, start + wait - time.monotonic())))
+                    chan.send(
+                        request(max(0.0, start + wait - time.monotonic())), start + self._timeout
+                    )
                     return _decode(chan.recv(start + self._timeout + wait), kind)
+                except _WrongCertificate as exc:
+                    self._drop()
+                    raise RendezvousConnectionError(
+                        f"The rendezvous store at {self._url} is not the one its URL names: "
+                        f"the certificate fingerprint does not match ({exc}). Nothing was sent "
+                        "to it. Use the join URL of the cluster's head as it prints it now (a "
+                        "head that started again has a new certificate); if it is that URL, "
+                        "something else answers at that address."
+                    ) from None
                 except _AuthFailed as exc:
                     self._drop()
                     raise RendezvousConnectionError(
@@ -278,19 +319,19 @@ class TcpBackend(RendezvousBackend):
         )
 
 
-def _stale(sock: socket.socket) -> bool:
+def _stale(chan: _Channel) -> bool:
     """Whether a connection between calls is unusable: nothing may arrive then, so anything
     readable means the store closed it (or broke the protocol)."""
     try:
-        return _readable(sock, 0)
+        return chan.readable()
     except (OSError, ValueError):
         return True
 
 
 def _goodbye(chan: _Channel) -> None:
     try:
-        chan.send(b"B")
-        chan.sock.shutdown(socket.SHUT_WR)
+        chan.send(b"B", time.monotonic() + 1.0)
+        _shutdown(chan.sock, socket.SHUT_WR)
     except OSError:
         pass
 

@@ -1,8 +1,9 @@
 """The server side of the TCP rendezvous store: :class:`StoreServer`, which the head runs.
 
 It holds the state and its fencing token (a :class:`~._store.StateStore`), serves the requests
-of the protocol described in :mod:`clusterbook.rendezvous.backends._wire` (rendezvous steps run
-here, under the store's lock), and reports nodes whose connection was lost.
+of the protocol described in :mod:`clusterbook.rendezvous.backends._wire` over TLS with its own
+self-signed certificate (:mod:`._tls`; rendezvous steps run here, under the store's lock), and
+reports nodes whose connection was lost.
 """
 
 from __future__ import annotations
@@ -12,12 +13,20 @@ import logging
 import os
 import select
 import socket
+import ssl
 import threading
 import time
 from collections.abc import Callable
 
 from clusterbook.errors import ClusterStateError, ConfigError
 from clusterbook.rendezvous.backends._store import StateStore
+from clusterbook.rendezvous.backends._tls import (
+    Certificate,
+    make_certificate,
+    server_context,
+    server_handshake,
+    server_tls,
+)
 from clusterbook.rendezvous.backends._wire import (
     _ANY,
     _HEAD,
@@ -34,9 +43,9 @@ from clusterbook.rendezvous.backends._wire import (
     _format_url,
     _PeerClosed,
     _ProtocolError,
-    _readable,
     _seconds,
     _server_handshake,
+    _shutdown,
     _tune,
 )
 from clusterbook.rendezvous.step import Step, StepFormatError
@@ -70,6 +79,10 @@ class StoreServer:
     ``lost_grace`` seconds; bytes it returns become the new state (a new token; watchers wake),
     None leaves the state as it is. It is not called while no state was ever set. If the state
     changes while it runs, it is called again with the newer state.
+
+    The traffic is TLS: the server shows ``certificate``, by default a new self-signed one made
+    here; its fingerprint is in :attr:`url`, which is what clients pin. Give the certificate of
+    an earlier server to serve as that one again (its clients reconnect).
     """
 
     def __init__(
@@ -80,6 +93,7 @@ class StoreServer:
         secret: bytes,
         lost_grace: float = 0.25,
         on_lost: Callable[[str, bytes], bytes | None] | None = None,
+        certificate: Certificate | None = None,
     ) -> None:
         if not isinstance(host, str) or not host:
             raise ConfigError(
@@ -93,6 +107,16 @@ class StoreServer:
         self._secret = _check_secret(secret)
         self._lost_grace = _seconds(lost_grace, "lost grace", zero=True)
         self._on_lost = on_lost
+        if certificate is not None and not isinstance(certificate, Certificate):
+            raise ConfigError(
+                f"certificate must be a Certificate (a StoreServer's .certificate) or None, "
+                f"got {type(certificate).__name__}."
+            )
+        self._certificate = certificate or make_certificate()
+        try:
+            self._context = server_context(self._certificate)
+        except (OSError, ValueError) as exc:
+            raise ConfigError(f"The store server cannot use its certificate: {exc}.") from None
         self._lock = threading.Lock()  # guards the store, the connections and the sessions
         self._store = StateStore(self._lock)
         self._closed = False
@@ -151,7 +175,7 @@ class StoreServer:
             self._store.wake_all()
             for sock in self._connections:
                 with contextlib.suppress(OSError):
-                    sock.shutdown(socket.SHUT_RDWR)
+                    _shutdown(sock, socket.SHUT_RDWR)
             threads = list(self._connections.values())
             timers = list(self._timers)
         if first and self._wake is not None:
@@ -182,8 +206,18 @@ class StoreServer:
 
     @property
     def url(self) -> str:
-        """``tcp://host:port`` for :class:`TcpBackend`."""
-        return _format_url(*self.address)
+        """``tcp://host:port?fingerprint=sha256:HEX`` for :class:`TcpBackend`."""
+        return _format_url(*self.address, self._certificate.fingerprint)
+
+    @property
+    def fingerprint(self) -> str:
+        """The SHA-256 fingerprint of the server's certificate, ``sha256:HEX``."""
+        return self._certificate.fingerprint
+
+    @property
+    def certificate(self) -> Certificate:
+        """The certificate the server shows, with its key."""
+        return self._certificate
 
     @property
     def connected_nodes(self) -> frozenset[str]:
@@ -213,6 +247,12 @@ class StoreServer:
                     _log.warning("The rendezvous store could not accept a connection: %s", exc)
                     time.sleep(0.1)
                     continue
+                try:  # no handshake yet: that is the connection's thread's work
+                    sock = server_tls(self._context, sock)
+                except (OSError, ValueError) as exc:
+                    _log.info("The rendezvous store dropped a connection: %s", exc)
+                    sock.close()
+                    continue
                 with self._lock:
                     if self._closed or len(self._connections) >= _MAX_CONNECTIONS:
                         sock.close()
@@ -225,13 +265,14 @@ class StoreServer:
         finally:
             listener.close()
 
-    def _serve(self, sock: socket.socket) -> None:
+    def _serve(self, sock: ssl.SSLSocket) -> None:
         node: str | None = None
         announced = clean = False
         try:
             sock.settimeout(_HANDSHAKE_TIMEOUT)
             _tune(sock)
             deadline = time.monotonic() + _HANDSHAKE_TIMEOUT
+            server_handshake(sock, deadline)
             chan = _server_handshake(sock, self._secret, deadline)
             hello = chan.recv(deadline)
             if hello[:1] != b"H" or len(hello) > 1 + _MAX_NODE:
@@ -240,7 +281,6 @@ class StoreServer:
             self._session_started(node)
             announced = True
             chan.send(b"O")
-            sock.settimeout(None)
             while True:
                 request = chan.recv(None)
                 if request == b"B":
@@ -327,7 +367,7 @@ class StoreServer:
                         store.wait(min(left, _POLL), decisions=decisions)
             # A waiting client sends nothing but a goodbye: notice it, or the end of the
             # connection, while waiting, so a node that dies in a watch is seen as lost.
-            if _readable(chan.sock, 0):
+            if chan.readable():
                 if chan.recv(None) == b"B":
                     raise _Goodbye
                 raise _ProtocolError("a request during a watch")

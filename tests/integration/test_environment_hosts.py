@@ -1,0 +1,214 @@
+"""Clusters of the nodes a system gives, on fake hosts: each system's files and variables as it
+writes them (a PBS nodefile, SageMaker's SM_HOSTS and resourceconfig.json, an MPIJob launcher's
+/etc/mpi/hostfile and key mount), then a real MPI job across the hosts they name.
+
+The systems name hosts (``cn1``, ``algo-1``, ``job-worker-0.job.default.svc``) that this
+machine's resolver does not know: an ssh config maps them onto the fake hosts for the PBS and
+SageMaker clusters, and the MPIJob's pods get an ``/etc/hosts`` of their own, as a cluster's DNS
+would answer them.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+import clusterbook as cb
+from clusterbook.mpijob import HOSTFILE, SSH_PORT, render_mpijob
+from tests.integration.test_mpijob_pods import (
+    HOME,
+    SDK,
+    container,
+    job_key,
+    mount_points,
+    start_pod,
+    stop,
+    wait_for_port,
+)
+from tests.testbed import Testbed
+from tests.testbed import testbed as fake_hosts
+
+pytestmark = [pytest.mark.root, pytest.mark.sshd, pytest.mark.mpi]
+testbed = fake_hosts
+
+WHERE = """\
+import socket
+from mpi4py import MPI
+comm = MPI.COMM_WORLD
+print(f"rank {comm.rank} of {comm.size} on {socket.gethostname()}", flush=True)
+"""
+
+
+def aliases(bed: Testbed, names: list[str], path: Path) -> Path:
+    """An ssh config that sends ``names`` to the first fake hosts, as their DNS would."""
+    hosts = bed.hosts[: len(names)]
+    lines = [f"Host {name}\n  HostName {h.addr}\n" for name, h in zip(names, hosts, strict=True)]
+    path.write_text("".join(lines) + f"Host *\n  User root\n  IdentityFile {bed.identity}\n")
+    return path
+
+
+def ranks_where(cluster: cb.Cluster, tmp_path: Path, np: int) -> list[str]:
+    script = tmp_path / "where.py"
+    script.write_text(WHERE)
+    cluster.put(script)
+    job = cluster.mpirun(["python", str(script)], np=np, timeout=60)
+    job.wait(timeout=90).check()
+    return list(job.logs().query("rank >= 0").sort_values("rank")["line"])
+
+
+def test_a_pbs_job_runs_on_the_hosts_of_its_nodefile(
+    testbed: Testbed, openmpi_python: str, tmp_path: Path
+) -> None:
+    root = tmp_path / "root"
+    nodefile = root / "var/spool/pbs/aux/17.pbs01"
+    nodefile.parent.mkdir(parents=True)
+    nodefile.write_text("cn1\ncn1\ncn2\ncn2\n")  # one line per slot, as PBS writes it
+    env = {"PBS_NODEFILE": "/var/spool/pbs/aux/17.pbs01", "PBS_JOBID": "17.pbs01"}
+    cluster = cb.Cluster.from_environment(
+        environ=env,
+        root=root,
+        ssh_config=aliases(testbed, ["cn1", "cn2"], tmp_path / "ssh_config"),
+        known_hosts=testbed.write_known_hosts(),
+        python=openmpi_python,
+        run_dir=tmp_path / "run",
+        connect_timeout=10,
+    )
+    assert [(n.host, n.slots) for n in cluster.nodes] == [("cn1", 2), ("cn2", 2)]
+    with cluster:
+        assert ranks_where(cluster, tmp_path, 4) == [
+            "rank 0 of 4 on node1",
+            "rank 1 of 4 on node1",
+            "rank 2 of 4 on node2",
+            "rank 3 of 4 on node2",
+        ]
+        with pytest.raises(cb.ConfigError, match="more than the cluster's 4 slots"):
+            cluster.mpirun(["python", "-c", "pass"], np=5)
+
+
+def test_a_sagemaker_job_runs_from_algo_1(
+    testbed: Testbed, mpich_python: str, tmp_path: Path
+) -> None:
+    root = tmp_path / "root"
+    config = root / "opt/ml/input/config/resourceconfig.json"
+    config.parent.mkdir(parents=True)
+    hosts = ["algo-1", "algo-2"]
+    resource = {"current_host": "algo-1", "hosts": hosts, "network_interface_name": "eth0"}
+    config.write_text(json.dumps(resource))
+    env = {  # as the training toolkit sets them
+        "SM_HOSTS": json.dumps(hosts),
+        "SM_CURRENT_HOST": "algo-1",
+        "SM_NUM_GPUS": "0",
+        "SM_NUM_CPUS": "1",
+        "SM_RESOURCE_CONFIG": json.dumps(resource),
+        "TRAINING_JOB_NAME": "tj-1",
+    }
+    config_file = aliases(testbed, hosts, tmp_path / "ssh_config")
+    with pytest.raises(cb.WorkerHostError, match="built on algo-1"):
+        cb.Cluster.from_environment(environ={**env, "SM_CURRENT_HOST": "algo-2"}, root=root)
+    cluster = cb.Cluster.from_environment(
+        environ=env,
+        root=root,
+        ssh_config=config_file,
+        # SageMaker's containers are new: their keys are trusted on first use, recorded here.
+        known_hosts=tmp_path / "known_hosts",
+        python=mpich_python,
+        run_dir=tmp_path / "run",
+        connect_timeout=10,
+    )
+    assert (cluster.total_slots, cluster.launcher.flavour.value) == (2, "mpich")
+    with cluster:
+        assert ranks_where(cluster, tmp_path, 2) == [
+            "rank 0 of 2 on node1",
+            "rank 1 of 2 on node2",
+        ]
+    assert (tmp_path / "known_hosts").read_text().count(" ssh-ed25519 ") >= 2
+
+
+@pytest.fixture
+def pods(testbed: Testbed, tmp_path: Path) -> Iterator[list[subprocess.Popen[str]]]:
+    """Pods started by the test (stopped afterwards), with the mount points they need."""
+    started: list[subprocess.Popen[str]] = []
+    with mount_points(tmp_path / "mnt" / "ssh", HOME / ".ssh", HOME / ".clusterbook",
+                      files=(Path(HOSTFILE),)):  # fmt: skip
+        try:
+            yield started
+        finally:
+            for pod in started:
+                stop(pod)
+
+
+def test_an_mpijob_launcher_pod_runs_clusterbook_run_without_hosts(
+    testbed: Testbed, pods: list[subprocess.Popen[str]], openmpi_python: str, tmp_path: Path
+) -> None:
+    mount = tmp_path / "mnt" / "ssh"  # sshAuthMountPath
+    keys = job_key(tmp_path / "secret")
+    names = [f"job-worker-{i}.job.default.svc" for i in range(2)]
+    etc_hosts = tmp_path / "hosts"  # what the cluster's DNS answers
+    workers = testbed.hosts[:2]
+    lines = [f"{h.addr} {name}\n" for name, h in zip(names, workers, strict=True)]
+    etc_hosts.write_text("127.0.0.1 localhost\n" + "".join(lines))
+    hostfile = tmp_path / "hostfile"  # as the operator writes it for Open MPI
+    hostfile.write_text("".join(f"{name} slots=2\n" for name in names))
+    program = tmp_path / "where.py"
+    program.write_text(WHERE)
+    job = render_mpijob(["true"], np=4, image="img", name="job", slots_per_worker=2,
+                        ssh_auth_mount_path=str(mount))  # fmt: skip
+
+    def binds(name: str) -> list[tuple[Path, Path, bool]]:
+        own = tmp_path / "pods" / name
+        for d in (".ssh", ".clusterbook"):
+            (own / d).mkdir(parents=True, mode=0o700)
+        return [
+            (own / ".ssh", HOME / ".ssh", False),
+            (own / ".clusterbook", HOME / ".clusterbook", False),
+            (keys, mount, True),
+            (etc_hosts, Path("/etc/hosts"), True),
+        ]
+
+    base = {"HOME": str(HOME), "PATH": f"{Path(openmpi_python).parent}:/usr/bin:/bin"}
+    for i, host in enumerate(testbed.hosts[:2]):
+        name = f"job-worker-{i}"
+        worker = container(job, "Worker")["command"]
+        pods.append(
+            start_pod(host, name, worker, binds(name), {**base, "K_MPI_JOB_ROLE": "worker"})
+        )
+    for host in testbed.hosts[:2]:
+        wait_for_port(host.addr, SSH_PORT)
+    env = {  # what the operator sets in an Open MPI launcher
+        **base,
+        "PYTHONPATH": str(SDK),
+        "K_MPI_JOB_ROLE": "launcher",
+        "OMPI_MCA_orte_keep_fqdn_hostnames": "true",
+        "OMPI_MCA_orte_default_hostfile": HOSTFILE,
+        "OMPI_MCA_plm_rsh_args": "-o ConnectionAttempts=10",
+        "OMPI_MCA_orte_set_default_slots": "2",
+        "CLUSTERBOOK_SSH_AUTH_MOUNT_PATH": str(mount),
+    }
+    run = [openmpi_python, "-m", "clusterbook", "run", "-n", "4", "--port", str(SSH_PORT),
+           "--", "python", str(program)]  # fmt: skip
+    launcher = start_pod(
+        testbed.hosts[2],
+        "job-launcher",
+        run,
+        [*binds("job-launcher"), (hostfile, Path(HOSTFILE), True)],
+        env,
+    )
+    pods.append(launcher)
+    try:
+        out, err = launcher.communicate(timeout=180)
+    except subprocess.TimeoutExpired:
+        out, err = stop(launcher)
+        pytest.fail(f"the launcher did not end:\n{out}\n{err}")
+    assert launcher.returncode == 0, f"{out}\n{err}"
+    assert "clusterbook: the nodes of mpijob: the MPIJob hostfile '/etc/mpi/hostfile'" in err
+    ranks = sorted(line for line in out.splitlines() if " rank " in line)
+    assert ranks == [
+        "[0] rank 0 of 4 on job-worker-0",
+        "[1] rank 1 of 4 on job-worker-0",
+        "[2] rank 2 of 4 on job-worker-1",
+        "[3] rank 3 of 4 on job-worker-1",
+    ]

@@ -1,0 +1,51 @@
+"""``%cluster env``: the nodes of the system the kernel runs in, or a clear word why not."""
+
+from __future__ import annotations
+
+import pytest
+from IPython.utils.capture import capture_output
+
+from clusterbook_widgets.magics import ClusterMagics
+from clusterbook_widgets.mpirun_cell import ArgsError, parse_cluster_args
+from tests.widgets import test_magics
+
+ip, magics = test_magics.ip, test_magics.magics  # the fixtures of the %cluster tests
+
+SYSTEM_VARS = ("SLURM_JOB_NODELIST", "SLURM_NODELIST", "PBS_NODEFILE", "K_MPI_JOB_ROLE",
+               "OMPI_MCA_orte_default_hostfile", "HYDRA_HOST_FILE", "SM_HOSTS")  # fmt: skip
+
+
+def test_env_args() -> None:
+    args = parse_cluster_args("env")
+    assert (args.command, args.kind, args.slots, args.port) == ("env", None, None, None)
+    args = parse_cluster_args("env slurm --slots 2 --user me --port 2222 --accept-new-host-keys")
+    assert (args.kind, args.slots, args.user, args.port) == ("slurm", 2, "me", 2222)
+    assert args.accept_new_host_keys
+    with pytest.raises(ArgsError, match="invalid choice: 'lsf'"):
+        parse_cluster_args("env lsf")
+
+
+def test_env_outside_any_system_says_what_it_looked_for(
+    ip, magics: ClusterMagics, monkeypatch: pytest.MonkeyPatch
+) -> None:  # type: ignore[no-untyped-def]
+    for name in SYSTEM_VARS:
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("CLUSTERBOOK_ENVIRONMENT", "none")
+    with capture_output() as out:
+        ip.run_line_magic("cluster", "env")
+    assert out.stderr.startswith("%cluster: No scheduler or launcher environment was found")
+    assert "SLURM_JOB_NODELIST" in out.stderr
+    assert "Traceback" not in out.stderr
+    assert magics.cluster is None
+
+
+def test_env_on_a_sagemaker_worker_host_says_it_is_one(
+    ip, magics: ClusterMagics, monkeypatch: pytest.MonkeyPatch
+) -> None:  # type: ignore[no-untyped-def]
+    monkeypatch.delenv("CLUSTERBOOK_ENVIRONMENT", raising=False)
+    monkeypatch.setenv("SM_HOSTS", '["algo-1", "algo-2"]')
+    monkeypatch.setenv("SM_CURRENT_HOST", "algo-2")
+    with capture_output() as out:
+        ip.run_line_magic("cluster", "env sagemaker")
+    assert out.stderr.startswith("%cluster: This host (algo-2) is a worker of the sagemaker job")
+    assert magics.cluster is None
