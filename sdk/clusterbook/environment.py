@@ -202,7 +202,7 @@ def choose(seen: Mapping[str, str], forced: str | None) -> str | None:
         return None
     if forced not in DETECTION_ORDER:
         raise ConfigError(
-            f"kind={forced!r} is not a system clusterbook reads; use one of "
+            f"The kind {forced!r} is not a system clusterbook reads; use one of "
             f"{', '.join(map(repr, DETECTION_ORDER))}, 'auto' (look for them in that order) or "
             f"'none' (also as {ENV_VAR})."
         )

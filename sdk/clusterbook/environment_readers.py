@@ -65,8 +65,8 @@ def _read(where: Surroundings, path: str, what: str) -> str:
 
 def _unset(name: str, kind: str, where: str) -> ConfigError:
     return ConfigError(
-        f"{name} is not set, so there are no {kind} nodes to read (kind={kind!r} or "
-        f"CLUSTERBOOK_ENVIRONMENT={kind} asked for them); run {where}, or leave the kind out "
+        f"{name} is not set, so there are no {kind} nodes to read (the kind {kind!r}, or "
+        f"CLUSTERBOOK_ENVIRONMENT={kind}, asked for them); run {where}, or leave the kind out "
         "to look for any system."
     )
 
@@ -179,7 +179,8 @@ def _fingerprint(line: str, path: str) -> str:
     if len(words) < 2:
         raise ConfigError(
             f"{path} is not an OpenSSH public key ('TYPE BASE64 [COMMENT]'); mount the job's "
-            "key pair there (sshAuthMountPath), or give host_keys= yourself."
+            "key pair there (sshAuthMountPath), or give the hosts' keys yourself (host_keys or "
+            "known_hosts)."
         )
     return fingerprint(words[1])
 

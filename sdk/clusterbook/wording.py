@@ -32,6 +32,10 @@ _SHARED = {
     "restarts": "--restarts {}",
     "slots": "--slots {}",
     "workers": "--workers {}",  # clusterbook demo, %cluster local
+    # Slurm: clusterbook run --slurm, %cluster slurm
+    "time": "--time {}",
+    "partition": "--partition {}",
+    "account": "--account {}",
 }
 
 #: For each interface but Python: option -> how it is passed there (``{}`` stands for the

@@ -65,7 +65,7 @@ def test_the_order_of_detection_and_how_to_choose() -> None:
     assert choose({}, "pbs") == "pbs"  # forced: read, and its reader says what is missing
     assert choose(every, "none") is None
     assert choose({}, None) is None
-    with pytest.raises(cb.ConfigError, match="kind='lsf' is not a system clusterbook reads"):
+    with pytest.raises(cb.ConfigError, match="The kind 'lsf' is not a system clusterbook reads"):
         choose(every, "lsf")
 
 

@@ -215,7 +215,7 @@ def test_without_slurm_commands_it_says_so(tmp_path, monkeypatch):
         (["--slurm", "2", "--hosts", "n1:2"], "with --slurm or with --hosts/--hostfile"),
         (["--slurm", "0"], "--slurm must be a number of nodes >= 1, got 0"),
         (["--slurm", "2", "--slots", "gpus"], "--slots gpus does not go with --slurm"),
-        (["--slurm", "2", "--time", "soon"], "time='soon' is not a time limit"),
+        (["--slurm", "2", "--time", "soon"], "--time soon is not a time limit"),
     ],
 )
 def test_clusterbook_run_slurm_refuses_what_does_not_fit(argv, said, capsys):

@@ -72,7 +72,7 @@ def test_a_missing_script_is_told_in_the_users_terms(tmp_path: Path) -> None:
 
 
 # Words like NAME= in messages that are not options: hostfile lines, join URL queries.
-NOT_OPTIONS = {"slots", "min", "max"}
+NOT_OPTIONS = {"slots", "min", "max", "fingerprint"}  # fingerprint: a URL's query
 # Messages only Python can cause: a value no other interface can pass.
 PYTHON_ONLY = {
     ("ssh/hostkeys.py", "host_keys"),
@@ -128,7 +128,7 @@ def test_every_option_a_message_spells_is_known_to_the_interfaces_that_have_it()
     # What the command line does not have: said in words there (see each message). (Its
     # --clean is export mpijob's: `clusterbook run` stops its cluster with the job, so there is
     # nothing it could keep.)
-    no_flag = {"sshd_path", "min_nodes", "join_timeout", "passphrase", "node_python"}
+    no_flag = {"sshd_path", "min_nodes", "join_timeout", "passphrase", "node_python", "listen"}
     assert set(spelled) - set(INTERFACES["cli"]) == no_flag
 
 

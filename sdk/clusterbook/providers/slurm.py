@@ -41,6 +41,7 @@ from clusterbook.providers.slurm_commands import SlurmCommands, SlurmRunner, wri
 from clusterbook.rendezvous.agent import agent_argv
 from clusterbook.rendezvous.head import RendezvousHead
 from clusterbook.status import NodeStatus
+from clusterbook.wording import spell_or
 
 __all__ = ["SlurmProvider"]
 
@@ -159,9 +160,10 @@ class SlurmProvider(ElasticProvider):
                 raise OSError("scontrol show config names no SlurmctldHost")
             return head_address_towards(socket.gethostbyname(controller))
         except OSError as exc:
+            given = spell_or("listen", "ADDRESS", "the listen option in Python")
             raise ConfigError(
                 f"Cannot tell the address the Slurm nodes reach this machine at ({exc}); give "
-                "it with listen='ADDRESS'."
+                f"it with {given}."
             ) from None
 
     def _watch(self, ctx: StartContext) -> None:

@@ -17,6 +17,7 @@ from pathlib import Path
 from clusterbook.errors import ConfigError
 from clusterbook.lifetime import parse_duration
 from clusterbook.spec import validate_host, validate_positive_int
+from clusterbook.wording import spell_or
 
 __all__ = [
     "ACTIVE_STATES",
@@ -63,7 +64,9 @@ def parse_time(value: object) -> tuple[str, float | None]:
     ``"UNLIMITED"``. Takes Slurm's formats (``"1:00:00"``, ``"2-12"``, ``"90"`` minutes),
     a number of seconds, or clusterbook's durations (``"30m"``, ``"2h"``)."""
     if value is None:
-        raise ConfigError(f"time=None is not a time limit; give {_FORMATS}.")
+        raise ConfigError(
+            f"{spell_or('time', None, 'No time')} is not a time limit; give {_FORMATS}."
+        )
     if isinstance(value, str):
         text = value.strip()
         if text.upper() in ("UNLIMITED", "INFINITE"):
@@ -72,13 +75,18 @@ def parse_time(value: object) -> tuple[str, float | None]:
         if match:
             return text, _slurm_seconds(match)
         if not re.fullmatch(r"[0-9.smhdw ]+", text.lower()):
-            raise ConfigError(f"time={value!r} is not a time limit; give {_FORMATS}.")
+            raise ConfigError(f"{_time(value)} is not a time limit; give {_FORMATS}.")
     try:
         seconds = parse_duration(value, "time")
     except ConfigError:
-        raise ConfigError(f"time={value!r} is not a time limit; give {_FORMATS}.") from None
+        raise ConfigError(f"{_time(value)} is not a time limit; give {_FORMATS}.") from None
     assert seconds is not None
     return _as_slurm(seconds), seconds
+
+
+def _time(value: object) -> str:
+    """The time limit ``value`` as it was given, in the interface that gave it."""
+    return spell_or("time", value, f"The time limit {value!r}")
 
 
 def _slurm_seconds(match: re.Match[str]) -> float:
@@ -91,7 +99,7 @@ def _slurm_seconds(match: re.Match[str]) -> float:
     else:  # MM[:SS]
         total = int(first) * 60 + int(second or 0)
     if total <= 0:
-        raise ConfigError(f"time={match.group(0)!r} is no time at all; give {_FORMATS}.")
+        raise ConfigError(f"{_time(match.group(0))} is no time at all; give {_FORMATS}.")
     return float(total)
 
 
