@@ -547,6 +547,24 @@ def test_clean_close_never_calls_on_lost(make_server, make_client) -> None:
     assert lost.nodes() == ["marker"]
 
 
+def test_a_call_that_finds_close_begun_says_goodbye_for_it(make_server, make_client) -> None:
+    # close() marks the client closed before it sends its goodbye; a call in another thread
+    # that sees the mark first ends the connection, and must say goodbye itself, or the store
+    # takes the node for lost.
+    lost = LostLog()
+    server = make_server(on_lost=lost, lost_grace=0.05)
+    setter = make_client(server.url)
+    setter.set_state(b"base")
+    node = make_client(server.url, node="closing")
+    node.get_state()
+    node._closed = True  # the moment between close()'s mark and its goodbye
+    with pytest.raises(RendezvousConnectionError, match="is closed"):
+        node.get_state()
+    wait_for(lambda: "closing" not in server.connected_nodes)
+    graces_over(server)
+    assert lost.calls == []
+
+
 def test_reconnect_within_the_grace_cancels_it(make_server, make_client) -> None:
     lost = LostLog()
     server = make_server(on_lost=lost, lost_grace=2.0)

@@ -253,6 +253,10 @@ class TcpBackend(RendezvousBackend):
                     self._drop()
                     chan, reused = None, False
                 if self._closed:
+                    # close() began: its goodbye may not have gone out yet, and a connection
+                    # ended without one is a node lost to the store.
+                    if chan is not None:
+                        _goodbye(chan)
                     self._drop()
                     raise self._closed_error()
                 try:
