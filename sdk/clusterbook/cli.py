@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import shutil
 import sys
 import time
 from collections.abc import Sequence
@@ -213,6 +214,14 @@ def _parser() -> argparse.ArgumentParser:
         "--hostfile",
         metavar="FILE",
         help="the hosts and slots in an Open MPI (host slots=N) or MPICH (host:N) hostfile",
+    )
+    run.add_argument(
+        "--via",
+        choices=["auto", "srun", "ssh"],
+        default=None,
+        help="in an allocation or job found around this: start jobs as steps of the Slurm "
+        "allocation (srun) or with mpirun over ssh (default auto: srun in a Slurm allocation "
+        "where srun is found and no ssh option is given, else ssh)",
     )
     run.add_argument(
         "--slots",
@@ -423,7 +432,7 @@ def _cleanup(args: argparse.Namespace) -> int:
 
 def _run(args: argparse.Namespace) -> int:
     from clusterbook.cluster import Cluster
-    from clusterbook.environment import cluster_spec, find_environment
+    from clusterbook.environment import cluster_spec, find_environment, launch_via
     from clusterbook.spec import read_hostfile
 
     cmd = command(args.cmd, "clusterbook run -n 2 -- python train.py")
@@ -449,6 +458,11 @@ def _run(args: argparse.Namespace) -> int:
         "port": args.port,
         "host_keys": "accept-new" if args.accept_new_host_keys else None,
     }
+    if args.via is not None and (hosts or args.slurm is not None):
+        raise ConfigError(
+            "--via says how jobs start in an allocation or job found around this; with "
+            "--hosts, --hostfile or --slurm they start with mpirun over ssh."
+        )
     # --slurm asks for new nodes: the allocation this may run in is not looked for.
     found = None if hosts or args.slurm is not None else find_environment()
     if args.slurm is not None:
@@ -457,8 +471,14 @@ def _run(args: argparse.Namespace) -> int:
         cluster = Cluster.ssh(hosts, **ssh, **options)
     elif found is not None:
         slots = args.slots if isinstance(args.slots, int) else None
-        print(f"clusterbook: the nodes of {found.kind}: {found.source}", file=sys.stderr)
-        cluster = Cluster.from_spec(cluster_spec(found, {**ssh, **options}, slots))
+        given = {**ssh, **options}
+        via = launch_via(found, args.via, given, srun_found=shutil.which("srun") is not None)
+        print(
+            f"clusterbook: the nodes of {found.kind}: {found.source}"
+            + (" (jobs as steps of the allocation, through srun)" if via == "srun" else ""),
+            file=sys.stderr,
+        )
+        cluster = Cluster.from_spec(cluster_spec(found, given, slots, via=via))
     else:
         cluster = Cluster.local(workers=1, slots=args.slots, **options)
     with cluster:

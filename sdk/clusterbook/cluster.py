@@ -6,6 +6,7 @@ import atexit
 import contextlib
 import logging
 import os
+import shutil
 import threading
 import time
 import weakref
@@ -216,6 +217,7 @@ class Cluster:
         environ: Mapping[str, str] | None = None,
         root: str | os.PathLike[str] | None = None,
         runner: Runner | None = None,
+        via: str | None = None,
         **args: Unpack[SSHArgs],
     ) -> Cluster:
         """An SSH cluster (:meth:`ssh`) of the nodes the system around this process gives: a
@@ -230,11 +232,19 @@ class Cluster:
         process's variables, ``/`` and the commands it runs (``scontrol``). None found:
         :class:`~clusterbook.environment.EnvironmentNotFoundError` saying what was looked
         for; on a SageMaker host other than the first, or an MPIJob worker pod:
-        :class:`~clusterbook.environment.WorkerHostError`."""
-        from clusterbook.environment import cluster_spec, detect_environment
+        :class:`~clusterbook.environment.WorkerHostError`.
+
+        ``via`` says how jobs start: ``"srun"``, as steps of the Slurm allocation (no ssh:
+        Slurm's daemons start the ranks, MPI through its PMI plugin; see
+        :mod:`clusterbook.providers.srun`), ``"ssh"`` (``mpirun`` over ssh), or ``"auto"``
+        (None): srun inside a Slurm allocation where ``srun`` is on ``PATH`` and no SSH
+        option is given, else ssh."""
+        from clusterbook.environment import cluster_spec, detect_environment, launch_via
 
         found = detect_environment(kind, environ=environ, root=root, runner=runner)
-        return cls.from_spec(cluster_spec(found, args, slots))
+        path = (os.environ if environ is None else environ).get("PATH", "")
+        how = launch_via(found, via, args, srun_found=shutil.which("srun", path=path) is not None)
+        return cls.from_spec(cluster_spec(found, args, slots, via=how))
 
     @staticmethod
     def attach(what: str | os.PathLike[str]) -> AttachedCluster:

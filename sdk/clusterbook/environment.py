@@ -27,8 +27,9 @@ resourceconfig.json) is read. ``kind=`` or ``CLUSTERBOOK_ENVIRONMENT`` (a kind, 
 system can be reproduced in a test. The choice (:func:`choose`) and the parsers are pure; the
 reading is at the edges.
 
-A :class:`Detected` is what a provider needs to start on those nodes: today the SSH provider
-(``Cluster.from_environment``); a scheduler's own launcher (``srun``) can start from the same.
+A :class:`Detected` is what a provider needs to start on those nodes: the SSH provider, or in a
+Slurm allocation the srun provider (:mod:`clusterbook.providers.srun`), whose jobs are steps
+of the allocation (:func:`launch_via` chooses).
 """
 
 from __future__ import annotations
@@ -41,11 +42,14 @@ from pathlib import Path
 from typing import Any
 
 from clusterbook.errors import ConfigError, EnvironmentNotFoundError, WorkerHostError
+from clusterbook.options import ClusterOptions
 from clusterbook.spec import validate_positive_int
+from clusterbook.wording import spell, spell_or
 
 __all__ = [
     "DETECTION_ORDER",
     "ENV_VAR",
+    "VIA",
     "Detected",
     "Runner",
     "Surroundings",
@@ -53,6 +57,7 @@ __all__ = [
     "cluster_spec",
     "detect_environment",
     "find_environment",
+    "launch_via",
     "run_command",
     "signs",
 ]
@@ -258,12 +263,62 @@ def _off(kind: str | None, environ: Mapping[str, str] | None) -> bool:
     return (value or "").strip().lower() == "none"
 
 
+#: How a cluster of the nodes found starts its jobs (``via=``).
+VIA = ("auto", "srun", "ssh")
+
+
+def launch_via(
+    detected: Detected, via: str | None, options: Mapping[str, Any], srun_found: bool
+) -> str:
+    """``"srun"`` (jobs as steps of the Slurm allocation) or ``"ssh"``: ``via``, or for
+    ``"auto"`` (None) srun inside a Slurm allocation where ``srun`` is found (``srun_found``)
+    and no SSH option is given in ``options``, else ssh."""
+    ssh_given = sorted(
+        k for k, v in options.items() if v is not None and k not in ClusterOptions.given_names()
+    )
+    chosen = "auto" if via is None else via
+    if chosen not in VIA:
+        raise ConfigError(
+            f"{spell('via', via)} is not a way to start jobs; use 'srun' (as steps of the "
+            "Slurm allocation), 'ssh' (mpirun over ssh) or 'auto' (srun inside a Slurm "
+            "allocation where srun is found, else ssh)."
+        )
+    if chosen == "auto":
+        slurm = detected.kind == "slurm" and detected.job_id is not None and srun_found
+        return "srun" if slurm and not ssh_given else "ssh"
+    if chosen == "srun":
+        if detected.kind != "slurm" or detected.job_id is None:
+            raise ConfigError(
+                f"{spell('via', 'srun')} starts jobs as steps of a Slurm allocation, but the "
+                f"nodes are a {detected.kind} job's ({detected.source}); use "
+                f"{spell('via', 'ssh')}."
+            )
+        if not srun_found:
+            raise ConfigError(
+                f"{spell('via', 'srun')}: Slurm's srun is not on PATH here; run where Slurm's "
+                f"commands are, or use {spell('via', 'ssh')}."
+            )
+        if ssh_given:
+            named = ", ".join(spell_or(k, options[k], k) for k in ssh_given)
+            raise ConfigError(
+                f"{named} {'is an option' if len(ssh_given) == 1 else 'are options'} of "
+                f"clusters reached over ssh; jobs started with {spell('via', 'srun')} use none. "
+                f"Leave {'it' if len(ssh_given) == 1 else 'them'} out, or use "
+                f"{spell('via', 'ssh')}."
+            )
+    return chosen
+
+
 def cluster_spec(
-    detected: Detected, options: Mapping[str, Any], slots: int | None = None
+    detected: Detected,
+    options: Mapping[str, Any],
+    slots: int | None = None,
+    via: str = "ssh",
 ) -> dict[str, Any]:
-    """The SSH cluster spec of ``detected``'s nodes (``slots`` each, if given): its SSH
-    options and MPI flavour, then ``options`` over them. On a worker host:
-    :class:`WorkerHostError`."""
+    """The cluster spec of ``detected``'s nodes (``slots`` each, if given), ``options`` over
+    what the system implies: with ``via="ssh"`` an SSH cluster (the system's SSH options and
+    MPI flavour), with ``via="srun"`` a cluster of the Slurm allocation's nodes whose jobs
+    are its steps (see :func:`launch_via`). On a worker host: :class:`WorkerHostError`."""
     if detected.role == "worker":
         raise WorkerHostError(
             f"This host ({detected.current_host or 'unnamed'}) is a worker of the "
@@ -276,6 +331,9 @@ def cluster_spec(
     if slots is not None:
         hosts = [f"{host}:{validate_positive_int(slots, 'slots')}" for host, _ in
                  detected.hosts_with_slots]  # fmt: skip
+    if via == "srun":
+        own = {k: v for k, v in options.items() if k in ClusterOptions.given_names()}
+        return {"kind": "srun", "hosts": hosts, "job_id": detected.job_id, **own}
     spec: dict[str, Any] = {"kind": "ssh", "hosts": hosts, **detected.ssh}
     if detected.mpi is not None:
         spec["mpi"] = detected.mpi

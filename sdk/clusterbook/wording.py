@@ -36,6 +36,8 @@ _SHARED = {
     "time": "--time {}",
     "partition": "--partition {}",
     "account": "--account {}",
+    # in an allocation found around: clusterbook run, %cluster env
+    "via": "--via {}",
 }
 
 #: For each interface but Python: option -> how it is passed there (``{}`` stands for the

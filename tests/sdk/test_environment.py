@@ -19,6 +19,7 @@ from clusterbook.environment import (
     cluster_spec,
     detect_environment,
     find_environment,
+    launch_via,
 )
 from clusterbook.ssh.hostkeys import fingerprint
 
@@ -265,6 +266,7 @@ def test_an_mpijob_hostfile_with_a_bad_line(tmp_path: Path) -> None:
 
 
 def test_from_environment_makes_an_ssh_cluster_options_win(tmp_path: Path) -> None:
+    # No srun on the environment's PATH: mpirun over ssh.
     cluster = cb.Cluster.from_environment(environ=SLURM, runner=Scontrol(), name="alloc")
     assert (cluster.kind, cluster.name) == ("ssh", "alloc")
     assert [(n.host, n.slots) for n in cluster.nodes] == [("snode1", 4), ("snode2", 4)]
@@ -272,6 +274,44 @@ def test_from_environment_makes_an_ssh_cluster_options_win(tmp_path: Path) -> No
     assert fewer.total_slots == 2
     with pytest.raises(cb.ConfigError, match="slots must be >= 1"):
         cb.Cluster.from_environment(slots=0, environ=SLURM, runner=Scontrol())
+
+
+def _with_srun(tmp_path: Path) -> dict[str, str]:
+    """:data:`SLURM` with an ``srun`` on its PATH."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "srun").write_text("#!/bin/sh\nexit 1\n")
+    (bin_dir / "srun").chmod(0o755)
+    return {**SLURM, "PATH": str(bin_dir)}
+
+
+def test_inside_a_slurm_allocation_with_srun_jobs_are_its_steps(tmp_path: Path) -> None:
+    environ = _with_srun(tmp_path)
+    cluster = cb.Cluster.from_environment(environ=environ, runner=Scontrol(), name="alloc")
+    assert (cluster.kind, cluster.name) == ("srun", "alloc")
+    assert cluster._provider.job_id == "42"  # type: ignore[attr-defined]
+    assert [(n.host, n.slots) for n in cluster.nodes] == [("snode1", 4), ("snode2", 4)]
+    # An SSH option given means ssh; so does via="ssh".
+    given = cb.Cluster.from_environment(environ=environ, runner=Scontrol(), port=2222)
+    assert given.kind == "ssh"
+    assert cb.Cluster.from_environment(environ=environ, runner=Scontrol(), via="ssh").kind == "ssh"
+
+
+def test_via_srun_where_it_cannot_be(tmp_path: Path) -> None:
+    with pytest.raises(cb.ConfigError, match="via='srun': Slurm's srun is not on PATH here"):
+        cb.Cluster.from_environment(environ=SLURM, runner=Scontrol(), via="srun")
+    environ = _with_srun(tmp_path)
+    with pytest.raises(cb.ConfigError, match="port=22 is an option of clusters reached over ssh"):
+        cb.Cluster.from_environment(environ=environ, runner=Scontrol(), via="srun", port=22)
+    with pytest.raises(cb.ConfigError, match="via='mpirun' is not a way to start jobs"):
+        cb.Cluster.from_environment(environ=environ, runner=Scontrol(), via="mpirun")
+    nodefile = tmp_path / "var/spool/pbs/aux/7"
+    nodefile.parent.mkdir(parents=True)
+    nodefile.write_text("cn01\n")
+    found = detect({"PBS_NODEFILE": "/var/spool/pbs/aux/7", "PBS_JOBID": "7"}, tmp_path)
+    with pytest.raises(cb.ConfigError, match="but the nodes are a pbs job's"):
+        launch_via(found, "srun", {}, srun_found=True)
+    assert launch_via(found, None, {}, srun_found=True) == "ssh"
 
 
 def test_a_kind_asked_for_whose_variable_is_unset() -> None:

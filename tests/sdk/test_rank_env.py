@@ -51,6 +51,25 @@ def test_every_rank_gets_torch_distributed_variables(launcher: dict[str, str]) -
     }
 
 
+def test_a_rank_srun_started_gets_them_from_slurms_variables() -> None:
+    # srun --mpi=pmix starts Open MPI ranks without OMPI_COMM_WORLD_*: Slurm's say who is
+    # who; the local world size is counted in the head's placement.
+    slurm = {"SLURM_PROCID": "2", "SLURM_NTASKS": "3", "SLURM_LOCALID": "0"}
+    got = run_rank({**slurm, **HEAD, "CLUSTERBOOK_RANK_NODES": "0 0 1"})
+    assert got == {
+        "RANK": "2",
+        "WORLD_SIZE": "3",
+        "LOCAL_RANK": "0",
+        "LOCAL_WORLD_SIZE": "1",
+        "NODE_RANK": "1",
+        "GROUP_RANK": "1",
+        "MASTER_ADDR": "10.0.0.1",
+        "MASTER_PORT": "29611",
+    }
+    # The launcher's own variables win over Slurm's (a head that runs in a Slurm step).
+    assert run_rank({**slurm, **OPENMPI, **HEAD})["RANK"] == "3"
+
+
 def test_what_the_job_set_stays_what_the_head_inherited_does_not() -> None:
     got = run_rank(
         {

@@ -80,6 +80,8 @@ PYTHON_ONLY = {
     *(("mirror.py", name) for name in ("work_dir", "known_hosts", "host_keys")),
     *(("options.py", name) for name in ("work_dir", "run_dir")),
     ("launch/recovery.py", "restart_on_join"),  # Python only
+    # a "srun" cluster spec's own arguments (from_environment fills them in)
+    *(("providers/srun.py", name) for name in ("job_id", "srun")),
 }
 
 

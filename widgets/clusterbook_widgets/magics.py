@@ -101,9 +101,10 @@ class ClusterMagics(Magics):
         [--accept-new-host-keys]``, ``%cluster slurm [--nodes N] [--slots S] [--partition P]
         [--time T] [--account A] [--min-nodes M]`` (nodes from one Slurm batch job: they
         join as Slurm starts it), ``%cluster env [slurm|pbs|mpijob|sagemaker] [--slots N]
-        [--user U] [--identity F] [--port P]`` (the nodes of the allocation or training job
-        the kernel runs in: :meth:`clusterbook.Cluster.from_environment`), ``%cluster attach
-        ID`` (a cluster another kernel or process runs: shown with its newest job's output),
+        [--via auto|srun|ssh] [--user U] [--identity F] [--port P]`` (the nodes of the
+        allocation or training job the kernel runs in:
+        :meth:`clusterbook.Cluster.from_environment`), ``%cluster attach ID`` (a cluster
+        another kernel or process runs: shown with its newest job's output),
         ``%cluster status``, ``%cluster stop``.
         """
         try:
@@ -144,6 +145,7 @@ class ClusterMagics(Magics):
                 lambda: cb.Cluster.from_environment(
                     args.kind,
                     slots=args.slots,
+                    via=args.via,
                     user=args.user,
                     identity=args.identity,
                     port=args.port,

@@ -271,6 +271,13 @@ def _cluster_parser() -> _Parser:
         help="read this system only (default: the first found)",
     )
     env.add_argument("--slots", type=_count("--slots"), metavar="N", help="ranks per node")
+    env.add_argument(
+        "--via",
+        choices=["auto", "srun", "ssh"],
+        default=None,
+        help="how jobs start: as steps of the Slurm allocation (srun), or mpirun over ssh "
+        "(default auto: srun in a Slurm allocation where srun is found, else ssh)",
+    )
     env.add_argument("--user", metavar="U")
     env.add_argument("--identity", metavar="F", help="private key file")
     env.add_argument("--port", type=_count("--port"), metavar="P")

@@ -26,7 +26,7 @@ from clusterbook.launch.command import LaunchCommand, LaunchPlan, placement
 from clusterbook.launch.flavour import MPIFlavour
 from clusterbook.launch.guard import guard, kill_tagged
 from clusterbook.launch.logs import LAUNCHER_RANK, LogStore
-from clusterbook.launch.parse import LineSplitter, OmpiChunkParser, as_lines
+from clusterbook.launch.parse import LabelParser, LineSplitter, OmpiChunkParser, as_lines
 from clusterbook.launch.result import JobResult, KeptProcess, RankFailure, failed_ranks
 from clusterbook.spec import NodeSpec
 
@@ -126,7 +126,7 @@ class Attempt:
         self._t0 = time.monotonic()
         self._token = plan.job_token
         guard.watch(self._token)
-        self._proc = procs.spawn(command.argv, env={**base_env, **command.env}, cwd=cwd)
+        self._proc = procs.spawn(command.argv, env=command.environment(base_env), cwd=cwd)
         self._readers = self._start_readers()
         self._timer: threading.Timer | None = None
         if timeout is not None:
@@ -211,7 +211,13 @@ class Attempt:
         assert self._proc.stdout is not None
         assert self._proc.stderr is not None
         targets: list[tuple[Callable[[Any], None], IO[bytes] | None]]
-        if self.plan.launcher.flavour is MPIFlavour.OPENMPI:
+        if self.plan.remote is not None and self.plan.remote.srun is not None:
+            # srun writes every rank's lines behind its label, on srun's stdout and stderr.
+            targets = [
+                (self._read_labeled, self._proc.stdout),
+                (self._read_labeled, self._proc.stderr),
+            ]
+        elif self.plan.launcher.flavour is MPIFlavour.OPENMPI:
             # Every rank's output comes tagged on mpirun's stdout; its own, on its stderr.
             targets = [
                 (self._read_tagged, self._proc.stdout),
@@ -251,6 +257,19 @@ class Attempt:
 
     def _read_tagged(self, pipe: object) -> None:
         parser = OmpiChunkParser()
+        fd = pipe.fileno()  # type: ignore[attr-defined]
+        add = self._store.add_lines
+        try:
+            while chunk := os.read(fd, _READ):
+                for rank, stream, lines in parser.feed_batches(chunk):
+                    add(rank, stream, *lines)
+            for rank, stream, lines in parser.flush_batches():
+                add(rank, stream, *lines)
+        finally:
+            pipe.close()  # type: ignore[attr-defined]
+
+    def _read_labeled(self, pipe: object) -> None:
+        parser = LabelParser("stdout" if pipe is self._proc.stdout else "stderr")
         fd = pipe.fileno()  # type: ignore[attr-defined]
         add = self._store.add_lines
         try:

@@ -66,11 +66,20 @@ class LaunchPlan:
 
 @dataclass(frozen=True, slots=True)
 class LaunchCommand:
-    """A launcher command line, the variables to add to its environment, its hostfile."""
+    """A launcher command line, the variables to add to its environment (and, ``unset``,
+    those to take out of it), its hostfile."""
 
     argv: list[str]
     env: dict[str, str]
     hostfile_text: str
+    unset: tuple[str, ...] = ()
+
+    def environment(self, base: Mapping[str, str]) -> dict[str, str]:
+        """The launcher's environment: ``base`` with this command's changes."""
+        env = {**base, **self.env}
+        for name in self.unset:
+            env.pop(name, None)
+        return env
 
 
 def placement(nodes: tuple[NodeSpec, ...], np: int) -> list[int]:
@@ -176,7 +185,12 @@ def rank_env(plan: LaunchPlan) -> dict[str, str]:
 
 
 def build_command(plan: LaunchPlan) -> LaunchCommand:
-    """The launcher command line for ``plan``."""
+    """The launcher command line for ``plan``: ``srun`` when the nodes are a Slurm
+    allocation's that start steps (see :mod:`clusterbook.launch.srun`), else the MPI's own."""
+    if plan.remote is not None and plan.remote.srun is not None:
+        from clusterbook.launch.srun import srun_command
+
+        return srun_command(plan, plan.remote.srun)
     if plan.launcher.flavour is MPIFlavour.OPENMPI:
         return _openmpi(plan)
     return _mpich(plan)

@@ -26,7 +26,16 @@ import re
 from dataclasses import dataclass
 from typing import NamedTuple
 
-__all__ = ["MAX_LINE", "Batch", "LineSplitter", "Lines", "OmpiChunkParser", "Piece", "TaggedLine"]
+__all__ = [
+    "MAX_LINE",
+    "Batch",
+    "LabelParser",
+    "LineSplitter",
+    "Lines",
+    "OmpiChunkParser",
+    "Piece",
+    "TaggedLine",
+]
 
 #: Longest piece of a line, in bytes; a longer line comes in several pieces.
 MAX_LINE = 1 << 20
@@ -287,3 +296,47 @@ def _tag_start_at_end(buf: bytes, pos: int) -> int:
 
 def _stream(name: bytes) -> str:
     return "stdout" if name == b"stdout" else "stderr"
+
+
+_LABEL = re.compile(r" *(\d+): ")
+
+
+class LabelParser:
+    """Parse one of ``srun --label``'s streams: Slurm writes each line of task N behind
+    ``N: `` (padded with spaces to the width of the largest task number); its own lines
+    (``srun: error: ...``) have no label and are the launcher's. A piece of an over-long line
+    that goes on belongs to the rank of the piece before it."""
+
+    def __init__(self, stream: str, max_line: int = MAX_LINE) -> None:
+        self._stream = stream
+        self._splitter = LineSplitter(max_line)
+        self._going_on: int | None = None  # the rank of a piece that goes on, if one does
+
+    def feed_batches(self, data: bytes) -> list[Batch]:
+        """Add bytes; return the lines they complete, a batch per run of one rank's lines."""
+        return self._batches(self._splitter.feed_lines(data).pieces())
+
+    def flush_batches(self) -> list[Batch]:
+        """What is left at the end of the stream (a last line without newline)."""
+        return self._batches(self._splitter.flush())
+
+    def _batches(self, pieces: list[Piece]) -> list[Batch]:
+        out: list[Batch] = []
+        rank: int | None = None
+        run: list[Piece] = []
+        for text, partial in pieces:
+            if self._going_on is not None:
+                owner: int | None = self._going_on
+            elif (m := _LABEL.match(text)) is not None:
+                owner, text = int(m.group(1)), text[m.end() :]
+            else:
+                owner = None
+            self._going_on = owner if partial and owner is not None else None
+            if run and owner != rank:
+                out.append(Batch(rank, self._stream, as_lines(run)))
+                run = []
+            rank = owner
+            run.append(Piece(text, partial))
+        if run:
+            out.append(Batch(rank, self._stream, as_lines(run)))
+        return out

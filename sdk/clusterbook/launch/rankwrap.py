@@ -9,7 +9,9 @@ launcher's own output forwarding (so it works across hosts too):
 
 It gives the program what ``torch.distributed`` (``env://``) and torchrun-style programs
 read: ``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``, ``LOCAL_WORLD_SIZE`` from the launcher's own
-variables (Open MPI's ``OMPI_COMM_WORLD_*``, MPICH's ``PMI_*`` and ``MPI_LOCAL*``),
+variables (Open MPI's ``OMPI_COMM_WORLD_*``, MPICH's ``PMI_*`` and ``MPI_LOCAL*``, else
+Slurm's ``SLURM_PROCID``, ``SLURM_NTASKS``, ``SLURM_LOCALID`` for a rank ``srun`` started; a
+local world size no launcher says is counted in ``CLUSTERBOOK_RANK_NODES``),
 ``NODE_RANK``/``GROUP_RANK`` (the index of the rank's host, from ``CLUSTERBOOK_RANK_NODES``),
 ``MASTER_ADDR`` and ``MASTER_PORT`` (rank 0's host and a port the head chose), except those
 the job's own ``env`` set (``CLUSTERBOOK_USER_SET`` names them).
@@ -46,16 +48,22 @@ HOOK_DIR = str(Path(__file__).parent / "_rankhook")
 
 WRAPPER = """\
 read h </proc/sys/kernel/hostname 2>/dev/null || h=$(uname -n)
-r=${OMPI_COMM_WORLD_RANK:-${PMI_RANK:-}}
+r=${OMPI_COMM_WORLD_RANK:-${PMI_RANK:-${SLURM_PROCID:-}}}
 if [ -n "$r" ]; then
   cbset() { case " ${CLUSTERBOOK_USER_SET-} " in *" $1 "*) ;; *) export "$1=$2" ;; esac; }
   n=0 i=0
   for x in ${CLUSTERBOOK_RANK_NODES-}; do [ "$i" = "$r" ] && { n=$x; break; }; i=$((i+1)); done
   cbset RANK "$r"
-  cbset WORLD_SIZE "${OMPI_COMM_WORLD_SIZE:-${PMI_SIZE:-}}"
-  l=${OMPI_COMM_WORLD_LOCAL_RANK:-${MPI_LOCALRANKID:-0}}
+  cbset WORLD_SIZE "${OMPI_COMM_WORLD_SIZE:-${PMI_SIZE:-${SLURM_NTASKS:-}}}"
+  l=${OMPI_COMM_WORLD_LOCAL_RANK:-${MPI_LOCALRANKID:-${SLURM_LOCALID:-0}}}
   cbset LOCAL_RANK "$l"
-  cbset LOCAL_WORLD_SIZE "${OMPI_COMM_WORLD_LOCAL_SIZE:-${MPI_LOCALNRANKS:-1}}"
+  k=${OMPI_COMM_WORLD_LOCAL_SIZE:-${MPI_LOCALNRANKS:-}}
+  if [ -z "$k" ]; then
+    k=0
+    for x in ${CLUSTERBOOK_RANK_NODES-}; do [ "$x" = "$n" ] && k=$((k+1)); done
+    [ "$k" -gt 0 ] || k=1
+  fi
+  cbset LOCAL_WORLD_SIZE "$k"
   cbset NODE_RANK "$n"
   cbset GROUP_RANK "$n"
   cbset MASTER_ADDR "${CLUSTERBOOK_MASTER_ADDR-}"

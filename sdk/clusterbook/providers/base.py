@@ -50,6 +50,7 @@ from typing import ClassVar
 from clusterbook.commands import NodeRun, run_everywhere
 from clusterbook.launch.flavour import Launcher
 from clusterbook.launch.result import KeptProcess
+from clusterbook.launch.srun import SrunStep
 from clusterbook.spec import NodeSpec
 from clusterbook.status import NodeStatus
 from clusterbook.transfer import Outgoing, uncounted
@@ -92,7 +93,8 @@ class RemoteLaunch:
 
     When the nodes' environments live at different paths, ``python``, ``launcher`` and
     ``hook_dir`` are paths that are the same on every node (per-cluster links to each node's
-    own environment) and replace the cluster's for the job."""
+    own environment) and replace the cluster's for the job. ``srun``: the nodes are a Slurm
+    allocation's, and jobs start as its steps (no ssh; see :mod:`clusterbook.launch.srun`)."""
 
     ssh_args: tuple[str, ...]
     ssh_wrapper: str
@@ -102,6 +104,7 @@ class RemoteLaunch:
     python: str | None = None
     launcher: Launcher | None = None
     hook_dir: str | None = None
+    srun: SrunStep | None = None
 
 
 class Provider(ABC):

@@ -36,6 +36,7 @@ _BUILTIN = {
     "ssh": "clusterbook.providers.ssh:SSHProvider",
     "elastic": "clusterbook.providers.elastic:ElasticProvider",
     "slurm": "clusterbook.providers.slurm:SlurmProvider",
+    "srun": "clusterbook.providers.srun:SrunProvider",
 }
 _REGISTERED: dict[str, ProviderFactory] = {}
 
