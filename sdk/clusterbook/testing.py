@@ -20,6 +20,7 @@ whose jobs stay where the test puts them: inject it as a Slurm cluster's runner:
 
 from __future__ import annotations
 
+import json
 import shlex
 import subprocess
 import threading
@@ -232,8 +233,10 @@ class FakeSlurm:
 
     Every job ``sbatch`` submits gets the next id and stays in ``state`` (with ``reason``)
     until the test moves it (:meth:`set_state`) or ``scancel`` cancels it. ``refuse`` is what
-    sbatch says on stderr, exiting 1, instead of submitting. ``calls`` holds every argv, and
-    ``scripts`` each submitted script's text.
+    sbatch says on stderr, exiting 1, instead of submitting. ``srun``'s start check (see
+    :func:`clusterbook.providers.srun.check_world`) finds an MPI world of ``world`` ranks
+    (default: one per node; 1 is a PMI plugin that does not fit). ``calls`` holds every argv,
+    and ``scripts`` each submitted script's text.
     """
 
     def __init__(
@@ -243,9 +246,11 @@ class FakeSlurm:
         reason: str | None = "Resources",
         refuse: str | None = None,
         controller: str = "127.0.0.1",
+        world: int | None = None,
     ) -> None:
         self.state, self.reason, self.refuse = state, reason, refuse
         self.controller = controller
+        self.world = world
         self.calls: list[list[str]] = []
         self.scripts: list[str] = []
         self.jobs: dict[int, tuple[str, str | None]] = {}
@@ -295,4 +300,13 @@ class FakeSlurm:
             return done(0)
         if argv[:3] == ["scontrol", "show", "config"]:
             return done(0, f"SlurmctldHost[0]        = fake({self.controller})\n")
+        if Path(command).name == "srun" and any(a.startswith("--mpi=") for a in argv):
+            # The start check of srun launches: each task reports its node and MPI world.
+            hosts = next(a for a in argv if a.startswith("--nodelist=")).split("=")[1].split(",")
+            size = self.world or len(hosts)
+            out = "".join(
+                f"{i}: " + json.dumps({"host": h, "cores": 2, "rank": i, "size": size}) + "\n"
+                for i, h in enumerate(hosts)
+            )
+            return done(0, out)
         return done(1, err=f"FakeSlurm does not know {shlex.join(argv)!r}")

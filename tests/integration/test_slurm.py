@@ -88,6 +88,10 @@ def test_a_two_node_slurm_cluster_runs_open_mpi_across_both_and_stop_leaves_noth
 
         result = cluster.mpirun(["python", str(script)], np=4, timeout=120).wait()
         result.check()
+        # A step of the cluster's own Slurm job (srun, pmix), not mpirun over ssh.
+        step = cluster.jobs[-1].plan.remote.srun
+        assert step is not None
+        assert (step.job_id, sorted(step.names.values())) == (str(job_id), list(slurm.hosts))
         logs = cluster.jobs[-1].logs()
         ranks = logs[logs["rank"] >= 0]
         assert sorted(ranks["line"]) == [

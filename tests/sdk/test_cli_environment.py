@@ -56,3 +56,28 @@ def test_a_hostfile_with_a_bad_line(tmp_path: Path, capsys: pytest.CaptureFixtur
     err = capsys.readouterr().err
     assert f"hostfile {str(hostfile)!r} line 3: 'node2 slots=two'" in err
     assert "'HOST slots=N' (Open MPI) or 'HOST:N' (MPICH)" in err
+
+
+def test_via_goes_with_an_allocation_found_not_with_hosts(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    assert main(["run", "--via", "srun", "--hosts", "n1:2", "-n", "1", "--", "true"]) == 2
+    err = capsys.readouterr().err
+    assert "--via says how jobs start in an allocation or job found around this" in err
+
+
+def test_via_srun_with_an_ssh_option_is_refused_as_the_command_line_spells_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "srun").write_text("#!/bin/sh\nexit 1\n")  # no scontrol: expanded here
+    (bin_dir / "srun").chmod(0o755)
+    monkeypatch.setenv("PATH", str(bin_dir))
+    monkeypatch.setenv("SLURM_JOB_NODELIST", "n[1-2]")
+    monkeypatch.setenv("SLURM_JOB_ID", "9")
+    assert main(["run", "--via", "srun", "--port", "2222", "-n", "1", "--", "true"]) == 2
+    err = capsys.readouterr().err
+    assert (
+        "--port 2222 is an option of clusters reached over ssh; jobs started with --via srun" in err
+    )

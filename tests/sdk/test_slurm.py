@@ -11,6 +11,10 @@ from pathlib import Path
 import pytest
 
 import clusterbook as cb
+from clusterbook.launch.srun import SrunStep
+from clusterbook.providers.base import RemoteLaunch, StartContext
+from clusterbook.providers.elastic import ElasticProvider
+from clusterbook.providers.slurm import SlurmProvider
 from clusterbook.providers.slurm_batch import (
     GONE,
     BatchJob,
@@ -23,7 +27,9 @@ from clusterbook.providers.slurm_batch import (
     render_script,
     sbatch_argv,
 )
+from clusterbook.spec import NodeSpec
 from clusterbook.testing import FakeSlurm
+from tests.sdk.test_command import OMPI
 
 
 @pytest.mark.parametrize(
@@ -248,3 +254,73 @@ def test_a_start_interrupted_once_the_job_was_submitted_cancels_it(tmp_path):
     assert slurm.commands("scancel") == [["scancel", "1"]]
     assert slurm.jobs[1][0] == "CANCELLED"
     assert not (Path.home() / ".clusterbook" / "clusters" / cluster.name).exists()
+
+
+# -- jobs as steps of the batch job ------------------------------------------------------------
+
+
+class _Joined(SlurmProvider):
+    """A Slurm provider whose job's agents joined (nodes ``snodeI-JOB``), and others."""
+
+    joined: tuple[NodeSpec, ...] = ()
+
+    @property
+    def nodes(self) -> tuple[NodeSpec, ...]:
+        return self.joined
+
+
+def _joined(fake: FakeSlurm, monkeypatch, tmp_path: Path, *names: str) -> _Joined:
+    over_ssh = RemoteLaunch(("-o", "User=me"), "/w/ssh", "10.0.0.1")
+    monkeypatch.setattr(ElasticProvider, "remote", lambda self: over_ssh)
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir(parents=True)
+    (bin_dir / "srun").write_text("#!/bin/sh\nexit 1\n")
+    (bin_dir / "srun").chmod(0o755)
+    monkeypatch.setenv("PATH", str(bin_dir))
+    provider = _Joined(nodes=2, runner=fake)
+    provider.job_id = 42
+    provider._ctx = StartContext("c1", "/venv/bin/python", OMPI, {})
+    provider.joined = tuple(NodeSpec(name, f"10.0.0.1{i}", 2) for i, name in enumerate(names, 1))
+    return provider
+
+
+def test_jobs_of_a_slurm_cluster_are_steps_of_its_job_once_mpi_gets_its_world(
+    monkeypatch, tmp_path
+):
+    fake = FakeSlurm()
+    provider = _joined(fake, monkeypatch, tmp_path, "snode1-42", "snode2-42")
+    remote = provider.remote()
+    assert remote is not None
+    assert remote.srun == SrunStep(
+        str(tmp_path / "bin" / "srun"), "42", {"10.0.0.11": "snode1", "10.0.0.12": "snode2"}
+    )
+    assert remote.ssh_args == ("-o", "User=me")  # the ssh path stays, for node tasks
+    checks = fake.commands(str(tmp_path / "bin" / "srun"))
+    assert len(checks) == 1
+    assert "--mpi=pmix" in checks[0]
+    assert "--nodelist=snode1,snode2" in checks[0]
+    provider.remote()
+    assert len(fake.commands(str(tmp_path / "bin" / "srun"))) == 1  # checked once
+
+
+def test_a_slurm_cluster_starts_jobs_over_ssh_when_srun_cannot_place_or_start_them(
+    monkeypatch, tmp_path, caplog
+):
+    # A node that joined by hand, from outside the job: srun cannot start ranks there.
+    outsider = _joined(FakeSlurm(), monkeypatch, tmp_path, "snode1-42", "laptop-1")
+    remote = outsider.remote()
+    assert remote is not None
+    assert remote.srun is None
+    # The MPI does not get its world through the plugin: mpirun over ssh, and it says why.
+    monkeypatch.undo()
+    fake = FakeSlurm(world=1)
+    singletons = _joined(fake, monkeypatch, tmp_path / "b", "snode1-42", "snode2-42")
+    with caplog.at_level("WARNING"):
+        remote = singletons.remote()
+    assert remote is not None
+    assert remote.srun is None
+    assert "Jobs start with mpirun over ssh, not srun: srun --mpi=pmix started every" in (
+        caplog.text
+    )
+    singletons.remote()
+    assert len([c for c in fake.calls if "--mpi=pmix" in c]) == 1  # not asked again

@@ -23,6 +23,28 @@ def test_env_args() -> None:
     assert args.accept_new_host_keys
     with pytest.raises(ArgsError, match="invalid choice: 'lsf'"):
         parse_cluster_args("env lsf")
+    assert parse_cluster_args("env --via ssh").via == "ssh"
+    with pytest.raises(ArgsError, match="invalid choice: 'mpirun'"):
+        parse_cluster_args("env --via mpirun")
+
+
+def test_env_via_srun_outside_slurm_says_so_as_the_magic_spells_it(
+    ip, magics: ClusterMagics, monkeypatch: pytest.MonkeyPatch, tmp_path
+) -> None:  # type: ignore[no-untyped-def]
+    for name in SYSTEM_VARS:
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.delenv("CLUSTERBOOK_ENVIRONMENT", raising=False)
+    nodefile = tmp_path / "nodefile"
+    nodefile.write_text("cn01\ncn01\n")
+    monkeypatch.setenv("PBS_NODEFILE", str(nodefile))
+    with capture_output() as out:
+        ip.run_line_magic("cluster", "env --via srun")
+    assert out.stderr.startswith(
+        "%cluster: --via srun starts jobs as steps of a Slurm allocation, but the nodes are a "
+        "pbs job's"
+    )
+    assert out.stderr.rstrip().endswith("use --via ssh.")
+    assert magics.cluster is None
 
 
 def test_env_outside_any_system_says_what_it_looked_for(

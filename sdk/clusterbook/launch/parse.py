@@ -6,7 +6,9 @@ its own stdout (its own messages go to its stderr). Raw chunks, not lines: with 
 mpirun holds a line until its newline arrives and spends time quadratic in the line's length
 on it (a 20 MB line without a newline kept it busy for minutes). :class:`OmpiChunkParser`
 joins each rank's chunks into lines again. MPICH's Hydra writes each rank's streams to their
-own files (``-outfile-pattern``), which :class:`LineSplitter` alone splits.
+own files (``-outfile-pattern``), which :class:`LineSplitter` alone splits. ``srun --label``
+(ranks started as a Slurm step) writes each line behind its task's number, on srun's stdout
+or stderr: :class:`LabelParser`.
 
 Open MPI also writes its own help messages (the ``MPI_ABORT was invoked`` banner) behind a
 rank's tag, as one chunk between rules of dashes, and it may write one while that rank's pipe

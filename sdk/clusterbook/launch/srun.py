@@ -17,7 +17,7 @@ rank, a line per rank. Its output comes back behind ``srun --label``'s ``N: `` (
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from clusterbook.launch.command import (
     OPENMPI_TUNING,
@@ -43,10 +43,12 @@ _KEPT = frozenset({"SLURM_CONF"})
 
 @dataclass(frozen=True, slots=True)
 class SrunStep:
-    """How a cluster's jobs start: as steps of Slurm job ``job_id``, by ``srun`` (its path)."""
+    """How a cluster's jobs start: as steps of Slurm job ``job_id``, by ``srun`` (its path).
+    ``names``: Slurm's name of each node whose host (as the cluster knows it) is not that."""
 
     srun: str
     job_id: str
+    names: Mapping[str, str] = field(default_factory=dict)
 
 
 def inherited_slurm(environ: Mapping[str, str]) -> tuple[str, ...]:
@@ -55,9 +57,11 @@ def inherited_slurm(environ: Mapping[str, str]) -> tuple[str, ...]:
     return tuple(k for k in environ if k.startswith(_INHERITED) and k not in _KEPT)
 
 
-def rank_hosts(plan: LaunchPlan) -> str:
-    """``SLURM_HOSTFILE`` for ``--distribution=arbitrary``: each rank's node, a line each."""
-    return "".join(f"{plan.nodes[i].host}\n" for i in placement(plan.nodes, plan.np))
+def rank_hosts(plan: LaunchPlan, names: Mapping[str, str]) -> str:
+    """``SLURM_HOSTFILE`` for ``--distribution=arbitrary``: each rank's node (by Slurm's name
+    for it, ``names``), a line each."""
+    hosts = [plan.nodes[i].host for i in placement(plan.nodes, plan.np)]
+    return "".join(f"{names.get(host, host)}\n" for host in hosts)
 
 
 def srun_command(plan: LaunchPlan, step: SrunStep) -> LaunchCommand:
@@ -84,4 +88,5 @@ def srun_command(plan: LaunchPlan, step: SrunStep) -> LaunchCommand:
     if plan.oversubscribe:
         argv.append("--overcommit")
     argv += [*plan.launcher_args, *wrap_argv(list(plan.argv))]
-    return LaunchCommand(argv, env, rank_hosts(plan), unset=inherited_slurm(plan.inherited_env))
+    hosts = rank_hosts(plan, step.names)
+    return LaunchCommand(argv, env, hosts, unset=inherited_slurm(plan.inherited_env))

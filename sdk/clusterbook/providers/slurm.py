@@ -18,11 +18,14 @@ until Slurm says it has ended.
 from __future__ import annotations
 
 import contextlib
+import logging
+import shutil
 import socket
 import threading
 import time
 import warnings
 from collections.abc import Sequence
+from dataclasses import replace
 from pathlib import Path
 
 from clusterbook.errors import (
@@ -32,18 +35,22 @@ from clusterbook.errors import (
     ConfigError,
     ReadyTimeoutError,
 )
+from clusterbook.launch.srun import SrunStep
 from clusterbook.paths import cluster_dir
-from clusterbook.providers.base import StartContext
+from clusterbook.providers.base import RemoteLaunch, StartContext
 from clusterbook.providers.elastic import ElasticProvider
 from clusterbook.providers.elastic_reach import head_address_towards
 from clusterbook.providers.slurm_batch import BatchJob, JobState, render_script, sbatch_argv
 from clusterbook.providers.slurm_commands import SlurmCommands, SlurmRunner, write_script
+from clusterbook.providers.srun import check_world
 from clusterbook.rendezvous.agent import agent_argv
 from clusterbook.rendezvous.head import RendezvousHead
 from clusterbook.status import NodeStatus
 from clusterbook.wording import spell_or
 
 __all__ = ["SlurmProvider"]
+
+_log = logging.getLogger(__name__)
 
 _GONE_STATES = ("lost", "left")
 _END_WAIT = 30.0  # seconds Slurm gets to end the job once cancelled (KillWait is 30 by default)
@@ -104,6 +111,9 @@ class SlurmProvider(ElasticProvider):
         self._watch_error: str | None = None
         self._watching = threading.Event()
         self._stopping = False
+        self._srun_lock = threading.Lock()
+        self._srun_checked: str | None = None  # srun, once the start check passed
+        self._srun_failed: str | None = None  # why jobs start over ssh instead
 
     @property
     def life_span(self) -> float | None:
@@ -250,6 +260,40 @@ class SlurmProvider(ElasticProvider):
             return f" Its output would be in {self.output}."
         shown = "".join(f"\n  {line}" for line in text)
         return f" The end of its output ({self.output}):{shown}" if text else ""
+
+    # -- how jobs start ---------------------------------------------------------------------
+
+    def remote(self) -> RemoteLaunch | None:
+        """Jobs start as steps of the batch job (``srun``, the MPI's PMI plugin: see
+        :mod:`clusterbook.launch.srun`) while every node is one of the job's, once a start
+        check found that MPI gets its world through the plugin; else with mpirun over the
+        agents' sshd."""
+        base = super().remote()
+        step = self._srun_step()
+        return base if base is None or step is None else replace(base, srun=step)
+
+    def _srun_step(self) -> SrunStep | None:
+        job_id, ctx = self.job_id, self._ctx
+        if job_id is None or ctx is None or self._srun_failed is not None:
+            return None
+        suffix = f"-{job_id}"  # a node of the job is named after its Slurm node and the job
+        nodes = self.nodes
+        if not nodes or not all(n.name.endswith(suffix) for n in nodes):
+            return None
+        names = {n.host: n.name.removesuffix(suffix) for n in nodes}
+        with self._srun_lock:
+            if self._srun_checked is None:
+                srun = shutil.which("srun")
+                try:
+                    if srun is None:
+                        raise ConfigError("srun is not on PATH here")
+                    check_world(self.slurm.run, srun, str(job_id), sorted(set(names.values())), ctx)
+                except ClusterError as exc:
+                    self._srun_failed = f"Jobs start with mpirun over ssh, not srun: {exc}"
+                    _log.warning("%s", self._srun_failed)
+                    return None
+                self._srun_checked = srun
+        return SrunStep(self._srun_checked, str(job_id), names)
 
     # -- status ---------------------------------------------------------------------------
 

@@ -65,6 +65,13 @@ class SlurmCommands:
         self._run: SlurmRunner = runner or run_command
         self._env = batch_env(os.environ)
 
+    def run(
+        self, argv: Sequence[str], env: Mapping[str, str], timeout: float
+    ) -> subprocess.CompletedProcess[str]:
+        """Run a Slurm command (``srun``) with this environment (no Slurm job's variables)
+        and ``env`` over it."""
+        return self._run(argv, {**self._env, **env}, timeout)
+
     def submit(self, argv: Sequence[str]) -> int:
         """Submit with ``argv`` (``sbatch --parsable ...``); sbatch's refusal (an unknown
         partition, a bad time, no such account) is a ConfigError quoting it."""

@@ -40,7 +40,7 @@ from clusterbook.spec import NodeSpec
 from clusterbook.transfer import Call
 from clusterbook.wording import spell
 
-__all__ = ["PROBE", "SrunProvider", "read_probe"]
+__all__ = ["PROBE", "SrunProvider", "check_world", "read_probe", "step_argv"]
 
 #: What each node runs at start: MPI through Slurm's plugin, and what the node is.
 PROBE = """\
@@ -68,6 +68,60 @@ def read_probe(stdout: str, hosts: Sequence[str]) -> dict[str, dict[str, Any]]:
                 found[hosts[task]] = json.loads(text)
             except ValueError:
                 continue
+    return found
+
+
+def step_argv(srun: str, job_id: str, hosts: Sequence[str]) -> list[str]:
+    """The start of an ``srun`` command line: a step of job ``job_id`` with a task on each of
+    ``hosts`` (Slurm's node names), sharing them with the job's other steps, each line
+    labelled with its task, ended when a task fails."""
+    return [
+        srun,
+        f"--jobid={job_id}",
+        f"--nodelist={','.join(hosts)}",
+        f"--nodes={len(hosts)}",
+        f"--ntasks={len(hosts)}",
+        "--overlap",
+        "--label",
+        "--kill-on-bad-exit=1",
+    ]
+
+
+def check_world(
+    run: SlurmRunner, srun: str, job_id: str, hosts: Sequence[str], ctx: StartContext
+) -> dict[str, dict[str, Any]]:
+    """Start MPI on each of ``hosts`` through the PMI plugin of the cluster's MPI (a step of
+    job ``job_id``, run by ``run``); return what each node reported. A world of one on every
+    node is a :class:`ConfigError` (the plugin does not fit the MPI); a step that fails, a
+    :class:`BootstrapError` naming the nodes."""
+    flavour = ctx.launcher.flavour
+    plugin = PMI_PLUGIN[flavour]
+    argv = [*step_argv(srun, job_id, hosts), f"--mpi={plugin}", ctx.python, "-c", PROBE]
+    try:
+        done = run(argv, {**ctx.env, **_mpi_env(flavour)}, _PROBE_TIMEOUT)
+    except ClusterError as exc:  # srun waits, without a word, for what it cannot have
+        raise ClusterError(
+            f"srun did not start its step on the nodes of Slurm job {job_id} within "
+            f"{_PROBE_TIMEOUT:g} s ({exc}); is the job still running? 'squeue -j {job_id}'."
+        ) from None
+    found = read_probe(done.stdout, hosts)
+    missing = [h for h in hosts if h not in found]
+    if done.returncode != 0 or missing:
+        said = (done.stderr.strip() or done.stdout.strip() or "nothing")[-2000:]
+        why = (
+            f"The start check through srun (job {job_id}) failed (exit code "
+            f"{done.returncode}): {said}. Each node needs the cluster's Python at {ctx.python} "
+            "with mpi4py (a shared file system)."
+        )
+        raise BootstrapError({h: [why] for h in (missing or hosts)})
+    if len(hosts) > 1 and {info.get("size") for info in found.values()} == {1}:
+        raise ConfigError(
+            f"srun --mpi={plugin} started every rank alone (a world of 1, not {len(hosts)}): "
+            f"this Slurm's {plugin} plugin does not work with the cluster's {flavour.value} "
+            f"({ctx.launcher.path}), so every rank would run by itself and exit 0. Use an MPI "
+            f"built for this Slurm, or start its jobs with mpirun over ssh "
+            f"({spell('via', 'ssh')})."
+        )
     return found
 
 
@@ -125,40 +179,9 @@ class SrunProvider(Provider):
                 "or give the path as srun=."
             )
         self._srun = srun
-        flavour = ctx.launcher.flavour
         hosts = [n.host for n in self._nodes]
         ctx.progress(f"checking {len(hosts)} nodes")
-        argv = [
-            *self._step(hosts, tasks_per_node=1),
-            f"--mpi={PMI_PLUGIN[flavour]}",
-            ctx.python,
-            "-c",
-            PROBE,
-        ]
-        done = self._srun_run(argv, {**ctx.env, **_mpi_env(flavour)}, _PROBE_TIMEOUT)
-        found = read_probe(done.stdout, hosts)
-        missing = [h for h in hosts if h not in found]
-        if done.returncode != 0 or missing:
-            said = (done.stderr.strip() or done.stdout.strip() or "nothing")[-2000:]
-            raise BootstrapError(
-                {
-                    h: [
-                        f"The start check through srun (job {self.job_id}) failed "
-                        f"(exit code {done.returncode}): {said}. Each node needs the cluster's "
-                        f"Python at {ctx.python} with mpi4py (a shared file system)."
-                    ]
-                    for h in (missing or hosts)
-                }
-            )
-        sizes = {info.get("size") for info in found.values()}
-        if len(hosts) > 1 and sizes == {1}:
-            raise ConfigError(
-                f"srun --mpi={PMI_PLUGIN[flavour]} started every rank alone (a world of 1, not "
-                f"{len(hosts)}): this Slurm's {PMI_PLUGIN[flavour]} plugin does not work with "
-                f"the cluster's {flavour.value} ({ctx.launcher.path}), so every rank would run "
-                f"by itself and exit 0. Use an MPI built for this Slurm, or start its jobs "
-                f"with mpirun over ssh ({spell('via', 'ssh')})."
-            )
+        found = check_world(self._run_env, srun, self.job_id, hosts, ctx)
         self._nodes = tuple(
             NodeSpec(n.name, n.host, n.slots, cores=_cores(found[n.host])) for n in self._nodes
         )
@@ -206,29 +229,11 @@ class SrunProvider(Provider):
 
     # -- internals ---------------------------------------------------------------------------
 
-    def _step(self, hosts: Sequence[str], *, tasks_per_node: int) -> list[str]:
-        """The start of an ``srun`` command line: a step of the allocation on ``hosts``."""
-        return [
-            self._srun,
-            f"--jobid={self.job_id}",
-            f"--nodelist={','.join(hosts)}",
-            f"--nodes={len(hosts)}",
-            f"--ntasks={len(hosts) * tasks_per_node}",
-            "--overlap",
-            "--label",
-            "--kill-on-bad-exit=1",
-        ]
-
-    def _srun_run(
+    def _run_env(
         self, argv: Sequence[str], env: Mapping[str, str], timeout: float
     ) -> subprocess.CompletedProcess[str]:
-        try:
-            return self._run(argv, {**self._env, **env}, timeout)
-        except ClusterError as exc:  # srun waits forever for what it cannot have
-            raise ClusterError(
-                f"srun did not start its step on the nodes of Slurm job {self.job_id} within "
-                f"{timeout:g} s ({exc}); is the job still running? 'squeue -j {self.job_id}'."
-            ) from None
+        """Run a Slurm command with this process's environment but its Slurm job's."""
+        return self._run(argv, {**self._env, **env}, timeout)
 
     def _callers(self) -> dict[str, Call]:
         """Node tasks on each node, each a one-task step of the allocation there."""
@@ -237,8 +242,8 @@ class SrunProvider(Provider):
 
         def caller(host: str) -> Call:
             def call(task: str, args: Mapping[str, Any], timeout: float, **_: Any) -> Any:
-                argv = [*self._step([host], tasks_per_node=1), python, "-S", _TASKS, task]
-                done = self._srun_run([*argv, json.dumps(dict(args))], env, timeout)
+                argv = [*step_argv(self._srun, self.job_id, [host]), python, "-S", _TASKS]
+                done = self._run_env([*argv, task, json.dumps(dict(args))], env, timeout)
                 lines = [line.partition(": ")[2] for line in done.stdout.splitlines()]
                 if done.returncode != 0 or not lines:
                     raise ClusterError(
