@@ -217,11 +217,16 @@ def test_bad_allocations(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Non
         missing.start(context(tmp_path))
 
 
-def test_read_probe_takes_each_tasks_report() -> None:
-    out = '0: {"host": "a", "size": 2}\nnoise\n1: not json\n 1: {"host": "b", "size": 2}\n'
-    assert read_probe(out, ["n1", "n2"]) == {
-        "n1": {"host": "a", "size": 2},
-        "n2": {"host": "b", "size": 2},
+def test_read_probe_takes_each_nodes_report() -> None:
+    # By the node each task names; a task that names none ran on the node of its number.
+    out = (
+        '0: {"node": "n2", "size": 2}\nnoise\n1: not json\n 1: {"node": "n1", "size": 2}\n'
+        '2: {"host": "c", "size": 3}\n3: {"node": "elsewhere"}\n'
+    )
+    assert read_probe(out, ["n1", "n2", "n3"]) == {
+        "n1": {"node": "n1", "size": 2},
+        "n2": {"node": "n2", "size": 2},
+        "n3": {"host": "c", "size": 3},
     }
     assert read_probe("5: {}\n", ["n1"]) == {}
     assert replace(STEP, srun=None).srun is None

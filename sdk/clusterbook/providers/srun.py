@@ -47,27 +47,33 @@ PROBE = """\
 import json, os, socket
 from mpi4py import MPI
 w = MPI.COMM_WORLD
-print(json.dumps({"host": socket.gethostname(), "cores": os.cpu_count(),
-                  "rank": w.Get_rank(), "size": w.Get_size()}), flush=True)
+print(json.dumps({"node": os.environ.get("SLURMD_NODENAME"), "host": socket.gethostname(),
+                  "cores": os.cpu_count(), "rank": w.Get_rank(), "size": w.Get_size()}),
+      flush=True)
 """
 
 _PROBE_TIMEOUT = 120.0  # srun waits, without a word, for nodes it cannot have yet
 
 
 def read_probe(stdout: str, hosts: Sequence[str]) -> dict[str, dict[str, Any]]:
-    """The probe's report of each of ``hosts`` (task i ran on ``hosts[i]``), from the
-    ``srun --label`` output; a node that said nothing is missing."""
+    """The probe's report of each of ``hosts`` (Slurm's node names), from the ``srun
+    --label`` output: by the node each task says it ran on (``SLURMD_NODENAME``), else task i
+    on ``hosts[i]``; a node that said nothing is missing."""
     found: dict[str, dict[str, Any]] = {}
     for line in stdout.splitlines():
         label, sep, text = line.partition(": ")
         if not sep or not label.strip().isdigit() or not text.startswith("{"):
             continue
+        try:
+            info = json.loads(text)
+        except ValueError:
+            continue
+        node = info.get("node") if isinstance(info, dict) else None
         task = int(label)
-        if task < len(hosts):
-            try:
-                found[hosts[task]] = json.loads(text)
-            except ValueError:
-                continue
+        if node in hosts:
+            found[node] = info
+        elif node is None and task < len(hosts) and isinstance(info, dict):
+            found[hosts[task]] = info
     return found
 
 
