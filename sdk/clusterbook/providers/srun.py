@@ -70,7 +70,7 @@ def read_probe(stdout: str, hosts: Sequence[str]) -> dict[str, dict[str, Any]]:
             continue
         node = info.get("node") if isinstance(info, dict) else None
         task = int(label)
-        if node in hosts:
+        if isinstance(node, str) and node in hosts:
             found[node] = info
         elif node is None and task < len(hosts) and isinstance(info, dict):
             found[hosts[task]] = info
