@@ -181,6 +181,10 @@ def read_hostfile(path: str | os.PathLike[str]) -> list[str]:
     return parse_hostfile(text, f"hostfile {os.fspath(path)!r}")
 
 
+#: The host of a node that is this machine.
+HERE = "localhost"
+
+
 @dataclass(frozen=True, slots=True)
 class NodeSpec:
     """One node of a cluster: where ranks run and how many of them fit.
@@ -205,6 +209,12 @@ class NodeSpec:
     slots: int
     cores: int | None = None
     gpus: GPUInfo = NO_GPUS
+
+    @property
+    def here(self) -> bool:
+        """Whether the node is this machine (its host ``localhost``), where the launcher
+        starts its ranks without a remote shell."""
+        return self.host == HERE
 
     def __post_init__(self) -> None:
         validate_host(self.host)

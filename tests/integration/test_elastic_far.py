@@ -20,6 +20,7 @@ import clusterbook as cb
 from clusterbook.errors import BootstrapError
 from clusterbook.rendezvous.backends.tcp import read_secret
 from clusterbook.ssh.keys import derived_public_line
+from tests.integration.test_clean_far import RAISES  # rank 1 raises, the others wait
 from tests.testbed import FakeHost
 from tests.testbed import testbed as fake_hosts
 
@@ -226,17 +227,6 @@ def test_put_and_gather_reach_far_nodes_without_a_shared_filesystem(
         assert texts == [f"0 on {hosts[0].name}", f"1 on {hosts[1].name}"]
     # What put() created on the far nodes went with the cluster (the agents were still up).
     assert [sorted(os.listdir(d)) for d in seen.values()] == [[], []]
-
-
-RAISES = """\
-import time
-from mpi4py import MPI
-comm = MPI.COMM_WORLD
-if comm.rank == 1:
-    time.sleep(0.3)
-    raise RuntimeError("rank 1 gives up")
-comm.Barrier()
-"""
 
 
 def _alive(pid: int) -> bool:

@@ -324,3 +324,8 @@ def test_hostfiles_of_both_flavours_read_as_host_entries() -> None:
         parse_hostfile("# nothing\n\n")
     with pytest.raises(ConfigError, match="starts with '-'"):
         parse_hostfile("-oProxyCommand=x slots=1\n")
+
+
+def test_a_node_is_here_when_its_host_is_this_machine() -> None:
+    assert NodeSpec("local-0", "localhost", 1).here
+    assert not NodeSpec("node1", "10.0.0.1", 1).here

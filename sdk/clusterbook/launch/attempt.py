@@ -365,7 +365,7 @@ class Attempt:
             pid = self._store.pids.get(rank)
             nodes = self.plan.nodes
             node_of = {r: nodes[i] for r, i in enumerate(placement(nodes, self.np))}
-            far = {r for r, n in node_of.items() if self._hold_far and n.host != "localhost"}
+            far = {r for r, n in node_of.items() if self._hold_far and not n.here}
             kept_far: tuple[KeptProcess, ...] = ()
             if self._hold_far is not None:
                 failing = {node_of[rank].name: pid} if rank in far and pid is not None else {}

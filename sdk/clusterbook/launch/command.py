@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING
 from clusterbook.launch.flavour import Launcher, MPIFlavour
 from clusterbook.launch.guard import ENV as GUARD_ENV
 from clusterbook.launch.rankwrap import HOOK_DIR, wrap_argv
-from clusterbook.spec import NodeSpec
+from clusterbook.spec import HERE, NodeSpec
 
 if TYPE_CHECKING:
     from clusterbook.providers.base import RemoteLaunch
@@ -156,7 +156,7 @@ def host_ranks(nodes: tuple[NodeSpec, ...], np: int) -> list[int]:
 def master_addr(nodes: tuple[NodeSpec, ...]) -> str:
     """Rank 0's host, as the other ranks reach it."""
     host = nodes[0].host if nodes else "127.0.0.1"
-    return "127.0.0.1" if host == "localhost" else host
+    return "127.0.0.1" if host == HERE else host
 
 
 def rank_env(plan: LaunchPlan) -> dict[str, str]:

@@ -29,7 +29,7 @@ from clusterbook.providers.elastic_reach import Reach, far_nodes, pick_address
 from clusterbook.rendezvous.agent import agent_argv
 from clusterbook.rendezvous.api import RendezvousSettings, RendezvousTimeout
 from clusterbook.rendezvous.head import RendezvousHead
-from clusterbook.spec import NodeSpec
+from clusterbook.spec import HERE, NodeSpec
 from clusterbook.status import NodeStatus
 from clusterbook.transfer import Call, Outgoing, fetch_all, send_all, uncounted
 
@@ -147,7 +147,7 @@ class ElasticProvider(Provider):
         for node, report in self.head.participants():
             addresses = list(report.addresses) or ["?"]
             local = report.hostname == here
-            host = "localhost" if local else pick_address(addresses, self._networks)
+            host = HERE if local else pick_address(addresses, self._networks)
             out.append(NodeSpec(node, host, report.slots, cores=report.cores, gpus=report.gpus))
         return tuple(out)
 
@@ -179,7 +179,7 @@ class ElasticProvider(Provider):
     def remote(self) -> RemoteLaunch | None:
         """None when every node is on this machine; else the checked ssh path to them."""
         nodes = self.nodes
-        if all(n.host == "localhost" for n in nodes):
+        if all(n.here for n in nodes):
             return None
         ctx, reach = self._started()
         return reach.launch(ctx, nodes, self.head.reports())

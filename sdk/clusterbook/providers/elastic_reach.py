@@ -73,7 +73,7 @@ def far_nodes(
     far: list[FarNode] = []
     found: dict[str, list[str]] = {}
     for node in nodes:
-        if node.host == "localhost":
+        if node.here:
             continue
         report = reports.get(node.name, NodeReport())
         port, parts = report.sshd_port, (report.sshd_host_key or "").split()

@@ -22,7 +22,7 @@ from clusterbook.providers.base import Provider, StartContext
 from clusterbook.rendezvous.agent import HEAD_LEASE, agent_argv
 from clusterbook.rendezvous.api import RendezvousSettings, RendezvousTimeout
 from clusterbook.rendezvous.head import RendezvousHead
-from clusterbook.spec import NodeSpec, validate_positive_int, validate_slots
+from clusterbook.spec import HERE, NodeSpec, validate_positive_int, validate_slots
 from clusterbook.status import NodeStatus
 from clusterbook.wording import spell_or
 
@@ -52,7 +52,7 @@ def local_nodes(
             )
         else:
             count = cores if asked is None else asked
-        nodes.append(NodeSpec(name, "localhost", count, cores=cores, gpus=share))
+        nodes.append(NodeSpec(name, HERE, count, cores=cores, gpus=share))
     return tuple(nodes)
 
 
