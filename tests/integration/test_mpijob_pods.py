@@ -72,6 +72,22 @@ def job_key(directory: Path) -> Path:
     return directory
 
 
+def pod_binds(
+    pods: Path, name: str, keys: Path, mount: Path, *more: tuple[Path, Path, bool]
+) -> list[tuple[Path, Path, bool]]:
+    """What pod ``name`` mounts: its own ``~/.ssh`` and ``~/.clusterbook`` (under ``pods``),
+    the job's key pair at ``mount`` (read-only), and ``more``."""
+    own = pods / name
+    for d in (".ssh", ".clusterbook"):
+        (own / d).mkdir(parents=True, mode=0o700)
+    return [
+        (own / ".ssh", HOME / ".ssh", False),
+        (own / ".clusterbook", HOME / ".clusterbook", False),
+        (keys, mount, True),
+        *more,
+    ]
+
+
 @contextlib.contextmanager
 def mount_points(*paths: Path, files: tuple[Path, ...] = ()) -> Iterator[None]:
     """Make the directories (and ``files``) the pods mount on, where missing; remove what was
@@ -153,16 +169,7 @@ def mpijob(testbed: Testbed, tmp_path: Path) -> Iterator[Any]:
     program.write_text(RANKS)
     workers, launcher_host = testbed.hosts[:2], testbed.hosts[2]
     started: list[subprocess.Popen[str]] = []
-
-    def pod_binds(name: str) -> list[tuple[Path, Path, bool]]:
-        own = tmp_path / "pods" / name
-        for d in (".ssh", ".clusterbook"):
-            (own / d).mkdir(parents=True, mode=0o700)
-        return [
-            (own / ".ssh", HOME / ".ssh", False),
-            (own / ".clusterbook", HOME / ".clusterbook", False),
-            (keys, mount, True),
-        ]
+    pods = tmp_path / "pods"
 
     def run(*args: str, np: int = 4, slots: int = 2) -> tuple[int, str, str]:
         job = render_mpijob(
@@ -178,8 +185,8 @@ def mpijob(testbed: Testbed, tmp_path: Path) -> Iterator[Any]:
         for i, host in enumerate(workers):
             name = f"job-worker-{i}"
             env = {**base, "K_MPI_JOB_ROLE": "worker"}
-            started.append(start_pod(host, name, container(job, "Worker")["command"],
-                                     pod_binds(name), env))  # fmt: skip
+            binds = pod_binds(pods, name, keys, mount)
+            started.append(start_pod(host, name, container(job, "Worker")["command"], binds, env))
         for host in workers:  # the readiness probe; then WaitForWorkersReady
             wait_for_port(host.addr, SSH_PORT)
         hostfile = tmp_path / "hostfile"
@@ -195,7 +202,9 @@ def mpijob(testbed: Testbed, tmp_path: Path) -> Iterator[Any]:
             "NVIDIA_VISIBLE_DEVICES": "",
             "NVIDIA_DRIVER_CAPABILITIES": "",
         }
-        binds = [*pod_binds("job-launcher"), (hostfile, Path(HOSTFILE), True)]
+        binds = pod_binds(
+            tmp_path / "pods", "job-launcher", keys, mount, (hostfile, Path(HOSTFILE), True)
+        )
         launcher = start_pod(
             launcher_host, "job-launcher", container(job, "Launcher")["command"], binds, env
         )
