@@ -9,6 +9,10 @@ of one such file from every host, against ``scp`` the other way. Then the same f
 directory (``--tree``: directories of files of 128 KiB), against ``scp -r``. Each figure is
 the median of ``--repeat`` runs; the ratios are clusterbook's time over scp's (below 1: faster).
 
+From 32 MiB on (``clusterbook.providers.ssh.BULK``) clusterbook moves the bytes through the
+OpenSSH client, AES-GCM first (``clusterbook.ssh.openssh``); scp runs as a user types it, with
+OpenSSH's default cipher order (ChaCha20-Poly1305 first).
+
     python benchmarks/transfer.py [--hosts 2] [--sizes-mib 1,16,64,256] [--repeat 3]   (as root)
 """
 

@@ -38,6 +38,7 @@ __all__ = [
     "Outgoing",
     "fetch",
     "fetch_all",
+    "gather_ask",
     "outgoing",
     "pieces",
     "send",
@@ -281,6 +282,14 @@ def send(
     return written
 
 
+def gather_ask(directory: Path, skip: Sequence[str]) -> dict[str, Any]:
+    """What a node is asked to hand over of ``directory`` (``gather_files``, and
+    ``gather_list`` for how much that is): the ranks may have used the path the head's leads
+    to, if it goes through a symbolic link here; ``skip``: the names the head has."""
+    paths = list(dict.fromkeys([str(directory), os.path.realpath(directory)]))
+    return {"directory": paths[0], "directories": paths, "skip": list(skip)}
+
+
 def fetch(
     call: Call,
     directory: Path,
@@ -293,11 +302,10 @@ def fetch(
     (``host``) here; each is removed there only once it is stored here (``stored`` is told
     its path). A file that cannot be stored here stays there, and is said once the others
     have arrived."""
-    # The ranks used the path the head's leads to, if it goes through a symbolic link here.
-    paths = list(dict.fromkeys([str(directory), os.path.realpath(directory)]))
+    ask = gather_ask(directory, skip)
     taken: list[str] = []
     problems: list[Exception] = []
-    now: dict[str, Any] = {"arrival": None, "name": "", "where": paths[0]}
+    now: dict[str, Any] = {"arrival": None, "name": "", "where": ask["directory"]}
 
     def on_frame(kind: bytes, payload: bytes) -> None:
         arrival: Arrival | None = now["arrival"]
@@ -326,7 +334,6 @@ def fetch(
                 now["arrival"] = None
             problems.append(exc)
 
-    ask = {"directory": paths[0], "directories": paths, "skip": list(skip)}
     try:
         call("gather_files", ask, 300, on_frame=on_frame)
     except Exception as exc:

@@ -17,6 +17,7 @@ import pytest
 
 import clusterbook as cb
 from clusterbook.errors import ClusterError, ConfigError
+from clusterbook.providers.ssh import BULK
 from clusterbook.transfer import CHUNK, outgoing
 from tests.testbed import Testbed
 from tests.testbed import testbed as fake_hosts
@@ -330,6 +331,10 @@ def test_a_40_mib_file_goes_and_comes_back_whole(
         assert provider.put(outgoing([work / "big.bin"]), counted.append) == {}
         assert sum(counted) == 2 * (40 << 20)  # told of every byte, to both nodes
         assert [_sha256(seen[n] / "big.bin") for n in seen] == [digest, digest]
+        # 40 MiB is over BULK: the bytes went through OpenSSH's client, a session per node.
+        wrapper = provider.remote().ssh_wrapper
+        assert sorted(provider._bulk) == sorted(provider._conns)
+        assert len(_ssh_clients(wrapper)) == 2
         counted.clear()
         assert provider.put(outgoing([work / "big.bin"]), counted.append) == {}
         assert counted == []  # the nodes have it (same sha256): nothing is sent again
@@ -339,6 +344,46 @@ def test_a_40_mib_file_goes_and_comes_back_whole(
     assert sum(counted) == 40 << 20
     assert _sha256(work / "back.bin") == digest
     assert [sorted(os.listdir(d)) for d in seen.values()] == [[], []]  # put's copy went at stop
+    assert _ssh_clients(wrapper) == []  # the bulk sessions ended with the cluster
+
+
+def _ssh_clients(wrapper: str) -> list[psutil.Process]:
+    """The ssh clients here that run with the cluster's options (its ssh wrapper's: its key
+    and known_hosts are in the cluster's directory, named by the cluster's id)."""
+    key = f"/{Path(wrapper).parent.name}/id_ed25519"
+    found = []
+    for p in psutil.process_iter(["name", "cmdline"]):
+        if p.info["name"] == "ssh" and any(key in a for a in p.info["cmdline"] or ()):
+            found.append(p)
+    return found
+
+
+def test_a_bulk_session_lost_mid_file_leaves_no_part_of_it_and_the_next_put_works(
+    testbed, unshared, openmpi_python, tmp_path
+) -> None:  # type: ignore[no-untyped-def]
+    work, seen = unshared
+    (work / "big.bin").write_bytes(os.urandom(BULK + (1 << 20)))
+    node1 = seen["node1"]
+    cluster = testbed.cluster(openmpi_python, tmp_path / "run", hosts=1)
+    with cluster:
+        provider = cluster._provider
+        (host,) = provider._conns
+        wrapper = provider.remote().ssh_wrapper
+
+        def cut(amount: int) -> None:  # the first piece went: the ssh client dies
+            for p in _ssh_clients(wrapper):
+                p.kill()
+
+        failed = provider.put(outgoing([work / "big.bin"]), cut)
+        assert list(failed) == [host]
+        assert f"{work / 'big.bin'} was not sent whole" in str(failed[host])
+        deadline = time.monotonic() + 5  # the node's session sees the end, drops its part
+        while os.listdir(node1) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert os.listdir(node1) == []
+        cluster.put(work / "big.bin")  # a new ssh client, and a new session, take the next
+        assert (node1 / "big.bin").read_bytes() == (work / "big.bin").read_bytes()
+    assert _ssh_clients(wrapper) == []
 
 
 def test_nested_directories_are_gathered_and_nothing_is_overwritten(

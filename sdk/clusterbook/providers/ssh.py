@@ -9,7 +9,7 @@ import shutil
 import sys
 import time
 import warnings
-from collections.abc import Callable, Collection, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -56,16 +56,21 @@ from clusterbook.ssh.envlink import (
 from clusterbook.ssh.hostkeys import HostKeyPolicy, host_entry_name, make_policy
 from clusterbook.ssh.keys import authorized_keys_line, generate_keypair, key_tag
 from clusterbook.ssh.local_shell import LocalShell
+from clusterbook.ssh.openssh import OpenSSHShell
 from clusterbook.ssh.paramiko_shell import ParamikoShell, Tunnels, connect_hop
 from clusterbook.ssh.preflight import NodeFacts, all_problems, resolve_slots
 from clusterbook.ssh.relay import Relay
 from clusterbook.ssh.target import read_ssh_config, resolve
 from clusterbook.status import NodeStatus
-from clusterbook.transfer import Call, Outgoing, fetch_all, send_all, uncounted
+from clusterbook.transfer import Call, Outgoing, fetch_all, gather_ask, send_all, uncounted
 
-__all__ = ["SSHProvider", "parse_host_list", "parse_hosts"]
+__all__ = ["BULK", "SSHProvider", "parse_host_list", "parse_hosts"]
 
 _HEAD = "(head)"
+#: Bytes (of a put, or of what one node hands over at a gather) from which the files go
+#: through OpenSSH's client rather than paramiko (see :meth:`SSHProvider._bulk_callers`).
+BULK = 32 << 20
+_BULK_TASKS = frozenset({"put_files", "gather_files"})
 _AGENT_LOG = "agent.log"  # key of the head among hosts (never a valid host name)
 
 
@@ -149,6 +154,7 @@ class SSHProvider(Provider):
         self._policy = make_policy(host_keys, known_hosts)  # validated now, not at start
         self._conns: dict[str, Connection] = {}
         self._sessions: dict[str, KeptSession] = {}
+        self._bulk: dict[str, KeptSession] = {}  # sessions through OpenSSH, for big files
         self._put_used = False  # then stop() first removes what put() made, on every node
         self._facts: dict[str, NodeFacts] = {}
         self._unprobed: set[str] = set()  # nodes the probe failed on: nothing was put there
@@ -494,17 +500,55 @@ class SSHProvider(Provider):
     def put(
         self, sent: Outgoing, sending: Callable[[int], None] = uncounted
     ) -> dict[str, Exception]:
-        """Send ``sent`` to every node at once; return the nodes it failed on, with why."""
+        """Send ``sent`` to every node at once; return the nodes it failed on, with why.
+        :data:`BULK` bytes and more go through OpenSSH's client (see :meth:`_bulk_callers`)."""
         assert self._ctx is not None
         self._put_used = True
-        return send_all(self._callers(), self._ctx.cluster_id, sent, sending)
+        big = sum(f.size for f in sent.files) >= BULK
+        callers = self._bulk_callers(self._conns) if big else self._callers()
+        return send_all(callers, self._ctx.cluster_id, sent, sending)
 
     def gather(
         self, directory: Path, skip: Sequence[str], receiving: Callable[[int], None] = uncounted
     ) -> tuple[list[Path], dict[str, Exception]]:
         """Move the files ranks wrote in ``directory`` on every node here; return what
-        arrived, and the nodes it failed on, with why."""
-        return fetch_all(self._callers(), directory, skip, receiving)
+        arrived, and the nodes it failed on, with why. From a node that has :data:`BULK`
+        bytes or more of them, through OpenSSH's client (see :meth:`_bulk_callers`)."""
+        ask = gather_ask(directory, skip)
+
+        def size(host: str) -> int:
+            return sum(self._task(host, "gather_list", ask, 60)["files"].values())
+
+        sizes = parallel(list(self._conns), size)[0]  # a node that does not answer: the
+        big = [h for h, n in sizes.items() if n >= BULK]  # gather says why, as it fails
+        return fetch_all({**self._callers(), **self._bulk_callers(big)}, directory, skip, receiving)
+
+    def _bulk_callers(self, hosts: Iterable[str]) -> dict[str, Call]:
+        """Node tasks on each of ``hosts``, the file transfers (``put_files``,
+        ``gather_files``) in a session of their own through the OpenSSH client (the MPI
+        launcher's way, with the cluster's key and known_hosts), kept until :meth:`stop`:
+        OpenSSH's encryption is C, paramiko's is Python on the head (see
+        :mod:`clusterbook.ssh.openssh`)."""
+        remote = self._remote
+        if remote is None:
+            return {}
+        wrapper = remote.ssh_wrapper
+
+        def caller(host: str) -> Call:
+            def call(task: str, args: Mapping[str, Any], timeout: float, **streams: Any) -> Any:
+                if task not in _BULK_TASKS:
+                    return self._task(host, task, args, timeout, **streams)
+                kept = self._bulk.get(host)
+                if kept is None:
+                    starter = lambda: NodeSession(  # noqa: E731
+                        OpenSSHShell(host, wrapper), self._python(host), owns_shell=True
+                    )
+                    kept = self._bulk.setdefault(host, KeptSession(starter))
+                return kept.call(task, args, timeout, **streams)
+
+            return call
+
+        return {host: caller(host) for host in hosts}
 
     def run_on_nodes(self, argv: Sequence[str], timeout: float) -> list[NodeRun]:
         """Run ``argv`` on every node, in the sessions kept for them."""
@@ -543,6 +587,9 @@ class SSHProvider(Provider):
                     CleanupWarning(f"Closing the rendezvous of {ctx.cluster_id!r} failed: {exc}"),
                     stacklevel=3,
                 )
+        bulk, self._bulk = self._bulk, {}
+        for kept in bulk.values():  # first: their ssh processes end with them
+            kept.close()
         args = {"cluster_id": ctx.cluster_id, "tag": key_tag(ctx.cluster_id), "grace": 2.0}
         put_done: dict[str, Exception] = {}
         if self._put_used:

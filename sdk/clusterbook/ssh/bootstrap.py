@@ -32,7 +32,7 @@ from clusterbook.paths import CLUSTERS_DIR
 from clusterbook.ssh.hostkeys import HostKey, known_hosts_line
 from clusterbook.ssh.keys import KeyPair
 from clusterbook.ssh.paramiko_shell import ParamikoShell
-from clusterbook.ssh.shell import RemoteShell
+from clusterbook.ssh.shell import ProcessStarter, RemoteShell
 from clusterbook.ssh.target import Target
 from clusterbook.wording import spell
 
@@ -246,7 +246,7 @@ class NodeSession:
     """One Python process on a node running the bootstrap tasks one after another (one login
     shell and one interpreter start for the whole bootstrap, instead of one per step)."""
 
-    def __init__(self, shell: RemoteShell, python: str, *, owns_shell: bool = False) -> None:
+    def __init__(self, shell: ProcessStarter, python: str, *, owns_shell: bool = False) -> None:
         self.host = shell.host
         self._python = python
         # A connection opened for this session alone is closed with it: else its sshd

@@ -18,6 +18,7 @@ from clusterbook.spec import validate_env
 __all__ = [
     "CommandResult",
     "OutputCallback",
+    "ProcessStarter",
     "RemoteProcess",
     "RemoteShell",
     "command_line",
@@ -73,6 +74,20 @@ class RemoteProcess(Protocol):
 
     def close(self, timeout: float = 10.0) -> tuple[int | None, str]:
         """Close its stdin, wait for it to end; return its exit code and stderr."""
+        ...
+
+
+class ProcessStarter(Protocol):
+    """What a node session needs of a connection: to start its process there."""
+
+    host: str
+
+    def start(self, argv: Sequence[str], *, env: Mapping[str, str] | None = None) -> RemoteProcess:
+        """Start ``argv`` on the node and return it running."""
+        ...
+
+    def close(self) -> None:
+        """Close the connection."""
         ...
 
 
