@@ -128,6 +128,11 @@ def slurmbed() -> Iterator[SlurmBed]:
 def slurm(slurmbed: SlurmBed) -> Iterator[SlurmBed]:
     """The test bed, with no job left over by a test (it fails the test, then is cancelled)."""
     yield slurmbed
+    deadline = time.monotonic() + 15  # a job whose processes were just killed is ending
+    while any(j.endswith(" COMPLETING") for j in slurmbed.active_jobs()):
+        if time.monotonic() > deadline:
+            break
+        time.sleep(0.2)
     left = slurmbed.active_jobs()
     slurmbed.cancel_all()
     assert not left, f"jobs left in Slurm's queue: {left}"

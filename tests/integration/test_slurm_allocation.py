@@ -210,3 +210,50 @@ def test_clusterbook_run_inside_an_allocation_starts_steps(slurm, tmp_path, open
     hosts = sorted(json.loads(t[t.index("{") :])["host"] for t in done.stdout.splitlines())
     assert hosts == list(slurm.hosts)
     assert _left_on_nodes(slurm) == {}
+
+
+KEEP = """\
+import json, sys
+import psutil
+import clusterbook as cb
+
+python, program, out = sys.argv[1], sys.argv[2], sys.argv[3]
+report = {}
+with cb.Cluster.from_environment(python=python, run_dir=out + ".run") as cluster:
+    job = cluster.mpirun([python, program], np=4, clean="none", timeout=60)
+    result = job.wait()
+    report["state"] = result.state
+    report["kept"] = [[k.pid, k.host, k.name] for k in result.kept]
+    report["states"] = sorted({psutil.Process(k.pid).status() for k in result.kept})
+    job.cleanup()
+    report["left"] = [k.pid for k in result.kept if psutil.pid_exists(k.pid)
+                      and psutil.Process(k.pid).status() != psutil.STATUS_ZOMBIE]
+with open(out, "w") as f:
+    json.dump(report, f)
+"""
+
+
+def test_clean_none_keeps_the_failed_steps_ranks_stopped_on_the_nodes_until_cleanup(
+    slurm, tmp_path, openmpi_python
+):
+    head, rank, out = tmp_path / "head.py", tmp_path / "rank.py", tmp_path / "report.json"
+    head.write_text(KEEP)
+    rank.write_text(RAISES)
+    done = subprocess.run(
+        ["salloc", "-N2", "-n4", sys.executable, str(head), openmpi_python, str(rank), str(out)],
+        env={**os.environ, "SLURM_CONF": str(slurm.conf)},
+        capture_output=True,
+        text=True,
+        timeout=150,
+        check=False,
+    )
+    assert out.exists(), done.stdout + done.stderr
+    report = json.loads(out.read_text())
+    assert report["state"] == "failed"
+    # Every rank's program, on both nodes (asked through srun there), was stopped where it
+    # was (and srun, here), then ended by cleanup().
+    assert {h for _, h, name in report["kept"] if name == "python"} == set(slurm.hosts), report
+    assert {name for _, h, name in report["kept"] if h not in slurm.hosts} == {"srun"}, report
+    assert report["states"] == ["stopped"], report
+    assert report["left"] == []
+    assert _left_on_nodes(slurm) == {}
