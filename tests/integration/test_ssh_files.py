@@ -367,23 +367,31 @@ def test_a_bulk_session_lost_mid_file_leaves_no_part_of_it_and_the_next_put_work
     cluster = testbed.cluster(openmpi_python, tmp_path / "run", hosts=1)
     with cluster:
         provider = cluster._provider
-        (host,) = provider._conns
         wrapper = provider.remote().ssh_wrapper
 
         def cut(amount: int) -> None:  # the first piece went: the ssh client dies
             for p in _ssh_clients(wrapper):
                 p.kill()
 
-        failed = provider.put(outgoing([work / "big.bin"]), cut)
-        assert list(failed) == [host]
-        assert f"{work / 'big.bin'} was not sent whole" in str(failed[host])
-        deadline = time.monotonic() + 5  # the node's session sees the end, drops its part
-        while os.listdir(node1) and time.monotonic() < deadline:
-            time.sleep(0.05)
-        assert os.listdir(node1) == []
-        cluster.put(work / "big.bin")  # a new ssh client, and a new session, take the next
-        assert (node1 / "big.bin").read_bytes() == (work / "big.bin").read_bytes()
+        # A new ssh client, and a new session, take the next put.
+        _cut_then_whole(cluster, work / "big.bin", node1, cut)
     assert _ssh_clients(wrapper) == []
+
+
+def _cut_then_whole(cluster: cb.Cluster, big: Path, node: Path, cut: object) -> None:
+    """A put of ``big`` whose connection ``cut`` ends after its first piece fails naming
+    it and leaves no part of it on the node (seen at ``node``); the next put brings it whole."""
+    provider = cluster._provider
+    (host,) = provider._conns
+    failed = provider.put(outgoing([big]), cut)
+    assert list(failed) == [host]
+    assert f"{big} was not sent whole" in str(failed[host])
+    deadline = time.monotonic() + 5  # the node's session sees the end, drops its part
+    while os.listdir(node) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert os.listdir(node) == []
+    cluster.put(big)
+    assert (node / big.name).read_bytes() == big.read_bytes()
 
 
 def test_nested_directories_are_gathered_and_nothing_is_overwritten(
@@ -443,16 +451,8 @@ def test_a_connection_closed_mid_file_leaves_no_part_of_it_and_says_which(
         def cut(amount: int) -> None:  # the first piece went: the connection goes
             provider._conns[host].shell.close()
 
-        failed = provider.put(outgoing([work / "big.bin"]), cut)
-        assert list(failed) == [host]
-        assert f"{work / 'big.bin'} was not sent whole" in str(failed[host])
-        deadline = time.monotonic() + 5  # the node's session sees the end, drops its part
-        while os.listdir(node1) and time.monotonic() < deadline:
-            time.sleep(0.05)
-        assert os.listdir(node1) == []
-
-        cluster.put(work / "big.bin")  # a new connection, and a new session, take the next
-        assert (node1 / "big.bin").read_bytes() == (work / "big.bin").read_bytes()
+        # A new connection, and a new session, take the next put.
+        _cut_then_whole(cluster, work / "big.bin", node1, cut)
 
         os.rename(node1 / "big.bin", node1 / "result.bin")
         stored, failed = provider.gather(work, ["big.bin"], cut)

@@ -256,20 +256,13 @@ class Attempt:
         return run
 
     def _read_tagged(self, pipe: object) -> None:
-        parser = OmpiChunkParser()
-        fd = pipe.fileno()  # type: ignore[attr-defined]
-        add = self._store.add_lines
-        try:
-            while chunk := os.read(fd, _READ):
-                for rank, stream, lines in parser.feed_batches(chunk):
-                    add(rank, stream, *lines)
-            for rank, stream, lines in parser.flush_batches():
-                add(rank, stream, *lines)
-        finally:
-            pipe.close()  # type: ignore[attr-defined]
+        self._read_batches(OmpiChunkParser(), pipe)
 
     def _read_labeled(self, pipe: object) -> None:
-        parser = LabelParser("stdout" if pipe is self._proc.stdout else "stderr")
+        self._read_batches(LabelParser("stdout" if pipe is self._proc.stdout else "stderr"), pipe)
+
+    def _read_batches(self, parser: OmpiChunkParser | LabelParser, pipe: object) -> None:
+        """Store each rank's lines as ``parser`` finds them in what ``pipe`` gives."""
         fd = pipe.fileno()  # type: ignore[attr-defined]
         add = self._store.add_lines
         try:

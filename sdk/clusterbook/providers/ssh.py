@@ -66,12 +66,12 @@ from clusterbook.transfer import Call, Outgoing, fetch_all, gather_ask, send_all
 
 __all__ = ["BULK", "SSHProvider", "parse_host_list", "parse_hosts"]
 
-_HEAD = "(head)"
+_HEAD = "(head)"  # key of the head among hosts (never a valid host name)
 #: Bytes (of a put, or of what one node hands over at a gather) from which the files go
 #: through OpenSSH's client rather than paramiko (see :meth:`SSHProvider._bulk_callers`).
 BULK = 32 << 20
 _BULK_TASKS = frozenset({"put_files", "gather_files"})
-_AGENT_LOG = "agent.log"  # key of the head among hosts (never a valid host name)
+_AGENT_LOG = "agent.log"  # each node's agent's output, in the cluster's directory there
 
 
 def parse_host_list(
@@ -529,9 +529,10 @@ class SSHProvider(Provider):
         launcher's way, with the cluster's key and known_hosts), kept until :meth:`stop`:
         OpenSSH's encryption is C, paramiko's is Python on the head (see
         :mod:`clusterbook.ssh.openssh`)."""
+        wanted = list(hosts)
         remote = self._remote
-        if remote is None:
-            return {}
+        if remote is None:  # not started: the kept sessions say so
+            return {h: c for h, c in self._callers().items() if h in wanted}
         wrapper = remote.ssh_wrapper
 
         def caller(host: str) -> Call:
@@ -548,7 +549,7 @@ class SSHProvider(Provider):
 
             return call
 
-        return {host: caller(host) for host in hosts}
+        return {host: caller(host) for host in wanted}
 
     def run_on_nodes(self, argv: Sequence[str], timeout: float) -> list[NodeRun]:
         """Run ``argv`` on every node, in the sessions kept for them."""

@@ -20,6 +20,7 @@ import time
 from collections.abc import Mapping, Sequence
 
 from clusterbook.errors import SSHConnectError, SSHTimeoutError
+from clusterbook.ssh.shell import take
 
 __all__ = ["FAST_CIPHERS", "OpenSSHShell", "PipeProcess"]
 
@@ -118,10 +119,7 @@ class PipeProcess:
         deadline = time.monotonic() + timeout
         while len(self._buf) < size and self._fill(deadline, timeout):
             deadline = time.monotonic() + timeout
-        with memoryview(self._buf) as view:
-            data = bytes(view[:size])
-        del self._buf[:size]
-        return data
+        return take(self._buf, size)
 
     def readline(self, timeout: float) -> bytes:
         deadline = time.monotonic() + timeout

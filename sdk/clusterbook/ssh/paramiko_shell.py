@@ -28,7 +28,13 @@ from clusterbook.errors import (
 from clusterbook.spec import validate_host
 from clusterbook.ssh.credentials import Credentials
 from clusterbook.ssh.hostkeys import HostKey, HostKeyPolicy, host_entry_name
-from clusterbook.ssh.shell import CommandResult, OutputCallback, command_line, write_file_argv
+from clusterbook.ssh.shell import (
+    CommandResult,
+    OutputCallback,
+    command_line,
+    take,
+    write_file_argv,
+)
 from clusterbook.ssh.target import Hop, Target
 
 __all__ = ["ParamikoShell", "Tunnels", "connect", "connect_hop", "handshake_count"]
@@ -464,10 +470,7 @@ class _Process:
                     f"No data from {self.host} within {timeout:g} s.", host=self.host
                 )
             select.select([self._chan], [], [], 0.01)
-        with memoryview(self._buf) as view:
-            data = bytes(view[:size])
-        del self._buf[:size]
-        return data
+        return take(self._buf, size)
 
     def readline(self, timeout: float) -> bytes:
         deadline = time.monotonic() + timeout

@@ -22,6 +22,7 @@ __all__ = [
     "RemoteProcess",
     "RemoteShell",
     "command_line",
+    "take",
     "write_file_argv",
 ]
 
@@ -152,3 +153,12 @@ _WRITE = 'umask 077 && t="$1.tmp.$$" && cat > "$t" && chmod "$2" "$t" && mv -f "
 def write_file_argv(path: str, mode: int) -> list[str]:
     """argv of the remote command that writes stdin to ``path`` atomically with ``mode``."""
     return ["sh", "-c", _WRITE, "cb-write", path, format(mode, "o")]
+
+
+def take(buf: bytearray, size: int) -> bytes:
+    """The first ``size`` bytes of ``buf`` (fewer if it holds fewer), taken out of it (a
+    bytearray drops its head without moving the rest)."""
+    with memoryview(buf) as view:
+        data = bytes(view[:size])
+    del buf[:size]
+    return data
