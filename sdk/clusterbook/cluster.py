@@ -592,7 +592,7 @@ class Cluster:
         from clusterbook.engines import start_engines
 
         remote = self._provider.remote()
-        head = remote.head_addr if remote is not None else None
+        head = (remote.head_addr or None) if remote is not None else None
         return start_engines(self, n, head_addr=head, **how)
 
     def on_stop(self, stop: Callable[[], None]) -> None:

@@ -51,6 +51,7 @@ report = {}
 try:
     with cb.Cluster.from_environment(python=python, run_dir=out + ".run") as cluster:
         report["kind"] = cluster._provider.kind
+        report["head_addr"] = cluster._provider.remote().head_addr
         report["slots"] = [n.slots for n in cluster.nodes]
         job = cluster.mpirun([python, program], np=np, timeout=timeout)
         result = job.wait()
@@ -105,6 +106,9 @@ def test_from_environment_runs_mpi_as_steps_of_the_allocation(
     report = _inside(slurm, tmp_path, how, python, RANK, np=3)
     assert "error" not in report, report
     assert report["kind"] == "srun"
+    # Where processes on the nodes reach the head: salloc runs it here (the test bed's
+    # bridge), sbatch on the allocation's first node.
+    assert report["head_addr"] == {"salloc": "10.79.0.1", "sbatch": "10.79.0.11"}[how]
     assert report["slots"] == [2, 2]  # -n4 over 2 nodes: Slurm's tasks per node
     assert report["state"] == "succeeded"
     ranks = [json.loads(t) for r, _, s, t in report["lines"] if r >= 0 and s == "stdout"]  # type: ignore[union-attr]

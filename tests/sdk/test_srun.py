@@ -141,6 +141,10 @@ class FakeSrun:
     ) -> subprocess.CompletedProcess[str]:
         argv = list(argv)
         self.calls.append(argv)
+        if argv[:3] == ["scontrol", "show", "node"]:
+            return subprocess.CompletedProcess(
+                argv, 0, f"NodeName={argv[-1]} NodeAddr=127.0.0.1\n", ""
+            )
         hosts = next(a for a in argv if a.startswith("--nodelist=")).split("=")[1].split(",")
         if any(a.startswith("--mpi=") for a in argv):  # the start check
             out = "".join(
@@ -186,6 +190,9 @@ def test_start_checks_mpi_through_the_plugin_and_learns_the_nodes(tmp_path: Path
     remote = p.remote()
     assert remote is not None
     assert remote.srun == SrunStep(check[0], "42")
+    # Where processes on the nodes reach this machine: on the way to snode1's NodeAddr.
+    assert remote.head_addr == "127.0.0.1"
+    assert ["scontrol", "show", "node", "-o", "snode1"] in fake.calls
     # A job's clean-up and port go to each node as a one-task step there.
     p.stop_job("c1-abc")
     kills = [c for c in fake.calls[1:] if c[-2] == "kill"]

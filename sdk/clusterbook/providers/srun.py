@@ -18,7 +18,9 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
+import socket
 import subprocess
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -34,6 +36,7 @@ from clusterbook.launch.keep import end_far, hold_far
 from clusterbook.launch.result import KeptProcess
 from clusterbook.launch.srun import PMI_PLUGIN, SrunStep, inherited_slurm
 from clusterbook.providers.base import Provider, RemoteLaunch, StartContext
+from clusterbook.providers.elastic_reach import head_address_towards
 from clusterbook.providers.slurm_commands import SlurmRunner, run_command
 from clusterbook.providers.ssh import parse_host_list
 from clusterbook.spec import NodeSpec
@@ -195,10 +198,20 @@ class SrunProvider(Provider):
         self._remote = RemoteLaunch(
             ssh_args=(),
             ssh_wrapper="",
-            head_addr="",
+            head_addr=self._head_address(hosts[0]),
             srun=SrunStep(srun, self.job_id),
         )
         self.started = True
+
+    def _head_address(self, node: str) -> str:
+        """This machine's address on the way to ``node`` (its ``NodeAddr``, as scontrol says
+        it): what processes there connect back to (engines); "" when it cannot be told."""
+        try:
+            done = self._run_env(["scontrol", "show", "node", "-o", node], {}, 30.0)
+            said = re.search(r"\bNodeAddr=(\S+)", done.stdout) if done.returncode == 0 else None
+            return head_address_towards(socket.gethostbyname(said.group(1) if said else node))
+        except (OSError, ClusterError):
+            return ""
 
     # -- what a job asks of the nodes --------------------------------------------------------
 
