@@ -4,8 +4,9 @@ The head (the kernel that started the cluster, or a detached cluster's superviso
 :class:`ControlServer` on 127.0.0.1; its address is in the record (``cluster.json``), its
 secret in the 0600 ``token`` file beside it, so whoever can read the cluster's directory can
 drive it and nobody else can. Frames are those of the rendezvous store
-(:mod:`clusterbook.rendezvous.backends._wire`: both sides prove they know the secret, every
-frame is authenticated); payloads are JSON. No pickle anywhere.
+(:mod:`clusterbook.rendezvous.backends._wire`): the client's first one shows the secret, and
+the traffic never leaves this machine (no other user sees or changes loopback traffic, the
+way a Jupyter server's token is safe on 127.0.0.1); payloads are JSON. No pickle anywhere.
 
 Requests and replies (JSON objects)::
 
@@ -35,10 +36,14 @@ from typing import Any
 from clusterbook import errors
 from clusterbook.errors import ClusterError, ClusterStateError
 from clusterbook.rendezvous.backends._wire import (
+    _ACCEPTED,
+    _HELLO_MAX,
+    _REFUSED,
+    _AuthFailed,
     _Channel,
-    _client_handshake,
-    _server_handshake,
     _tune,
+    check_hello,
+    open_channel,
     read_secret,
     write_secret,
 )
@@ -99,7 +104,14 @@ class ControlServer:
             _tune(conn)
             try:
                 deadline = time.monotonic() + _HANDSHAKE_TIMEOUT
-                chan = _server_handshake(conn, self._secret, deadline)
+                chan = _Channel(conn)
+                try:
+                    check_hello(chan.recv(deadline, limit=_HELLO_MAX), self._secret)
+                except _AuthFailed:
+                    _log.warning("The control server refused a client: authentication failed.")
+                    chan.send(_REFUSED)
+                    return
+                chan.send(_ACCEPTED)
                 conn.settimeout(None)
                 while not self._closed.is_set():
                     request = json.loads(chan.recv(None))
@@ -161,7 +173,13 @@ class ControlClient:
         if self._chan is None:
             sock = socket.create_connection(self._where, timeout=self._timeout)
             _tune(sock)
-            self._chan = _client_handshake(sock, self._secret, time.monotonic() + self._timeout)
+            try:
+                self._chan = open_channel(
+                    sock, self._secret, None, time.monotonic() + self._timeout
+                )
+            except BaseException:
+                sock.close()
+                raise
             sock.settimeout(None)
         return self._chan
 

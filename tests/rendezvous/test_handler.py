@@ -313,8 +313,7 @@ def test_shutdown_leaves_and_is_idempotent(make, backend) -> None:
     s = make_settings(2, 2)
     a, b = make(s, "a"), make(s, "b")
     join_all(a, b)
-    beating = a._heartbeat.thread
-    assert beating is not None
+    beating = a._beats._thread
     assert beating.is_alive()
 
     assert a.shutdown()

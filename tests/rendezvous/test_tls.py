@@ -158,13 +158,12 @@ def test_without_the_token_a_client_learns_nothing_and_changes_nothing(
     with tls_connect(server) as sock:
         sock.sendall(tcp._LEN.pack(10) + b"S" + tcp._spec(token))
         assert read_until_closed(sock) == b""
-    # The handshake's first step, then a wrong proof: the server's own proof, and the end.
+    # A hello with another secret, and requests right behind it: a refusal, and the end.
     with tls_connect(server) as sock:
-        tcp._send_plain(sock, tcp._MAGIC + secrets.token_bytes(32))
-        reply = tcp._recv_plain(sock, time.monotonic() + WAIT)
-        assert len(reply) == len(tcp._MAGIC) + 32 + 32  # magic, nonce, proof: no state
-        tcp._send_plain(sock, secrets.token_bytes(32))
-        assert read_until_closed(sock) == b""
+        hello = tcp.hello(secrets.token_bytes(32), "intruder")
+        get, cas = b"G", b"S" + tcp._spec(token) + b"evil"
+        sock.sendall(b"".join(tcp._LEN.pack(len(m)) + m for m in (hello, get, cas)))
+        assert read_until_closed(sock) == tcp._LEN.pack(1) + b"N"  # no state, no token
     # Nothing changed: the same state under the same fencing token.
     assert owner.get_state() == (b"the-state", token)
 

@@ -8,9 +8,9 @@ handler then decides on that state itself: done, an error, another step, or, whe
 nothing to do but wait, a block in ``backend.watch_decisions`` until a change that matters or
 the next moment a decision could change by time alone (the end of the last call, a heartbeat
 due, a node expiring, the join deadline); the TCP store holds the answer to a join step until
-then, so a waiting node needs no watch of its own. Once the round is complete a daemon thread
-heartbeats every ``keep_alive_interval`` seconds until the next call, :meth:`shutdown`, or the
-process ends.
+then, so a waiting node needs no watch of its own. Once the round is complete the handler's
+heartbeat thread (started with it, :mod:`.beats`) heartbeats every ``keep_alive_interval``
+seconds until the next call, :meth:`shutdown`, or the process ends.
 """
 
 from __future__ import annotations
@@ -32,6 +32,7 @@ from clusterbook.rendezvous.api import (
     RendezvousTimeoutError,
     Token,
 )
+from clusterbook.rendezvous.beats import Heartbeats
 from clusterbook.rendezvous.ops import Action, next_wakeup, sanitize, world_size
 from clusterbook.rendezvous.state import RendezvousState, decode
 from clusterbook.rendezvous.step import DECISIONS, WAKE_SLACK, Operation, Step
@@ -46,19 +47,6 @@ _WATCH_CAP = 1.0
 waiter's clock view gets."""
 _REPORTING = frozenset({Operation.JOIN, Operation.KEEP_ALIVE})
 """The operations whose writes carry the node's own report (``info``)."""
-
-
-@dataclass(slots=True)
-class _Heartbeat:
-    """One heartbeat thread: it beats once ``go`` is set, until ``stop`` is."""
-
-    go: threading.Event
-    stop: threading.Event
-    thread: threading.Thread | None = None
-
-    def halt(self) -> None:
-        self.stop.set()
-        self.go.set()
 
 
 @dataclass(frozen=True, slots=True)
@@ -115,8 +103,10 @@ class RendezvousHandler:
         self._lock = threading.Lock()  # guards the last observed state and token
         self._state = RendezvousState()
         self._token: Token | None = None
-        self._heartbeat_lock = threading.Lock()  # guards the heartbeat thread and its events
-        self._heartbeat: _Heartbeat | None = None
+        # Started now, idle until a round is complete (see .beats).
+        self._beats = Heartbeats(
+            f"clusterbook-rendezvous-heartbeat-{node}", self._first_beat, self._beat
+        )
 
     @property
     def node(self) -> str:
@@ -137,17 +127,10 @@ class RendezvousHandler:
         """
         self._stop_heartbeats()
         deadline = self._monotonic() + self._settings.timeout.join
-        # The heartbeat thread starts now, idle until the round is complete: starting a thread
-        # takes a while, better spent while the others join than once they all have.
-        heartbeat = self._arm_heartbeats()
-        try:
-            # Leaving and joining go to the store as one step: within the deadline, leaving
-            # always finishes there, and joining then goes on from the state it left.
-            state = self._run(Operation.JOIN, deadline, self._join_timeout, leave_first=True)
-        except BaseException:
-            self._stop_heartbeats()
-            raise
-        heartbeat.go.set()
+        # Leaving and joining go to the store as one step: within the deadline, leaving always
+        # finishes there, and joining then goes on from the state it left.
+        state = self._run(Operation.JOIN, deadline, self._join_timeout, leave_first=True)
+        self._beats.start()
         return RendezvousInfo(
             rank=state.participants[self._node],
             world_size=world_size(state),
@@ -182,9 +165,9 @@ class RendezvousHandler:
             return self._state
 
     def shutdown(self) -> bool:
-        """Stop heartbeating and leave the rendezvous (round or wait list) within
-        ``timeout.close``. Returns whether the node left cleanly; safe to call again."""
-        self._stop_heartbeats()
+        """Stop heartbeating (its thread ends) and leave the rendezvous (round or wait list)
+        within ``timeout.close``. Returns whether the node left cleanly; safe to call again."""
+        self._beats.close(self._settings.timeout.heartbeat + _WATCH_CAP)
         close = self._settings.timeout.close
         try:
             self._run(
@@ -325,61 +308,37 @@ class RendezvousHandler:
 
     # --- heartbeats ---------------------------------------------------------------------------
 
-    def _arm_heartbeats(self) -> _Heartbeat:
-        """Start a heartbeat thread that waits for ``go`` (or ``stop``) before its first beat."""
-        heartbeat = _Heartbeat(threading.Event(), threading.Event())
-        heartbeat.thread = threading.Thread(
-            target=self._heartbeat_loop,
-            args=(heartbeat,),
-            name=f"clusterbook-rendezvous-heartbeat-{self._node}",
-            daemon=True,
-        )
-        with self._heartbeat_lock:
-            old, self._heartbeat = self._heartbeat, heartbeat
-        if old is not None:
-            old.halt()
-        heartbeat.thread.start()
-        return heartbeat
-
     def _stop_heartbeats(self) -> None:
-        """Stop the heartbeat thread (if any) and wait for it; the node stays in the state
-        (until it leaves, or its heartbeat expires)."""
-        with self._heartbeat_lock:
-            heartbeat, self._heartbeat = self._heartbeat, None
-        if heartbeat is None:
-            return
-        heartbeat.halt()
-        thread = heartbeat.thread
-        if thread is not None and thread is not threading.current_thread():
-            # A heartbeat in flight finishes within its timeout; if the store hangs longer,
-            # the thread exits after it (a late write loses its compare-and-set anyway).
-            thread.join(timeout=self._settings.timeout.heartbeat + _WATCH_CAP)
+        """Beat no more (a beat in flight finishes within its timeout; if the store hangs
+        longer, a late write loses its compare-and-set anyway); the node stays in the state
+        until it leaves, or its heartbeat expires."""
+        self._beats.pause(self._settings.timeout.heartbeat + _WATCH_CAP)
 
-    def _heartbeat_loop(self, heartbeat: _Heartbeat) -> None:
-        settings, stop = self._settings, heartbeat.stop
-        heartbeat.go.wait()
-        delay = self._heartbeat_delay(self.state())
-        while not stop.wait(delay):
-            try:
-                state = self._run(
-                    Operation.KEEP_ALIVE,
-                    self._monotonic() + settings.timeout.heartbeat,
-                    self._heartbeat_timeout,
-                )
-            except RendezvousError as exc:
-                _log.warning(
-                    "Node %r missed a heartbeat in the rendezvous %r (%s: %s).",
-                    self._node,
-                    settings.run_id,
-                    type(exc).__name__,
-                    exc,
-                )
-                delay = settings.keep_alive_interval
-            except Exception:
-                _log.exception("The rendezvous heartbeat of node %r failed.", self._node)
-                delay = settings.keep_alive_interval
-            else:
-                delay = self._heartbeat_delay(state)
+    def _first_beat(self) -> float:
+        return self._heartbeat_delay(self.state())
+
+    def _beat(self) -> float:
+        """One heartbeat; the seconds until the next."""
+        settings = self._settings
+        try:
+            state = self._run(
+                Operation.KEEP_ALIVE,
+                self._monotonic() + settings.timeout.heartbeat,
+                self._heartbeat_timeout,
+            )
+        except RendezvousError as exc:
+            _log.warning(
+                "Node %r missed a heartbeat in the rendezvous %r (%s: %s).",
+                self._node,
+                settings.run_id,
+                type(exc).__name__,
+                exc,
+            )
+        except Exception:
+            _log.exception("The rendezvous heartbeat of node %r failed.", self._node)
+        else:
+            return self._heartbeat_delay(state)
+        return settings.keep_alive_interval
 
     def _heartbeat_delay(self, state: RendezvousState) -> float:
         interval = self._settings.keep_alive_interval

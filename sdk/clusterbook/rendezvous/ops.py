@@ -21,11 +21,12 @@ be a participant now (the round is complete, or full) waits in the wait list.
 from __future__ import annotations
 
 import enum
+import math
 from dataclasses import replace
-from typing import Any, TypeVar
+from typing import Any
 
 from clusterbook.rendezvous.api import RendezvousSettings
-from clusterbook.rendezvous.state import RendezvousState
+from clusterbook.rendezvous.state import Draft, RendezvousState, StateView
 
 __all__ = [
     "MUTATING_ACTIONS",
@@ -35,13 +36,16 @@ __all__ = [
     "close_action",
     "decisions_may_change",
     "exit_action",
+    "expire",
     "expired_nodes",
     "join_action",
     "keep_alive_action",
+    "mutate",
     "next_wakeup",
     "rank_of",
     "remove_node",
     "sanitize",
+    "set_info",
     "with_info",
     "world_size",
 ]
@@ -85,7 +89,7 @@ MUTATING_ACTIONS = frozenset(
 
 
 def _should_keep_alive(
-    state: RendezvousState, node: str, settings: RendezvousSettings, now: float
+    state: StateView, node: str, settings: RendezvousSettings, now: float
 ) -> bool:
     """Whether ``node`` is known to the state and its heartbeat is due."""
     last = state.last_heartbeats.get(node)
@@ -93,7 +97,7 @@ def _should_keep_alive(
 
 
 def join_action(
-    state: RendezvousState, node: str, settings: RendezvousSettings, now: float, deadline: float
+    state: StateView, node: str, settings: RendezvousSettings, now: float, deadline: float
 ) -> Action:
     """The next step for ``node`` to become a participant of a complete round."""
     if state.closed:
@@ -138,7 +142,7 @@ def join_action(
 
 
 def exit_action(
-    state: RendezvousState, node: str, settings: RendezvousSettings, now: float, deadline: float
+    state: StateView, node: str, settings: RendezvousSettings, now: float, deadline: float
 ) -> Action:
     """The next step for ``node`` to leave the rendezvous (its round, or the wait list)."""
     if node in state.participants:
@@ -153,7 +157,7 @@ def exit_action(
 
 
 def close_action(
-    state: RendezvousState, node: str, settings: RendezvousSettings, now: float, deadline: float
+    state: StateView, node: str, settings: RendezvousSettings, now: float, deadline: float
 ) -> Action:
     """The next step to close the rendezvous for good."""
     if state.closed:
@@ -164,7 +168,7 @@ def close_action(
 
 
 def keep_alive_action(
-    state: RendezvousState, node: str, settings: RendezvousSettings, now: float, deadline: float
+    state: StateView, node: str, settings: RendezvousSettings, now: float, deadline: float
 ) -> Action:
     """The next step of a heartbeat: write one if due (and the node is still known)."""
     if _should_keep_alive(state, node, settings, now):
@@ -177,96 +181,65 @@ def keep_alive_action(
 # --- mutations -------------------------------------------------------------------------------
 
 
-def _keep_alive(heartbeats: dict[str, float], node: str, now: float) -> dict[str, float]:
-    return {**heartbeats, node: now}
-
-
-V = TypeVar("V")
-
-
-def _without(mapping: dict[str, V], node: str) -> dict[str, V]:
-    return {k: v for k, v in mapping.items() if k != node}
-
-
-def _remove_participant_epilogue(
-    state: RendezvousState, settings: RendezvousSettings
-) -> RendezvousState:
-    """After participants were removed: a complete round that emptied gives way to the next
-    round; an incomplete one that fell below ``min_nodes`` has no last call any more."""
-    if state.complete:
-        if not state.participants:
-            return replace(state, complete=False, round=state.round + 1)
-        return state
-    if len(state.participants) < settings.min_nodes and state.deadline is not None:
-        return replace(state, deadline=None)
-    return state
-
-
-def _mark_complete(state: RendezvousState) -> RendezvousState:
-    ranks = {node: rank for rank, node in enumerate(sorted(state.participants))}
-    return replace(state, complete=True, deadline=None, participants=ranks)
+def mutate(
+    action: Action, draft: Draft, node: str, settings: RendezvousSettings, now: float
+) -> None:
+    """Apply ``action`` of ``node`` at ``now`` to ``draft``, in place (see :func:`apply`)."""
+    if action is Action.KEEP_ALIVE:
+        draft.beat(node, now)
+    elif action is Action.ADD_TO_PARTICIPANTS:
+        draft.participants[node] = 0  # ranks are set on completion
+        draft.wait_list.discard(node)
+        draft.beat(node, now)
+        joined = len(draft.participants)
+        if joined >= settings.min_nodes and draft.deadline is None:
+            draft.deadline = now + settings.timeout.last_call
+        if joined >= settings.max_nodes:
+            _mark_complete(draft)
+    elif action is Action.ADD_TO_WAIT_LIST:
+        draft.wait_list.add(node)
+        draft.beat(node, now)
+    elif action is Action.REMOVE_FROM_PARTICIPANTS:
+        if node not in draft.participants:
+            raise ValueError(f"Node {node!r} is not a participant; it cannot leave the round.")
+        _remove_nodes(draft, {node}, settings)
+    elif action is Action.REMOVE_FROM_WAIT_LIST:
+        if node not in draft.wait_list:
+            raise ValueError(f"Node {node!r} is not in the wait list; it cannot leave it.")
+        _remove_nodes(draft, {node}, settings)
+    elif action is Action.MARK_RENDEZVOUS_COMPLETE:
+        _mark_complete(draft)
+    elif action is Action.MARK_RENDEZVOUS_CLOSED:
+        draft.closed = True
+    else:
+        raise ValueError(f"{action} does not change the state; only {_names()} do.")
 
 
 def apply(
     action: Action, state: RendezvousState, node: str, settings: RendezvousSettings, now: float
 ) -> RendezvousState:
     """The state after ``node`` took ``action`` at ``now`` (a new state; ``state`` is kept)."""
-    if action is Action.KEEP_ALIVE:
-        return replace(state, last_heartbeats=_keep_alive(state.last_heartbeats, node, now))
+    if action not in MUTATING_ACTIONS:
+        raise ValueError(f"{action} does not change the state; only {_names()} do.")
+    draft = state.draft()
+    mutate(action, draft, node, settings, now)
+    return draft.freeze()
 
-    if action is Action.ADD_TO_PARTICIPANTS:
-        participants = {**state.participants, node: 0}  # ranks are set on completion
-        new = replace(
-            state,
-            participants=participants,
-            wait_list=state.wait_list - {node},
-            last_heartbeats=_keep_alive(state.last_heartbeats, node, now),
-        )
-        if len(participants) >= settings.min_nodes and new.deadline is None:
-            new = replace(new, deadline=now + settings.timeout.last_call)
-        if len(participants) >= settings.max_nodes:
-            new = _mark_complete(new)
-        return new
 
-    if action is Action.ADD_TO_WAIT_LIST:
-        return replace(
-            state,
-            wait_list=state.wait_list | {node},
-            last_heartbeats=_keep_alive(state.last_heartbeats, node, now),
-        )
-
-    if action is Action.REMOVE_FROM_PARTICIPANTS:
-        if node not in state.participants:
-            raise ValueError(f"Node {node!r} is not a participant; it cannot leave the round.")
-        new = replace(
-            state,
-            participants=_without(state.participants, node),
-            last_heartbeats=_without(state.last_heartbeats, node),
-            node_info=_without(state.node_info, node),
-        )
-        return _remove_participant_epilogue(new, settings)
-
-    if action is Action.REMOVE_FROM_WAIT_LIST:
-        if node not in state.wait_list:
-            raise ValueError(f"Node {node!r} is not in the wait list; it cannot leave it.")
-        return replace(
-            state,
-            wait_list=state.wait_list - {node},
-            last_heartbeats=_without(state.last_heartbeats, node),
-            node_info=_without(state.node_info, node),
-        )
-
-    if action is Action.MARK_RENDEZVOUS_COMPLETE:
-        return _mark_complete(state)
-
-    if action is Action.MARK_RENDEZVOUS_CLOSED:
-        return replace(state, closed=True)
-
-    raise ValueError(f"{action} does not change the state; only {_names()} do.")
+def _mark_complete(draft: Draft) -> None:
+    draft.participants = {node: rank for rank, node in enumerate(sorted(draft.participants))}
+    draft.complete = True
+    draft.deadline = None
 
 
 def _names() -> str:
     return ", ".join(sorted(a.name for a in MUTATING_ACTIONS))
+
+
+def set_info(draft: Draft, node: str, info: dict[str, Any]) -> None:
+    """Replace ``node``'s report by ``info`` in ``draft`` (only for a node it knows)."""
+    if node in draft.last_heartbeats:
+        draft.node_info[node] = dict(info)
 
 
 def with_info(state: RendezvousState, node: str, info: dict[str, Any]) -> RendezvousState:
@@ -278,11 +251,20 @@ def with_info(state: RendezvousState, node: str, info: dict[str, Any]) -> Rendez
 
 def remove_node(state: RendezvousState, node: str, settings: RendezvousSettings) -> RendezvousState:
     """The state without ``node`` at all (participant, wait list, heartbeat), as when its
-    connection to the store was lost; the same epilogue as a participant leaving."""
-    return _remove_nodes(state, {node}, settings)
+    connection to the store was lost; the same epilogue as a participant leaving. Returns
+    ``state`` itself for a node it does not know."""
+    if not _knows(state, node):
+        return state
+    draft = state.draft()
+    _remove_nodes(draft, {node}, settings)
+    return draft.freeze()
 
 
-def expired_nodes(state: RendezvousState, settings: RendezvousSettings, now: float) -> set[str]:
+def _knows(state: StateView, node: str) -> bool:
+    return node in state.participants or node in state.wait_list or node in state.last_heartbeats
+
+
+def expired_nodes(state: StateView, settings: RendezvousSettings, now: float) -> set[str]:
     """Nodes whose last heartbeat is more than ``dead_after`` seconds before ``now``."""
     dead_after = settings.dead_after
     return {node for node, last in state.last_heartbeats.items() if last + dead_after < now}
@@ -292,27 +274,48 @@ def sanitize(state: RendezvousState, settings: RendezvousSettings, now: float) -
     """The state without the nodes that missed ``keep_alive_max_attempt`` heartbeats.
 
     A node is removed once ``now`` is past ``last heartbeat + interval * attempts`` (strictly:
-    not at that instant). Returns ``state`` itself when nobody expired.
+    not at that instant). Returns ``state`` itself when nobody expired (known in O(1) from the
+    state's oldest heartbeat).
     """
-    dead = expired_nodes(state, settings, now)
-    return _remove_nodes(state, dead, settings) if dead else state
-
-
-def _remove_nodes(
-    state: RendezvousState, nodes: set[str], settings: RendezvousSettings
-) -> RendezvousState:
-    known = set(state.participants) | state.wait_list | set(state.last_heartbeats)
-    if not nodes & known:
+    oldest = state.oldest()
+    if not oldest or oldest[0][0] + settings.dead_after >= now:
         return state
-    was_participant = any(node in state.participants for node in nodes)
-    new = replace(
-        state,
-        participants={k: v for k, v in state.participants.items() if k not in nodes},
-        wait_list=state.wait_list - nodes,
-        last_heartbeats={k: v for k, v in state.last_heartbeats.items() if k not in nodes},
-        node_info={k: v for k, v in state.node_info.items() if k not in nodes},
-    )
-    return _remove_participant_epilogue(new, settings) if was_participant else new
+    draft = state.draft()
+    expire(draft, settings, now)
+    return draft.freeze()
+
+
+def expire(draft: Draft, settings: RendezvousSettings, now: float) -> bool:
+    """Remove the nodes of ``draft`` that expired by ``now`` (see :func:`sanitize`), in place;
+    whether any did."""
+    dead_after = settings.dead_after
+    if draft.floor + dead_after >= now:
+        return False
+    dead = {node for node, last in draft.last_heartbeats.items() if last + dead_after < now}
+    if dead:
+        _remove_nodes(draft, dead, settings)
+    draft.floor = min(draft.last_heartbeats.values(), default=math.inf)
+    return bool(dead)
+
+
+def _remove_nodes(draft: Draft, nodes: set[str], settings: RendezvousSettings) -> None:
+    """Remove ``nodes`` from ``draft``; then a complete round that emptied gives way to the
+    next round, and an incomplete one that fell below ``min_nodes`` has no last call any more.
+    (Removing heartbeats never lowers ``draft.floor``: it stays a lower bound.)"""
+    was_participant = False
+    for node in nodes:
+        was_participant |= draft.participants.pop(node, None) is not None
+        draft.wait_list.discard(node)
+        draft.last_heartbeats.pop(node, None)
+        draft.node_info.pop(node, None)
+    if not was_participant:
+        return
+    if draft.complete:
+        if not draft.participants:
+            draft.complete = False
+            draft.round += 1
+    elif len(draft.participants) < settings.min_nodes and draft.deadline is not None:
+        draft.deadline = None
 
 
 # --- timing and queries ----------------------------------------------------------------------
@@ -333,8 +336,10 @@ def next_wakeup(
     own = state.last_heartbeats.get(node)
     if own is not None:
         times.append(own + settings.keep_alive_interval)
-    dead_after = settings.dead_after
-    times.extend(t + dead_after for other, t in state.last_heartbeats.items() if other != node)
+    # The oldest heartbeat of another node expires first.
+    other = next((t for t, who in state.oldest() if who != node), None)
+    if other is not None:
+        times.append(other + settings.dead_after)
     return min(times)
 
 
@@ -358,13 +363,13 @@ def decisions_may_change(before: RendezvousState, after: RendezvousState) -> boo
     )
 
 
-def rank_of(state: RendezvousState, node: str) -> int | None:
+def rank_of(state: StateView, node: str) -> int | None:
     """The rank of ``node`` in a complete round, or None (not complete, or not a participant)."""
     if not state.complete:
         return None
     return state.participants.get(node)
 
 
-def world_size(state: RendezvousState) -> int:
+def world_size(state: StateView) -> int:
     """The number of participants of the current round."""
     return len(state.participants)

@@ -1,15 +1,23 @@
 """The rendezvous state, and its encoding for the store (JSON: never pickle, which would let
-whoever can write the store run code on every node)."""
+whoever can write the store run code on every node).
+
+A :class:`RendezvousState` is immutable. Changes are made on a :class:`Draft`, a mutable copy
+owned by whoever changes it (the store applying a batch of steps, or :func:`~.ops.apply` for
+one action), and frozen back into a state without copying again: a batch of steps costs one
+copy of the state, not one per step.
+"""
 
 from __future__ import annotations
 
 import json
+import math
+from collections.abc import Mapping, Set
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 from clusterbook.rendezvous.api import RendezvousStateError
 
-__all__ = ["RendezvousState", "decode", "encode"]
+__all__ = ["Draft", "RendezvousState", "StateView", "decode", "encode"]
 
 _VERSION = 1
 
@@ -49,6 +57,114 @@ class RendezvousState:
     last_heartbeats: dict[str, float] = field(default_factory=dict)
     node_info: dict[str, dict[str, Any]] = field(default_factory=dict)
     stop_jobs: tuple[str, ...] = ()
+    # The two oldest heartbeats (time, node), found once per state on first use: every node
+    # deciding on the same state asks for them (expiry, wake-ups), and a scan is O(nodes).
+    _oldest: tuple[tuple[float, str], ...] | None = field(
+        default=None, init=False, repr=False, compare=False
+    )
+
+    def oldest(self) -> tuple[tuple[float, str], ...]:
+        """The two oldest heartbeats, ``(time, node)`` oldest first (fewer if fewer nodes)."""
+        found = self._oldest
+        if found is None:
+            found = _two_oldest(self.last_heartbeats)
+            object.__setattr__(self, "_oldest", found)
+        return found
+
+    def draft(self) -> Draft:
+        """A mutable copy of this state, for one owner to change and :meth:`Draft.freeze`."""
+        beats = dict(self.last_heartbeats)
+        oldest = self.oldest()
+        return Draft(
+            round=self.round,
+            complete=self.complete,
+            deadline=self.deadline,
+            closed=self.closed,
+            participants=dict(self.participants),
+            wait_list=set(self.wait_list),
+            last_heartbeats=beats,
+            node_info=dict(self.node_info),
+            stop_jobs=self.stop_jobs,
+            floor=oldest[0][0] if oldest else math.inf,
+        )
+
+
+class StateView(Protocol):
+    """What decisions read of a state: a :class:`RendezvousState` or a :class:`Draft`."""
+
+    @property
+    def round(self) -> int: ...
+
+    @property
+    def complete(self) -> bool: ...
+
+    @property
+    def deadline(self) -> float | None: ...
+
+    @property
+    def closed(self) -> bool: ...
+
+    @property
+    def participants(self) -> Mapping[str, int]: ...
+
+    @property
+    def wait_list(self) -> Set[str]: ...
+
+    @property
+    def last_heartbeats(self) -> Mapping[str, float]: ...
+
+
+@dataclass(slots=True, eq=False)
+class Draft:
+    """A rendezvous state being changed in place by its one owner (see the module docstring).
+
+    ``floor`` is a lower bound of every heartbeat time (infinity when there is none): kept as
+    heartbeats are written and nodes removed, it tells in O(1) that nobody has expired yet.
+    """
+
+    round: int
+    complete: bool
+    deadline: float | None
+    closed: bool
+    participants: dict[str, int]
+    wait_list: set[str]
+    last_heartbeats: dict[str, float]
+    node_info: dict[str, dict[str, Any]]
+    stop_jobs: tuple[str, ...]
+    floor: float = math.inf
+
+    def beat(self, node: str, now: float) -> None:
+        """Record a heartbeat of ``node`` at ``now``."""
+        self.last_heartbeats[node] = now
+        if now < self.floor:
+            self.floor = now
+
+    def freeze(self) -> RendezvousState:
+        """The state this draft now holds. Its containers move into the state: the draft must
+        not be changed afterwards."""
+        return RendezvousState(
+            round=self.round,
+            complete=self.complete,
+            deadline=self.deadline,
+            closed=self.closed,
+            participants=self.participants,
+            wait_list=frozenset(self.wait_list),
+            last_heartbeats=self.last_heartbeats,
+            node_info=self.node_info,
+            stop_jobs=self.stop_jobs,
+        )
+
+
+def _two_oldest(beats: Mapping[str, float]) -> tuple[tuple[float, str], ...]:
+    first: tuple[float, str] | None = None
+    second: tuple[float, str] | None = None
+    for node, t in beats.items():
+        if second is None or t < second[0]:
+            if first is None or t < first[0]:
+                first, second = (t, node), first
+            else:
+                second = (t, node)
+    return tuple(pair for pair in (first, second) if pair is not None)
 
 
 def encode(state: RendezvousState) -> bytes:

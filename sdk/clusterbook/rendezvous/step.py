@@ -31,16 +31,17 @@ from clusterbook.rendezvous.api import RendezvousSettings, RendezvousTimeout
 from clusterbook.rendezvous.ops import (
     MUTATING_ACTIONS,
     Action,
-    apply,
     close_action,
     exit_action,
+    expire,
     join_action,
     keep_alive_action,
+    mutate,
     next_wakeup,
     sanitize,
-    with_info,
+    set_info,
 )
-from clusterbook.rendezvous.state import RendezvousState, decode, encode
+from clusterbook.rendezvous.state import Draft, RendezvousState, StateView, decode, encode
 
 __all__ = ["DECISIONS", "WAKE_SLACK", "Operation", "Step", "StepFormatError"]
 
@@ -64,7 +65,7 @@ class Operation(enum.Enum):
     KEEP_ALIVE = "keep_alive"
 
 
-Decision = Callable[[RendezvousState, str, RendezvousSettings, float, float], Action]
+Decision = Callable[[StateView, str, RendezvousSettings, float, float], Action]
 
 DECISIONS: dict[Operation, Decision] = {
     Operation.JOIN: join_action,
@@ -109,22 +110,28 @@ class Step:
 
     def run(self, state: RendezvousState) -> RendezvousState | None:
         """The state after this step, or None when the step writes nothing."""
+        draft = state.draft()
+        return draft.freeze() if self.run_on(draft) else None
+
+    def run_on(self, draft: Draft) -> bool:
+        """Run this step on ``draft``, in place; whether it wrote anything (dropping dead
+        nodes alone is no write). A store runs the steps that come together on one draft."""
         node, settings, now = self.node, self.settings, self.now
-        current = sanitize(state, settings, now)
+        expire(draft, settings, now)
         wrote = False
         for operation in self.operations:
             decide = DECISIONS[operation]
             for _ in range(_MAX_ACTIONS):
-                action = decide(current, node, settings, now, self.deadline)
+                action = decide(draft, node, settings, now, self.deadline)
                 if action not in MUTATING_ACTIONS:
                     break
-                current = apply(action, current, node, settings, now)
+                mutate(action, draft, node, settings, now)
                 if self.info is not None and action in _REPORTS:
-                    current = with_info(current, node, self.info)
+                    set_info(draft, node, self.info)
                 wrote = True
             if action is not Action.FINISH:
                 break
-        return current if wrote else None
+        return wrote
 
     def hold(self, state: RendezvousState) -> float:
         """Seconds the node would wait on ``state`` (the state after this step) before it
@@ -178,20 +185,7 @@ class Step:
             data = json.loads(blob)
             if not isinstance(data, dict) or data.get("v") != _VERSION:
                 raise ValueError("unknown step format")
-            s = data["settings"]
-            settings = RendezvousSettings(
-                run_id=s["run_id"],
-                min_nodes=s["min_nodes"],
-                max_nodes=s["max_nodes"],
-                timeout=RendezvousTimeout(
-                    join=s["join"],
-                    last_call=s["last_call"],
-                    close=s["close"],
-                    heartbeat=s["heartbeat"],
-                ),
-                keep_alive_interval=s["keep_alive_interval"],
-                keep_alive_max_attempt=s["keep_alive_max_attempt"],
-            )
+            settings = _settings(data["settings"])
             node, info, ops = data["node"], data["info"], data["ops"]
             if not isinstance(node, str) or not node:
                 raise ValueError(f"node id {node!r}")
@@ -210,6 +204,45 @@ class Step:
             )
         except (ValueError, KeyError, TypeError, UnicodeDecodeError) as exc:  # ConfigError too
             raise StepFormatError(f"malformed rendezvous step: {exc}") from None
+
+
+_SETTINGS: dict[tuple[Any, ...], RendezvousSettings] = {}
+_SETTINGS_KEYS = (
+    "run_id",
+    "min_nodes",
+    "max_nodes",
+    "join",
+    "last_call",
+    "close",
+    "heartbeat",
+    "keep_alive_interval",
+    "keep_alive_max_attempt",
+)
+
+
+def _settings(data: object) -> RendezvousSettings:
+    """The settings a step carries; every node of a rendezvous sends the same ones, so those
+    seen lately are kept, already validated."""
+    if not isinstance(data, dict):
+        raise TypeError(f"settings {data!r}")
+    values = tuple(data[key] for key in _SETTINGS_KEYS)
+    key = tuple((type(v), v) for v in values)  # 1 and 1.0 and True are different settings
+    known = _SETTINGS.get(key)
+    if known is not None:
+        return known
+    run_id, min_nodes, max_nodes, join, last_call, close, heartbeat, interval, attempts = values
+    settings = RendezvousSettings(
+        run_id=run_id,
+        min_nodes=min_nodes,
+        max_nodes=max_nodes,
+        timeout=RendezvousTimeout(join=join, last_call=last_call, close=close, heartbeat=heartbeat),
+        keep_alive_interval=interval,
+        keep_alive_max_attempt=attempts,
+    )
+    if len(_SETTINGS) >= 64:
+        _SETTINGS.clear()
+    _SETTINGS[key] = settings
+    return settings
 
 
 def _time(value: object) -> float:

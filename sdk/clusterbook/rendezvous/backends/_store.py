@@ -1,19 +1,20 @@
-"""What the TCP store server holds: one state blob, its fencing token, and waits on them.
+"""What the TCP store server holds: one state blob, its fencing token, and what wakes waiters.
 
-No sockets here: :class:`~clusterbook.rendezvous.backends.tcp_server.StoreServer` serves a
-:class:`StateStore` over the network, guarding it with its own lock (every method is called
-with that lock held, waits release it meanwhile).
+No sockets and no locks here: :class:`~clusterbook.rendezvous.backends.tcp_server.StoreServer`
+owns a :class:`StateStore` on its one thread and serves it over the network.
 
 Besides the blob, the store keeps it decoded (when it is a rendezvous state) so that rendezvous
 steps run on it without decoding it each time, and the token of the last write that may change
 a rendezvous decision (:func:`~clusterbook.rendezvous.ops.decisions_may_change`), which is what
-a decision watch waits for: a heartbeat wakes only the plain watches.
+a decision watch waits for: a heartbeat wakes only the plain watches. The steps that arrive
+together run as one batch (:meth:`StateStore.run`): on one draft of the state, stored as one
+write, encoded once when first read.
 """
 
 from __future__ import annotations
 
 import logging
-import threading
+from collections.abc import Sequence
 
 from clusterbook.rendezvous.api import RendezvousStateError, Token
 from clusterbook.rendezvous.backends._wire import _INT, _NONE, MAX_STATE
@@ -25,20 +26,22 @@ __all__ = ["StateStore"]
 
 _log = logging.getLogger("clusterbook.rendezvous.backends.tcp")
 
+_GROWTH = 256
+"""Bytes a step may add to the encoded state besides four copies of its own wire size (its
+node id in up to four places, and its report): a bound that spares encoding every write."""
+
 
 class StateStore:
-    """The blob, its token, and two conditions on ``lock``: any write, decisive writes."""
+    """The blob and its token; the token of the last write that may change a decision."""
 
-    def __init__(self, lock: threading.Lock) -> None:
-        self._changed = threading.Condition(lock)
-        self._decided = threading.Condition(lock)
+    def __init__(self) -> None:
         self.token: Token = 0  # 0: nothing stored yet
-        # The stored state is the blob, or the decoded state when a step wrote it: encoded on
+        self.decisive: Token = 0  # the token of the last write that may change a decision
+        # The stored state is the blob, or the decoded state when steps wrote it: encoded on
         # the first read (the answers to steps held meanwhile all get the last one).
         self._blob: bytes | None = None
         self._decoded: RendezvousState | None = None  # None: nothing stored, or not a state
         self._size = 0  # the blob's size, or a bound of it while it is not encoded
-        self._decisive: Token = 0  # the token of the last write that may change a decision
 
     def current(self) -> tuple[bytes, Token] | None:
         if self.token == 0:
@@ -61,21 +64,14 @@ class StateStore:
         plain watch), or a decisive write came after it (a decision watch; a token this store
         never gave out counts as differing)."""
         if decisions and kind == _INT and 0 < value <= self.token:
-            return self._decisive > value
+            return self.decisive > value
         return not self.matches(kind, value)
-
-    def wait(self, timeout: float, *, decisions: bool) -> None:
-        (self._decided if decisions else self._changed).wait(timeout)
-
-    def wake_all(self) -> None:
-        self._changed.notify_all()
-        self._decided.notify_all()
 
     def write(
         self, state: bytes | None, decoded: RendezvousState | None = None, size: int = 0
-    ) -> None:
+    ) -> bool:
         """Store ``state``, or ``decoded`` (then encoded when first read) if ``state`` is None,
-        with ``size`` a bound of its encoded size."""
+        with ``size`` a bound of its encoded size; return whether the write is decisive."""
         self._size = size if state is None else len(state)
         if decoded is None:
             assert state is not None
@@ -88,44 +84,79 @@ class StateStore:
         self.token += 1
         decisive = before is None or decoded is None or decisions_may_change(before, decoded)
         if decisive:
-            self._decisive = self.token
-            self._decided.notify_all()
-        self._changed.notify_all()
+            self.decisive = self.token
+        return decisive
 
-    def compare_and_set(self, kind: int, value: int, state: bytes) -> bool:
-        won = self.matches(kind, value)
-        if won:
-            self.write(state)
-        return won
+    def compare_and_set(self, kind: int, value: int, state: bytes) -> bool | None:
+        """Write ``state`` if the token ``kind, value`` is the stored one: None if not, else
+        whether the write is decisive."""
+        if not self.matches(kind, value):
+            return None
+        return self.write(state)
 
-    def run(self, step: Step, size: int) -> float:
-        """Run ``step`` (``size`` bytes on the wire) on the stored state and store what it
-        writes; return how long the answer may be held (:meth:`Step.hold`). A stored blob that
-        is not a rendezvous state is left alone: the client reports it when it decodes it."""
+    def run(self, steps: Sequence[tuple[Step, int]]) -> tuple[list[float], bool | None]:
+        """Run ``steps`` (each with its size on the wire) in turn on the stored state and store
+        what they wrote as one write. Returns how long each answer may be held
+        (:meth:`Step.hold` on the state after them all) and None if nothing was written, else
+        whether the write is decisive. A stored blob that is not a rendezvous state is left
+        alone: each client reports it when it decodes it."""
         if self.token == 0:
             base = RendezvousState()
         elif self._decoded is None:
-            return 0.0
+            return [0.0] * len(steps), None
         else:
             base = self._decoded
-        new = step.run(base)
-        if new is None:
-            return step.hold(base)
-        # A step adds its node id to at most four places, and its report: a bound of the new
-        # size without encoding it; near the limit, the exact size decides.
-        bound = self._size + 4 * size + 256
+        try:
+            draft = base.draft()
+            wrote = False
+            for step, _ in steps:
+                wrote |= step.run_on(draft)
+        except Exception:  # a bug: find the step, and run the others alone
+            return self._one_by_one(base, steps)
+        decisive = None
+        state = base
+        if wrote:
+            new = draft.freeze()
+            bound = self._size + sum(4 * size + _GROWTH for _, size in steps)
+            decisive = self._store(new, bound, steps)
+            if decisive is not None:
+                state = new
+        return [step.hold(state) for step, _ in steps], decisive
+
+    def _store(
+        self, new: RendezvousState, bound: int, steps: Sequence[tuple[Step, int]]
+    ) -> bool | None:
         if bound <= MAX_STATE:
-            self.write(None, new, bound)
-            return step.hold(new)
-        blob = encode(new)
+            return self.write(None, new, bound)
+        blob = encode(new)  # near the limit, the exact size decides
         if len(blob) > MAX_STATE:
             _log.error(
-                "A rendezvous step of node %r made a state of %d bytes, over the store's limit "
-                "of %d; it is not stored.",
-                step.node,
+                "Rendezvous steps of %s made a state of %d bytes, over the store's limit of %d; "
+                "it is not stored.",
+                ", ".join(sorted({repr(step.node) for step, _ in steps})),
                 len(blob),
                 MAX_STATE,
             )
-            return 0.0
-        self.write(blob, new)
-        return step.hold(new)
+            return None
+        return self.write(blob, new)
+
+    def _one_by_one(
+        self, base: RendezvousState, steps: Sequence[tuple[Step, int]]
+    ) -> tuple[list[float], bool | None]:
+        decisive: bool | None = None
+        state = base
+        failed = set()
+        for i, (step, size) in enumerate(steps):
+            try:
+                new = step.run(state)
+            except Exception:
+                _log.exception("A rendezvous step of node %r failed; no change.", step.node)
+                failed.add(i)
+                continue
+            if new is not None:
+                stored = self._store(new, self._size + 4 * size + _GROWTH, [(step, size)])
+                if stored is not None:
+                    state = new
+                    decisive = bool(decisive) or stored
+        holds = [0.0 if i in failed else step.hold(state) for i, (step, _) in enumerate(steps)]
+        return holds, decisive

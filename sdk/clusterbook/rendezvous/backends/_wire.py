@@ -5,29 +5,23 @@ head too) talks to it through a :class:`~clusterbook.rendezvous.backends.tcp.Tcp
 sides share a per-cluster secret (:func:`write_secret` makes the token file, :func:`read_secret`
 reads it back). No pickle anywhere.
 
-Wire protocol (version 3). The connection is TLS 1.3: the server shows its self-signed
-certificate, and the client goes on only if its SHA-256 fingerprint is the one in the store's
-URL (:mod:`._tls`), so everything below is encrypted and goes to the head and nowhere else.
-Inside TLS, every frame is a 4-byte big-endian length and that many bytes. The handshake frames
-are small (at most 256 bytes)::
+Wire protocol (version 4). The connection is TLS 1.3 and nothing else protects it: the server
+shows its self-signed certificate, and the client goes on only if its SHA-256 fingerprint is the
+one in the store's URL (:mod:`._tls`), so everything below is encrypted, authenticated and goes
+to the head and nowhere else. Inside TLS, a message is a frame: a 4-byte big-endian length and
+that many bytes, at most :data:`MAX_FRAME`.
 
-    client -> server   MAGIC + client_nonce                      (nonces: 32 random bytes)
-    server -> client   MAGIC + server_nonce + HMAC(secret, "server proof" | cn | sn)
-    client -> server   HMAC(secret, "client proof" | cn | sn)
+The client's first frame is its hello, which proves it holds the cluster's secret (like a bearer
+token over HTTPS: only the pinned head ever sees it)::
 
-Each side checks the other's proof, so both prove they know the secret, which itself never
-crosses the wire: a client that knows the fingerprint (it is in the join URL) but not the secret
-is dropped before it can read or change anything. After the handshake every frame is
-``payload + tag``, with ``tag = HMAC(key, seq | payload)``: one key per direction derived from
-the secret and both nonces, ``seq`` counting that direction's frames. TLS already protects the
-records; the tags bind every frame to the secret as well, and keep the same framing for the
-head's control channel (:mod:`clusterbook.control`), which runs on 127.0.0.1 without TLS. A
-frame cannot be forged, altered, replayed, reordered or moved to another connection; the peer
-that tries is dropped. Frames hold at most :data:`MAX_FRAME` bytes.
+    client -> server   MAGIC + len:u16 + secret + node          (node: its id, "" for none)
+    server -> client   O        (accepted)   or   N, then the end (refused: another secret)
+
+Before the hello is accepted the server answers nothing and takes no frame over
+``_HELLO_MAX`` bytes, so a peer without the secret learns nothing and changes nothing.
 
 Requests (client payloads) and their replies::
 
-    H node              hello, the first request; announces the node id ("" for none) -> O
     G                   get                                   -> s has:u8 token:i64 state
     S spec state        compare-and-set                       -> r won:u8 token:i64 state
     U step              run a rendezvous step here            -> s has:u8 token:i64 state
@@ -35,20 +29,25 @@ Requests (client payloads) and their replies::
     D spec timeout:f64  long-poll watch for decisions         -> s has:u8 token:i64 state
     B                   goodbye: the server closes the connection without calling on_lost
 
-``spec`` is the caller's token: ``kind:u8 value:i64`` with kind 0 for None, 1 for an integer
-and 2 for anything else (it matches no stored token, so it never wins a write and a watch on it
-returns at once). ``step`` is a :class:`~clusterbook.rendezvous.step.Step` as JSON: the server
-runs it on the stored state under its lock and stores what it writes, so a node joins in one
-round trip however many join at once; while the step leaves its node waiting, the answer waits
-too, as a ``D`` would (up to the step's ``wait``). ``D`` waits like ``W`` but sleeps through
-writes that change no rendezvous decision (heartbeats, reports; see
-:func:`~clusterbook.rendezvous.ops.decisions_may_change`).
+One request at a time per connection: the next goes once the reply came (a goodbye may come
+while a watch waits). ``spec`` is the caller's token: ``kind:u8 value:i64`` with kind 0 for
+None, 1 for an integer and 2 for anything else (it matches no stored token, so it never wins a
+write and a watch on it returns at once). ``step`` is a
+:class:`~clusterbook.rendezvous.step.Step` as JSON: the server runs it on the stored state and
+stores what it writes, so a node joins in one round trip however many join at once; while the
+step leaves its node waiting, the answer waits too, as a ``D`` would (up to the step's
+``wait``). ``D`` waits like ``W`` but sleeps through writes that change no rendezvous decision
+(heartbeats, reports; see :func:`~clusterbook.rendezvous.ops.decisions_may_change`).
 
 Connection loss: when a connection that announced a node id ends without a goodbye (the process
 died, the machine vanished, the network broke), the server waits ``lost_grace`` seconds; unless
 the same node id connected again meanwhile, it calls ``on_lost(node, state)`` and writes what
 that returns as the new state, so the other nodes learn of the loss at once instead of after
 missed heartbeats.
+
+The same frames carry the head's control channel (:mod:`clusterbook.control`) on 127.0.0.1,
+where the operating system keeps the traffic from other users and the hello's secret keeps out
+whoever cannot read the cluster's directory.
 """
 
 from __future__ import annotations
@@ -56,14 +55,12 @@ from __future__ import annotations
 import errno
 import hmac
 import math
-import secrets
 import select
 import socket
 import ssl
 import struct
 import threading
 import time
-from hashlib import sha256
 from urllib.parse import parse_qs, urlsplit
 
 from clusterbook.errors import ConfigError
@@ -74,23 +71,24 @@ from clusterbook.rendezvous.backends._tls import check_fingerprint
 from clusterbook.spec import validate_seconds
 
 MAX_FRAME = 16 * 1024 * 1024
-"""The largest frame (payload and tag) either side sends or accepts, in bytes."""
+"""The largest frame (its payload) either side sends or accepts, in bytes."""
 
-_TAG = 32
 _LEN = struct.Struct(">I")
-_SEQ = struct.Struct(">Q")
+_SECRET_LEN = struct.Struct(">H")
 _SPEC = struct.Struct(">Bq")
 _HEAD = struct.Struct(">Bq")
 _SECONDS = struct.Struct(">d")
 
-MAX_STATE = MAX_FRAME - _TAG - 1 - _HEAD.size
+MAX_STATE = MAX_FRAME - 1 - _HEAD.size
 """The largest state the store holds, in bytes."""
 
-_MAGIC = b"CBRDZV2\n"
-_NONCE = 32
-_HANDSHAKE_MAX = 256
-_WATCH_MAX = 86400.0
+_MAGIC = b"CBRDZV4\n"
+_MAX_SECRET = 4096
 _MAX_NODE = 1024
+_HELLO_MAX = len(_MAGIC) + _SECRET_LEN.size + _MAX_SECRET + _MAX_NODE
+_ACCEPTED = b"O"
+_REFUSED = b"N"
+_WATCH_MAX = 86400.0
 
 _ANY, _NONE, _INT = 2, 0, 1
 _POLLIN = getattr(select, "POLLIN", 1)
@@ -98,11 +96,11 @@ _POLLOUT = getattr(select, "POLLOUT", 4)
 
 
 class _ProtocolError(Exception):
-    """The peer broke the protocol: bad frame, bad tag, unexpected message."""
+    """The peer broke the protocol: bad frame, unexpected message."""
 
 
 class _AuthFailed(Exception):
-    """The peer does not know the secret."""
+    """The peer does not hold the secret (or refused ours)."""
 
 
 class _PeerClosed(ConnectionError):
@@ -163,6 +161,32 @@ def _seconds(value: object, name: str, *, zero: bool = False) -> float:
     return seconds
 
 
+# --- the hello ------------------------------------------------------------------------------------
+
+
+def hello(secret: bytes, node: str | None) -> bytes:
+    """The client's first frame: the magic, its secret and its node id."""
+    if len(secret) > _MAX_SECRET:
+        raise ConfigError(f"The rendezvous secret is over {_MAX_SECRET} bytes.")
+    name = (node or "").encode("utf-8")
+    return _MAGIC + _SECRET_LEN.pack(len(secret)) + secret + name
+
+
+def check_hello(payload: bytes, secret: bytes) -> str | None:
+    """The node id a hello announces (None for none), if it holds ``secret``; raise
+    :class:`_ProtocolError` if it is no hello, :class:`_AuthFailed` if the secret differs."""
+    size = len(_MAGIC) + _SECRET_LEN.size
+    if len(payload) < size or not payload.startswith(_MAGIC):
+        raise _ProtocolError("not a clusterbook rendezvous client of this version")
+    (length,) = _SECRET_LEN.unpack_from(payload, len(_MAGIC))
+    shown, name = payload[size : size + length], payload[size + length :]
+    if len(shown) != length or len(name) > _MAX_NODE:
+        raise _ProtocolError("a malformed hello")
+    if not hmac.compare_digest(shown, secret):
+        raise _AuthFailed("the client's secret differs from the store's")
+    return name.decode("utf-8") or None
+
+
 # --- framing --------------------------------------------------------------------------------------
 
 
@@ -194,24 +218,9 @@ def _recv_exact(sock: socket.socket, size: int, deadline: float | None) -> bytes
     return bytes(buf)
 
 
-def _send_plain(sock: socket.socket, payload: bytes) -> None:
-    sock.sendall(_LEN.pack(len(payload)) + payload)
-
-
-def _recv_plain(sock: socket.socket, deadline: float | None) -> bytes:
-    (size,) = _LEN.unpack(_recv_exact(sock, _LEN.size, deadline))
-    if size > _HANDSHAKE_MAX:
-        raise _ProtocolError(f"handshake frame of {size} bytes")
-    return _recv_exact(sock, size, deadline)
-
-
-def _derive(secret: bytes, label: bytes, client_nonce: bytes, server_nonce: bytes) -> bytes:
-    message = b"clusterbook rendezvous v1 " + label + b"\x00" + client_nonce + server_nonce
-    return hmac.digest(secret, message, "sha256")
-
-
 class _Channel:
-    """Authenticated frames over a connected socket (see the module docstring).
+    """Frames over a connected socket (see the module docstring): TLS to the store, plain TCP on
+    127.0.0.1 for the control channel.
 
     Over TLS (an ``ssl.SSLSocket``, after its handshake) the socket is made non-blocking and
     every read and write of the TLS session takes one lock, waiting for the socket outside it:
@@ -219,48 +228,34 @@ class _Channel:
     not allow one session to be used by two threads at once.
     """
 
-    def __init__(self, sock: socket.socket, send_key: bytes, recv_key: bytes) -> None:
+    def __init__(self, sock: socket.socket) -> None:
         self.sock = sock
-        self._send_key = send_key
-        self._recv_key = recv_key
-        self._send_seq = 0
-        self._recv_seq = 0
         self._send_lock = threading.Lock()
         self._tls = isinstance(sock, ssl.SSLSocket)
         self._io_lock = threading.Lock()
         if self._tls:
             sock.setblocking(False)
 
-    def _tag(self, key: bytes, seq: int, payload: bytes) -> bytes:
-        mac = hmac.new(key, _SEQ.pack(seq), sha256)
-        mac.update(payload)
-        return mac.digest()
-
     def send(self, payload: bytes, deadline: float | None = None) -> None:
         """Send one frame; over TLS, raise :class:`TimeoutError` if it cannot go out by
         ``deadline`` (a plain socket keeps the timeout it has)."""
-        size = len(payload) + _TAG
-        if size > MAX_FRAME:
-            raise _ProtocolError(f"frame of {size} bytes is over the {MAX_FRAME}-byte limit")
+        if len(payload) > MAX_FRAME:
+            raise _ProtocolError(
+                f"frame of {len(payload)} bytes is over the {MAX_FRAME}-byte limit"
+            )
+        data = _LEN.pack(len(payload)) + payload
         with self._send_lock:
-            tag = self._tag(self._send_key, self._send_seq, payload)
-            self._send_seq += 1
-            data = b"".join((_LEN.pack(size), payload, tag))
             if self._tls:
                 self._send_tls(data, deadline)
             else:
                 self.sock.sendall(data)
 
-    def recv(self, deadline: float | None) -> bytes:
+    def recv(self, deadline: float | None, limit: int = MAX_FRAME) -> bytes:
+        """The next frame's payload (of at most ``limit`` bytes)."""
         (size,) = _LEN.unpack(self._recv_exact(_LEN.size, deadline))
-        if size < _TAG or size > MAX_FRAME:
-            raise _ProtocolError(f"frame of {size} bytes (limit {MAX_FRAME})")
-        body = self._recv_exact(size, deadline)
-        payload, tag = body[:-_TAG], body[-_TAG:]
-        if not hmac.compare_digest(tag, self._tag(self._recv_key, self._recv_seq, payload)):
-            raise _ProtocolError("frame with a bad tag (forged, altered or replayed)")
-        self._recv_seq += 1
-        return payload
+        if size > limit:
+            raise _ProtocolError(f"frame of {size} bytes (limit {limit})")
+        return self._recv_exact(size, deadline) if size else b""
 
     def readable(self) -> bool:
         """Whether a read would not wait: data (or the end of the connection) is there."""
@@ -328,41 +323,18 @@ def _wait(sock: socket.socket, event: int, deadline: float | None) -> None:
         raise TimeoutError("timed out")
 
 
-def _client_handshake(sock: socket.socket, secret: bytes, deadline: float | None) -> _Channel:
-    client_nonce = secrets.token_bytes(_NONCE)
-    _send_plain(sock, _MAGIC + client_nonce)
-    reply = _recv_plain(sock, deadline)
-    if len(reply) != len(_MAGIC) + _NONCE + 32 or not reply.startswith(_MAGIC):
-        raise _ProtocolError("the peer is not a clusterbook rendezvous store of this version")
-    server_nonce, proof = reply[len(_MAGIC) : -32], reply[-32:]
-    if not hmac.compare_digest(proof, _derive(secret, b"server proof", client_nonce, server_nonce)):
-        raise _AuthFailed("the store's secret differs from this client's")
-    _send_plain(sock, _derive(secret, b"client proof", client_nonce, server_nonce))
-    return _Channel(
-        sock,
-        send_key=_derive(secret, b"client to server", client_nonce, server_nonce),
-        recv_key=_derive(secret, b"server to client", client_nonce, server_nonce),
-    )
-
-
-def _server_handshake(sock: socket.socket, secret: bytes, deadline: float | None) -> _Channel:
-    hello = _recv_plain(sock, deadline)
-    if len(hello) != len(_MAGIC) + _NONCE or not hello.startswith(_MAGIC):
-        raise _ProtocolError("not a clusterbook rendezvous client of this version")
-    client_nonce = hello[len(_MAGIC) :]
-    server_nonce = secrets.token_bytes(_NONCE)
-    proof = _derive(secret, b"server proof", client_nonce, server_nonce)
-    _send_plain(sock, _MAGIC + server_nonce + proof)
-    answer = _recv_plain(sock, deadline)
-    if not hmac.compare_digest(
-        answer, _derive(secret, b"client proof", client_nonce, server_nonce)
-    ):
-        raise _AuthFailed("the client does not know the secret")
-    return _Channel(
-        sock,
-        send_key=_derive(secret, b"server to client", client_nonce, server_nonce),
-        recv_key=_derive(secret, b"client to server", client_nonce, server_nonce),
-    )
+def open_channel(sock: socket.socket, secret: bytes, node: str | None, deadline: float) -> _Channel:
+    """Say the hello on ``sock`` (connected, and for the store already in TLS with the pinned
+    certificate) and return its channel once the server accepted it; raise
+    :class:`_AuthFailed` when it refused the secret."""
+    chan = _Channel(sock)
+    chan.send(hello(secret, node), deadline)
+    answer = chan.recv(deadline, limit=1)
+    if answer == _REFUSED:
+        raise _AuthFailed("the store does not know this client's secret")
+    if answer != _ACCEPTED:
+        raise _ProtocolError("unexpected answer to the hello")
+    return chan
 
 
 def _tune(sock: socket.socket) -> None:

@@ -3,9 +3,9 @@
 The head runs a :class:`StoreServer` (from :mod:`.tcp_server`); every node (the head too) talks to
 it through a :class:`TcpBackend`. The traffic is TLS, with the server's self-signed certificate
 pinned by the fingerprint in the store's URL (``tcp://host:port?fingerprint=sha256:HEX``, see
-:mod:`._tls`); inside it, both sides prove they share a per-cluster secret (:func:`write_secret`
-makes the token file, :func:`read_secret` reads it back). The wire protocol is described in
-:mod:`clusterbook.rendezvous.backends._wire`.
+:mod:`._tls`); inside it, the client's first message shows the per-cluster secret
+(:func:`write_secret` makes the token file, :func:`read_secret` reads it back). The wire
+protocol is described in :mod:`clusterbook.rendezvous.backends._wire`.
 """
 
 from __future__ import annotations
@@ -34,14 +34,12 @@ from clusterbook.rendezvous.backends._wire import (
     _HEAD,
     _MAX_NODE,
     _SECONDS,
-    _TAG,
     _WATCH_MAX,
     MAX_FRAME,
     MAX_STATE,
     _AuthFailed,
     _Channel,
     _check_secret,
-    _client_handshake,
     _format_url,
     _PeerClosed,
     _ProtocolError,
@@ -49,18 +47,17 @@ from clusterbook.rendezvous.backends._wire import (
     _shutdown,
     _spec,
     _tune,
+    open_channel,
     parse_store_url,
     parse_url,
     read_secret,
     write_secret,
 )
 
-# Protocol internals that stay importable from here, where tests drive the handshake by hand.
+# Protocol internals that stay importable from here, where tests speak the protocol by hand.
 from clusterbook.rendezvous.backends._wire import _LEN as _LEN
 from clusterbook.rendezvous.backends._wire import _MAGIC as _MAGIC
-from clusterbook.rendezvous.backends._wire import _derive as _derive
-from clusterbook.rendezvous.backends._wire import _recv_plain as _recv_plain
-from clusterbook.rendezvous.backends._wire import _send_plain as _send_plain
+from clusterbook.rendezvous.backends._wire import hello as hello
 from clusterbook.rendezvous.backends.tcp_server import StoreServer
 from clusterbook.rendezvous.step import Step
 
@@ -155,7 +152,7 @@ class TcpBackend(RendezvousBackend):
         if not isinstance(change, Step):
             return super().update(change)
         request = b"U" + change.to_wire()
-        if len(request) + _TAG > MAX_FRAME:
+        if len(request) > MAX_FRAME:
             raise ConfigError(
                 f"The rendezvous step of node {change.node!r} is {len(request)} bytes; frames "
                 f"hold at most {MAX_FRAME} bytes (is its report that large?)."
@@ -227,14 +224,10 @@ class TcpBackend(RendezvousBackend):
             sock.close()
             raise
         try:
-            chan = _client_handshake(tls, self._secret, deadline)
-            chan.send(b"H" + (self._node or "").encode("utf-8"), deadline)
-            if chan.recv(deadline) != b"O":
-                raise _ProtocolError("unexpected answer to the hello")
+            return open_channel(tls, self._secret, self._node, deadline)
         except BaseException:
             tls.close()
             raise
-        return chan
 
     def _call(
         self,

@@ -1,84 +1,107 @@
 """The server side of the TCP rendezvous store: :class:`StoreServer`, which the head runs.
 
-It holds the state and its fencing token (a :class:`~._store.StateStore`), serves the requests
-of the protocol described in :mod:`clusterbook.rendezvous.backends._wire` over TLS with its own
-self-signed certificate (:mod:`._tls`; rendezvous steps run here, under the store's lock), and
-reports nodes whose connection was lost.
+It holds the state and its fencing token (a :class:`~._store.StateStore`) and serves the
+protocol described in :mod:`clusterbook.rendezvous.backends._wire` over TLS with its own
+self-signed certificate (:mod:`._tls`). One thread does it all, around one ``selectors``
+loop: TLS handshakes and reads that wait do not hold anyone up, a round that completes answers
+every waiting node from that thread without waking one thread per node, and the rendezvous
+steps read in one pass of the loop run as one batch on one copy of the state. It reports nodes
+whose connection was lost.
 """
 
 from __future__ import annotations
 
 import contextlib
+import heapq
+import itertools
 import logging
 import os
-import select
+import selectors
 import socket
 import ssl
 import threading
 import time
 from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
 
 from clusterbook.errors import ClusterStateError, ConfigError
 from clusterbook.rendezvous.backends._store import StateStore
-from clusterbook.rendezvous.backends._tls import (
-    Certificate,
-    make_certificate,
-    server_context,
-    server_handshake,
-    server_tls,
-)
+from clusterbook.rendezvous.backends._tls import Certificate, make_certificate, server_context
 from clusterbook.rendezvous.backends._wire import (
+    _ACCEPTED,
     _ANY,
     _HEAD,
+    _HELLO_MAX,
     _INT,
-    _MAX_NODE,
+    _LEN,
     _NONE,
+    _REFUSED,
     _SECONDS,
     _SPEC,
     _WATCH_MAX,
+    MAX_FRAME,
     MAX_STATE,
     _AuthFailed,
-    _Channel,
     _check_secret,
     _format_url,
-    _PeerClosed,
     _ProtocolError,
     _seconds,
-    _server_handshake,
     _shutdown,
     _tune,
+    check_hello,
 )
 from clusterbook.rendezvous.step import Step, StepFormatError
 from clusterbook.spec import validate_port
 
-__all__ = ["StoreServer"]
+__all__ = ["BATCH", "StoreServer"]
 
 # The store's records keep the logger name of the public module, where users configure it.
 _log = logging.getLogger("clusterbook.rendezvous.backends.tcp")
 
+BATCH = 1024
+"""The most rendezvous steps the server runs as one write (those read in one pass of its loop,
+in this many at a time)."""
 _HANDSHAKE_TIMEOUT = 10.0
-_POLL = 0.05
 _MAX_CONNECTIONS = 1024
-_LOST_ATTEMPTS = 100
 _JOIN = 5.0
+_READ = 256 * 1024  # bytes read from one connection at a time
+_CHUNK = 256 * 1024  # bytes written to one connection at a time
+
+_TLS, _HELLO, _OPEN = "tls", "hello", "open"
 
 
-class _Goodbye(Exception):
-    """The client said goodbye."""
+@dataclass(eq=False)
+class _Wait:
+    """A request held until the state changes (a watch, or a step that left its node waiting)."""
+
+    kind: int
+    value: int
+    decisions: bool
 
 
-class _Stopping(Exception):
-    """The server is closing."""
+@dataclass(eq=False)
+class _Conn:
+    sock: ssl.SSLSocket
+    phase: str = _TLS
+    node: str | None = None
+    announced: bool = False
+    busy: bool = False  # a request is being answered (a step in the batch, or a wait)
+    wait: _Wait | None = None
+    closing: bool = False  # close once what is queued went out
+    inbuf: bytearray = field(default_factory=bytearray)
+    outbuf: bytearray = field(default_factory=bytearray)
+    events: int = 0
 
 
 class StoreServer:
     """The rendezvous store the head serves: one state blob and its fencing token.
 
-    ``on_lost(node, state)`` is called (on a thread of the server) when the connection of a
-    node that announced its id ended without a goodbye and the node did not connect again within
-    ``lost_grace`` seconds; bytes it returns become the new state (a new token; watchers wake),
-    None leaves the state as it is. It is not called while no state was ever set. If the state
-    changes while it runs, it is called again with the newer state.
+    ``on_lost(node, state)`` is called (on the server's thread; it must not wait for the store)
+    when the connection of a node that announced its id ended without a goodbye and the node did
+    not connect again within ``lost_grace`` seconds; bytes it returns become the new state (a new
+    token; watchers wake), None leaves the state as it is. It is not called while no state was
+    ever set.
 
     The traffic is TLS: the server shows ``certificate``, by default a new self-signed one made
     here; its fingerprint is in :attr:`url`, which is what clients pin. Give the certificate of
@@ -117,22 +140,27 @@ class StoreServer:
             self._context = server_context(self._certificate)
         except (OSError, ValueError) as exc:
             raise ConfigError(f"The store server cannot use its certificate: {exc}.") from None
-        self._lock = threading.Lock()  # guards the store, the connections and the sessions
-        self._store = StateStore(self._lock)
+        self._lock = threading.Lock()  # guards the lifecycle and the sessions (read by others)
+        self._store = StateStore()
         self._closed = False
         self._listener: socket.socket | None = None
         self._address: tuple[str, int] | None = None
         self._wake: tuple[int, int] | None = None
-        self._accepter: threading.Thread | None = None
-        self._connections: dict[socket.socket, threading.Thread] = {}
+        self._selector: selectors.BaseSelector | None = None
+        self._thread: threading.Thread | None = None
+        self._connections: dict[int, _Conn] = {}
+        self._waiting: set[_Conn] = set()
+        self._steps: list[tuple[_Conn, Step, int]] = []
+        self._timers: list[tuple[float, int, Callable[..., None], tuple[Any, ...]]] = []
+        self._seq = itertools.count()
         self._live: dict[str, int] = {}
         self._generation: dict[str, int] = {}
-        self._timers: list[threading.Timer] = []
+        self._losses_pending = 0  # connections lost whose grace has not run out yet
 
     # lifecycle
 
     def start(self) -> StoreServer:
-        """Listen and serve on background threads; returns the server."""
+        """Listen and serve on a background thread; returns the server."""
         with self._lock:
             if self._closed:
                 raise ClusterStateError("This store server is closed; start a new StoreServer.")
@@ -150,7 +178,7 @@ class StoreServer:
             try:
                 listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
                 listener.bind(sockaddr)
-                listener.listen(128)
+                listener.listen(512)
                 listener.setblocking(False)
             except OSError as exc:
                 listener.close()
@@ -161,35 +189,26 @@ class StoreServer:
             self._listener = listener
             self._address = (self._host, listener.getsockname()[1])
             self._wake = os.pipe()
-            self._accepter = threading.Thread(
-                target=self._accept_loop, name="clusterbook-store-accept", daemon=True
+            os.set_blocking(self._wake[0], False)
+            selector = self._selector = selectors.DefaultSelector()
+            selector.register(listener, selectors.EVENT_READ, "listener")
+            selector.register(self._wake[0], selectors.EVENT_READ, "wake")
+            self._thread = threading.Thread(
+                target=self._loop, name="clusterbook-store", daemon=True
             )
-            self._accepter.start()
+            self._thread.start()
         return self
 
     def close(self) -> None:
-        """Stop serving: close every connection and join the server's threads. Idempotent."""
+        """Stop serving: close every connection and join the server's thread. Idempotent."""
         with self._lock:
             first = not self._closed
             self._closed = True
-            self._store.wake_all()
-            for sock in self._connections:
-                with contextlib.suppress(OSError):
-                    _shutdown(sock, socket.SHUT_RDWR)
-            threads = list(self._connections.values())
-            timers = list(self._timers)
-        if first and self._wake is not None:
-            os.write(self._wake[1], b"x")
-        for timer in timers:
-            timer.cancel()
-        for thread in [self._accepter, *threads, *timers]:
-            if thread is not None and thread is not threading.current_thread():
-                thread.join(_JOIN)
-        with self._lock:
-            wake, self._wake = self._wake, None
-        if wake is not None:
-            for fd in wake:
-                os.close(fd)
+            wake, thread = self._wake, self._thread
+        if first and wake is not None:
+            os.write(wake[1], b"x")
+        if thread is not None and thread is not threading.current_thread():
+            thread.join(_JOIN)
 
     def __enter__(self) -> StoreServer:
         return self.start()
@@ -225,152 +244,329 @@ class StoreServer:
         with self._lock:
             return frozenset(self._live)
 
+    # the loop
+
+    def _loop(self) -> None:
+        selector = self._selector
+        assert selector is not None
+        try:
+            while not self._closed:
+                for key, mask in selector.select(self._timeout()):
+                    if key.data == "listener":
+                        self._accept()
+                    elif key.data == "wake":
+                        with contextlib.suppress(OSError):
+                            os.read(key.fd, 4096)
+                    else:
+                        self._events(key.data, mask)
+                self._run_steps()
+                self._fire_timers()
+        except Exception:
+            _log.exception("The rendezvous store stopped on an error; it serves no more.")
+        finally:
+            self._shut()
+
+    def _shut(self) -> None:
+        with self._lock:
+            self._closed = True
+            self._live.clear()
+        for conn in list(self._connections.values()):
+            with contextlib.suppress(OSError):
+                _shutdown(conn.sock, socket.SHUT_RDWR)
+            conn.sock.close()
+        self._connections.clear()
+        self._waiting.clear()
+        self._timers.clear()
+        assert self._selector is not None
+        assert self._listener is not None
+        self._selector.close()
+        self._listener.close()
+        with self._lock:
+            wake, self._wake = self._wake, None
+        if wake is not None:
+            for fd in wake:
+                os.close(fd)
+
+    def _timeout(self) -> float | None:
+        if self._steps:
+            return 0.0
+        if not self._timers:
+            return None
+        return max(0.0, self._timers[0][0] - time.monotonic())
+
+    def _later(self, delay: float, callback: Callable[..., None], *args: Any) -> None:
+        heapq.heappush(self._timers, (time.monotonic() + delay, next(self._seq), callback, args))
+
+    def _fire_timers(self) -> None:
+        now = time.monotonic()
+        while self._timers and self._timers[0][0] <= now:
+            _, _, callback, args = heapq.heappop(self._timers)
+            callback(*args)
+
     # connections
 
-    def _accept_loop(self) -> None:
-        listener, wake = self._listener, self._wake
-        assert listener is not None
-        assert wake is not None
-        poller = select.poll()
-        poller.register(listener, select.POLLIN)
-        poller.register(wake[0], select.POLLIN)
-        try:
-            while True:
-                events = dict(poller.poll())
-                if wake[0] in events:
-                    return
-                try:
-                    sock, _ = listener.accept()
-                except (BlockingIOError, InterruptedError, ConnectionAbortedError):
-                    continue
-                except OSError as exc:
-                    _log.warning("The rendezvous store could not accept a connection: %s", exc)
-                    time.sleep(0.1)
-                    continue
-                try:  # no handshake yet: that is the connection's thread's work
-                    sock = server_tls(self._context, sock)
-                except (OSError, ValueError) as exc:
-                    _log.info("The rendezvous store dropped a connection: %s", exc)
-                    sock.close()
-                    continue
-                with self._lock:
-                    if self._closed or len(self._connections) >= _MAX_CONNECTIONS:
-                        sock.close()
-                        continue
-                    thread = threading.Thread(
-                        target=self._serve, args=(sock,), name="clusterbook-store-conn", daemon=True
-                    )
-                    self._connections[sock] = thread
-                    thread.start()
-        finally:
-            listener.close()
-
-    def _serve(self, sock: ssl.SSLSocket) -> None:
-        node: str | None = None
-        announced = clean = False
-        try:
-            sock.settimeout(_HANDSHAKE_TIMEOUT)
-            _tune(sock)
-            deadline = time.monotonic() + _HANDSHAKE_TIMEOUT
-            server_handshake(sock, deadline)
-            chan = _server_handshake(sock, self._secret, deadline)
-            hello = chan.recv(deadline)
-            if hello[:1] != b"H" or len(hello) > 1 + _MAX_NODE:
-                raise _ProtocolError("expected a hello")
-            node = hello[1:].decode("utf-8") or None
-            self._session_started(node)
-            announced = True
-            chan.send(b"O")
-            while True:
-                request = chan.recv(None)
-                if request == b"B":
-                    clean = True
-                    return
-                chan.send(self._handle(chan, request))
-        except _Goodbye:
-            clean = True
-        except _AuthFailed:
-            _log.warning("The rendezvous store refused a client: authentication failed.")
-        except (_Stopping, _PeerClosed):
-            pass
-        except (OSError, _ProtocolError, UnicodeDecodeError) as exc:
-            _log.info("The rendezvous store dropped a connection: %s", exc)
-        finally:
-            if announced:
-                self._session_ended(node, clean)
-            with self._lock:
-                self._connections.pop(sock, None)
+    def _accept(self) -> None:
+        assert self._listener is not None
+        assert self._selector is not None
+        while True:
+            try:
+                sock, _ = self._listener.accept()
+            except (BlockingIOError, InterruptedError):
+                return
+            except ConnectionAbortedError:
+                continue
+            except OSError as exc:  # out of file descriptors, say: try again later
+                _log.warning("The rendezvous store could not accept a connection: %s", exc)
+                return
+            if len(self._connections) >= _MAX_CONNECTIONS:
                 sock.close()
+                continue
+            try:
+                _tune(sock)
+                sock.setblocking(False)
+                tls = self._context.wrap_socket(
+                    sock, server_side=True, do_handshake_on_connect=False
+                )
+            except (OSError, ValueError) as exc:
+                _log.info("The rendezvous store dropped a connection: %s", exc)
+                sock.close()
+                continue
+            conn = _Conn(tls)
+            self._connections[tls.fileno()] = conn
+            self._interest(conn, selectors.EVENT_READ)
+            self._later(_HANDSHAKE_TIMEOUT, self._handshake_timeout, conn)
+            self._handshake(conn)
 
-    def _handle(self, chan: _Channel, request: bytes) -> bytes:
-        op, body = request[:1], request[1:]
+    def _interest(self, conn: _Conn, events: int) -> None:
+        assert self._selector is not None
+        if events == conn.events:
+            return
+        if conn.events:
+            self._selector.modify(conn.sock, events, conn)
+        else:
+            self._selector.register(conn.sock, events, conn)
+        conn.events = events
+
+    def _wanted(self, conn: _Conn) -> int:
+        events = 0 if conn.closing else selectors.EVENT_READ
+        return events | (selectors.EVENT_WRITE if conn.outbuf else 0)
+
+    def _events(self, conn: _Conn, mask: int) -> None:
+        if conn.phase == _TLS:
+            self._handshake(conn)
+            return
+        if mask & selectors.EVENT_WRITE:
+            self._flush(conn)
+        if mask & selectors.EVENT_READ and conn.sock.fileno() >= 0:
+            self._read(conn)
+
+    def _handshake(self, conn: _Conn) -> None:
+        try:
+            conn.sock.do_handshake()
+        except ssl.SSLWantReadError:
+            self._interest(conn, selectors.EVENT_READ)
+            return
+        except ssl.SSLWantWriteError:
+            self._interest(conn, selectors.EVENT_READ | selectors.EVENT_WRITE)
+            return
+        except (OSError, ValueError) as exc:  # ssl.SSLError is an OSError
+            _log.info("The rendezvous store dropped a connection: %s", exc)
+            self._end(conn, clean=False)
+            return
+        conn.phase = _HELLO
+        self._interest(conn, selectors.EVENT_READ)
+        self._read(conn)  # the hello may have come with the handshake's last flight
+
+    def _handshake_timeout(self, conn: _Conn) -> None:
+        if conn.phase != _OPEN and conn.sock.fileno() >= 0:
+            _log.info("The rendezvous store dropped a connection: no hello in time.")
+            self._end(conn, clean=False)
+
+    def _read(self, conn: _Conn) -> None:
+        while not conn.closing:
+            try:
+                data = conn.sock.recv(_READ)
+            except (ssl.SSLWantReadError, BlockingIOError):
+                return
+            except ssl.SSLWantWriteError:
+                self._interest(conn, selectors.EVENT_READ | selectors.EVENT_WRITE)
+                return
+            except (OSError, ValueError) as exc:
+                _log.info("The rendezvous store dropped a connection: %s", exc)
+                self._end(conn, clean=False)
+                return
+            if not data:
+                self._end(conn, clean=False)
+                return
+            conn.inbuf += data
+            try:
+                self._frames(conn)
+            except (_ProtocolError, UnicodeDecodeError) as exc:
+                _log.info("The rendezvous store dropped a connection: %s", exc)
+                self._end(conn, clean=False)
+                return
+            if conn.sock.fileno() < 0:
+                return
+
+    def _frames(self, conn: _Conn) -> None:
+        buf = conn.inbuf
+        while len(buf) >= _LEN.size and conn.sock.fileno() >= 0 and not conn.closing:
+            (size,) = _LEN.unpack_from(buf)
+            limit = _HELLO_MAX if conn.phase == _HELLO else MAX_FRAME
+            if size > limit:
+                raise _ProtocolError(f"frame of {size} bytes (limit {limit})")
+            end = _LEN.size + size
+            if len(buf) < end:
+                return
+            payload = bytes(buf[_LEN.size : end])
+            del buf[:end]
+            self._frame(conn, payload)
+
+    def _frame(self, conn: _Conn, payload: bytes) -> None:
+        if conn.phase == _HELLO:
+            try:
+                node = check_hello(payload, self._secret)
+            except _AuthFailed:
+                _log.warning("The rendezvous store refused a client: authentication failed.")
+                self._send(conn, _REFUSED)
+                conn.closing = True
+                self._after_send(conn)
+                return
+            conn.node, conn.phase, conn.announced = node, _OPEN, True
+            self._session_started(node)
+            self._send(conn, _ACCEPTED)
+            return
+        if payload == b"B":
+            self._end(conn, clean=True)
+            return
+        if conn.busy:
+            raise _ProtocolError("a request while another is answered")
+        op, body = payload[:1], payload[1:]
+        store = self._store
         if op == b"G" and not body:
-            with self._lock:
-                return self._reply_state()
-        if op == b"U":
+            self._send(conn, self._reply_state())
+        elif op == b"U":
             try:
                 step = Step.from_wire(body)
             except StepFormatError as exc:
                 raise _ProtocolError(str(exc)) from None
-            with self._lock:
-                try:
-                    hold = self._store.run(step, len(body))
-                except Exception:
-                    _log.exception("A rendezvous step of node %r failed; no change.", step.node)
-                    hold = 0.0
-                if hold <= 0:
-                    return self._reply_state()
-                token = self._store.token
-            # The step left its node waiting: answer once that may have changed.
-            return self._watch(chan, _INT, token, hold, decisions=True)
-        if op in (b"S", b"W", b"D") and len(body) >= _SPEC.size:
+            conn.busy = True
+            self._steps.append((conn, step, len(body)))
+        elif op in (b"S", b"W", b"D") and len(body) >= _SPEC.size:
             kind, value = _SPEC.unpack_from(body)
             if kind not in (_NONE, _INT, _ANY):
                 raise _ProtocolError(f"token kind {kind}")
             if op == b"S":
-                return self._set(kind, value, body[_SPEC.size :])
-            if len(body) == _SPEC.size + _SECONDS.size:
+                decisive = store.compare_and_set(kind, value, body[_SPEC.size :])
+                current = store.current()
+                won = decisive is not None
+                state = current[0] if current else b""
+                self._send(conn, b"r" + _HEAD.pack(won, store.token) + state)
+                if won:
+                    self._changed()
+            elif len(body) == _SPEC.size + _SECONDS.size:
                 (timeout,) = _SECONDS.unpack_from(body, _SPEC.size)
-                return self._watch(chan, kind, value, timeout, decisions=op == b"D")
-        raise _ProtocolError(f"unexpected request {op!r} of {len(request)} bytes")
+                self._hold(conn, _Wait(kind, value, op == b"D"), timeout)
+            else:
+                raise _ProtocolError(f"a watch of {len(body)} bytes")
+        else:
+            raise _ProtocolError(f"unexpected request {op!r} of {len(payload)} bytes")
+
+    def _send(self, conn: _Conn, payload: bytes) -> None:
+        conn.outbuf += _LEN.pack(len(payload))
+        conn.outbuf += payload
+        self._flush(conn)
+
+    def _flush(self, conn: _Conn) -> None:
+        out = conn.outbuf
+        while out:
+            chunk = memoryview(out)[:_CHUNK]
+            try:
+                sent = conn.sock.send(chunk)
+            except (ssl.SSLWantWriteError, BlockingIOError):
+                break
+            except ssl.SSLWantReadError:
+                break
+            except (OSError, ValueError) as exc:
+                chunk.release()
+                _log.info("The rendezvous store dropped a connection: %s", exc)
+                self._end(conn, clean=False)
+                return
+            chunk.release()
+            del out[:sent]
+        self._after_send(conn)
+
+    def _after_send(self, conn: _Conn) -> None:
+        if conn.sock.fileno() < 0:
+            return
+        if conn.closing and not conn.outbuf:
+            self._end(conn, clean=False)
+        else:
+            self._interest(conn, self._wanted(conn))
+
+    def _end(self, conn: _Conn, *, clean: bool) -> None:
+        """Close ``conn``; a node's connection that ended without a goodbye is lost."""
+        if self._connections.pop(conn.sock.fileno(), None) is None:
+            return
+        self._waiting.discard(conn)
+        conn.wait = None
+        if conn.events:
+            assert self._selector is not None
+            self._selector.unregister(conn.sock)
+        if conn.announced:  # before the close: a client that saw it gone finds the node gone
+            self._session_ended(conn.node, clean)
+        conn.sock.close()
 
     # the store
 
     def _reply_state(self) -> bytes:
-        """The stored state as an ``s`` reply (call with the lock held)."""
+        """The stored state as an ``s`` reply."""
         current = self._store.current()
         if current is None:
             return b"s" + _HEAD.pack(0, 0)
         return b"s" + _HEAD.pack(1, current[1]) + current[0]
 
-    def _set(self, kind: int, value: int, state: bytes) -> bytes:
-        with self._lock:
-            won = self._store.compare_and_set(kind, value, state)
-            current = self._store.current()
-            return b"r" + _HEAD.pack(won, self._store.token) + (current[0] if current else b"")
-
-    def _watch(
-        self, chan: _Channel, kind: int, value: int, timeout: float, *, decisions: bool
-    ) -> bytes:
+    def _hold(self, conn: _Conn, wait: _Wait, timeout: float) -> None:
+        """Answer ``conn`` once ``wait`` is settled, or after ``timeout`` seconds."""
         timeout = min(_WATCH_MAX, timeout) if timeout > 0 else 0.0  # NaN -> 0
-        deadline = time.monotonic() + timeout
-        store = self._store
-        while True:
-            with self._lock:
-                for waited in (False, True):
-                    if self._closed:
-                        raise _Stopping
-                    left = deadline - time.monotonic()
-                    if store.settled(kind, value, decisions=decisions) or left <= 0:
-                        return self._reply_state()
-                    if not waited:
-                        store.wait(min(left, _POLL), decisions=decisions)
-            # A waiting client sends nothing but a goodbye: notice it, or the end of the
-            # connection, while waiting, so a node that dies in a watch is seen as lost.
-            if chan.readable():
-                if chan.recv(None) == b"B":
-                    raise _Goodbye
-                raise _ProtocolError("a request during a watch")
+        if timeout <= 0 or self._store.settled(wait.kind, wait.value, decisions=wait.decisions):
+            conn.busy = False
+            self._send(conn, self._reply_state())
+            return
+        conn.busy, conn.wait = True, wait
+        self._waiting.add(conn)
+        self._later(timeout, self._release, conn, wait)
+
+    def _release(self, conn: _Conn, wait: _Wait) -> None:
+        if conn.wait is wait:
+            self._answer(conn)
+
+    def _answer(self, conn: _Conn) -> None:
+        self._waiting.discard(conn)
+        conn.wait, conn.busy = None, False
+        self._send(conn, self._reply_state())
+
+    def _changed(self) -> None:
+        """After a write: answer every held request it settles."""
+        settled = self._store.settled
+        for conn in [
+            c
+            for c in self._waiting
+            if c.wait is not None and settled(c.wait.kind, c.wait.value, decisions=c.wait.decisions)
+        ]:
+            self._answer(conn)
+
+    def _run_steps(self) -> None:
+        while self._steps:
+            batch, self._steps = self._steps[:BATCH], self._steps[BATCH:]
+            holds, decisive = self._store.run([(step, size) for _, step, size in batch])
+            if decisive is not None:
+                self._changed()
+            token = self._store.token
+            for (conn, _, _), hold in zip(batch, holds, strict=True):
+                if conn.sock.fileno() >= 0:
+                    # Its node waits: answer once that may have changed, or after ``hold``.
+                    self._hold(conn, _Wait(_INT, token, decisions=True), hold)
 
     # sessions
 
@@ -390,51 +586,34 @@ class StoreServer:
                 self._live[node] = left
                 return
             self._live.pop(node, None)
-            if clean or self._closed or self._on_lost is None:
-                return
-            timer = threading.Timer(
-                self._lost_grace, self._lost, args=(node, self._generation.get(node, 0))
-            )
-            timer.name = "clusterbook-store-lost"
-            timer.daemon = True
-            self._timers = [t for t in self._timers if t.is_alive()]
-            self._timers.append(timer)
-            timer.start()
-
-    def _still_lost(self, node: str, generation: int) -> bool:
-        return (
-            not self._closed
-            and node not in self._live
-            and self._generation.get(node, 0) == generation
-        )
+            generation = self._generation.get(node, 0)
+        if not clean and not self._closed and self._on_lost is not None:
+            self._losses_pending += 1
+            self._later(self._lost_grace, self._lost, node, generation)
 
     def _lost(self, node: str, generation: int) -> None:
         assert self._on_lost is not None
-        for _ in range(_LOST_ATTEMPTS):
-            with self._lock:
-                current = self._store.current()
-                if not self._still_lost(node, generation) or current is None:
-                    return
-                state, token = current
-            try:
-                new = self._on_lost(node, state)
-            except Exception:
-                _log.exception("on_lost(%r) failed; the state is left as it was.", node)
+        self._losses_pending -= 1
+        with self._lock:
+            if self._closed or node in self._live or self._generation.get(node) != generation:
                 return
-            if new is None:
-                return
-            if not isinstance(new, bytes) or len(new) > MAX_STATE:
-                _log.error(
-                    "on_lost(%r) returned %s, not bytes of at most %d; the state is left as is.",
-                    node,
-                    type(new).__name__,
-                    MAX_STATE,
-                )
-                return
-            with self._lock:
-                if not self._still_lost(node, generation):
-                    return
-                if self._store.token == token:
-                    self._store.write(new)
-                    return
-        _log.warning("on_lost(%r): the state kept changing; gave up.", node)
+        current = self._store.current()
+        if current is None:
+            return
+        try:
+            new = self._on_lost(node, current[0])
+        except Exception:
+            _log.exception("on_lost(%r) failed; the state is left as it was.", node)
+            return
+        if new is None:
+            return
+        if not isinstance(new, bytes) or len(new) > MAX_STATE:
+            _log.error(
+                "on_lost(%r) returned %s, not bytes of at most %d; the state is left as is.",
+                node,
+                type(new).__name__,
+                MAX_STATE,
+            )
+            return
+        self._store.write(new)
+        self._changed()
