@@ -15,7 +15,7 @@ import json
 import os
 import socket
 import tempfile
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import dataclass, field, fields, is_dataclass
 from pathlib import Path
 from typing import Any
 
@@ -98,7 +98,8 @@ class ClusterRecord:
         return self.state in LIVE_STATES
 
     def to_json(self) -> str:
-        return json.dumps(asdict(self), indent=1, sort_keys=True)
+        # As json.dumps(asdict(self)) writes it, without asdict's deep copy of every value.
+        return json.dumps(self, default=_fields, indent=1, sort_keys=True)
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> ClusterRecord:
@@ -112,6 +113,13 @@ class ClusterRecord:
         if not isinstance(args.get("created"), (int, float)):
             raise ValueError("no created time")
         return cls(**args)
+
+
+def _fields(obj: object) -> dict[str, Any]:
+    """A dataclass's fields by name, for json.dumps (which then goes into the values)."""
+    if is_dataclass(obj) and not isinstance(obj, type):
+        return {name: getattr(obj, name) for name in obj.__dataclass_fields__}
+    raise TypeError(f"{type(obj).__name__} is not a record's value")
 
 
 def _node(data: dict[str, Any]) -> NodeStatus:

@@ -90,6 +90,22 @@ def test_changed_key_of_same_or_other_type_is_refused(tmp_path):
         KnownHosts(path).check("node1", 22, R)
 
 
+def test_a_known_hosts_file_is_read_again_once_it_changed(tmp_path):
+    # Parsed files are kept while unchanged: a rewrite of the same size, even within the same
+    # second, is still seen.
+    kh = tmp_path / "known_hosts"
+    kh.write_text(f"node1 {A.type} {A.blob}\n")
+    policy = KnownHosts(kh)
+    policy.check("node1", 22, A)
+    kh.write_text(f"node1 {B.type} {B.blob}\n")
+    with pytest.raises(cb.HostKeyChangedError):
+        policy.check("node1", 22, A)
+    policy.check("node1", 22, B)
+    kh.unlink()
+    with pytest.raises(cb.HostKeyUnknownError):
+        policy.check("node1", 22, B)
+
+
 def test_revoked_key_is_refused_even_if_also_listed(tmp_path):
     path = tmp_path / "kh"
     path.write_text(f"@revoked node1 {A.type} {A.blob}\nnode1 {A.type} {A.blob}\n")

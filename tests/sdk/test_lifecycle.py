@@ -10,7 +10,7 @@ import socket
 import subprocess
 import sys
 import time
-from dataclasses import replace
+from dataclasses import asdict, replace
 from pathlib import Path
 
 import pytest
@@ -94,6 +94,20 @@ def _record(tmp_path: Path, **changes: object) -> ClusterRecord:
         nodes=(NodeStatus("n0", "localhost", 2, "ready"),),
     )  # fmt: skip
     return replace(base, **changes)  # type: ignore[arg-type]
+
+
+def test_a_record_is_written_as_its_fields_and_read_back_whole(tmp_path) -> None:
+    job = JobEntry(
+        "job-0001", "failed", str(tmp_path / "j"), 2, ("python", "x.py"), failed_ranks=(1,)
+    )
+    record = _record(
+        tmp_path, jobs=(job,), extra={"facts": {"n0": {"gpus": [], "load": [0.5, None]}}}
+    )
+    assert json.loads(record.to_json()) == json.loads(json.dumps(asdict(record)))
+    write_record(record)
+    assert read_record(tmp_path) == record
+    with pytest.raises(TypeError, match="not a record's value"):
+        replace(record, extra={"when": object()}).to_json()
 
 
 class Clock:

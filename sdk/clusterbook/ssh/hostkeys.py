@@ -16,6 +16,7 @@ negations and the ``@revoked`` marker.
 from __future__ import annotations
 
 import base64
+import functools
 import hashlib
 import hmac
 import os
@@ -78,10 +79,21 @@ class _Entry:
     where: str
 
 
-def _glob(pattern: str, name: str) -> bool:
+@functools.lru_cache(maxsize=4096)
+def _compiled(pattern: str) -> re.Pattern[str] | str:
+    """A pattern as a regex, or lower-cased when it has no wildcard (then it is a name)."""
+    if "*" not in pattern and "?" not in pattern:
+        return pattern.lower()
     # OpenSSH patterns know only * and ?; "[host]:port" brackets are literal.
     regex = "".join(".*" if c == "*" else "." if c == "?" else re.escape(c) for c in pattern)
-    return re.fullmatch(regex, name, re.IGNORECASE) is not None
+    return re.compile(regex, re.IGNORECASE)
+
+
+def _glob(pattern: str, name: str) -> bool:
+    compiled = _compiled(pattern)
+    if isinstance(compiled, str):
+        return compiled == name.lower()
+    return compiled.fullmatch(name) is not None
 
 
 def _matches(patterns: tuple[str, ...], name: str) -> bool:
@@ -103,11 +115,29 @@ def _matches(patterns: tuple[str, ...], name: str) -> bool:
     return hit
 
 
+_parsed: dict[Path, tuple[tuple[int, int, int, int], list[_Entry]]] = {}
+
+
 def _read(path: Path) -> list[_Entry]:
+    """The entries of a known_hosts file, parsed again only when the file changed."""
     try:
-        text = path.read_text(encoding="utf-8", errors="replace")
+        with path.open("rb") as f:
+            st = os.fstat(f.fileno())
+            signature = (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
+            cached = _parsed.get(path)
+            if cached is not None and cached[0] == signature:
+                return cached[1]
+            text = f.read().decode("utf-8", errors="replace")
     except FileNotFoundError:
         return []
+    entries = _parse(path, text)
+    if len(_parsed) >= 64:  # one file a cluster: a long-lived kernel makes many
+        _parsed.clear()
+    _parsed[path] = (signature, entries)
+    return entries
+
+
+def _parse(path: Path, text: str) -> list[_Entry]:
     entries = []
     for number, raw in enumerate(text.splitlines(), 1):
         fields = raw.split()

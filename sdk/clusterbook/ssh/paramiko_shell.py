@@ -367,7 +367,7 @@ class ParamikoShell:
                         host=self.host,
                     )
                 if not got:
-                    select.select([chan], [], [], 0.01)
+                    select.select([chan], [], [], _WAIT)
             code = chan.recv_exit_status()
         except SSHError:
             raise
@@ -420,6 +420,10 @@ def _send_all(chan: paramiko.Channel, data: bytes) -> None:
 
 
 _SEND_SLICE = 1 << 20
+#: The longest wait for a channel between looks at it. A channel's file number becomes readable
+#: when data, its end or its close comes in, so the loops below wake for those at once; this
+#: bounds only the rest (an exit status alone, a deadline), and how often an idle wait wakes.
+_WAIT = 0.2
 
 
 class _Process:
@@ -469,7 +473,7 @@ class _Process:
                 raise SSHTimeoutError(
                     f"No data from {self.host} within {timeout:g} s.", host=self.host
                 )
-            select.select([self._chan], [], [], 0.01)
+            select.select([self._chan], [], [], _WAIT)
         return take(self._buf, size)
 
     def readline(self, timeout: float) -> bytes:
@@ -485,14 +489,16 @@ class _Process:
                     break
                 self._buf += chunk
                 continue
-            if self._chan.exit_status_ready() and not self._chan.recv_ready():
+            if (
+                self._chan.exit_status_ready() or self._chan.eof_received
+            ) and not self._chan.recv_ready():
                 break
             if time.monotonic() > deadline:
                 raise SSHTimeoutError(
                     f"No answer from the bootstrap step on {self.host} within {timeout:g} s.",
                     host=self.host,
                 )
-            select.select([self._chan], [], [], 0.01)
+            select.select([self._chan], [], [], _WAIT)
         if nl < 0:
             line, self._buf = bytes(self._buf), bytearray()
             return line
@@ -507,7 +513,7 @@ class _Process:
             while not self._chan.exit_status_ready() and time.monotonic() < deadline:
                 while self._chan.recv_stderr_ready():
                     self._err += self._chan.recv_stderr(65536)
-                select.select([self._chan], [], [], 0.01)
+                select.select([self._chan], [], [], _WAIT)
                 while self._chan.recv_ready():
                     self._chan.recv(65536)
             while self._chan.recv_stderr_ready():
