@@ -425,7 +425,7 @@ class Clusterbook:
     def __init__(self, workdir: Path) -> None:
         from clusterbook.rendezvous.backends.tcp import write_secret
 
-        self.secret_file = workdir / "token"
+        self.secret_file = workdir / f"{self.name}-token"
         self.secret = write_secret(self.secret_file)
 
     @contextlib.contextmanager
