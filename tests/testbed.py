@@ -316,6 +316,16 @@ def _running(pid: int) -> bool:
         return False
 
 
+#: The process name (comm) of a node's agent that is a fork of its bootstrap session: its
+#: command line is the session's (``python -c SOURCE session``), not ``... worker join ...``.
+AGENT_NAME = "cb-agent"
+
+
+def is_agent(proc: psutil.Process) -> bool:
+    """Whether ``proc`` is a cluster's agent on a node: forked (by its name) or started."""
+    return proc.name() == AGENT_NAME or "worker" in proc.cmdline()
+
+
 def make_testbed(n: int, directory: Path) -> Testbed:
     """Make ``n`` fake hosts node1..nodeN, each answering ssh on 10.77.N.(10+i) port 22.
 

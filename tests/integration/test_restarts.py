@@ -16,7 +16,7 @@ import pytest
 
 import clusterbook as cb
 from tests.conftest import ranks_started, require
-from tests.testbed import FakeHost
+from tests.testbed import FakeHost, is_agent
 from tests.testbed import testbed as fake_hosts
 
 pytestmark = [pytest.mark.root, pytest.mark.sshd, pytest.mark.mpi]
@@ -47,7 +47,7 @@ def kill_agent(host: FakeHost) -> None:
     killed = 0
     for pid in host.processes():
         with contextlib.suppress(psutil.Error):
-            if "worker" in psutil.Process(pid).cmdline():
+            if is_agent(psutil.Process(pid)):
                 os.kill(pid, signal.SIGKILL)
                 killed += 1
     assert killed, f"no agent found on {host.name}"

@@ -7,6 +7,7 @@ import contextlib
 import getpass
 import json
 import stat
+import sys
 import time
 import warnings
 
@@ -16,6 +17,7 @@ import pytest
 import clusterbook as cb
 from clusterbook.paths import cluster_dir as head_dir
 from clusterbook.paths import default_run_root
+from tests.testbed import AGENT_NAME
 from tests.testbed import testbed as fake_hosts
 
 pytestmark = [pytest.mark.root, pytest.mark.sshd, pytest.mark.mpi]
@@ -101,6 +103,19 @@ def test_mpirun_across_hosts_and_clean_stop(testbed, mpi_python, tmp_path):
         assert frame.host.tolist() == [h.name for h in testbed.hosts]
         assert set(frame.state) == {"joined"}
         assert frame.heartbeat_age.notna().all()
+        # A node whose Python has clusterbook starts one interpreter: its agent is a fork of
+        # its bootstrap session (same command line), named for what it is and tagged as the
+        # cluster's agents; else (MPICH's venv here) the agent is a Python of its own.
+        for pid in frame.pid:
+            agent = psutil.Process(int(pid))
+            assert agent.environ()["CLUSTERBOOK_JOB"] == f"{cluster.name}-agents"
+            if mpi_python == sys.executable:
+                assert agent.name() == AGENT_NAME
+                assert agent.cmdline()[0] == mpi_python
+                assert agent.cmdline()[-1] == "session"
+            else:
+                exec_argv = [sys.executable, "-m", "clusterbook.cli", "worker", "join"]
+                assert agent.cmdline()[:5] == exec_argv
     for h in testbed.hosts:
         assert not cluster_dir(h, cluster).exists()
         keys = h.authorized_keys.read_text()

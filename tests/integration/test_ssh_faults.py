@@ -25,7 +25,7 @@ from clusterbook import _node_tasks
 from clusterbook.rendezvous.agent import HEAD_LEASE, parse_join_url
 from clusterbook.rendezvous.backends.tcp import TcpBackend, read_secret
 from tests.conftest import mpi_debris
-from tests.testbed import FakeHost, Testbed
+from tests.testbed import AGENT_NAME, FakeHost, Testbed, is_agent
 from tests.testbed import testbed as fake_hosts
 
 pytestmark = [pytest.mark.root, pytest.mark.sshd, pytest.mark.mpi]
@@ -62,7 +62,10 @@ def strays(bed: Testbed, keep: Callable[[str], bool] = lambda _: False) -> dict[
             if pid == host.sshd.pid:
                 continue
             with contextlib.suppress(psutil.Error):
-                line = " ".join(psutil.Process(pid).cmdline())
+                proc = psutil.Process(pid)
+                line = " ".join(proc.cmdline())
+                if proc.name() == AGENT_NAME:  # a fork of a session: its command line
+                    line = f"{AGENT_NAME}: {line}"
                 if not keep(line):
                     out.setdefault(host.name, []).append(line[:120])
     return out
@@ -93,6 +96,8 @@ def started(job: cb.Job, ranks: int) -> None:
 def job_processes(line: str) -> bool:
     """A process of the cluster's jobs or agents (not an ssh session of the head, nor the
     Python each session runs the bootstrap's tasks in: ``python -c SOURCE``)."""
+    if line.startswith(f"{AGENT_NAME}: "):
+        return True
     if line.split()[1:2] == ["-c"]:
         return False
     return any(word in line for word in ("prted", "sleeper.py", "worker join"))
@@ -106,14 +111,11 @@ def test_a_corrupt_rendezvous_state_shows_and_stop_still_cleans_every_node(
 ) -> None:
     cluster = testbed.cluster(openmpi_python, tmp_path / "run", hosts=2).start()
     try:
-        # The store's address from an agent's command line, its secret from the head's token
+        # The store's join URL (what each agent was given), its secret from the head's token
         # file: what someone holding the token could do.
-        url = next(
-            arg
-            for p in psutil.process_iter(["cmdline"])
-            for arg in (p.info["cmdline"] or [])
-            if arg.startswith("tcp://") and cluster.name in arg
-        )
+        url = cluster._provider._rendezvous.join_url
+        assert url is not None
+        assert cluster.name in url
         store, _ = parse_join_url(url)
         token_file = Path.home() / ".clusterbook" / "clusters" / cluster.name / "token"
         with TcpBackend(store, read_secret(token_file)) as backend:
@@ -318,7 +320,7 @@ def test_the_cleanup_command_removes_what_nobody_could(
     for host in nodes:
         for pid in host.processes():
             with contextlib.suppress(psutil.Error):
-                if "worker" in psutil.Process(pid).cmdline():
+                if is_agent(psutil.Process(pid)):
                     os.kill(pid, signal.SIGKILL)
     proc.kill()
     proc.wait()

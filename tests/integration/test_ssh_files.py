@@ -19,7 +19,7 @@ import clusterbook as cb
 from clusterbook.errors import ClusterError, ConfigError
 from clusterbook.providers.ssh import BULK
 from clusterbook.transfer import CHUNK, outgoing
-from tests.testbed import Testbed
+from tests.testbed import Testbed, is_agent
 from tests.testbed import testbed as fake_hosts
 from tests.testbed import unshared as private_dirs
 
@@ -230,11 +230,12 @@ def test_the_run_command_refuses_a_missing_put_before_bootstrap(tmp_path, capsys
 
 
 def _sessions(host) -> list[int]:  # type: ignore[no-untyped-def]
-    """Pids of the cluster's node-task sessions on ``host``."""
+    """Pids of the cluster's node-task sessions on ``host`` (not the agent forked from one)."""
     found = []
     for pid in host.processes():
         with contextlib.suppress(psutil.Error):
-            if psutil.Process(pid).cmdline()[-1:] == ["session"]:
+            proc = psutil.Process(pid)
+            if proc.cmdline()[-1:] == ["session"] and not is_agent(proc):
                 found.append(pid)
     return found
 

@@ -14,6 +14,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+from clusterbook import _node_tasks
 from clusterbook.commands import NodeRun, run_everywhere
 from clusterbook.errors import (
     BootstrapError,
@@ -72,6 +73,12 @@ _HEAD = "(head)"  # key of the head among hosts (never a valid host name)
 BULK = 32 << 20
 _BULK_TASKS = frozenset({"put_files", "gather_files"})
 _AGENT_LOG = "agent.log"  # each node's agent's output, in the cluster's directory there
+_AGENT_NAME = "cb-agent"  # its process name (comm): a fork of the session keeps its command line
+
+
+def _agents_env(cluster_id: str) -> dict[str, str]:
+    """The tag of the cluster's agents (and of the node sessions that fork them)."""
+    return {_node_tasks.JOB_ENV: f"{cluster_id}-{_node_tasks.AGENTS}"}
 
 
 def parse_host_list(
@@ -230,10 +237,14 @@ class SSHProvider(Provider):
 
     def _preflight(self, ctx: StartContext, sessions: dict[str, NodeSession]) -> None:
         flavour = ctx.launcher.flavour.value
+        agents = _agents_env(ctx.cluster_id)
 
         def probe(key: str) -> NodeFacts:
-            shell = LocalShell() if key == _HEAD else self._conns[key].shell
-            session = sessions[key] = NodeSession(shell, self._python(key))
+            if key == _HEAD:
+                session = sessions[key] = NodeSession(LocalShell(), self._python(key))
+            else:  # tagged as the agents are: the agent will be a fork of it
+                shell = self._conns[key].shell
+                session = sessions[key] = NodeSession(shell, self._python(key), env=agents)
             args = {"prefix": self._prefix(key), "flavour": flavour}
             return NodeFacts.from_json(session.call("probe", args))
 
@@ -324,9 +335,16 @@ class SSHProvider(Provider):
                 lease=HEAD_LEASE,
                 clean_on_lost=True,
             )
-            # Tagged like a job: the clean-up at stop() finds it whatever happened.
-            env = {"CLUSTERBOOK_JOB": f"{ctx.cluster_id}-agents"}
-            spawn = {"cluster_id": ctx.cluster_id, "argv": argv, "env": env, "log": _AGENT_LOG}
+            # Tagged like a job: the clean-up at stop() finds it whatever happened. A fork of
+            # the node's session (tagged so too) when it runs the same Python: then the
+            # node starts one interpreter in all.
+            spawn = {
+                "cluster_id": ctx.cluster_id,
+                "argv": argv,
+                "env": _agents_env(ctx.cluster_id),
+                "log": _AGENT_LOG,
+                "name": _AGENT_NAME,
+            }
             sessions[node.host].call("spawn", spawn)
         try:
             rendezvous.wait_ready(min(60.0, self.connect_timeout * 2))

@@ -246,13 +246,22 @@ class NodeSession:
     """One Python process on a node running the bootstrap tasks one after another (one login
     shell and one interpreter start for the whole bootstrap, instead of one per step)."""
 
-    def __init__(self, shell: ProcessStarter, python: str, *, owns_shell: bool = False) -> None:
+    def __init__(
+        self,
+        shell: ProcessStarter,
+        python: str,
+        *,
+        owns_shell: bool = False,
+        env: Mapping[str, str] | None = None,
+    ) -> None:
         self.host = shell.host
         self._python = python
         # A connection opened for this session alone is closed with it: else its sshd
         # session process stays on the node until the connection is garbage-collected.
         self._shell = shell if owns_shell else None
-        self._proc = shell.start([python, "-c", _TASKS, "session"])
+        # ``env``: what the process starts with (a session started with the agents' tag
+        # starts the node's agent as a fork of itself: see ``_node_tasks.spawn``).
+        self._proc = shell.start([python, "-c", _TASKS, "session"], env=env)
 
     def call(
         self,
