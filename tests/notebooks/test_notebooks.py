@@ -1,5 +1,6 @@
 """Every notebook in notebooks/ runs top to bottom with nbclient (widget state stored), in a
-kernel of this venv, and shows what its prose says it shows.
+kernel of this venv, as Binder runs it (an unprivileged user, uid 1000, with a home of its
+own: see :mod:`tests.notebooks.binder`), and shows what its prose says it shows.
 
 Each tutorial ends with cells that assert its own results; the checks here read the stored
 outputs and widget state the way a reader would see them.
@@ -8,15 +9,22 @@ outputs and widget state the way a reader would see them.
 from __future__ import annotations
 
 import json
+import os
 import re
 import sys
 from collections.abc import Callable
+from importlib.util import find_spec
 from types import ModuleType
 from typing import Any
 
 import pytest
 
+from tests.conftest import require
+from tests.notebooks.binder import UID, BinderUser
 from tests.notebooks.conftest import NAMES, NOTEBOOKS
+
+#: Tutorials that need a package the test venv may lack (scripts/test.sh installs them).
+NEEDS = {"06-torch-ddp.ipynb": "torch"}
 
 
 @pytest.mark.parametrize("name", NAMES)
@@ -33,11 +41,24 @@ def test_notebook_is_stored_without_outputs(name: str) -> None:
 @pytest.mark.mpi
 @pytest.mark.parametrize("name", NAMES)
 def test_notebook_runs_and_shows_its_results(
-    name: str, executed: Callable[[str], Any], runner: ModuleType
+    name: str, executed: Callable[[str], Any], runner: ModuleType, binder_user: BinderUser
 ) -> None:
+    if name in NEEDS:
+        package = NEEDS[name]
+        require(
+            find_spec(package) is not None,
+            f"{package} is not installed, so {name} would only say it skips its cells "
+            f"(pip install -e '.[{package}]')",
+        )
     run = executed(name)
     nb = run.nb
     assert runner.kernel_python(run) == sys.executable
+    uid, gid, groups, home = runner.kernel_user(run)
+    assert home == str(run.home)
+    if binder_user.made:
+        assert (uid, gid, groups) == (UID, UID, [])  # Binder's user, and no group of root's
+    else:
+        assert uid == os.getuid() != 0
     code = [c for c in nb.cells if c.cell_type == "code"]
     assert all(c.execution_count is not None for c in code)
     errors = [o for c in code for o in c.outputs if o.output_type == "error"]
@@ -45,6 +66,10 @@ def test_notebook_runs_and_shows_its_results(
     state = runner.widget_state(nb)
     unstored = [m for m in runner.shown_models(nb) if m not in state]
     assert not unstored, f"widgets shown in {name} without their state stored: {unstored}"
+    # Each tutorial ends with a cell that checks what it showed.
+    (last,) = [c for c in code if "All checks passed." in c.source]
+    assert last is code[-2]  # the probe cell comes after it
+    assert runner.stream(last).endswith("All checks passed.\n")
     CHECKS.get(name, lambda *_: None)(run, runner)
 
 
