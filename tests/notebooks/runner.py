@@ -182,16 +182,23 @@ def find_leaks(nb: nbformat.NotebookNode, secrets: dict[str, set[str]]) -> list[
 # -- execution -------------------------------------------------------------------------------
 
 
-def execute(source: Path, workdir: Path, *, probe: bool = True) -> Executed:
+def execute(
+    source: Path, workdir: Path, *, probe: bool = True, startup: str | None = None
+) -> Executed:
     """Run the notebook ``source`` in a copy of its directory under ``workdir`` and return it
-    executed (raises nbclient's CellExecutionError when a cell fails). Fails if a process of
-    the notebook outlives its kernel."""
+    executed (raises nbclient's CellExecutionError when a cell fails). ``startup`` is code
+    the kernel runs first (an IPython startup file in its home). Fails if a process of the
+    notebook outlives its kernel."""
     from tests.conftest import wait_gone
 
     folder = workdir / "notebooks"
     shutil.copytree(source.parent, folder, ignore=shutil.ignore_patterns(".ipynb_checkpoints"))
     home = workdir / "home"
     home.mkdir()
+    if startup is not None:
+        startup_dir = home / ".ipython" / "profile_default" / "startup"
+        startup_dir.mkdir(parents=True)
+        (startup_dir / "00-tests.py").write_text(startup)
     try:
         done = run_here(folder / source.name, home, probe=probe)
     finally:

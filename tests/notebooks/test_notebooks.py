@@ -14,6 +14,7 @@ import re
 import sys
 from collections.abc import Callable
 from importlib.util import find_spec
+from pathlib import Path
 from types import ModuleType
 from typing import Any
 
@@ -71,6 +72,35 @@ def test_notebook_runs_and_shows_its_results(
     assert last is code[-2]  # the probe cell comes after it
     assert runner.stream(last).endswith("All checks passed.\n")
     CHECKS.get(name, lambda *_: None)(run, runner)
+
+
+# As if torch were not installed: its import fails the way a missing package's does.
+NO_TORCH = """\
+import sys
+
+
+class _NoTorch:
+    def find_spec(self, name, path=None, target=None):
+        if name.partition(".")[0] == "torch":
+            raise ModuleNotFoundError(f"No module named {name!r}", name=name)
+        return None
+
+
+sys.meta_path.insert(0, _NoTorch())
+"""
+
+
+def test_the_torch_tutorial_skips_its_cells_where_torch_is_absent(
+    runner: ModuleType, tmp_path: Path
+) -> None:
+    name = "06-torch-ddp.ipynb"
+    run = runner.execute(NOTEBOOKS / name, tmp_path, probe=False, startup=NO_TORCH)
+    first, *rest = [c for c in run.nb.cells if c.cell_type == "code"]
+    told = runner.stream(first)
+    assert told.startswith("PyTorch is not installed in this environment (No module named ")
+    assert "pip install torch --index-url https://download.pytorch.org/whl/cpu" in told
+    assert [runner.stream(c) for c in rest] == ["Skipped: PyTorch is not installed.\n"] * len(rest)
+    assert not [o for c in rest for o in c.outputs if o.output_type != "stream"]
 
 
 # -- what each tutorial shows ----------------------------------------------------------------
