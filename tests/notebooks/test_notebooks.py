@@ -215,9 +215,70 @@ def check_magics(run: Any, runner: ModuleType) -> None:
     assert runner.stream(runner.code_cell(nb, "assert len(partial)")) == "All checks passed.\n"
 
 
+def _nodes_after(
+    run: Any, runner: ModuleType, start: str, *, whole: bool = False
+) -> tuple[str, list[str]]:
+    """The node table and all HTML of the widget the cell ``start`` showed, right after it."""
+    cell = runner.code_cell(run.nb, start, whole=whole)
+    (widget,) = runner.shown_models(run.nb, cell)
+    html = runner.widget_html(runner.state_after(run, cell), widget)
+    (nodes,) = [h for h in html if 'class="cb-nodes"' in h]
+    return nodes, html
+
+
+def check_ssh_cluster(run: Any, runner: ModuleType) -> None:
+    nb = run.nb
+    refused = runner.stream(runner.code_cell(nb, "unknown = machines"))
+    assert refused.startswith("2 node(s) cannot join the cluster:")
+    assert refused.count(" is not known (in none of ") == 2
+    assert refused.count("ssh-keyscan -p ") == 2
+    nodes, html = _nodes_after(run, runner, "cluster = cb.Cluster.ssh(")
+    assert nodes.count("<tr>") == 3
+    assert nodes.count("cb-state-joined") == 2
+    for node in ("node1", "node2"):
+        assert f">{node}<" in nodes
+    assert any("2 of 2 nodes ready" in h for h in html)
+    ran = runner.stream(runner.code_cell(nb, "job = cluster.mpirun("))
+    assert ran.startswith("Job job-0001 succeeded: 4 ranks in ")
+    assert len(re.findall(r"^rank \d of 4 via sshd 127\.0\.0\.[23] \d+: ", ran, re.M)) == 4
+
+
+def check_elastic(run: Any, runner: ModuleType) -> None:
+    nb = run.nb
+    told = runner.stream(runner.code_cell(nb, "cluster = cb.Cluster.elastic("))
+    url = r"'tcp://127\.0\.0\.1:\d+/elastic-tutorial\?[^']*&fingerprint=sha256:[0-9a-f]{64}'"
+    joins = rf"Nodes join cluster 'elastic-tutorial' with:\n  clusterbook worker join {url}"
+    assert re.fullmatch(rf"{joins} --token-file \S+/token\n", told), told
+    nodes, html = _nodes_after(run, runner, "workers = {}")
+    assert nodes.count("cb-state-joined") == 3
+    assert any("3 nodes joined (min 2, max 3)" in h for h in html)
+    nodes, html = _nodes_after(run, runner, "cluster", whole=True)
+    assert re.search(r">worker-2<.*?cb-state-lost", nodes, re.S), nodes
+    assert nodes.count("cb-state-joined") == 2
+    assert any("round 1" in h for h in html)
+    summary = runner.stream(runner.code_cell(nb, 'workers["worker-2"].send_signal'))
+    assert summary.startswith("Job job-0001 succeeded: 2 ranks in ")
+    assert "Attempts: 1: node worker-2 lost (" in summary
+
+
+def check_schedulers(run: Any, runner: ModuleType) -> None:
+    nodes, html = _nodes_after(run, runner, "options = {} if real_slurm")
+    if "(no Slurm: nothing to run the job on)" in runner.stream(
+        runner.code_cell(run.nb, "if real_slurm:\n")
+    ):
+        assert nodes.count("cb-state-pending") == 2
+        assert nodes.count("Slurm job 1 is PENDING (Resources)") == 2
+    assert any("stops in 30m (life_span)" in h for h in html)
+    manifest = runner.stream(runner.code_cell(run.nb, "manifest = inside.to_mpijob("))
+    assert manifest.startswith("apiVersion: kubeflow.org/v2beta1\nkind: MPIJob\n")
+
+
 CHECKS: dict[str, Callable[[Any, ModuleType], None]] = {
     "01-local-cluster.ipynb": check_local_cluster,
     "02-magics.ipynb": check_magics,
+    "04-ssh-cluster.ipynb": check_ssh_cluster,
+    "05-elastic.ipynb": check_elastic,
+    "08-schedulers.ipynb": check_schedulers,
 }
 
 
