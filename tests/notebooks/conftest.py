@@ -26,6 +26,8 @@ EXECUTED = Path(os.environ.get("CLUSTERBOOK_ARTIFACTS") or REPO / "test-artifact
 #: Every notebook in notebooks/, so that a new one is executed without being listed here
 #: (notebooks in its folders are companions their tutorial runs).
 NAMES = sorted(p.name for p in NOTEBOOKS.glob("*.ipynb"))
+#: The companions: notebooks a tutorial runs, or a reader opens beside it.
+COMPANIONS = sorted(str(p.relative_to(NOTEBOOKS)) for p in NOTEBOOKS.glob("*/*.ipynb"))
 
 
 @pytest.fixture(scope="session")

@@ -22,13 +22,13 @@ import pytest
 
 from tests.conftest import require
 from tests.notebooks.binder import UID, BinderUser
-from tests.notebooks.conftest import NAMES, NOTEBOOKS
+from tests.notebooks.conftest import COMPANIONS, NAMES, NOTEBOOKS
 
 #: Tutorials that need a package the test venv may lack (scripts/test.sh installs them).
 NEEDS = {"06-torch-ddp.ipynb": "torch"}
 
 
-@pytest.mark.parametrize("name", NAMES)
+@pytest.mark.parametrize("name", NAMES + COMPANIONS)
 def test_notebook_is_stored_without_outputs(name: str) -> None:
     nb = json.loads((NOTEBOOKS / name).read_text(encoding="utf-8"))
     for i, cell in enumerate(nb["cells"]):
