@@ -2,17 +2,18 @@
 home of its own, with no sshd and no Slurm of the system's.
 
 As root, the tests make that user: an account of uid and gid 1000 (``useradd -o``: the uid may
-already be someone's, as on Binder's images), named for this session, whose home is a fresh
-directory under a root of its own in /tmp (the passwd entry matters: a user-level sshd logs
-its user in there). Every process of the user's runs with that uid and gid only, no
-supplementary group, no way to gain privileges (``setpriv --no-new-privs``: a setuid program
-such as sudo cannot raise it) and an environment of its own (no ``SLURM_CONF``, no
-``OMPI_ALLOW_RUN_AS_ROOT``). The user runs this checkout's test venv: its checkout and venv
-must be open to others (they are checked, and the test fails saying so otherwise). When the
-venv's base interpreter lives under a directory others cannot enter (a pyenv build in root's
-home), the user's processes see that interpreter's installation, and nothing else of that
-directory, through a private mount namespace: a tmpfs over the directory with the installation
-bound into it. The namespace, like the account, is gone once the tests are done.
+already be someone's, as on Binder's images; a group of gid 1000 is made too where there is
+none), named for this session, whose home is a fresh directory under a root of its own in /tmp
+(the passwd entry matters: a user-level sshd logs its user in there). Every process of the
+user's runs with that uid and gid only, no supplementary group, no way to gain privileges
+(``setpriv --no-new-privs``: a setuid program such as sudo cannot raise it) and an environment
+of its own (no ``SLURM_CONF``, no ``OMPI_ALLOW_RUN_AS_ROOT``). The user runs this checkout's
+test venv: its checkout and venv must be open to others (they are checked, and the test fails
+saying so otherwise). When the venv's base interpreter lives under a directory others cannot
+enter (a pyenv build in root's home), the user's processes see that interpreter's installation,
+and nothing else of that directory, through a private mount namespace: a tmpfs over the
+directory with the installation bound into it. The namespace, like the account, is gone once
+the tests are done.
 
 Not as root (a laptop), the current user is already such a user: notebooks run as it.
 """
