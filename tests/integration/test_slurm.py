@@ -212,3 +212,23 @@ def test_a_job_slurm_ends_under_the_cluster_leaves_nothing_and_is_its_problem(sl
         assert _left_on_nodes(slurm) == {}
         assert not any(h.exists() for h in homes)
         assert set(cluster.status()["state"]) <= {"lost", "left"}
+
+
+def test_the_schedulers_tutorial_runs_its_slurm_part_where_slurm_answers(slurm, tmp_path):
+    """Tutorial 8 where Slurm answers (Binder's run of it has none: tests/notebooks): its
+    cluster is a real Slurm job, on which MPI runs, and stop() leaves nothing."""
+    from importlib.util import find_spec
+
+    from tests.conftest import require
+
+    require(find_spec("nbclient") is not None, "nbclient not installed (pip install -e '.[test]')")
+    from tests.notebooks import runner
+
+    run = runner.execute(runner.NOTEBOOKS / "08-schedulers.ipynb", tmp_path, probe=False)
+    said = runner.stream(runner.code_cell(run.nb, "def slurm_here():"))
+    assert said == "Slurm answers: the cluster below is a real Slurm job.\n"
+    hello = runner.stream(runner.code_cell(run.nb, "if real_slurm:\n"))
+    assert re.match(r"Job job-0001 succeeded: 4 ranks in ", hello), hello
+    assert runner.stream(run.nb.cells[-2]) == "All checks passed.\n"
+    assert slurm.active_jobs() == []
+    assert _left_on_nodes(slurm) == {}

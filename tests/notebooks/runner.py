@@ -6,25 +6,32 @@ files, private keys under ``~/.clusterbook``) and every run directory is then un
 directory. While the notebook runs, a harvester reads those secrets, so the test can look for
 them in the executed notebook after the cluster has deleted its files; every process whose
 command line names that directory must be gone once the kernel has shut down.
+
+:func:`execute` runs nbclient in this process; :func:`execute_as` runs it (this module, as a
+program) as the Binder user of :mod:`tests.notebooks.binder`, and reads back what it wrote.
 """
 
 from __future__ import annotations
 
+import argparse
 import base64
 import copy
 import json
 import os
 import shutil
+import subprocess
+import sys
 import threading
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import nbformat
 from nbclient import NotebookClient
 
-from tests.conftest import wait_gone
+if TYPE_CHECKING:
+    from tests.notebooks.binder import BinderUser
 
 REPO = Path(__file__).resolve().parents[2]
 NOTEBOOKS = REPO / "notebooks"
@@ -42,7 +49,10 @@ import sys as _sys
 import types as _types
 import weakref as _weakref
 
+import os as _os
+
 print("kernel python:", _sys.executable)
+print("kernel user:", _os.getuid(), _os.getgid(), sorted(_os.getgroups()), _os.path.expanduser("~"))
 for _name, _value in list(globals().items()):
     if not _name.startswith("_") and not isinstance(
         _value, (_types.ModuleType, type, _types.FunctionType)
@@ -172,18 +182,41 @@ def find_leaks(nb: nbformat.NotebookNode, secrets: dict[str, set[str]]) -> list[
 # -- execution -------------------------------------------------------------------------------
 
 
-def execute(source: Path, workdir: Path, *, probe: bool = True) -> Executed:
+def execute(
+    source: Path, workdir: Path, *, probe: bool = True, startup: str | None = None
+) -> Executed:
     """Run the notebook ``source`` in a copy of its directory under ``workdir`` and return it
-    executed (raises nbclient's CellExecutionError when a cell fails). Fails if a process of
-    the notebook outlives its kernel."""
+    executed (raises nbclient's CellExecutionError when a cell fails). ``startup`` is code
+    the kernel runs first (an IPython startup file in its home). Fails if a process of the
+    notebook outlives its kernel."""
+    from tests.conftest import wait_gone
+
     folder = workdir / "notebooks"
     shutil.copytree(source.parent, folder, ignore=shutil.ignore_patterns(".ipynb_checkpoints"))
     home = workdir / "home"
     home.mkdir()
-    nb = nbformat.read(folder / source.name, as_version=4)
+    if startup is not None:
+        startup_dir = home / ".ipython" / "profile_default" / "startup"
+        startup_dir.mkdir(parents=True)
+        (startup_dir / "00-tests.py").write_text(startup)
+    try:
+        done = run_here(folder / source.name, home, probe=probe)
+    finally:
+        left = wait_gone(str(workdir), timeout=10)
+        for p in left:
+            p.kill()
+    assert not left, f"processes outlived the kernel of {source.name}: {[p.info for p in left]}"
+    return done
+
+
+def run_here(path: Path, home: Path, *, probe: bool = True) -> Executed:
+    """Run the notebook at ``path`` (in its folder) with nbclient in this process, in a kernel
+    whose home is ``home``; the executed notebook is written beside ``home``."""
+    folder, workdir = path.parent, home.parent
+    nb = nbformat.read(path, as_version=4)
     if probe:
         nb.cells.append(nbformat.v4.new_code_cell(PROBE))
-    done = Executed(source.name, nb, home)
+    done = Executed(path.name, nb, home)
     stop = threading.Event()
     lock = threading.Lock()
 
@@ -214,12 +247,76 @@ def execute(source: Path, workdir: Path, *, probe: bool = True) -> Executed:
         stop.set()
         watcher.join()
         harvest(home, done.secrets)
-        (workdir / f"executed-{source.name}").write_text(nbformat.writes(nb))
-        left = wait_gone(str(workdir), timeout=10)
+        (workdir / f"executed-{path.name}").write_text(nbformat.writes(nb))
+    return done
+
+
+# -- as the Binder user ----------------------------------------------------------------------
+
+
+def execute_as(user: BinderUser, source: Path, workdir: Path, *, probe: bool = True) -> Executed:
+    """:func:`execute`, with nbclient and the kernel run as ``user`` (see
+    :mod:`tests.notebooks.binder`); ``workdir`` must be one the user can reach. Fails if a
+    process of the user's outlives the kernel."""
+    from tests.conftest import wait_gone
+    from tests.notebooks.binder import wait_left
+
+    folder = workdir / "notebooks"
+    shutil.copytree(source.parent, folder, ignore=shutil.ignore_patterns(".ipynb_checkpoints"))
+    for directory, dirs, files in os.walk(workdir):
+        for name in [directory, *(os.path.join(directory, n) for n in dirs + files)]:
+            os.chown(name, user.uid, user.gid)
+    home = user.new_home(workdir / "home")
+    user.mark()
+    argv = [sys.executable, "-m", "tests.notebooks.runner", str(folder / source.name), str(home)]
+    log = workdir / "runner.log"
+    try:
+        with log.open("wb") as out:
+            done = subprocess.run(
+                user.argv([*argv, *([] if probe else ["--no-probe"])], REPO),
+                cwd=REPO,
+                env=user.env(home),
+                stdin=subprocess.DEVNULL,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                timeout=CELL_TIMEOUT * 20,
+                check=False,
+            )
+    finally:
+        left = [*wait_left(user, timeout=10), *wait_gone(str(workdir), timeout=1)]
         for p in left:
             p.kill()
+    report = workdir / "run.json"
+    if done.returncode != 0 or not report.exists():
+        text = log.read_text(errors="replace")
+        raise AssertionError(f"{source.name} failed as user {user.name}:\n{text[-6000:]}")
     assert not left, f"processes outlived the kernel of {source.name}: {[p.info for p in left]}"
-    return done
+    data = json.loads(report.read_text())
+    nb = nbformat.read(workdir / f"executed-{source.name}", as_version=4)
+    return Executed(
+        source.name,
+        nb,
+        home,
+        secrets={k: set(v) for k, v in data["secrets"].items()},
+        states={int(k): v for k, v in data["states"].items()},
+    )
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m tests.notebooks.runner NOTEBOOK HOME``: :func:`run_here`, then what it
+    found in ``HOME/../run.json`` (the executed notebook is written even if a cell fails)."""
+    parser = argparse.ArgumentParser(prog="python -m tests.notebooks.runner")
+    parser.add_argument("notebook", type=Path)
+    parser.add_argument("home", type=Path)
+    parser.add_argument("--no-probe", dest="probe", action="store_false")
+    args = parser.parse_args(argv)
+    done = run_here(args.notebook, args.home, probe=args.probe)
+    report = {
+        "secrets": {k: sorted(v) for k, v in done.secrets.items()},
+        "states": {str(k): v for k, v in done.states.items()},
+    }
+    (args.home.parent / "run.json").write_text(json.dumps(report))
+    return 0
 
 
 # -- reading outputs -------------------------------------------------------------------------
@@ -294,3 +391,18 @@ def kernel_python(executed: Executed) -> str:
         if line.startswith("kernel python: "):
             return line.removeprefix("kernel python: ")
     raise AssertionError(f"the probe printed no interpreter: {text[:500]!r}")
+
+
+def kernel_user(executed: Executed) -> tuple[int, int, list[int], str]:
+    """The kernel's uid, gid, supplementary groups and home, as the probe cell printed them."""
+    text = stream(executed.nb.cells[-1])
+    for line in text.splitlines():
+        if line.startswith("kernel user: "):
+            uid, gid, rest = line.removeprefix("kernel user: ").split(" ", 2)
+            groups, home = rest.rsplit("] ", 1)
+            return int(uid), int(gid), json.loads(groups + "]"), home
+    raise AssertionError(f"the probe printed no user: {text[:500]!r}")
+
+
+if __name__ == "__main__":
+    sys.exit(main())

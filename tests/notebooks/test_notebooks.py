@@ -1,5 +1,6 @@
 """Every notebook in notebooks/ runs top to bottom with nbclient (widget state stored), in a
-kernel of this venv, and shows what its prose says it shows.
+kernel of this venv, as Binder runs it (an unprivileged user, uid 1000, with a home of its
+own: see :mod:`tests.notebooks.binder`), and shows what its prose says it shows.
 
 Each tutorial ends with cells that assert its own results; the checks here read the stored
 outputs and widget state the way a reader would see them.
@@ -8,18 +9,26 @@ outputs and widget state the way a reader would see them.
 from __future__ import annotations
 
 import json
+import os
 import re
 import sys
 from collections.abc import Callable
+from importlib.util import find_spec
+from pathlib import Path
 from types import ModuleType
 from typing import Any
 
 import pytest
 
-from tests.notebooks.conftest import NAMES, NOTEBOOKS
+from tests.conftest import require
+from tests.notebooks.binder import UID, BinderUser
+from tests.notebooks.conftest import COMPANIONS, NAMES, NOTEBOOKS
+
+#: Tutorials that need a package the test venv may lack (scripts/test.sh installs them).
+NEEDS = {"06-torch-ddp.ipynb": "torch"}
 
 
-@pytest.mark.parametrize("name", NAMES)
+@pytest.mark.parametrize("name", NAMES + COMPANIONS)
 def test_notebook_is_stored_without_outputs(name: str) -> None:
     nb = json.loads((NOTEBOOKS / name).read_text(encoding="utf-8"))
     for i, cell in enumerate(nb["cells"]):
@@ -33,11 +42,24 @@ def test_notebook_is_stored_without_outputs(name: str) -> None:
 @pytest.mark.mpi
 @pytest.mark.parametrize("name", NAMES)
 def test_notebook_runs_and_shows_its_results(
-    name: str, executed: Callable[[str], Any], runner: ModuleType
+    name: str, executed: Callable[[str], Any], runner: ModuleType, binder_user: BinderUser
 ) -> None:
+    if name in NEEDS:
+        package = NEEDS[name]
+        require(
+            find_spec(package) is not None,
+            f"{package} is not installed, so {name} would only say it skips its cells "
+            f"(pip install -e '.[{package}]')",
+        )
     run = executed(name)
     nb = run.nb
     assert runner.kernel_python(run) == sys.executable
+    uid, gid, groups, home = runner.kernel_user(run)
+    assert home == str(run.home)
+    if binder_user.made:
+        assert (uid, gid, groups) == (UID, UID, [])  # Binder's user, and no group of root's
+    else:
+        assert uid == os.getuid() != 0
     code = [c for c in nb.cells if c.cell_type == "code"]
     assert all(c.execution_count is not None for c in code)
     errors = [o for c in code for o in c.outputs if o.output_type == "error"]
@@ -45,7 +67,40 @@ def test_notebook_runs_and_shows_its_results(
     state = runner.widget_state(nb)
     unstored = [m for m in runner.shown_models(nb) if m not in state]
     assert not unstored, f"widgets shown in {name} without their state stored: {unstored}"
+    # Each tutorial ends with a cell that checks what it showed.
+    (last,) = [c for c in code if "All checks passed." in c.source]
+    assert last is code[-2]  # the probe cell comes after it
+    assert runner.stream(last).endswith("All checks passed.\n")
     CHECKS.get(name, lambda *_: None)(run, runner)
+
+
+# As if torch were not installed: its import fails the way a missing package's does.
+NO_TORCH = """\
+import sys
+
+
+class _NoTorch:
+    def find_spec(self, name, path=None, target=None):
+        if name.partition(".")[0] == "torch":
+            raise ModuleNotFoundError(f"No module named {name!r}", name=name)
+        return None
+
+
+sys.meta_path.insert(0, _NoTorch())
+"""
+
+
+def test_the_torch_tutorial_skips_its_cells_where_torch_is_absent(
+    runner: ModuleType, tmp_path: Path
+) -> None:
+    name = "06-torch-ddp.ipynb"
+    run = runner.execute(NOTEBOOKS / name, tmp_path, probe=False, startup=NO_TORCH)
+    first, *rest = [c for c in run.nb.cells if c.cell_type == "code"]
+    told = runner.stream(first)
+    assert told.startswith("PyTorch is not installed in this environment (No module named ")
+    assert "pip install torch --index-url https://download.pytorch.org/whl/cpu" in told
+    assert [runner.stream(c) for c in rest] == ["Skipped: PyTorch is not installed.\n"] * len(rest)
+    assert not [o for c in rest for o in c.outputs if o.output_type != "stream"]
 
 
 # -- what each tutorial shows ----------------------------------------------------------------
@@ -160,9 +215,70 @@ def check_magics(run: Any, runner: ModuleType) -> None:
     assert runner.stream(runner.code_cell(nb, "assert len(partial)")) == "All checks passed.\n"
 
 
+def _nodes_after(
+    run: Any, runner: ModuleType, start: str, *, whole: bool = False
+) -> tuple[str, list[str]]:
+    """The node table and all HTML of the widget the cell ``start`` showed, right after it."""
+    cell = runner.code_cell(run.nb, start, whole=whole)
+    (widget,) = runner.shown_models(run.nb, cell)
+    html = runner.widget_html(runner.state_after(run, cell), widget)
+    (nodes,) = [h for h in html if 'class="cb-nodes"' in h]
+    return nodes, html
+
+
+def check_ssh_cluster(run: Any, runner: ModuleType) -> None:
+    nb = run.nb
+    refused = runner.stream(runner.code_cell(nb, "unknown = machines"))
+    assert refused.startswith("2 node(s) cannot join the cluster:")
+    assert refused.count(" is not known (in none of ") == 2
+    assert refused.count("ssh-keyscan -p ") == 2
+    nodes, html = _nodes_after(run, runner, "cluster = cb.Cluster.ssh(")
+    assert nodes.count("<tr>") == 3
+    assert nodes.count("cb-state-joined") == 2
+    for node in ("node1", "node2"):
+        assert f">{node}<" in nodes
+    assert any("2 of 2 nodes ready" in h for h in html)
+    ran = runner.stream(runner.code_cell(nb, "job = cluster.mpirun("))
+    assert ran.startswith("Job job-0001 succeeded: 4 ranks in ")
+    assert len(re.findall(r"^rank \d of 4 via sshd 127\.0\.0\.[23] \d+: ", ran, re.M)) == 4
+
+
+def check_elastic(run: Any, runner: ModuleType) -> None:
+    nb = run.nb
+    told = runner.stream(runner.code_cell(nb, "cluster = cb.Cluster.elastic("))
+    url = r"'tcp://127\.0\.0\.1:\d+/elastic-tutorial\?[^']*&fingerprint=sha256:[0-9a-f]{64}'"
+    joins = rf"Nodes join cluster 'elastic-tutorial' with:\n  clusterbook worker join {url}"
+    assert re.fullmatch(rf"{joins} --token-file \S+/token\n", told), told
+    nodes, html = _nodes_after(run, runner, "workers = {}")
+    assert nodes.count("cb-state-joined") == 3
+    assert any("3 nodes joined (min 2, max 3)" in h for h in html)
+    nodes, html = _nodes_after(run, runner, "cluster", whole=True)
+    assert re.search(r">worker-2<.*?cb-state-lost", nodes, re.S), nodes
+    assert nodes.count("cb-state-joined") == 2
+    assert any("round 1" in h for h in html)
+    summary = runner.stream(runner.code_cell(nb, 'workers["worker-2"].send_signal'))
+    assert summary.startswith("Job job-0001 succeeded: 2 ranks in ")
+    assert "Attempts: 1: node worker-2 lost (" in summary
+
+
+def check_schedulers(run: Any, runner: ModuleType) -> None:
+    nodes, html = _nodes_after(run, runner, "options = {} if real_slurm")
+    if "(no Slurm: nothing to run the job on)" in runner.stream(
+        runner.code_cell(run.nb, "if real_slurm:\n")
+    ):
+        assert nodes.count("cb-state-pending") == 2
+        assert nodes.count("Slurm job 1 is PENDING (Resources)") == 2
+    assert any("stops in 30m (life_span)" in h for h in html)
+    manifest = runner.stream(runner.code_cell(run.nb, "manifest = inside.to_mpijob("))
+    assert manifest.startswith("apiVersion: kubeflow.org/v2beta1\nkind: MPIJob\n")
+
+
 CHECKS: dict[str, Callable[[Any, ModuleType], None]] = {
     "01-local-cluster.ipynb": check_local_cluster,
     "02-magics.ipynb": check_magics,
+    "04-ssh-cluster.ipynb": check_ssh_cluster,
+    "05-elastic.ipynb": check_elastic,
+    "08-schedulers.ipynb": check_schedulers,
 }
 
 

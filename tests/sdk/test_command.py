@@ -18,6 +18,7 @@ from clusterbook.launch.command import (
     placement,
     rank_env,
     render_hostfile,
+    shared_hostnames,
 )
 from clusterbook.launch.flavour import Launcher, MPIFlavour
 from clusterbook.launch.guard import ENV as GUARD_ENV
@@ -273,6 +274,26 @@ def test_openmpi_tuning_applied_unless_inherited() -> None:
     both = {"OMPI_MCA_btl": "tcp,self", "OMPI_MCA_mtl": "cm"}
     cmd = build_command(plan(inherited_env=both))
     assert not any(name.startswith("OMPI_MCA") for name in cmd.env)
+
+
+def test_nodes_that_share_a_host_name_get_no_shared_memory_transport() -> None:
+    # Two sshds on one machine: two hosts, one host name. Open MPI would name both daemons'
+    # shared-memory files alike.
+    two = (NodeSpec("node1", "127.0.0.2", 2), NodeSpec("node2", "127.0.0.3", 2))
+    same = replace(REMOTE, hostnames={"127.0.0.2": "vm", "127.0.0.3": "vm"})
+    shared = plan(nodes=two, np=4, remote=same)
+    assert shared_hostnames(shared) == ["vm"]
+    assert build_command(shared).env["OMPI_MCA_btl"] == "^ofi,sm"
+    # Only hosts that get ranks count; other machines, a local cluster and a choice made in
+    # the environment or the job's env= keep the tuning or the choice.
+    assert shared_hostnames(replace(shared, np=2)) == []
+    apart = replace(REMOTE, hostnames={"127.0.0.2": "node1", "127.0.0.3": "node2"})
+    assert build_command(replace(shared, remote=apart)).env["OMPI_MCA_btl"] == "^ofi"
+    assert shared_hostnames(plan(nodes=two, np=4)) == []
+    chosen = replace(shared, inherited_env={"OMPI_MCA_btl": "tcp,self"})
+    assert "OMPI_MCA_btl" not in build_command(chosen).env
+    job = build_command(replace(shared, env={"OMPI_MCA_btl": "self,sm,tcp"}))
+    assert job.env["OMPI_MCA_btl"] == "self,sm,tcp"
 
 
 def test_openmpi_user_env_overrides_tuning_and_is_exported() -> None:

@@ -33,6 +33,7 @@ __all__ = [
     "master_addr",
     "placement",
     "render_hostfile",
+    "shared_hostnames",
 ]
 
 #: Open MPI defaults for clusters of a few machines over TCP: skip the libfabric probe, which
@@ -196,9 +197,26 @@ def build_command(plan: LaunchPlan) -> LaunchCommand:
     return _mpich(plan)
 
 
+def shared_hostnames(plan: LaunchPlan) -> list[str]:
+    """Host names that two or more of the job's hosts (those ranks go to) report: two sshds,
+    or containers with the host's network, on one machine."""
+    if plan.remote is None:
+        return []
+    names: dict[str, set[str]] = {}
+    for i in placement(plan.nodes, plan.np):
+        host = plan.nodes[i].host
+        names.setdefault(plan.remote.hostnames.get(host, host), set()).add(host)
+    return sorted(name for name, hosts in names.items() if len(hosts) > 1)
+
+
 def _openmpi(plan: LaunchPlan) -> LaunchCommand:
     env = rank_env(plan)
     extra = {k: v for k, v in OPENMPI_TUNING.items() if k not in plan.inherited_env}
+    if "OMPI_MCA_btl" in extra and shared_hostnames(plan):
+        # Open MPI names a rank's shared-memory file by host name, job and local rank: ranks
+        # of two daemons on one machine under one name would write into each other's (a
+        # segfault in btl_sm, now and then). The job's ranks talk over TCP instead.
+        extra["OMPI_MCA_btl"] = "^ofi,sm"
     mapping = "slot:OVERSUBSCRIBE" if plan.oversubscribe else "slot"
     argv = [plan.launcher.path, "--hostfile", plan.hostfile, "-n", str(plan.np)]
     argv += ["--map-by", mapping, "--bind-to", binding(plan.nodes, plan.np)]

@@ -1,0 +1,190 @@
+"""JupyterLab and headless Debian Chromium for the browser tests: a server in a home of its own
+(its own port and token, no news toast), a page of Chromium driven by Playwright (never a
+browser Playwright downloads), the Run All menu, and screenshots in ``$CLUSTERBOOK_ARTIFACTS``
+(default: ``test-artifacts/`` at the top of the checkout)."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import re
+import secrets
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass
+from importlib.util import find_spec
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.conftest import require
+
+CHROMIUM = "/usr/bin/chromium"
+REPO = Path(__file__).resolve().parents[2]
+ARTIFACTS = Path(os.environ.get("CLUSTERBOOK_ARTIFACTS") or REPO / "test-artifacts")
+WAIT = 30_000  # ms; Playwright's default 5 s is too short for a kernel on 2 cores
+CHROMIUM_ARGS = [
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--disable-dev-shm-usage",
+]
+
+
+@dataclass
+class Lab:
+    url: str
+    token: str
+    root: Path
+
+
+def require_browser() -> None:
+    """Skip (or fail under CLUSTERBOOK_REQUIRE_TESTBED=1) without JupyterLab or Chromium."""
+    missing = [m for m in ("jupyterlab", "playwright", "ipykernel") if find_spec(m) is None]
+    require(not missing, f"{', '.join(missing)} not installed (pip install -e '.[jupyter,test]')")
+    require(os.access(CHROMIUM, os.X_OK), f"no {CHROMIUM} (apt-get install chromium)")
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def api(lab_url: str, token: str, path: str, method: str = "GET") -> Any:
+    request = urllib.request.Request(  # noqa: S310 (http, to the server the test started)
+        f"{lab_url}{path}", method=method, headers={"Authorization": f"token {token}"}
+    )
+    with urllib.request.urlopen(request, timeout=5) as response:  # noqa: S310
+        body = response.read()
+    return json.loads(body) if body else None
+
+
+def quiet_home(home: Path) -> None:
+    """No "get notified about Jupyter news?" toast over the page (and no fetching of news)."""
+    labconfig = home / ".jupyter" / "labconfig"
+    labconfig.mkdir(parents=True)
+    quiet = {"disabledExtensions": {"@jupyterlab/apputils-extension:announcements": True}}
+    (labconfig / "page_config.json").write_text(json.dumps(quiet))
+
+
+@contextlib.contextmanager
+def serve(
+    root: Path,
+    env: Mapping[str, str],
+    log_path: Path,
+    *,
+    wrap: Callable[[list[str]], list[str]] = list,
+    allow_root: bool = False,
+) -> Iterator[Lab]:
+    """JupyterLab on ``root`` (its argv passed through ``wrap``: to run it as another user),
+    shut down with its kernels at the end, killed if it does not go."""
+    port, token = free_port(), secrets.token_hex(16)
+    url = f"http://127.0.0.1:{port}"
+    argv = [
+        sys.executable,
+        "-m",
+        "jupyterlab",
+        "--no-browser",
+        "--ip=127.0.0.1",
+        f"--port={port}",
+        f"--IdentityProvider.token={token}",
+        *(["--allow-root"] if allow_root else []),
+        f"--ServerApp.root_dir={root}",
+        "--LabApp.check_for_updates_class=jupyterlab.NeverCheckForUpdate",
+    ]
+    log = log_path.open("wb")
+    server = subprocess.Popen(
+        wrap(argv),
+        env=dict(env),
+        cwd=root,
+        stdin=subprocess.DEVNULL,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            if server.poll() is not None:
+                pytest.fail(f"JupyterLab exited with {server.returncode}: {tail(log_path)}")
+            try:
+                api(url, token, "/api/status")
+                break
+            except (OSError, urllib.error.URLError):
+                if time.monotonic() > deadline:
+                    pytest.fail(f"JupyterLab did not answer within 60 s: {tail(log_path)}")
+                time.sleep(0.2)
+        yield Lab(url, token, root)
+    finally:
+        # The server shuts its kernels down (each kernel stops its cluster on the way out).
+        with contextlib.suppress(OSError, urllib.error.URLError):
+            api(url, token, "/api/shutdown", method="POST")
+        try:
+            server.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            os.killpg(server.pid, signal.SIGKILL)
+            server.wait()
+        log.close()
+
+
+def tail(log_path: Path) -> str:
+    return log_path.read_text(errors="replace")[-3000:]
+
+
+@contextlib.contextmanager
+def chromium_page(directory: Path) -> Iterator[Any]:
+    """A page of headless Debian Chromium, its profile under ``directory``."""
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as p:
+        context = p.chromium.launch_persistent_context(
+            tempfile.mkdtemp(prefix="chromium-", dir=directory),
+            executable_path=CHROMIUM,
+            headless=True,
+            args=CHROMIUM_ARGS,
+            viewport={"width": 1400, "height": 1100},
+        )
+        try:
+            yield context.pages[0] if context.pages else context.new_page()
+        finally:
+            context.close()
+
+
+def screenshot(page: Any, name: str) -> Path:
+    ARTIFACTS.mkdir(parents=True, exist_ok=True)
+    path = ARTIFACTS / name
+    page.screenshot(path=str(path))
+    print(f"screenshot: {path}")
+    return path
+
+
+def open_notebook(lab: Lab, page: Any, path: str, *, reset: bool = False) -> None:
+    """Open the notebook at ``path`` (under the server's root) and wait for its kernel;
+    ``reset``: alone (the notebooks opened before are not opened again)."""
+    from playwright.sync_api import expect
+
+    page.goto(f"{lab.url}/lab/tree/{path}?{'reset&' if reset else ''}token={lab.token}")
+    # "idle" shows before the kernel exists; Run All before it is there asks for a kernel.
+    kernel = page.locator(".jp-NotebookPanel-toolbar .jp-Toolbar-kernelName")
+    expect(kernel).to_contain_text("ipykernel")
+    expect(page.locator(".jp-Notebook-ExecutionIndicator[data-status=idle]")).to_be_visible()
+
+
+def run_all(page: Any) -> None:
+    """Run > Run All Cells, from the menu bar."""
+    page.locator(".lm-MenuBar-itemLabel", has_text=re.compile(r"^Run$")).click()
+    page.locator(".lm-Menu-itemLabel", has_text=re.compile(r"^Run All Cells$")).click()
