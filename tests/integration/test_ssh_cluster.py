@@ -116,6 +116,10 @@ def test_mpirun_across_hosts_and_clean_stop(testbed, mpi_python, tmp_path):
             else:
                 exec_argv = [sys.executable, "-m", "clusterbook.cli", "worker", "join"]
                 assert agent.cmdline()[:5] == exec_argv
+    # Stopped, the nodes show as having left (not as pending, as if they had never joined).
+    after = cluster.status()
+    assert after.node.tolist() == [h.addr for h in testbed.hosts]
+    assert set(after.state) == {"left"}
     for h in testbed.hosts:
         assert not cluster_dir(h, cluster).exists()
         keys = h.authorized_keys.read_text()

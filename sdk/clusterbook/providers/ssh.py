@@ -169,6 +169,7 @@ class SSHProvider(Provider):
         self._remote: RemoteLaunch | None = None
         self.timings: dict[str, float] = {}
         self._rendezvous: RendezvousHead | None = None
+        self._stopped: list[NodeStatus] | None = None  # the nodes as stop() left them
         self._head_facts: NodeFacts | None = None
         self.stop_problems: dict[str, Exception] = {}
         self._held: set[str] = set()  # jobs kept stopped on the nodes (clean="none")
@@ -180,7 +181,7 @@ class SSHProvider(Provider):
     # -- start --------------------------------------------------------------------------
 
     def start(self, ctx: StartContext) -> None:
-        self._ctx = ctx
+        self._ctx, self._stopped = ctx, None
         head_dir = cluster_dir(ctx.cluster_id)
         head_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
         policy = self._policy = make_policy(self._host_keys, self._known_hosts)
@@ -371,6 +372,8 @@ class SSHProvider(Provider):
     def node_statuses(self) -> list[NodeStatus]:
         """The nodes as their agents report them (pending until they joined)."""
         rendezvous = self._rendezvous
+        if rendezvous is None and self._stopped is not None:
+            return list(self._stopped)
         seen = {s.name: s for s in rendezvous.node_statuses()} if rendezvous else {}
         return [
             seen.get(n.name) or NodeStatus(n.name, n.host, n.slots, "pending") for n in self.nodes
@@ -597,8 +600,13 @@ class SSHProvider(Provider):
         self._remote = None
         if ctx is None:
             return
-        rendezvous, self._rendezvous = self._rendezvous, None
+        rendezvous = self._rendezvous
         if rendezvous is not None:
+            # After stop() the nodes show as they ended: lost if they were, else left.
+            self._stopped = [
+                s if s.state == "lost" else replace(s, state="left") for s in self.node_statuses()
+            ]
+            self._rendezvous = None
             try:
                 rendezvous.close()  # closed: the agents leave and exit
             except Exception as exc:  # the nodes are cleaned all the same (their agents too)
