@@ -14,15 +14,6 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from clusterbook.cli_clusters import add_commands
-from clusterbook.cli_export import add_export
-from clusterbook.cli_job import (
-    add_env_option,
-    add_recovery_options,
-    command,
-    env_args,
-    recovery_args,
-)
 from clusterbook.errors import ClusterError, ConfigError
 from clusterbook.wording import speaking
 
@@ -42,8 +33,8 @@ EXIT_USAGE = 2
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``clusterbook`` command; returns the exit code."""
-    parser = _parser()
     words = list(sys.argv[1:] if argv is None else argv)
+    parser = _parser(worker_only=words[:2] == ["worker", "join"])
     command: list[str] | None = None
     if words[:1] == ["exec"] and "--" in words:
         # exec's ID comes before its options: argparse would take the command for its own.
@@ -176,7 +167,9 @@ def _unknown_options(parser: argparse.ArgumentParser, words: list[str], unknown:
     return EXIT_USAGE
 
 
-def _parser() -> argparse.ArgumentParser:
+def _parser(*, worker_only: bool = False) -> argparse.ArgumentParser:
+    """The command's parser; with ``worker_only``, of ``worker`` alone: what an agent parses
+    (every node's, at every bootstrap), without making, or importing for, the rest."""
     from clusterbook import __version__
 
     parser = argparse.ArgumentParser(
@@ -184,6 +177,17 @@ def _parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--version", action="version", version=f"clusterbook {__version__}")
     sub = parser.add_subparsers(title="commands")
+    if not worker_only:
+        _add_commands(sub)
+    _add_worker(sub)
+    return parser
+
+
+def _add_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """Every command but ``worker``."""
+    from clusterbook.cli_clusters import add_commands
+    from clusterbook.cli_export import add_export
+    from clusterbook.cli_job import add_env_option, add_recovery_options
 
     demo = sub.add_parser("demo", help="run an mpi4py allreduce on a local cluster")
     demo.add_argument("--workers", type=int, default=2, help="nodes (default 2)")
@@ -281,6 +285,8 @@ def _parser() -> argparse.ArgumentParser:
     add_commands(sub)
     add_export(sub)
 
+
+def _add_worker(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     worker = sub.add_parser("worker", help="run this machine as a node of an elastic cluster")
     worker_sub = worker.add_subparsers(title="worker commands")
     join = worker_sub.add_parser(
@@ -323,7 +329,6 @@ def _parser() -> argparse.ArgumentParser:
         help="start a user-level sshd on PORT and report its host key",
     )
     join.set_defaults(func=_worker_join)
-    return parser
 
 
 def _worker_join(args: argparse.Namespace) -> int:
@@ -431,6 +436,7 @@ def _cleanup(args: argparse.Namespace) -> int:
 
 
 def _run(args: argparse.Namespace) -> int:
+    from clusterbook.cli_job import command, env_args, recovery_args
     from clusterbook.cluster import Cluster
     from clusterbook.environment import cluster_spec, find_environment, launch_via
     from clusterbook.spec import read_hostfile

@@ -19,7 +19,7 @@ __all__ = ["add_export"]
 
 def add_export(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     """Add ``export`` and its ``mpijob`` to the ``clusterbook`` parser's subcommands."""
-    from clusterbook.mpijob import SSH_AUTH_MOUNT_PATH
+    from clusterbook.mpijob_checks import SSH_AUTH_MOUNT_PATH
 
     export = sub.add_parser("export", help="write a job for another scheduler to run")
     kinds = export.add_subparsers(title="formats")

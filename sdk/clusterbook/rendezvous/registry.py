@@ -125,9 +125,10 @@ def join_url(store_url: str, settings: RendezvousSettings) -> str:
 def parse_join_url(url: str) -> tuple[str, RendezvousSettings]:
     """Split a join URL into the store's URL and the rendezvous settings."""
     parts = urlsplit(url) if isinstance(url, str) else None
-    _load_entry_points()
     store, _, run_id = parts.path.rpartition("/") if parts else ("", "", "")
     scheme = parts.scheme if parts else ""
+    if scheme not in _FACTORIES:  # entry points add schemes: read them only for another one
+        _load_entry_points()
     usable = scheme in _FACTORIES and run_id and (parts and (parts.netloc or scheme == "file"))
     if not usable:
         raise ConfigError(
