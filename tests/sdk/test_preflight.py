@@ -409,3 +409,26 @@ def test_a_session_with_the_tag_starts_python_m_as_a_fork_of_itself(home):
         for pid in pids:
             _gone(pid)
         session.close()
+
+
+def test_the_node_tasks_run_from_the_installed_bytecode_when_it_is_the_same_source(home):
+    from clusterbook.ssh import bootstrap
+
+    def probe(argv: list[str]) -> tuple[dict[str, object], str]:
+        done = subprocess.run(
+            [argv[0], "-v", *argv[1:]], input=b"{}", capture_output=True, check=True
+        )
+        facts: dict[str, object] = json.loads(done.stdout.decode().splitlines()[-1])
+        return facts, done.stderr.decode()
+
+    # This interpreter has clusterbook, and so this very file: its cached bytecode is used.
+    facts, said = probe(bootstrap.tasks_argv(sys.executable, "probe", "-"))
+    assert facts["python"] == sys.executable
+    cached = [line for line in said.splitlines() if "code object from" in line]
+    assert any("_node_tasks" in line and ".pyc" in line for line in cached), cached
+    # Another version's source (one that differs from the installed file) is compiled and run.
+    argv = bootstrap.tasks_argv(sys.executable, "probe", "-")
+    argv[3] += "\n# another version\n"
+    facts, said = probe(argv)
+    assert facts["python"] == sys.executable
+    assert not any("_node_tasks" in line for line in said.splitlines() if "code object" in line)

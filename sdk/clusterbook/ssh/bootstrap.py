@@ -46,10 +46,40 @@ __all__ = [
     "node_ssh_args",
     "run_task",
     "ssh_wrapper",
+    "tasks_argv",
 ]
 
-#: Where a cluster's files live, relative to the home of the user on every node and the head.
+#: What every node runs (``_node_tasks``), as its source: nothing need be installed there.
 _TASKS = Path(_node_tasks.__file__).read_text()
+# How a node runs them: ``python -c _STUB _TASKS ARGS...``. When the node's Python has this
+# very file installed (clusterbook there, same version), the stub loads that, from the bytecode
+# Python keeps for it, instead of compiling the source it was given (13 ms of CPU a start).
+_STUB = """\
+import sys
+def _run(source, argv):
+    try:
+        from importlib.machinery import SourceFileLoader
+        from importlib.util import find_spec, module_from_spec, spec_from_loader
+        path = find_spec("clusterbook").submodule_search_locations[0] + "/_node_tasks.py"
+        with open(path, "rb") as f:
+            same = f.read() == source.encode()
+    except Exception:
+        same = False
+    if same:
+        loader = SourceFileLoader("clusterbook_node_tasks", path)
+        module = module_from_spec(spec_from_loader(loader.name, loader))
+        loader.exec_module(module)
+        module.main(argv)
+    else:
+        sys.argv = argv
+        exec(compile(source, "<clusterbook node tasks>", "exec"), {"__name__": "__main__"})
+_run(sys.argv[1], ["-c", *sys.argv[2:]])
+"""
+
+
+def tasks_argv(python: str, *args: str) -> list[str]:
+    """The command that runs the node tasks with ``args`` (``session``, or a task) there."""
+    return [python, "-c", _STUB, _TASKS, *args]
 
 
 @dataclass(frozen=True, slots=True)
@@ -114,7 +144,7 @@ def run_task(
 ) -> dict[str, Any]:
     """Run a node task (see ``_node_tasks``) with ``python`` on the node; return its JSON."""
     result = shell.run(
-        [python, "-c", _TASKS, task, "-"], input=json.dumps(args).encode(), timeout=timeout
+        tasks_argv(python, task, "-"), input=json.dumps(args).encode(), timeout=timeout
     )
     if result.returncode == 127:
         raise SSHError(_missing_python(python, shell.host), host=shell.host)
@@ -261,7 +291,7 @@ class NodeSession:
         self._shell = shell if owns_shell else None
         # ``env``: what the process starts with (a session started with the agents' tag
         # starts the node's agent as a fork of itself: see ``_node_tasks.spawn``).
-        self._proc = shell.start([python, "-c", _TASKS, "session"], env=env)
+        self._proc = shell.start(tasks_argv(python, "session"), env=env)
 
     def call(
         self,
