@@ -204,9 +204,11 @@ class StoreServer:
         with self._lock:
             first = not self._closed
             self._closed = True
-            wake, thread = self._wake, self._thread
-        if first and wake is not None:
-            os.write(wake[1], b"x")
+            # Under the lock: the loop, once it sees the flag, may end and close the pipe
+            # (taking it under the lock), and its number may then be another file's.
+            if first and self._wake is not None:
+                os.write(self._wake[1], b"x")
+            thread = self._thread
         if thread is not None and thread is not threading.current_thread():
             thread.join(_JOIN)
 
