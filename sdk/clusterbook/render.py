@@ -18,6 +18,7 @@ import html
 import itertools
 import re
 import shlex
+from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
@@ -186,7 +187,13 @@ def render_progress(
     waiting = sum(1 for n in snapshot.nodes if n.state == "pending")
     if min_nodes is None and max_nodes is None:
         need = target = sum(1 for n in snapshot.nodes if n.state not in _GONE)
-        text = f"{up} of {target} nodes ready" if target else "no nodes yet"
+        gone = Counter(n.state for n in snapshot.nodes if n.state in _GONE)
+        if target:
+            text = f"{up} of {target} nodes ready"
+        elif gone:  # a stopped cluster, or one whose every node went: say how, not "yet"
+            text = "no node up: " + ", ".join(f"{gone[s]} {s}" for s in sorted(gone))
+        else:
+            text = "no nodes yet"
     else:
         low = min_nodes if min_nodes is not None else 1
         high = max_nodes if max_nodes is not None else low

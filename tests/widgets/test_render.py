@@ -110,6 +110,13 @@ def test_progress_of_an_elastic_cluster_against_min_and_max():
     assert STATE_COLOURS["ready"] in full
 
 
+def test_progress_of_a_cluster_whose_nodes_are_all_gone_says_how():
+    out = render_progress(snap(nodes=[node("a", "left"), node("b", "lost"), node("c", "left")]))
+    assert "no node up: 2 left, 1 lost" in out
+    assert "yet" not in out
+    assert "width:0%" in out
+
+
 def test_progress_refuses_min_above_max():
     with pytest.raises(ValueError, match=r"min_nodes \(3\).*max_nodes \(2\)"):
         render_progress(snap(), min_nodes=3, max_nodes=2)
