@@ -36,13 +36,10 @@ from typing import Any
 from clusterbook import errors
 from clusterbook.errors import ClusterError, ClusterStateError
 from clusterbook.rendezvous.backends._wire import (
-    _ACCEPTED,
-    _HELLO_MAX,
-    _REFUSED,
     _AuthFailed,
     _Channel,
     _tune,
-    check_hello,
+    accept_hello,
     open_channel,
     read_secret,
     write_secret,
@@ -106,12 +103,10 @@ class ControlServer:
                 deadline = time.monotonic() + _HANDSHAKE_TIMEOUT
                 chan = _Channel(conn)
                 try:
-                    check_hello(chan.recv(deadline, limit=_HELLO_MAX), self._secret)
+                    accept_hello(chan, self._secret, deadline)
                 except _AuthFailed:
                     _log.warning("The control server refused a client: authentication failed.")
-                    chan.send(_REFUSED)
                     return
-                chan.send(_ACCEPTED)
                 conn.settimeout(None)
                 while not self._closed.is_set():
                     request = json.loads(chan.recv(None))

@@ -138,7 +138,7 @@ def test_a_hello_with_another_secret_gets_a_refusal_and_the_end(make_server, sec
     with tls_connect(server) as sock:
         sock.sendall(frame(tcp.hello(secrets.token_bytes(32), "n1")))
         sock.sendall(frame(b"G"))  # sent at once after it: never answered
-        assert read_all(sock) == frame(b"N")
+        assert read_until_closed(sock) == frame(b"N")
     wait_for(lambda: "authentication failed" in caplog.text)
     assert server.connected_nodes == frozenset()
     assert_serves(server, secret)
@@ -157,7 +157,7 @@ def test_a_malformed_hello_is_dropped(make_server, secret, hello) -> None:
     server = make_server()
     with tls_connect(server) as sock:
         sock.sendall(frame(hello))
-        assert read_all(sock) == b""
+        assert read_until_closed(sock) == b""
     assert_serves(server, secret)
 
 
@@ -241,8 +241,8 @@ def test_secret_crosses_the_wire_only_inside_tls(make_server, make_client, secre
             assert form not in traffic
 
 
-def read_all(sock: socket.socket) -> bytes:
-    """What ``sock`` receives until the peer closes it (or WAIT passes: a failure)."""
+def read_until_closed(sock: socket.socket) -> bytes:
+    """Everything ``sock`` receives until the peer closes it (or WAIT passes: a failure)."""
     sock.settimeout(WAIT)
     data = bytearray()
     try:
@@ -351,10 +351,10 @@ def test_frames_over_the_limit_are_refused(make_server, secret) -> None:
         # waiting for (or allocating) the rest.
         chan.sock.setblocking(True)
         chan.sock.sendall(tcp._LEN.pack(MAX_FRAME + 1) + b"S" * 1024)
-        assert read_all(chan.sock) == b""
+        assert read_until_closed(chan.sock) == b""
     with tls_connect(server) as sock:  # before the hello, a frame larger than one
         sock.sendall(tcp._LEN.pack(64 * 1024) + tcp._MAGIC)
-        assert read_all(sock) == b""
+        assert read_until_closed(sock) == b""
     assert_serves(server, secret)
 
 

@@ -24,25 +24,18 @@ from clusterbook.rendezvous.backends import tcp
 from clusterbook.rendezvous.backends.tcp import TcpBackend, write_secret
 from clusterbook.rendezvous.registry import join_url, parse_join_url
 from clusterbook.rendezvous.state import decode
-from tests.rendezvous.test_tcp_backend import WAIT, Proxy, tls_connect, url_of, wait_for
+from tests.rendezvous.test_tcp_backend import (
+    WAIT,
+    Proxy,
+    read_until_closed,
+    tls_connect,
+    url_of,
+    wait_for,
+)
 
 NODE = "node-zebra-7"
 # A JSON object's opening, as the state, the steps and the reports all begin: `{"key":`.
 JSON_OBJECT = re.compile(rb'\{"[A-Za-z_]{2,}":')
-
-
-def read_until_closed(sock: socket.socket) -> bytes:
-    """Everything ``sock`` receives until the peer closes it (or WAIT passes: a failure)."""
-    sock.settimeout(WAIT)
-    data = bytearray()
-    try:
-        while chunk := sock.recv(65536):
-            data += chunk
-    except TimeoutError:
-        raise AssertionError("the peer kept the connection open") from None
-    except OSError:  # reset, or a TLS session ended without its close_notify
-        pass
-    return bytes(data)
 
 
 def test_an_agents_traffic_with_the_head_is_encrypted(make_server, make_client, secret, tmp_path):

@@ -323,6 +323,19 @@ def _wait(sock: socket.socket, event: int, deadline: float | None) -> None:
         raise TimeoutError("timed out")
 
 
+def accept_hello(chan: _Channel, secret: bytes, deadline: float) -> str | None:
+    """The server's side of :func:`open_channel`, for a blocking server: read the hello and
+    answer it; return the node id it announces (None for none). A hello with another secret
+    is answered ``N`` and raises :class:`_AuthFailed` (the caller then ends the connection)."""
+    try:
+        node = check_hello(chan.recv(deadline, limit=_HELLO_MAX), secret)
+    except _AuthFailed:
+        chan.send(_REFUSED, deadline)
+        raise
+    chan.send(_ACCEPTED, deadline)
+    return node
+
+
 def open_channel(sock: socket.socket, secret: bytes, node: str | None, deadline: float) -> _Channel:
     """Say the hello on ``sock`` (connected, and for the store already in TLS with the pinned
     certificate) and return its channel once the server accepted it; raise
