@@ -284,3 +284,12 @@ CHECKS: dict[str, Callable[[Any, ModuleType], None]] = {
 
 def test_the_tutorials_are_there() -> None:
     assert set(CHECKS) <= set(NAMES)
+
+
+def test_the_readme_lists_every_tutorial_once_in_reading_order() -> None:
+    readme = (NOTEBOOKS.parent / "README.md").read_text()
+    section = readme.split("## Tutorials and Binder", 1)[1].split("\n## ", 1)[0]
+    listed = re.findall(r"^(\d+)\. `([^`]+\.ipynb)`: \S", section, re.MULTILINE)
+    assert [name for _, name in listed] == NAMES
+    assert [int(n) for n, _ in listed] == list(range(1, len(NAMES) + 1))
+    assert [name[:2] for name in NAMES] == [f"{i:02d}" for i in range(1, 9)]  # 01 to 08
