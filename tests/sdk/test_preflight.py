@@ -343,9 +343,14 @@ def _gone(pid: int) -> None:
         os.kill(pid, signal.SIGKILL)
 
 
-def _log_lines(path: Path, count: int) -> list[str]:
+def _log_lines(path: Path, count: int, until: str = "") -> list[str]:
+    """The log's lines once it has `count` of them and `until` is in it (a traceback is written
+    in several writes: counting lines alone can read it half-way)."""
     deadline = time.monotonic() + 10
-    while path.read_text().count("\n") < count and time.monotonic() < deadline:
+    while time.monotonic() < deadline:
+        text = path.read_text()
+        if text.count("\n") >= count and until in text:
+            break
         time.sleep(0.02)
     return path.read_text().splitlines()
 
@@ -403,7 +408,7 @@ def test_a_session_with_the_tag_starts_python_m_as_a_fork_of_itself(home):
         assert reply["forked"] is True
         assert isinstance(reply["pid"], int)
         pids.append(reply["pid"])
-        lines = _log_lines(log, 3)
+        lines = _log_lines(log, 3, until="No module named cb_no_such_module")
         assert any("No module named cb_no_such_module" in line for line in lines), lines
     finally:
         for pid in pids:
