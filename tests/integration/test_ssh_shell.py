@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import os
+import select
 import shlex
 import shutil
 import signal
@@ -17,6 +18,7 @@ import psutil
 import pytest
 
 import clusterbook as cb
+from clusterbook.ssh import paramiko_shell
 from clusterbook.ssh.hostkeys import AcceptNew, Fingerprints, HostKey, KnownHosts, fingerprint
 from clusterbook.ssh.keys import generate_keypair
 from clusterbook.ssh.local_shell import LocalShell
@@ -145,6 +147,33 @@ def test_command_timeout(shell):
     with pytest.raises(cb.SSHTimeoutError, match=r"ran over its 0\.5 s"):
         shell.run(["sleep", "30"], timeout=0.5)
     assert shell.run(["true"]).returncode == 0  # the connection is still usable
+
+
+class _CountingSelect:
+    """Stands in for the select module in paramiko_shell, counting its calls."""
+
+    def __init__(self) -> None:
+        self.calls = 0
+
+    def select(self, *args: object) -> object:
+        self.calls += 1
+        return select.select(*args)  # type: ignore[arg-type]
+
+
+def test_a_command_that_ends_its_output_early_is_waited_for_not_spun_on(shell, monkeypatch):
+    # The output ends (the channel's end arrives) a second before the exit status: the channel's
+    # file number is readable from then on, and a loop that selects on it would spin.
+    counter = _CountingSelect()
+    monkeypatch.setattr(paramiko_shell, "select", counter)
+    late_exit = ["sh", "-c", "echo out; exec >&- 2>&-; sleep 1; exit 3"]
+    result = shell.run(late_exit)
+    assert (result.returncode, result.stdout) == (3, "out\n")
+    process = shell.start(late_exit)
+    assert process.readline(10) == b"out\n"
+    assert process.close()[0] == 3
+    # A spin makes thousands of calls in that second; waiting makes a handful (each waits for
+    # data or its end, never after the end).
+    assert counter.calls < 20, counter.calls
 
 
 @pytest.mark.parametrize("impl", ["ssh", "local"])

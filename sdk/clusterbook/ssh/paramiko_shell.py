@@ -367,7 +367,7 @@ class ParamikoShell:
                         host=self.host,
                     )
                 if not got:
-                    select.select([chan], [], [], _WAIT)
+                    _wait(chan)
             code = chan.recv_exit_status()
         except SSHError:
             raise
@@ -426,6 +426,19 @@ _SEND_SLICE = 1 << 20
 _WAIT = 0.2
 
 
+def _wait(chan: paramiko.Channel) -> None:
+    """Wait up to ``_WAIT`` s for news on ``chan``: data, its end, its exit status, its close.
+
+    Once the command's output has ended, the channel's file number stays readable for good;
+    a select on it would return at once and the caller would spin until the exit status came
+    (seconds, for a command that closes its output and goes on). So after the end this waits
+    for the exit status (or the close) itself."""
+    if chan.eof_received:
+        chan.status_event.wait(_WAIT)
+    else:
+        select.select([chan], [], [], _WAIT)
+
+
 class _Process:
     """A command running on a channel, read line by line."""
 
@@ -465,15 +478,15 @@ class _Process:
                 continue
             while self._chan.recv_stderr_ready():
                 self._err += self._chan.recv_stderr(65536)
-            if self._chan.closed or (
-                self._chan.exit_status_ready() and not self._chan.recv_ready()
-            ):
-                break
+            if (
+                self._chan.closed or self._chan.exit_status_ready() or self._chan.eof_received
+            ) and not self._chan.recv_ready():
+                break  # nothing more can come
             if time.monotonic() > deadline:
                 raise SSHTimeoutError(
                     f"No data from {self.host} within {timeout:g} s.", host=self.host
                 )
-            select.select([self._chan], [], [], _WAIT)
+            _wait(self._chan)
         return take(self._buf, size)
 
     def readline(self, timeout: float) -> bytes:
@@ -498,7 +511,7 @@ class _Process:
                     f"No answer from the bootstrap step on {self.host} within {timeout:g} s.",
                     host=self.host,
                 )
-            select.select([self._chan], [], [], _WAIT)
+            _wait(self._chan)
         if nl < 0:
             line, self._buf = bytes(self._buf), bytearray()
             return line
@@ -513,7 +526,7 @@ class _Process:
             while not self._chan.exit_status_ready() and time.monotonic() < deadline:
                 while self._chan.recv_stderr_ready():
                     self._err += self._chan.recv_stderr(65536)
-                select.select([self._chan], [], [], _WAIT)
+                _wait(self._chan)
                 while self._chan.recv_ready():
                     self._chan.recv(65536)
             while self._chan.recv_stderr_ready():
