@@ -137,6 +137,11 @@ def _log_in(
     global _handshakes
     name = host_entry_name(hop.hostname, hop.port)
     transport = paramiko.Transport(sock)
+    # paramiko's thread reads with a 0.1 s timeout, to see between reads whether it was closed
+    # or must rekey: ten wake-ups a second per node for as long as the cluster lives. Nothing
+    # waits on those looks (close() does not wait for the thread, which ends at its next one;
+    # a rekey may begin a second late), so one a second is enough.
+    sock.settimeout(_IDLE_WAKE)
     try:
         preferred = policy.preferred_types(hop.hostname, hop.port)
         options = transport.get_security_options()
@@ -172,6 +177,7 @@ def _log_in(
 
 
 _CIPHERS = ("aes128-gcm@openssh.com", "aes256-gcm@openssh.com")
+_IDLE_WAKE = 1.0
 #: A channel's window and largest packet from the node: gather() streams files on the node's
 #: session, and paramiko's work on the head is per packet (sshd takes up to 256 KiB).
 _WINDOW = 16 << 20
