@@ -120,6 +120,7 @@ def test_mpirun_across_hosts_and_clean_stop(testbed, mpi_python, tmp_path):
     after = cluster.status()
     assert after.node.tolist() == [h.addr for h in testbed.hosts]
     assert set(after.state) == {"left"}
+    assert after.heartbeat_age.isna().all()  # no age that stands still after the end
     for h in testbed.hosts:
         assert not cluster_dir(h, cluster).exists()
         keys = h.authorized_keys.read_text()

@@ -603,8 +603,10 @@ class SSHProvider(Provider):
         rendezvous = self._rendezvous
         if rendezvous is not None:
             # After stop() the nodes show as they ended: lost if they were, else left.
+            # No heartbeat comes after this: an age kept would stand still, as if it were news.
             self._stopped = [
-                s if s.state == "lost" else replace(s, state="left") for s in self.node_statuses()
+                replace(s, state=s.state if s.state == "lost" else "left", heartbeat_age=None)
+                for s in self.node_statuses()
             ]
             self._rendezvous = None
             try:
