@@ -98,8 +98,10 @@ class ClusterRecord:
         return self.state in LIVE_STATES
 
     def to_json(self) -> str:
-        # As json.dumps(asdict(self)) writes it, without asdict's deep copy of every value.
-        return json.dumps(self, default=_fields, indent=1, sort_keys=True)
+        # As json.dumps(asdict(self)) writes it, without asdict's deep copy of every value, and
+        # on one line: with an indent, json encodes in Python instead of C, and the keeper
+        # rewrites the record at every heartbeat of every node (up to five times a second).
+        return json.dumps(self, default=_fields, sort_keys=True)
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> ClusterRecord:
