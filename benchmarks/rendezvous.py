@@ -668,7 +668,7 @@ def simulate(nodes: int) -> Simulated:
     goes out; each step's answer is then held for as long as :meth:`Step.hold` says. A node
     whose answer goes out decodes it and finds its rank."""
     from clusterbook.rendezvous.api import RendezvousSettings, RendezvousTimeout
-    from clusterbook.rendezvous.backends._store import StateStore
+    from clusterbook.rendezvous.backends._store import DECISIONS, StateStore
     from clusterbook.rendezvous.backends._wire import _HEAD, _INT
     from clusterbook.rendezvous.backends.tcp_server import BATCH
     from clusterbook.rendezvous.ops import rank_of
@@ -702,8 +702,8 @@ def simulate(nodes: int) -> Simulated:
 
     replies: dict[int, bytes] = {}  # token -> the answer (the server copies it per node)
 
-    def reply() -> bytes:
-        current = store.current()
+    def reply() -> bytes:  # as ``_reply_state`` answers a step: without the nodes' reports
+        current = store.current(reports=False)
         assert current is not None
         blob, token = current
         if token not in replies:
@@ -719,11 +719,11 @@ def simulate(nodes: int) -> Simulated:
         writes += decisive is not None
         if decisive is not None:
             for node, token in list(waiting.items()):
-                if store.settled(_INT, token, decisions=True):
+                if store.settled(_INT, token, level=DECISIONS):
                     del waiting[node]
                     answers[node] = reply()
         for step, hold in zip(batch, holds, strict=True):
-            if hold <= 0 or store.settled(_INT, store.token, decisions=True):
+            if hold <= 0 or store.settled(_INT, store.token, level=DECISIONS):
                 answers[step.node] = reply()
             else:
                 waiting[step.node] = store.token

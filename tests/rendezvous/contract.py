@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import threading
 import time
+from dataclasses import replace
 
 import pytest
 
@@ -215,12 +216,21 @@ class BackendContract:
         before = None if state is None else backend.set_state(encode(state))[:2]
         after = backend.update(join_step(node, ops, info=info))
         expected = by_hand(state or RendezvousState(), ops, node, info)
-        if expected is None:
-            assert after == before
+        stored = backend.get_state()
+        if expected is None:  # nothing written
+            assert stored == before
+            if stored is None:
+                assert after is None
+            else:
+                assert after is not None
+                assert after[1] == stored[1]
+                assert _as_answered(decode(after[0]), decode(stored[0]))
         else:
             assert after is not None
-            assert decode(after[0]) == expected
-            assert backend.get_state() == after
+            assert stored is not None
+            assert decode(stored[0]) == expected  # what the store holds: that state, whole
+            assert _as_answered(decode(after[0]), expected)
+            assert stored[1] == after[1]
             assert before is None or after[1] > before[1]
 
     def test_racing_updates_are_atomic(self, backend_pair) -> None:
@@ -256,9 +266,27 @@ class BackendContract:
         assert got == [left]
         assert set(decode(got[0][0]).participants) == {"a"}
 
+    def test_member_watch_wakes_when_jobs_are_to_stop(self, backend_pair) -> None:
+        a, b = backend_pair
+        _, token, _ = a.set_state(encode(STARTS["last call"]))
+        got = []
+        waiter = threading.Thread(target=lambda: got.append(b.watch_members(token, 30.0)))
+        waiter.start()
+        time.sleep(0.1)
+        stopping = replace(STARTS["last call"], stop_jobs=("job-1",))
+        state, after, _ = a.set_state(encode(stopping), token)
+        waiter.join(timeout=30)
+        assert got == [(state, after)]
+
     def test_close_is_idempotent(self, backend: RendezvousBackend) -> None:
         backend.close()
         backend.close()
+
+
+def _as_answered(answer: RendezvousState, state: RendezvousState) -> bool:
+    """Whether ``answer`` is ``state`` as a store may answer a node's step or its decision or
+    member watch: whole, or without the nodes' reports (only the head reads them)."""
+    return answer in (state, replace(state, node_info={}))
 
 
 class RemoteBackendContract(BackendContract):

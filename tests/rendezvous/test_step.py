@@ -10,7 +10,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from clusterbook.rendezvous.api import RendezvousSettings, RendezvousTimeout
-from clusterbook.rendezvous.ops import decisions_may_change
+from clusterbook.rendezvous.ops import decisions_may_change, members_may_change
 from clusterbook.rendezvous.state import RendezvousState, decode, encode
 from clusterbook.rendezvous.step import WAKE_SLACK, Operation, Step, StepFormatError
 from tests.rendezvous.contract import by_hand
@@ -203,3 +203,27 @@ BASE = RendezvousState(
 )
 def test_decisions_may_change(change: dict, wakes: bool) -> None:
     assert decisions_may_change(BASE, replace(BASE, **change)) is wakes
+
+
+@pytest.mark.parametrize(
+    ("change", "wakes"),
+    [
+        ({"last_heartbeats": {"a": T0 + 1, "b": T0, "w": T0}}, False),
+        ({"node_info": {"a": {"load": 2.0}}}, False),
+        ({"stop_jobs": ("job-1",)}, True),  # every agent stops that job's processes
+        ({"participants": {"a": 0, "b": 0, "c": 0}}, True),
+        ({"wait_list": frozenset({"w", "x"})}, True),  # a newcomer: a round with room for it?
+        ({"participants": {"a": 0}}, True),
+        ({"wait_list": frozenset()}, True),
+        ({"deadline": T0 + 5}, True),
+        ({"complete": True}, True),
+        ({"round": 1}, True),
+        ({"closed": True}, True),
+    ],
+)
+def test_members_may_change(change: dict, wakes: bool) -> None:
+    """What wakes an agent that follows its round: anything but heartbeats and reports (and
+    every decision, which is also one of those)."""
+    after = replace(BASE, **change)
+    assert members_may_change(BASE, after) is wakes
+    assert members_may_change(BASE, after) or not decisions_may_change(BASE, after)

@@ -92,14 +92,16 @@ class NoCompareAndSet(TcpBackend):
         raise AssertionError("set_state called")
 
 
-def test_a_step_runs_on_the_store_in_one_request(make_server, secret) -> None:
+def test_a_step_runs_on_the_store_in_one_request(make_server, make_client, secret) -> None:
     server = make_server()
     client = NoCompareAndSet(server.url, secret, node="n")
     try:
         s = settings(2, 3)
         state = state_of(client.update(step("n", s, EXIT, JOIN, info={"slots": 2})))
         assert state.participants == {"n": 0}
-        assert state.node_info == {"n": {"slots": 2}}
+        # The answer leaves the nodes' reports out (only the head reads them); the store has it.
+        assert state.node_info == {}
+        assert state_of(make_client(server.url).get_state()).node_info == {"n": {"slots": 2}}
         assert state_of(client.update(step("m", s))).deadline is not None
     finally:
         client.close()
@@ -244,6 +246,54 @@ def test_decision_watch_sleeps_while_others_join_before_the_last_call(
     assert woken.running_after(0.3)
     other.update(step("d", s))  # the fourth: the round completes
     assert state_of(woken.get()).complete
+
+
+# --- member watches (what an agent follows its round with) ----------------------------------------
+
+
+def test_member_watch_sleeps_through_heartbeats_and_reports(make_server, make_client) -> None:
+    server = make_server()
+    s = settings(2, 2, interval=0.5)
+    a, b = make_client(server.url, node="a"), make_client(server.url, node="b")
+    a.update(step("a", s))
+    _, token = b.update(step("b", s))
+    woken = Later(lambda: make_client(server.url).watch_members(token, 120.0))
+    time.sleep(0.6)  # a's heartbeat is due
+    _, beat = a.update(step("a", s, KEEP_ALIVE, info={"load": 1.0}))
+    assert beat > token
+    reported = replace(state_of(a.get_state()), node_info={"a": {"x": 1}})
+    a.set_state(encode(reported), beat)
+    assert b.watch(token, 0.0)[1] == beat + 1  # a plain watch sees every change
+    assert woken.running_after(0.3)  # the member watch sleeps on
+    stopping = encode(replace(reported, stop_jobs=("job-1",)))
+    _, stopped, won = a.set_state(stopping, beat + 1)
+    assert won
+    answer = woken.get()
+    assert answer is not None
+    assert answer[1] == stopped
+    # What it answers a node: the state without the nodes' reports, which only the head reads.
+    assert state_of(answer) == replace(decode(stopping), node_info={})
+
+
+@pytest.mark.parametrize("event", ["a newcomer waits", "a node leaves", "closed"])
+def test_member_watch_wakes_on_what_agents_follow(make_server, make_client, event: str) -> None:
+    server = make_server()
+    s = settings(2, 2)
+    a, b = make_client(server.url, node="a"), make_client(server.url, node="b")
+    a.update(step("a", s))
+    _, token = b.update(step("b", s))  # a complete round of two
+    woken = Later(lambda: a.watch_members(token, 120.0))
+    assert woken.running_after(0.2)
+    ops = {"a newcomer waits": (JOIN,), "a node leaves": (EXIT,), "closed": (Operation.CLOSE,)}
+    node = "c" if event == "a newcomer waits" else "b"
+    after = make_client(server.url, node=node).update(step(node, s, *ops[event]))
+    state = state_of(woken.get())
+    assert woken.result == after
+    assert {
+        "a newcomer waits": state.wait_list == {"c"},
+        "a node leaves": set(state.participants) == {"a"},
+        "closed": state.closed,
+    }[event]
 
 
 # --- bad steps ------------------------------------------------------------------------------------

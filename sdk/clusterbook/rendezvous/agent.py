@@ -100,22 +100,24 @@ class Agent:
         return self._facts.with_load().to_json()
 
     def run(self) -> int:
+        # One connection for it all: the joins, the watch between them and the heartbeats, which
+        # this thread sends between watches (the head then serves one TLS session per node).
         # No call waits on a silent head (a cut link drops packets without a word) for longer
-        # than the lease: the watch gives up after half of it, so that it notices in time.
+        # than the lease: a call gives up after half of it, so that the watch notices in time.
         backend = backend_for(
-            self.store_url, self.secret, node=self.node_id, timeout=min(5.0, self.lease)
+            self.store_url, self.secret, node=self.node_id, timeout=min(5.0, self.lease / 2)
         )
-        watcher = backend_for(self.store_url, self.secret, timeout=min(5.0, self.lease / 2))
-        handler = RendezvousHandler(backend, self.settings, self.node_id, info=self.report)
+        handler = RendezvousHandler(
+            backend, self.settings, self.node_id, info=self.report, beat_thread=False
+        )
         try:
-            code = self._loop(handler, watcher)
+            code = self._loop(handler, backend)
             if code == EXIT_LOST_STORE:
-                # At once: closing the connections below may wait out a call on a dead link.
+                # At once: closing the connection below may wait out a call on a dead link.
                 self.release()
         finally:
             if not self._store_lost:  # leave cleanly, so the others need not wait for expiry
                 handler.shutdown()
-            watcher.close()
             backend.close()
         return code
 
@@ -167,18 +169,30 @@ class Agent:
                 info.world_size,
                 info.round,
             )
-            outcome = self._follow(watcher, info.round, set(info.participants))
+            outcome = self._follow(handler, watcher, info.round, set(info.participants))
             if outcome is not None:
                 return outcome
         return EXIT_CLOSED
 
-    def _follow(self, watcher: RendezvousBackend, round_: int, members: set[str]) -> int | None:
-        """Watch the state until this node must join again (None) or exit (a code)."""
+    def _follow(
+        self,
+        handler: RendezvousHandler,
+        watcher: RendezvousBackend,
+        round_: int,
+        members: set[str],
+    ) -> int | None:
+        """Watch the state until this node must join again (None) or exit (a code), and
+        heartbeat whenever one is due."""
         token = None
         last_ok = time.monotonic()
+        beat_at = last_ok + handler.heartbeat_due()
         while not self.stop_event.is_set():
+            if time.monotonic() >= beat_at:
+                beat_at = time.monotonic() + handler.heartbeat()
             try:
-                current = watcher.watch(token, 1.0)
+                # Not woken by the heartbeats of every node (O(nodes) answers each, a second).
+                wait = min(1.0, max(0.0, beat_at - time.monotonic()))
+                current = watcher.watch_members(token, wait)
                 last_ok = time.monotonic()
             except RendezvousConnectionError as exc:
                 if time.monotonic() - last_ok > self.lease:

@@ -15,11 +15,18 @@ way torch elastic's dynamic rendezvous keeps its state:
 - ``watch_decisions(token, timeout)`` is the same, except that it may sleep through writes that
   change no rendezvous decision (:func:`~.ops.decisions_may_change`: heartbeats, reports, a node
   joining before the last call). Waking on every change, as ``watch`` does, is allowed.
+- ``watch_members(token, timeout)`` may sleep through writes that change only heartbeats and
+  reports (:func:`~.ops.members_may_change`): what an agent following its round waits with, so
+  that the nodes' heartbeats do not wake every node. Waking on every change is allowed here too.
 - ``update(change)`` applies a :data:`StateChange` (a pure function of the stored state)
   atomically and returns the stored ``(state, token)`` after it; a write gets a new token. The
   default is a compare-and-set loop (read, change, write unless another write came first, else
   again on the newer state); a backend may run the change on its side instead (the TCP store
   does so for rendezvous steps: one round trip, however many nodes write at once).
+- What ``update`` of a rendezvous step, ``watch_decisions`` and ``watch_members`` return may
+  leave out the nodes' reports (``node_info``), which only the head reads and which are most of
+  a state's bytes (the TCP store does so); ``get_state`` and ``watch`` return the state whole.
+  A compare-and-set starts from ``get_state``, never from such an answer.
 
 Errors are :class:`RendezvousError` subclasses: a store that cannot be reached raises
 :class:`RendezvousConnectionError` within its timeout; a state that does not decode raises
@@ -106,6 +113,11 @@ class RendezvousBackend(ABC):
     def watch_decisions(self, token: Token | None, timeout: float) -> tuple[bytes, Token] | None:
         """Like :meth:`watch`, but may sleep through writes that change no rendezvous decision.
         This default wakes on every change."""
+        return self.watch(token, timeout)
+
+    def watch_members(self, token: Token | None, timeout: float) -> tuple[bytes, Token] | None:
+        """Like :meth:`watch`, but may sleep through writes that change only heartbeats and
+        reports. This default wakes on every change."""
         return self.watch(token, timeout)
 
     def update(self, change: StateChange) -> tuple[bytes, Token] | None:

@@ -10,7 +10,8 @@ the next moment a decision could change by time alone (the end of the last call,
 due, a node expiring, the join deadline); the TCP store holds the answer to a join step until
 then, so a waiting node needs no watch of its own. Once the round is complete the handler's
 heartbeat thread (started with it, :mod:`.beats`) heartbeats every ``keep_alive_interval``
-seconds until the next call, :meth:`shutdown`, or the process ends.
+seconds until the next call, :meth:`shutdown`, or the process ends; a handler made with
+``beat_thread=False`` has none, and its caller beats (:meth:`RendezvousHandler.heartbeat`).
 """
 
 from __future__ import annotations
@@ -78,6 +79,10 @@ class RendezvousHandler:
     on_change
         Called with each new state this handler observes, outside its locks, from whichever
         thread observed it (the caller's or the heartbeat thread). Exceptions are logged.
+    beat_thread
+        Heartbeat from a thread of the handler's own while a round holds the node (default).
+        False: the caller beats, with :meth:`heartbeat` when :meth:`heartbeat_due` says (an
+        agent does, between its watches, so that one connection serves it all).
     """
 
     def __init__(
@@ -90,6 +95,7 @@ class RendezvousHandler:
         monotonic: Callable[[], float] = time.monotonic,
         on_change: Callable[[RendezvousState], None] | None = None,
         info: Callable[[], dict[str, Any]] | None = None,
+        beat_thread: bool = True,
     ) -> None:
         if not isinstance(node, str) or not node:
             raise ConfigError(f"The node id must be a non-empty string, got {node!r}.")
@@ -104,8 +110,10 @@ class RendezvousHandler:
         self._state = RendezvousState()
         self._token: Token | None = None
         # Started now, idle until a round is complete (see .beats).
-        self._beats = Heartbeats(
-            f"clusterbook-rendezvous-heartbeat-{node}", self._first_beat, self._beat
+        self._beats = (
+            Heartbeats(f"clusterbook-rendezvous-heartbeat-{node}", self._first_beat, self._beat)
+            if beat_thread
+            else None
         )
 
     @property
@@ -130,7 +138,8 @@ class RendezvousHandler:
         # Leaving and joining go to the store as one step: within the deadline, leaving always
         # finishes there, and joining then goes on from the state it left.
         state = self._run(Operation.JOIN, deadline, self._join_timeout, leave_first=True)
-        self._beats.start()
+        if self._beats is not None:
+            self._beats.start()
         return RendezvousInfo(
             rank=state.participants[self._node],
             world_size=world_size(state),
@@ -167,7 +176,8 @@ class RendezvousHandler:
     def shutdown(self) -> bool:
         """Stop heartbeating (its thread ends) and leave the rendezvous (round or wait list)
         within ``timeout.close``. Returns whether the node left cleanly; safe to call again."""
-        self._beats.close(self._settings.timeout.heartbeat + _WATCH_CAP)
+        if self._beats is not None:
+            self._beats.close(self._settings.timeout.heartbeat + _WATCH_CAP)
         close = self._settings.timeout.close
         try:
             self._run(
@@ -312,7 +322,18 @@ class RendezvousHandler:
         """Beat no more (a beat in flight finishes within its timeout; if the store hangs
         longer, a late write loses its compare-and-set anyway); the node stays in the state
         until it leaves, or its heartbeat expires."""
-        self._beats.pause(self._settings.timeout.heartbeat + _WATCH_CAP)
+        if self._beats is not None:
+            self._beats.pause(self._settings.timeout.heartbeat + _WATCH_CAP)
+
+    def heartbeat_due(self) -> float:
+        """Seconds until this node's next heartbeat is due (0: now), by the last state seen;
+        for a caller that beats itself (``beat_thread=False``). No I/O."""
+        return self._heartbeat_delay(self.state())
+
+    def heartbeat(self) -> float:
+        """Write this node's heartbeat now; the seconds until the next is due. A failed beat
+        is logged, not raised (the next may succeed; the node's others see it expire if not)."""
+        return self._beat()
 
     def _first_beat(self) -> float:
         return self._heartbeat_delay(self.state())

@@ -40,6 +40,7 @@ __all__ = [
     "expired_nodes",
     "join_action",
     "keep_alive_action",
+    "members_may_change",
     "mutate",
     "next_wakeup",
     "rank_of",
@@ -360,6 +361,21 @@ def decisions_may_change(before: RendezvousState, after: RendezvousState) -> boo
         or before.deadline != after.deadline
         or not before.participants.keys() <= after.participants.keys()
         or not before.wait_list <= after.wait_list
+    )
+
+
+def members_may_change(before: RendezvousState, after: RendezvousState) -> bool:
+    """Whether a write from ``before`` to ``after`` changes anything a node that follows a
+    round (an agent between joins) reacts to: anything but heartbeats and reports.
+
+    That is a decision (:func:`decisions_may_change`), or a change of the participants, of the
+    wait list (a newcomer may mean a new round with room for it) or of the jobs to stop.
+    """
+    return (
+        decisions_may_change(before, after)
+        or before.participants != after.participants
+        or before.wait_list != after.wait_list
+        or before.stop_jobs != after.stop_jobs
     )
 
 

@@ -6,7 +6,9 @@ owns a :class:`StateStore` on its one thread and serves it over the network.
 Besides the blob, the store keeps it decoded (when it is a rendezvous state) so that rendezvous
 steps run on it without decoding it each time, and the token of the last write that may change
 a rendezvous decision (:func:`~clusterbook.rendezvous.ops.decisions_may_change`), which is what
-a decision watch waits for: a heartbeat wakes only the plain watches. The steps that arrive
+a decision watch waits for, and of the last write that changed more than heartbeats and reports
+(:func:`~clusterbook.rendezvous.ops.members_may_change`), which is what a member watch waits
+for: a heartbeat wakes only the plain watches. The steps that arrive
 together run as one batch (:meth:`StateStore.run`): on one draft of the state, stored as one
 write, encoded once when first read.
 """
@@ -15,14 +17,15 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Sequence
+from dataclasses import replace
 
 from clusterbook.rendezvous.api import RendezvousStateError, Token
 from clusterbook.rendezvous.backends._wire import _INT, _NONE, MAX_STATE
-from clusterbook.rendezvous.ops import decisions_may_change
+from clusterbook.rendezvous.ops import decisions_may_change, members_may_change
 from clusterbook.rendezvous.state import RendezvousState, decode, encode
 from clusterbook.rendezvous.step import Step
 
-__all__ = ["StateStore"]
+__all__ = ["ANY", "DECISIONS", "MEMBERS", "StateStore"]
 
 _log = logging.getLogger("clusterbook.rendezvous.backends.tcp")
 
@@ -31,26 +34,43 @@ _GROWTH = 256
 node id in up to four places, and its report): a bound that spares encoding every write."""
 
 
+ANY, MEMBERS, DECISIONS = 0, 1, 2
+"""What a watch waits for: any write; one that changes more than heartbeats and reports; one
+that may change a rendezvous decision (each is also the one before)."""
+
+
 class StateStore:
-    """The blob and its token; the token of the last write that may change a decision."""
+    """The blob and its token; the tokens of the last writes that may change what members
+    follow and a decision."""
 
     def __init__(self) -> None:
         self.token: Token = 0  # 0: nothing stored yet
         self.decisive: Token = 0  # the token of the last write that may change a decision
+        self.eventful: Token = 0  # ... that changed more than heartbeats and reports
         # The stored state is the blob, or the decoded state when steps wrote it: encoded on
         # the first read (the answers to steps held meanwhile all get the last one).
         self._blob: bytes | None = None
+        self._view: bytes | None = None  # the state without the reports, once asked for
         self._decoded: RendezvousState | None = None  # None: nothing stored, or not a state
         self._size = 0  # the blob's size, or a bound of it while it is not encoded
 
-    def current(self) -> tuple[bytes, Token] | None:
+    def current(self, *, reports: bool = True) -> tuple[bytes, Token] | None:
+        """The stored state and its token (None before the first write). Without ``reports``,
+        the state as a node's own requests are answered: without the nodes' reports
+        (``node_info``: facts and load, most of the state's bytes), which only the head reads
+        and which no node's decisions look at."""
         if self.token == 0:
             return None
         if self._blob is None:
             assert self._decoded is not None
             self._blob = encode(self._decoded)
             self._size = len(self._blob)
-        return self._blob, self.token
+        decoded = self._decoded
+        if reports or decoded is None or not decoded.node_info:
+            return self._blob, self.token
+        if self._view is None:
+            self._view = encode(replace(decoded, node_info={}))
+        return self._view, self.token
 
     def matches(self, kind: int, value: int) -> bool:
         """Whether the token ``kind, value`` (see ``_wire._spec``) is the stored one."""
@@ -59,12 +79,12 @@ class StateStore:
             return current is None
         return kind == _INT and current == value
 
-    def settled(self, kind: int, value: int, *, decisions: bool) -> bool:
+    def settled(self, kind: int, value: int, *, level: int = ANY) -> bool:
         """Whether a watch from the token ``kind, value`` returns now: the token differs (a
-        plain watch), or a decisive write came after it (a decision watch; a token this store
-        never gave out counts as differing)."""
-        if decisions and kind == _INT and 0 < value <= self.token:
-            return self.decisive > value
+        plain watch, ``ANY``), or a write of the watch's ``level`` came after it (``MEMBERS``,
+        ``DECISIONS``; a token this store never gave out counts as differing)."""
+        if level != ANY and kind == _INT and 0 < value <= self.token:
+            return (self.decisive if level == DECISIONS else self.eventful) > value
         return not self.matches(kind, value)
 
     def write(
@@ -80,12 +100,14 @@ class StateStore:
             except RendezvousStateError:
                 decoded = None  # not a rendezvous state: every write of it is decisive
         before = self._decoded
-        self._blob, self._decoded = state, decoded
+        self._blob, self._decoded, self._view = state, decoded, None
         self.token += 1
-        decisive = before is None or decoded is None or decisions_may_change(before, decoded)
-        if decisive:
-            self.decisive = self.token
-        return decisive
+        if before is None or decoded is None or decisions_may_change(before, decoded):
+            self.decisive = self.eventful = self.token
+            return True
+        if members_may_change(before, decoded):
+            self.eventful = self.token
+        return False
 
     def compare_and_set(self, kind: int, value: int, state: bytes) -> bool | None:
         """Write ``state`` if the token ``kind, value`` is the stored one: None if not, else

@@ -27,6 +27,7 @@ Requests (client payloads) and their replies::
     U step              run a rendezvous step here            -> s has:u8 token:i64 state
     W spec timeout:f64  long-poll watch                       -> s has:u8 token:i64 state
     D spec timeout:f64  long-poll watch for decisions         -> s has:u8 token:i64 state
+    M spec timeout:f64  long-poll watch for members           -> s has:u8 token:i64 state
     B                   goodbye: the server closes the connection without calling on_lost
 
 One request at a time per connection: the next goes once the reply came (a goodbye may come
@@ -37,7 +38,9 @@ write and a watch on it returns at once). ``step`` is a
 stores what it writes, so a node joins in one round trip however many join at once; while the
 step leaves its node waiting, the answer waits too, as a ``D`` would (up to the step's
 ``wait``). ``D`` waits like ``W`` but sleeps through writes that change no rendezvous decision
-(heartbeats, reports; see :func:`~clusterbook.rendezvous.ops.decisions_may_change`).
+(heartbeats, reports; see :func:`~clusterbook.rendezvous.ops.decisions_may_change`); ``M``
+sleeps through writes that change only heartbeats and reports
+(:func:`~clusterbook.rendezvous.ops.members_may_change`).
 
 Connection loss: when a connection that announced a node id ends without a goodbye (the process
 died, the machine vanished, the network broke), the server waits ``lost_grace`` seconds; unless

@@ -168,6 +168,9 @@ class TcpBackend(RendezvousBackend):
     def watch_decisions(self, token: Token | None, timeout: float) -> tuple[bytes, Token] | None:
         return self._watch(b"D", token, timeout)
 
+    def watch_members(self, token: Token | None, timeout: float) -> tuple[bytes, Token] | None:
+        return self._watch(b"M", token, timeout)
+
     def _watch(self, op: bytes, token: Token | None, timeout: float) -> tuple[bytes, Token] | None:
         wait = min(_WATCH_MAX, float(timeout)) if timeout > 0 else 0.0  # NaN -> 0
         spec = _spec(token)

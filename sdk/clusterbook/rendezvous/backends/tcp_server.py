@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from clusterbook.errors import ClusterStateError, ConfigError
-from clusterbook.rendezvous.backends._store import StateStore
+from clusterbook.rendezvous.backends._store import ANY, DECISIONS, MEMBERS, StateStore
 from clusterbook.rendezvous.backends._tls import Certificate, make_certificate, server_context
 from clusterbook.rendezvous.backends._wire import (
     _ACCEPTED,
@@ -63,6 +63,7 @@ BATCH = 1024
 """The most rendezvous steps the server runs as one write (those read in one pass of its loop,
 in this many at a time)."""
 _HANDSHAKE_TIMEOUT = 10.0
+_LEVELS = {b"W": ANY, b"M": MEMBERS, b"D": DECISIONS}  # what each watch waits for
 _MAX_CONNECTIONS = 1024
 _JOIN = 5.0
 _READ = 256 * 1024  # bytes read from one connection at a time
@@ -77,7 +78,7 @@ class _Wait:
 
     kind: int
     value: int
-    decisions: bool
+    level: int  # _store.ANY, MEMBERS or DECISIONS
 
 
 @dataclass(eq=False)
@@ -454,7 +455,7 @@ class StoreServer:
                 raise _ProtocolError(str(exc)) from None
             conn.busy = True
             self._steps.append((conn, step, len(body)))
-        elif op in (b"S", b"W", b"D") and len(body) >= _SPEC.size:
+        elif op in (b"S", b"W", b"D", b"M") and len(body) >= _SPEC.size:
             kind, value = _SPEC.unpack_from(body)
             if kind not in (_NONE, _INT, _ANY):
                 raise _ProtocolError(f"token kind {kind}")
@@ -468,7 +469,7 @@ class StoreServer:
                     self._changed()
             elif len(body) == _SPEC.size + _SECONDS.size:
                 (timeout,) = _SECONDS.unpack_from(body, _SPEC.size)
-                self._hold(conn, _Wait(kind, value, op == b"D"), timeout)
+                self._hold(conn, _Wait(kind, value, _LEVELS[op]), timeout)
             else:
                 raise _ProtocolError(f"a watch of {len(body)} bytes")
         else:
@@ -521,9 +522,10 @@ class StoreServer:
 
     # the store
 
-    def _reply_state(self) -> bytes:
-        """The stored state as an ``s`` reply."""
-        current = self._store.current()
+    def _reply_state(self, level: int = ANY) -> bytes:
+        """The stored state as an ``s`` reply: whole to a plain watch or a get (the head's),
+        without the nodes' reports to a node's step or its decision or member watch."""
+        current = self._store.current(reports=level == ANY)
         if current is None:
             return b"s" + _HEAD.pack(0, 0)
         return b"s" + _HEAD.pack(1, current[1]) + current[0]
@@ -531,9 +533,9 @@ class StoreServer:
     def _hold(self, conn: _Conn, wait: _Wait, timeout: float) -> None:
         """Answer ``conn`` once ``wait`` is settled, or after ``timeout`` seconds."""
         timeout = min(_WATCH_MAX, timeout) if timeout > 0 else 0.0  # NaN -> 0
-        if timeout <= 0 or self._store.settled(wait.kind, wait.value, decisions=wait.decisions):
+        if timeout <= 0 or self._store.settled(wait.kind, wait.value, level=wait.level):
             conn.busy = False
-            self._send(conn, self._reply_state())
+            self._send(conn, self._reply_state(wait.level))
             return
         conn.busy, conn.wait = True, wait
         self._waiting.add(conn)
@@ -545,8 +547,9 @@ class StoreServer:
 
     def _answer(self, conn: _Conn) -> None:
         self._waiting.discard(conn)
+        level = ANY if conn.wait is None else conn.wait.level
         conn.wait, conn.busy = None, False
-        self._send(conn, self._reply_state())
+        self._send(conn, self._reply_state(level))
 
     def _changed(self) -> None:
         """After a write: answer every held request it settles."""
@@ -554,7 +557,7 @@ class StoreServer:
         for conn in [
             c
             for c in self._waiting
-            if c.wait is not None and settled(c.wait.kind, c.wait.value, decisions=c.wait.decisions)
+            if c.wait is not None and settled(c.wait.kind, c.wait.value, level=c.wait.level)
         ]:
             self._answer(conn)
 
@@ -568,7 +571,7 @@ class StoreServer:
             for (conn, _, _), hold in zip(batch, holds, strict=True):
                 if conn.sock.fileno() >= 0:
                     # Its node waits: answer once that may have changed, or after ``hold``.
-                    self._hold(conn, _Wait(_INT, token, decisions=True), hold)
+                    self._hold(conn, _Wait(_INT, token, DECISIONS), hold)
 
     # sessions
 

@@ -1,0 +1,96 @@
+"""A node's agent between rounds, on an in-memory store: what it waits with."""
+
+from __future__ import annotations
+
+import threading
+import time
+from typing import Any
+
+from clusterbook.rendezvous import registry
+from clusterbook.rendezvous.agent import EXIT_CLOSED, Agent
+from clusterbook.rendezvous.api import Token
+from clusterbook.rendezvous.backends.memory import MemoryBackend
+from clusterbook.rendezvous.state import decode
+
+
+class Spy(MemoryBackend):
+    """One store for the agent's connections, recording how it follows its round; the first
+    such watch stops the agent."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.agent: Agent | None = None
+        self.calls: list[str] = []
+
+    def _stop(self, call: str, token: Token | None) -> tuple[bytes, Token] | None:
+        self.calls.append(call)
+        assert self.agent is not None
+        self.agent.stop_event.set()
+        return super().watch(token, 0.0)
+
+    def watch(self, token: Token | None, timeout: float) -> tuple[bytes, Token] | None:
+        return self._stop("watch", token)
+
+    def watch_members(self, token: Token | None, timeout: float) -> tuple[bytes, Token] | None:
+        return self._stop("watch_members", token)
+
+    def watch_decisions(self, token: Token | None, timeout: float) -> tuple[bytes, Token] | None:
+        return super().watch(token, timeout)  # a join's wait: not what is looked at here
+
+
+def test_an_agent_follows_its_round_with_a_member_watch(monkeypatch) -> None:
+    # A plain watch would wake every node at every node's heartbeat (N answers, N times a
+    # second); a member watch sleeps through heartbeats and reports.
+    store = Spy()
+    monkeypatch.setitem(registry._FACTORIES, "spy", lambda *_a, **_k: store)
+    url = "spy://store/run1?min=1&max=1&last_call=0.1&join=30&interval=1&attempts=3"
+    agent = store.agent = Agent(url, b"s" * 32, "node1", 1)
+    assert agent.run() == EXIT_CLOSED
+    assert store.calls == ["watch_members"]
+    current = store.get_state()
+    assert current is not None
+    assert decode(current[0]).participants == {}  # it joined, then left cleanly
+
+
+class Beats(MemoryBackend):
+    """Records the steps sent; stops the agent once it has followed its round for a while."""
+
+    def __init__(self, follow: float) -> None:
+        super().__init__()
+        self.agent: Agent | None = None
+        self.steps: list[tuple[str, ...]] = []
+        self._follow = follow
+        self._since: float | None = None
+
+    def update(self, change: Any) -> tuple[bytes, Token] | None:
+        self.steps.append(tuple(op.value for op in change.operations))
+        return super().update(change)
+
+    def watch(self, token: Token | None, timeout: float) -> tuple[bytes, Token] | None:
+        # (Every watch an agent follows its round with: it ends, however it watches.)
+        assert self.agent is not None
+        self._since = self._since or time.monotonic()
+        if time.monotonic() - self._since > self._follow:
+            self.agent.stop_event.set()
+        return super().watch(token, timeout)
+
+    def watch_members(self, token: Token | None, timeout: float) -> tuple[bytes, Token] | None:
+        return self.watch(token, timeout)
+
+    def watch_decisions(self, token: Token | None, timeout: float) -> tuple[bytes, Token] | None:
+        return super().watch(token, timeout)  # a join's wait
+
+
+def test_an_agent_heartbeats_between_its_watches_over_one_connection(monkeypatch) -> None:
+    # One connection per node at the head (one TLS session to set up, one socket to keep): the
+    # agent's own thread sends its heartbeats between its watches.
+    store = Beats(follow=1.0)
+    made = []
+    monkeypatch.setitem(registry._FACTORIES, "spy", lambda *a, **k: made.append(k) or store)
+    url = "spy://store/run1?min=1&max=1&last_call=0.1&join=30&interval=0.2&attempts=5"
+    agent = store.agent = Agent(url, b"s" * 32, "node1", 1)
+    assert agent.run() == EXIT_CLOSED
+    assert [k["node"] for k in made] == ["node1"]  # one store client, which names its node
+    beats = store.steps.count(("keep_alive",))
+    assert 3 <= beats <= 10, store.steps  # every 0.2 s for 1 s
+    assert not [t for t in threading.enumerate() if "heartbeat" in t.name]
