@@ -15,6 +15,8 @@ login shell and its start-up files, a Python that imports mpi4py, the node's age
 head's cores. CPU per host is printed both for the whole machine and for this process (the
 part that stays on the head when the nodes are real machines), and the plain OpenSSH round
 gives the same ratio for a bare login, the floor of any bootstrap on this machine.
+The head's CPU is split by thread (paramiko's transports, the rendezvous store, the
+fan-out's workers, ...), and the CPU of the plain round's ssh clients is printed beside it.
 ``--skel-bashrc`` gives the fake hosts' login user Debian's default ``~/.bashrc`` (it returns at
 once when the shell is not interactive) instead of this machine's, to show what the login
 user's shell start-up costs.
@@ -28,11 +30,14 @@ from __future__ import annotations
 
 import argparse
 import os
+import resource
 import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
+from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -60,6 +65,8 @@ class Runs:
     handshakes: list[int] = field(default_factory=list)
     cpu: list[float] = field(default_factory=list)  # machine CPU busy during start()
     head_cpu: list[float] = field(default_factory=list)  # this process's CPU during start()
+    threads: Counter[str] = field(default_factory=Counter)  # head CPU by thread, summed
+    openssh_cpu: list[float] = field(default_factory=list)  # the ssh clients' CPU, per round
 
 
 def busy_cpu() -> float:
@@ -69,9 +76,52 @@ def busy_cpu() -> float:
     return (sum(ticks) - ticks[3] - ticks[4]) / os.sysconf("SC_CLK_TCK")  # minus idle, iowait
 
 
+def thread_cpu() -> dict[int, tuple[str, float]]:
+    """This process's live threads: by native id, their kind and CPU seconds so far (from the
+    scheduler's nanosecond count; empty where the kernel keeps none)."""
+    kinds = {}
+    for thread in threading.enumerate():
+        if thread.native_id is None:
+            continue
+        if type(thread).__name__ == "Transport":
+            kinds[thread.native_id] = "paramiko transports (one per host)"
+        elif thread is threading.main_thread():
+            kinds[thread.native_id] = "main thread (start() itself)"
+        elif thread.name.startswith("clusterbook-store"):
+            kinds[thread.native_id] = "rendezvous store (TLS, joins)"
+        elif thread.name.startswith("clusterbook-rendezvous"):
+            kinds[thread.native_id] = "rendezvous head (follows the state)"
+        else:
+            kinds[thread.native_id] = "other threads"
+    if not os.path.exists(f"/proc/self/task/{threading.get_native_id()}/schedstat"):
+        return {}
+    found = {}
+    for tid, kind in kinds.items():
+        try:
+            with open(f"/proc/self/task/{tid}/schedstat") as f:
+                found[tid] = (kind, int(f.read().split()[0]) / 1e9)
+        except (OSError, ValueError, IndexError):
+            continue  # it has just ended: counted with the threads that ended
+    return found
+
+
+def by_kind(before: dict[int, tuple[str, float]], total: float) -> Counter[str]:
+    """CPU seconds since ``before`` by kind of thread; what threads that have ended used (the
+    per-host fan-out's workers) is the process's ``total`` less the rest."""
+    after = thread_cpu()
+    if not before or not after:
+        return Counter()
+    spent: Counter[str] = Counter()
+    for tid, (kind, cpu) in after.items():
+        spent[kind] += cpu - before.get(tid, (kind, 0.0))[1]
+    spent["threads that ended (the per-host fan-out)"] = max(0.0, total - sum(spent.values()))
+    return spent
+
+
 def run_cluster(bed: Testbed, known_hosts: Path, run_dir: Path, runs: Runs | None) -> None:
     """Start and stop one cluster on every host of ``bed``; record into ``runs`` if given."""
     cluster = bed.cluster(sys.executable, run_dir, known_hosts=known_hosts)
+    threads0 = thread_cpu()
     before, cpu0, head0 = handshake_count(), busy_cpu(), time.process_time()
     t0 = time.perf_counter()
     try:
@@ -79,6 +129,7 @@ def run_cluster(bed: Testbed, known_hosts: Path, run_dir: Path, runs: Runs | Non
         started = time.perf_counter() - t0
         handshakes, cpu = handshake_count() - before, busy_cpu() - cpu0
         head_cpu = time.process_time() - head0
+        threads = by_kind(threads0, head_cpu)
         timings = dict(cluster._provider.timings)  # cumulative since the provider's start
     finally:
         t1 = time.perf_counter()
@@ -91,17 +142,19 @@ def run_cluster(bed: Testbed, known_hosts: Path, run_dir: Path, runs: Runs | Non
     runs.handshakes.append(handshakes)
     runs.cpu.append(cpu)
     runs.head_cpu.append(head_cpu)
+    runs.threads.update(threads)
     runs.phases["connect"].append(timings["connect"])
     runs.phases["probe"].append(timings["preflight"] - timings["connect"])
     runs.phases["install+status"].append(timings["install"] - timings["preflight"])
     runs.phases["other"].append(started - timings["install"])
 
 
-def run_openssh(bed: Testbed, known_hosts: Path) -> float:
-    """Seconds for ``ssh root@host true`` to every host, all started together."""
+def run_openssh(bed: Testbed, known_hosts: Path) -> tuple[float, float]:
+    """Seconds for ``ssh root@host true`` to every host, all started together, and the CPU
+    seconds the ssh clients used (on the head: their key exchange, above all)."""
     options = ["-i", str(bed.identity), "-o", f"UserKnownHostsFile={known_hosts}"]
     options += ["-o", "StrictHostKeyChecking=yes", "-o", "BatchMode=yes"]
-    t0 = time.perf_counter()
+    t0, children = time.perf_counter(), resource.getrusage(resource.RUSAGE_CHILDREN)
     procs = [
         subprocess.Popen(
             ["ssh", *options, f"root@{h.addr}", "true"],
@@ -113,10 +166,12 @@ def run_openssh(bed: Testbed, known_hosts: Path) -> float:
     ]
     outputs = [p.communicate(timeout=60) for p in procs]
     elapsed = time.perf_counter() - t0
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    cpu = after.ru_utime + after.ru_stime - children.ru_utime - children.ru_stime
     for proc, (_, err) in zip(procs, outputs, strict=True):
         if proc.returncode != 0:
             sys.exit(f"plain ssh failed ({proc.returncode}): {err.decode().strip()}")
-    return elapsed
+    return elapsed, cpu
 
 
 SKEL_BASHRC = Path("/etc/skel/.bashrc")
@@ -136,9 +191,10 @@ def measure(n: int, repeat: int, warmup: int, tmp: Path, *, skel_bashrc: bool) -
         for i in range(warmup + repeat):
             counted = i >= warmup
             run_cluster(bed, known_hosts, tmp / f"run-{n}-{i}", runs if counted else None)
-            elapsed = run_openssh(bed, known_hosts)
+            elapsed, cpu = run_openssh(bed, known_hosts)
             if counted:
                 runs.openssh.append(elapsed)
+                runs.openssh_cpu.append(cpu)
     finally:
         bed.close()
     return runs
@@ -169,6 +225,13 @@ def report(runs: Runs, repeat: int, warmup: int) -> None:
         f"machine (fake hosts included), {statistics.median(runs.head_cpu) / n * 1000:.0f} ms "
         "in this process"
     )
+    if runs.threads:
+        count = len(runs.head_cpu) * n
+        print("  this process's CPU per host during start(), by thread (ms, mean):")
+        for kind, spent in runs.threads.most_common():
+            print(f"    {spent / count * 1000:6.2f}  {kind}")
+    clients = statistics.median(runs.openssh_cpu) / n * 1000
+    print(f"  the plain OpenSSH round's ssh clients: {clients:.0f} ms of CPU per host, on the head")
     per_host = sorted({h / runs.hosts for h in runs.handshakes})
     print(f"  handshakes per host during start(): {', '.join(f'{x:.1f}' for x in per_host)}")
 
@@ -229,6 +292,11 @@ def main() -> int:
     print(
         f"{n} hosts: this process's CPU per host during start(): {head * 1000:.1f} ms   "
         f"goal <= {GOAL_HEAD_CPU * 1000:.0f} ms: {'PASS' if head_ok else 'MISS'}"
+    )
+    extra = statistics.median(large.head_cpu) - statistics.median(small.head_cpu)
+    print(
+        f"each host past the first {small.hosts}: {extra / (n - small.hosts) * 1000:.1f} ms of "
+        f"this process's CPU (what start() costs once, whatever the hosts, left out) (info)"
     )
     growth = statistics.median(large.start) / statistics.median(small.start)
     floor = statistics.median(large.openssh) / statistics.median(small.openssh)
