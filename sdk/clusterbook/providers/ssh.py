@@ -320,6 +320,7 @@ class SSHProvider(Provider):
         assert url is not None
         # The agent needs clusterbook: the ranks' Python if it has it, else ours (same path).
         has_it = self._head_facts is not None and self._head_facts.clusterbook
+        spawns: dict[str, dict[str, object]] = {}
         for node in self.nodes:
             python = ctx.python if has_it else sys.executable
             if node.host in self.node_python and self._facts[node.host].clusterbook:
@@ -339,14 +340,16 @@ class SSHProvider(Provider):
             # Tagged like a job: the clean-up at stop() finds it whatever happened. A fork of
             # the node's session (tagged so too) when it runs the same Python: then the
             # node starts one interpreter in all.
-            spawn = {
+            spawns[node.host] = {
                 "cluster_id": ctx.cluster_id,
                 "argv": argv,
                 "env": _agents_env(ctx.cluster_id),
                 "log": _AGENT_LOG,
                 "name": _AGENT_NAME,
             }
-            sessions[node.host].call("spawn", spawn)
+        # All at once: each waits for its node's fork (one round trip, and a process start
+        # where the node's Python differs), which one after the other added up.
+        self._check(parallel(list(spawns), lambda h: sessions[h].call("spawn", spawns[h]))[1])
         try:
             rendezvous.wait_ready(min(60.0, self.connect_timeout * 2))
         except ClusterError as exc:
