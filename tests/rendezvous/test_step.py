@@ -185,45 +185,25 @@ BASE = RendezvousState(
 
 
 @pytest.mark.parametrize(
-    ("change", "wakes"),
+    ("change", "decides", "members"),
     [
-        ({"last_heartbeats": {"a": T0 + 1, "b": T0, "w": T0}}, False),
-        ({"node_info": {"a": {"load": 2.0}}}, False),
-        ({"stop_jobs": ("job-1",)}, False),
-        ({"participants": {"a": 0, "b": 0, "c": 0}}, False),  # joined before the last call
-        ({"wait_list": frozenset({"w", "x"})}, False),
-        ({"participants": {"a": 0}}, True),  # left
-        ({"participants": {"a": 0, "c": 0}}, True),  # one left, one joined
-        ({"wait_list": frozenset()}, True),
-        ({"deadline": T0 + 5}, True),
-        ({"complete": True}, True),
-        ({"round": 1}, True),
-        ({"closed": True}, True),
+        ({"last_heartbeats": {"a": T0 + 1, "b": T0, "w": T0}}, False, False),
+        ({"node_info": {"a": {"load": 2.0}}}, False, False),
+        ({"stop_jobs": ("job-1",)}, False, True),  # every agent stops that job's processes
+        ({"participants": {"a": 0, "b": 0, "c": 0}}, False, True),  # joined before last call
+        ({"wait_list": frozenset({"w", "x"})}, False, True),  # a newcomer: a round with room?
+        ({"participants": {"a": 0}}, True, True),  # left
+        ({"participants": {"a": 0, "c": 0}}, True, True),  # one left, one joined
+        ({"wait_list": frozenset()}, True, True),
+        ({"deadline": T0 + 5}, True, True),
+        ({"complete": True}, True, True),
+        ({"round": 1}, True, True),
+        ({"closed": True}, True, True),
     ],
 )
-def test_decisions_may_change(change: dict, wakes: bool) -> None:
-    assert decisions_may_change(BASE, replace(BASE, **change)) is wakes
-
-
-@pytest.mark.parametrize(
-    ("change", "wakes"),
-    [
-        ({"last_heartbeats": {"a": T0 + 1, "b": T0, "w": T0}}, False),
-        ({"node_info": {"a": {"load": 2.0}}}, False),
-        ({"stop_jobs": ("job-1",)}, True),  # every agent stops that job's processes
-        ({"participants": {"a": 0, "b": 0, "c": 0}}, True),
-        ({"wait_list": frozenset({"w", "x"})}, True),  # a newcomer: a round with room for it?
-        ({"participants": {"a": 0}}, True),
-        ({"wait_list": frozenset()}, True),
-        ({"deadline": T0 + 5}, True),
-        ({"complete": True}, True),
-        ({"round": 1}, True),
-        ({"closed": True}, True),
-    ],
-)
-def test_members_may_change(change: dict, wakes: bool) -> None:
-    """What wakes an agent that follows its round: anything but heartbeats and reports (and
-    every decision, which is also one of those)."""
+def test_which_writes_wake_waiters_and_members(change: dict, decides: bool, members: bool) -> None:
+    """A write wakes a node waiting in a join when it may change a decision, and an agent
+    that follows its round on anything but heartbeats and reports (every decision among them)."""
     after = replace(BASE, **change)
-    assert members_may_change(BASE, after) is wakes
-    assert members_may_change(BASE, after) or not decisions_may_change(BASE, after)
+    assert decisions_may_change(BASE, after) is decides
+    assert members_may_change(BASE, after) is members
