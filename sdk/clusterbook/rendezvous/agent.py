@@ -151,7 +151,7 @@ class Agent:
         )
         return done
 
-    def _loop(self, handler: RendezvousHandler, watcher: RendezvousBackend) -> int:
+    def _loop(self, handler: RendezvousHandler, backend: RendezvousBackend) -> int:
         while not self.stop_event.is_set():
             try:
                 info = handler.next_rendezvous()
@@ -159,7 +159,7 @@ class Agent:
                 _log.info("The rendezvous is closed; agent %s exits.", self.node_id)
                 return EXIT_CLOSED
             except RendezvousConnectionError as exc:
-                if self._wait_for_store(watcher, exc):
+                if self._wait_for_store(backend, exc):
                     continue
                 return EXIT_LOST_STORE
             _log.info(
@@ -169,7 +169,7 @@ class Agent:
                 info.world_size,
                 info.round,
             )
-            outcome = self._follow(handler, watcher, info.round, set(info.participants))
+            outcome = self._follow(handler, backend, info.round, set(info.participants))
             if outcome is not None:
                 return outcome
         return EXIT_CLOSED
@@ -177,7 +177,7 @@ class Agent:
     def _follow(
         self,
         handler: RendezvousHandler,
-        watcher: RendezvousBackend,
+        backend: RendezvousBackend,
         round_: int,
         members: set[str],
     ) -> int | None:
@@ -192,7 +192,7 @@ class Agent:
             try:
                 # Not woken by the heartbeats of every node (O(nodes) answers each, a second).
                 wait = min(1.0, max(0.0, beat_at - time.monotonic()))
-                current = watcher.watch_members(token, wait)
+                current = backend.watch_members(token, wait)
                 last_ok = time.monotonic()
             except RendezvousConnectionError as exc:
                 if time.monotonic() - last_ok > self.lease:
@@ -243,11 +243,11 @@ class Agent:
             return True  # newcomers wait for a new round that has room for them
         return state.complete and set(state.participants) != members  # someone was lost
 
-    def _wait_for_store(self, watcher: RendezvousBackend, exc: Exception) -> bool:
+    def _wait_for_store(self, backend: RendezvousBackend, exc: Exception) -> bool:
         deadline = time.monotonic() + self.lease
         while time.monotonic() < deadline and not self.stop_event.is_set():
             try:
-                watcher.get_state()
+                backend.get_state()
                 return True
             except RendezvousConnectionError:
                 self.stop_event.wait(0.2)
