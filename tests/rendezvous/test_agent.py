@@ -94,3 +94,42 @@ def test_an_agent_heartbeats_between_its_watches_over_one_connection(monkeypatch
     beats = store.steps.count(("keep_alive",))
     assert 3 <= beats <= 10, store.steps  # every 0.2 s for 1 s
     assert not [t for t in threading.enumerate() if "heartbeat" in t.name]
+
+
+_WARMED_AGENT = r"""
+import runpy, sys
+from clusterbook._node_tasks import warm
+from clusterbook.rendezvous.agent import AGENT_IMPORTS
+warm(AGENT_IMPORTS)
+before = set(sys.modules)
+from clusterbook.rendezvous import agent
+agent.Agent.run = lambda self: print(sorted(set(sys.modules) - before)) or 0
+sys.argv = ["clusterbook", "worker", "join", sys.argv[1], "--token-file", sys.argv[2],
+            "--node-id", "n1", "--slots", "1"]
+runpy.run_module("clusterbook.cli", run_name="__main__", alter_sys=True)
+"""
+
+
+def test_a_session_warmed_for_the_agent_leaves_it_nothing_to_import(tmp_path) -> None:
+    # A bootstrap session imports AGENT_IMPORTS before it forks the node's agent: what the
+    # agent imports after that is paid on the way to the cluster being ready.
+    import subprocess
+    import sys
+
+    from clusterbook.rendezvous.api import RendezvousSettings
+    from clusterbook.rendezvous.backends.tcp import write_secret
+
+    token = tmp_path / "token"
+    write_secret(token)
+    url = registry.join_url(
+        "tcp://127.0.0.1:1?fingerprint=sha256:" + "0" * 64, RendezvousSettings("r", 1, 1)
+    )
+    proc = subprocess.run(
+        [sys.executable, "-W", "error", "-c", _WARMED_AGENT, url, str(token)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip() == "[]", f"the agent still imports {proc.stdout.strip()}"

@@ -29,7 +29,7 @@ from clusterbook.launch.rankwrap import HOOK_DIR
 from clusterbook.launch.result import KeptProcess
 from clusterbook.paths import CLUSTERS_DIR, cluster_dir, node_cluster_dir
 from clusterbook.providers.base import Provider, RemoteLaunch, StartContext
-from clusterbook.rendezvous.agent import HEAD_LEASE, agent_argv
+from clusterbook.rendezvous.agent import AGENT_IMPORTS, HEAD_LEASE, agent_argv
 from clusterbook.rendezvous.api import RendezvousSettings, RendezvousTimeout
 from clusterbook.rendezvous.head import RendezvousHead
 from clusterbook.spec import NodeSpec, parse_host_slots, validate_port, validate_timeout
@@ -241,13 +241,15 @@ class SSHProvider(Provider):
         agents = _agents_env(ctx.cluster_id)
 
         def probe(key: str) -> NodeFacts:
+            args = {"prefix": self._prefix(key), "flavour": flavour}
             if key == _HEAD:
                 session = sessions[key] = NodeSession(LocalShell(), self._python(key))
-            else:  # tagged as the agents are: the agent will be a fork of it
-                shell = self._conns[key].shell
-                session = sessions[key] = NodeSession(shell, self._python(key), env=agents)
-            args = {"prefix": self._prefix(key), "flavour": flavour}
-            return NodeFacts.from_json(session.call("probe", args))
+                return NodeFacts.from_json(session.call("probe", args))
+            # Tagged as the agents are: the agent will be a fork of it, and starts with what
+            # it imports while the head waits for the other nodes and installs.
+            shell = self._conns[key].shell
+            session = sessions[key] = NodeSession(shell, self._python(key), env=agents)
+            return NodeFacts.from_json(session.call("probe", args, then_import=AGENT_IMPORTS))
 
         # The head is probed alongside the nodes: its facts are what they are checked against.
         facts, failed = parallel([_HEAD, *self._conns], probe)

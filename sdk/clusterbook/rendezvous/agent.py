@@ -34,7 +34,7 @@ from clusterbook.rendezvous.report import NodeReport
 from clusterbook.rendezvous.state import RendezvousState, decode
 from clusterbook.spec import validate_seconds
 
-__all__ = ["HEAD_LEASE", "Agent", "agent_argv", "join_url", "parse_join_url"]
+__all__ = ["AGENT_IMPORTS", "HEAD_LEASE", "Agent", "agent_argv", "join_url", "parse_join_url"]
 
 _log = logging.getLogger("clusterbook.agent")
 
@@ -44,6 +44,25 @@ EXIT_LOST_STORE = 3
 #: Lease of the agents a head starts itself (local and SSH clusters): seconds without the
 #: head after which an agent stops the cluster's processes on its node, cleans up and exits.
 HEAD_LEASE = 2.0
+
+
+#: What ``clusterbook worker join`` imports before it joins: a bootstrap session that will
+#: fork the node's agent imports these while the head is busy elsewhere (see
+#: ``_node_tasks.warm``), so that the agent starts with them.
+#: (Not ``clusterbook.cli`` itself: ``python -m`` runs it afresh, and warns if it was imported.)
+AGENT_IMPORTS = (
+    "argparse",
+    "clusterbook.gpus",
+    "clusterbook.rendezvous.agent",
+    "clusterbook.rendezvous.backends.tcp",
+    "clusterbook.rendezvous.report",
+    "clusterbook.spec",
+    "clusterbook.wording",
+    "locale",  # argparse's messages
+    "logging",
+    "pwd",  # the user's name
+    "shutil",  # argparse's formatter (the terminal's width)
+)
 
 
 def agent_argv(

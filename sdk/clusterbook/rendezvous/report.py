@@ -14,9 +14,28 @@ import sys
 from dataclasses import asdict, dataclass, replace
 from typing import Any
 
+from clusterbook._node_tasks import installed_mpi
 from clusterbook.gpus import NO_GPUS, GPUInfo, probe_gpus
+from clusterbook.rendezvous.host_facts import ipv4_addresses, memory
 
 __all__ = ["NodeReport"]
+
+
+def _mpi_here() -> str | None:
+    """The MPI next to this interpreter: its PyPI distribution, read from the metadata as the
+    bootstrap's probe reads it; else what the launcher found next to it (or on ``PATH``) says
+    of itself, which runs it."""
+    found = installed_mpi()
+    if found is not None:
+        return found
+    from clusterbook.errors import ConfigError
+    from clusterbook.launch.flavour import find_launcher
+
+    try:
+        launcher = find_launcher(sys.executable)
+    except ConfigError:
+        return None
+    return f"{launcher.flavour.value} {launcher.version}"
 
 
 def _str(value: object) -> str | None:
@@ -86,36 +105,17 @@ class NodeReport:
     ) -> NodeReport:
         """This node's report (no reverse DNS: addresses come from the interfaces); its
         GPUs are probed unless given."""
-        import psutil
-
-        addresses = tuple(
-            a.address
-            for addrs in psutil.net_if_addrs().values()
-            for a in addrs
-            if a.family == socket.AF_INET and not a.address.startswith("127.")
-        )
-        mpi = None
-        try:
-            from clusterbook.errors import ConfigError
-            from clusterbook.launch.flavour import find_launcher
-
-            try:
-                launcher = find_launcher(sys.executable)
-                mpi = f"{launcher.flavour.value} {launcher.version}"
-            except ConfigError:
-                pass
-        except ImportError:  # pragma: no cover - a partial install
-            pass
+        addresses = tuple(a for a in ipv4_addresses() if not a.startswith("127."))
         cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
         return cls(
             hostname=socket.gethostname(),
             user=getpass.getuser(),
             addresses=addresses or ("127.0.0.1",),
             cores=cores,
-            memory=psutil.virtual_memory().total,
+            memory=memory()[0],
             python=sys.executable,
             python_version=".".join(map(str, sys.version_info[:3])),
-            mpi=mpi,
+            mpi=_mpi_here(),
             slots=slots,
             pid=os.getpid(),
             sshd_host_key=sshd_host_key,
@@ -125,10 +125,8 @@ class NodeReport:
 
     def with_load(self) -> NodeReport:
         """This report with the node's load and memory in use now (for a heartbeat)."""
-        import psutil
-
         load = os.getloadavg()[0] if hasattr(os, "getloadavg") else None
-        return replace(self, load=load, memory_used=psutil.virtual_memory().percent)
+        return replace(self, load=load, memory_used=memory()[1])
 
     def to_json(self) -> dict[str, Any]:
         data = asdict(self)

@@ -301,12 +301,18 @@ class NodeSession:
         *,
         frames: Iterable[bytes] | None = None,
         on_frame: Callable[[bytes, bytes], None] | None = None,
+        then_import: Sequence[str] = (),
     ) -> dict[str, Any]:
         """Run ``task`` on the node and return its result: with ``frames`` (encoded, see
         :func:`clusterbook._node_tasks.frame`) sent after the request, as they come, and
         ``on_frame(kind, payload)`` told each frame the task sends before its reply, up to
-        the ``Z`` that ends them. ``timeout`` bounds each wait for the node, not the whole."""
-        self._proc.send(json.dumps({"task": task, "args": args}).encode() + b"\n")
+        the ``Z`` that ends them. ``timeout`` bounds each wait for the node, not the whole.
+        ``then_import``: modules the session imports once its reply is out (see
+        :func:`clusterbook._node_tasks.warm`); the next call waits for that."""
+        request: dict[str, Any] = {"task": task, "args": args}
+        if then_import:
+            request["then_import"] = list(then_import)
+        self._proc.send(json.dumps(request).encode() + b"\n")
         for piece in frames or ():
             self._proc.send(piece, timeout)
         while True:

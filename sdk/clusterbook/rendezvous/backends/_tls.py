@@ -22,7 +22,6 @@ import os
 import re
 import socket
 import ssl
-import tempfile
 import time
 from dataclasses import dataclass, field
 from hashlib import sha256
@@ -112,6 +111,8 @@ def server_context(certificate: Certificate) -> ssl.SSLContext:
     context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
     context.minimum_version = ssl.TLSVersion.TLSv1_3
     context.num_tickets = 0  # no resumption: nothing arrives unasked after the handshake
+    import tempfile  # the server's only: not imported by every node's agent
+
     # The ssl module loads keys from files only: a private directory, removed at once.
     with tempfile.TemporaryDirectory(prefix="clusterbook-tls-") as directory:
         cert_file = os.path.join(directory, "cert.pem")
