@@ -91,6 +91,8 @@ def thread_cpu() -> dict[int, tuple[str, float]]:
             kinds[thread.native_id] = "rendezvous store (TLS, joins)"
         elif thread.name.startswith("clusterbook-rendezvous"):
             kinds[thread.native_id] = "rendezvous head (follows the state)"
+        elif thread.name.startswith("clusterbook-fanout"):
+            kinds[thread.native_id] = "the per-host fan-out's threads"
         else:
             kinds[thread.native_id] = "other threads"
     if not os.path.exists(f"/proc/self/task/{threading.get_native_id()}/schedstat"):
@@ -106,15 +108,15 @@ def thread_cpu() -> dict[int, tuple[str, float]]:
 
 
 def by_kind(before: dict[int, tuple[str, float]], total: float) -> Counter[str]:
-    """CPU seconds since ``before`` by kind of thread; what threads that have ended used (the
-    per-host fan-out's workers) is the process's ``total`` less the rest."""
+    """CPU seconds since ``before`` by kind of thread; what threads that have ended used is
+    the process's ``total`` less the rest."""
     after = thread_cpu()
     if not before or not after:
         return Counter()
     spent: Counter[str] = Counter()
     for tid, (kind, cpu) in after.items():
         spent[kind] += cpu - before.get(tid, (kind, 0.0))[1]
-    spent["threads that ended (the per-host fan-out)"] = max(0.0, total - sum(spent.values()))
+    spent["threads that ended"] = max(0.0, total - sum(spent.values()))
     return spent
 
 
