@@ -888,3 +888,65 @@ def test_read_secret_bad_files(tmp_path) -> None:
     os.close(fd)
     with pytest.raises(ConfigError, match="hex"):
         read_secret(bad)
+
+
+# --- the head's own connections ------------------------------------------------------------
+
+
+def test_a_local_client_is_served_like_any_other_without_network_or_tls(make_server) -> None:
+    server = make_server()
+    local = server.local_client()
+    remote_secret = server._secret
+    remote = TcpBackend(server.url, remote_secret)
+    try:
+        _, token, won = local.set_state(b"from the head")
+        assert won
+        assert remote.get_state() == (b"from the head", token)
+        seen: list[object] = []
+        waiter = threading.Thread(target=lambda: seen.append(local.watch(token, WAIT)))
+        waiter.start()
+        wait_for(lambda: local._lock.locked())
+        _, newer, _ = remote.set_state(b"from a node", token)
+        waiter.join(WAIT)
+        assert seen == [(b"from a node", newer)]
+        assert local._chan is not None
+        assert local._chan.sock.family == socket.AF_UNIX  # a socket pair: no port, no TLS
+        assert not isinstance(local._chan.sock, ssl.SSLSocket)
+    finally:
+        local.close()
+        remote.close()
+
+
+def test_a_local_connection_still_says_the_secret(make_server, secret) -> None:
+    server = make_server()
+    stranger = TcpBackend(server.url, secrets.token_bytes(32), dial=server._local_socket)
+    try:
+        with pytest.raises(RendezvousConnectionError, match="secret"):
+            stranger.get_state()
+    finally:
+        stranger.close()
+    assert_serves(server, secret)
+
+
+def test_closing_the_server_ends_a_local_clients_wait(make_server) -> None:
+    server = make_server()
+    local = server.local_client(timeout=2.0)
+    _, token, _ = local.set_state(b"x")
+    outcome: list[object] = []
+
+    def wait() -> None:
+        try:
+            outcome.append(local.watch(token, 600.0))
+        except RendezvousConnectionError as exc:
+            outcome.append(exc)
+
+    thread = threading.Thread(target=wait)
+    thread.start()
+    wait_for(lambda: local._lock.locked())
+    server.close()
+    thread.join(WAIT)
+    assert not thread.is_alive()
+    assert isinstance(outcome[0], RendezvousConnectionError)
+    with pytest.raises(RendezvousConnectionError):
+        local.get_state()  # it cannot reconnect to a closed server
+    local.close()

@@ -90,10 +90,11 @@ class RendezvousHead:
         self._server = StoreServer(self._listen, self._port, secret=secret, on_lost=self._lost)
         self._server.start()
         self.join_url = join_url(self._server.url, self._settings)
-        self._watcher = TcpBackend(self._server.url, secret)
+        # In-process connections (no TLS handshake, nothing encrypted for this process).
+        self._watcher = self._server.local_client()
         # Writes go on their own connection: the watcher's is held by a long-poll most of
         # the time, and a write queued behind it would wait up to a second.
-        self._writer = TcpBackend(self._server.url, secret)
+        self._writer = self._server.local_client()
         threading.Thread(target=self._follow, name="clusterbook-rendezvous", daemon=True).start()
 
     def close(self) -> None:

@@ -91,9 +91,18 @@ class TcpBackend(RendezvousBackend):
     name = "tcp"
 
     def __init__(
-        self, url: str, secret: bytes, *, node: str | None = None, timeout: float = 5.0
+        self,
+        url: str,
+        secret: bytes,
+        *,
+        node: str | None = None,
+        timeout: float = 5.0,
+        dial: Callable[[float], socket.socket] | None = None,
     ) -> None:
         self._host, self._port, fingerprint = parse_store_url(url)
+        # How to reach the store without the network: StoreServer.local_client's, for the
+        # server's own process (a connected socket by the deadline; no TLS on it).
+        self._dial = dial
         self._secret = _check_secret(secret)
         if node is not None and (
             not isinstance(node, str) or not node or len(node.encode("utf-8")) > _MAX_NODE
@@ -219,6 +228,13 @@ class TcpBackend(RendezvousBackend):
         left = deadline - time.monotonic()
         if left <= 0:
             raise TimeoutError("timed out")
+        if self._dial is not None:
+            local = self._dial(deadline)
+            try:
+                return open_channel(local, self._secret, self._node, deadline)
+            except BaseException:
+                local.close()
+                raise
         sock = socket.create_connection((self._host, self._port), timeout=left)
         try:
             _tune(sock)

@@ -23,7 +23,7 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from clusterbook.errors import ClusterStateError, ConfigError
 from clusterbook.rendezvous.backends._store import ANY, DECISIONS, MEMBERS, StateStore
@@ -54,6 +54,9 @@ from clusterbook.rendezvous.backends._wire import (
 from clusterbook.rendezvous.step import Step, StepFormatError
 from clusterbook.spec import validate_port
 
+if TYPE_CHECKING:
+    from clusterbook.rendezvous.backends.tcp import TcpBackend
+
 __all__ = ["BATCH", "StoreServer"]
 
 # The store's records keep the logger name of the public module, where users configure it.
@@ -83,7 +86,7 @@ class _Wait:
 
 @dataclass(eq=False)
 class _Conn:
-    sock: ssl.SSLSocket
+    sock: socket.socket  # TLS, but for the server's own process's (see local_client)
     phase: str = _TLS
     node: str | None = None
     announced: bool = False
@@ -157,6 +160,7 @@ class StoreServer:
         self._live: dict[str, int] = {}
         self._generation: dict[str, int] = {}
         self._losses_pending = 0  # connections lost whose grace has not run out yet
+        self._adopted: list[socket.socket] = []  # local connections to serve (local_client)
 
     # lifecycle
 
@@ -260,6 +264,7 @@ class StoreServer:
                     elif key.data == "wake":
                         with contextlib.suppress(OSError):
                             os.read(key.fd, 4096)
+                        self._adopt()
                     else:
                         self._events(key.data, mask)
                 self._run_steps()
@@ -273,6 +278,9 @@ class StoreServer:
         with self._lock:
             self._closed = True
             self._live.clear()
+            adopted, self._adopted = self._adopted, []
+        for sock in adopted:
+            sock.close()
         for conn in list(self._connections.values()):
             with contextlib.suppress(OSError):
                 _shutdown(conn.sock, socket.SHUT_RDWR)
@@ -340,6 +348,40 @@ class StoreServer:
             self._later(_HANDSHAKE_TIMEOUT, self._handshake_timeout, conn)
             self._handshake(conn)
 
+    def local_client(self, *, timeout: float = 5.0) -> TcpBackend:
+        """A client of this store for this very process (the head's own): its connection is
+        one end of a socket pair whose other end this server serves, so it needs no network,
+        no port and no TLS (nothing it says leaves the process); the hello with the secret is
+        said as on any connection."""
+        from clusterbook.rendezvous.backends.tcp import TcpBackend
+
+        return TcpBackend(self.url, self._secret, timeout=timeout, dial=self._local_socket)
+
+    def _local_socket(self, deadline: float) -> socket.socket:
+        ours, theirs = socket.socketpair()
+        with self._lock:
+            wake = self._wake
+            if self._closed or wake is None:
+                ours.close()
+                theirs.close()
+                raise ConnectionRefusedError("the store server is closed")
+            self._adopted.append(theirs)
+        with contextlib.suppress(OSError):
+            os.write(wake[1], b"a")
+        return ours
+
+    def _adopt(self) -> None:
+        """Serve the local connections made since the last look (on the server's thread)."""
+        with self._lock:
+            adopted, self._adopted = self._adopted, []
+        for sock in adopted:
+            sock.setblocking(False)
+            conn = _Conn(sock, phase=_HELLO)
+            self._connections[sock.fileno()] = conn
+            self._interest(conn, selectors.EVENT_READ)
+            self._later(_HANDSHAKE_TIMEOUT, self._handshake_timeout, conn)
+            self._read(conn)
+
     def _interest(self, conn: _Conn, events: int) -> None:
         assert self._selector is not None
         if events == conn.events:
@@ -364,6 +406,7 @@ class StoreServer:
             self._read(conn)
 
     def _handshake(self, conn: _Conn) -> None:
+        assert isinstance(conn.sock, ssl.SSLSocket)  # only TLS connections start in _TLS
         try:
             conn.sock.do_handshake()
         except ssl.SSLWantReadError:
