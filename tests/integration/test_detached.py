@@ -87,6 +87,9 @@ def test_a_detached_cluster_survives_the_sigkill_of_its_starter(
     finally:
         if starter.poll() is None:
             starter.kill()
+            starter.wait(10)
+        if starter.stdout is not None:
+            starter.stdout.close()
     go.touch()  # the job goes on without the process that started it, and ends
     attached = cb.Cluster.attach(cluster_id)
     assert attached.state == "running"
