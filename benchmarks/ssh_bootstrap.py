@@ -49,7 +49,9 @@ from tests.testbed import Testbed, make_testbed
 
 GOAL_RATIO = 1.2  # start() / plain ssh fan-out, largest size
 GOAL_HEAD_CPU = 0.010  # seconds of this process's CPU per host during start(), largest size
-PHASES = ("connect", "probe", "install+status", "other")  # "other": launcher lookup, dirs
+# install: the store's start and the cluster's files; agents: the status file and the agents'
+# start, until all joined, and what start() does around the provider (launcher, directories)
+PHASES = ("connect", "probe", "install", "agents")
 
 
 @dataclass
@@ -147,8 +149,8 @@ def run_cluster(bed: Testbed, known_hosts: Path, run_dir: Path, runs: Runs | Non
     runs.threads.update(threads)
     runs.phases["connect"].append(timings["connect"])
     runs.phases["probe"].append(timings["preflight"] - timings["connect"])
-    runs.phases["install+status"].append(timings["install"] - timings["preflight"])
-    runs.phases["other"].append(started - timings["install"])
+    runs.phases["install"].append(timings["install"] - timings["preflight"])
+    runs.phases["agents"].append(started - timings["install"])
 
 
 def run_openssh(bed: Testbed, known_hosts: Path) -> tuple[float, float]:

@@ -208,10 +208,10 @@ class SSHProvider(Provider):
             self.timings["preflight"] = time.monotonic() - t0
             self._start_rendezvous(ctx)
             ctx.progress("installing the cluster's files")
-            self._install(ctx, head_dir, sessions)
+            ready = self._install(ctx, head_dir, sessions)
             self.timings["install"] = time.monotonic() - t0
             ctx.progress(f"starting {len(hosts)} agents")
-            self._start_agents(ctx, sessions)
+            self._start_agents(ctx, sessions, ready)
             self.timings["agents"] = time.monotonic() - t0
         except BaseException:
             parallel(list(sessions), lambda key: sessions[key].close())
@@ -312,10 +312,13 @@ class SSHProvider(Provider):
         self._rendezvous = RendezvousHead(settings, listen=head_addr)
         self._rendezvous.start(ctx.cluster_id, ctx.changed)
 
-    def _start_agents(self, ctx: StartContext, sessions: dict[str, NodeSession]) -> None:
-        """One agent per node, started by the node's bootstrap session (no second login);
-        wait until all joined. The agents outlive the sessions: they leave when the
-        rendezvous closes, and exit by themselves when they lose the head."""
+    def _start_agents(
+        self, ctx: StartContext, sessions: dict[str, NodeSession], ready: dict[str, object]
+    ) -> None:
+        """One agent per node, started by the node's bootstrap session (no second login),
+        after the ``ready`` install that every session gets; wait until all joined. The
+        agents outlive the sessions: they leave when the rendezvous closes, and exit by
+        themselves when they lose the head."""
         rendezvous = self._rendezvous
         assert rendezvous is not None
         url = rendezvous.join_url
@@ -349,9 +352,17 @@ class SSHProvider(Provider):
                 "log": _AGENT_LOG,
                 "name": _AGENT_NAME,
             }
+
         # All at once: each waits for its node's fork (one round trip, and a process start
-        # where the node's Python differs), which one after the other added up.
-        self._check(parallel(list(spawns), lambda h: sessions[h].call("spawn", spawns[h]))[1])
+        # where the node's Python differs), which one after the other added up. Every node
+        # has its files by now: the status file goes with the spawn, in the same round trip.
+        def start(key: str) -> object:
+            calls: list[tuple[str, Mapping[str, object]]] = [("install", ready)]
+            if key in spawns:
+                calls.append(("spawn", spawns[key]))
+            return sessions[key].call_each(calls)
+
+        self._check(parallel(list(sessions), start)[1])
         try:
             rendezvous.wait_ready(min(60.0, self.connect_timeout * 2))
         except ClusterError as exc:
@@ -384,7 +395,11 @@ class SSHProvider(Provider):
             seen.get(n.name) or NodeStatus(n.name, n.host, n.slots, "pending") for n in self.nodes
         ]
 
-    def _install(self, ctx: StartContext, head_dir: Path, sessions: dict[str, NodeSession]) -> None:
+    def _install(
+        self, ctx: StartContext, head_dir: Path, sessions: dict[str, NodeSession]
+    ) -> dict[str, object]:
+        """Put the cluster's files on every node and the head; return the install of the
+        status file, which goes once every node has them (with the agents' start)."""
         keys_dir = head_dir / "keys"
         if keys_dir.exists():
             shutil.rmtree(keys_dir)
@@ -431,12 +446,12 @@ class SSHProvider(Provider):
                 ],
             }
         ).encode()
-        ready = {
+        # Last, once every node has everything: the status file that workers can wait on
+        # (written with the agents' start, see _start_agents).
+        ready: dict[str, object] = {
             "cluster_id": ctx.cluster_id,
             "files": encode_files({"status.json": ("644", status)}),
         }
-        # Last, once every node has everything: the status file that workers can wait on.
-        self._check(parallel(list(sessions), lambda key: sessions[key].call("install", ready))[1])
         head_addr = next(iter(self._conns.values())).local_addr
         self._remote = RemoteLaunch(
             ssh_args=tuple(ssh_args),
@@ -456,6 +471,7 @@ class SSHProvider(Provider):
                 launcher=replace(ctx.launcher, path=paths.launcher),
                 hook_dir=paths.hook_dir,
             )
+        return ready
 
     @staticmethod
     def _check(failed: dict[str, Exception]) -> None:

@@ -332,6 +332,22 @@ class NodeSession:
         answer: dict[str, Any] = reply["ok"]
         return answer
 
+    def call_each(
+        self, calls: Sequence[tuple[str, Mapping[str, Any]]], timeout: float = 60.0
+    ) -> list[dict[str, Any]]:
+        """Run several tasks one after the other on the node, with one wait for them all: the
+        requests go out together and the replies are read in their order (the first task
+        that failed raises, once every reply is in). No frames either way."""
+        requests = (json.dumps({"task": t, "args": a}).encode() + b"\n" for t, a in calls)
+        self._proc.send(b"".join(requests))
+        replies = [self._reply(task, timeout) for task, _ in calls]
+        for (task, _), reply in zip(calls, replies, strict=True):
+            if "error" in reply:
+                raise TaskFailedError(
+                    f"The {task} step failed on {self.host}: {reply['error']}", host=self.host
+                )
+        return [reply["ok"] for reply in replies]
+
     def _reply(self, task: str, timeout: float) -> dict[str, Any]:
         deadline = time.monotonic() + timeout
         while True:
