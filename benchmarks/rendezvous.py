@@ -10,6 +10,8 @@ Four parts, in one run:
    harness's floor: the same processes, each doing one request and answer with the same
    ``StoreServer`` over the same TLS connection (``TcpBackend.get_state``) and nothing else: no
    rendezvous can take less on this machine, whose 2 cores run the store and every process.
+   Beside it, where a round's CPU goes: the store's threads here (the head's share: on real
+   machines the nodes' work runs on theirs) and each process's ``next_rendezvous()``.
 2. Last-call excess (min 2, max 4, two processes, last call 0.5 s): how long after the end of the
    last call (the moment the second node joined + 0.5 s) every process holds its rank.
    Goal <= 20 ms for clusterbook (torch's figure for information).
@@ -252,8 +254,11 @@ def worker_main(lib: str, index: int, log: str) -> int:
                 node.setup(command["spec"])
                 answer(ok="ready")
             elif cmd == "go":
+                cpu = time.process_time()
                 rank, size = node.rendezvous()
-                answer(ok="done", t=time.time(), rank=rank, world_size=size)
+                done = time.time()
+                cpu = time.process_time() - cpu
+                answer(ok="done", t=done, rank=rank, world_size=size, cpu=cpu)
             elif cmd == "leave":
                 node.leave()
                 answer(ok="left")
@@ -326,10 +331,14 @@ def gather(workers: list[Worker], expect: str, timeout: float) -> dict[int, dict
 
 @dataclass
 class Round:
-    """One rendezvous round: when it was released and when each process held its rank."""
+    """One rendezvous round: when it was released and when each process held its rank; the
+    CPU seconds the store used meanwhile (this process's threads but the harness's), and
+    each process's CPU seconds in its ``next_rendezvous()``."""
 
     released: float
     done: list[float]
+    store_cpu: float = 0.0
+    node_cpu: list[float] = field(default_factory=list)
 
     @property
     def latency(self) -> float:
@@ -373,10 +382,12 @@ class Pool:
             w.send(cmd="setup", spec=spec)
         gather(workers, "ready", REPLY_TIMEOUT)
         time.sleep(SETTLE)
+        others0 = time.process_time() - time.thread_time()  # the store's threads, not ours
         released = time.time()
         for w in workers:
             w.send(cmd="go")
         answers = gather(workers, "done", JOIN_TIMEOUT + REPLY_TIMEOUT)
+        store_cpu = time.process_time() - time.thread_time() - others0
         for w in workers:  # only once all are done: leaving costs CPU the others would miss
             w.send(cmd="leave")
         gather(workers, "left", REPLY_TIMEOUT)
@@ -384,7 +395,12 @@ class Pool:
         sizes = {a["world_size"] for a in answers.values()}
         if ranks != list(range(n)) or sizes != {n}:
             raise BadRound(f"{self.lib}: bad round: ranks {ranks}, world sizes {sizes}")
-        return Round(released, [a["t"] for a in answers.values()])
+        return Round(
+            released,
+            [a["t"] for a in answers.values()],
+            store_cpu,
+            [a["cpu"] for a in answers.values()],
+        )
 
     def close(self) -> None:
         """Ask every worker to quit; kill those that do not within a few seconds."""
@@ -827,6 +843,7 @@ def part1_and_2(
             for _ in range(warmup):
                 one_round(pool, lib, pool.size, pool.size, pool.size, 1.0)
         latencies: dict[str, dict[int, list[float]]] = {lib.name: {} for lib, _ in libs}
+        rounds: dict[tuple[str, int], list[Round]] = {}
         for n in sizes:
             for r in range(repeat):
                 turn = libs if r % 2 == 0 else libs[::-1]
@@ -835,6 +852,7 @@ def part1_and_2(
                         continue
                     result = one_round(pool, lib, n, n, n, 1.0)
                     latencies[lib.name].setdefault(n, []).append(result.latency)
+                    rounds.setdefault((lib.name, n), []).append(result)
             cb_times = latencies["clusterbook"][n]
             line = f"  N={n:<3} clusterbook {ms(statistics.median(cb_times))} ms"
             line += f", floor {ms(statistics.median(latencies['floor'][n]))} ms"
@@ -884,6 +902,20 @@ def part1_and_2(
         )
         if GOAL_AT not in sizes:
             print(f"  the goals are for N = {GOAL_AT}, not among --sizes: not checked")
+        cpu_rows = []
+        for (name, n), done in sorted(rounds.items(), key=lambda item: (item[0][1], item[0][0])):
+            store = statistics.median(r.store_cpu for r in done)
+            per_node = statistics.median(statistics.mean(r.node_cpu) for r in done)
+            total = statistics.median(sum(r.node_cpu) for r in done)
+            cpu_rows.append([str(n), name, ms(store), f"{per_node * 1e3:.2f}", ms(total)])
+        table(
+            f"Part 1, CPU: where a round's work is (median of {repeat}; ms). store: the store's "
+            "threads in this process during the round, the head's share (on real machines it is "
+            "the head's alone, the nodes' work runs on theirs); node: what each process spent in "
+            "its next_rendezvous(), and all of them together (here 2 cores run them all)",
+            ["N", "library", "store", "node, each", "nodes, all"],
+            cpu_rows,
+        )
         skipped = [n for n in sizes if n not in torch_sizes]
         if torch_sizes and skipped:
             print(f"  torch not run at N = {', '.join(map(str, skipped))} (--torch-max-size)")
