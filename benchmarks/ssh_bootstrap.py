@@ -66,16 +66,21 @@ class Runs:
     phases: dict[str, list[float]] = field(default_factory=lambda: {p: [] for p in PHASES})
     handshakes: list[int] = field(default_factory=list)
     cpu: list[float] = field(default_factory=list)  # machine CPU busy during start()
+    steal: list[float] = field(default_factory=list)  # ... and taken by the hypervisor
     head_cpu: list[float] = field(default_factory=list)  # this process's CPU during start()
     threads: Counter[str] = field(default_factory=Counter)  # head CPU by thread, summed
     openssh_cpu: list[float] = field(default_factory=list)  # the ssh clients' CPU, per round
 
 
-def busy_cpu() -> float:
-    """CPU seconds the whole machine (head and fake hosts alike) has spent busy since boot."""
+def busy_cpu() -> tuple[float, float]:
+    """CPU seconds the whole machine (head and fake hosts alike) has spent busy since boot,
+    and those the hypervisor gave to other machines (steal: the cores were not ours then)."""
     with open("/proc/stat") as f:
         ticks = [int(v) for v in f.readline().split()[1:]]
-    return (sum(ticks) - ticks[3] - ticks[4]) / os.sysconf("SC_CLK_TCK")  # minus idle, iowait
+    # user nice system idle iowait irq softirq steal (guest time is in user already)
+    steal = ticks[7] if len(ticks) > 7 else 0
+    hz = os.sysconf("SC_CLK_TCK")
+    return (sum(ticks[:7]) - ticks[3] - ticks[4]) / hz, steal / hz
 
 
 def thread_cpu() -> dict[int, tuple[str, float]]:
@@ -131,7 +136,8 @@ def run_cluster(bed: Testbed, known_hosts: Path, run_dir: Path, runs: Runs | Non
     try:
         cluster.start()
         started = time.perf_counter() - t0
-        handshakes, cpu = handshake_count() - before, busy_cpu() - cpu0
+        busy, stolen = busy_cpu()
+        handshakes, cpu, steal = handshake_count() - before, busy - cpu0[0], stolen - cpu0[1]
         head_cpu = time.process_time() - head0
         threads = by_kind(threads0, head_cpu)
         timings = dict(cluster._provider.timings)  # cumulative since the provider's start
@@ -145,6 +151,7 @@ def run_cluster(bed: Testbed, known_hosts: Path, run_dir: Path, runs: Runs | Non
     runs.stop.append(stopped)
     runs.handshakes.append(handshakes)
     runs.cpu.append(cpu)
+    runs.steal.append(steal)
     runs.head_cpu.append(head_cpu)
     runs.threads.update(threads)
     runs.phases["connect"].append(timings["connect"])
@@ -222,7 +229,11 @@ def report(runs: Runs, repeat: int, warmup: int) -> None:
     cpus = os.cpu_count() or 1
     share = statistics.median(c / (t * cpus) for c, t in zip(runs.cpu, runs.start, strict=True))
     print(f"  start() / floor (medians): {start / floor:.2f}")
-    print(f"  machine CPU busy during start(): {share:.0%} of {cpus} CPUs")
+    stolen = statistics.median(c / (t * cpus) for c, t in zip(runs.steal, runs.start, strict=True))
+    print(
+        f"  machine CPU busy during start(): {share:.0%} of {cpus} CPUs; taken by the "
+        f"hypervisor (steal): {stolen:.0%}"
+    )
     n = runs.hosts
     print(
         f"  CPU per host during start(): {statistics.median(runs.cpu) / n * 1000:.0f} ms on the "
