@@ -108,8 +108,10 @@ class StoreServer:
     ever set.
 
     The traffic is TLS: the server shows ``certificate``, by default a new self-signed one made
-    here; its fingerprint is in :attr:`url`, which is what clients pin. Give the certificate of
-    an earlier server to serve as that one again (its clients reconnect).
+    here; its fingerprint is in :attr:`url`, which is what clients pin. (The clients of this
+    very process, :meth:`local_client`, talk through a socket pair instead: nothing leaves it.)
+    Give the certificate of an earlier server to serve as that one again (its clients
+    reconnect).
     """
 
     def __init__(
