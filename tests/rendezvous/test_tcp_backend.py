@@ -74,6 +74,33 @@ def closed_by_peer(sock: socket.socket, timeout: float = WAIT) -> bool:
     return True
 
 
+class Later:
+    """A call on a thread of its own, to look at before and after it returns."""
+
+    def __init__(self, call) -> None:
+        self.result: object = None
+        self.error: BaseException | None = None
+        self.thread = threading.Thread(target=self._run, args=(call,), daemon=True)
+        self.thread.start()
+
+    def _run(self, call) -> None:
+        try:
+            self.result = call()
+        except BaseException as exc:
+            self.error = exc
+
+    def running_after(self, seconds: float) -> bool:
+        self.thread.join(seconds)
+        return self.thread.is_alive()
+
+    def get(self) -> object:
+        self.thread.join(WAIT)
+        assert not self.thread.is_alive(), "the call did not return"
+        if self.error is not None:
+            raise self.error
+        return self.result
+
+
 class TestTcpBackend(RemoteBackendContract):
     @pytest.fixture
     def backend(self, make_server, make_client):
@@ -536,22 +563,11 @@ def test_clean_close_never_calls_on_lost(make_server, make_client) -> None:
     # A node that closes while it waits in a watch also leaves cleanly.
     waiter = make_client(server.url, node="waiter")
     waiter.get_state()
-    errors: list[BaseException] = []
-
-    def wait() -> None:
-        try:
-            waiter.watch(token, 120.0)
-        except RendezvousConnectionError as exc:
-            errors.append(exc)
-
-    thread = threading.Thread(target=wait)
-    thread.start()
+    waiting = Later(lambda: waiter.watch(token, 120.0))
     wait_for(lambda: waiter._lock.locked())
     waiter.close()
-    thread.join(WAIT)
-    assert not thread.is_alive()
-    assert len(errors) == 1
-    assert "closed" in str(errors[0])
+    with pytest.raises(RendezvousConnectionError, match="closed"):
+        waiting.get()
     wait_for(lambda: "waiter" not in server.connected_nodes)
     # A node lost afterwards is reported, and only it.
     marker = make_client(server.url, node="marker")
@@ -654,28 +670,17 @@ def test_server_killed_while_a_client_waits(make_client, secret) -> None:
         url = proc.stdout.readline().strip()
         client = make_client(url, timeout=2.0)
         _, token, _ = client.set_state(b"base")
-        outcome: list[object] = []
-
-        def wait() -> None:
-            try:
-                outcome.append(client.watch(token, 600.0))
-            except RendezvousConnectionError as exc:
-                outcome.append(exc)
-
-        thread = threading.Thread(target=wait)
-        thread.start()
+        waiting = Later(lambda: client.watch(token, 600.0))
         wait_for(lambda: client._lock.locked())
         proc.send_signal(signal.SIGKILL)
-        thread.join(WAIT)  # far less than the watch's 600 s
-        assert not thread.is_alive()
+        with pytest.raises(RendezvousConnectionError) as info:
+            waiting.get()  # within WAIT: far less than the watch's 600 s
     finally:
         proc.kill()
         proc.wait(WAIT)
         proc.stdin.close()
         proc.stdout.close()
-    assert len(outcome) == 1
-    assert isinstance(outcome[0], RendezvousConnectionError)
-    assert url in str(outcome[0])
+    assert url in str(info.value)
     with pytest.raises(RendezvousConnectionError, match="refused"):
         client.get_state()
 
@@ -707,22 +712,12 @@ def test_server_close_ends_calls_joins_threads_and_is_idempotent(make_client, se
     try:
         client = make_client(server.url, node="n1")
         _, token, _ = client.set_state(b"base")
-        outcome: list[object] = []
-
-        def wait() -> None:
-            try:
-                outcome.append(client.watch(token, 600.0))
-            except RendezvousConnectionError as exc:
-                outcome.append(exc)
-
-        thread = threading.Thread(target=wait)
-        thread.start()
+        waiting = Later(lambda: client.watch(token, 600.0))
         wait_for(lambda: client._lock.locked())
     finally:
         server.close()
-    thread.join(WAIT)
-    assert not thread.is_alive()
-    assert isinstance(outcome[0], RendezvousConnectionError)
+    with pytest.raises(RendezvousConnectionError):
+        waiting.get()
     assert not [t for t in threading.enumerate() if t.name.startswith("clusterbook-store")]
     server.close()
     with pytest.raises(RendezvousConnectionError):
@@ -896,19 +891,15 @@ def test_read_secret_bad_files(tmp_path) -> None:
 def test_a_local_client_is_served_like_any_other_without_network_or_tls(make_server) -> None:
     server = make_server()
     local = server.local_client()
-    remote_secret = server._secret
-    remote = TcpBackend(server.url, remote_secret)
+    remote = TcpBackend(server.url, server._secret)
     try:
         _, token, won = local.set_state(b"from the head")
         assert won
         assert remote.get_state() == (b"from the head", token)
-        seen: list[object] = []
-        waiter = threading.Thread(target=lambda: seen.append(local.watch(token, WAIT)))
-        waiter.start()
+        waiting = Later(lambda: local.watch(token, WAIT))
         wait_for(lambda: local._lock.locked())
         _, newer, _ = remote.set_state(b"from a node", token)
-        waiter.join(WAIT)
-        assert seen == [(b"from a node", newer)]
+        assert waiting.get() == (b"from a node", newer)
         assert local._chan is not None
         assert local._chan.sock.family == socket.AF_UNIX  # a socket pair: no port, no TLS
         assert not isinstance(local._chan.sock, ssl.SSLSocket)
@@ -932,21 +923,11 @@ def test_closing_the_server_ends_a_local_clients_wait(make_server) -> None:
     server = make_server()
     local = server.local_client(timeout=2.0)
     _, token, _ = local.set_state(b"x")
-    outcome: list[object] = []
-
-    def wait() -> None:
-        try:
-            outcome.append(local.watch(token, 600.0))
-        except RendezvousConnectionError as exc:
-            outcome.append(exc)
-
-    thread = threading.Thread(target=wait)
-    thread.start()
+    waiting = Later(lambda: local.watch(token, 600.0))
     wait_for(lambda: local._lock.locked())
     server.close()
-    thread.join(WAIT)
-    assert not thread.is_alive()
-    assert isinstance(outcome[0], RendezvousConnectionError)
+    with pytest.raises(RendezvousConnectionError):
+        waiting.get()
     with pytest.raises(RendezvousConnectionError):
         local.get_state()  # it cannot reconnect to a closed server
     local.close()

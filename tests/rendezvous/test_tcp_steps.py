@@ -16,6 +16,7 @@ from clusterbook.rendezvous.handler import RendezvousHandler
 from clusterbook.rendezvous.state import RendezvousState, decode, encode
 from clusterbook.rendezvous.step import Operation, Step
 from tests.rendezvous.test_tcp_backend import (
+    Later,
     LostLog,
     assert_serves,
     closed_by_peer,
@@ -50,33 +51,6 @@ def step(node: str, s: RendezvousSettings, *ops: Operation, **kw: object) -> Ste
 def state_of(current: tuple[bytes, int] | None) -> RendezvousState:
     assert current is not None
     return decode(current[0])
-
-
-class Later:
-    """A call on a thread of its own, to look at before and after it returns."""
-
-    def __init__(self, call) -> None:
-        self.result: object = None
-        self.error: BaseException | None = None
-        self.thread = threading.Thread(target=self._run, args=(call,), daemon=True)
-        self.thread.start()
-
-    def _run(self, call) -> None:
-        try:
-            self.result = call()
-        except BaseException as exc:
-            self.error = exc
-
-    def running_after(self, seconds: float) -> bool:
-        self.thread.join(seconds)
-        return self.thread.is_alive()
-
-    def get(self) -> object:
-        self.thread.join(WAIT)
-        assert not self.thread.is_alive(), "the call did not return"
-        if self.error is not None:
-            raise self.error
-        return self.result
 
 
 # --- one request per step -------------------------------------------------------------------------
