@@ -1106,7 +1106,8 @@ def session() -> None:
             reply = {"error": f"{type(exc).__name__}: {exc}"}
         stdout.write(f"{REPLY}{json.dumps(reply)}\n".encode())
         stdout.flush()
-        warm(request.get("then_import", ()))
+        if modules := request.get("then_import"):
+            warm(modules)
 
 
 def warm(modules: Iterable[str]) -> None:

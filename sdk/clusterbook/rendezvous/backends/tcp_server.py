@@ -345,9 +345,7 @@ class StoreServer:
                 sock.close()
                 continue
             conn = _Conn(tls)
-            self._connections[tls.fileno()] = conn
-            self._interest(conn, selectors.EVENT_READ)
-            self._later(_HANDSHAKE_TIMEOUT, self._handshake_timeout, conn)
+            self._serve(conn)
             self._handshake(conn)
 
     def local_client(self, *, timeout: float = 5.0) -> TcpBackend:
@@ -379,10 +377,14 @@ class StoreServer:
         for sock in adopted:
             sock.setblocking(False)
             conn = _Conn(sock, phase=_HELLO)
-            self._connections[sock.fileno()] = conn
-            self._interest(conn, selectors.EVENT_READ)
-            self._later(_HANDSHAKE_TIMEOUT, self._handshake_timeout, conn)
+            self._serve(conn)
             self._read(conn)
+
+    def _serve(self, conn: _Conn) -> None:
+        """Take ``conn`` in: read it, and drop it if its hello is not in within the time."""
+        self._connections[conn.sock.fileno()] = conn
+        self._interest(conn, selectors.EVENT_READ)
+        self._later(_HANDSHAKE_TIMEOUT, self._handshake_timeout, conn)
 
     def _interest(self, conn: _Conn, events: int) -> None:
         assert self._selector is not None
