@@ -27,6 +27,7 @@ from clusterbook.engines.config import (
     connection_info,
     controller_argv,
     engine_argv,
+    free_ports,
 )
 from clusterbook.render import ENGINES_LABEL, job_label, render_jobs
 from clusterbook.status import ClusterSnapshot, JobStatus
@@ -62,6 +63,28 @@ def test_connection_info_shares_the_key_and_the_registration_port() -> None:
         "k", ports, engine_ip="10.0.0.1", client_ip="127.0.0.1", curve_serverkey="PUB"
     )
     assert engine["curve_serverkey"] == client["curve_serverkey"] == "PUB"
+
+
+def test_the_controllers_ports_are_free_and_out_of_the_kernels_ephemeral_range() -> None:
+    # A port the kernel hands out is one an outgoing connection made before the controller
+    # binds may take as its local end ("Address already in use" in the controller's log).
+    from clusterbook.engines import config
+
+    low = config._ephemeral_start()
+    if low is None or low <= config._LOWEST + 64 * PORTS:
+        pytest.skip("no ephemeral range, or no room below it")
+    ports = free_ports(PORTS)
+    assert len(set(ports)) == PORTS
+    assert all(config._LOWEST <= p < low for p in ports)
+
+
+def test_without_room_below_the_ephemeral_range_the_kernel_picks(monkeypatch) -> None:
+    from clusterbook.engines import config
+
+    monkeypatch.setattr(config, "_ephemeral_start", lambda: config._LOWEST)
+    ports = free_ports(PORTS)
+    assert len(set(ports)) == PORTS
+    assert all(p > 0 for p in ports)
 
 
 def test_command_lines_carry_no_secret_and_the_tuning() -> None:

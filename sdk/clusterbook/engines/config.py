@@ -7,6 +7,7 @@ process; :mod:`clusterbook.engines` does.
 
 from __future__ import annotations
 
+import random
 import socket
 from typing import Any
 
@@ -127,17 +128,48 @@ class Hidden(str):
         return "'<hidden>'"
 
 
+#: Where the kernel takes the local ports of outgoing connections (Linux).
+_EPHEMERAL_RANGE = "/proc/sys/net/ipv4/ip_local_port_range"
+_LOWEST = 10000  # below: ports that services are configured on
+
+
 def free_ports(count: int) -> list[int]:
-    """``count`` distinct TCP ports free on every interface now."""
+    """``count`` distinct TCP ports free on every interface now, for the controller to bind a
+    moment later.
+
+    They are taken below the kernel's ephemeral range where it leaves room. A port the kernel
+    hands out (what binding port 0 gives) is one it also gives any outgoing connection made
+    meanwhile as its local end (an agent's, ssh's, mpirun's), and the controller's bind then
+    fails with "Address already in use"; below the range only another listener can take it."""
+    low = _ephemeral_start()
+    span = range(_LOWEST, low) if low is not None else range(0)
     # Held open together so that they are distinct; bound on every interface so that a port
     # is free on the engine-facing and the loopback address alike.
-    socks = []
+    socks: list[socket.socket] = []
     try:
-        for _ in range(count):
+        for port in random.sample(span, min(len(span), 64 * count)):
+            if len(socks) == count:
+                break
             s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-            s.bind(("0.0.0.0", 0))  # noqa: S104 - probing for a free port, nothing listens
+            try:
+                s.bind(("0.0.0.0", port))  # noqa: S104 - probing for a free port, nothing listens
+            except OSError:
+                s.close()
+                continue
             socks.append(s)
+        while len(socks) < count:  # no room below the range: any port the kernel gives
+            s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+            socks.append(s)
+            s.bind(("0.0.0.0", 0))  # noqa: S104
         return [s.getsockname()[1] for s in socks]
     finally:
         for s in socks:
             s.close()
+
+
+def _ephemeral_start() -> int | None:
+    try:
+        with open(_EPHEMERAL_RANGE) as f:
+            return int(f.read().split()[0])
+    except (OSError, ValueError, IndexError):
+        return None
