@@ -330,6 +330,52 @@ def test_a_hung_sshd_times_out(sshd, known_hosts):
         os.kill(server.pid, signal.SIGCONT)
 
 
+def test_a_connection_starts_no_timer_thread_for_its_handshake(sshd, known_hosts, monkeypatch):
+    started = []
+    monkeypatch.setattr(
+        paramiko_shell.Packetizer.__module__ + ".threading.Timer",
+        lambda *a, **kw: started.append(a),
+    )
+    server, keys, _ = sshd
+    sh = connect(
+        "127.0.0.1",
+        port=server.port,
+        user=USER,
+        identity=keys.private_path,
+        policy=KnownHosts(known_hosts),
+    )
+    try:
+        assert sh.run(["true"]).returncode == 0
+        packetizer = sh._transport.packetizer
+        assert isinstance(packetizer, paramiko_shell._Packetizer)
+        assert packetizer._handshake_done
+        assert not packetizer.handshake_timed_out()
+    finally:
+        sh.close()
+    assert started == []
+
+
+def test_a_handshake_that_stalls_after_the_banner_ends_at_its_deadline():
+    """A peer that says its version and then nothing: the transport's reads see the deadline
+    pass and end it (a negotiation failure), well before start_client's own timeout."""
+    import paramiko
+
+    with socket.create_server(("127.0.0.1", 0)) as listener:
+        client = socket.create_connection(listener.getsockname())
+        peer, _ = listener.accept()
+    with contextlib.closing(peer), contextlib.closing(client):
+        peer.sendall(b"SSH-2.0-stalled\r\n")
+        transport = paramiko.Transport(client, packetizer_class=paramiko_shell._Packetizer)
+        transport.handshake_timeout = 0.3
+        try:
+            with pytest.raises((paramiko.SSHException, EOFError)) as failed:
+                transport.start_client(timeout=60)
+            assert "timed out" not in str(failed.value)  # not start_client's 60 s
+            assert transport.packetizer.handshake_timed_out()
+        finally:
+            transport.close()
+
+
 def test_private_key_is_0600_and_never_shown(tmp_path):
     pair = generate_keypair(tmp_path / "k", "c1")
     assert stat.S_IMODE(pair.private_path.stat().st_mode) == 0o600

@@ -4,12 +4,15 @@ in the URL, the token still keeps out whoever lacks it, and an old URL says what
 from __future__ import annotations
 
 import logging
+import os
 import re
 import secrets
 import signal
 import socket
 import subprocess
 import sys
+import tempfile
+import threading
 import time
 
 import pytest
@@ -20,7 +23,7 @@ from clusterbook.rendezvous.api import (
     RendezvousSettings,
     RendezvousTimeout,
 )
-from clusterbook.rendezvous.backends import tcp
+from clusterbook.rendezvous.backends import _tls, tcp
 from clusterbook.rendezvous.backends.tcp import TcpBackend, write_secret
 from clusterbook.rendezvous.registry import join_url, parse_join_url
 from clusterbook.rendezvous.state import decode
@@ -201,3 +204,48 @@ def test_the_join_url_carries_the_fingerprint_to_the_store_url(make_server) -> N
     pretty = "SHA256:" + ":".join(digits[i : i + 2] for i in range(0, 64, 2))
     with TcpBackend(url_of(server.address[1], pretty), secrets.token_bytes(32)) as client:
         assert client.url == server.url
+
+
+def _serves(context, certificate) -> bool:
+    """Whether a TLS client completes a handshake with ``context`` and sees ``certificate``."""
+    with socket.create_server(("127.0.0.1", 0)) as listener:
+        client = socket.create_connection(listener.getsockname())
+        peer, _ = listener.accept()
+        server = context.wrap_socket(peer, server_side=True, do_handshake_on_connect=False)
+        answer = []
+
+        def handshake() -> None:
+            server.settimeout(WAIT)
+            server.do_handshake()
+            answer.append(True)
+
+        thread = threading.Thread(target=handshake)
+        thread.start()
+        try:
+            tls = _tls.client_tls(client, certificate.fingerprint, time.monotonic() + WAIT)
+            shown = _tls.fingerprint_of(tls.getpeercert(binary_form=True))
+            tls.close()
+        finally:
+            thread.join(WAIT)
+            server.close()
+    return bool(answer) and shown == certificate.fingerprint
+
+
+def test_the_servers_key_is_loaded_from_memory_not_from_a_file(monkeypatch) -> None:
+    def no_files(*args, **kwargs):
+        raise AssertionError("the key went through a temporary directory")
+
+    monkeypatch.setattr(tempfile, "TemporaryDirectory", no_files)
+    certificate = _tls.make_certificate()
+    assert _serves(_tls.server_context(certificate), certificate)
+
+
+def test_without_in_memory_files_the_key_goes_through_a_private_directory_removed_at_once(
+    monkeypatch, tmp_path
+) -> None:
+    monkeypatch.delattr(os, "memfd_create")
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    certificate = _tls.make_certificate()
+    context = _tls.server_context(certificate)
+    assert list(tmp_path.iterdir()) == []
+    assert _serves(context, certificate)

@@ -17,6 +17,7 @@ from pathlib import Path
 
 import paramiko
 from paramiko.common import OPEN_FAILED_ADMINISTRATIVELY_PROHIBITED
+from paramiko.packet import Packetizer
 
 from clusterbook.errors import (
     HostNotFoundError,
@@ -136,7 +137,7 @@ def _log_in(
     """The ssh handshake over ``sock``, the host key checked, then the keys offered in turn."""
     global _handshakes
     name = host_entry_name(hop.hostname, hop.port)
-    transport = paramiko.Transport(sock)
+    transport = paramiko.Transport(sock, packetizer_class=_Packetizer)
     # paramiko's thread reads with a 0.1 s timeout, to see between reads whether it was closed
     # or must rekey: ten wake-ups a second per node for as long as the cluster lives. Nothing
     # waits on those looks (close() does not wait for the thread, which ends at its next one;
@@ -174,6 +175,27 @@ def _log_in(
         transport.close()
         raise
     return transport
+
+
+class _Packetizer(Packetizer):
+    """paramiko's packet layer, with the handshake's timeout kept as a deadline that its reads
+    check (they wake at least every ``_IDLE_WAKE`` seconds), where paramiko's starts a timer
+    thread for it on every connection: one thread start and end per host, for a flag."""
+
+    _handshake_deadline: float | None = None
+    _handshake_done = False
+
+    def start_handshake(self, timeout: float) -> None:
+        if self._handshake_deadline is None:
+            self._handshake_deadline = time.monotonic() + float(timeout)
+
+    def handshake_timed_out(self) -> bool:
+        deadline = self._handshake_deadline
+        return deadline is not None and not self._handshake_done and time.monotonic() >= deadline
+
+    def complete_handshake(self) -> None:
+        if self._handshake_deadline is not None:
+            self._handshake_done = True
 
 
 _CIPHERS = ("aes128-gcm@openssh.com", "aes256-gcm@openssh.com")

@@ -55,7 +55,6 @@ def write_secret(path: str | os.PathLike[str], secret: bytes | None = None) -> b
         data = memoryview(secret.hex().encode() + b"\n")
         while data:
             data = data[os.write(fd, data) :]
-        os.fsync(fd)
     except BaseException:
         os.close(fd)
         os.unlink(path)

@@ -1,14 +1,14 @@
 """TLS for the TCP rendezvous store: the head's self-signed certificate, pinned by its fingerprint.
 
 The store server makes a fresh key pair and a self-signed certificate when it is made (one per
-cluster; nothing of it is written to disk but for the moment the ``ssl`` module needs to load
-it, in a private temporary directory). Its store URL carries the certificate's SHA-256
-fingerprint (``tcp://host:port?fingerprint=sha256:HEX``, HEX the 64 lowercase hex digits of the
-SHA-256 of the certificate's DER bytes, as ``openssl x509 -fingerprint -sha256`` shows it), and
-so does the join URL the head prints. A client trusts no certificate authority: it completes the
-TLS handshake, then compares the fingerprint of the certificate the peer showed with the one in
-its URL, and hangs up before sending anything on a mismatch. TLS 1.3 only: both ends are
-clusterbook.
+cluster). The ``ssl`` module loads them from an anonymous in-memory file on Linux; elsewhere
+they touch the disk only for that moment, in a private temporary directory. Its store URL
+carries the certificate's SHA-256 fingerprint (``tcp://host:port?fingerprint=sha256:HEX``, HEX
+the 64 lowercase hex digits of the SHA-256 of the certificate's DER bytes, as ``openssl x509
+-fingerprint -sha256`` shows it), and so does the join URL the head prints. A client trusts no
+certificate authority: it completes the TLS handshake, then compares the fingerprint of the
+certificate the peer showed with the one in its URL, and hangs up before sending anything on a
+mismatch. TLS 1.3 only: both ends are clusterbook.
 
 TLS encrypts and protects the traffic and proves the server is the head; the cluster's secret
 (the token file) still proves, inside TLS, that the client is a node of the cluster (see
@@ -111,18 +111,40 @@ def server_context(certificate: Certificate) -> ssl.SSLContext:
     context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
     context.minimum_version = ssl.TLSVersion.TLSv1_3
     context.num_tickets = 0  # no resumption: nothing arrives unasked after the handshake
+    # The ssl module loads keys from files only: the key and certificate go in one anonymous
+    # in-memory file where Linux has them (nothing on any disk, nothing to remove), else in
+    # a private temporary directory, removed at once.
+    pem = certificate.key_pem + certificate.cert_pem
+    try:
+        fd = os.memfd_create("clusterbook-tls", os.MFD_CLOEXEC)
+    except (AttributeError, OSError):
+        fd = -1
+    if fd >= 0:
+        try:
+            _write_all(fd, pem)
+            context.load_cert_chain(f"/proc/self/fd/{fd}")
+            return context
+        except FileNotFoundError:
+            pass  # no /proc here
+        finally:
+            os.close(fd)
     import tempfile  # the server's only: not imported by every node's agent
 
-    # The ssl module loads keys from files only: a private directory, removed at once.
     with tempfile.TemporaryDirectory(prefix="clusterbook-tls-") as directory:
-        cert_file = os.path.join(directory, "cert.pem")
-        key_file = os.path.join(directory, "key.pem")
-        for path, data in ((cert_file, certificate.cert_pem), (key_file, certificate.key_pem)):
-            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-            with os.fdopen(fd, "wb") as f:
-                f.write(data)
-        context.load_cert_chain(cert_file, key_file)
+        path = os.path.join(directory, "server.pem")
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        try:
+            _write_all(fd, pem)
+        finally:
+            os.close(fd)
+        context.load_cert_chain(path)
     return context
+
+
+def _write_all(fd: int, data: bytes) -> None:
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view) :]
 
 
 _CLIENT: ssl.SSLContext | None = None
