@@ -21,9 +21,11 @@ class Spy(MemoryBackend):
         super().__init__()
         self.agent: Agent | None = None
         self.calls: list[str] = []
+        self.tokens: list[Token | None] = []
 
     def _stop(self, call: str, token: Token | None) -> tuple[bytes, Token] | None:
         self.calls.append(call)
+        self.tokens.append(token)
         assert self.agent is not None
         self.agent.stop_event.set()
         return super().watch(token, 0.0)
@@ -50,6 +52,28 @@ def test_an_agent_follows_its_round_with_a_member_watch(monkeypatch) -> None:
     current = store.get_state()
     assert current is not None
     assert decode(current[0]).participants == {}  # it joined, then left cleanly
+
+
+def test_an_agent_watches_from_the_state_its_join_ended_on(monkeypatch) -> None:
+    # Not from nothing: a watch without a token is answered at once, with what the join's
+    # answer already said (a round trip and a state per node, at every start).
+    store = Spy()
+    joined: list[Token] = []
+    update = store.update
+
+    def spy_update(change: Any) -> tuple[bytes, Token] | None:
+        after = update(change)
+        if after is not None:
+            joined.append(after[1])
+        return after
+
+    monkeypatch.setattr(store, "update", spy_update)
+    monkeypatch.setitem(registry._FACTORIES, "spy", lambda *_a, **_k: store)
+    url = "spy://store/run1?min=1&max=1&last_call=0.1&join=30&interval=1&attempts=3"
+    agent = store.agent = Agent(url, b"s" * 32, "node1", 1)
+    assert agent.run() == EXIT_CLOSED
+    assert store.calls == ["watch_members"]
+    assert store.tokens == [joined[0]]
 
 
 class Beats(MemoryBackend):

@@ -202,10 +202,19 @@ class Agent:
     ) -> int | None:
         """Watch the state until this node must join again (None) or exit (a code), and
         heartbeat whenever one is due."""
-        token = None
+        # From the state the join ended on: the first watch waits for what comes after it.
+        state: RendezvousState | None
+        state, token = handler.observed()
         last_ok = time.monotonic()
         beat_at = last_ok + handler.heartbeat_due()
         while not self.stop_event.is_set():
+            if state is not None:
+                if state.closed:
+                    return EXIT_CLOSED
+                self._stop_jobs(state.stop_jobs)
+                if self._must_rejoin(state, round_, members):
+                    return None
+                state = None
             if time.monotonic() >= beat_at:
                 beat_at = time.monotonic() + handler.heartbeat()
             try:
@@ -232,11 +241,6 @@ class Agent:
                 state = decode(current[0])
             except RendezvousError:
                 continue
-            if state.closed:
-                return EXIT_CLOSED
-            self._stop_jobs(state.stop_jobs)
-            if self._must_rejoin(state, round_, members):
-                return None
         return EXIT_CLOSED
 
     def _stop_jobs(self, tokens: tuple[str, ...]) -> None:

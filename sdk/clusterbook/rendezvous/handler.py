@@ -173,6 +173,12 @@ class RendezvousHandler:
         with self._lock:
             return self._state
 
+    def observed(self) -> tuple[RendezvousState, Token | None]:
+        """The last state this handler observed and its fencing token (None before any); no
+        I/O. A watch from that token wakes at the first change after it."""
+        with self._lock:
+            return self._state, self._token
+
     def shutdown(self) -> bool:
         """Stop heartbeating (its thread ends) and leave the rendezvous (round or wait list)
         within ``timeout.close``. Returns whether the node left cleanly; safe to call again."""
