@@ -111,7 +111,12 @@ class RendezvousHandler:
         self._token: Token | None = None
         # Started now, idle until a round is complete (see .beats).
         self._beats = (
-            Heartbeats(f"clusterbook-rendezvous-heartbeat-{node}", self._first_beat, self._beat)
+            Heartbeats(
+                f"clusterbook-rendezvous-heartbeat-{node}",
+                self._first_beat,
+                self._beat,
+                idle=settings.keep_alive_interval,
+            )
             if beat_thread
             else None
         )
