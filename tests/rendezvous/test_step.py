@@ -144,6 +144,15 @@ def test_steps_round_trip_on_the_wire() -> None:
     assert Step.from_wire(make(KEEP_ALIVE).to_wire()) == make(KEEP_ALIVE)
 
 
+def test_each_step_carries_its_own_settings_on_the_wire() -> None:
+    # The settings' JSON is kept per settings object: made anew, equal or not, each is its own.
+    for run in range(100):
+        settings = replace(S, run_id=f"run-{run}", max_nodes=3 + run % 4)
+        step = Step((JOIN,), "a", settings, T0, T0 + 1)
+        assert Step.from_wire(step.to_wire()).settings == settings
+    assert Step.from_wire(Step((JOIN,), "a", replace(S), T0, T0 + 1).to_wire()).settings == S
+
+
 @pytest.mark.parametrize(
     "blob",
     [

@@ -155,7 +155,6 @@ class Step:
 
     def to_wire(self) -> bytes:
         """The step as compact JSON bytes."""
-        s = self.settings
         data = {
             "v": _VERSION,
             "ops": [operation.value for operation in self.operations],
@@ -164,19 +163,10 @@ class Step:
             "deadline": self.deadline,
             "info": self.info,
             "wait": self.wait,
-            "settings": {
-                "run_id": s.run_id,
-                "min_nodes": s.min_nodes,
-                "max_nodes": s.max_nodes,
-                "join": s.timeout.join,
-                "last_call": s.timeout.last_call,
-                "close": s.timeout.close,
-                "heartbeat": s.timeout.heartbeat,
-                "keep_alive_interval": s.keep_alive_interval,
-                "keep_alive_max_attempt": s.keep_alive_max_attempt,
-            },
         }
-        return json.dumps(data, separators=(",", ":")).encode()
+        # The settings are the same at every step of a handler: encoded once.
+        head = json.dumps(data, separators=(",", ":"))
+        return f'{head[:-1]},"settings":{_settings_json(self.settings)}}}'.encode()
 
     @classmethod
     def from_wire(cls, blob: bytes) -> Step:
@@ -218,6 +208,32 @@ _SETTINGS_KEYS = (
     "keep_alive_interval",
     "keep_alive_max_attempt",
 )
+
+
+_SETTINGS_JSON: dict[int, tuple[RendezvousSettings, str]] = {}
+
+
+def _settings_json(s: RendezvousSettings) -> str:
+    """``s`` as a step carries it (JSON), kept for the settings objects seen lately."""
+    known = _SETTINGS_JSON.get(id(s))
+    if known is not None and known[0] is s:
+        return known[1]
+    values = (
+        s.run_id,
+        s.min_nodes,
+        s.max_nodes,
+        s.timeout.join,
+        s.timeout.last_call,
+        s.timeout.close,
+        s.timeout.heartbeat,
+        s.keep_alive_interval,
+        s.keep_alive_max_attempt,
+    )
+    text = json.dumps(dict(zip(_SETTINGS_KEYS, values, strict=True)), separators=(",", ":"))
+    if len(_SETTINGS_JSON) >= 64:
+        _SETTINGS_JSON.clear()
+    _SETTINGS_JSON[id(s)] = (s, text)  # (holding ``s``: its id stays its own)
+    return text
 
 
 def _settings(data: object) -> RendezvousSettings:
