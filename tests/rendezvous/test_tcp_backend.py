@@ -931,3 +931,29 @@ def test_closing_the_server_ends_a_local_clients_wait(make_server) -> None:
     with pytest.raises(RendezvousConnectionError):
         local.get_state()  # it cannot reconnect to a closed server
     local.close()
+
+
+class _CountingSSLSocket(ssl.SSLSocket):
+    """The server's side of a TLS connection, counting its reads (successful or not)."""
+
+    reads = 0
+
+    def recv(self, buflen: int = 1024, flags: int = 0) -> bytes:
+        type(self).reads += 1
+        return super().recv(buflen, flags)
+
+
+def test_the_server_reads_each_request_once_not_until_a_read_fails(
+    make_server, make_client
+) -> None:
+    # A read that finds nothing costs a system call and an exception: per request, at every
+    # node of every round. The selector says when more comes.
+    server = make_server()
+    server._context.sslsocket_class = _CountingSSLSocket
+    client = make_client(server.url)
+    client.set_state(b"x" * 100_000)  # a frame of several TLS records: read whole
+    assert client.get_state() == (b"x" * 100_000, 1)
+    before = _CountingSSLSocket.reads
+    for _ in range(50):
+        client.get_state()
+    assert _CountingSSLSocket.reads - before <= 55  # about one a request, not two

@@ -75,6 +75,11 @@ _CHUNK = 256 * 1024  # bytes written to one connection at a time
 _TLS, _HELLO, _OPEN = "tls", "hello", "open"
 
 
+def _decrypted(sock: socket.socket) -> bool:
+    """Whether ``sock`` holds bytes already decrypted (TLS), which no selector sees."""
+    return isinstance(sock, ssl.SSLSocket) and sock.pending() > 0
+
+
 @dataclass(eq=False)
 class _Wait:
     """A request held until the state changes (a watch, or a step that left its node waiting)."""
@@ -456,6 +461,11 @@ class StoreServer:
                 self._end(conn, clean=False)
                 return
             if conn.sock.fileno() < 0:
+                return
+            if len(data) < _READ and not _decrypted(conn.sock):
+                # Drained, as far as can be told: one more read would only fail (a system
+                # call and an exception per request). What comes meanwhile, the (level-
+                # triggered) selector reports; only what TLS already decrypted, it would not.
                 return
 
     def _frames(self, conn: _Conn) -> None:
