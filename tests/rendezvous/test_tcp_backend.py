@@ -20,7 +20,7 @@ import pytest
 
 from clusterbook.errors import ConfigError
 from clusterbook.rendezvous.api import RendezvousConnectionError
-from clusterbook.rendezvous.backends import tcp
+from clusterbook.rendezvous.backends import _tls, tcp
 from clusterbook.rendezvous.backends.tcp import (
     MAX_FRAME,
     MAX_STATE,
@@ -957,3 +957,31 @@ def test_the_server_reads_each_request_once_not_until_a_read_fails(
     for _ in range(50):
         client.get_state()
     assert _CountingSSLSocket.reads - before <= 55  # about one a request, not two
+
+
+class _ClientSSLSocket(ssl.SSLSocket):
+    """A client's side of a TLS connection, counting the reads that found nothing."""
+
+    empty = 0
+
+    def recv_into(self, buffer, nbytes: int = 0, flags: int = 0) -> int:  # type: ignore[override]
+        try:
+            return super().recv_into(buffer, nbytes, flags)
+        except ssl.SSLWantReadError:
+            type(self).empty += 1
+            raise
+
+
+def test_a_client_waits_for_its_answer_instead_of_reading_before_it_came(
+    make_server, make_client, monkeypatch
+) -> None:
+    monkeypatch.setattr(_tls._client_context(), "sslsocket_class", _ClientSSLSocket)
+    server = make_server()
+    client = make_client(server.url)
+    client.set_state(b"x" * 100_000)  # an answer of several TLS records: read whole
+    assert client.get_state() == (b"x" * 100_000, 1)
+    client.set_state(b"y" * 100, 1)
+    before = _ClientSSLSocket.empty
+    for _ in range(50):
+        assert client.get_state() == (b"y" * 100, 2)
+    assert _ClientSSLSocket.empty - before <= 5  # not one failed read per call

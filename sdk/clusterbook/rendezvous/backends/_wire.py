@@ -272,7 +272,12 @@ class _Channel:
         buf = bytearray(size)
         view = memoryview(buf)
         got = 0
+        # Nothing decrypted at hand (an answer not read yet, as a rule): wait for the socket
+        # first, rather than learn from a failed read (an exception) that there is nothing.
+        n = 0 if self.sock.pending() else -1  # type: ignore[attr-defined]
         while got < size:
+            if n < 0:
+                _wait(self.sock, _POLLIN if n == -1 else _POLLOUT, deadline)
             with self._io_lock:
                 try:
                     n = self.sock.recv_into(view[got:], size - got)
@@ -284,8 +289,6 @@ class _Channel:
                 raise _PeerClosed("the peer closed the connection")
             if n > 0:
                 got += n
-            else:
-                _wait(self.sock, _POLLIN if n == -1 else _POLLOUT, deadline)
         return bytes(buf)
 
     def _send_tls(self, data: bytes, deadline: float | None) -> None:
