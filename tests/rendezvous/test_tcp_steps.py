@@ -11,6 +11,7 @@ from dataclasses import replace
 import pytest
 
 from clusterbook.rendezvous.api import RendezvousSettings, RendezvousTimeout
+from clusterbook.rendezvous.backends._store import StateStore
 from clusterbook.rendezvous.backends.tcp import MAX_STATE, StoreServer, TcpBackend
 from clusterbook.rendezvous.handler import RendezvousHandler
 from clusterbook.rendezvous.state import RendezvousState, decode, encode
@@ -131,6 +132,42 @@ def test_a_waiting_join_is_answered_once_the_round_completes(make_server, make_c
     done = state_of(b.update(step("b", s, wait=120.0)))
     assert done.complete
     assert held.get() == b.get_state()
+
+
+def joined(client: TcpBackend) -> int:
+    current = client.get_state()
+    return 0 if current is None else len(decode(current[0]).participants)
+
+
+def test_a_join_looks_only_at_the_held_requests_it_may_settle(
+    make_server, make_client, monkeypatch
+) -> None:
+    # While a round fills, each join is a write that settles none of the held joins (they wait
+    # for decisions): looking at every one of them after every join made a round O(nodes^2).
+    looks = []
+    settled = StateStore.settled
+
+    def counting(self: StateStore, kind: int, value: int, *, level: int = 0) -> bool:
+        looks.append(level)
+        return settled(self, kind, value, level=level)
+
+    monkeypatch.setattr(StateStore, "settled", counting)
+    server = make_server()
+    n = 24
+    s = settings(n, n)
+    clients = [make_client(server.url, node=f"n{i:02d}") for i in range(n)]
+    observer = make_client(server.url)
+    held = []
+    for c in clients[:-1]:  # one after the other: each join a write of its own
+        held.append(Later(lambda c=c: c.update(step(c.node, s, wait=120.0))))
+        wait_for(lambda: joined(observer) == len(held))
+    assert all(h.running_after(0) for h in held)
+    done = state_of(clients[-1].update(step(clients[-1].node, s, wait=120.0)))
+    assert done.complete
+    assert all(state_of(h.get()).complete for h in held)
+    # Each join's own look when it is held, and one look at each held join when the last one
+    # completes the round: 2n. Looking at every held join after every join: n^2 / 2 more.
+    assert len(looks) <= 2 * n, len(looks)
 
 
 def test_a_held_join_is_answered_when_the_last_call_ends(make_server, make_client) -> None:

@@ -160,7 +160,8 @@ class StoreServer:
         self._selector: selectors.BaseSelector | None = None
         self._thread: threading.Thread | None = None
         self._connections: dict[int, _Conn] = {}
-        self._waiting: set[_Conn] = set()
+        # The held requests, by what they wait for: a write wakes only the levels it reaches.
+        self._waiting: dict[int, set[_Conn]] = {ANY: set(), MEMBERS: set(), DECISIONS: set()}
         self._steps: list[tuple[_Conn, Step, int]] = []
         self._timers: list[tuple[float, int, Callable[..., None], tuple[Any, ...]]] = []
         self._seq = itertools.count()
@@ -293,7 +294,8 @@ class StoreServer:
                 _shutdown(conn.sock, socket.SHUT_RDWR)
             conn.sock.close()
         self._connections.clear()
-        self._waiting.clear()
+        for held in self._waiting.values():
+            held.clear()
         self._timers.clear()
         assert self._selector is not None
         assert self._listener is not None
@@ -568,7 +570,8 @@ class StoreServer:
         """Close ``conn``; a node's connection that ended without a goodbye is lost."""
         if self._connections.pop(conn.sock.fileno(), None) is None:
             return
-        self._waiting.discard(conn)
+        if conn.wait is not None:
+            self._waiting[conn.wait.level].discard(conn)
         conn.wait = None
         if conn.events:
             assert self._selector is not None
@@ -595,7 +598,7 @@ class StoreServer:
             self._send(conn, self._reply_state(wait.level))
             return
         conn.busy, conn.wait = True, wait
-        self._waiting.add(conn)
+        self._waiting[wait.level].add(conn)
         self._later(timeout, self._release, conn, wait)
 
     def _release(self, conn: _Conn, wait: _Wait) -> None:
@@ -603,20 +606,30 @@ class StoreServer:
             self._answer(conn)
 
     def _answer(self, conn: _Conn) -> None:
-        self._waiting.discard(conn)
         level = ANY if conn.wait is None else conn.wait.level
+        self._waiting[level].discard(conn)
         conn.wait, conn.busy = None, False
         self._send(conn, self._reply_state(level))
 
     def _changed(self) -> None:
-        """After a write: answer every held request it settles."""
-        settled = self._store.settled
-        for conn in [
-            c
-            for c in self._waiting
-            if c.wait is not None and settled(c.wait.kind, c.wait.value, level=c.wait.level)
-        ]:
-            self._answer(conn)
+        """After a write: answer every held request it settles. Only those of the levels the
+        write reached are looked at: while a round fills, each join is a write that settles
+        none of the other nodes' held joins, and looking at them all made a round O(nodes^2)."""
+        store = self._store
+        if store.decisive == store.token:
+            levels: tuple[int, ...] = (ANY, MEMBERS, DECISIONS)
+        elif store.eventful == store.token:
+            levels = (ANY, MEMBERS)
+        else:
+            levels = (ANY,)
+        settled = store.settled
+        for level in levels:
+            for conn in [
+                c
+                for c in self._waiting[level]
+                if c.wait is not None and settled(c.wait.kind, c.wait.value, level=level)
+            ]:
+                self._answer(conn)
 
     def _run_steps(self) -> None:
         while self._steps:
