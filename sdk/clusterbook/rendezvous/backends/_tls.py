@@ -121,7 +121,8 @@ def server_context(certificate: Certificate) -> ssl.SSLContext:
         fd = -1
     if fd >= 0:
         try:
-            _write_all(fd, pem)
+            with open(fd, "wb", closefd=False) as f:
+                f.write(pem)
             context.load_cert_chain(f"/proc/self/fd/{fd}")
             return context
         except FileNotFoundError:
@@ -133,18 +134,10 @@ def server_context(certificate: Certificate) -> ssl.SSLContext:
     with tempfile.TemporaryDirectory(prefix="clusterbook-tls-") as directory:
         path = os.path.join(directory, "server.pem")
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-        try:
-            _write_all(fd, pem)
-        finally:
-            os.close(fd)
+        with open(fd, "wb") as f:
+            f.write(pem)
         context.load_cert_chain(path)
     return context
-
-
-def _write_all(fd: int, data: bytes) -> None:
-    view = memoryview(data)
-    while view:
-        view = view[os.write(fd, view) :]
 
 
 _CLIENT: ssl.SSLContext | None = None
