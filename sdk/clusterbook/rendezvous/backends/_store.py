@@ -87,6 +87,15 @@ class StateStore:
             return (self.decisive if level == DECISIONS else self.eventful) > value
         return not self.matches(kind, value)
 
+    def reached(self) -> tuple[int, ...]:
+        """The watch levels the last write reached: held watches of other levels cannot have
+        been settled by it (see :meth:`settled`)."""
+        if self.decisive == self.token:
+            return (ANY, MEMBERS, DECISIONS)
+        if self.eventful == self.token:
+            return (ANY, MEMBERS)
+        return (ANY,)
+
     def write(
         self, state: bytes | None, decoded: RendezvousState | None = None, size: int = 0
     ) -> bool:

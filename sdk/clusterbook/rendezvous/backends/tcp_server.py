@@ -615,15 +615,8 @@ class StoreServer:
         """After a write: answer every held request it settles. Only those of the levels the
         write reached are looked at: while a round fills, each join is a write that settles
         none of the other nodes' held joins, and looking at them all made a round O(nodes^2)."""
-        store = self._store
-        if store.decisive == store.token:
-            levels: tuple[int, ...] = (ANY, MEMBERS, DECISIONS)
-        elif store.eventful == store.token:
-            levels = (ANY, MEMBERS)
-        else:
-            levels = (ANY,)
-        settled = store.settled
-        for level in levels:
+        settled = self._store.settled
+        for level in self._store.reached():
             for conn in [
                 c
                 for c in self._waiting[level]
