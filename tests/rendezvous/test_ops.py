@@ -17,6 +17,7 @@ from clusterbook.rendezvous.ops import (
     expired_nodes,
     join_action,
     keep_alive_action,
+    next_expiry,
     next_wakeup,
     rank_of,
     remove_node,
@@ -506,6 +507,14 @@ def test_next_wakeup_is_the_op_deadline_when_sooner() -> None:
 
 def test_next_wakeup_of_a_stranger_without_a_deadline_is_infinite() -> None:
     assert next_wakeup(RendezvousState(), "a", S, NOW, math.inf) == math.inf
+
+
+def test_next_expiry_is_the_oldest_heartbeat_plus_dead_after() -> None:
+    st = state(["a", "b", "c"], beats={"b": NOW - 2.9, "c": NOW - 2.5})
+    assert next_expiry(st, S) == pytest.approx(NOW + 0.1, abs=1e-6)
+    assert sanitize(st, S, next_expiry(st, S)) is st  # not yet dead at that instant
+    assert "b" not in sanitize(st, S, next_expiry(st, S) + 1e-3).last_heartbeats
+    assert next_expiry(RendezvousState(), S) == math.inf
 
 
 def test_rank_and_world_size() -> None:

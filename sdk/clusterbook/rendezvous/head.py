@@ -32,17 +32,28 @@ from clusterbook.rendezvous.api import (
     RendezvousStateError,
 )
 from clusterbook.rendezvous.backends.tcp import StoreServer, TcpBackend, write_secret
-from clusterbook.rendezvous.ops import Action, apply, remove_node, sanitize
+from clusterbook.rendezvous.ops import Action, apply, next_expiry, remove_node, sanitize
 from clusterbook.rendezvous.registry import join_url
 from clusterbook.rendezvous.report import NodeReport
 from clusterbook.rendezvous.state import RendezvousState, decode, encode
+from clusterbook.rendezvous.step import WAKE_SLACK
 from clusterbook.status import NodeStatus
 
-__all__ = ["RendezvousHead"]
+__all__ = ["RendezvousHead", "watch_wait"]
 
 _log = logging.getLogger("clusterbook.rendezvous")
 _KEEP_STOPS = 16  # stop requests kept in the state (agents act on the ones they have not seen)
 _LEAVE_WAIT = 3.0  # seconds the agents get to leave cleanly once the rendezvous is closed
+_WATCH_CAP = 1.0  # longest watch of the follower
+_WATCH_FLOOR = 0.05  # shortest: a node that cannot be dropped (a corrupt state) costs no spin
+
+
+def watch_wait(state: RendezvousState, settings: RendezvousSettings, now: float) -> float:
+    """How long the follower may watch the store from ``state`` at ``now``: until the oldest
+    heartbeat expires (a hair past it), a second at most. A node that stops heartbeating is
+    then dropped on time even when no other node's write wakes the follower."""
+    until = next_expiry(state, settings) - now + WAKE_SLACK
+    return min(_WATCH_CAP, max(_WATCH_FLOOR, until))
 
 
 class RendezvousHead:
@@ -155,7 +166,9 @@ class RendezvousHead:
         assert self._watcher is not None
         while not self._stop.is_set():
             try:
-                current = self._watcher.watch(token, 1.0)
+                with self._cond:
+                    state = self._state
+                current = self._watcher.watch(token, watch_wait(state, self._settings, time.time()))
                 if current is not None and current[1] != token:
                     token = current[1]
                     self._observe(decode(current[0]))

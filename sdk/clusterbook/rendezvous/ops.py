@@ -42,6 +42,7 @@ __all__ = [
     "keep_alive_action",
     "members_may_change",
     "mutate",
+    "next_expiry",
     "next_wakeup",
     "rank_of",
     "remove_node",
@@ -342,6 +343,13 @@ def next_wakeup(
     if other is not None:
         times.append(other + settings.dead_after)
     return min(times)
+
+
+def next_expiry(state: RendezvousState, settings: RendezvousSettings) -> float:
+    """The wall time at which the oldest heartbeat of ``state`` expires (its node then counts
+    as dead: :func:`sanitize` drops it a hair later), or ``math.inf`` with no heartbeat."""
+    oldest = state.oldest()
+    return oldest[0][0] + settings.dead_after if oldest else math.inf
 
 
 def decisions_may_change(before: RendezvousState, after: RendezvousState) -> bool:
