@@ -49,8 +49,10 @@ from tests.testbed import Testbed, make_testbed
 
 GOAL_RATIO = 1.2  # start() / plain ssh fan-out, largest size
 GOAL_HEAD_CPU = 0.010  # seconds of this process's CPU per host during start(), largest size
-# install: the store's start and the cluster's files; agents: the status file and the agents'
-# start, until all joined, and what start() does around the provider (launcher, directories)
+# connect: until the last host's handshake (each host's probe starts as soon as it is
+# connected); probe: until every probe answered; install: the store's start and the cluster's
+# files made; agents: each node's files and agent's start (one round trip), the status file,
+# until all joined, and what start() does around the provider (launcher, directories)
 PHASES = ("connect", "probe", "install", "agents")
 
 

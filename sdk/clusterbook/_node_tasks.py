@@ -1081,6 +1081,10 @@ STREAMS: dict[str, Callable[[Args, Any, Any], Reply]] = {
 REPLY = "\x1eCBT "
 
 
+class SkippedError(Exception):
+    """A request sent with ``if_ok`` came after one that failed: it was not run."""
+
+
 def session() -> None:
     """Run tasks as they come, one JSON request per line on stdin, one reply line each,
     so that a node pays for one login shell and one Python start for all of its bootstrap.
@@ -1091,11 +1095,14 @@ def session() -> None:
             import fcntl
 
             fcntl.fcntl(fd, fcntl.F_SETPIPE_SZ, FRAME_DATA)
+    failed = False  # the last request's outcome: one sent "if_ok" is skipped after a failure
     while line := stdin.readline():
         request = json.loads(line)
         reply: dict[str, object]
         try:
             task = request["task"]
+            if failed and request.get("if_ok"):
+                raise SkippedError("not run: the step before it failed")
             if task in STREAMS:
                 if task == "gather_files":
                     stdout.write(f"{REPLY}{json.dumps({'frames': True})}\n".encode())
@@ -1104,6 +1111,7 @@ def session() -> None:
                 reply = {"ok": TASKS[task](request["args"])}
         except Exception as exc:
             reply = {"error": f"{type(exc).__name__}: {exc}"}
+        failed = "error" in reply
         stdout.write(f"{REPLY}{json.dumps(reply)}\n".encode())
         stdout.flush()
         if modules := request.get("then_import"):

@@ -8,7 +8,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from clusterbook.ssh.bootstrap import NodeSession, TaskFailedError
+from clusterbook.ssh.bootstrap import NodeSession, TaskFailedError, encode_files
 from clusterbook.ssh.local_shell import LocalShell
 
 
@@ -31,3 +31,20 @@ def test_one_failing_among_them_raises_after_all_answered(session) -> None:
         session.call_each([("install", {"cluster_id": "../x", "files": {}}), ("free_port", {})])
     # Every reply was read: the session is in step for the next call.
     assert isinstance(session.call("free_port", {})["port"], int)
+
+
+def test_a_task_after_a_failing_one_is_not_run(tmp_path) -> None:
+    # (A node's agent is not started where its files could not be put.)
+    session = NodeSession(LocalShell(), sys.executable, env={"HOME": str(tmp_path)})
+    marker = {"cluster_id": "cb-test", "files": encode_files({"marker": ("600", b"put")})}
+    try:
+        with pytest.raises(TaskFailedError, match="install step failed"):
+            session.call_each(
+                [("install", {"cluster_id": "../x", "files": {}}), ("install", marker)]
+            )
+        assert list(tmp_path.rglob("marker")) == []
+        # After one that worked, it runs; and a failure does not outlive its batch.
+        session.call_each([("free_port", {}), ("install", marker)])
+        assert [p.read_bytes() for p in tmp_path.rglob("marker")] == [b"put"]
+    finally:
+        session.close()

@@ -7,6 +7,7 @@ import json
 import os
 import shutil
 import sys
+import threading
 import time
 import warnings
 from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
@@ -38,12 +39,13 @@ from clusterbook.ssh.bootstrap import (
     KeptSession,
     NodeSession,
     cluster_files,
-    connect_all,
+    connect,
     encode_files,
     launcher_ssh_config,
     node_ssh_args,
     plain_login,
     run_task,
+    unreached,
 )
 from clusterbook.ssh.credentials import Credentials, prompt_where_asked
 from clusterbook.ssh.envlink import (
@@ -201,17 +203,14 @@ class SSHProvider(Provider):
             if any(t.jumps for t in self._targets.values()):
                 self._tunnels = Tunnels(credentials, policy)
             ctx.progress(f"connecting to {len(hosts)} hosts")
-            self._conns = connect_all(hosts, self._dial, timeout=self.connect_timeout)
-            self.timings["connect"] = time.monotonic() - t0
-            ctx.progress(f"checking {len(hosts)} nodes")
-            self._preflight(ctx, sessions)
+            self._connect_and_probe(ctx, sessions, t0)
             self.timings["preflight"] = time.monotonic() - t0
             self._start_rendezvous(ctx)
             ctx.progress("installing the cluster's files")
-            ready = self._install(ctx, head_dir, sessions)
+            installs, ready = self._install(ctx, head_dir, list(sessions))
             self.timings["install"] = time.monotonic() - t0
             ctx.progress(f"starting {len(hosts)} agents")
-            self._start_agents(ctx, sessions, ready)
+            self._start_agents(ctx, sessions, installs, ready)
             self.timings["agents"] = time.monotonic() - t0
         except BaseException:
             parallel(list(sessions), lambda key: sessions[key].close())
@@ -236,23 +235,47 @@ class SSHProvider(Provider):
             return env_prefix(self.node_python[host])
         return self._ctx.launcher.prefix
 
-    def _preflight(self, ctx: StartContext, sessions: dict[str, NodeSession]) -> None:
+    def _connect_and_probe(
+        self, ctx: StartContext, sessions: dict[str, NodeSession], t0: float
+    ) -> None:
+        """Connect to every host and probe each as soon as it is connected: a host's probe
+        (its login shell, its Python) does not wait for the other hosts' handshakes. The head
+        is probed alongside: its facts are what the nodes are checked against."""
         flavour = ctx.launcher.flavour.value
         agents = _agents_env(ctx.cluster_id)
+        hosts = [n.host for n in self.nodes]
+        deadline = time.monotonic() + self.connect_timeout
+        conns: dict[str, Connection] = {}
+        unconnected: dict[str, Exception] = {}
+        lock = threading.Lock()
 
         def probe(key: str) -> NodeFacts:
             args = {"prefix": self._prefix(key), "flavour": flavour}
             if key == _HEAD:
                 session = sessions[key] = NodeSession(LocalShell(), self._python(key))
                 return NodeFacts.from_json(session.call("probe", args))
+            try:
+                conn = connect(key, self._dial, deadline)
+            except Exception as exc:
+                unconnected[key] = exc
+                raise
+            with lock:
+                conns[key] = conn
+                if len(conns) + len(unconnected) == len(hosts):
+                    self.timings["connect"] = time.monotonic() - t0
+                    ctx.progress(f"checking {len(hosts)} nodes")
             # Tagged as the agents are: the agent will be a fork of it, and starts with what
             # it imports while the head waits for the other nodes and installs.
-            shell = self._conns[key].shell
-            session = sessions[key] = NodeSession(shell, self._python(key), env=agents)
+            session = sessions[key] = NodeSession(conn.shell, self._python(key), env=agents)
             return NodeFacts.from_json(session.call("probe", args, then_import=AGENT_IMPORTS))
 
-        # The head is probed alongside the nodes: its facts are what they are checked against.
-        facts, failed = parallel([_HEAD, *self._conns], probe)
+        facts, failed = parallel([_HEAD, *hosts], probe)
+        if unconnected:  # nothing was put anywhere: close what opened, name what did not
+            parallel(list(sessions), lambda key: sessions.pop(key).close())
+            for conn in conns.values():
+                conn.shell.close()
+            raise unreached(unconnected)
+        self._conns = {h: conns[h] for h in hosts}
         if _HEAD in failed:
             raise failed[_HEAD]
         head = self._head_facts = facts.pop(_HEAD)
@@ -313,12 +336,17 @@ class SSHProvider(Provider):
         self._rendezvous.start(ctx.cluster_id, ctx.changed)
 
     def _start_agents(
-        self, ctx: StartContext, sessions: dict[str, NodeSession], ready: dict[str, object]
+        self,
+        ctx: StartContext,
+        sessions: dict[str, NodeSession],
+        installs: Mapping[str, Mapping[str, object]],
+        ready: Mapping[str, object],
     ) -> None:
-        """One agent per node, started by the node's bootstrap session (no second login),
-        after the ``ready`` install that every session gets; wait until all joined. The
-        agents outlive the sessions: they leave when the rendezvous closes, and exit by
-        themselves when they lose the head."""
+        """Install each session's files (``installs``) and start one agent per node, by the
+        node's bootstrap session (no second login), in one round trip; then the ``ready``
+        install (the status file) everywhere; wait until all joined. The agents outlive the
+        sessions: they leave when the rendezvous closes, and exit by themselves when they
+        lose the head."""
         rendezvous = self._rendezvous
         assert rendezvous is not None
         url = rendezvous.join_url
@@ -354,15 +382,18 @@ class SSHProvider(Provider):
             }
 
         # All at once: each waits for its node's fork (one round trip, and a process start
-        # where the node's Python differs), which one after the other added up. Every node
-        # has its files by now: the status file goes with the spawn, in the same round trip.
+        # where the node's Python differs), which one after the other added up. The files
+        # go in the same round trip, just before: a node whose install fails starts no agent.
         def start(key: str) -> object:
-            calls: list[tuple[str, Mapping[str, object]]] = [("install", ready)]
+            calls: list[tuple[str, Mapping[str, object]]] = [("install", installs[key])]
             if key in spawns:
                 calls.append(("spawn", spawns[key]))
             return sessions[key].call_each(calls)
 
         self._check(parallel(list(sessions), start)[1])
+        # Last, once every node has everything: the status file that workers can wait on
+        # (while the agents join).
+        self._check(parallel(list(sessions), lambda key: sessions[key].call("install", ready))[1])
         try:
             rendezvous.wait_ready(min(60.0, self.connect_timeout * 2))
         except ClusterError as exc:
@@ -396,10 +427,10 @@ class SSHProvider(Provider):
         ]
 
     def _install(
-        self, ctx: StartContext, head_dir: Path, sessions: dict[str, NodeSession]
-    ) -> dict[str, object]:
-        """Put the cluster's files on every node and the head; return the install of the
-        status file, which goes once every node has them (with the agents' start)."""
+        self, ctx: StartContext, head_dir: Path, sessions: Sequence[str]
+    ) -> tuple[dict[str, dict[str, object]], dict[str, object]]:
+        """The cluster's files: the install of each of ``sessions`` (the nodes' and the
+        head's), and the install of the status file, which goes once every node has them."""
         keys_dir = head_dir / "keys"
         if keys_dir.exists():
             shutil.rmtree(keys_dir)
@@ -421,20 +452,19 @@ class SSHProvider(Provider):
         if self.node_python:
             hook = (Path(HOOK_DIR) / "sitecustomize.py").read_bytes()
             files[f"{HOOK_SUBDIR}/sitecustomize.py"] = ("644", hook)
-        payload = {
+        payload: dict[str, object] = {
             "cluster_id": ctx.cluster_id,
             "files": encode_files(files),
             "authorized_key": authorized_keys_line(keys),
         }
 
-        def install(key: str) -> object:
+        def install(key: str) -> dict[str, object]:
             # The head gets the same files but no authorized_keys line: its mpirun uses them.
             args = payload if key != _HEAD else {**payload, "authorized_key": None}
             if self.node_python:
                 args = {**args, "links": {ENV_LINK: self._prefix(key)}}
-            return sessions[key].call("install", args)
+            return args
 
-        self._check(parallel(list(sessions), install)[1])
         status = json.dumps(
             {
                 "cluster": ctx.cluster_id,
@@ -447,7 +477,7 @@ class SSHProvider(Provider):
             }
         ).encode()
         # Last, once every node has everything: the status file that workers can wait on
-        # (written with the agents' start, see _start_agents).
+        # (see _start_agents).
         ready: dict[str, object] = {
             "cluster_id": ctx.cluster_id,
             "files": encode_files({"status.json": ("644", status)}),
@@ -471,7 +501,7 @@ class SSHProvider(Provider):
                 launcher=replace(ctx.launcher, path=paths.launcher),
                 hook_dir=paths.hook_dir,
             )
-        return ready
+        return {key: install(key) for key in sessions}, ready
 
     @staticmethod
     def _check(failed: dict[str, Exception]) -> None:

@@ -27,7 +27,6 @@ from clusterbook.errors import (
     SSHError,
     SSHTimeoutError,
 )
-from clusterbook.fanout import parallel
 from clusterbook.paths import CLUSTERS_DIR
 from clusterbook.ssh.hostkeys import HostKey, known_hosts_line
 from clusterbook.ssh.keys import KeyPair
@@ -42,11 +41,12 @@ __all__ = [
     "NodeSession",
     "TaskFailedError",
     "cluster_files",
-    "connect_all",
+    "connect",
     "node_ssh_args",
     "run_task",
     "ssh_wrapper",
     "tasks_argv",
+    "unreached",
 ]
 
 #: What every node runs (``_node_tasks``), as its source: nothing need be installed there.
@@ -92,38 +92,31 @@ class Connection:
     local_addr: str  # our address as the node sees it
 
 
-def connect_all(
-    hosts: Sequence[str], dial: Callable[[str, float], ParamikoShell], *, timeout: float
-) -> dict[str, Connection]:
-    """Connect to every host in parallel with ``dial(host, timeout)``, retrying while sshd is
-    not up yet, until ``timeout``.
+def connect(host: str, dial: Callable[[str, float], ParamikoShell], deadline: float) -> Connection:
+    """Connect to ``host`` with ``dial(host, timeout)``, retrying while sshd is not up yet,
+    until ``deadline`` (monotonic).
 
     Host key and authentication failures are final at once; a name that does not resolve too.
     """
-    deadline = time.monotonic() + timeout
-
-    def one(host: str) -> Connection:
-        pause = 0.1
-        while True:
-            left = deadline - time.monotonic()
-            try:
-                shell = dial(host, max(0.5, min(5.0, left)))
-                break
-            except HostNotFoundError:
+    pause = 0.1
+    while True:
+        left = deadline - time.monotonic()
+        try:
+            shell = dial(host, max(0.5, min(5.0, left)))
+            break
+        except HostNotFoundError:
+            raise
+        except (SSHConnectError, SSHTimeoutError):
+            if time.monotonic() + pause >= deadline:
                 raise
-            except (SSHConnectError, SSHTimeoutError):
-                if time.monotonic() + pause >= deadline:
-                    raise
-                time.sleep(pause)
-                pause = min(pause * 2, 1.0)
-        return Connection(host, shell, shell.server_key(), shell.local_addr)
+            time.sleep(pause)
+            pause = min(pause * 2, 1.0)
+    return Connection(host, shell, shell.server_key(), shell.local_addr)
 
-    done, failed = parallel(hosts, one)
-    if failed:
-        for conn in done.values():
-            conn.shell.close()
-        raise BootstrapError({h: [_reason(e)] for h, e in failed.items()})
-    return done
+
+def unreached(failed: Mapping[str, Exception]) -> BootstrapError:
+    """The error for the hosts :func:`connect` failed on, with why."""
+    return BootstrapError({h: [_reason(e)] for h, e in failed.items()})
 
 
 def _reason(exc: Exception) -> str:
@@ -337,8 +330,12 @@ class NodeSession:
     ) -> list[dict[str, Any]]:
         """Run several tasks one after the other on the node, with one wait for them all: the
         requests go out together and the replies are read in their order (the first task
-        that failed raises, once every reply is in). No frames either way."""
-        requests = (json.dumps({"task": t, "args": a}).encode() + b"\n" for t, a in calls)
+        that failed raises, once every reply is in). Once one fails, the tasks after it are
+        not run. No frames either way."""
+        requests = (
+            json.dumps({"task": t, "args": a, **({"if_ok": True} if i else {})}).encode() + b"\n"
+            for i, (t, a) in enumerate(calls)
+        )
         self._proc.send(b"".join(requests))
         replies = [self._reply(task, timeout) for task, _ in calls]
         for (task, _), reply in zip(calls, replies, strict=True):
