@@ -6,7 +6,7 @@ from __future__ import annotations
 import sys
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -45,17 +45,34 @@ class FakeConnection(LocalShell):
         self.active = False
 
 
-@pytest.fixture
-def provider(tmp_path: Path) -> Iterator[SSHProvider]:
-    known = tmp_path / "known_hosts"
-    known.write_text("")
-    p = SSHProvider(["fast", "slow"], host_keys="accept-new", known_hosts=known)
-    p._ctx = StartContext("cb-test-start", sys.executable, find_launcher(sys.executable), {})
-    yield p
-    p._ctx = None  # nothing was installed: no node to clean
+class DialedProvider(SSHProvider):
+    """An SSH provider of hosts ``fast`` and ``slow`` whose connections ``dial`` makes."""
+
+    def __init__(
+        self, dial: Callable[[str, float], FakeConnection], known_hosts: Path, **options: float
+    ) -> None:
+        known_hosts.write_text("")
+        super().__init__(
+            ["fast", "slow"], host_keys="accept-new", known_hosts=known_hosts, **options
+        )
+        self._fake_dial = dial
+        self._ctx = StartContext("cb-test-start", sys.executable, find_launcher(sys.executable), {})
+
+    def _dial(self, host: str, timeout: float) -> FakeConnection:  # type: ignore[override]
+        return self._fake_dial(host, timeout)
+
+    def probe_all(self) -> None:
+        """Connect to and probe every host, then close the sessions that left open."""
+        sessions: dict[str, NodeSession] = {}
+        try:
+            assert self._ctx is not None
+            self._connect_and_probe(self._ctx, sessions, time.monotonic())
+        finally:
+            for session in sessions.values():
+                session.close()
 
 
-def test_a_host_is_probed_while_another_is_still_connecting(provider, monkeypatch) -> None:
+def test_a_host_is_probed_while_another_is_still_connecting(tmp_path) -> None:
     fast_probing = threading.Event()
     seen: dict[str, bool] = {}
 
@@ -64,21 +81,14 @@ def test_a_host_is_probed_while_another_is_still_connecting(provider, monkeypatc
             seen["fast probed first"] = fast_probing.wait(WAIT)
         return FakeConnection(host, fast_probing if host == "fast" else threading.Event())
 
-    monkeypatch.setattr(provider, "_dial", dial)
-    sessions: dict[str, NodeSession] = {}
-    try:
-        provider._connect_and_probe(provider._ctx, sessions, time.monotonic())
-    finally:
-        for session in sessions.values():
-            session.close()
+    provider = DialedProvider(dial, tmp_path / "known_hosts")
+    provider.probe_all()
     assert seen == {"fast probed first": True}
     assert sorted(provider._facts) == ["fast", "slow"]
     assert list(provider._conns) == ["fast", "slow"]  # in the order the hosts were given
 
 
-def test_a_host_that_cannot_be_reached_fails_the_start_and_closes_the_others(
-    provider, monkeypatch
-) -> None:
+def test_a_host_that_cannot_be_reached_fails_the_start_and_closes_the_others(tmp_path) -> None:
     opened: list[FakeConnection] = []
 
     def dial(host: str, timeout: float) -> FakeConnection:
@@ -87,9 +97,9 @@ def test_a_host_that_cannot_be_reached_fails_the_start_and_closes_the_others(
         opened.append(FakeConnection(host, threading.Event()))
         return opened[-1]
 
-    monkeypatch.setattr(provider, "_dial", dial)
-    monkeypatch.setattr(provider, "connect_timeout", 0.3)
+    provider = DialedProvider(dial, tmp_path / "known_hosts", connect_timeout=0.3)
     sessions: dict[str, NodeSession] = {}
+    assert provider._ctx is not None
     with pytest.raises(cb.BootstrapError) as info:
         provider._connect_and_probe(provider._ctx, sessions, time.monotonic())
     assert list(info.value.problems) == ["slow"]
