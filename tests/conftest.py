@@ -17,6 +17,7 @@ import psutil
 import pytest
 
 import clusterbook as cb
+from tests.users import LocalUser, UserError, free_id, make_user
 
 REQUIRE_TESTBED = os.environ.get("CLUSTERBOOK_REQUIRE_TESTBED") == "1"
 HERE = Path(__file__).parent
@@ -74,6 +75,25 @@ def mpi_python(request: pytest.FixtureRequest) -> str:
     """A Python whose environment has mpi4py and the launcher of each MPI flavour in turn."""
     request.applymarker(pytest.mark.mpi)
     return request.getfixturevalue(f"{request.param}_python")
+
+
+@pytest.fixture(scope="session")
+def other_user() -> Iterator[LocalUser]:
+    """Another local user of this machine, for tests of what it must not reach: as root, an
+    account of its own uid and gid made for the session (:mod:`tests.users`), removed at the
+    end with whatever it left running."""
+    require(os.geteuid() == 0, "needs root to make another local user")
+    number = free_id()
+    try:
+        user = make_user(
+            number, number, prefix="cbother", comment="clusterbook tests, another local user"
+        )
+    except UserError as exc:
+        pytest.fail(str(exc))
+    try:
+        yield user
+    finally:
+        user.close()
 
 
 def processes_mentioning(text: str) -> list[psutil.Process]:

@@ -17,7 +17,8 @@ from types import ModuleType
 import pytest
 
 from tests.conftest import require
-from tests.notebooks.binder import BinderUser, BinderUserError, make_user
+from tests.notebooks.binder import make_binder_user
+from tests.users import LocalUser, UserError
 
 REPO = Path(__file__).resolve().parents[2]
 NOTEBOOKS = REPO / "notebooks"
@@ -41,11 +42,11 @@ def runner() -> ModuleType:
 
 
 @pytest.fixture(scope="session")
-def binder_user() -> Iterator[BinderUser]:
+def binder_user() -> Iterator[LocalUser]:
     """The unprivileged user the notebooks run as (removed, with what it left, at the end)."""
     try:
-        user = make_user()
-    except BinderUserError as exc:
+        user = make_binder_user()
+    except UserError as exc:
         pytest.fail(str(exc))
     try:
         yield user
@@ -57,7 +58,7 @@ def binder_user() -> Iterator[BinderUser]:
 def executed(
     runner: ModuleType,
     openmpi_python: str,
-    binder_user: BinderUser,
+    binder_user: LocalUser,
     tmp_path_factory: pytest.TempPathFactory,
 ) -> Callable[[str], object]:
     """``executed(name)``: the notebook ``name`` run once this session, as the Binder user (a

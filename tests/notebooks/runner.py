@@ -31,7 +31,7 @@ import nbformat
 from nbclient import NotebookClient
 
 if TYPE_CHECKING:
-    from tests.notebooks.binder import BinderUser
+    from tests.users import LocalUser
 
 REPO = Path(__file__).resolve().parents[2]
 NOTEBOOKS = REPO / "notebooks"
@@ -254,12 +254,12 @@ def run_here(path: Path, home: Path, *, probe: bool = True) -> Executed:
 # -- as the Binder user ----------------------------------------------------------------------
 
 
-def execute_as(user: BinderUser, source: Path, workdir: Path, *, probe: bool = True) -> Executed:
+def execute_as(user: LocalUser, source: Path, workdir: Path, *, probe: bool = True) -> Executed:
     """:func:`execute`, with nbclient and the kernel run as ``user`` (see
     :mod:`tests.notebooks.binder`); ``workdir`` must be one the user can reach. Fails if a
     process of the user's outlives the kernel."""
     from tests.conftest import wait_gone
-    from tests.notebooks.binder import wait_left
+    from tests.users import wait_left
 
     folder = workdir / "notebooks"
     shutil.copytree(source.parent, folder, ignore=shutil.ignore_patterns(".ipynb_checkpoints"))

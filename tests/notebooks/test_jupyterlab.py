@@ -42,8 +42,8 @@ from tests.browser.lab import (
     serve,
 )
 from tests.conftest import wait_gone
-from tests.notebooks.binder import BinderUser, wait_left
 from tests.notebooks.conftest import NAMES, NOTEBOOKS
+from tests.users import LocalUser, wait_left
 
 pytestmark = [pytest.mark.browser, pytest.mark.mpi]
 
@@ -52,7 +52,7 @@ CHECKED = "All checks passed."
 
 
 def test_every_tutorials_widget_in_jupyterlab_as_the_binder_user(
-    executed: Callable[[str], Any], runner: ModuleType, binder_user: BinderUser, tmp_path: Path
+    executed: Callable[[str], Any], runner: ModuleType, binder_user: LocalUser, tmp_path: Path
 ) -> None:
     require_browser()
     runs = {name: executed(name) for name in NAMES}  # nbclient's runs, before the server's
@@ -192,7 +192,7 @@ def _end_sessions(lab: Lab) -> None:
             api(lab.url, lab.token, f"/api/sessions/{session['id']}", method="DELETE")
 
 
-def _give(path: Path, user: BinderUser) -> None:
+def _give(path: Path, user: LocalUser) -> None:
     for directory, dirs, files in os.walk(path):
         for name in [directory, *(os.path.join(directory, n) for n in dirs + files)]:
             os.chown(name, user.uid, user.gid)

@@ -21,8 +21,9 @@ from typing import Any
 import pytest
 
 from tests.conftest import require
-from tests.notebooks.binder import UID, BinderUser
+from tests.notebooks.binder import UID
 from tests.notebooks.conftest import COMPANIONS, NAMES, NOTEBOOKS
+from tests.users import LocalUser
 
 #: Tutorials that need a package the test venv may lack (scripts/test.sh installs them).
 NEEDS = {"06-torch-ddp.ipynb": "torch"}
@@ -42,7 +43,7 @@ def test_notebook_is_stored_without_outputs(name: str) -> None:
 @pytest.mark.mpi
 @pytest.mark.parametrize("name", NAMES)
 def test_notebook_runs_and_shows_its_results(
-    name: str, executed: Callable[[str], Any], runner: ModuleType, binder_user: BinderUser
+    name: str, executed: Callable[[str], Any], runner: ModuleType, binder_user: LocalUser
 ) -> None:
     if name in NEEDS:
         package = NEEDS[name]
