@@ -582,13 +582,12 @@ class Cluster:
         and return a connected client; ``%%px`` then runs on them. Engine id = MPI rank; they
         stop with :meth:`stop_engines` or :meth:`stop`. ``timeout``, ``env``, ``encrypt``: see
         :func:`clusterbook.engines.start_engines`. Needs ``pip install 'clusterbook[jupyter]'``.
+        A detached cluster has none (its head runs in another process): a
+        :class:`ClusterStateError` says so, and what to use instead.
         """
         self._require_running("engines")
         if self._remote is not None:
-            raise ClusterStateError(
-                f"Cluster {self.name!r} is detached: its engines would need a controller that "
-                "outlives this kernel. Use engines() on a cluster that is not detached."
-            )
+            return self._remote.engines(n, **how)  # refused, saying why and what instead
         from clusterbook.engines import start_engines
 
         remote = self._provider.remote()
