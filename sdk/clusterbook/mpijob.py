@@ -101,7 +101,7 @@ class MPIJobArgs(TypedDict, total=False):
     cwd: str | None
     retention: float | str | None
     clean: str | None
-    resources: Mapping[str, Mapping[str, str | int]] | None
+    resources: Mapping[str, Mapping[str, str | float]] | None
     ssh_auth_mount_path: str
 
 
@@ -125,7 +125,7 @@ def render_mpijob(
     cwd: str | None = None,
     retention: float | str | None = None,
     clean: str | None = "running",
-    resources: Mapping[str, Mapping[str, str | int]] | None = None,
+    resources: Mapping[str, Mapping[str, str | float]] | None = None,
     ssh_auth_mount_path: str = SSH_AUTH_MOUNT_PATH,
 ) -> dict[str, Any]:
     """The MPIJob that runs ``argv`` as ``np`` ranks on ``workers`` pods of ``image``.
@@ -167,7 +167,10 @@ def render_mpijob(
         default (none).
     resources
         The workers' container resources, like ``{"limits": {"cpu": 4, "memory": "8Gi",
-        "nvidia.com/gpu": 1}}`` (the launcher only runs ``clusterbook run``).
+        "nvidia.com/gpu": 1}}`` (the launcher only runs ``clusterbook run``). An amount is
+        what a Kubernetes quantity takes: a number (``0.5``) or text (``"500m"``, ``"1.5Gi"``,
+        ``"1e3"``); a number that is not whole is written as text (``"0.5"``), the one form
+        of it an MPIJob's schema takes.
     ssh_auth_mount_path
         Where the job's key pair is mounted (``sshAuthMountPath``); not a ``.ssh``
         directory, which clusterbook must be able to write.
