@@ -247,9 +247,19 @@ def render_for_nodes(
 ) -> dict[str, Any]:
     """:func:`render_mpijob` with what a cluster knows as the defaults: a worker per node
     (when ``np`` is not given), the nodes' slots, its MPI flavour, its name and its ``env``
-    (the job's ``env`` adds to it)."""
+    (the job's ``env`` adds to it). No ``nodes`` (not known yet): ``slots_per_worker`` and
+    ``np`` or ``workers`` must be given."""
     given = dict(options)
-    if "slots_per_worker" not in given and nodes:
+    counted = np is not None or given.get("workers") is not None
+    if not nodes and ("slots_per_worker" not in given or not counted):
+        raise ConfigError(
+            "The cluster's nodes are not known yet (those of an elastic or Slurm cluster join "
+            "once it started; an SSH host's 'gpus' slots are counted at start), so there is "
+            "nothing to count slots, ranks and workers from; wait for them (start(), "
+            f"wait_ready()), or give {spell('slots_per_worker', 4)} and {spell('np', 8)} "
+            f"(or {spell('workers', 2)})."
+        )
+    if "slots_per_worker" not in given:
         counts = sorted({n.slots for n in nodes})
         if len(counts) > 1:
             raise ConfigError(
@@ -259,11 +269,6 @@ def render_for_nodes(
             )
         given["slots_per_worker"] = counts[0]
     if np is None:
-        if not nodes and given.get("workers") is None:
-            raise ConfigError(
-                "The cluster has no nodes yet to count ranks and workers from (start it "
-                f"first), so give them: {spell('np', 4)} (and {spell('workers', 2)})."
-            )
         workers = given.get("workers")
         workers = check_count(len(nodes) if workers is None else workers, "workers", 2)
         given["workers"] = workers

@@ -472,8 +472,46 @@ def test_a_cluster_gives_its_defaults(validator: jsonschema.protocols.Validator)
         render_for_nodes(ARGV, None, flavour=None, **{**common, "nodes": mixed})
     with pytest.raises(cb.ConfigError, match=r"cannot name an MPIJob.*name='my-lab'"):
         render_for_nodes(ARGV, None, flavour=None, **{**common, "cluster_name": "My_Lab"})
-    with pytest.raises(cb.ConfigError, match=r"no nodes yet.*start it first.*np=4"):
-        render_for_nodes(ARGV, None, flavour=None, **{**common, "nodes": []})
+    not_known = r"nodes are not known yet.*give slots_per_worker=4 and np=8 \(or workers=2\)"
+    for given in ({}, {"np": 4}, {"slots_per_worker": 2}):
+        with pytest.raises(cb.ConfigError, match=not_known):
+            render_for_nodes(ARGV, flavour=None, **{"np": None, **common, "nodes": [], **given})
+    job = render_for_nodes(ARGV, 4, flavour=None, slots_per_worker=2, **{**common, "nodes": []})
+    assert job["spec"]["mpiReplicaSpecs"]["Worker"]["replicas"] == 2
+
+
+def _shape(job: Mapping[str, Any]) -> tuple[int, int, list[str]]:
+    """Slots per worker, workers, and the launcher's ``-n``."""
+    spec, words = job["spec"], run_words(job)
+    workers = spec["mpiReplicaSpecs"]["Worker"]["replicas"]
+    return spec["slotsPerWorker"], workers, words[words.index("-n") : words.index("-n") + 2]
+
+
+def test_a_cluster_gives_its_shape_before_it_starts(
+    validator: jsonschema.protocols.Validator,
+) -> None:
+    local = cb.Cluster.local(workers=2, slots=2, name="lab")
+    hosts = cb.Cluster.ssh(["node1:2", "node2:2"], ssh_config="none", name="lab")
+    for cluster in (local, hosts):  # nodes known when the cluster is made
+        assert cluster.state == "created"
+        assert (len(cluster.nodes), cluster.total_slots) == (2, 4)
+        assert "2 nodes, 4 slots" in repr(cluster)
+        assert cluster.status()["slots"].tolist() == [2, 2]
+        job = cluster.to_mpijob(ARGV, np=4, image="img")
+        check(validator, job)
+        assert _shape(job) == (2, 2, ["-n", "4"])
+        assert _shape(cluster.to_mpijob(ARGV, image="img")) == (2, 2, ["-n", "4"])
+    # Not known until they start: nodes that join, slots counted on the node.
+    unknown = [
+        cb.Cluster.elastic(min_nodes=2, max_nodes=4),
+        cb.Cluster.slurm(nodes=2),
+        cb.Cluster.ssh(["node1:gpus"], ssh_config="none"),
+    ]
+    for cluster in unknown:
+        with pytest.raises(cb.ConfigError, match=r"nodes are not known yet.*slots_per_worker=4"):
+            cluster.to_mpijob(ARGV, np=4, image="img", name="job")
+        job = cluster.to_mpijob(ARGV, np=4, image="img", name="job", slots_per_worker=2)
+        assert _shape(job) == (2, 2, ["-n", "4"])
 
 
 def test_cluster_to_mpijob_delegates(validator: jsonschema.protocols.Validator) -> None:

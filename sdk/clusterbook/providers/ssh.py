@@ -24,7 +24,7 @@ from clusterbook.errors import (
     ConfigError,
 )
 from clusterbook.fanout import parallel
-from clusterbook.gpus import Slots
+from clusterbook.gpus import GPUS, Slots
 from clusterbook.launch.keep import end_far, hold_far
 from clusterbook.launch.rankwrap import HOOK_DIR
 from clusterbook.launch.result import KeptProcess
@@ -179,6 +179,11 @@ class SSHProvider(Provider):
     @property
     def nodes(self) -> tuple[NodeSpec, ...]:
         return self._nodes
+
+    @property
+    def planned(self) -> tuple[NodeSpec, ...] | None:
+        # A "gpus" host's slots are counted at start(): until then its 1 is a stand-in.
+        return None if GPUS in self._asked.values() else self._nodes
 
     # -- start --------------------------------------------------------------------------
 
