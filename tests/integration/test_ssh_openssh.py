@@ -334,6 +334,34 @@ def test_a_failing_proxy_command_is_named_by_host_with_what_it_said(
     assert wait_gone("no-such-bastion.invalid", 5) == []
 
 
+def test_proxied_hosts_whose_names_do_not_resolve_here_leave_the_head_address_unknown(
+    testbed: Testbed, behind_bastion: tuple[FakeHost, list[FakeHost]], tmp_path: Path
+) -> None:
+    bastion, inner = behind_bastion
+    node, name = inner[0], "node2.invalid"  # a name only the bastion would know
+    proxy = " ".join(["ssh", *testbed.ssh_options(), "-W", f"{node.addr}:%p", bastion.addr])
+    config = tmp_path / "ssh_config"
+    config.write_text(f"Host {node.name}\n  HostName {name}\n  ProxyCommand {proxy}\n")
+    known = tmp_path / "known_hosts"
+    known.write_text(f"{name} {node.host_public_key}\n{testbed.write_known_hosts().read_text()}")
+    before = node.authorized_keys.read_text()
+    cluster = cb.Cluster.ssh(
+        [f"{node.name}:1"],
+        ssh_config=config,
+        known_hosts=known,
+        identity=testbed.identity,
+        user="root",
+        run_dir=tmp_path / "run",
+        connect_timeout=10,
+    )
+    # The node is reached (its key checked under the name), but which address of this
+    # machine it reaches the head at, nothing says: refused before anything is put there.
+    with pytest.raises(cb.ConfigError, match="none of their names resolves here"):
+        cluster.start()
+    assert node.authorized_keys.read_text() == before
+    assert wait_gone(bastion.addr, 5) == []
+
+
 def test_the_command_line_reads_the_users_ssh_config(
     testbed: Testbed,
     behind_bastion: tuple[FakeHost, list[FakeHost]],
