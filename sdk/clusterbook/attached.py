@@ -22,7 +22,7 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NoReturn
 
 from clusterbook import display
 from clusterbook.catalog import Found, find
@@ -204,6 +204,16 @@ class AttachedCluster:
             argv = [argv]  # the head refuses it with the message Cluster.run_on_nodes gives
         answer = self._call("run_on_nodes", argv=list(argv), timeout=timeout)
         return [NodeRun(**row) for row in answer["rows"]]
+
+    def engines(self, n: int | None = None, **how: Any) -> NoReturn:
+        """Refused with a :class:`ClusterStateError` that says why and what to use instead:
+        engines need their controller in the process that runs the cluster."""
+        raise ClusterStateError(
+            f"Cluster {self.id} runs in another process, and ipyparallel engines need their "
+            "controller in the process that runs the cluster for as long as they run, so "
+            "run MPI work on it with mpirun() or %%mpirun instead, or call engines() on a "
+            "cluster that is not detached."
+        )
 
     def _saved(self, job_id: str, directory: str) -> SavedJob:
         job = self._jobs.get(job_id)

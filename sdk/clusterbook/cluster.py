@@ -266,10 +266,20 @@ class Cluster:
 
     @property
     def nodes(self) -> tuple[NodeSpec, ...]:
-        """The nodes, as the provider knows them (cores filled in once started)."""
+        """The nodes, as the provider knows them (cores filled in once started); before
+        ``start()``, those it will bring up where they are known (a local or SSH cluster's)."""
         if self._remote is not None:
             return self._remote.nodes
+        if self._state == "created":
+            return self._provider.planned or self._provider.nodes
         return self._provider.nodes
+
+    def _shape(self) -> tuple[NodeSpec, ...]:
+        """The nodes whose slots are known now: none before ``start()`` where only the start
+        finds them out (nodes that join; SSH hosts of ``"gpus"`` slots)."""
+        if self._state == "created" and self._remote is None:
+            return self._provider.planned or ()
+        return self.nodes
 
     # -- lifecycle ------------------------------------------------------------------------
 
@@ -516,7 +526,9 @@ class Cluster:
         """``argv`` as a Kubeflow MPIJob manifest (``kubeflow.org/v2beta1``) for ``kubectl
         apply -f``: ``np`` ranks (default: all slots) on pods of ``image``, run by ``clusterbook
         run`` in the launcher pod. The cluster gives the defaults: a worker per node, its
-        nodes' slots, its MPI flavour, its name and ``env``; ``options`` are those of
+        nodes' slots, its MPI flavour, its name and ``env`` (before ``start()`` too, where its
+        nodes are known then; where not, an elastic or Slurm cluster's, a
+        :class:`ConfigError` asks for ``slots_per_worker`` and ``np``); ``options`` are those of
         :func:`clusterbook.mpijob.render_mpijob` (``retries``, ``deadline``, ``retention``,
         ``clean``, ``resources``, ...). ``clusterbook.mpijob.to_yaml`` writes it as YAML."""
         from clusterbook.errors import LauncherNotFoundError
@@ -530,7 +542,7 @@ class Cluster:
             argv,
             np,
             image=image,
-            nodes=self.nodes,
+            nodes=self._shape(),
             cluster_name=self.name,
             flavour=flavour,
             cluster_env=self._options.env,
@@ -582,13 +594,12 @@ class Cluster:
         and return a connected client; ``%%px`` then runs on them. Engine id = MPI rank; they
         stop with :meth:`stop_engines` or :meth:`stop`. ``timeout``, ``env``, ``encrypt``: see
         :func:`clusterbook.engines.start_engines`. Needs ``pip install 'clusterbook[jupyter]'``.
+        A detached cluster has none (its head runs in another process): a
+        :class:`ClusterStateError` says so, and what to use instead.
         """
         self._require_running("engines")
         if self._remote is not None:
-            raise ClusterStateError(
-                f"Cluster {self.name!r} is detached: its engines would need a controller that "
-                "outlives this kernel. Use engines() on a cluster that is not detached."
-            )
+            return self._remote.engines(n, **how)  # refused, saying why and what instead
         from clusterbook.engines import start_engines
 
         remote = self._provider.remote()

@@ -159,6 +159,8 @@ def _handlers(cluster: Cluster) -> dict[str, Handler]:
 
     def wait_ready(request: Mapping[str, Any]) -> Mapping[str, Any]:
         cluster.wait_ready(float(request.get("timeout", 60)), progress=False)
+        # Now, not at the keeper's next tick: the asker reads the nodes from the record next.
+        cluster._changed(record=True)
         return {}
 
     def put(request: Mapping[str, Any]) -> Mapping[str, Any]:

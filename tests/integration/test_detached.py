@@ -131,7 +131,7 @@ def test_a_detached_cluster_from_this_process_runs_jobs_and_has_a_day_long_life(
         _wait(lambda: cluster.status()["state"].tolist() == ["joined"])
         with pytest.raises(cb.ProgramNotFoundError, match="no-such-program"):
             cluster.mpirun(["no-such-program"], np=1)
-        with pytest.raises(cb.ClusterStateError, match="is detached"):
+        with pytest.raises(cb.ClusterStateError, match="runs in another process"):
             cluster.engines()
     finally:
         cluster.stop()

@@ -24,7 +24,7 @@ from clusterbook.errors import (
     ConfigError,
 )
 from clusterbook.fanout import parallel
-from clusterbook.gpus import Slots
+from clusterbook.gpus import GPUS, Slots
 from clusterbook.launch.keep import end_far, hold_far
 from clusterbook.launch.rankwrap import HOOK_DIR
 from clusterbook.launch.result import KeptProcess
@@ -180,6 +180,11 @@ class SSHProvider(Provider):
     def nodes(self) -> tuple[NodeSpec, ...]:
         return self._nodes
 
+    @property
+    def planned(self) -> tuple[NodeSpec, ...] | None:
+        # A "gpus" host's slots are counted at start(): until then its 1 is a stand-in.
+        return None if GPUS in self._asked.values() else self._nodes
+
     # -- start --------------------------------------------------------------------------
 
     def start(self, ctx: StartContext) -> None:
@@ -325,9 +330,21 @@ class SSHProvider(Provider):
             f.write(text)
         return ["-F", str(config)], False
 
+    def _head_addr(self) -> str:
+        """This machine's address as the nodes see it, from their connections (one through a
+        ProxyCommand to a host whose name does not resolve here has none)."""
+        for conn in self._conns.values():
+            if conn.local_addr:
+                return conn.local_addr
+        raise ConfigError(
+            "Every host is reached through a ProxyCommand and none of their names resolves "
+            "here, so nothing says which address of this machine the nodes can reach it at; "
+            "give at least one host a HostName this machine has a route to."
+        )
+
     def _start_rendezvous(self, ctx: StartContext) -> None:
         """Serve the rendezvous on the address the nodes reach us at; agents join it."""
-        head_addr = next(iter(self._conns.values())).local_addr
+        head_addr = self._head_addr()
         size = len(self.nodes)
         settings = RendezvousSettings(
             "pending", size, size, timeout=RendezvousTimeout(last_call=0.1)
@@ -482,7 +499,7 @@ class SSHProvider(Provider):
             "cluster_id": ctx.cluster_id,
             "files": encode_files({"status.json": ("644", status)}),
         }
-        head_addr = next(iter(self._conns.values())).local_addr
+        head_addr = self._head_addr()
         self._remote = RemoteLaunch(
             ssh_args=tuple(ssh_args),
             ssh_wrapper=str(head_dir / "ssh"),
