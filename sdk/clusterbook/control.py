@@ -36,8 +36,8 @@ from typing import Any
 from clusterbook import errors
 from clusterbook.errors import ClusterError, ClusterStateError
 from clusterbook.rendezvous.backends._wire import (
-    _AuthFailed,
-    _Channel,
+    AuthFailed,
+    Channel,
     _tune,
     accept_hello,
     open_channel,
@@ -101,10 +101,10 @@ class ControlServer:
             _tune(conn)
             try:
                 deadline = time.monotonic() + _HANDSHAKE_TIMEOUT
-                chan = _Channel(conn)
+                chan = Channel(conn)
                 try:
                     accept_hello(chan, self._secret, deadline)
-                except _AuthFailed:
+                except AuthFailed:
                     _log.warning("The control server refused a client: authentication failed.")
                     return
                 conn.settimeout(None)
@@ -142,7 +142,7 @@ class ControlClient:
         self._secret = read_secret(token_file)
         self._timeout = timeout
         self._lock = threading.Lock()
-        self._chan: _Channel | None = None
+        self._chan: Channel | None = None
 
     def call(self, op: str, *, reply_within: float | None = None, **args: Any) -> dict[str, Any]:
         """Send request ``op`` and return its answer; raise the error the head answered
@@ -164,7 +164,7 @@ class ControlClient:
             raise rebuilt_error(reply["error"])
         return dict(reply)
 
-    def _connect(self) -> _Channel:
+    def _connect(self) -> Channel:
         if self._chan is None:
             sock = socket.create_connection(self._where, timeout=self._timeout)
             _tune(sock)
