@@ -1,9 +1,10 @@
 """A handle on a cluster another process runs: ``cb.Cluster.attach(id_or_dir)``.
 
-Everything it knows comes from the cluster's directory: the record (``cluster.json``) for
-status, the job directories for logs and results. What it asks of the cluster (run a job,
-cancel one, copy files, stop) goes to the head's control server (:mod:`clusterbook.control`)
-at the address the record names, with the secret in the directory's 0600 ``token`` file.
+Everything it knows comes from the cluster's directory, which must be this user's alone
+(:mod:`clusterbook.safepath`): the record (``cluster.json``) for status, the job directories
+for logs and results. What it asks of the cluster (run a job, cancel one, copy files, stop)
+goes to the head's control server (:mod:`clusterbook.control`) at the address the record
+names, with the secret in the directory's 0600 ``token`` file.
 Stopping also works without it, the way anyone who can write the directory can: with the stop
 file, which the head acts on within a second. When the
 head is gone (the record is *stale*: its process was killed), ``stop()`` itself stops what the
@@ -31,7 +32,7 @@ from clusterbook.errors import ClusterStateError
 from clusterbook.events import Subscribers
 from clusterbook.launch.guard import kill_tagged
 from clusterbook.launch.saved import SavedJob
-from clusterbook.paths import cluster_dir
+from clusterbook.paths import cluster_dir, default_run_root
 from clusterbook.record import (
     STOP_FILE,
     ClusterRecord,
@@ -41,6 +42,7 @@ from clusterbook.record import (
     snapshot_from,
     write_record,
 )
+from clusterbook.safepath import check_run_dir
 from clusterbook.spec import NodeSpec
 from clusterbook.status import ClusterSnapshot, nodes_frame
 
@@ -75,6 +77,8 @@ class AttachedCluster:
         found = find(what)
         if found.error is not None:
             raise found.error
+        root = default_run_root()
+        check_run_dir(found.path, root if found.path.parent == root else None)
         return cls(found)
 
     # -- what the record says --------------------------------------------------------------
