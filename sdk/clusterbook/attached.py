@@ -1,9 +1,10 @@
 """A handle on a cluster another process runs: ``cb.Cluster.attach(id_or_dir)``.
 
-Everything it knows comes from the cluster's directory: the record (``cluster.json``) for
-status, the job directories for logs and results. What it asks of the cluster (run a job,
-cancel one, copy files, stop) goes to the head's control server (:mod:`clusterbook.control`)
-at the address the record names, with the secret in the directory's 0600 ``token`` file.
+Everything it knows comes from the cluster's directory, which must be this user's alone
+(:mod:`clusterbook.safepath`): the record (``cluster.json``) for status, the job directories
+for logs and results. What it asks of the cluster (run a job, cancel one, copy files, stop)
+goes to the head's control server (:mod:`clusterbook.control`) through the directory's control
+socket, proving the secret in its 0600 ``token`` file (and asking the head to prove it too).
 Stopping also works without it, the way anyone who can write the directory can: with the stop
 file, which the head acts on within a second. When the
 head is gone (the record is *stale*: its process was killed), ``stop()`` itself stops what the
@@ -17,6 +18,7 @@ import contextlib
 import fcntl
 import os
 import shutil
+import socket
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -26,12 +28,12 @@ from typing import TYPE_CHECKING, Any, NoReturn
 
 from clusterbook import display
 from clusterbook.catalog import Found, find
-from clusterbook.control import TOKEN_FILE, ControlClient
+from clusterbook.control import SOCKET_FILE, TOKEN_FILE, ControlClient, unix_dial
 from clusterbook.errors import ClusterStateError
 from clusterbook.events import Subscribers
 from clusterbook.launch.guard import kill_tagged
 from clusterbook.launch.saved import SavedJob
-from clusterbook.paths import cluster_dir
+from clusterbook.paths import cluster_dir, default_run_root
 from clusterbook.record import (
     STOP_FILE,
     ClusterRecord,
@@ -41,6 +43,7 @@ from clusterbook.record import (
     snapshot_from,
     write_record,
 )
+from clusterbook.safepath import check_run_dir
 from clusterbook.spec import NodeSpec
 from clusterbook.status import ClusterSnapshot, nodes_frame
 
@@ -75,6 +78,8 @@ class AttachedCluster:
         found = find(what)
         if found.error is not None:
             raise found.error
+        root = default_run_root()
+        check_run_dir(found.path, root if found.path.parent == root else None)
         return cls(found)
 
     # -- what the record says --------------------------------------------------------------
@@ -151,9 +156,19 @@ class AttachedCluster:
         if self._client is None:
             if record.address is None:
                 raise ClusterStateError(
-                    f"Cluster {self.id} is {record.state}; its head takes no requests yet."
+                    f"Cluster {self.id} is {record.state}; its head takes no requests now."
                 )
-            self._client = ControlClient(record.address, self.run_dir / TOKEN_FILE)
+            here = socket.gethostname()
+            if record.head_host and record.head_host != here:
+                raise ClusterStateError(
+                    f"Cluster {self.id}'s head runs on {record.head_host}; it takes requests "
+                    f"from that machine only (this is {here})."
+                )
+            # The run directory's own socket, whatever address the record names.
+            path = self.run_dir / SOCKET_FILE
+            self._client = ControlClient(
+                unix_dial(path), self.run_dir / TOKEN_FILE, where=str(path)
+            )
         return self._client.call(op, reply_within=reply_within, **args)
 
     def mpirun(

@@ -639,7 +639,7 @@ class Cluster:
             launcher=self._launcher.path if self._launcher else None,
             run_dir=str(self.run_dir),
             uptime=None if self._started is None else time.monotonic() - self._started,
-            problem=self._provider.problem(),
+            problem=self._problem(),
             bounds=self._provider.bounds,
             time_left=left,
         )
@@ -696,11 +696,17 @@ class Cluster:
         launcher = ""
         if self._launcher is not None:
             launcher = f" {self._launcher.flavour.value} {self._launcher.version}"
-        problem = self._provider.problem() if self._state == "running" else None
+        problem = self._problem() if self._state == "running" else None
         return (
             f"<Cluster {self.name!r} {self.kind} {self._state}: {len(self.nodes)} nodes, "
             f"{self.total_slots} slots{launcher}{f' PROBLEM: {problem}' if problem else ''}>"
         )
+
+    def _problem(self) -> str | None:
+        """What is wrong: with the nodes (the provider's view), with the head's services."""
+        services = self._services
+        found = (self._provider.problem(), services.problem if services else None)
+        return " ".join(p for p in found if p) or None
 
     def _repr_mimebundle_(self, **kwargs: Any) -> dict[str, Any]:
         """In a notebook: the live widget of the Jupyter layer that registered one, with a

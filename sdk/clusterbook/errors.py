@@ -11,7 +11,8 @@ and what to do about it. Errors of third-party libraries are translated at the b
     │   ├── LauncherNotFoundError           no mpirun / mpiexec to use
     │   ├── ProgramNotFoundError            the program (or script) of a job does not exist
     │   ├── EnvironmentNotFoundError        no scheduler or launcher around this process
-    │   └── WorkerHostError                 this host is a worker of the job, not its leader
+    │   ├── WorkerHostError                 this host is a worker of the job, not its leader
+    │   └── UnsafePathError                 a cluster's directory others could change
     ├── ClusterStateError                   the call does not fit the cluster's state
     ├── NodeLostError                       a node stopped heartbeating (``node``, ``host``)
     ├── RunDirError                         a job's files cannot be written (a full disk)
@@ -69,6 +70,7 @@ __all__ = [
     "SSHError",
     "SSHTimeoutError",
     "UnknownClusterError",
+    "UnsafePathError",
     "WorkerHostError",
 ]
 
@@ -97,6 +99,18 @@ class EnvironmentNotFoundError(ConfigError):
 class WorkerHostError(ConfigError):
     """``Cluster.from_environment`` on one of the job's workers: the cluster is built on its
     leader (SageMaker's first host, an MPIJob's launcher pod)."""
+
+
+class UnsafePathError(ConfigError):
+    """A cluster's directory (or its record, or a directory above it) that another user could
+    change: not this user's, or writable by others. ``path`` names it, ``owner`` and ``mode``
+    are what it has."""
+
+    def __init__(self, message: str, *, path: str, owner: int, mode: int) -> None:
+        super().__init__(message)
+        self.path = path
+        self.owner = owner
+        self.mode = mode
 
 
 class ClusterStateError(ClusterError):
