@@ -4,7 +4,9 @@ A job's directory holds ``job.json`` (what it runs, written at its start), ``ran
 ``launcher.log`` (every line as it arrived, see :mod:`clusterbook.launch.logs`), the same in
 ``attempt-2/``, ... for each retry, and, once it ended, ``result.json``. :class:`SavedJob`
 reads them: ``logs()``, ``result``, ``wait()`` and a live ``stream()`` that follows the files
-while the job runs. ``cb.Job.load(directory)`` makes one.
+while the job runs. ``cb.Job.load(directory)`` makes one. The files are read through a
+:class:`~clusterbook.launch.files.Files`: this machine's, or (for a cluster attached over
+ssh) those of the machine its head runs on.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from clusterbook.errors import JobTimeoutError, RecordError
+from clusterbook.launch.files import LOCAL, Files
 from clusterbook.launch.logs import LAUNCHER_RANK, LogRecord, parse_log_line, records_frame
 from clusterbook.launch.result import JobResult
 from clusterbook.spec import validate_timeout
@@ -34,14 +37,26 @@ class SavedJob:
     """A job read from its directory (see the module's docstring).
 
     ``cancel`` is what the cluster that runs it gives (an attached cluster's handle passes
-    one); a job loaded on its own cannot be cancelled from here.
+    one); a job loaded on its own cannot be cancelled from here. ``files`` reads the
+    directory (default: on this machine).
     """
 
     def __init__(
-        self, directory: str | os.PathLike[str], *, cancel: Callable[[str], object] | None = None
+        self,
+        directory: str | os.PathLike[str],
+        *,
+        cancel: Callable[[str], object] | None = None,
+        files: Files = LOCAL,
     ) -> None:
         self.directory = Path(directory)
-        info = _read_json(self.directory / "job.json", "a job's directory")
+        self._fs = files
+        info = _read_json(files, self.directory / "job.json", "a job's directory")
+        if info is None:
+            where = f"{files.where}:" if files.where else ""
+            raise RecordError(
+                f"{where}{self.directory} is not a job's directory: it has no job.json.",
+                path=self.directory / "job.json",
+            )
         try:
             self.id: str = str(info["id"])
             self.np: int = int(info["np"])
@@ -62,8 +77,10 @@ class SavedJob:
     @property
     def result(self) -> JobResult | None:
         """The result once the job has ended (its ``result.json`` is there), else None."""
-        if self._result is None and (self.directory / "result.json").exists():
-            data = _read_json(self.directory / "result.json", "a job's result")
+        if self._result is None:
+            data = _read_json(self._fs, self.directory / "result.json", "a job's result")
+            if data is None:
+                return None
             self._result = JobResult.from_dict(data)
             hosts = self._result.rank_hosts
             self._hosts.update({r: h for r, h in hosts.items() if h != "?"})
@@ -117,7 +134,7 @@ class SavedJob:
         """What :meth:`logs` holds, as :class:`LogRecord` values."""
         self.result  # noqa: B018 - reads the hosts the result knows
         files = [f for f in self._files() if rank is None or f[0] == rank]
-        per_file = [self._read_new(path, r, n, {}) for r, path, n in files]
+        per_file = self._read_new(files, {})
         return list(heapq.merge(*per_file, key=lambda rec: (rec.attempt, rec.time)))
 
     def stream(self, *, from_start: bool = True) -> Iterator[LogRecord]:
@@ -125,12 +142,10 @@ class SavedJob:
         is read (``from_start=False``: only what comes from now on)."""
         offsets: dict[Path, int] = {}
         if not from_start:
-            offsets = {path: path.stat().st_size for _, path, _ in self._files()}
+            offsets = {path: self._fs.size(path) or 0 for _, path, _ in self._files()}
         while True:
             ended = self.result is not None  # before reading: nothing written after is missed
-            batch: list[LogRecord] = []
-            for rank, path, attempt in self._files():
-                batch += self._read_new(path, rank, attempt, offsets)
+            batch = [rec for recs in self._read_new(self._files(), offsets) for rec in recs]
             batch.sort(key=lambda rec: (rec.attempt, rec.time))
             yield from batch
             if ended:
@@ -138,53 +153,64 @@ class SavedJob:
             time.sleep(_POLL)
 
     def _read_new(
-        self, path: Path, rank: int, attempt: int, offsets: dict[Path, int]
-    ) -> list[LogRecord]:
-        """The whole lines of ``path`` after ``offsets[path]`` (which moves past them)."""
-        start = offsets.get(path, 0)
-        try:
-            with open(path, "rb") as f:
-                f.seek(start)
-                data = f.read()
-        except FileNotFoundError:
-            return []
-        end = data.rfind(b"\n") + 1  # a line being written is read once it is whole
-        offsets[path] = start + end
-        host = self._hosts.get(rank, "?")
-        text = data[:end].decode("utf-8", errors="replace")
-        return [parse_log_line(line, rank, host, attempt) for line in text.split("\n")[:-1]]
+        self, files: list[tuple[int, Path, int]], offsets: dict[Path, int]
+    ) -> list[list[LogRecord]]:
+        """The whole lines of each file after ``offsets[path]`` (which moves past them), read
+        in one batch."""
+        starts = [offsets.get(path, 0) for _, path, _ in files]
+        got = self._fs.read_many([(f[1], start) for f, start in zip(files, starts, strict=True)])
+        out: list[list[LogRecord]] = []
+        for (rank, path, attempt), start, data in zip(files, starts, got, strict=True):
+            if data is None:
+                out.append([])
+                continue
+            end = data.rfind(b"\n") + 1  # a line being written is read once it is whole
+            offsets[path] = start + end
+            host = self._hosts.get(rank, "?")
+            text = data[:end].decode("utf-8", errors="replace")
+            out.append(
+                [parse_log_line(line, rank, host, attempt) for line in text.split("\n")[:-1]]
+            )
+        return out
 
     def _files(self) -> list[tuple[int, Path, int]]:
         """Every log file: its rank, path and attempt, attempt by attempt."""
         found = []
-        folders = [(1, self.directory)] + [
-            (int(p.name[8:]), p)
-            for p in self.directory.glob("attempt-*")
-            if p.name[8:].isdigit() and p.is_dir()
+        entries = self._fs.listdir(self.directory)
+        folders = [(1, self.directory, entries)] + [
+            (int(name[8:]), self.directory / name, self._fs.listdir(self.directory / name))
+            for name, is_dir in entries
+            if name.startswith("attempt-") and name[8:].isdigit() and is_dir
         ]
-        for attempt, folder in sorted(folders):
-            for path in sorted(folder.glob("*.log")):
-                if path.name == "launcher.log":
-                    found.append((LAUNCHER_RANK, path, attempt))
-                elif path.name.startswith("rank-") and path.stem[5:].isdigit():
-                    found.append((int(path.stem[5:]), path, attempt))
+        for attempt, folder, listed in sorted(folders, key=lambda f: f[0]):
+            for name in sorted(n for n, is_dir in listed if n.endswith(".log") and not is_dir):
+                stem = name[:-4]
+                if name == "launcher.log":
+                    found.append((LAUNCHER_RANK, folder / name, attempt))
+                elif stem.startswith("rank-") and stem[5:].isdigit():
+                    found.append((int(stem[5:]), folder / name, attempt))
         return found
 
     def __repr__(self) -> str:
         result = self.result
         state = "running" if result is None else ("ok" if result.ok else "failed")
-        return f"<Job {self.id} np={self.np} {state} argv={self.argv!r} (from {self.directory})>"
+        where = f"{self._fs.where}:" if self._fs.where else ""
+        return (
+            f"<Job {self.id} np={self.np} {state} argv={self.argv!r} "
+            f"(from {where}{self.directory})>"
+        )
 
 
-def _read_json(path: Path, what: str) -> dict[str, Any]:
+def _read_json(files: Files, path: Path, what: str) -> dict[str, Any] | None:
+    """The JSON object in ``path``, None when there is no such file."""
+    name = f"{files.where}:{path}" if files.where else str(path)
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except FileNotFoundError as exc:
-        raise RecordError(
-            f"{path.parent} is not {what}: it has no {path.name}.", path=path
-        ) from exc
+        (raw,) = files.read_many([(path, 0)])
+        if raw is None:
+            return None
+        data = json.loads(raw.decode("utf-8"))
     except (OSError, ValueError) as exc:
-        raise RecordError(f"Cannot read {path}: {exc}.", path=path) from exc
+        raise RecordError(f"Cannot read {name}: {exc}.", path=path) from exc
     if not isinstance(data, dict):
-        raise RecordError(f"{path} is not {what}: it holds no JSON object.", path=path)
+        raise RecordError(f"{name} is not {what}: it holds no JSON object.", path=path)
     return data
