@@ -31,10 +31,12 @@ def main(argv: list[str]) -> int:
         if answer != b"ok\n":
             sys.stderr.write(f"clusterbook relay: {answer.decode(errors='replace').strip()}\n")
             return 255
-        return _pump(relay, sys.stdin.fileno(), sys.stdout.fileno())
+        return pump(relay, sys.stdin.fileno(), sys.stdout.fileno())
 
 
-def _pump(relay: socket.socket, stdin: int, stdout: int) -> int:
+def pump(relay: socket.socket, stdin: int, stdout: int) -> int:
+    """Copy bytes between ``relay`` and the files ``stdin`` and ``stdout`` until ``relay``
+    ends (an end of ``stdin`` is passed on, and what ``relay`` still sends read)."""
     reading: list[socket.socket | int] = [relay, stdin]
     while reading:
         ready, _, _ = select.select(reading, [], [])

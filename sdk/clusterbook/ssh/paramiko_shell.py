@@ -9,6 +9,7 @@ Its errors (and the socket's) are translated here into
 
 from __future__ import annotations
 
+import contextlib
 import select
 import socket
 import threading
@@ -28,6 +29,7 @@ from clusterbook.errors import (
     SSHTimeoutError,
 )
 from clusterbook.spec import validate_host
+from clusterbook.ssh.bridge import bridge
 from clusterbook.ssh.credentials import Credentials
 from clusterbook.ssh.hostkeys import HostKey, HostKeyPolicy, host_entry_name
 from clusterbook.ssh.proxy_command import ProxySocket, route_address, start_proxy
@@ -445,6 +447,32 @@ class ParamikoShell:
                 f"Lost the connection to {self.host}: {exc or type(exc).__name__}.", host=self.host
             ) from exc
         return _Process(self.host, chan)
+
+    def open_socket(self, argv: Sequence[str]) -> socket.socket:
+        """Start ``argv`` on the host and return a socket whose other end is its standard
+        input and output: closing the socket ends its input, and its end (or the
+        connection's) ends what the socket reads."""
+        chan = self._open()
+        try:
+            chan.exec_command(command_line(argv))
+        except (paramiko.SSHException, OSError, EOFError) as exc:
+            chan.close()
+            raise SSHConnectError(
+                f"Lost the connection to {self.host}: {exc or type(exc).__name__}.", host=self.host
+            ) from exc
+        return bridge(chan, f"clusterbook-ssh-{self.host}")
+
+    def keep_alive(self, interval: float) -> None:
+        """Have the connection end by itself when the host no longer answers: a keepalive
+        goes out after ``interval`` s without traffic, and a connection whose data is not
+        acknowledged for three times that is dropped by the kernel (where the connection is
+        a TCP socket of its own), ending every wait on it."""
+        self._transport.set_keepalive(max(1, round(interval)))
+        sock = self._transport.sock
+        option = getattr(socket, "TCP_USER_TIMEOUT", None)
+        if option is not None and isinstance(sock, socket.socket):
+            with contextlib.suppress(OSError):
+                sock.setsockopt(socket.IPPROTO_TCP, option, round(interval * 3000))
 
     def write_file(self, path: str, data: bytes, mode: int = 0o600) -> None:
         self.run(write_file_argv(path, mode), input=data, check=True, timeout=60)

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import select
 import shlex
 import shutil
 import socket
@@ -21,9 +20,9 @@ import tempfile
 import threading
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
 
 from clusterbook.errors import SSHError
+from clusterbook.ssh.bridge import pump
 from clusterbook.ssh.paramiko_shell import Tunnels
 from clusterbook.ssh.target import Hop
 
@@ -95,7 +94,7 @@ class Relay:
             conn.settimeout(None)
             conn.sendall(b"ok\n")
             with channel:
-                _pump(conn, channel)
+                pump(conn, channel)
         except OSError:
             pass  # the launcher's ssh went away
         finally:
@@ -116,25 +115,3 @@ class Relay:
             conn.sendall(f"error: {host}:{port_text} is not a node of this cluster\n".encode())
             return None
         return jumps, host, int(port_text)
-
-
-def _pump(conn: socket.socket, channel: Any) -> None:
-    """Copy bytes both ways between ``conn`` and ``channel`` (a paramiko channel) until both
-    ends have closed."""
-    open_ends = {conn, channel}
-    while open_ends:
-        ready, _, _ = select.select(list(open_ends), [], [], 60)
-        for end in ready:
-            other = channel if end is conn else conn
-            data = end.recv(65536)
-            if not data:
-                open_ends.discard(end)
-                with contextlib.suppress(OSError):
-                    if other is conn:
-                        conn.shutdown(socket.SHUT_WR)
-                    else:
-                        channel.shutdown_write()
-                continue
-            other.sendall(data)
-        if channel.closed:
-            return
