@@ -1,10 +1,13 @@
-"""A handle on a cluster another process runs: ``cb.Cluster.attach(id_or_dir)``.
+"""A handle on a cluster another process runs: ``cb.Cluster.attach(id_or_dir)``, or
+``cb.Cluster.attach("ssh://me@login1/ID")`` for one whose head runs on another machine.
 
 Everything it knows comes from the cluster's directory, which must be this user's alone
 (:mod:`clusterbook.safepath`): the record (``cluster.json``) for status, the job directories
-for logs and results. What it asks of the cluster (run a job, cancel one, copy files, stop)
-goes to the head's control server (:mod:`clusterbook.control`) through the directory's control
-socket, proving the secret in its 0600 ``token`` file (and asking the head to prove it too).
+for logs and results. It reads the directory through a :class:`~clusterbook.rundir.ClusterDir`:
+on this machine, or on the head's over ssh (:mod:`clusterbook.sshdir`), the same way. What it
+asks of the cluster (run a job, cancel one, copy files, stop) goes to the head's control server
+(:mod:`clusterbook.control`) through the directory's control socket, proving the secret in its
+0600 ``token`` file (and asking the head to prove it too).
 Stopping also works without it, the way anyone who can write the directory can: with the stop
 file, which the head acts on within a second. When the
 head is gone (the record is *stale*: its process was killed), ``stop()`` itself stops what the
@@ -18,7 +21,6 @@ import contextlib
 import fcntl
 import os
 import shutil
-import socket
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -28,8 +30,8 @@ from typing import TYPE_CHECKING, Any, NoReturn
 
 from clusterbook import display
 from clusterbook.catalog import Found, find
-from clusterbook.control import SOCKET_FILE, TOKEN_FILE, ControlClient, unix_dial
-from clusterbook.errors import ClusterStateError
+from clusterbook.control import ControlClient
+from clusterbook.errors import ClusterError, ClusterStateError, ConfigError, RecordError
 from clusterbook.events import Subscribers
 from clusterbook.launch.guard import kill_tagged
 from clusterbook.launch.saved import SavedJob
@@ -38,14 +40,15 @@ from clusterbook.record import (
     STOP_FILE,
     ClusterRecord,
     JobEntry,
-    is_stale,
     read_record,
     snapshot_from,
     write_record,
 )
+from clusterbook.rundir import ClusterDir, LocalDir
 from clusterbook.safepath import check_run_dir
 from clusterbook.spec import NodeSpec
 from clusterbook.status import ClusterSnapshot, nodes_frame
+from clusterbook.wording import spell_or
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -62,9 +65,10 @@ _POLL = 0.1
 class AttachedCluster:
     """A cluster run by another process, seen and stopped through its directory."""
 
-    def __init__(self, found: Found) -> None:
+    def __init__(self, found: Found, where: ClusterDir | None = None) -> None:
         assert found.record is not None
         self.run_dir = found.path
+        self._dir: ClusterDir = where or LocalDir(found.path)
         self._record = found.record
         self._stale = found.stale
         self._subscribers: Subscribers[ClusterSnapshot] = Subscribers()
@@ -74,7 +78,40 @@ class AttachedCluster:
         self._client: ControlClient | None = None
 
     @classmethod
-    def attach(cls, what: str | os.PathLike[str]) -> AttachedCluster:
+    def attach(
+        cls,
+        what: str | os.PathLike[str],
+        *,
+        identity: str | os.PathLike[str] | None = None,
+        known_hosts: str | os.PathLike[str] | None = None,
+        ssh_config: str | os.PathLike[str] | None = None,
+        python: str | None = None,
+        connect_timeout: float = 10.0,
+    ) -> AttachedCluster:
+        """A handle on cluster ``what`` (see ``Cluster.attach``); the keyword arguments say
+        how an ``ssh://`` address is reached."""
+        from clusterbook.sshaddress import is_ssh_address
+
+        if is_ssh_address(what):
+            from clusterbook.sshdir import SSHDir
+
+            found, there = SSHDir.open(
+                str(what),
+                identity=identity,
+                known_hosts=known_hosts,
+                ssh_config=ssh_config,
+                python=python,
+                connect_timeout=connect_timeout,
+            )
+            return cls(found, there)
+        given = {"identity": identity, "known_hosts": known_hosts, "ssh_config": ssh_config,
+                 "python": python}  # fmt: skip
+        if named := [spell_or(k, v, k) for k, v in given.items() if v is not None]:
+            raise ConfigError(
+                f"{', '.join(named)} say how to reach a cluster on another machine, and "
+                f"{os.fspath(what)!r} names one on this machine; give an ssh://user@host/ID "
+                "address with them, or leave them out."
+            )
         found = find(what)
         if found.error is not None:
             raise found.error
@@ -86,9 +123,8 @@ class AttachedCluster:
 
     def refresh(self) -> ClusterRecord:
         """Read the record again (the head rewrites it on every change)."""
-        with contextlib.suppress(Exception):  # a record being replaced: keep the last one
-            self._record = read_record(self.run_dir)
-        self._stale = is_stale(self._record)
+        with contextlib.suppress(RecordError):  # a record being replaced: keep the last one
+            self._record, self._stale = self._dir.read()
         return self._record
 
     @property
@@ -158,17 +194,14 @@ class AttachedCluster:
                 raise ClusterStateError(
                     f"Cluster {self.id} is {record.state}; its head takes no requests now."
                 )
-            here = socket.gethostname()
+            here = self._dir.machine()
             if record.head_host and record.head_host != here:
                 raise ClusterStateError(
                     f"Cluster {self.id}'s head runs on {record.head_host}; it takes requests "
-                    f"from that machine only (this is {here})."
+                    f"from that machine only (this is {here}): attach to it there, like "
+                    f"ssh://{record.head_host}/{self.id}."
                 )
-            # The run directory's own socket, whatever address the record names.
-            path = self.run_dir / SOCKET_FILE
-            self._client = ControlClient(
-                unix_dial(path), self.run_dir / TOKEN_FILE, where=str(path)
-            )
+            self._client = self._dir.control()
         return self._client.call(op, reply_within=reply_within, **args)
 
     def mpirun(
@@ -195,15 +228,32 @@ class AttachedCluster:
         self._call("wait_ready", timeout=timeout)
 
     def put(self, *paths: str | os.PathLike[str], progress: bool | None = None) -> None:
-        """Copy files to every node, as ``Cluster.put`` (the head reads them: same machine)."""
-        self._call("put", paths=[os.path.abspath(p) for p in paths])
+        """Copy files to every node, as ``Cluster.put`` (the head reads them: on its machine;
+        attached over ssh, give their absolute paths there)."""
+        self._call("put", paths=[self._head_path(p, "put") for p in paths])
 
     def gather(
         self, directory: str | os.PathLike[str], *, progress: bool | None = None
     ) -> list[Path]:
-        """Move the files ranks wrote in ``directory`` here, as ``Cluster.gather``."""
-        answer = self._call("gather", directory=os.path.abspath(directory))
+        """Move the files ranks wrote in ``directory`` to the head's machine, as
+        ``Cluster.gather`` (attached over ssh: an absolute path there)."""
+        answer = self._call("gather", directory=self._head_path(directory, "gather"))
         return [Path(p) for p in answer["paths"]]
+
+    def _head_path(self, path: str | os.PathLike[str], op: str) -> str:
+        """``path`` as the head reads it: on this machine, its absolute path; on another, the
+        path as given, which must be absolute there (this machine's directory means nothing
+        there)."""
+        text = os.fspath(path)
+        if not self._dir.where:
+            return os.path.abspath(text)
+        if not os.path.isabs(text):
+            raise ConfigError(
+                f"{op}({text!r}): cluster {self.id}'s head runs on {self._dir.where}, and reads "
+                "the paths there; give an absolute path on that machine (copy files there "
+                "first, with scp or sftp)."
+            )
+        return text
 
     def run_on_nodes(self, argv: Sequence[str], timeout: float = 60.0) -> pd.DataFrame:
         """Run ``argv`` on every node, as ``Cluster.run_on_nodes``."""
@@ -233,7 +283,8 @@ class AttachedCluster:
     def _saved(self, job_id: str, directory: str) -> SavedJob:
         job = self._jobs.get(job_id)
         if job is None:
-            job = self._jobs[job_id] = SavedJob(directory, cancel=self._cancel)
+            job = SavedJob(directory, cancel=self._cancel, files=self._dir.files)
+            self._jobs[job_id] = job
         return job
 
     def _cancel(self, job_id: str) -> None:
@@ -265,7 +316,10 @@ class AttachedCluster:
     def _poll(self) -> None:
         seen = self._record.updated
         while not self._poll_stop.wait(_POLL * 5):
-            record = self.refresh()
+            try:
+                record = self.refresh()
+            except ClusterError:  # the head's machine is out of reach: the next look retries
+                continue
             if record.updated != seen or self._stale:
                 seen = record.updated
                 if len(self._subscribers):
@@ -280,16 +334,18 @@ class AttachedCluster:
         stop file within a second); a head that is gone leaves this process to stop what is
         left. Returns once it is stopped; :class:`ClusterStateError` if the head has not
         stopped it in ``timeout`` s."""
+        asked = reason or f"stopped by an attached handle (pid {os.getpid()})"
+        if self._dir.stop_there(timeout, asked):  # on the head's machine, by its clusterbook
+            self._close_client()
+            self.refresh()
+            return
         record = self.refresh()
         if record.live and not self._stale:
             try:
-                asked = reason or f"stopped by an attached handle (pid {os.getpid()})"
                 self._call("stop", reason=asked)
             except ClusterStateError:  # the head takes no requests: it reads the stop file
-                (self.run_dir / STOP_FILE).touch()
-        client, self._client = self._client, None
-        if client is not None:  # the head is going: its connection with it
-            client.close()
+                self._dir.touch_stop()
+        self._close_client()  # the head is going: its connection with it
         deadline = time.monotonic() + timeout
         while record.live:
             if self._stale:
@@ -334,14 +390,33 @@ class AttachedCluster:
         self.refresh()
         (self.run_dir / STOP_FILE).unlink(missing_ok=True)
 
+    def _close_client(self) -> None:
+        client, self._client = self._client, None
+        if client is not None:
+            client.close()
+
+    def close(self) -> None:
+        """Let go of the cluster (it runs on): close the connection to its head and, attached
+        over ssh, the connection to its machine, leaving nothing running there."""
+        self._poll_stop.set()
+        self._close_client()
+        self._dir.close()
+
+    def __enter__(self) -> AttachedCluster:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
     # -- display -----------------------------------------------------------------------------
 
     def __repr__(self) -> str:
         record = self.refresh()
         state = "stale" if self._stale else record.state
         slots = sum(n.slots for n in record.nodes)
+        how = f"attached over ssh to {self._dir.where}" if self._dir.where else "attached"
         return (
-            f"<Cluster {record.name!r} {record.kind} {state} (attached, {record.id}): "
+            f"<Cluster {record.name!r} {record.kind} {state} ({how}, {record.id}): "
             f"{len(record.nodes)} nodes, {slots} slots>"
         )
 

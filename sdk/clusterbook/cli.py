@@ -32,6 +32,11 @@ EXIT_USAGE = 2
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``clusterbook`` command; returns the exit code."""
     words = list(sys.argv[1:] if argv is None else argv)
+    if words[:1] == ["serve-dir"]:
+        # What a handle attached over ssh runs here (not a command people type): no parser.
+        from clusterbook.dirservice import main as serve_dir
+
+        return serve_dir(words[1:])
     parser = _parser(worker_only=words[:2] == ["worker", "join"])
     command: list[str] | None = None
     if words[:1] == ["exec"] and "--" in words:

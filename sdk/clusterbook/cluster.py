@@ -247,15 +247,39 @@ class Cluster:
         return cls.from_spec(cluster_spec(found, args, slots, via=how))
 
     @staticmethod
-    def attach(what: str | os.PathLike[str]) -> AttachedCluster:
+    def attach(
+        what: str | os.PathLike[str],
+        *,
+        identity: str | os.PathLike[str] | None = None,
+        known_hosts: str | os.PathLike[str] | None = None,
+        ssh_config: str | os.PathLike[str] | None = None,
+        python: str | None = None,
+        connect_timeout: float = 10.0,
+    ) -> AttachedCluster:
         """A handle on a cluster another kernel or process runs (or ran): ``what`` is its id
         (``clusterbook ls``, ``cb.clusters()``), its name (the newest of that name) or its
         directory. It shows the cluster's status and widget, reads and follows its jobs'
         logs, and stops it. An unknown id is an :class:`UnknownClusterError` listing the
-        clusters there are; a directory that is not a cluster's, a :class:`RecordError`."""
+        clusters there are; a directory that is not a cluster's, a :class:`RecordError`.
+
+        A cluster whose head runs on another machine is ``"ssh://user@host/ID"`` (port
+        ``host:P``; a directory after the host: ``ssh://host/path/to/dir``). It is reached
+        over ssh as :meth:`ssh` reaches hosts: the ssh config, the ssh-agent's keys or
+        ``identity``, ``known_hosts`` (default ``~/.ssh/known_hosts``), within
+        ``connect_timeout`` seconds; ``python`` is the interpreter with clusterbook there
+        (default: ``clusterbook`` on the PATH of its ssh sessions, else ``python3``). Close
+        the handle (``close()``, or ``with``) to end that connection.
+        """
         from clusterbook.attached import AttachedCluster
 
-        return AttachedCluster.attach(what)
+        return AttachedCluster.attach(
+            what,
+            identity=identity,
+            known_hosts=known_hosts,
+            ssh_config=ssh_config,
+            python=python,
+            connect_timeout=connect_timeout,
+        )
 
     @property
     def join_command(self) -> str | None:

@@ -21,7 +21,8 @@ random nonce and nothing more. Frames are those of the rendezvous store
 handshake, payloads are JSON. No pickle anywhere.
 
 The client speaks over any connected socket its ``dial`` returns: :func:`unix_dial` for a
-run directory on this machine; a channel to the head's machine over SSH would be another.
+run directory on this machine, or a relay on the head's machine that an ssh connection runs
+(:mod:`clusterbook.sshdir`): the handshake then runs end to end, through it.
 
 Requests and replies (JSON objects)::
 
@@ -55,6 +56,7 @@ from typing import Any
 
 from clusterbook import errors
 from clusterbook.errors import ClusterError, ClusterStateError
+from clusterbook.rendezvous.backends._secret import _check_secret as check_secret
 from clusterbook.rendezvous.backends._wire import (
     MAX_FRAME,
     AuthFailed,
@@ -216,13 +218,15 @@ def unix_dial(path: Path) -> Dial:
 
 
 class ControlClient:
-    """Requests to a head: ``dial`` reaches it, ``token_file`` holds the secret, ``where``
-    names it in messages."""
+    """Requests to a head: ``dial`` reaches it, ``token`` is the secret or the file that holds
+    it, ``where`` names it in messages."""
 
-    def __init__(self, dial: Dial, token_file: Path, *, where: str, timeout: float = 10.0) -> None:
+    def __init__(
+        self, dial: Dial, token: Path | bytes, *, where: str, timeout: float = 10.0
+    ) -> None:
         self._dial = dial
         self._where = where
-        self._secret = read_secret(token_file)
+        self._secret = check_secret(token) if isinstance(token, bytes) else read_secret(token)
         self._timeout = timeout
         self._lock = threading.Lock()
         self._chan: Channel | None = None
