@@ -1,6 +1,7 @@
 """The ``clusterbook`` commands about clusters that run (or ran) elsewhere: ``ls``, ``status``,
 ``logs``, ``exec``, ``stop`` and ``prune``. They read the clusters' directories and ask their
-heads (see :mod:`clusterbook.attached`)."""
+heads (see :mod:`clusterbook.attached`): on this machine, or on another one over ssh
+(``ssh://user@host/ID``, ``ls --host user@host``; see :mod:`clusterbook.sshdir`)."""
 
 from __future__ import annotations
 
@@ -9,8 +10,12 @@ import sys
 import time
 from collections.abc import Iterable, Sequence
 from datetime import datetime
+from typing import TYPE_CHECKING
 
 from clusterbook.lifetime import format_duration, parse_duration
+
+if TYPE_CHECKING:
+    from clusterbook.attached import AttachedCluster
 
 __all__ = ["add_commands"]
 
@@ -21,8 +26,11 @@ def add_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> No
         "ls",
         help="list your clusters, running ones first",
         description="List the clusters under the run directory root: running ones first, "
-        "'stale' where the process that ran a cluster is gone.",
+        "'stale' where the process that ran a cluster is gone. With --host, those of the "
+        "user you log in as there, over ssh.",
     )
+    ls.add_argument("--host", metavar="[USER@]HOST[:PORT]", help="list that machine's clusters")
+    _remote_options(ls)
     ls.set_defaults(func=_ls)
 
     status = sub.add_parser("status", help="a cluster's nodes and jobs")
@@ -85,7 +93,38 @@ def add_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> No
 
 
 def _cluster_arg(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("cluster", metavar="ID", help="a cluster's id, name or directory")
+    parser.add_argument(
+        "cluster",
+        metavar="ID",
+        help="a cluster's id, name or directory; on another machine: ssh://[USER@]HOST/ID",
+    )
+    _remote_options(parser)
+
+
+def _remote_options(parser: argparse.ArgumentParser) -> None:
+    """How a cluster on another machine is reached (what ~/.ssh/config does not say)."""
+    parser.add_argument(
+        "--identity", metavar="FILE", help="ssh private key (default: the ssh-agent's, ~/.ssh/id_*)"
+    )
+    parser.add_argument("--known-hosts", metavar="FILE", help="known_hosts file to trust")
+    parser.add_argument("--ssh-config", metavar="FILE", help="ssh config (default ~/.ssh/config)")
+    parser.add_argument(
+        "--python",
+        metavar="PATH",
+        help="the Python with clusterbook on that machine (default: clusterbook on its PATH)",
+    )
+
+
+def _attach(args: argparse.Namespace) -> AttachedCluster:
+    from clusterbook.attached import AttachedCluster
+
+    return AttachedCluster.attach(
+        args.cluster,
+        identity=args.identity,
+        known_hosts=args.known_hosts,
+        ssh_config=args.ssh_config,
+        python=args.python,
+    )
 
 
 def _table(headers: Sequence[str], rows: Iterable[Sequence[str]]) -> str:
@@ -106,7 +145,27 @@ def _ls(args: argparse.Namespace) -> int:
     from clusterbook.catalog import ordered, scan, time_left
 
     now = time.time()
-    found = ordered(list(scan()))
+    if args.host is not None:
+        from clusterbook.sshdir import remote_clusters
+
+        found = remote_clusters(
+            args.host,
+            identity=args.identity,
+            known_hosts=args.known_hosts,
+            ssh_config=args.ssh_config,
+            python=args.python,
+        )
+    else:
+        how = {"--identity": args.identity, "--known-hosts": args.known_hosts,
+               "--ssh-config": args.ssh_config, "--python": args.python}  # fmt: skip
+        if given := [flag for flag, value in how.items() if value is not None]:
+            from clusterbook.errors import ConfigError
+
+            raise ConfigError(
+                f"{', '.join(given)} say how to reach another machine; give it with --host "
+                "(or leave them out to list this machine's clusters)."
+            )
+        found = ordered(list(scan()))
     if not found:
         print("No clusters.")
         return 0
@@ -128,9 +187,11 @@ def _ls(args: argparse.Namespace) -> int:
 
 
 def _status(args: argparse.Namespace) -> int:
-    from clusterbook.attached import AttachedCluster
+    with _attach(args) as cluster:
+        return _print_status(cluster)
 
-    cluster = AttachedCluster.attach(args.cluster)
+
+def _print_status(cluster: AttachedCluster) -> int:
     snap = cluster.snapshot()
     record = cluster.record
     line = f"{snap.name} ({record.id}) {snap.kind} {snap.state}"
@@ -164,43 +225,41 @@ def _status(args: argparse.Namespace) -> int:
 
 
 def _logs(args: argparse.Namespace) -> int:
-    from clusterbook.attached import AttachedCluster
     from clusterbook.launch.logs import LAUNCHER_RANK, LiveText
 
-    job = AttachedCluster.attach(args.cluster).job(args.job)
-    live = LiveText()
-    records = job.stream() if args.follow else job.records(args.rank)
-    for record in records:
-        if args.rank is not None and record.rank != args.rank:
-            continue
-        prefix = "[launcher]" if record.rank == LAUNCHER_RANK else f"[{record.rank}]"
-        out = sys.stdout if record.stream == "stdout" else sys.stderr
-        print(live.render(record, prefix), file=out, end="", flush=True)
+    with _attach(args) as cluster:
+        job = cluster.job(args.job)
+        live = LiveText()
+        records = job.stream() if args.follow else job.records(args.rank)
+        for record in records:
+            if args.rank is not None and record.rank != args.rank:
+                continue
+            prefix = "[launcher]" if record.rank == LAUNCHER_RANK else f"[{record.rank}]"
+            out = sys.stdout if record.stream == "stdout" else sys.stderr
+            print(live.render(record, prefix), file=out, end="", flush=True)
     return 0
 
 
 def _stop(args: argparse.Namespace) -> int:
-    from clusterbook.attached import AttachedCluster
-
-    cluster = AttachedCluster.attach(args.cluster)
-    before = cluster.state
-    if before == "stopped":
-        print(f"Cluster {cluster.id} was already stopped.")
-        return 0
-    cluster.stop(timeout=args.timeout)
-    reason = cluster.record.stop_reason or "stopped"
-    print(f"Cluster {cluster.id} stopped ({reason}).")
+    with _attach(args) as cluster:
+        before = cluster.state
+        if before == "stopped":
+            print(f"Cluster {cluster.id} was already stopped.")
+            return 0
+        cluster.stop(timeout=args.timeout)
+        reason = cluster.record.stop_reason or "stopped"
+        print(f"Cluster {cluster.id} stopped ({reason}).")
     return 0
 
 
 def _exec(args: argparse.Namespace) -> int:
-    from clusterbook.attached import AttachedCluster
     from clusterbook.errors import ConfigError
 
     cmd = list(args.cmd)
     if not cmd:
         raise ConfigError("clusterbook exec needs a command: clusterbook exec ID -- CMD [ARG ...]")
-    runs = AttachedCluster.attach(args.cluster).node_runs(cmd, timeout=args.timeout)
+    with _attach(args) as cluster:
+        runs = cluster.node_runs(cmd, timeout=args.timeout)
     failed = []
     for run in runs:
         for stream, text in ((sys.stdout, run.stdout), (sys.stderr, run.stderr)):

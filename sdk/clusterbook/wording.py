@@ -49,6 +49,9 @@ INTERFACES: dict[str, dict[str, str]] = {
         "launcher": "--launcher {}",
         "mpi": "--mpi {}",
         "known_hosts": "--known-hosts {}",
+        # the commands about clusters on another machine (clusterbook status ssh://...):
+        "ssh_config": "--ssh-config {}",
+        "python": "--python {}",
         # clusterbook export mpijob:
         "image": "--image {}",
         "name": "--name {}",

@@ -106,6 +106,11 @@ def reach(bed: Testbed, **how: str) -> dict[str, str]:
     return {"identity": str(bed.identity), "known_hosts": str(bed.known_hosts), **how}
 
 
+def flags(bed: Testbed) -> list[str]:
+    return ["--identity", str(bed.identity), "--known-hosts", str(bed.known_hosts),
+            "--python", PYTHON]  # fmt: skip
+
+
 def supervisors(host: FakeHost) -> list[int]:
     """The detached clusters' supervisors running on ``host``."""
     out = []
@@ -150,6 +155,41 @@ def test_a_cluster_on_another_machine_is_attached_over_ssh(bed, remote) -> None:
         assert cluster.state == "stopped"
         assert "attached handle" in (cluster.record.stop_reason or "")
         assert psutil.wait_procs([psutil.Process(head[0])], timeout=10)[1] == []
+    assert none_served(host) == []
+
+
+def test_the_commands_reach_a_cluster_on_another_machine(bed, remote) -> None:
+    host, name = remote
+    address = f"ssh://root@{host.addr}/{name}"
+    with cb.Cluster.attach(address, **reach(bed, python=PYTHON)) as cluster:
+        assert cluster.mpirun([PYTHON, "-c", RANKS], np=2).wait(60).ok
+
+    def run(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([*CLI, *args], capture_output=True, text=True, timeout=120)
+
+    listed = run("ls", "--host", f"root@{host.addr}", *flags(bed))
+    assert listed.returncode == 0, listed.stderr
+    row = next(line for line in listed.stdout.splitlines() if name in line)
+    assert "running" in row.split()
+    status = run("status", address, *flags(bed))
+    assert status.returncode == 0, status.stderr
+    assert f"{name} (" in status.stdout
+    assert "job-0001" in status.stdout
+    logs = run("logs", address, "job-0001", "--rank", "1", *flags(bed))
+    assert logs.returncode == 0, logs.stderr
+    assert logs.stdout.splitlines() == [f"[1] line {i} of rank 1 on node1" for i in range(3)]
+    there = run("exec", address, *flags(bed), "--", "hostname")
+    assert (there.returncode, there.stdout.split()[1:]) == (0, ["node1"]), there.stderr
+    alone = run("ls", "--identity", str(bed.identity))
+    assert alone.returncode == 2
+    assert "--identity say how to reach another machine; give it with --host" in alone.stderr
+    here = run("status", name, "--python", PYTHON)  # a name of this machine's clusters
+    assert here.returncode == 2
+    assert f"--python {PYTHON} say how to reach a cluster on another machine" in here.stderr
+    stopped = run("stop", address, *flags(bed))
+    assert stopped.returncode == 0, stopped.stderr
+    assert "stopped" in stopped.stdout
+    assert supervisors(host) == []
     assert none_served(host) == []
 
 
