@@ -35,6 +35,7 @@ from clusterbook.errors import (
     SSHError,
     SSHTimeoutError,
     UnknownClusterError,
+    UnsafePathError,
     WorkerHostError,
 )
 
@@ -123,6 +124,7 @@ __all__ = [
     "SSHError",
     "SSHTimeoutError",
     "UnknownClusterError",
+    "UnsafePathError",
     "WorkerHostError",
     "clusters",
     "detect_environment",

@@ -16,6 +16,7 @@ and what to do about it. Errors of third-party libraries are translated at the b
     ├── NodeLostError                       a node stopped heartbeating (``node``, ``host``)
     ├── RunDirError                         a job's files cannot be written (a full disk)
     ├── RecordError                         a cluster.json that is missing or not a record
+    ├── UnsafePathError                     a link, or a path outside where it must be
     ├── UnknownClusterError (also LookupError)  no cluster by that id; lists those there are
     ├── ReadyTimeoutError (also TimeoutError)   wait_ready() gave up
     ├── SSHError                            something about a host's ssh; names the host
@@ -69,6 +70,7 @@ __all__ = [
     "SSHError",
     "SSHTimeoutError",
     "UnknownClusterError",
+    "UnsafePathError",
     "WorkerHostError",
 ]
 
@@ -136,6 +138,15 @@ class RunDirError(ClusterError):
 class RecordError(ClusterError):
     """A cluster's record (``cluster.json``) is missing, unreadable or not a record; ``path``
     names it."""
+
+    def __init__(self, message: str, *, path: os.PathLike[str] | str) -> None:
+        super().__init__(message)
+        self.path = os.fspath(path)
+
+
+class UnsafePathError(ClusterError):
+    """A file that clusterbook would open or remove is a symbolic link, not a regular file,
+    or not inside the directory it must be in; ``path`` names it."""
 
     def __init__(self, message: str, *, path: os.PathLike[str] | str) -> None:
         super().__init__(message)
