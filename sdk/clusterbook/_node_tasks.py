@@ -203,9 +203,24 @@ def write_atomic(path: str, data: bytes, mode: int) -> None:
         raise
 
 
+_ID_CHARS = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789_.-")
+#: What a cluster id may be (it names the cluster's directory, here and on its nodes).
+ID_RULE = "1-127 letters, digits, '.', '-' or '_', starting with a letter or digit"
+
+
+def is_cluster_id(text: object) -> bool:
+    """Whether ``text`` is a cluster id (:data:`ID_RULE`): never a path, nor ``.``/``..``."""
+    return (
+        isinstance(text, str)
+        and 0 < len(text) <= 127
+        and text[0] not in "_.-"
+        and _ID_CHARS.issuperset(text)
+    )
+
+
 def _cluster_dir(cluster_id: str) -> str:
-    if not cluster_id or "/" in cluster_id or cluster_id.startswith("."):
-        raise ValueError(f"bad cluster id {cluster_id!r}")
+    if not is_cluster_id(cluster_id):
+        raise ValueError(f"{cluster_id!r} is not a cluster id ({ID_RULE})")
     return os.path.join(os.path.expanduser("~"), CLUSTERS_DIR, cluster_id)
 
 

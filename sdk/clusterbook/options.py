@@ -7,7 +7,6 @@ same keyword arguments (:class:`ClusterOptionsArgs`), checked here once.
 from __future__ import annotations
 
 import os
-import re
 import secrets
 import sys
 import time
@@ -20,6 +19,7 @@ from clusterbook.errors import ConfigError
 from clusterbook.launch.flavour import MPIFlavour
 from clusterbook.lifetime import DETACHED_LIFE_SPAN, parse_duration
 from clusterbook.mirror import is_url
+from clusterbook.names import NAME_RULE, is_name
 from clusterbook.paths import default_run_root
 from clusterbook.spec import validate_env
 
@@ -28,8 +28,6 @@ if TYPE_CHECKING:
     from clusterbook.ssh.hostkeys import HostKeyPolicy
 
 __all__ = ["ClusterOptions", "ClusterOptionsArgs", "ElasticArgs", "SSHArgs", "SlurmArgs"]
-
-_NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,62}")
 
 
 class ClusterOptionsArgs(TypedDict, total=False):
@@ -214,11 +212,8 @@ class ClusterOptions:
                 f"cluster takes are {', '.join(sorted(known))}."
             )
         name = given.get("name") or f"{kind}-{secrets.token_hex(3)}"
-        if not isinstance(name, str) or not _NAME_RE.fullmatch(name):
-            raise ConfigError(
-                f"Cluster name {name!r} must be 1-63 letters, digits, '.', '-' or '_', "
-                "starting with a letter or digit."
-            )
+        if not isinstance(name, str) or not is_name(name):
+            raise ConfigError(f"Cluster name {name!r} must be {NAME_RULE}.")
         cluster_id = f"{name}-{time.strftime('%Y%m%d-%H%M%S')}"
         detached, ephemeral = given.get("detached", False), given.get("ephemeral", False)
         if not isinstance(detached, bool) or not isinstance(ephemeral, bool):
@@ -250,7 +245,10 @@ class ClusterOptions:
         return cls(
             name=name,
             id=cluster_id,
-            run_dir=Path(run_dir) if run_dir is not None else default_run_root() / cluster_id,
+            # Absolute: the record names it to processes that run in other directories.
+            run_dir=Path(
+                os.path.abspath(default_run_root() / cluster_id if run_dir is None else run_dir)
+            ),
             own_run_dir=run_dir is None,
             python=python or sys.executable,
             launcher=launcher,

@@ -7,6 +7,10 @@ checks it: a file that is not a cluster's record is refused with its path.
 ``state`` is the head's word: created, starting, running, stopping, stopped. A record whose
 head process is gone while it says starting, running or stopping is *stale* (the head was
 killed): :func:`is_stale` tells, from the pid and host the record names.
+
+A record is read in a directory that others may be able to write: every value a decision is
+taken on is checked (an id or a name is never a path), and a record that says it is in another
+directory, or that its jobs are outside its ``jobs/``, is refused.
 """
 
 from __future__ import annotations
@@ -21,6 +25,16 @@ from typing import Any
 
 from clusterbook.errors import RecordError
 from clusterbook.lifetime import Lifetime
+from clusterbook.names import (
+    ID_RULE,
+    JOB_ID_RULE,
+    NAME_RULE,
+    TAG_RULE,
+    is_cluster_id,
+    is_job_id,
+    is_name,
+    is_tag,
+)
 from clusterbook.status import ClusterSnapshot, JobStatus, NodeStatus
 
 __all__ = [
@@ -39,6 +53,7 @@ FILE = "cluster.json"
 STOP_FILE = "stop"
 FORMAT = 1
 LIVE_STATES = ("starting", "running", "stopping")
+STATES = ("created", *LIVE_STATES, "stopped")
 
 
 @dataclass(frozen=True, slots=True)
@@ -105,6 +120,9 @@ class ClusterRecord:
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> ClusterRecord:
+        """The record ``data`` holds, its values checked: ``ValueError`` (or ``TypeError``)
+        saying which one is not what clusterbook writes. A name or an id read here names
+        directories that get removed: never a path."""
         known = {f.name for f in fields(cls)}
         args = {k: v for k, v in data.items() if k in known}
         args["nodes"] = tuple(_node(n) for n in data.get("nodes", ()))
@@ -114,6 +132,18 @@ class ClusterRecord:
                 raise ValueError(f"no {key}")
         if not isinstance(args.get("created"), (int, float)):
             raise ValueError("no created time")
+        if not is_cluster_id(args["id"]):
+            raise ValueError(f"its id {args['id']!r} is not a cluster id: {ID_RULE}")
+        if not is_name(args["name"]):
+            raise ValueError(f"its name {args['name']!r} is not a cluster's name: {NAME_RULE}")
+        if args["state"] not in STATES:
+            raise ValueError(f"its state {args['state']!r} is none of {', '.join(STATES)}")
+        for key, kinds in _SCALARS.items():
+            value = args.get(key)
+            if key in args and (isinstance(value, bool) is not (bool in kinds)
+                                or not isinstance(value, kinds)):  # fmt: skip
+                want = " or ".join("null" if k is type(None) else k.__name__ for k in kinds)
+                raise ValueError(f"its {key} {value!r} is not {want}")
         return cls(**args)
 
 
@@ -136,7 +166,31 @@ def _job(data: dict[str, Any]) -> JobEntry:
     args = {k: v for k, v in data.items() if k in known}
     args["argv"] = tuple(args.get("argv", ()))
     args["failed_ranks"] = tuple(args.get("failed_ranks", ()))
+    if not is_job_id(args.get("id")):
+        raise ValueError(f"a job's id {args.get('id')!r} is not {JOB_ID_RULE}")
+    if not isinstance(args.get("directory"), str):
+        raise ValueError(f"job {args['id']} has no directory")
+    token = args.get("token")
+    if token is not None and not is_tag(token):
+        raise ValueError(f"the token of job {args['id']}, {token!r}, is not {TAG_RULE}")
     return JobEntry(**args)
+
+
+# Values a decision is taken on (whether the head lives, what to remove when): their types.
+_SCALARS: dict[str, tuple[type, ...]] = {
+    "head_pid": (int,),
+    "head_host": (str,),
+    "detached": (bool,),
+    "address": (str, type(None)),
+    "created": (float, int),
+    "started": (float, int, type(None)),
+    "stopped": (float, int, type(None)),
+    "updated": (float, int),
+    "retention": (float, int, type(None)),
+    "life_span": (float, int, type(None)),
+    "idle_timeout": (float, int, type(None)),
+    "idle_since": (float, int, type(None)),
+}
 
 
 def write_atomic(path: Path, text: str, mode: int = 0o600) -> None:
@@ -144,8 +198,8 @@ def write_atomic(path: Path, text: str, mode: int = 0o600) -> None:
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
     try:
         with os.fdopen(fd, "w", encoding="utf-8") as f:
+            os.fchmod(f.fileno(), mode)  # the file made, not what its name may point at by now
             f.write(text)
-        os.chmod(tmp, mode)
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
@@ -180,7 +234,29 @@ def read_record(directory: str | os.PathLike[str]) -> ClusterRecord:
             "Remove its directory if the cluster is gone.",
             path=path,
         ) from exc
+    _check_where(record, Path(directory), path)
     return record
+
+
+def _check_where(record: ClusterRecord, directory: Path, path: Path) -> None:
+    """Refuse a record that says it is elsewhere, or whose jobs are not in its ``jobs/``:
+    it is written again and its jobs' directories removed where it says."""
+    here = os.path.realpath(directory)
+    if os.path.realpath(record.directory) != here:
+        raise RecordError(
+            f"{path} says its cluster's directory is {record.directory}, but it is in {here}: "
+            "a record is only read where its cluster wrote it. It was changed or copied; "
+            "cb.Job.load(JOB_DIRECTORY) still reads a job's files.",
+            path=path,
+        )
+    jobs = os.path.join(here, "jobs")
+    for job in record.jobs:
+        if os.path.realpath(job.directory) != os.path.join(jobs, job.id):
+            raise RecordError(
+                f"{path} says job {job.id} is in {job.directory}, not in {jobs}/{job.id} where "
+                "its cluster makes it: the record was changed, and is not read.",
+                path=path,
+            )
 
 
 def is_stale(record: ClusterRecord, *, host: str | None = None) -> bool:
