@@ -14,9 +14,7 @@ processes doing that at once are serialised by a lock on the directory.
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import os
-import shutil
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -31,7 +29,8 @@ from clusterbook.errors import ClusterStateError
 from clusterbook.events import Subscribers
 from clusterbook.launch.guard import kill_tagged
 from clusterbook.launch.saved import SavedJob
-from clusterbook.paths import cluster_dir
+from clusterbook.paths import cluster_dir, clusters_root
+from clusterbook.pathsafety import locked, remove_tree, touch
 from clusterbook.record import (
     STOP_FILE,
     ClusterRecord,
@@ -261,14 +260,14 @@ class AttachedCluster:
                 asked = reason or f"stopped by an attached handle (pid {os.getpid()})"
                 self._call("stop", reason=asked)
             except ClusterStateError:  # the head takes no requests: it reads the stop file
-                (self.run_dir / STOP_FILE).touch()
+                touch(self.run_dir / STOP_FILE)
         client, self._client = self._client, None
         if client is not None:  # the head is going: its connection with it
             client.close()
         deadline = time.monotonic() + timeout
         while record.live:
             if self._stale:
-                self._clean_after_dead_head()
+                self._clean_after_dead_head(max(0.0, deadline - time.monotonic()))
                 return
             if time.monotonic() >= deadline:
                 raise ClusterStateError(
@@ -279,18 +278,22 @@ class AttachedCluster:
             time.sleep(_POLL)
             record = self.refresh()
 
-    def _clean_after_dead_head(self) -> None:
+    def _clean_after_dead_head(self, timeout: float) -> None:
         """Stop what a killed head left here: its jobs' processes, its files; mark the record
-        stopped. One process does it; another one asking at the same time waits for it."""
-        with open(self.run_dir / ".stop.lock", "w") as lock:
-            fcntl.flock(lock, fcntl.LOCK_EX)  # the second one waits here, then finds it done
+        stopped. One process does it; another one asking at the same time waits for it (up
+        to ``timeout`` s). Nothing is followed or removed outside the cluster's own
+        directories: the lock is never a link, the record read is checked (its name and id
+        are never paths, it is where it says)."""
+        # The second one waits here, then finds it done.
+        with locked(self.run_dir / ".stop.lock", timeout):
             record = read_record(self.run_dir)
             if not record.live:
                 return
             tokens = [j.token for j in record.jobs if j.token and j.state == "running"]
             if tokens:
                 kill_tagged(tokens, 1.0)
-            shutil.rmtree(cluster_dir(record.name), ignore_errors=True)
+            with contextlib.suppress(OSError):  # what cannot be removed stays; stop goes on
+                remove_tree(cluster_dir(record.name), clusters_root())
             now = time.time()
             jobs = tuple(
                 j if j.state != "running" else _ended(j, now, "cancelled") for j in record.jobs

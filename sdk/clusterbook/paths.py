@@ -20,9 +20,15 @@ __all__ = [
     "accept_new_known_hosts",
     "agent_sshd_dir",
     "cluster_dir",
+    "clusters_root",
     "default_run_root",
     "node_cluster_dir",
 ]
+
+
+def clusters_root() -> Path:
+    """Where the clusters' directories are on this machine: ``~/.clusterbook/clusters``."""
+    return Path.home() / CLUSTERS_DIR
 
 
 def cluster_dir(cluster_id: str) -> Path:

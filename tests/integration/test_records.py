@@ -1,0 +1,201 @@
+"""Records and clean-ups no one can turn against their owner, with real detached clusters and a
+real second local user: a record another user changed, a lock file that is a link, a job
+directory outside its cluster, a pid that now belongs to another process.
+
+The clusters run in a directory the other user can write (as a shared project directory
+would be), and in a home of the tests' own: a record that aims at ``~/victim`` aims at a
+directory of the test, never at the real home of the user running the tests.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import psutil
+import pytest
+
+from tests.users import LocalUser
+
+pytestmark = [pytest.mark.root, pytest.mark.mpi]
+
+CLI = [sys.executable, "-m", "clusterbook"]
+
+# Starts a detached cluster and prints what the tests need of it; the cluster outlives it.
+START = """\
+import sys
+import clusterbook as cb
+cluster = cb.Cluster.local(1, 1, python=sys.argv[1], run_dir=sys.argv[2], detached=True).start()
+print(cluster.id, cluster.name, flush=True)
+"""
+
+# Run as the other user: replace the record in a directory it can write with one changed.
+CHANGE = """\
+import json, os, sys
+directory, changes = sys.argv[1], json.loads(sys.argv[2])
+path = os.path.join(directory, "cluster.json")
+with open(path) as f:
+    record = json.load(f)
+record.update(changes)
+with open(path + ".new", "w") as f:
+    json.dump(record, f)
+os.replace(path + ".new", path)  # the directory is writable: the file need not be
+"""
+
+# Run as the other user: put a symbolic link at sys.argv[1] pointing at sys.argv[2].
+LINK = """\
+import os, sys
+os.symlink(sys.argv[2], sys.argv[1])
+"""
+
+
+@dataclass
+class Detached:
+    """A detached cluster a test started: its id, name, directory and processes."""
+
+    id: str
+    name: str
+    run_dir: Path
+    head: psutil.Process
+    processes: list[psutil.Process]
+
+    def record(self) -> dict[str, object]:
+        data: dict[str, object] = json.loads((self.run_dir / "cluster.json").read_text())
+        return data
+
+
+class Owner:
+    """The user running the tests, with a home of its own for the clusters they make."""
+
+    def __init__(self, base: Path) -> None:
+        self.base = base
+        self.home = base / "home"
+        self.home.mkdir(mode=0o700)
+        self.env = {**os.environ, "HOME": str(self.home)}
+        self.started: list[Detached] = []
+
+    def start(self, python: str, name: str = "c") -> Detached:
+        """A detached cluster whose directory the other user can write."""
+        run_dir = self.base / name
+        done = subprocess.run(
+            [sys.executable, "-c", START, python, str(run_dir)],
+            env=self.env, capture_output=True, text=True, timeout=120, check=False,
+        )  # fmt: skip
+        assert done.returncode == 0, done.stderr
+        cluster_id, cluster_name = done.stdout.split()
+        record = json.loads((run_dir / "cluster.json").read_text())
+        head = psutil.Process(record["head_pid"])
+        started = Detached(
+            cluster_id, cluster_name, run_dir, head, [head, *head.children(recursive=True)]
+        )
+        self.started.append(started)
+        run_dir.chmod(0o777)  # shared with others from now on
+        return started
+
+    def cli(self, *args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [*CLI, *args], env=self.env, capture_output=True, text=True, timeout=timeout,
+            check=False,
+        )  # fmt: skip
+
+    def kill_head(self, cluster: Detached) -> None:
+        """SIGKILL the cluster's supervisor; return once it and its node agents are gone."""
+        cluster.head.send_signal(signal.SIGKILL)
+        _gone, alive = psutil.wait_procs(cluster.processes, timeout=15)
+        assert alive == [], alive
+
+    def close(self) -> None:
+        for cluster in self.started:
+            self.cli("stop", str(cluster.run_dir), timeout=60)
+            for proc in cluster.processes:
+                with contextlib.suppress(psutil.Error):
+                    proc.kill()
+            psutil.wait_procs(cluster.processes, timeout=10)
+
+
+@pytest.fixture
+def owner() -> Iterator[Owner]:
+    base = Path(tempfile.mkdtemp(prefix="cbrecords-"))
+    base.chmod(0o755)  # the other user reaches the shared directory in it
+    owner = Owner(base)
+    try:
+        yield owner
+    finally:
+        try:
+            owner.close()
+        finally:
+            shutil.rmtree(base, ignore_errors=True)
+
+
+def _as_other(user: LocalUser, code: str, *args: str) -> None:
+    done = user.run_python(code, *args)
+    assert done.returncode == 0, done.stderr
+
+
+def _wait(condition, timeout: float = 10.0) -> None:  # type: ignore[no-untyped-def]
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, "condition not met in time"
+        time.sleep(0.05)
+
+
+def test_stop_neither_follows_a_link_nor_trusts_a_record_another_user_changed(
+    openmpi_python: str, other_user: LocalUser, owner: Owner
+) -> None:
+    cluster = owner.start(openmpi_python)
+    original = (cluster.run_dir / "cluster.json").read_text()
+    mine = owner.home / "victim"
+    mine.mkdir()
+    (mine / "work").write_text("mine\n")
+    notes = owner.home / "notes"
+    notes.write_text("mine\n")
+    elsewhere = owner.home / "elsewhere"
+    elsewhere.mkdir()
+    owner.kill_head(cluster)  # stop() now cleans what the head left, itself
+
+    # A record that says the cluster is elsewhere: it would be written there.
+    _as_other(other_user, CHANGE, str(cluster.run_dir), json.dumps({"directory": str(elsewhere)}))
+    done = owner.cli("stop", str(cluster.run_dir))
+    assert done.returncode == 1, done.stdout
+    assert f"says its cluster's directory is {elsewhere}" in done.stderr
+    assert not (elsewhere / "cluster.json").exists()
+
+    # A name that is a path: the cluster's own directory is found by it, and removed.
+    aimed = {"directory": str(cluster.run_dir), "name": "../../victim"}
+    _as_other(other_user, CHANGE, str(cluster.run_dir), json.dumps(aimed))
+    done = owner.cli("stop", str(cluster.run_dir))
+    assert done.returncode == 1, done.stdout
+    assert "its name '../../victim' is not a cluster's name: 1-63 letters" in done.stderr
+    assert (mine / "work").read_text() == "mine\n"
+
+    # The lock stop() takes is a link to a file of the owner's: it would be emptied.
+    (cluster.run_dir / "cluster.json").write_text(original)
+    _as_other(other_user, LINK, str(cluster.run_dir / ".stop.lock"), str(notes))
+    done = owner.cli("stop", str(cluster.run_dir))
+    assert done.returncode == 1, done.stdout
+    assert f"Refusing {cluster.run_dir / '.stop.lock'}: it is a symbolic link" in done.stderr
+    assert notes.read_text() == "mine\n"
+
+    # Once the link is gone, stop() cleans the cluster, and only it.
+    (cluster.run_dir / ".stop.lock").unlink()
+    done = owner.cli("stop", str(cluster.run_dir))
+    assert done.returncode == 0, done.stderr
+    gone = f"its head (pid {cluster.head.pid}) was gone"
+    assert f"Cluster {cluster.id} stopped ({gone}" in done.stdout
+    assert cluster.record()["state"] == "stopped"
+    assert not (cluster.run_dir / ".stop.lock").is_symlink()
+    assert (mine / "work").read_text() == "mine\n"
+    assert notes.read_text() == "mine\n"
+    assert sorted(p.name for p in owner.home.iterdir()) == [".clusterbook", "elsewhere",
+                                                             "notes", "victim"]  # fmt: skip
+    assert list((owner.home / ".clusterbook" / "clusters").iterdir()) == []
