@@ -14,6 +14,7 @@ processes doing that at once are serialised by a lock on the directory.
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import threading
 import time
@@ -25,7 +26,7 @@ from typing import TYPE_CHECKING, Any
 from clusterbook import display
 from clusterbook.catalog import Found, find
 from clusterbook.control import TOKEN_FILE, ControlClient
-from clusterbook.errors import ClusterStateError
+from clusterbook.errors import ClusterStateError, ConfigError
 from clusterbook.events import Subscribers
 from clusterbook.launch.guard import kill_tagged
 from clusterbook.launch.saved import SavedJob
@@ -35,6 +36,7 @@ from clusterbook.record import (
     STOP_FILE,
     ClusterRecord,
     JobEntry,
+    head_state_of,
     is_stale,
     read_record,
     snapshot_from,
@@ -42,6 +44,7 @@ from clusterbook.record import (
 )
 from clusterbook.spec import NodeSpec
 from clusterbook.status import ClusterSnapshot, nodes_frame
+from clusterbook.wording import spell
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -53,6 +56,7 @@ if TYPE_CHECKING:
 __all__ = ["AttachedCluster"]
 
 _POLL = 0.1
+_log = logging.getLogger("clusterbook.attached")
 
 
 class AttachedCluster:
@@ -152,8 +156,24 @@ class AttachedCluster:
                 raise ClusterStateError(
                     f"Cluster {self.id} is {record.state}; its head takes no requests yet."
                 )
-            self._client = ControlClient(record.address, self.run_dir / TOKEN_FILE)
+            self._client = self._connect(record.address)
         return self._client.call(op, reply_within=reply_within, **args)
+
+    def _connect(self, address: str) -> ControlClient:
+        token = self.run_dir / TOKEN_FILE
+        try:
+            return ControlClient(address, token)
+        except ConfigError as exc:  # said for the one who writes a secret file: not here
+            why = (
+                f"cannot read it ({exc})"
+                if os.path.lexists(token)
+                else "there is none (it was removed, or this is not the directory the head "
+                "wrote it in)"
+            )
+            raise ClusterStateError(
+                f"The head of cluster {self.id} takes requests only with the secret in its "
+                f"token file {token}, and this process {why}."
+            ) from exc
 
     def mpirun(
         self, argv: Sequence[str], np: int | None = None, **job: Unpack[JobArgs]
@@ -249,18 +269,23 @@ class AttachedCluster:
 
     # -- stopping ----------------------------------------------------------------------------
 
-    def stop(self, timeout: float = 30.0, *, reason: str | None = None) -> None:
+    def stop(
+        self, timeout: float = 30.0, *, reason: str | None = None, force: bool = False
+    ) -> None:
         """Stop the cluster: its head is asked to (or, when it takes no requests, finds the
         stop file within a second); a head that is gone leaves this process to stop what is
         left. Returns once it is stopped; :class:`ClusterStateError` if the head has not
-        stopped it in ``timeout`` s."""
+        stopped it in ``timeout`` s.
+
+        ``force``: also when this machine cannot verify that the head runs (it ran on
+        another machine; an older clusterbook wrote a record whose pid may be another
+        process's now), stop what it left here and mark the record stopped."""
         record = self.refresh()
+        if record.live and force and head_state_of(record) != "alive":
+            self._clean_after_dead_head(timeout)
+            return
         if record.live and not self._stale:
-            try:
-                asked = reason or f"stopped by an attached handle (pid {os.getpid()})"
-                self._call("stop", reason=asked)
-            except ClusterStateError:  # the head takes no requests: it reads the stop file
-                touch(self.run_dir / STOP_FILE)
+            self._ask_to_stop(reason)
         client, self._client = self._client, None
         if client is not None:  # the head is going: its connection with it
             client.close()
@@ -273,17 +298,29 @@ class AttachedCluster:
                 raise ClusterStateError(
                     f"Cluster {self.id} is still {record.state} {timeout:g} s after it was "
                     f"asked to stop; its head (pid {record.head_pid} on {record.head_host}) "
-                    "did not act on it."
+                    "did not act on it. If that process is not the cluster's head (it may "
+                    "be gone, its pid another process's), stopping it with "
+                    f"{spell('force', True)} cleans what it left here."
                 )
             time.sleep(_POLL)
             record = self.refresh()
 
+    def _ask_to_stop(self, reason: str | None) -> None:
+        """Ask the head to stop, or, when it cannot be asked, put the stop file, saying so."""
+        try:
+            asked = reason or f"stopped by an attached handle (pid {os.getpid()})"
+            self._call("stop", reason=asked)
+        except ClusterStateError as exc:  # the head takes no requests: it reads the stop file
+            _log.warning("%s Asking it through its stop file, %s.", exc, self.run_dir / STOP_FILE)
+            touch(self.run_dir / STOP_FILE)
+
     def _clean_after_dead_head(self, timeout: float) -> None:
-        """Stop what a killed head left here: its jobs' processes, its files; mark the record
-        stopped. One process does it; another one asking at the same time waits for it (up
-        to ``timeout`` s). Nothing is followed or removed outside the cluster's own
-        directories: the lock is never a link, the record read is checked (its name and id
-        are never paths, it is where it says)."""
+        """Stop what a head that is gone (or that cannot be verified, with ``force``) left
+        here: its jobs' processes, its files; mark the record stopped. One process does it;
+        another one asking at the same time waits for it (up to ``timeout`` s). Nothing is
+        followed or removed outside the cluster's own directories: the lock is never a
+        link, the record read is checked (its name and id are never paths, it is where it
+        says)."""
         # The second one waits here, then finds it done.
         with locked(self.run_dir / ".stop.lock", timeout):
             record = read_record(self.run_dir)
@@ -298,13 +335,14 @@ class AttachedCluster:
             jobs = tuple(
                 j if j.state != "running" else _ended(j, now, "cancelled") for j in record.jobs
             )
+            head = f"pid {record.head_pid} on {record.head_host}"
+            why = "was gone" if head_state_of(record) == "gone" else "could not be verified"
             write_record(
                 replace(
                     record,
                     state="stopped",
                     stopped=now,
-                    stop_reason=f"its head (pid {record.head_pid}) was gone; stopped by pid "
-                    f"{os.getpid()}",
+                    stop_reason=f"its head ({head}) {why}; stopped by pid {os.getpid()}",
                     jobs=jobs,
                     updated=now,
                 )

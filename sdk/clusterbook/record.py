@@ -6,7 +6,8 @@ checks it: a file that is not a cluster's record is refused with its path.
 
 ``state`` is the head's word: created, starting, running, stopping, stopped. A record whose
 head process is gone while it says starting, running or stopping is *stale* (the head was
-killed): :func:`is_stale` tells, from the pid and host the record names.
+killed, or its pid is another process's now): :func:`is_stale` tells, from the pid, start time,
+program and host the record names.
 
 A record is read in a directory that others may be able to write: every value a decision is
 taken on is checked (an id or a name is never a path), and a record that says it is in another
@@ -17,13 +18,13 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import tempfile
 from dataclasses import dataclass, field, fields, is_dataclass
 from pathlib import Path
 from typing import Any
 
 from clusterbook.errors import RecordError
+from clusterbook.headcheck import HeadState, head_state
 from clusterbook.lifetime import Lifetime
 from clusterbook.names import (
     ID_RULE,
@@ -42,6 +43,7 @@ __all__ = [
     "STOP_FILE",
     "ClusterRecord",
     "JobEntry",
+    "head_state_of",
     "is_stale",
     "read_record",
     "snapshot_from",
@@ -95,6 +97,8 @@ class ClusterRecord:
     detached: bool = False
     head_pid: int = 0
     head_host: str = ""
+    head_started: int | None = None  # the head's start, ticks since boot (its pid may be reused)
+    head_program: str | None = None  # what the head runs (/proc/PID/exe)
     address: str | None = None  # where the head takes requests from attached handles
     python: str = ""
     launcher: str | None = None
@@ -180,6 +184,8 @@ def _job(data: dict[str, Any]) -> JobEntry:
 _SCALARS: dict[str, tuple[type, ...]] = {
     "head_pid": (int,),
     "head_host": (str,),
+    "head_started": (int, type(None)),
+    "head_program": (str, type(None)),
     "detached": (bool,),
     "address": (str, type(None)),
     "created": (float, int),
@@ -259,29 +265,20 @@ def _check_where(record: ClusterRecord, directory: Path, path: Path) -> None:
             )
 
 
+def head_state_of(record: ClusterRecord, *, host: str | None = None) -> HeadState:
+    """Whether the head process the record names runs (``alive``), does not (``gone``), or
+    this machine cannot tell (``unknown``: the head ran on another machine, or the record,
+    written by an older clusterbook, names no start time): see :mod:`clusterbook.headcheck`."""
+    return head_state(
+        record.head_pid, record.head_host, record.head_started, record.head_program, here=host
+    )
+
+
 def is_stale(record: ClusterRecord, *, host: str | None = None) -> bool:
-    """Whether the record says the cluster runs while its head process is gone. Only the
-    machine the head ran on can tell; elsewhere a live record is taken at its word."""
-    if not record.live or record.head_pid <= 0:
-        return False
-    if record.head_host != (host or socket.gethostname()):
-        return False
-    return not _alive(record.head_pid)
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    # A zombie is dead: it only waits for its parent to read its status.
-    try:
-        with open(f"/proc/{pid}/stat", encoding="ascii") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except (OSError, IndexError):
-        return True
+    """Whether the record says the cluster runs while its head process is gone: its pid has
+    ended, or is another process's now (another start time or program). Only the machine
+    the head ran on can tell; elsewhere a live record is taken at its word."""
+    return record.live and head_state_of(record, host=host) == "gone"
 
 
 def snapshot_from(record: ClusterRecord, *, now: float, stale: bool) -> ClusterSnapshot:

@@ -14,6 +14,7 @@ import json
 import os
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -116,7 +117,7 @@ class Owner:
 
     def close(self) -> None:
         for cluster in self.started:
-            self.cli("stop", str(cluster.run_dir), timeout=60)
+            self.cli("stop", "--force", str(cluster.run_dir), timeout=60)
             for proc in cluster.processes:
                 with contextlib.suppress(psutil.Error):
                     proc.kill()
@@ -190,7 +191,7 @@ def test_stop_neither_follows_a_link_nor_trusts_a_record_another_user_changed(
     (cluster.run_dir / ".stop.lock").unlink()
     done = owner.cli("stop", str(cluster.run_dir))
     assert done.returncode == 0, done.stderr
-    gone = f"its head (pid {cluster.head.pid}) was gone"
+    gone = f"its head (pid {cluster.head.pid} on {socket.gethostname()}) was gone"
     assert f"Cluster {cluster.id} stopped ({gone}" in done.stdout
     assert cluster.record()["state"] == "stopped"
     assert not (cluster.run_dir / ".stop.lock").is_symlink()
@@ -199,3 +200,95 @@ def test_stop_neither_follows_a_link_nor_trusts_a_record_another_user_changed(
     assert sorted(p.name for p in owner.home.iterdir()) == [".clusterbook", "elsewhere",
                                                              "notes", "victim"]  # fmt: skip
     assert list((owner.home / ".clusterbook" / "clusters").iterdir()) == []
+
+
+@pytest.fixture
+def others_process(other_user: LocalUser) -> Iterator[psutil.Process]:
+    """A live process of the other user's: what a dead head's pid can belong to next."""
+    marker = f"not-a-head-{os.getpid()}"
+    code = f"import time; time.sleep(300)  # {marker}"
+    popen = subprocess.Popen(
+        other_user.argv([sys.executable, "-c", code], other_user.home),
+        env=other_user.env(other_user.home),
+    )
+    try:
+        proc = psutil.Process(popen.pid)  # the same pid once it runs as the user
+        _wait(lambda: proc.uids().real == other_user.uid and marker in " ".join(proc.cmdline()))
+        yield proc
+    finally:
+        popen.kill()
+        popen.wait(10)
+
+
+def _ls_state(owner: Owner, cluster_id: str) -> str:
+    done = owner.cli("ls")
+    assert done.returncode == 0, done.stderr
+    rows = [line.split() for line in done.stdout.splitlines()]
+    (row,) = [r for r in rows if r[0] == cluster_id]
+    return row[3]
+
+
+def test_a_dead_cluster_whose_head_pid_another_process_has_is_stale_and_stops(
+    openmpi_python: str, owner: Owner, others_process: psutil.Process
+) -> None:
+    import clusterbook as cb
+
+    cluster = owner.start(openmpi_python)
+    owner.kill_head(cluster)
+    # The head's pid is another process's now (another user's, started later): a pid alone
+    # says the cluster runs.
+    record = cluster.record() | {"head_pid": others_process.pid}
+    (cluster.run_dir / "cluster.json").write_text(json.dumps(record))
+    assert _ls_state(owner, cluster.id) == "stale"
+    frame = cb.clusters()
+    assert frame.loc[frame["id"] == cluster.id, "state"].tolist() == ["stale"]
+    done = owner.cli("stop", cluster.id, "--timeout", "10")
+    assert done.returncode == 0, done.stderr
+    assert f"its head (pid {others_process.pid} on " in done.stdout
+    assert "was gone" in done.stdout
+    assert cluster.record()["state"] == "stopped"
+    assert list((owner.home / ".clusterbook" / "clusters").iterdir()) == []
+    assert others_process.is_running()  # the process that has the pid now is not touched
+
+
+def test_force_stops_a_cluster_whose_head_cannot_be_verified(
+    openmpi_python: str, owner: Owner, others_process: psutil.Process
+) -> None:
+    cluster = owner.start(openmpi_python)
+    owner.kill_head(cluster)
+    # As an older clusterbook wrote it: a pid, no start time, and that pid runs.
+    record = cluster.record() | {"head_pid": others_process.pid}
+    for key in ("head_started", "head_program"):
+        record.pop(key, None)
+    (cluster.run_dir / "cluster.json").write_text(json.dumps(record))
+    assert _ls_state(owner, cluster.id) == "running"  # the pid runs: taken at its word
+    done = owner.cli("stop", cluster.id, "--timeout", "1")
+    assert done.returncode == 1, done.stdout
+    assert "did not act on it. If that process is not the cluster's head" in done.stderr
+    assert "stopping it with --force cleans what it left here" in done.stderr
+    assert "Asking it through its stop file" in done.stderr  # its head is not there to ask
+    done = owner.cli("stop", "--force", cluster.id)
+    assert done.returncode == 0, done.stderr
+    assert f"its head (pid {others_process.pid} on " in done.stdout
+    assert "could not be verified" in done.stdout
+    assert cluster.record()["state"] == "stopped"
+    assert not (cluster.run_dir / "stop").exists()
+    assert list((owner.home / ".clusterbook" / "clusters").iterdir()) == []
+    assert others_process.is_running()
+    assert "--force" in owner.cli("stop", "--help").stdout
+
+
+def test_without_its_token_file_stop_says_so_and_uses_the_stop_file(
+    openmpi_python: str, owner: Owner
+) -> None:
+    cluster = owner.start(openmpi_python)
+    (cluster.run_dir / "token").unlink()
+    done = owner.cli("stop", str(cluster.run_dir))
+    assert done.returncode == 0, done.stderr
+    assert f"only with the secret in its token file {cluster.run_dir / 'token'}" in done.stderr
+    assert "and this process there is none (it was removed" in done.stderr
+    assert f"Asking it through its stop file, {cluster.run_dir / 'stop'}." in done.stderr
+    assert "write_secret" not in done.stderr
+    assert f"Cluster {cluster.id} stopped (its stop file appeared)" in done.stdout
+    _gone, alive = psutil.wait_procs(cluster.processes, timeout=15)
+    assert alive == []

@@ -304,6 +304,21 @@ def test_a_record_whose_head_died_is_stale_only_on_its_own_host(tmp_path) -> Non
     assert not is_stale(_record(tmp_path, head_pid=dead.pid, state="stopped"))
 
 
+def test_a_record_whose_head_pid_is_another_process_now_is_stale(tmp_path) -> None:
+    from clusterbook.headcheck import own_mark
+
+    started, program = own_mark()
+    other = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        head = {"head_started": started, "head_program": program}
+        assert not is_stale(_record(tmp_path, **head))  # this process: the head
+        assert is_stale(_record(tmp_path, head_pid=other.pid, **head))
+        assert not is_stale(_record(tmp_path, head_pid=other.pid))  # no start time: unknown
+    finally:
+        other.kill()
+        other.wait()
+
+
 # -- the catalog ---------------------------------------------------------------------------
 
 
