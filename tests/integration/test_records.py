@@ -292,3 +292,46 @@ def test_without_its_token_file_stop_says_so_and_uses_the_stop_file(
     assert f"Cluster {cluster.id} stopped (its stop file appeared)" in done.stdout
     _gone, alive = psutil.wait_procs(cluster.processes, timeout=15)
     assert alive == []
+
+
+# Run as the other user: the mark of its own process sys.argv[1] (what a head writes).
+MARK = """\
+import json, sys
+from clusterbook.headcheck import process_mark
+_state, started, program = process_mark(int(sys.argv[1]))
+print(json.dumps({"head_pid": int(sys.argv[1]), "head_started": started, "head_program": program}))
+"""
+
+
+def test_prune_removes_nothing_a_changed_record_names_outside_its_cluster(
+    openmpi_python: str, other_user: LocalUser, owner: Owner, others_process: psutil.Process
+) -> None:
+    cluster = owner.start(openmpi_python)
+    owner.kill_head(cluster)
+    mine = owner.home / "results"
+    mine.mkdir()
+    (mine / "model.pt").write_text("weeks of training\n")
+    # The other user makes the dead cluster's record look alive (a process of its own as the
+    # head, its start time and program too) with a job that ended long ago, in the owner's
+    # directory: pruning removes a live cluster's old jobs.
+    done = other_user.run_python(MARK, str(others_process.pid))
+    assert done.returncode == 0, done.stderr
+    job = {"id": "job-0001", "state": "succeeded", "directory": str(mine), "np": 1,
+           "argv": ["x"], "started": 1.0, "ended": 2.0}  # fmt: skip
+    changes = json.loads(done.stdout) | {"jobs": [job]}
+    _as_other(other_user, CHANGE, str(cluster.run_dir), json.dumps(changes))
+    done = owner.cli("prune", "--older-than", "1s")
+    assert done.returncode == 0, done.stderr
+    assert str(mine) not in done.stdout
+    assert (mine / "model.pt").read_text() == "weeks of training\n"
+    assert _ls_state(owner, cluster.id) == "damaged"  # not read: its job is not in its jobs/
+    assert (cluster.run_dir / "cluster.json").exists()  # a damaged record is not pruned either
+    # A job directory in its jobs/ that is a link to the owner's: refused the same way.
+    (cluster.run_dir / "jobs").chmod(0o777)
+    _as_other(other_user, LINK, str(cluster.run_dir / "jobs" / "job-0001"), str(mine))
+    job["directory"] = str(cluster.run_dir / "jobs" / "job-0001")
+    _as_other(other_user, CHANGE, str(cluster.run_dir), json.dumps({"jobs": [job]}))
+    done = owner.cli("prune", "--older-than", "1s")
+    assert done.returncode == 0, done.stderr
+    assert (mine / "model.pt").read_text() == "weeks of training\n"
+    assert _ls_state(owner, cluster.id) == "damaged"

@@ -415,6 +415,19 @@ def test_prune_removes_exactly_what_outlived_its_retention(tmp_path) -> None:
     assert not Path(jobs[2].directory).exists()
 
 
+def test_prune_lists_no_job_outside_its_clusters_jobs_directory(tmp_path) -> None:
+    run, mine = tmp_path / "run", tmp_path / "mine"
+    (run / "jobs" / "job-0001").mkdir(parents=True)
+    mine.mkdir()
+    jobs = (JobEntry("job-0001", "succeeded", str(run / "jobs" / "job-0001"), 1, ("x",),
+                     ended=1.0),
+            JobEntry("job-0002", "succeeded", str(mine), 1, ("x",), ended=1.0))  # fmt: skip
+    found = catalog.Found(run, _record(run, retention=1.0, jobs=jobs))  # not read: not checked
+    removals = catalog.prunable([found], now=100.0, older_than=None)
+    assert [r.path for r in removals] == [run / "jobs" / "job-0001"]
+    assert removals[0].within == run / "jobs"
+
+
 # -- work_dir ------------------------------------------------------------------------------
 
 
