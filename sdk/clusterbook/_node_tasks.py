@@ -218,14 +218,17 @@ def is_cluster_id(text: object) -> bool:
     )
 
 
-def _cluster_dir(cluster_id: str) -> str:
+def cluster_dir(cluster_id: str, home: str | None = None) -> str:
+    """The directory of the cluster of id ``cluster_id`` (what ``clusterbook ls`` shows) in
+    ``home`` (default: this user's): ``HOME/.clusterbook/clusters/ID``, on the head and on
+    every node. ``ValueError`` for what is not an id (never a path)."""
     if not is_cluster_id(cluster_id):
         raise ValueError(f"{cluster_id!r} is not a cluster id ({ID_RULE})")
-    return os.path.join(os.path.expanduser("~"), CLUSTERS_DIR, cluster_id)
+    return f"{os.path.expanduser('~') if home is None else home}/{CLUSTERS_DIR}/{cluster_id}"
 
 
 def install(args: Args) -> Reply:
-    directory = _cluster_dir(args["cluster_id"])
+    directory = cluster_dir(args["cluster_id"])
     os.makedirs(directory, mode=0o700, exist_ok=True)
     os.chmod(directory, 0o700)
     for name, (mode, data) in sorted(args["files"].items()):
@@ -489,7 +492,7 @@ def cleanup(args: Args) -> Reply:
     grace = float(args.get("grace", 2.0))
     killed = kill_tagged([cluster_id + "-"], grace, prefix=True, daemons=True)
     removed = _remove_key_lines(args.get("tag"))
-    directory = _cluster_dir(cluster_id)
+    directory = cluster_dir(cluster_id)
     _remove_put(directory)
     _rmtree(directory)
     return {"killed": killed, "keys_removed": removed, "dir_removed": not os.path.exists(directory)}
@@ -501,7 +504,7 @@ def release(args: Args) -> Reply:
     nodes still in it), the cluster's key lines and directory too, as ``cleanup`` would."""
     cluster_id = args["cluster_id"]
     killed = stop_jobs(cluster_id, float(args.get("grace", 1.0)))
-    directory = _cluster_dir(cluster_id)
+    directory = cluster_dir(cluster_id)
     with contextlib.suppress(OSError):
         os.unlink(_marker(directory))
     _remove_put(directory)
@@ -660,7 +663,7 @@ def spawn(args: Args) -> Reply:
     import subprocess
 
     argv, env = args["argv"], args.get("env", {})
-    path = _inside(_cluster_dir(args["cluster_id"]), args["log"])
+    path = _inside(cluster_dir(args["cluster_id"]), args["log"])
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
     try:
         if _forkable(argv, env):
@@ -824,7 +827,7 @@ def put_chunk(args: Args) -> Reply:
 
 def _log_created(cluster_id: str, paths: list[str]) -> None:
     if paths:
-        directory = _cluster_dir(cluster_id)
+        directory = cluster_dir(cluster_id)
         os.makedirs(directory, mode=0o700, exist_ok=True)
         with open(_put_log(directory), "a") as f:
             f.writelines(json.dumps(p) + "\n" for p in paths)  # a name may hold a newline
@@ -833,7 +836,7 @@ def _log_created(cluster_id: str, paths: list[str]) -> None:
 def put_cleanup(args: Args) -> Reply:
     """Remove what ``put`` created for the cluster (and nothing else of it: for nodes that
     were not bootstrapped by the head, like an elastic cluster's)."""
-    directory = _cluster_dir(args["cluster_id"])
+    directory = cluster_dir(args["cluster_id"])
     _remove_put(directory)
     with contextlib.suppress(OSError):
         os.unlink(_put_log(directory))
@@ -1056,7 +1059,7 @@ def gather_files(args: Args, stdin: Any, stdout: Any) -> Reply:
 
 def tail(args: Args) -> Reply:
     """The last ``lines`` lines of file ``name`` in the cluster's directory ("" if none)."""
-    path = _inside(_cluster_dir(args["cluster_id"]), args["name"])
+    path = _inside(cluster_dir(args["cluster_id"]), args["name"])
     try:
         with open(path, "rb") as f:
             f.seek(max(0, os.fstat(f.fileno()).st_size - 8192))

@@ -330,7 +330,7 @@ class AttachedCluster:
             if tokens:
                 kill_tagged(tokens, 1.0)
             with contextlib.suppress(OSError):  # what cannot be removed stays; stop goes on
-                remove_tree(cluster_dir(record.name), clusters_root())
+                remove_tree(cluster_dir(record.id), clusters_root())
             now = time.time()
             jobs = tuple(
                 j if j.state != "running" else _ended(j, now, "cancelled") for j in record.jobs

@@ -272,7 +272,11 @@ def _add_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
         "do this themselves when they lose the head; this is for what is left when they could "
         "not.",
     )
-    clean.add_argument("cluster_id", metavar="ID", help="the cluster's name, like ssh-1a2b3c")
+    clean.add_argument(
+        "cluster_id",
+        metavar="ID",
+        help="the cluster's id, as clusterbook ls shows it (like ssh-1a2b3c-20261123-101500)",
+    )
     clean.add_argument("--hosts", metavar="H,...", help="its SSH hosts, like node1,node2")
     _ssh_options(clean)
     clean.add_argument(
@@ -293,7 +297,7 @@ def _add_worker(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> Non
         description="Join the elastic cluster at URL (as the head printed it) and stay, "
         "heartbeating, until the cluster closes or the head is gone for longer than the lease.",
     )
-    join.add_argument("url", help="join URL printed by the head (tcp://HOST:PORT/NAME?...)")
+    join.add_argument("url", help="join URL printed by the head (tcp://HOST:PORT/ID?...)")
     join.add_argument(
         "--token-file",
         required=True,

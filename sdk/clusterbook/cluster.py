@@ -321,7 +321,7 @@ class Cluster:
             try:
                 with self._watch.showing(bar(progress, f"starting {self.name}", total, "node")):
                     ctx = StartContext(
-                        self.name,
+                        self.id,
                         self.python,
                         launcher,
                         env,
@@ -358,7 +358,8 @@ class Cluster:
                 "(its supervisor makes it again from that spec)."
             )
         self._claim_run_dir()
-        spec = {**self._spec, "run_dir": str(self.run_dir), "detached": False}
+        # Its name too: the supervisor makes the cluster again, and one cluster has one name.
+        spec = {**self._spec, "run_dir": str(self.run_dir), "detached": False, "name": self.name}
         spec["life_span"] = self._options.life_span
         launch_supervisor(spec, self.id, self.run_dir)
         self._remote = AttachedCluster.attach(str(self.run_dir))
@@ -409,7 +410,7 @@ class Cluster:
                     self._mirror.close()
                 (self.run_dir / STOP_FILE).unlink(missing_ok=True)
                 with contextlib.suppress(OSError):  # empty once the provider cleaned it
-                    cluster_dir(self.name).rmdir()
+                    cluster_dir(self.id).rmdir()
                 # Stopped once all of it is done: whoever waits for it finds it all done.
                 with self._lock:
                     self._state = "stopped"
@@ -490,7 +491,7 @@ class Cluster:
         with self._lock:
             started = prepare(
                 request,
-                cluster=self.name,
+                cluster=self.id,
                 nodes=nodes,
                 remote=self._provider.remote(),
                 python=self.python,

@@ -144,11 +144,13 @@ class ClusterOptions:
     Attributes
     ----------
     name
-        Shown in status, names the cluster's files on its nodes (1-63 letters, digits, '.',
-        '-', '_'); default ``KIND-xxxxxx``.
+        Shown in status and listings, and found by (1-63 letters, digits, '.', '-', '_');
+        default ``KIND-xxxxxx``. A detached cluster keeps it in its supervisor.
     id
         What other processes find the cluster by: ``NAME-YYYYmmdd-HHMMSS`` as of when the
-        cluster is made (``-2``, ``-3``... added at start if another cluster has it).
+        cluster is made (``-2``, ``-3``... added at start if another cluster has it). It
+        names the cluster's files on its nodes (``~/.clusterbook/clusters/ID``), its key
+        line and its processes' tags.
     run_dir
         The cluster's directory: its record (``cluster.json``) and its jobs' logs (default:
         ``ID`` under ``default_run_root()``, made by the cluster: ``own_run_dir``).

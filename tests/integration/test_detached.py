@@ -141,6 +141,34 @@ def test_a_detached_cluster_from_this_process_runs_jobs_and_has_a_day_long_life(
     assert not (Path(cluster.run_dir) / "token").exists()
 
 
+def test_a_detached_cluster_has_one_name_whichever_process_reads_it(openmpi_python, tmp_path):
+    cluster = cb.Cluster.local(1, 1, python=openmpi_python, detached=True)
+    try:
+        cluster.start()
+        name = cluster.name  # made here; the supervisor makes the cluster again from its spec
+        other = subprocess.run(
+            [sys.executable, "-c", (
+                "import sys, clusterbook as cb\n"
+                "c = cb.Cluster.attach(sys.argv[1])\n"
+                "print(c.id, c.name, c.state)\n"
+            ), name],
+            capture_output=True, text=True, timeout=60,
+        )  # fmt: skip
+        assert other.returncode == 0, other.stderr
+        assert other.stdout.split() == [cluster.id, name, "running"]
+        assert cb.Cluster.attach(cluster.id).record.name == name
+        frame = cb.clusters()
+        assert frame.loc[frame["id"] == cluster.id, "name"].tolist() == [name]
+        listed = subprocess.run([*CLI, "ls"], capture_output=True, text=True, timeout=60)
+        rows = [line.split() for line in listed.stdout.splitlines()]
+        assert [r[1] for r in rows if r[0] == cluster.id] == [name]
+        # Its files on this machine (and on nodes) are named by its id, the unique one.
+        assert (Path.home() / ".clusterbook" / "clusters" / cluster.id / "token").exists()
+    finally:
+        cluster.stop()
+    assert not (Path.home() / ".clusterbook" / "clusters" / cluster.id).exists()
+
+
 def test_an_attached_handle_runs_and_cancels_jobs_through_the_head(openmpi_python, tmp_path):
     with cb.Cluster.local(1, 2, python=openmpi_python, run_dir=tmp_path / "c") as cluster:
         other = subprocess.run(

@@ -177,7 +177,7 @@ def test_sbatchs_refusal_is_a_config_error_quoting_it_and_nothing_is_left(tmp_pa
     with pytest.raises(cb.ConfigError, match=f"Slurm refused the cluster's job: {said}"):
         cluster.start()
     assert cluster.state == "created"
-    assert not (Path.home() / ".clusterbook" / "clusters" / cluster.name / "token").exists()
+    assert not (Path.home() / ".clusterbook" / "clusters" / cluster.id / "token").exists()
 
 
 def test_a_job_that_ends_before_its_nodes_joined_fails_wait_ready_and_is_a_problem(fake, tmp_path):
@@ -253,7 +253,7 @@ def test_a_start_interrupted_once_the_job_was_submitted_cancels_it(tmp_path):
         cluster.start()
     assert slurm.commands("scancel") == [["scancel", "1"]]
     assert slurm.jobs[1][0] == "CANCELLED"
-    assert not (Path.home() / ".clusterbook" / "clusters" / cluster.name).exists()
+    assert not (Path.home() / ".clusterbook" / "clusters" / cluster.id).exists()
 
 
 # -- jobs as steps of the batch job ------------------------------------------------------------

@@ -291,9 +291,10 @@ def prepare(
     hooks: JobHooks,
     logs: LogBudget | None = None,
 ) -> Job:
-    """Start ``request`` on ``nodes`` of cluster ``cluster``, in a new job directory under
-    ``run_dir``; return the job. A retry runs where ``hooks.where()`` says then. ``logs``:
-    what the log buffers of the cluster's jobs may hold together."""
+    """Start ``request`` on ``nodes`` of the cluster of id ``cluster`` (its processes are
+    tagged ``ID-...``), in a new job directory under ``run_dir``; return the job. A retry
+    runs where ``hooks.where()`` says then. ``logs``: what the log buffers of the cluster's
+    jobs may hold together."""
     job_env = {**env, **request.env}
     base_env = dict(os.environ)
     first = (nodes, remote)

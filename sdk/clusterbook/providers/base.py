@@ -74,6 +74,9 @@ class StartContext:
     its load): the cluster then publishes a new snapshot. It may be called from any thread.
     ``progress`` is told what the start does now (``"checking 8 nodes"``), for its bar.
     ``run_dir`` is the cluster's run directory (where a batch script and its output go).
+    ``cluster_id`` is the cluster's id (``NAME-YYYYmmdd-HHMMSS``, unique among this user's
+    clusters): it names the cluster's directory on the head and on every node
+    (:func:`clusterbook.paths.cluster_dir`), its key line and its processes' tags.
     """
 
     cluster_id: str

@@ -28,7 +28,7 @@ from clusterbook.gpus import Slots
 from clusterbook.launch.keep import end_far, hold_far
 from clusterbook.launch.rankwrap import HOOK_DIR
 from clusterbook.launch.result import KeptProcess
-from clusterbook.paths import CLUSTERS_DIR, cluster_dir, node_cluster_dir
+from clusterbook.paths import cluster_dir, node_cluster_dir
 from clusterbook.providers.base import Provider, RemoteLaunch, StartContext
 from clusterbook.rendezvous.agent import AGENT_IMPORTS, HEAD_LEASE, agent_argv
 from clusterbook.rendezvous.api import RendezvousSettings, RendezvousTimeout
@@ -493,7 +493,9 @@ class SSHProvider(Provider):
         if self.node_python:
             assert self._head_facts is not None
             paths = linked_paths(
-                self._head_facts.home, CLUSTERS_DIR, ctx.cluster_id, ctx.python, ctx.launcher.path
+                node_cluster_dir(self._head_facts.home, ctx.cluster_id),
+                ctx.python,
+                ctx.launcher.path,
             )
             self._remote = replace(
                 self._remote,

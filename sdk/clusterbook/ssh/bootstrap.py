@@ -27,7 +27,7 @@ from clusterbook.errors import (
     SSHError,
     SSHTimeoutError,
 )
-from clusterbook.paths import CLUSTERS_DIR
+from clusterbook.paths import node_cluster_dir
 from clusterbook.ssh.hostkeys import HostKey, known_hosts_line
 from clusterbook.ssh.keys import KeyPair
 from clusterbook.ssh.paramiko_shell import ParamikoShell
@@ -162,7 +162,7 @@ def node_ssh_args(cluster_id: str, *, user: str, port: int) -> list[str]:
     node, whatever their home directories. Host keys are checked strictly against the
     cluster's own known_hosts, built from the keys the nodes showed at bootstrap.
     """
-    base = f"~/{CLUSTERS_DIR}/{cluster_id}"
+    base = node_cluster_dir("~", cluster_id)
     args = [
         "-o",
         f"IdentityFile={base}/id_ed25519",
