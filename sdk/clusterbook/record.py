@@ -255,9 +255,16 @@ def _check_where(record: ClusterRecord, directory: Path, path: Path) -> None:
             "cb.Job.load(JOB_DIRECTORY) still reads a job's files.",
             path=path,
         )
+    if not record.jobs:
+        return
+    # Where the record says its jobs are, as written (the directory resolves here, checked):
+    # resolving every job's path costs a system call per component, per job, per read.
+    named = os.path.join(os.path.normpath(record.directory), "jobs")
     jobs = os.path.join(here, "jobs")
+    linked = os.path.realpath(named) != jobs
     for job in record.jobs:
-        if os.path.realpath(job.directory) != os.path.join(jobs, job.id):
+        where = os.path.normpath(job.directory)
+        if linked or where != os.path.join(named, job.id) or os.path.islink(where):
             raise RecordError(
                 f"{path} says job {job.id} is in {job.directory}, not in {jobs}/{job.id} where "
                 "its cluster makes it: the record was changed, and is not read.",
