@@ -245,6 +245,14 @@ def _add_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
         "--wdir", "-wdir", metavar="DIR", help="the ranks' working directory (default: this one)"
     )
     add_env_option(run)
+    run.add_argument(
+        "--forward-env",
+        action="append",
+        default=[],
+        metavar="NAME",
+        help="a variable of this environment for the ranks too, or a prefix like NCCL_* "
+        "(repeatable; the job's own, SageMaker's, Slurm's and PBS's go anyway)",
+    )
     run.add_argument("--mpi", choices=["openmpi", "mpich"], help="MPI flavour to use")
     run.add_argument("--launcher", metavar="PATH", help="mpirun/mpiexec to use")
     run.add_argument("--oversubscribe", action="store_true", help="allow more ranks than slots")
@@ -445,6 +453,7 @@ def _run(args: argparse.Namespace) -> int:
         if not os.path.exists(os.path.expanduser(path)):
             raise ConfigError(f"--put {path!r}: there is no such file or directory here.")
     options = {"run_dir": args.run_dir, "mpi": args.mpi, "launcher": args.launcher}
+    options["forward_env"] = args.forward_env or None
     if args.hosts and args.hostfile:
         raise ConfigError("Give the hosts with --hosts or with --hostfile, not both.")
     hosts = _split(args.hosts) if args.hosts else []

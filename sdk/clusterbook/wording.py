@@ -57,6 +57,7 @@ INTERFACES: dict[str, dict[str, str]] = {
         "retention": "--retention {}",
         "clean": "--clean {}",
         "ssh_auth_mount_path": "--ssh-auth-mount-path {}",
+        "forward_env": "--forward-env {}",
     },
     "magics": {**_SHARED, "clean": "--clean {}"},
 }

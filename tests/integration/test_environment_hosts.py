@@ -129,6 +129,40 @@ def test_a_sagemaker_job_runs_from_algo_1(
     assert (tmp_path / "known_hosts").read_text().count(" ssh-ed25519 ") >= 2
 
 
+SHOW_ENV = """\
+import json, os, socket
+names = ("SM_TRAINING_ENV", "CB_TEST_FORWARDED", "CB_TEST_NOT_FORWARDED")
+print(socket.gethostname(), json.dumps({n: os.environ.get(n) for n in names}), flush=True)
+"""
+
+
+def test_the_launch_environment_and_forward_env_reach_remote_ranks_under_either_mpi(
+    testbed: Testbed, mpi_python: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # This process stands for a SageMaker training job's leader: its environment is the job's.
+    training_env = json.dumps({"hosts": ["algo-1", "algo-2"], "current_host": "algo-1"})
+    tricky = 'it\'s "quoted" $HOME `id`\nsecond line'
+    monkeypatch.setenv("SM_TRAINING_ENV", training_env)
+    monkeypatch.setenv("CB_TEST_FORWARDED", tricky)
+    monkeypatch.setenv("CB_TEST_NOT_FORWARDED", "the head's own")
+    script = tmp_path / "show_env.py"
+    script.write_text(SHOW_ENV)
+    cluster = testbed.cluster(
+        mpi_python, tmp_path / "run", hosts=2, forward_env=["CB_TEST_FORWARDED*"]
+    )
+    with cluster:
+        job = cluster.mpirun(["python", str(script)], np=2, timeout=60)
+        job.wait(timeout=90).check()
+        lines = sorted(job.logs().query("rank >= 0")["line"])
+    seen = {host: json.loads(values) for host, values in (ln.split(" ", 1) for ln in lines)}
+    expected = {
+        "SM_TRAINING_ENV": training_env,
+        "CB_TEST_FORWARDED": tricky,  # byte for byte
+        "CB_TEST_NOT_FORWARDED": None,  # not named: it stays here, whichever the MPI
+    }
+    assert seen == {"node1": expected, "node2": expected}
+
+
 @pytest.fixture
 def pods(testbed: Testbed, tmp_path: Path) -> Iterator[list[subprocess.Popen[str]]]:
     """Pods started by the test (stopped afterwards), with the mount points they need."""
