@@ -445,9 +445,7 @@ class SSHProvider(Provider):
             node = target.node
             seen_as = (node.hostname, host, hostnames.get(host, host))
             names[host] = [host_entry_name(name, node.port) for name in seen_as]
-        files = cluster_files(
-            ctx.cluster_id, keys, self._conns, names, ssh_args=ssh_args, env=ctx.env
-        )
+        files = cluster_files(ctx.cluster_id, keys, self._conns, names, ssh_args=ssh_args)
         files = {**files, "token": token}
         if self.node_python:
             hook = (Path(HOOK_DIR) / "sitecustomize.py").read_bytes()
