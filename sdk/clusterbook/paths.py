@@ -4,6 +4,9 @@
   known_hosts and status (defined with the node tasks, which need it on the nodes);
 - ``~/.clusterbook/known_hosts``: host keys trusted on first use (``host_keys="accept-new"``);
 - ``~/.clusterbook/sshd-NODE/``: the user-level sshd of an elastic node's agent;
+- ``~/.clusterbook/worker-HOSTNAME/``: a training job's worker host (``clusterbook worker
+  serve``): its sshd, and the status the leader's cluster leaves it (defined with the node
+  tasks, which write it);
 - the run directories of clusters (jobs' logs): ``$CLUSTERBOOK_RUN_ROOT``, else
   ``$XDG_STATE_HOME/clusterbook/runs`` (``~/.local/state/clusterbook/runs``).
 """
