@@ -71,7 +71,7 @@ class Cluster:
     logs go to files under :attr:`run_dir` as they arrive, and stay there after the cluster
     stops. Every constructor takes the options of
     :class:`~clusterbook.options.ClusterOptions`: ``name``, ``run_dir``, ``python``,
-    ``launcher``, ``mpi`` and ``env``.
+    ``launcher``, ``mpi``, ``env`` and ``forward_env``.
     """
 
     def __init__(self, provider: Provider, options: ClusterOptions | None = None) -> None:
@@ -510,6 +510,7 @@ class Cluster:
                 jobs_so_far=len(self._jobs),
                 hooks=hooks,
                 logs=self._logs,
+                forward_env=self._options.forward_env,
             )
             self._jobs.append(started)
         self._changed(record=True)

@@ -15,6 +15,7 @@ and what to do about it. Errors of third-party libraries are translated at the b
     │   └── UnsafePathError                 a cluster's directory others could change
     ├── ClusterStateError                   the call does not fit the cluster's state
     ├── NodeLostError                       a node stopped heartbeating (``node``, ``host``)
+    ├── LeaderLostError                     a worker host's leader went before it was done
     ├── RunDirError                         a job's files cannot be written (a full disk)
     ├── RecordError                         a cluster.json that is missing or not a record
     ├── UnknownClusterError (also LookupError)  no cluster by that id; lists those there are
@@ -59,6 +60,7 @@ __all__ = [
     "JobFailedError",
     "JobTimeoutError",
     "LauncherNotFoundError",
+    "LeaderLostError",
     "NodeLostError",
     "ProgramNotFoundError",
     "ReadyTimeoutError",
@@ -124,6 +126,15 @@ class NodeLostError(ClusterError):
         super().__init__(message)
         self.node = node
         self.host = host
+
+
+class LeaderLostError(ClusterError):
+    """``clusterbook worker serve`` (``cb.serve_worker``): the job's leader went, or never
+    came, before it said it was done with this host; ``leader`` names it."""
+
+    def __init__(self, message: str, *, leader: str | None) -> None:
+        super().__init__(message)
+        self.leader = leader
 
 
 class RunDirError(ClusterError):

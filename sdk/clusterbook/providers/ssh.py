@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import getpass
-import json
 import os
 import shutil
 import sys
@@ -410,7 +409,7 @@ class SSHProvider(Provider):
         self._check(parallel(list(sessions), start)[1])
         # Last, once every node has everything: the status file that workers can wait on
         # (while the agents join).
-        self._check(parallel(list(sessions), lambda key: sessions[key].call("install", ready))[1])
+        self._check(parallel(list(sessions), lambda key: sessions[key].call("status", ready))[1])
         try:
             rendezvous.wait_ready(min(60.0, self.connect_timeout * 2))
         except ClusterError as exc:
@@ -462,9 +461,7 @@ class SSHProvider(Provider):
             node = target.node
             seen_as = (node.hostname, host, hostnames.get(host, host))
             names[host] = [host_entry_name(name, node.port) for name in seen_as]
-        files = cluster_files(
-            ctx.cluster_id, keys, self._conns, names, ssh_args=ssh_args, env=ctx.env
-        )
+        files = cluster_files(ctx.cluster_id, keys, self._conns, names, ssh_args=ssh_args)
         files = {**files, "token": token}
         if self.node_python:
             hook = (Path(HOOK_DIR) / "sitecustomize.py").read_bytes()
@@ -482,23 +479,18 @@ class SSHProvider(Provider):
                 args = {**args, "links": {ENV_LINK: self._prefix(key)}}
             return args
 
-        status = json.dumps(
-            {
-                "cluster": ctx.cluster_id,
-                "state": "ready",
-                "time": time.time(),
-                "nodes": [
-                    {"host": n.host, "hostname": hostnames[n.host], "slots": n.slots}
-                    for n in self.nodes
-                ],
-            }
-        ).encode()
-        # Last, once every node has everything: the status file that workers can wait on
-        # (see _start_agents).
-        ready: dict[str, object] = {
-            "cluster_id": ctx.cluster_id,
-            "files": encode_files({"status.json": ("644", status)}),
+        status = {
+            "cluster": ctx.cluster_id,
+            "state": "ready",
+            "time": time.time(),
+            "nodes": [
+                {"host": n.host, "hostname": hostnames[n.host], "slots": n.slots}
+                for n in self.nodes
+            ],
         }
+        # Last, once every node has everything: the status file that a worker serving a
+        # node (clusterbook worker serve) waits on (see _start_agents).
+        ready: dict[str, object] = {"cluster_id": ctx.cluster_id, "status": status}
         head_addr = self._head_addr()
         self._remote = RemoteLaunch(
             ssh_args=tuple(ssh_args),
@@ -696,11 +688,14 @@ class SSHProvider(Provider):
             clean_puts = {"cluster_id": ctx.cluster_id}
             put_done = parallel(probed, lambda h: self._task(h, "put_cleanup", clean_puts, 15))[1]
 
+        # What a worker serving a node (clusterbook worker serve) waits for: then it exits.
+        done = {"cluster": ctx.cluster_id, "state": "done", "time": time.time()}
+
         def clean(host: str) -> object:
             try:
                 if host in self._unprobed:
                     return None
-                result = self._task(host, "cleanup", args, 15)
+                result = self._task(host, "cleanup", {**args, "status": done}, 15)
                 if host in put_done:  # the rest is clean; say what put() may have left
                     raise put_done[host]
                 return result

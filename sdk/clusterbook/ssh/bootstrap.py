@@ -245,7 +245,6 @@ def cluster_files(
     names: Mapping[str, Sequence[str]],
     *,
     ssh_args: Sequence[str],
-    env: Mapping[str, str],
 ) -> dict[str, tuple[str, bytes]]:
     """The files every node (and the head) gets: name -> (octal mode, content). ``names``:
     the names each connection's host key is known by (``host``, ``[host]:port``)."""
@@ -253,13 +252,11 @@ def cluster_files(
         known_hosts_line(dict.fromkeys(names[h]), c.host_key) for h, c in connections.items()
     )
     wrapper = ssh_wrapper(ssh_args)
-    env_sh = "".join(f"export {k}={shlex.quote(v)}\n" for k, v in env.items())
     return {
         "id_ed25519": ("600", keys.private_path.read_bytes()),
         "id_ed25519.pub": ("644", (keys.public_line + "\n").encode()),
         "known_hosts": ("644", known.encode()),
         "ssh": ("755", wrapper.encode()),
-        "env.sh": ("600", env_sh.encode()),
     }
 
 
