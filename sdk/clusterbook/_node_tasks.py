@@ -7,7 +7,11 @@ each task prints one JSON object. Importable too, for tests.
   what ``nvidia-smi -L`` says of its GPUs).
 - ``install``: write the cluster's files atomically with their modes under
   ``~/.clusterbook/clusters/ID`` and add the cluster's key to ``~/.ssh/authorized_keys``.
-- ``cleanup``: stop the cluster's processes, remove its key lines and its directory.
+- ``status``: write the cluster's status file (``status.json``: ``ready``) in its directory,
+  and, where a worker of a training job serves this host (``clusterbook worker serve``),
+  the copy that worker waits on, in its own directory (:func:`worker_dir`).
+- ``cleanup``: stop the cluster's processes, remove its key lines and its directory (and,
+  given a ``status``, leave it, ``done``, for the worker that serves this host).
 - ``release`` (the node's agent, when it has lost the head): stop the cluster's jobs here and
   remove what ``install`` put here, unless another node sharing this home is still in it.
 - ``kill``: stop the processes of one job.
@@ -40,6 +44,8 @@ Reply = dict[str, Any]  # a task's JSON answer
 JOB_ENV = "CLUSTERBOOK_JOB"
 #: Where a cluster's files live on every node (and the head), under the user's home.
 CLUSTERS_DIR = ".clusterbook/clusters"
+#: The file of a cluster's state (``ready``, ``done``) that the worker serving a host waits on.
+STATUS_FILE = "status.json"
 AGENTS = "agents"  # a cluster's agents are tagged CLUSTER-agents; its jobs, CLUSTER-TOKEN
 # The MPI launchers' daemons on a node: the parents of a job's ranks there.
 DAEMONS = ("prted", "hydra_pmi_proxy")
@@ -261,6 +267,27 @@ def install(args: Args) -> Reply:
                 text += "\n"
             write_atomic(keys, (text + line + "\n").encode(), mode)
     return {"home": os.path.expanduser("~"), "dir": directory}
+
+
+def worker_dir() -> str:
+    """Where ``clusterbook worker serve`` keeps its sshd's files and the status the leader's
+    cluster leaves for it: ``~/.clusterbook/worker-HOSTNAME`` (hosts may share a home)."""
+    return os.path.join(os.path.expanduser("~"), ".clusterbook", f"worker-{socket.gethostname()}")
+
+
+def _leave_status(data: bytes) -> bool:
+    """Give the worker that serves this host, if one does, the cluster's status ``data``."""
+    directory = worker_dir()
+    if not os.path.isdir(directory):
+        return False
+    write_atomic(os.path.join(directory, STATUS_FILE), data, 0o644)
+    return True
+
+
+def status(args: Args) -> Reply:
+    data = json.dumps(args["status"]).encode()
+    write_atomic(_inside(cluster_dir(args["cluster_id"]), STATUS_FILE), data, 0o644)
+    return {"served": _leave_status(data)}
 
 
 def _inside(directory: str, name: str, depth: int = 2) -> str:
@@ -495,7 +522,14 @@ def cleanup(args: Args) -> Reply:
     directory = cluster_dir(cluster_id)
     _remove_put(directory)
     _rmtree(directory)
-    return {"killed": killed, "keys_removed": removed, "dir_removed": not os.path.exists(directory)}
+    # Last: a worker that serves this host and sees "done" exits, and may take its sshd along.
+    served = "status" in args and _leave_status(json.dumps(args["status"]).encode())
+    return {
+        "killed": killed,
+        "keys_removed": removed,
+        "dir_removed": not os.path.exists(directory),
+        "served": served,
+    }
 
 
 def release(args: Args) -> Reply:
@@ -1072,6 +1106,7 @@ def tail(args: Args) -> Reply:
 TASKS: dict[str, Callable[[Args], Reply]] = {
     "probe": probe,
     "install": install,
+    "status": status,
     "cleanup": cleanup,
     "release": release,
     "kill": kill,

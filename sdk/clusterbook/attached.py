@@ -1,9 +1,10 @@
 """A handle on a cluster another process runs: ``cb.Cluster.attach(id_or_dir)``.
 
-Everything it knows comes from the cluster's directory: the record (``cluster.json``) for
-status, the job directories for logs and results. What it asks of the cluster (run a job,
-cancel one, copy files, stop) goes to the head's control server (:mod:`clusterbook.control`)
-at the address the record names, with the secret in the directory's 0600 ``token`` file.
+Everything it knows comes from the cluster's directory, which must be this user's alone
+(:mod:`clusterbook.safepath`): the record (``cluster.json``) for status, the job directories
+for logs and results. What it asks of the cluster (run a job, cancel one, copy files, stop)
+goes to the head's control server (:mod:`clusterbook.control`) through the directory's control
+socket, proving the secret in its 0600 ``token`` file (and asking the head to prove it too).
 Stopping also works without it, the way anyone who can write the directory can: with the stop
 file, which the head acts on within a second. When the
 head is gone (the record is *stale*: its process was killed), ``stop()`` itself stops what the
@@ -16,21 +17,22 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import socket
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NoReturn
 
 from clusterbook import display
 from clusterbook.catalog import Found, find
-from clusterbook.control import TOKEN_FILE, ControlClient
+from clusterbook.control import SOCKET_FILE, TOKEN_FILE, ControlClient, unix_dial
 from clusterbook.errors import ClusterStateError, ConfigError
 from clusterbook.events import Subscribers
 from clusterbook.launch.guard import kill_tagged
 from clusterbook.launch.saved import SavedJob
-from clusterbook.paths import cluster_dir, clusters_root
+from clusterbook.paths import cluster_dir, clusters_root, default_run_root
 from clusterbook.pathsafety import locked, remove_tree, touch
 from clusterbook.record import (
     STOP_FILE,
@@ -42,6 +44,7 @@ from clusterbook.record import (
     snapshot_from,
     write_record,
 )
+from clusterbook.safepath import check_run_dir
 from clusterbook.spec import NodeSpec
 from clusterbook.status import ClusterSnapshot, nodes_frame
 from clusterbook.wording import spell
@@ -78,6 +81,8 @@ class AttachedCluster:
         found = find(what)
         if found.error is not None:
             raise found.error
+        root = default_run_root()
+        check_run_dir(found.path, root if found.path.parent == root else None)
         return cls(found)
 
     # -- what the record says --------------------------------------------------------------
@@ -154,15 +159,22 @@ class AttachedCluster:
         if self._client is None:
             if record.address is None:
                 raise ClusterStateError(
-                    f"Cluster {self.id} is {record.state}; its head takes no requests yet."
+                    f"Cluster {self.id} is {record.state}; its head takes no requests now."
                 )
-            self._client = self._connect(record.address)
+            here = socket.gethostname()
+            if record.head_host and record.head_host != here:
+                raise ClusterStateError(
+                    f"Cluster {self.id}'s head runs on {record.head_host}; it takes requests "
+                    f"from that machine only (this is {here})."
+                )
+            self._client = self._connect()
         return self._client.call(op, reply_within=reply_within, **args)
 
-    def _connect(self, address: str) -> ControlClient:
-        token = self.run_dir / TOKEN_FILE
+    def _connect(self) -> ControlClient:
+        """A client of the run directory's own socket, whatever address the record names."""
+        token, path = self.run_dir / TOKEN_FILE, self.run_dir / SOCKET_FILE
         try:
-            return ControlClient(address, token)
+            return ControlClient(unix_dial(path), token, where=str(path))
         except ConfigError as exc:  # said for the one who writes a secret file: not here
             why = (
                 f"cannot read it ({exc})"
@@ -223,6 +235,16 @@ class AttachedCluster:
             argv = [argv]  # the head refuses it with the message Cluster.run_on_nodes gives
         answer = self._call("run_on_nodes", argv=list(argv), timeout=timeout)
         return [NodeRun(**row) for row in answer["rows"]]
+
+    def engines(self, n: int | None = None, **how: Any) -> NoReturn:
+        """Refused with a :class:`ClusterStateError` that says why and what to use instead:
+        engines need their controller in the process that runs the cluster."""
+        raise ClusterStateError(
+            f"Cluster {self.id} runs in another process, and ipyparallel engines need their "
+            "controller in the process that runs the cluster for as long as they run, so "
+            "run MPI work on it with mpirun() or %%mpirun instead, or call engines() on a "
+            "cluster that is not detached."
+        )
 
     def _saved(self, job_id: str, directory: str) -> SavedJob:
         job = self._jobs.get(job_id)

@@ -30,6 +30,7 @@ from clusterbook.lifetime import format_duration
 from clusterbook.paths import default_run_root
 from clusterbook.pathsafety import inside, remove_tree
 from clusterbook.record import FILE, ClusterRecord, is_stale, read_record, snapshot_from
+from clusterbook.safepath import check_run_dir
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -331,7 +332,9 @@ def prune_quietly() -> None:
 def claim(options: ClusterOptions) -> ClusterOptions:
     """Make the run directory of a cluster with ``options``, unless another live cluster has
     it, and make it findable; return the options with the id it got. A directory the cluster
-    makes itself is new: its id is numbered (``-2``, ``-3``...) past any taken."""
+    makes itself is new: its id is numbered (``-2``, ``-3``...) past any taken. A directory
+    (or run root) another user could change is refused with
+    :class:`~clusterbook.errors.UnsafePathError` (:mod:`clusterbook.safepath`)."""
     opts, n = options, 1
     while opts.own_run_dir:
         try:
@@ -344,7 +347,11 @@ def claim(options: ClusterOptions) -> ClusterOptions:
             opts = replace(opts, id=numbered, run_dir=opts.run_dir.with_name(numbered))
         except OSError as exc:
             raise RunDirError.from_os_error(opts.run_dir, exc) from exc
+    root = default_run_root()
+    if not opts.own_run_dir and opts.run_dir.exists():
+        check_run_dir(opts.run_dir, root)  # one given: refused before anything is put in it
     make_run_dir(opts.run_dir)
+    check_run_dir(opts.run_dir, root)
     with contextlib.suppress(ClusterError):
         other = read_record(opts.run_dir)
         if other.live and not is_stale(other) and other.head_pid != os.getpid():

@@ -71,7 +71,7 @@ class Cluster:
     logs go to files under :attr:`run_dir` as they arrive, and stay there after the cluster
     stops. Every constructor takes the options of
     :class:`~clusterbook.options.ClusterOptions`: ``name``, ``run_dir``, ``python``,
-    ``launcher``, ``mpi`` and ``env``.
+    ``launcher``, ``mpi``, ``env`` and ``forward_env``.
     """
 
     def __init__(self, provider: Provider, options: ClusterOptions | None = None) -> None:
@@ -266,10 +266,20 @@ class Cluster:
 
     @property
     def nodes(self) -> tuple[NodeSpec, ...]:
-        """The nodes, as the provider knows them (cores filled in once started)."""
+        """The nodes, as the provider knows them (cores filled in once started); before
+        ``start()``, those it will bring up where they are known (a local or SSH cluster's)."""
         if self._remote is not None:
             return self._remote.nodes
+        if self._state == "created":
+            return self._provider.planned or self._provider.nodes
         return self._provider.nodes
+
+    def _shape(self) -> tuple[NodeSpec, ...]:
+        """The nodes whose slots are known now: none before ``start()`` where only the start
+        finds them out (nodes that join; SSH hosts of ``"gpus"`` slots)."""
+        if self._state == "created" and self._remote is None:
+            return self._provider.planned or ()
+        return self.nodes
 
     # -- lifecycle ------------------------------------------------------------------------
 
@@ -501,6 +511,7 @@ class Cluster:
                 jobs_so_far=len(self._jobs),
                 hooks=hooks,
                 logs=self._logs,
+                forward_env=self._options.forward_env,
             )
             self._jobs.append(started)
         self._changed(record=True)
@@ -517,7 +528,9 @@ class Cluster:
         """``argv`` as a Kubeflow MPIJob manifest (``kubeflow.org/v2beta1``) for ``kubectl
         apply -f``: ``np`` ranks (default: all slots) on pods of ``image``, run by ``clusterbook
         run`` in the launcher pod. The cluster gives the defaults: a worker per node, its
-        nodes' slots, its MPI flavour, its name and ``env``; ``options`` are those of
+        nodes' slots, its MPI flavour, its name and ``env`` (before ``start()`` too, where its
+        nodes are known then; where not, an elastic or Slurm cluster's, a
+        :class:`ConfigError` asks for ``slots_per_worker`` and ``np``); ``options`` are those of
         :func:`clusterbook.mpijob.render_mpijob` (``retries``, ``deadline``, ``retention``,
         ``clean``, ``resources``, ...). ``clusterbook.mpijob.to_yaml`` writes it as YAML."""
         from clusterbook.errors import LauncherNotFoundError
@@ -531,7 +544,7 @@ class Cluster:
             argv,
             np,
             image=image,
-            nodes=self.nodes,
+            nodes=self._shape(),
             cluster_name=self.name,
             flavour=flavour,
             cluster_env=self._options.env,
@@ -583,13 +596,12 @@ class Cluster:
         and return a connected client; ``%%px`` then runs on them. Engine id = MPI rank; they
         stop with :meth:`stop_engines` or :meth:`stop`. ``timeout``, ``env``, ``encrypt``: see
         :func:`clusterbook.engines.start_engines`. Needs ``pip install 'clusterbook[jupyter]'``.
+        A detached cluster has none (its head runs in another process): a
+        :class:`ClusterStateError` says so, and what to use instead.
         """
         self._require_running("engines")
         if self._remote is not None:
-            raise ClusterStateError(
-                f"Cluster {self.name!r} is detached: its engines would need a controller that "
-                "outlives this kernel. Use engines() on a cluster that is not detached."
-            )
+            return self._remote.engines(n, **how)  # refused, saying why and what instead
         from clusterbook.engines import start_engines
 
         remote = self._provider.remote()
@@ -629,7 +641,7 @@ class Cluster:
             launcher=self._launcher.path if self._launcher else None,
             run_dir=str(self.run_dir),
             uptime=None if self._started is None else time.monotonic() - self._started,
-            problem=self._provider.problem(),
+            problem=self._problem(),
             bounds=self._provider.bounds,
             time_left=left,
         )
@@ -686,11 +698,17 @@ class Cluster:
         launcher = ""
         if self._launcher is not None:
             launcher = f" {self._launcher.flavour.value} {self._launcher.version}"
-        problem = self._provider.problem() if self._state == "running" else None
+        problem = self._problem() if self._state == "running" else None
         return (
             f"<Cluster {self.name!r} {self.kind} {self._state}: {len(self.nodes)} nodes, "
             f"{self.total_slots} slots{launcher}{f' PROBLEM: {problem}' if problem else ''}>"
         )
+
+    def _problem(self) -> str | None:
+        """What is wrong: with the nodes (the provider's view), with the head's services."""
+        services = self._services
+        found = (self._provider.problem(), services.problem if services else None)
+        return " ".join(p for p in found if p) or None
 
     def _repr_mimebundle_(self, **kwargs: Any) -> dict[str, Any]:
         """In a notebook: the live widget of the Jupyter layer that registered one, with a

@@ -11,12 +11,14 @@ and what to do about it. Errors of third-party libraries are translated at the b
     │   ├── LauncherNotFoundError           no mpirun / mpiexec to use
     │   ├── ProgramNotFoundError            the program (or script) of a job does not exist
     │   ├── EnvironmentNotFoundError        no scheduler or launcher around this process
-    │   └── WorkerHostError                 this host is a worker of the job, not its leader
+    │   ├── WorkerHostError                 this host is a worker of the job, not its leader
+    │   └── UnsafePathError                 a path others could have changed: a shared
+    │                                       directory, a link, a path out of its place
     ├── ClusterStateError                   the call does not fit the cluster's state
     ├── NodeLostError                       a node stopped heartbeating (``node``, ``host``)
+    ├── LeaderLostError                     a worker host's leader went before it was done
     ├── RunDirError                         a job's files cannot be written (a full disk)
     ├── RecordError                         a cluster.json that is missing or not a record
-    ├── UnsafePathError                     a link, or a path outside where it must be
     ├── UnknownClusterError (also LookupError)  no cluster by that id; lists those there are
     ├── ReadyTimeoutError (also TimeoutError)   wait_ready() gave up
     ├── SSHError                            something about a host's ssh; names the host
@@ -59,6 +61,7 @@ __all__ = [
     "JobFailedError",
     "JobTimeoutError",
     "LauncherNotFoundError",
+    "LeaderLostError",
     "NodeLostError",
     "ProgramNotFoundError",
     "ReadyTimeoutError",
@@ -101,6 +104,27 @@ class WorkerHostError(ConfigError):
     leader (SageMaker's first host, an MPIJob's launcher pod)."""
 
 
+class UnsafePathError(ConfigError):
+    """A path another user could have changed, which clusterbook refuses to use: a cluster's
+    directory (or its record, or a directory above it) that is not this user's or that others
+    can write; a link or a special file where clusterbook's own file should be; a path outside
+    the directory it must be in. ``path`` names it; ``owner`` and ``mode`` are what it has,
+    where that is what is wrong (else None)."""
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        path: os.PathLike[str] | str,
+        owner: int | None = None,
+        mode: int | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.path = os.fspath(path)
+        self.owner = owner
+        self.mode = mode
+
+
 class ClusterStateError(ClusterError):
     """The call does not fit the cluster's current state (not started, already stopped)."""
 
@@ -112,6 +136,15 @@ class NodeLostError(ClusterError):
         super().__init__(message)
         self.node = node
         self.host = host
+
+
+class LeaderLostError(ClusterError):
+    """``clusterbook worker serve`` (``cb.serve_worker``): the job's leader went, or never
+    came, before it said it was done with this host; ``leader`` names it."""
+
+    def __init__(self, message: str, *, leader: str | None) -> None:
+        super().__init__(message)
+        self.leader = leader
 
 
 class RunDirError(ClusterError):
@@ -138,15 +171,6 @@ class RunDirError(ClusterError):
 class RecordError(ClusterError):
     """A cluster's record (``cluster.json``) is missing, unreadable or not a record; ``path``
     names it."""
-
-    def __init__(self, message: str, *, path: os.PathLike[str] | str) -> None:
-        super().__init__(message)
-        self.path = os.fspath(path)
-
-
-class UnsafePathError(ClusterError):
-    """A file that clusterbook would open or remove is a symbolic link, not a regular file,
-    or not inside the directory it must be in; ``path`` names it."""
 
     def __init__(self, message: str, *, path: os.PathLike[str] | str) -> None:
         super().__init__(message)

@@ -101,7 +101,7 @@ class MPIJobArgs(TypedDict, total=False):
     cwd: str | None
     retention: float | str | None
     clean: str | None
-    resources: Mapping[str, Mapping[str, str | int]] | None
+    resources: Mapping[str, Mapping[str, str | float]] | None
     ssh_auth_mount_path: str
 
 
@@ -125,7 +125,7 @@ def render_mpijob(
     cwd: str | None = None,
     retention: float | str | None = None,
     clean: str | None = "running",
-    resources: Mapping[str, Mapping[str, str | int]] | None = None,
+    resources: Mapping[str, Mapping[str, str | float]] | None = None,
     ssh_auth_mount_path: str = SSH_AUTH_MOUNT_PATH,
 ) -> dict[str, Any]:
     """The MPIJob that runs ``argv`` as ``np`` ranks on ``workers`` pods of ``image``.
@@ -167,7 +167,10 @@ def render_mpijob(
         default (none).
     resources
         The workers' container resources, like ``{"limits": {"cpu": 4, "memory": "8Gi",
-        "nvidia.com/gpu": 1}}`` (the launcher only runs ``clusterbook run``).
+        "nvidia.com/gpu": 1}}`` (the launcher only runs ``clusterbook run``). An amount is
+        what a Kubernetes quantity takes: a number (``0.5``) or text (``"500m"``, ``"1.5Gi"``,
+        ``"1e3"``); a number that is not whole is written as text (``"0.5"``), the one form
+        of it an MPIJob's schema takes.
     ssh_auth_mount_path
         Where the job's key pair is mounted (``sshAuthMountPath``); not a ``.ssh``
         directory, which clusterbook must be able to write.
@@ -244,9 +247,19 @@ def render_for_nodes(
 ) -> dict[str, Any]:
     """:func:`render_mpijob` with what a cluster knows as the defaults: a worker per node
     (when ``np`` is not given), the nodes' slots, its MPI flavour, its name and its ``env``
-    (the job's ``env`` adds to it)."""
+    (the job's ``env`` adds to it). No ``nodes`` (not known yet): ``slots_per_worker`` and
+    ``np`` or ``workers`` must be given."""
     given = dict(options)
-    if "slots_per_worker" not in given and nodes:
+    counted = np is not None or given.get("workers") is not None
+    if not nodes and ("slots_per_worker" not in given or not counted):
+        raise ConfigError(
+            "The cluster's nodes are not known yet (those of an elastic or Slurm cluster join "
+            "once it started; an SSH host's 'gpus' slots are counted at start), so there is "
+            "nothing to count slots, ranks and workers from; wait for them (start(), "
+            f"wait_ready()), or give {spell('slots_per_worker', 4)} and {spell('np', 8)} "
+            f"(or {spell('workers', 2)})."
+        )
+    if "slots_per_worker" not in given:
         counts = sorted({n.slots for n in nodes})
         if len(counts) > 1:
             raise ConfigError(
@@ -256,11 +269,6 @@ def render_for_nodes(
             )
         given["slots_per_worker"] = counts[0]
     if np is None:
-        if not nodes and given.get("workers") is None:
-            raise ConfigError(
-                "The cluster has no nodes yet to count ranks and workers from (start it "
-                f"first), so give them: {spell('np', 4)} (and {spell('workers', 2)})."
-            )
         workers = given.get("workers")
         workers = check_count(len(nodes) if workers is None else workers, "workers", 2)
         given["workers"] = workers

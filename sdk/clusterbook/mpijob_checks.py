@@ -29,6 +29,7 @@ __all__ = [
     "check_mount_path",
     "check_name",
     "check_namespace",
+    "check_quantity",
     "check_resources",
     "check_retention",
     "check_workers",
@@ -50,6 +51,13 @@ _IMAGE = re.compile(
     r"(?::[\w][\w.-]{0,127})?(?:@[A-Za-z][A-Za-z0-9]*(?:[-_+.][A-Za-z][A-Za-z0-9]*)*:[0-9a-fA-F]{32,})?"
 )
 _RESOURCE_KINDS = ("limits", "requests")
+#: A quantity as k8s.io/apimachinery's ``resource.ParseQuantity`` takes it: a sign, a decimal
+#: number, then a binary or decimal SI suffix or an exponent. The CRD's own pattern takes a
+#: fraction in the exponent too (``1e1.5``), which the parser refuses.
+_QUANTITY = re.compile(
+    r"(?P<number>[+-]?(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+))"
+    r"(?:[KMGTPE]i|[numkMGTPE]|[eE](?P<exponent>[+-]?[0-9]+))?"
+)
 
 
 _COUNTED = {"np": "ranks", "workers": "workers", "slots_per_worker": "slots per worker"}
@@ -241,6 +249,8 @@ def backoff_text(backoff: Backoff) -> str:
 
 
 def check_resources(resources: object) -> dict[str, dict[str, str | int]]:
+    """``resources`` as the container's ``limits`` and ``requests``: each amount a Kubernetes
+    quantity (:func:`check_quantity`)."""
     example = "{'limits': {'cpu': 4, 'memory': '8Gi'}}"
     if not isinstance(resources, Mapping) or not set(resources) <= set(_RESOURCE_KINDS):
         raise ConfigError(
@@ -249,13 +259,48 @@ def check_resources(resources: object) -> dict[str, dict[str, str | int]]:
         )
     out: dict[str, dict[str, str | int]] = {}
     for kind, amounts in resources.items():
-        if not isinstance(amounts, Mapping) or not all(
-            isinstance(k, str) and k and isinstance(v, str | int) and not isinstance(v, bool)
-            for k, v in amounts.items()
-        ):
+        if not isinstance(amounts, Mapping) or not all(isinstance(k, str) and k for k in amounts):
             raise ConfigError(
-                f"Resources {kind} {amounts!r} must map resource names to amounts (whole "
-                f"numbers or text like '8Gi'), like {example}."
+                f"Resources {kind} {amounts!r} must map resource names to amounts, like {example}."
             )
-        out[kind] = dict(amounts)
+        out[kind] = {
+            name: check_quantity(value, f"{kind} {name}") for name, value in amounts.items()
+        }
     return out
+
+
+def check_quantity(value: object, what: str) -> str | int:
+    """``value`` as a Kubernetes quantity that reads back as itself: a whole number as it is,
+    text that k8s.io/apimachinery's ``resource.ParseQuantity`` takes as it is, and any other
+    number as its shortest decimal text (an MPIJob is a custom resource, whose schema takes a
+    quantity as an integer or a string only: ``cpu: 0.5`` would be refused, ``"0.5"`` is not).
+    A negative amount is refused (Kubernetes refuses one for a container)."""
+    if isinstance(value, float) and math.isfinite(value):
+        amount: str | int = repr(value)  # the shortest text that is this float: "0.5", "1e-07"
+    elif isinstance(value, int | str) and not isinstance(value, bool):
+        amount = value
+    else:
+        amount = ""  # not a quantity: refused below
+    number = str(amount) if isinstance(amount, int) else _quantity_number(amount)
+    if number is None:
+        raise ConfigError(
+            f"Resources {what} {value!r} is not a Kubernetes quantity: a number (0.5, 4, "
+            "'1.5', '1e3'), optionally followed by one of the suffixes n, u, m, k, M, G, T, P, E "
+            "or Ki, Mi, Gi, Ti, Pi, Ei; give one like {'cpu': 0.5}, {'cpu': '500m'} or "
+            "{'memory': '8Gi'}."
+        )
+    if number.startswith("-") and number.strip("-0."):
+        raise ConfigError(
+            f"Resources {what} {value!r} is negative, which Kubernetes refuses for a "
+            "container; give an amount of 0 or more."
+        )
+    return amount
+
+
+def _quantity_number(text: str) -> str | None:
+    """The number of quantity ``text`` (its sign and digits), or None if it is not one."""
+    match = _QUANTITY.fullmatch(text)
+    # ParseQuantity reads the exponent as a 32-bit number: a longer one is wrong, not huge.
+    if match is None or abs(int(match["exponent"] or 0)) > _INT32:
+        return None
+    return match["number"]

@@ -10,7 +10,7 @@ import os
 import secrets
 import sys
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypedDict
@@ -21,7 +21,7 @@ from clusterbook.lifetime import DETACHED_LIFE_SPAN, parse_duration
 from clusterbook.mirror import is_url
 from clusterbook.names import NAME_RULE, is_name
 from clusterbook.paths import default_run_root
-from clusterbook.spec import validate_env
+from clusterbook.spec import validate_env, validate_forward_env
 
 if TYPE_CHECKING:
     from clusterbook.providers.slurm_commands import SlurmRunner
@@ -39,6 +39,7 @@ class ClusterOptionsArgs(TypedDict, total=False):
     launcher: str | None
     mpi: MPIFlavour | str | None
     env: Mapping[str, str] | None
+    forward_env: Sequence[str] | None
     life_span: float | str | None
     idle_timeout: float | str | None
     retention: float | str | None
@@ -162,6 +163,10 @@ class ClusterOptions:
         default the launcher next to ``python`` is used, then the one on PATH.
     env
         Variables every job's ranks get (a job's own ``env`` adds to them).
+    forward_env
+        Variables of this process's environment that every rank gets too, by name or by
+        prefix (``["NCCL_*", "WANDB_API_KEY"]``), under either MPI; besides those the system
+        around it defines (see :data:`clusterbook.launch.command.LAUNCH_ENV`).
     life_span, idle_timeout
         Stop the cluster this long after it started, or after this long with no job running
         (seconds, or text like ``"2h"``, ``"30m"``); a warning is logged a minute before.
@@ -190,6 +195,7 @@ class ClusterOptions:
     launcher: str | None = None
     mpi: MPIFlavour | str | None = None
     env: Mapping[str, str] = field(default_factory=dict)
+    forward_env: tuple[str, ...] = ()
     life_span: float | None = None
     idle_timeout: float | None = None
     retention: float | None = None
@@ -256,6 +262,7 @@ class ClusterOptions:
             launcher=launcher,
             mpi=mpi,
             env=validate_env(given.get("env")),  # type: ignore[arg-type]
+            forward_env=validate_forward_env(given.get("forward_env")),
             life_span=_life_span(given.get("life_span"), detached),
             idle_timeout=parse_duration(given.get("idle_timeout"), "idle_timeout"),
             retention=parse_duration(given.get("retention"), "retention"),

@@ -1,10 +1,13 @@
 """Where clusterbook keeps things on disk: one place for every location.
 
 - ``~/.clusterbook/clusters/ID/`` on the head and on every node: a cluster's key, token,
-  known_hosts, env file and status, named by the cluster's id (defined with the node tasks,
-  which need it on the nodes: :func:`clusterbook._node_tasks.cluster_dir`);
+  known_hosts and status, named by the cluster's id (defined with the node tasks, which need
+  it on the nodes: :func:`clusterbook._node_tasks.cluster_dir`);
 - ``~/.clusterbook/known_hosts``: host keys trusted on first use (``host_keys="accept-new"``);
 - ``~/.clusterbook/sshd-NODE/``: the user-level sshd of an elastic node's agent;
+- ``~/.clusterbook/worker-HOSTNAME/``: a training job's worker host (``clusterbook worker
+  serve``): its sshd, and the status the leader's cluster leaves it (defined with the node
+  tasks, which write it);
 - the run directories of clusters (jobs' logs): ``$CLUSTERBOOK_RUN_ROOT``, else
   ``$XDG_STATE_HOME/clusterbook/runs`` (``~/.local/state/clusterbook/runs``).
 """

@@ -18,7 +18,8 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from clusterbook.control import ControlServer, Handler
+from clusterbook.control import Handler
+from clusterbook.control_server import ControlServer
 from clusterbook.errors import ClusterStateError, ConfigError
 from clusterbook.headcheck import own_mark
 from clusterbook.keeper import Keeper
@@ -42,7 +43,10 @@ class HeadServices:
     def __init__(self, cluster: Cluster, *, started: float) -> None:
         opts = cluster._options
         self._cluster = cluster
-        self.control = ControlServer(cluster.run_dir, _handlers(cluster))
+        # A control server that stops shows in the record now, not at the next change.
+        self.control = ControlServer(
+            cluster.run_dir, _handlers(cluster), on_failure=lambda _: cluster._changed(record=True)
+        )
         self.keeper = Keeper(
             cluster.run_dir,
             Lifetime(opts.life_span, opts.idle_timeout),
@@ -52,6 +56,11 @@ class HeadServices:
             started=started,
             one_job=opts.ephemeral,
         )
+
+    @property
+    def problem(self) -> str | None:
+        """What is wrong with the services: the control server stopped."""
+        return self.control.failure
 
     def start(self) -> HeadServices:
         self.keeper.start()
@@ -163,6 +172,8 @@ def _handlers(cluster: Cluster) -> dict[str, Handler]:
 
     def wait_ready(request: Mapping[str, Any]) -> Mapping[str, Any]:
         cluster.wait_ready(float(request.get("timeout", 60)), progress=False)
+        # Now, not at the keeper's next tick: the asker reads the nodes from the record next.
+        cluster._changed(record=True)
         return {}
 
     def put(request: Mapping[str, Any]) -> Mapping[str, Any]:

@@ -58,6 +58,10 @@ INTERFACES: dict[str, dict[str, str]] = {
         "clean": "--clean {}",
         "ssh_auth_mount_path": "--ssh-auth-mount-path {}",
         "force": "--force",  # clusterbook stop
+        "forward_env": "--forward-env {}",
+        # clusterbook worker serve:
+        "wait": "--wait {}",
+        "lease": "--lease {}",
     },
     "magics": {**_SHARED, "clean": "--clean {}"},
 }

@@ -87,6 +87,7 @@ def test_mpirun_across_hosts_and_clean_stop(testbed, mpi_python, tmp_path):
                 assert other.host_public_key.split()[1] in known
             assert f"clusterbook:{cluster.id}" in h.authorized_keys.read_text()
             assert '"state": "ready"' in (d / "status.json").read_text()
+            assert not (d / "env.sh").exists()  # env= values go to the ranks, not to disks
         job = cluster.mpirun(["python", str(script)], np=len(testbed.hosts), timeout=120)
         result = job.wait()
         assert result.ok, result.summary() + "\n" + "\n".join(job.logs().line)

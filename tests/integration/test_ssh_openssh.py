@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 import clusterbook as cb
-from tests.conftest import processes_mentioning, require
+from tests.conftest import processes_mentioning, require, wait_gone
 from tests.testbed import FakeHost, Testbed
 from tests.testbed import testbed as fake_hosts
 
@@ -275,6 +275,91 @@ def test_a_chain_of_jump_hosts_and_every_hops_key_checked(
         partial.write_text("".join(lines))
         with pytest.raises(cb.BootstrapError, match=f"Host {unknown.addr} is not known"):
             cluster(partial).start()
+
+
+def test_a_proxy_command_in_the_ssh_config_reaches_the_nodes_for_the_head_and_mpi(
+    testbed: Testbed,
+    behind_bastion: tuple[FakeHost, list[FakeHost]],
+    mpi_python: str,
+    tmp_path: Path,
+) -> None:
+    bastion, inner = behind_bastion
+    known = testbed.write_known_hosts()
+    # As users write it: OpenSSH's own client forwarding through the bastion (ssh -W).
+    proxy = " ".join(["ssh", *testbed.ssh_options(), "-l", "root", "-W", "%h:%p", bastion.addr])
+    config = tmp_path / "ssh_config"
+    config.write_text(
+        "".join(f"Host {h.name}\n  HostName {h.addr}\n  ProxyCommand {proxy}\n" for h in inner)
+        + f"Host *\n  User root\n  IdentityFile {testbed.identity}\n"
+    )
+    cluster = cb.Cluster.ssh(
+        [f"{h.name}:1" for h in inner],
+        ssh_config=config,
+        known_hosts=known,
+        python=mpi_python,
+        run_dir=tmp_path / "run",
+        connect_timeout=10,
+    )
+    with cluster:
+        assert _hostnames(cluster) == ["node2", "node3"]
+        # The launcher's ssh runs the same command (the head cannot reach the nodes itself).
+        assert _run_where(cluster, tmp_path, 2) == ["0 node2 3", "1 node3 3"]
+    # Every proxy command ended with its connection.
+    assert wait_gone(f"{bastion.addr}", 5) == []
+
+
+def test_a_failing_proxy_command_is_named_by_host_with_what_it_said(
+    testbed: Testbed, behind_bastion: tuple[FakeHost, list[FakeHost]], tmp_path: Path
+) -> None:
+    _bastion, inner = behind_bastion
+    config = tmp_path / "ssh_config"
+    # The bastion's name is wrong: ssh says so, and exits.
+    proxy = " ".join(["ssh", *testbed.ssh_options(), "-W", "%h:%p", "no-such-bastion.invalid"])
+    config.write_text(f"Host {inner[0].name}\n  HostName {inner[0].addr}\n  ProxyCommand {proxy}\n")
+    cluster = cb.Cluster.ssh(
+        [f"{inner[0].name}:1"],
+        ssh_config=config,
+        known_hosts=testbed.write_known_hosts(),
+        identity=testbed.identity,
+        user="root",
+        run_dir=tmp_path / "run",
+        connect_timeout=5,
+    )
+    with pytest.raises(cb.BootstrapError) as info:
+        cluster.start()
+    said = str(info.value)
+    assert inner[0].name in said
+    assert "through its ProxyCommand 'ssh " in said
+    assert "which exited 255: ssh: Could not resolve hostname no-such-bastion.invalid" in said
+    assert wait_gone("no-such-bastion.invalid", 5) == []
+
+
+def test_proxied_hosts_whose_names_do_not_resolve_here_leave_the_head_address_unknown(
+    testbed: Testbed, behind_bastion: tuple[FakeHost, list[FakeHost]], tmp_path: Path
+) -> None:
+    bastion, inner = behind_bastion
+    node, name = inner[0], "node2.invalid"  # a name only the bastion would know
+    proxy = " ".join(["ssh", *testbed.ssh_options(), "-W", f"{node.addr}:%p", bastion.addr])
+    config = tmp_path / "ssh_config"
+    config.write_text(f"Host {node.name}\n  HostName {name}\n  ProxyCommand {proxy}\n")
+    known = tmp_path / "known_hosts"
+    known.write_text(f"{name} {node.host_public_key}\n{testbed.write_known_hosts().read_text()}")
+    before = node.authorized_keys.read_text()
+    cluster = cb.Cluster.ssh(
+        [f"{node.name}:1"],
+        ssh_config=config,
+        known_hosts=known,
+        identity=testbed.identity,
+        user="root",
+        run_dir=tmp_path / "run",
+        connect_timeout=10,
+    )
+    # The node is reached (its key checked under the name), but which address of this
+    # machine it reaches the head at, nothing says: refused before anything is put there.
+    with pytest.raises(cb.ConfigError, match="none of their names resolves here"):
+        cluster.start()
+    assert node.authorized_keys.read_text() == before
+    assert wait_gone(bastion.addr, 5) == []
 
 
 def test_the_command_line_reads_the_users_ssh_config(

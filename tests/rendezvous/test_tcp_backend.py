@@ -120,9 +120,9 @@ class TestTcpBackend(RemoteBackendContract):
 # --- a raw peer speaking the protocol by hand -----------------------------------------------------
 
 
-def raw_session(server: StoreServer, secret: bytes, node: str = "") -> tcp._Channel:
+def raw_session(server: StoreServer, secret: bytes, node: str = "") -> tcp.Channel:
     """A connection made by hand, after its hello was accepted."""
-    chan = tcp._Channel(tls_connect(server))
+    chan = tcp.Channel(tls_connect(server))
     chan.send(tcp.hello(secret, node))
     assert chan.recv(time.monotonic() + WAIT) == b"O"
     return chan
@@ -130,7 +130,7 @@ def raw_session(server: StoreServer, secret: bytes, node: str = "") -> tcp._Chan
 
 def frame(payload: bytes) -> bytes:
     """A frame as the wire carries it inside TLS."""
-    return tcp._LEN.pack(len(payload)) + payload
+    return tcp.FRAME_HEADER.pack(len(payload)) + payload
 
 
 def assert_serves(server: StoreServer, secret: bytes) -> None:
@@ -377,10 +377,10 @@ def test_frames_over_the_limit_are_refused(make_server, secret) -> None:
         # Announce one byte more than the limit: the server drops the connection without
         # waiting for (or allocating) the rest.
         chan.sock.setblocking(True)
-        chan.sock.sendall(tcp._LEN.pack(MAX_FRAME + 1) + b"S" * 1024)
+        chan.sock.sendall(tcp.FRAME_HEADER.pack(MAX_FRAME + 1) + b"S" * 1024)
         assert read_until_closed(chan.sock) == b""
     with tls_connect(server) as sock:  # before the hello, a frame larger than one
-        sock.sendall(tcp._LEN.pack(64 * 1024) + tcp._MAGIC)
+        sock.sendall(tcp.FRAME_HEADER.pack(64 * 1024) + tcp._MAGIC)
         assert read_until_closed(sock) == b""
     assert_serves(server, secret)
 

@@ -149,17 +149,17 @@ def test_without_the_token_a_client_learns_nothing_and_changes_nothing(
     assert "intruder" not in server.connected_nodes
     # By hand, inside TLS: requests instead of the handshake get nothing back but the end.
     with tls_connect(server) as sock:
-        sock.sendall(tcp._LEN.pack(1) + b"G")
+        sock.sendall(tcp.FRAME_HEADER.pack(1) + b"G")
         assert read_until_closed(sock) == b""
     with tls_connect(server) as sock:
-        sock.sendall(tcp._LEN.pack(10) + b"S" + tcp._spec(token))
+        sock.sendall(tcp.FRAME_HEADER.pack(10) + b"S" + tcp._spec(token))
         assert read_until_closed(sock) == b""
     # A hello with another secret, and requests right behind it: a refusal, and the end.
     with tls_connect(server) as sock:
         hello = tcp.hello(secrets.token_bytes(32), "intruder")
         get, cas = b"G", b"S" + tcp._spec(token) + b"evil"
-        sock.sendall(b"".join(tcp._LEN.pack(len(m)) + m for m in (hello, get, cas)))
-        assert read_until_closed(sock) == tcp._LEN.pack(1) + b"N"  # no state, no token
+        sock.sendall(b"".join(tcp.FRAME_HEADER.pack(len(m)) + m for m in (hello, get, cas)))
+        assert read_until_closed(sock) == tcp.FRAME_HEADER.pack(1) + b"N"  # no state, no token
     # Nothing changed: the same state under the same fencing token.
     assert owner.get_state() == (b"the-state", token)
 

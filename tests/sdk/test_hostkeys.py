@@ -113,6 +113,28 @@ def test_revoked_key_is_refused_even_if_also_listed(tmp_path):
         KnownHosts(path).check("node1", 22, A)
 
 
+def test_a_cert_authority_line_is_named_as_unsupported_not_skipped(tmp_path):
+    path = tmp_path / "kh"
+    path.write_text(f"# site CA\n@cert-authority *.lab,node1 {R.type} {R.blob}\n")
+    with pytest.raises(cb.HostKeyUnknownError) as info:
+        KnownHosts(path).check("node1", 22, A)
+    said = str(info.value)
+    assert f"only {path}:2 names it, a @cert-authority line" in said
+    assert "clusterbook does not support those: it checks host keys, not host certificates" in said
+    assert A.fingerprint in said  # and how to trust the host's own key instead
+    # A host the authority line does not name is unknown as before; the CA's key is no
+    # host's key, whatever host shows it.
+    with pytest.raises(cb.HostKeyUnknownError, match=r"in none of") as other:
+        KnownHosts(path).check("elsewhere", 22, R)
+    assert "@cert-authority" not in str(other.value)
+    with pytest.raises(cb.HostKeyUnknownError, match="@cert-authority"):
+        KnownHosts(path).check("gpu1.lab", 22, R)
+    # The host's own key beside the authority line: trusted, as OpenSSH would.
+    path.write_text(path.read_text() + f"node1 {A.type} {A.blob}\n")
+    KnownHosts(path).check("node1", 22, A)
+    assert KnownHosts(path).preferred_types("node1", 22) == [A.type]
+
+
 def test_accept_new_records_once_and_refuses_changes(tmp_path):
     record = tmp_path / "cluster" / "known_hosts"
     policy = AcceptNew(record)

@@ -225,6 +225,51 @@ def test_every_manifest_passes_the_crd_schema_and_reads_back_from_yaml(
         assert "--deadline" not in words
 
 
+# Amounts Kubernetes takes (k8s.io/apimachinery's resource.ParseQuantity): whole numbers and
+# fractions, and text with a sign, a fraction, a decimal or binary SI suffix, or an exponent.
+QUANTITIES = [
+    *(0, 4, 0.5, 0.25, 1e-07, 1e20, 2.0, "0.5", "500m", ".5", "5.", "+1", "-0", "1.5Gi"),
+    *("8Ei", "128974848", "129e6", "129M", "123Mi", "1E", "1e3", "1E-3", "1e+3", "12n", "3u"),
+]
+# ...and what it does not: stray spaces, suffixes of other units, a fraction in the exponent
+# (which the CRD's pattern lets through, and the parser refuses), what is not a number.
+NOT_QUANTITIES = [
+    *("", " 1", "1 ", "1.5.5", "1ki", "8GB", "1e", "1e1.5", ".", "-", "+", "1m5", "0x10"),
+    *("1_000", "1,000", "inf", "Gi", "1e9999999999", float("nan"), float("inf"), True, None),
+]
+
+
+def test_resources_take_what_a_kubernetes_quantity_takes(
+    validator: jsonschema.protocols.Validator,
+) -> None:
+    limits = {f"example.com/r{i}": amount for i, amount in enumerate(QUANTITIES)}
+    job = render_mpijob(
+        ARGV,
+        np=2,
+        image="img",
+        name="q",
+        resources={"limits": limits, "requests": {"cpu": 0.5, "memory": "1.5Gi"}},
+    )
+    check(validator, job)  # the CRD takes a quantity as an integer or a string, not a float
+    assert yaml.safe_load(to_yaml(job)) == job  # the YAML reads back as the same amounts
+    (worker,) = job["spec"]["mpiReplicaSpecs"]["Worker"]["template"]["spec"]["containers"]
+    written = worker["resources"]["limits"]
+    for name, given in limits.items():
+        if isinstance(given, float):  # as text that is the same number
+            assert isinstance(written[name], str)
+            assert float(written[name]) == given
+        else:
+            assert written[name] == given
+    assert worker["resources"]["requests"] == {"cpu": "0.5", "memory": "1.5Gi"}
+
+
+@pytest.mark.parametrize("amount", NOT_QUANTITIES, ids=repr)
+def test_what_is_not_a_kubernetes_quantity_is_refused(amount: Any) -> None:
+    said = f"Resources limits cpu {re.escape(repr(amount))} is not a Kubernetes quantity"
+    with pytest.raises(cb.ConfigError, match=said + r".*give one like \{'cpu': 0\.5\}"):
+        render_mpijob(ARGV, np=2, image="img", name="q", resources={"limits": {"cpu": amount}})
+
+
 def test_job_options_reach_clusterbook_run(validator: jsonschema.protocols.Validator) -> None:
     job = render_mpijob(
         ["./a.out"],
@@ -382,7 +427,10 @@ def test_the_worker_runs_sshd_with_the_jobs_key_in_a_writable_home(pod: dict[str
         ({"cwd": "work"}, "must be an absolute directory in the image"),
         ({"env": {"1X": "a"}}, "Environment variable name '1X' is invalid"),
         ({"resources": {"limit": {"cpu": 1}}}, "mapping of 'limits' and/or 'requests'"),
-        ({"resources": {"limits": {"cpu": 1.5}}}, "must map resource names to amounts"),
+        ({"resources": {"limits": {1: 2}}}, "must map resource names to amounts"),
+        ({"resources": {"limits": {"memory": "8GB"}}}, "limits memory '8GB' is not a "
+         "Kubernetes quantity: .* Ki, Mi, Gi, Ti, Pi, Ei; give one like"),
+        ({"resources": {"requests": {"cpu": -0.5}}}, "requests cpu -0.5 is negative"),
         ({"timeout": -1}, "timeout must be a number of seconds > 0"),
     ],
 )  # fmt: skip
@@ -424,8 +472,46 @@ def test_a_cluster_gives_its_defaults(validator: jsonschema.protocols.Validator)
         render_for_nodes(ARGV, None, flavour=None, **{**common, "nodes": mixed})
     with pytest.raises(cb.ConfigError, match=r"cannot name an MPIJob.*name='my-lab'"):
         render_for_nodes(ARGV, None, flavour=None, **{**common, "cluster_name": "My_Lab"})
-    with pytest.raises(cb.ConfigError, match=r"no nodes yet.*start it first.*np=4"):
-        render_for_nodes(ARGV, None, flavour=None, **{**common, "nodes": []})
+    not_known = r"nodes are not known yet.*give slots_per_worker=4 and np=8 \(or workers=2\)"
+    for given in ({}, {"np": 4}, {"slots_per_worker": 2}):
+        with pytest.raises(cb.ConfigError, match=not_known):
+            render_for_nodes(ARGV, flavour=None, **{"np": None, **common, "nodes": [], **given})
+    job = render_for_nodes(ARGV, 4, flavour=None, slots_per_worker=2, **{**common, "nodes": []})
+    assert job["spec"]["mpiReplicaSpecs"]["Worker"]["replicas"] == 2
+
+
+def _shape(job: Mapping[str, Any]) -> tuple[int, int, list[str]]:
+    """Slots per worker, workers, and the launcher's ``-n``."""
+    spec, words = job["spec"], run_words(job)
+    workers = spec["mpiReplicaSpecs"]["Worker"]["replicas"]
+    return spec["slotsPerWorker"], workers, words[words.index("-n") : words.index("-n") + 2]
+
+
+def test_a_cluster_gives_its_shape_before_it_starts(
+    validator: jsonschema.protocols.Validator,
+) -> None:
+    local = cb.Cluster.local(workers=2, slots=2, name="lab")
+    hosts = cb.Cluster.ssh(["node1:2", "node2:2"], ssh_config="none", name="lab")
+    for cluster in (local, hosts):  # nodes known when the cluster is made
+        assert cluster.state == "created"
+        assert (len(cluster.nodes), cluster.total_slots) == (2, 4)
+        assert "2 nodes, 4 slots" in repr(cluster)
+        assert cluster.status()["slots"].tolist() == [2, 2]
+        job = cluster.to_mpijob(ARGV, np=4, image="img")
+        check(validator, job)
+        assert _shape(job) == (2, 2, ["-n", "4"])
+        assert _shape(cluster.to_mpijob(ARGV, image="img")) == (2, 2, ["-n", "4"])
+    # Not known until they start: nodes that join, slots counted on the node.
+    unknown = [
+        cb.Cluster.elastic(min_nodes=2, max_nodes=4),
+        cb.Cluster.slurm(nodes=2),
+        cb.Cluster.ssh(["node1:gpus"], ssh_config="none"),
+    ]
+    for cluster in unknown:
+        with pytest.raises(cb.ConfigError, match=r"nodes are not known yet.*slots_per_worker=4"):
+            cluster.to_mpijob(ARGV, np=4, image="img", name="job")
+        job = cluster.to_mpijob(ARGV, np=4, image="img", name="job", slots_per_worker=2)
+        assert _shape(job) == (2, 2, ["-n", "4"])
 
 
 def test_cluster_to_mpijob_delegates(validator: jsonschema.protocols.Validator) -> None:

@@ -10,6 +10,9 @@ member                default   what it must do
 ====================  ========  ==================================================================
 ``kind``              required  a short name (``"ssh"``), shown in status; the registry's key
 ``nodes``             required  the nodes jobs run on now (``()`` while none is ready)
+``planned``           nodes     before ``start``: the nodes it brings up, where known already
+                                (None: only ``start`` finds them out: nodes that join, slots
+                                counted on the node)
 ``start(ctx)``        required  bring the nodes up; raise a ClusterError naming what failed, and
                                 leave nothing behind when it does
 ``stop()``            required  no process, key or file of the cluster left on any node it can
@@ -122,6 +125,14 @@ class Provider(ABC):
     @abstractmethod
     def nodes(self) -> tuple[NodeSpec, ...]:
         """The nodes jobs run on now, in rank order (``()`` while none is ready)."""
+
+    @property
+    def planned(self) -> tuple[NodeSpec, ...] | None:
+        """Before :meth:`start`: the nodes it brings up, where they are known already (a list
+        of hosts, workers on this machine), so that the cluster's shape can be read before it
+        starts; None where only :meth:`start` finds them out (nodes that join by themselves,
+        slots counted on the node). By default :attr:`nodes`, or None while there are none."""
+        return self.nodes or None
 
     @abstractmethod
     def start(self, ctx: StartContext) -> None:

@@ -103,6 +103,10 @@ class LocalAgentsProvider(Provider):
             if n.name in joined
         )
 
+    @property
+    def planned(self) -> tuple[NodeSpec, ...]:
+        return self._spec
+
     def start(self, ctx: StartContext) -> None:
         self.head.start(ctx.cluster_id, ctx.changed)
         assert self.head.join_url is not None

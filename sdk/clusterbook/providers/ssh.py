@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import getpass
-import json
 import os
 import shutil
 import sys
@@ -24,7 +23,7 @@ from clusterbook.errors import (
     ConfigError,
 )
 from clusterbook.fanout import parallel
-from clusterbook.gpus import Slots
+from clusterbook.gpus import GPUS, Slots
 from clusterbook.launch.keep import end_far, hold_far
 from clusterbook.launch.rankwrap import HOOK_DIR
 from clusterbook.launch.result import KeptProcess
@@ -180,6 +179,11 @@ class SSHProvider(Provider):
     def nodes(self) -> tuple[NodeSpec, ...]:
         return self._nodes
 
+    @property
+    def planned(self) -> tuple[NodeSpec, ...] | None:
+        # A "gpus" host's slots are counted at start(): until then its 1 is a stand-in.
+        return None if GPUS in self._asked.values() else self._nodes
+
     # -- start --------------------------------------------------------------------------
 
     def start(self, ctx: StartContext) -> None:
@@ -325,9 +329,21 @@ class SSHProvider(Provider):
             f.write(text)
         return ["-F", str(config)], False
 
+    def _head_addr(self) -> str:
+        """This machine's address as the nodes see it, from their connections (one through a
+        ProxyCommand to a host whose name does not resolve here has none)."""
+        for conn in self._conns.values():
+            if conn.local_addr:
+                return conn.local_addr
+        raise ConfigError(
+            "Every host is reached through a ProxyCommand and none of their names resolves "
+            "here, so nothing says which address of this machine the nodes can reach it at; "
+            "give at least one host a HostName this machine has a route to."
+        )
+
     def _start_rendezvous(self, ctx: StartContext) -> None:
         """Serve the rendezvous on the address the nodes reach us at; agents join it."""
-        head_addr = next(iter(self._conns.values())).local_addr
+        head_addr = self._head_addr()
         size = len(self.nodes)
         settings = RendezvousSettings(
             "pending", size, size, timeout=RendezvousTimeout(last_call=0.1)
@@ -393,7 +409,7 @@ class SSHProvider(Provider):
         self._check(parallel(list(sessions), start)[1])
         # Last, once every node has everything: the status file that workers can wait on
         # (while the agents join).
-        self._check(parallel(list(sessions), lambda key: sessions[key].call("install", ready))[1])
+        self._check(parallel(list(sessions), lambda key: sessions[key].call("status", ready))[1])
         try:
             rendezvous.wait_ready(min(60.0, self.connect_timeout * 2))
         except ClusterError as exc:
@@ -445,9 +461,7 @@ class SSHProvider(Provider):
             node = target.node
             seen_as = (node.hostname, host, hostnames.get(host, host))
             names[host] = [host_entry_name(name, node.port) for name in seen_as]
-        files = cluster_files(
-            ctx.cluster_id, keys, self._conns, names, ssh_args=ssh_args, env=ctx.env
-        )
+        files = cluster_files(ctx.cluster_id, keys, self._conns, names, ssh_args=ssh_args)
         files = {**files, "token": token}
         if self.node_python:
             hook = (Path(HOOK_DIR) / "sitecustomize.py").read_bytes()
@@ -465,24 +479,19 @@ class SSHProvider(Provider):
                 args = {**args, "links": {ENV_LINK: self._prefix(key)}}
             return args
 
-        status = json.dumps(
-            {
-                "cluster": ctx.cluster_id,
-                "state": "ready",
-                "time": time.time(),
-                "nodes": [
-                    {"host": n.host, "hostname": hostnames[n.host], "slots": n.slots}
-                    for n in self.nodes
-                ],
-            }
-        ).encode()
-        # Last, once every node has everything: the status file that workers can wait on
-        # (see _start_agents).
-        ready: dict[str, object] = {
-            "cluster_id": ctx.cluster_id,
-            "files": encode_files({"status.json": ("644", status)}),
+        status = {
+            "cluster": ctx.cluster_id,
+            "state": "ready",
+            "time": time.time(),
+            "nodes": [
+                {"host": n.host, "hostname": hostnames[n.host], "slots": n.slots}
+                for n in self.nodes
+            ],
         }
-        head_addr = next(iter(self._conns.values())).local_addr
+        # Last, once every node has everything: the status file that a worker serving a
+        # node (clusterbook worker serve) waits on (see _start_agents).
+        ready: dict[str, object] = {"cluster_id": ctx.cluster_id, "status": status}
+        head_addr = self._head_addr()
         self._remote = RemoteLaunch(
             ssh_args=tuple(ssh_args),
             ssh_wrapper=str(head_dir / "ssh"),
@@ -681,11 +690,14 @@ class SSHProvider(Provider):
             clean_puts = {"cluster_id": ctx.cluster_id}
             put_done = parallel(probed, lambda h: self._task(h, "put_cleanup", clean_puts, 15))[1]
 
+        # What a worker serving a node (clusterbook worker serve) waits for: then it exits.
+        done = {"cluster": ctx.cluster_id, "state": "done", "time": time.time()}
+
         def clean(host: str) -> object:
             try:
                 if host in self._unprobed:
                     return None
-                result = self._task(host, "cleanup", args, 15)
+                result = self._task(host, "cleanup", {**args, "status": done}, 15)
                 if host in put_done:  # the rest is clean; say what put() may have left
                     raise put_done[host]
                 return result

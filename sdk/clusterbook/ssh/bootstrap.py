@@ -191,7 +191,10 @@ def plain_login(targets: Mapping[str, Target]) -> tuple[str, int] | None:
     then the launcher's ssh needs options only (:func:`node_ssh_args`), and the nodes can
     start each other's daemons (tree spawn). None when a config of hosts is needed."""
     logins = {(t.node.user, t.node.port) for t in targets.values()}
-    plain = all(not t.jumps and t.node.hostname == alias for alias, t in targets.items())
+    plain = all(
+        not t.jumps and t.node.proxy_command is None and t.node.hostname == alias
+        for alias, t in targets.items()
+    )
     return next(iter(logins)) if plain and len(logins) == 1 else None
 
 
@@ -199,7 +202,8 @@ def launcher_ssh_config(
     cluster_dir: str | Path, targets: Mapping[str, Target], proxy_command: str | None
 ) -> str:
     """The head's ssh config for the MPI launcher: each node's address, port and user (and,
-    behind jump hosts, ``proxy_command``: the relay over the head's own connections), with
+    behind jump hosts, ``proxy_command``: the relay over the head's own connections; a node's
+    own ProxyCommand from the user's ssh config, run on the head as the user's ssh would), with
     the cluster's key and known_hosts in ``cluster_dir`` (the head's, absolute: ssh reads
     ``~`` as the passwd home, which need not be ``$HOME``) and strict host key checks, as
     :func:`node_ssh_args`."""
@@ -213,6 +217,9 @@ def launcher_ssh_config(
             if proxy_command is None:
                 raise ValueError(f"{alias} is behind jump hosts: a proxy command is needed")
             lines.append(f"  ProxyCommand {proxy_command}")
+        elif node.proxy_command is not None:
+            # Its tokens are filled in already: a % left in it is a literal one for ssh.
+            lines.append(f"  ProxyCommand {node.proxy_command.replace('%', '%%')}")
     lines += [
         "Host *",
         f"  IdentityFile {base}/id_ed25519",
@@ -238,7 +245,6 @@ def cluster_files(
     names: Mapping[str, Sequence[str]],
     *,
     ssh_args: Sequence[str],
-    env: Mapping[str, str],
 ) -> dict[str, tuple[str, bytes]]:
     """The files every node (and the head) gets: name -> (octal mode, content). ``names``:
     the names each connection's host key is known by (``host``, ``[host]:port``)."""
@@ -246,13 +252,11 @@ def cluster_files(
         known_hosts_line(dict.fromkeys(names[h]), c.host_key) for h, c in connections.items()
     )
     wrapper = ssh_wrapper(ssh_args)
-    env_sh = "".join(f"export {k}={shlex.quote(v)}\n" for k, v in env.items())
     return {
         "id_ed25519": ("600", keys.private_path.read_bytes()),
         "id_ed25519.pub": ("644", (keys.public_line + "\n").encode()),
         "known_hosts": ("644", known.encode()),
         "ssh": ("755", wrapper.encode()),
-        "env.sh": ("600", env_sh.encode()),
     }
 
 

@@ -10,7 +10,9 @@ Three policies, all refusing a key that differs from the one on record:
 
 Pure code over (key type, base64 key) pairs: no paramiko here. known_hosts files are read as
 OpenSSH writes them: host lists, ``[host]:port``, hashed names (``|1|salt|hash``), wildcards,
-negations and the ``@revoked`` marker.
+negations and the ``@revoked`` marker. ``@cert-authority`` lines (host certificates signed by a
+CA) are not acted on: paramiko does not check host certificates. A host that only such a line
+would trust is refused as unknown, the error naming that line, not silently.
 """
 
 from __future__ import annotations
@@ -77,6 +79,7 @@ class _Entry:
     key: HostKey
     revoked: bool
     where: str
+    authority: bool = False  # @cert-authority: trusts certificates, which are not checked here
 
 
 @functools.lru_cache(maxsize=4096)
@@ -143,10 +146,10 @@ def _parse(path: Path, text: str) -> list[_Entry]:
         fields = raw.split()
         if not fields or fields[0].startswith("#"):
             continue
-        revoked = fields[0] == "@revoked"
-        if fields[0].startswith("@"):
-            if not revoked:  # @cert-authority: certificates are not used here
-                continue
+        marker = fields[0] if fields[0].startswith("@") else ""
+        if marker:
+            if marker not in ("@revoked", "@cert-authority"):
+                continue  # OpenSSH skips a marker it does not know, too
             fields = fields[1:]
         if len(fields) < 3:
             continue
@@ -154,8 +157,9 @@ def _parse(path: Path, text: str) -> list[_Entry]:
             _Entry(
                 tuple(fields[0].split(",")),
                 HostKey(fields[1], fields[2]),
-                revoked,
-                f"{path}:{number}",
+                revoked=marker == "@revoked",
+                where=f"{path}:{number}",
+                authority=marker == "@cert-authority",
             )
         )
     return entries
@@ -208,11 +212,16 @@ class KnownHosts(HostKeyPolicy):
         return [e for path in self.paths for e in _read(path)]
 
     def _lookup(self, host: str, port: int) -> list[_Entry]:
+        """The entries for ``host:port`` that name a key of its own (not a CA's)."""
+        return [e for e in self._matching(host, port) if not e.authority]
+
+    def _matching(self, host: str, port: int) -> list[_Entry]:
         name = host_entry_name(host, port)
         return [e for e in self._entries() if _matches(e.patterns, name)]
 
     def check(self, host: str, port: int, key: HostKey) -> None:
-        entries = self._lookup(host, port)
+        matching = self._matching(host, port)
+        entries = [e for e in matching if not e.authority]
         for e in entries:
             if e.revoked and e.key == key:
                 raise _changed(host, port, key, "it as REVOKED", e.where)
@@ -226,6 +235,15 @@ class KnownHosts(HostKeyPolicy):
         if others:  # a key of another type is on record: treat like OpenSSH, as a change
             old = others[0]
             raise _changed(host, port, key, f"{old.key.type} {old.key.fingerprint}", old.where)
+        authorities = [e.where for e in matching if e.authority]
+        if authorities:
+            raise _unknown(
+                host,
+                port,
+                key,
+                f"only {', '.join(authorities)} names it, a @cert-authority line, and "
+                "clusterbook does not support those: it checks host keys, not host certificates",
+            )
         raise _unknown(host, port, key, "in none of " + ", ".join(map(str, self.paths)))
 
     def preferred_types(self, host: str, port: int) -> list[str]:

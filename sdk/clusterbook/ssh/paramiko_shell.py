@@ -1,5 +1,6 @@
 """The ssh :class:`~clusterbook.ssh.shell.RemoteShell`: one paramiko connection per host,
-straight or through jump hosts (``direct-tcpip`` channels of their connections).
+straight, through jump hosts (``direct-tcpip`` channels of their connections), or through the
+host's ``ProxyCommand`` (:mod:`clusterbook.ssh.proxy_command`).
 
 With :mod:`clusterbook.ssh.credentials` (the keys), the only module that imports paramiko.
 Its errors (and the socket's) are translated here into
@@ -29,6 +30,7 @@ from clusterbook.errors import (
 from clusterbook.spec import validate_host
 from clusterbook.ssh.credentials import Credentials
 from clusterbook.ssh.hostkeys import HostKey, HostKeyPolicy, host_entry_name
+from clusterbook.ssh.proxy_command import ProxySocket, route_address, start_proxy
 from clusterbook.ssh.shell import (
     CommandResult,
     OutputCallback,
@@ -91,10 +93,33 @@ def connect_hop(
         )
         local = tunnels.local_addr(target.jumps)
     else:
-        sock = _dial(node, timeout)
-        local = str(sock.getsockname()[0])
+        sock, local = _first_hand(node, timeout)
     transport = _log_in(node, sock, credentials, policy, timeout)
     return ParamikoShell(node.hostname, node.port, transport, timeout=timeout, local_addr=local)
+
+
+def _first_hand(hop: Hop, timeout: float) -> tuple[socket.socket, str]:
+    """A socket to ``hop`` (through its ProxyCommand, if it has one), and this machine's
+    address as the host sees it (through a proxy command: the one on the route to it)."""
+    if hop.proxy_command is None:
+        sock = _dial(hop, timeout)
+        return sock, str(sock.getsockname()[0])
+    try:
+        proxy = start_proxy(hop.proxy_command)
+    except OSError as exc:
+        raise SSHConnectError(
+            f"Cannot run the ProxyCommand of {hop.where} from the ssh config "
+            f"({hop.proxy_command!r}): {exc.strerror or exc}.",
+            host=hop.alias,
+        ) from exc
+    return proxy, route_address(hop.hostname, hop.port)
+
+
+def _through(sock: object) -> str:
+    """For an error: what the ProxyCommand a connection went through did, if it had one."""
+    if not isinstance(sock, ProxySocket):
+        return ""
+    return f" (through its ProxyCommand {sock.command!r}, which {sock.said()})"
 
 
 def _dial(hop: Hop, timeout: float) -> socket.socket:
@@ -160,12 +185,13 @@ def _log_in(
         except (paramiko.SSHException, EOFError, OSError) as exc:
             if time.monotonic() - started >= timeout or isinstance(exc, TimeoutError):
                 raise SSHTimeoutError(
-                    f"{name} did not complete the ssh handshake within {timeout:g} s; its sshd "
-                    "may be hung or overloaded.",
+                    f"{name} did not complete the ssh handshake within {timeout:g} s"
+                    f"{_through(sock)}; its sshd may be hung or overloaded.",
                     host=hop.alias,
                 ) from exc
             raise SSHConnectError(
-                f"ssh handshake with {name} failed: {exc}.", host=hop.alias
+                f"ssh handshake with {name} failed{_through(sock)}: {exc or type(exc).__name__}.",
+                host=hop.alias,
             ) from exc
         policy.check(
             hop.hostname, hop.port, HostKey(server_key.get_name(), server_key.get_base64())
@@ -283,8 +309,7 @@ class Tunnels:
             )
             local = self.local_addr(jumps[:-1])
         else:
-            sock = _dial(jumps[0], timeout)
-            local = str(sock.getsockname()[0])
+            sock, local = _first_hand(jumps[0], timeout)
         transport = _log_in(jumps[-1], sock, self._credentials, self._policy, timeout)
         with self._lock:
             held = self._open.get(jumps)

@@ -1,6 +1,6 @@
 """Where a host name leads, the way OpenSSH reads it: ``~/.ssh/config`` (``Host`` aliases,
-``HostName``, ``User``, ``Port``, ``IdentityFile``, ``IdentitiesOnly``, ``ProxyJump``), with the
-arguments given to clusterbook winning over it.
+``HostName``, ``User``, ``Port``, ``IdentityFile``, ``IdentitiesOnly``, ``ProxyJump``,
+``ProxyCommand``), with the arguments given to clusterbook winning over it.
 
 Pure decisions on a parsed config (:func:`read_ssh_config` is the one edge that reads a file);
 the connections themselves are :mod:`clusterbook.ssh.paramiko_shell`'s.
@@ -8,10 +8,12 @@ the connections themselves are :mod:`clusterbook.ssh.paramiko_shell`'s.
 
 from __future__ import annotations
 
+import io
 import os
 import re
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from itertools import pairwise
 from pathlib import Path
 from typing import Protocol
 
@@ -21,6 +23,7 @@ from clusterbook.spec import validate_host, validate_port
 __all__ = ["Hop", "SSHConfigLike", "Target", "read_ssh_config", "resolve", "user_config_path"]
 
 _MAX_JUMPS = 8  # OpenSSH has no limit, but a longer chain is a loop in the config
+_TOKEN_RE = re.compile(r"%(.?)", re.DOTALL)
 _JUMP_RE = re.compile(r"^(?:(?P<user>[^@\s]+)@)?(?P<host>\[[^\]]+\]|[^:\s]+)(?::(?P<port>\d+))?$")
 
 
@@ -40,6 +43,7 @@ class Hop:
     user: str
     identities: tuple[Path, ...] = ()  # IdentityFile lines for it, in order
     identities_only: bool = False  # IdentitiesOnly yes: no keys from the agent
+    proxy_command: str | None = None  # ProxyCommand, its %h, %p, %r... filled in
 
     @property
     def where(self) -> str:
@@ -80,8 +84,13 @@ def read_ssh_config(path: str | os.PathLike[str] | None) -> SSHConfigLike | None
         return None
     except OSError as exc:
         raise ConfigError(f"Cannot read ssh_config {str(file)!r}: {exc.strerror}.") from None
+    config = paramiko.SSHConfig()
+    # ProxyCommand's tokens are filled in here, as OpenSSH does (paramiko knows no %% nor %n,
+    # and would fill in the config's user and port where the arguments given win).
+    config.TOKENS_BY_CONFIG_KEY = {**config.TOKENS_BY_CONFIG_KEY, "proxycommand": []}
     try:
-        return paramiko.SSHConfig.from_text(text)
+        config.parse(io.StringIO(text))
+        return config
     except Exception as exc:  # paramiko raises a ConfigParseError, or worse on odd input
         raise ConfigError(f"ssh_config {str(file)!r} cannot be read: {exc}.") from None
 
@@ -99,7 +108,19 @@ def resolve(
     ``config``, but ``user``, ``port`` and ``identity`` when given (as ``ssh -l -p -i``: for the
     host itself, not its jump hosts)."""
     node = _hop(alias, config, local_user, user=user, port=port, identity=identity)
-    return Target(node, _jumps(alias, config, local_user, seen=(alias,)))
+    target = Target(node, _jumps(alias, config, local_user, seen=(alias,)))
+    path = (*target.jumps, node)
+    for before, hop in pairwise(path):
+        # OpenSSH runs a host's ProxyCommand only to reach it first hand: behind a jump host
+        # (its own ProxyJump, or a chain's) the jump host's connection takes its place.
+        if hop.proxy_command is not None:
+            raise ConfigError(
+                f"The ssh config gives {hop.alias!r} both a ProxyCommand "
+                f"({hop.proxy_command!r}) and a jump host on the way ({before.alias!r}, from "
+                "a ProxyJump line); OpenSSH uses whichever comes first and ignores the other: "
+                "keep one of them."
+            )
+    return target
 
 
 def _hop(
@@ -117,7 +138,7 @@ def _hop(
     chosen_port = port if port is not None else _port(found.get("port"), alias)
     files = [identity] if identity is not None else _strings(found.get("identityfile"))
     only = str(found.get("identitiesonly", "no")).lower() == "yes"
-    return Hop(
+    hop = Hop(
         alias=alias,
         hostname=hostname,
         port=validate_port(chosen_port),
@@ -125,6 +146,25 @@ def _hop(
         identities=tuple(Path(f).expanduser() for f in files),
         identities_only=only,
     )
+    proxy = str(found.get("proxycommand") or "").strip()  # paramiko: None for "none"
+    return replace(hop, proxy_command=_filled_in(proxy, hop)) if proxy else hop
+
+
+def _filled_in(command: str, hop: Hop) -> str:
+    """``command`` (a ProxyCommand) with the tokens OpenSSH fills in for it: %h, %n, %p, %r
+    and %%; any other is refused, as OpenSSH does."""
+    values = {"h": hop.hostname, "n": hop.alias, "p": str(hop.port), "r": hop.user, "%": "%"}
+
+    def token(match: re.Match[str]) -> str:
+        if match[1] not in values:
+            raise ConfigError(
+                f"ProxyCommand {command!r} of {hop.alias!r} in the ssh config has the token "
+                f"{match[0]!r}, which OpenSSH does not fill in there (it knows %h, %n, %p, %r "
+                "and %%); fix that line (%% for a % sign)."
+            )
+        return values[match[1]]
+
+    return _TOKEN_RE.sub(token, command)
 
 
 def _jumps(

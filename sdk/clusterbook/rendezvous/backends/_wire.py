@@ -48,9 +48,8 @@ the same node id connected again meanwhile, it calls ``on_lost(node, state)`` an
 that returns as the new state, so the other nodes learn of the loss at once instead of after
 missed heartbeats.
 
-The same frames carry the head's control channel (:mod:`clusterbook.control`) on 127.0.0.1,
-where the operating system keeps the traffic from other users and the hello's secret keeps out
-whoever cannot read the cluster's directory.
+The same frames (:data:`FRAME_HEADER` and a payload, read by a :class:`Channel`) carry the
+head's control channel (:mod:`clusterbook.control`), which has a handshake of its own.
 """
 
 from __future__ import annotations
@@ -73,10 +72,29 @@ from clusterbook.rendezvous.backends._secret import write_secret as write_secret
 from clusterbook.rendezvous.backends._tls import check_fingerprint
 from clusterbook.spec import validate_seconds
 
+__all__ = [
+    "FRAME_HEADER",
+    "MAX_FRAME",
+    "MAX_STATE",
+    "AuthFailed",
+    "Channel",
+    "PeerClosed",
+    "ProtocolError",
+    "accept_hello",
+    "check_hello",
+    "hello",
+    "open_channel",
+    "parse_store_url",
+    "parse_url",
+    "read_secret",
+    "write_secret",
+]
+
 MAX_FRAME = 16 * 1024 * 1024
 """The largest frame (its payload) either side sends or accepts, in bytes."""
 
-_LEN = struct.Struct(">I")
+FRAME_HEADER = struct.Struct(">I")
+"""A frame's header: its payload's length, 4 bytes big-endian."""
 _SECRET_LEN = struct.Struct(">H")
 _SPEC = struct.Struct(">Bq")
 _HEAD = struct.Struct(">Bq")
@@ -98,15 +116,15 @@ _POLLIN = getattr(select, "POLLIN", 1)
 _POLLOUT = getattr(select, "POLLOUT", 4)
 
 
-class _ProtocolError(Exception):
+class ProtocolError(Exception):
     """The peer broke the protocol: bad frame, unexpected message."""
 
 
-class _AuthFailed(Exception):
+class AuthFailed(Exception):
     """The peer does not hold the secret (or refused ours)."""
 
 
-class _PeerClosed(ConnectionError):
+class PeerClosed(ConnectionError):
     """The peer closed the connection."""
 
 
@@ -177,16 +195,16 @@ def hello(secret: bytes, node: str | None) -> bytes:
 
 def check_hello(payload: bytes, secret: bytes) -> str | None:
     """The node id a hello announces (None for none), if it holds ``secret``; raise
-    :class:`_ProtocolError` if it is no hello, :class:`_AuthFailed` if the secret differs."""
+    :class:`ProtocolError` if it is no hello, :class:`AuthFailed` if the secret differs."""
     size = len(_MAGIC) + _SECRET_LEN.size
     if len(payload) < size or not payload.startswith(_MAGIC):
-        raise _ProtocolError("not a clusterbook rendezvous client of this version")
+        raise ProtocolError("not a clusterbook rendezvous client of this version")
     (length,) = _SECRET_LEN.unpack_from(payload, len(_MAGIC))
     shown, name = payload[size : size + length], payload[size + length :]
     if len(shown) != length or len(name) > _MAX_NODE:
-        raise _ProtocolError("a malformed hello")
+        raise ProtocolError("a malformed hello")
     if not hmac.compare_digest(shown, secret):
-        raise _AuthFailed("the client's secret differs from the store's")
+        raise AuthFailed("the client's secret differs from the store's")
     return name.decode("utf-8") or None
 
 
@@ -216,12 +234,12 @@ def _recv_exact(sock: socket.socket, size: int, deadline: float | None) -> bytes
             sock.settimeout(left)
         n = sock.recv_into(view[got:], size - got)
         if n == 0:
-            raise _PeerClosed("the peer closed the connection")
+            raise PeerClosed("the peer closed the connection")
         got += n
     return bytes(buf)
 
 
-class _Channel:
+class Channel:
     """Frames over a connected socket (see the module docstring): TLS to the store, plain TCP on
     127.0.0.1 for the control channel.
 
@@ -243,10 +261,8 @@ class _Channel:
         """Send one frame; over TLS, raise :class:`TimeoutError` if it cannot go out by
         ``deadline`` (a plain socket keeps the timeout it has)."""
         if len(payload) > MAX_FRAME:
-            raise _ProtocolError(
-                f"frame of {len(payload)} bytes is over the {MAX_FRAME}-byte limit"
-            )
-        data = _LEN.pack(len(payload)) + payload
+            raise ProtocolError(f"frame of {len(payload)} bytes is over the {MAX_FRAME}-byte limit")
+        data = FRAME_HEADER.pack(len(payload)) + payload
         with self._send_lock:
             if self._tls:
                 self._send_tls(data, deadline)
@@ -255,9 +271,9 @@ class _Channel:
 
     def recv(self, deadline: float | None, limit: int = MAX_FRAME) -> bytes:
         """The next frame's payload (of at most ``limit`` bytes)."""
-        (size,) = _LEN.unpack(self._recv_exact(_LEN.size, deadline))
+        (size,) = FRAME_HEADER.unpack(self._recv_exact(FRAME_HEADER.size, deadline))
         if size > limit:
-            raise _ProtocolError(f"frame of {size} bytes (limit {limit})")
+            raise ProtocolError(f"frame of {size} bytes (limit {limit})")
         return self._recv_exact(size, deadline) if size else b""
 
     def readable(self) -> bool:
@@ -286,7 +302,7 @@ class _Channel:
                 except ssl.SSLWantWriteError:
                     n = -2
             if n == 0:
-                raise _PeerClosed("the peer closed the connection")
+                raise PeerClosed("the peer closed the connection")
             if n > 0:
                 got += n
         return bytes(buf)
@@ -329,30 +345,30 @@ def _wait(sock: socket.socket, event: int, deadline: float | None) -> None:
         raise TimeoutError("timed out")
 
 
-def accept_hello(chan: _Channel, secret: bytes, deadline: float) -> str | None:
+def accept_hello(chan: Channel, secret: bytes, deadline: float) -> str | None:
     """The server's side of :func:`open_channel`, for a blocking server: read the hello and
     answer it; return the node id it announces (None for none). A hello with another secret
-    is answered ``N`` and raises :class:`_AuthFailed` (the caller then ends the connection)."""
+    is answered ``N`` and raises :class:`AuthFailed` (the caller then ends the connection)."""
     try:
         node = check_hello(chan.recv(deadline, limit=_HELLO_MAX), secret)
-    except _AuthFailed:
+    except AuthFailed:
         chan.send(_REFUSED, deadline)
         raise
     chan.send(_ACCEPTED, deadline)
     return node
 
 
-def open_channel(sock: socket.socket, secret: bytes, node: str | None, deadline: float) -> _Channel:
+def open_channel(sock: socket.socket, secret: bytes, node: str | None, deadline: float) -> Channel:
     """Say the hello on ``sock`` (connected, and for the store already in TLS with the pinned
     certificate) and return its channel once the server accepted it; raise
-    :class:`_AuthFailed` when it refused the secret."""
-    chan = _Channel(sock)
+    :class:`AuthFailed` when it refused the secret."""
+    chan = Channel(sock)
     chan.send(hello(secret, node), deadline)
     answer = chan.recv(deadline, limit=1)
     if answer == _REFUSED:
-        raise _AuthFailed("the store does not know this client's secret")
+        raise AuthFailed("the store does not know this client's secret")
     if answer != _ACCEPTED:
-        raise _ProtocolError("unexpected answer to the hello")
+        raise ProtocolError("unexpected answer to the hello")
     return chan
 
 

@@ -37,12 +37,12 @@ from clusterbook.rendezvous.backends._wire import (
     _WATCH_MAX,
     MAX_FRAME,
     MAX_STATE,
-    _AuthFailed,
-    _Channel,
+    AuthFailed,
+    Channel,
+    PeerClosed,
+    ProtocolError,
     _check_secret,
     _format_url,
-    _PeerClosed,
-    _ProtocolError,
     _seconds,
     _shutdown,
     _spec,
@@ -53,10 +53,10 @@ from clusterbook.rendezvous.backends._wire import (
     read_secret,
     write_secret,
 )
+from clusterbook.rendezvous.backends._wire import _MAGIC as _MAGIC
 
 # Protocol internals that stay importable from here, where tests speak the protocol by hand.
-from clusterbook.rendezvous.backends._wire import _LEN as _LEN
-from clusterbook.rendezvous.backends._wire import _MAGIC as _MAGIC
+from clusterbook.rendezvous.backends._wire import FRAME_HEADER as FRAME_HEADER
 from clusterbook.rendezvous.backends._wire import hello as hello
 from clusterbook.rendezvous.backends.tcp_server import StoreServer
 from clusterbook.rendezvous.step import Step
@@ -125,7 +125,7 @@ class TcpBackend(RendezvousBackend):
         self._fingerprint = fingerprint
         self._url = _format_url(self._host, self._port, fingerprint)
         self._lock = threading.Lock()
-        self._chan: _Channel | None = None
+        self._chan: Channel | None = None
         self._closed = False
 
     @property
@@ -224,7 +224,7 @@ class TcpBackend(RendezvousBackend):
         if chan is not None:
             chan.sock.close()
 
-    def _connect(self, deadline: float) -> _Channel:
+    def _connect(self, deadline: float) -> Channel:
         left = deadline - time.monotonic()
         if left <= 0:
             raise TimeoutError("timed out")
@@ -291,14 +291,14 @@ class TcpBackend(RendezvousBackend):
                         "head that started again has a new certificate); if it is that URL, "
                         "something else answers at that address."
                     ) from None
-                except _AuthFailed as exc:
+                except AuthFailed as exc:
                     self._drop()
                     raise RendezvousConnectionError(
                         f"Authentication with the rendezvous store at {self._url} failed: {exc}. "
                         "Every node must use the cluster's secret: read_secret() on the token "
                         "file the head wrote with write_secret()."
                     ) from None
-                except (OSError, _ProtocolError) as exc:
+                except (OSError, ProtocolError) as exc:
                     self._drop()
                     retry = reused and idempotent and not isinstance(exc, TimeoutError)
                     if attempt == 1 and retry and not self._closed:
@@ -322,9 +322,9 @@ class TcpBackend(RendezvousBackend):
             reason = "connection refused: nothing listens there"
         elif isinstance(exc, socket.gaierror):
             reason = f"the host name {self._host!r} does not resolve"
-        elif isinstance(exc, _PeerClosed):
+        elif isinstance(exc, PeerClosed):
             reason = "the store closed the connection"
-        elif isinstance(exc, _ProtocolError):
+        elif isinstance(exc, ProtocolError):
             reason = f"protocol error: {exc}"
         else:
             reason = getattr(exc, "strerror", None) or str(exc) or type(exc).__name__
@@ -335,7 +335,7 @@ class TcpBackend(RendezvousBackend):
         )
 
 
-def _stale(chan: _Channel) -> bool:
+def _stale(chan: Channel) -> bool:
     """Whether a connection between calls is unusable: nothing may arrive then, so anything
     readable means the store closed it (or broke the protocol)."""
     try:
@@ -344,7 +344,7 @@ def _stale(chan: _Channel) -> bool:
         return True
 
 
-def _goodbye(chan: _Channel) -> None:
+def _goodbye(chan: Channel) -> None:
     try:
         chan.send(b"B", time.monotonic() + 1.0)
         _shutdown(chan.sock, socket.SHUT_WR)
@@ -365,7 +365,7 @@ def _drain(sock: socket.socket, deadline: float) -> None:
 
 def _decode(reply: bytes, kind: bytes) -> Any:
     if reply[:1] != kind or len(reply) < 1 + _HEAD.size:
-        raise _ProtocolError(f"unexpected reply {reply[:1]!r}")
+        raise ProtocolError(f"unexpected reply {reply[:1]!r}")
     flag, token = _HEAD.unpack_from(reply, 1)
     state = reply[1 + _HEAD.size :]
     if kind == b"r":

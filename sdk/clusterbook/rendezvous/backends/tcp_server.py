@@ -34,18 +34,18 @@ from clusterbook.rendezvous.backends._wire import (
     _HEAD,
     _HELLO_MAX,
     _INT,
-    _LEN,
     _NONE,
     _REFUSED,
     _SECONDS,
     _SPEC,
     _WATCH_MAX,
+    FRAME_HEADER,
     MAX_FRAME,
     MAX_STATE,
-    _AuthFailed,
+    AuthFailed,
+    ProtocolError,
     _check_secret,
     _format_url,
-    _ProtocolError,
     _seconds,
     _shutdown,
     _tune,
@@ -458,7 +458,7 @@ class StoreServer:
             conn.inbuf += data
             try:
                 self._frames(conn)
-            except (_ProtocolError, UnicodeDecodeError) as exc:
+            except (ProtocolError, UnicodeDecodeError) as exc:
                 _log.info("The rendezvous store dropped a connection: %s", exc)
                 self._end(conn, clean=False)
                 return
@@ -472,15 +472,15 @@ class StoreServer:
 
     def _frames(self, conn: _Conn) -> None:
         buf = conn.inbuf
-        while len(buf) >= _LEN.size and conn.sock.fileno() >= 0 and not conn.closing:
-            (size,) = _LEN.unpack_from(buf)
+        while len(buf) >= FRAME_HEADER.size and conn.sock.fileno() >= 0 and not conn.closing:
+            (size,) = FRAME_HEADER.unpack_from(buf)
             limit = _HELLO_MAX if conn.phase == _HELLO else MAX_FRAME
             if size > limit:
-                raise _ProtocolError(f"frame of {size} bytes (limit {limit})")
-            end = _LEN.size + size
+                raise ProtocolError(f"frame of {size} bytes (limit {limit})")
+            end = FRAME_HEADER.size + size
             if len(buf) < end:
                 return
-            payload = bytes(buf[_LEN.size : end])
+            payload = bytes(buf[FRAME_HEADER.size : end])
             del buf[:end]
             self._frame(conn, payload)
 
@@ -488,7 +488,7 @@ class StoreServer:
         if conn.phase == _HELLO:
             try:
                 node = check_hello(payload, self._secret)
-            except _AuthFailed:
+            except AuthFailed:
                 _log.warning("The rendezvous store refused a client: authentication failed.")
                 self._send(conn, _REFUSED)
                 conn.closing = True
@@ -502,7 +502,7 @@ class StoreServer:
             self._end(conn, clean=True)
             return
         if conn.busy:
-            raise _ProtocolError("a request while another is answered")
+            raise ProtocolError("a request while another is answered")
         op, body = payload[:1], payload[1:]
         store = self._store
         if op == b"G" and not body:
@@ -511,13 +511,13 @@ class StoreServer:
             try:
                 step = Step.from_wire(body)
             except StepFormatError as exc:
-                raise _ProtocolError(str(exc)) from None
+                raise ProtocolError(str(exc)) from None
             conn.busy = True
             self._steps.append((conn, step, len(body)))
         elif op in (b"S", b"W", b"D", b"M") and len(body) >= _SPEC.size:
             kind, value = _SPEC.unpack_from(body)
             if kind not in (_NONE, _INT, _ANY):
-                raise _ProtocolError(f"token kind {kind}")
+                raise ProtocolError(f"token kind {kind}")
             if op == b"S":
                 decisive = store.compare_and_set(kind, value, body[_SPEC.size :])
                 current = store.current()
@@ -530,12 +530,12 @@ class StoreServer:
                 (timeout,) = _SECONDS.unpack_from(body, _SPEC.size)
                 self._hold(conn, _Wait(kind, value, _LEVELS[op]), timeout)
             else:
-                raise _ProtocolError(f"a watch of {len(body)} bytes")
+                raise ProtocolError(f"a watch of {len(body)} bytes")
         else:
-            raise _ProtocolError(f"unexpected request {op!r} of {len(payload)} bytes")
+            raise ProtocolError(f"unexpected request {op!r} of {len(payload)} bytes")
 
     def _send(self, conn: _Conn, payload: bytes) -> None:
-        conn.outbuf += _LEN.pack(len(payload))
+        conn.outbuf += FRAME_HEADER.pack(len(payload))
         conn.outbuf += payload
         self._flush(conn)
 
