@@ -266,7 +266,7 @@ import clusterbook as cb
 args = json.loads(sys.argv[1])
 cluster = cb.Cluster.from_environment(**args)
 cluster.start()
-print("started", cluster.name, flush=True)
+print("started", cluster.id, flush=True)
 time.sleep(600)
 """
 
@@ -359,11 +359,11 @@ def test_a_sagemaker_worker_serves_the_leaders_job_and_exits_0_when_it_is_done(
         pytest.fail(f"the worker did not exit once the leader was done:\n{out.text()}")
     err = worker.stderr.read()  # type: ignore[union-attr]
     assert code == 0, f"{out.text()}\n{err}"
-    assert f"the leader is done with this host (cluster {cluster.name})" in err
+    assert f"the leader is done with this host (cluster {cluster.id})" in err
     assert refused(node2.addr, SERVE_PORT)  # its sshd went with it
     served = node2.home / ".clusterbook" / "worker-algo-2"
     assert not (served / "status.json").exists()
-    assert not (node2.home / ".clusterbook" / "clusters" / cluster.name).exists()
+    assert not (node2.home / ".clusterbook" / "clusters" / cluster.id).exists()
 
 
 def test_a_sagemaker_worker_exits_1_when_its_leader_is_gone(
@@ -384,7 +384,7 @@ def test_a_sagemaker_worker_exits_1_when_its_leader_is_gone(
     )
     pods.append(leader)
     started = Lines(leader.stdout).wait_for("started", timeout=90)
-    name = started.split()[1]
+    cluster_id = started.split()[1]
     assert worker.poll() is None
     os.killpg(leader.pid, signal.SIGKILL)  # the leader's container ends without a word
     leader.wait(timeout=10)
@@ -395,7 +395,7 @@ def test_a_sagemaker_worker_exits_1_when_its_leader_is_gone(
     err = worker.stderr.read()  # type: ignore[union-attr]
     assert code == 1, f"{out.text()}\n{err}"
     assert "clusterbook: error: This worker stops: the leader (algo-1) is gone" in err, err
-    assert f"the agent of its cluster {name} here stopped" in err, err
+    assert f"the agent of its cluster {cluster_id} here stopped" in err, err
     assert refused(node2.addr, SERVE_PORT)
 
 

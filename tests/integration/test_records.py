@@ -2,9 +2,11 @@
 real second local user: a record another user changed, a lock file that is a link, a job
 directory outside its cluster, a pid that now belongs to another process.
 
-The clusters run in a directory the other user can write (as a shared project directory
-would be), and in a home of the tests' own: a record that aims at ``~/victim`` aims at a
-directory of the test, never at the real home of the user running the tests.
+Where the other user acts, the cluster's directory is one it can write (as a shared project
+directory would be): clusterbook then refuses the directory itself (``UnsafePathError``), and
+once its owner made it private again as told, what the other user left there is not trusted
+either. The clusters run in a home of the tests' own: a record that aims at ``~/victim`` aims
+at a directory of the test, never at the real home of the user running the tests.
 """
 
 from __future__ import annotations
@@ -85,8 +87,8 @@ class Owner:
         self.env = {**os.environ, "HOME": str(self.home)}
         self.started: list[Detached] = []
 
-    def start(self, python: str, name: str = "c") -> Detached:
-        """A detached cluster whose directory the other user can write."""
+    def start(self, python: str, name: str = "c", *, shared: bool = True) -> Detached:
+        """A detached cluster; ``shared``: its directory made one the other user can write."""
         run_dir = self.base / name
         done = subprocess.run(
             [sys.executable, "-c", START, python, str(run_dir)],
@@ -100,8 +102,16 @@ class Owner:
             cluster_id, cluster_name, run_dir, head, [head, *head.children(recursive=True)]
         )
         self.started.append(started)
-        run_dir.chmod(0o777)  # shared with others from now on
+        if shared:
+            self.share(started)
         return started
+
+    def share(self, cluster: Detached) -> None:
+        cluster.run_dir.chmod(0o777)
+
+    def private(self, cluster: Detached) -> None:
+        """What the owner does when told the directory is shared: make it theirs alone."""
+        cluster.run_dir.chmod(0o700)
 
     def cli(self, *args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
         return subprocess.run(
@@ -173,17 +183,29 @@ def test_stop_neither_follows_a_link_nor_trusts_a_record_another_user_changed(
 
     # A name that is a path: the cluster's own directory is found by it, and removed.
     aimed = {"directory": str(cluster.run_dir), "name": "../../victim"}
+    owner.share(cluster)
     _as_other(other_user, CHANGE, str(cluster.run_dir), json.dumps(aimed))
+    owner.private(cluster)
     done = owner.cli("stop", str(cluster.run_dir))
     assert done.returncode == 1, done.stdout
     assert "its name '../../victim' is not a cluster's name: 1-63 letters" in done.stderr
     assert (mine / "work").read_text() == "mine\n"
 
     # The lock stop() takes is a link to a file of the owner's: it would be emptied.
+    (cluster.run_dir / "cluster.json").unlink()  # the other user's file: the owner's again
     (cluster.run_dir / "cluster.json").write_text(original)
+    owner.share(cluster)
     _as_other(other_user, LINK, str(cluster.run_dir / ".stop.lock"), str(notes))
+    # The directory others can write is refused as a whole; once its owner made it private
+    # as told, the link left in it is not followed either.
     done = owner.cli("stop", str(cluster.run_dir))
-    assert done.returncode == 1, done.stdout
+    assert done.returncode == 2, done.stdout
+    assert f"directory {cluster.run_dir} is writable by other users" in done.stderr
+    assert f"chmod go-w {cluster.run_dir}" in done.stderr
+    assert notes.read_text() == "mine\n"
+    owner.private(cluster)
+    done = owner.cli("stop", str(cluster.run_dir))
+    assert done.returncode == 2, done.stdout  # an UnsafePathError, as for the directory
     assert f"Refusing {cluster.run_dir / '.stop.lock'}: it is a symbolic link" in done.stderr
     assert notes.read_text() == "mine\n"
 
@@ -233,7 +255,7 @@ def test_a_dead_cluster_whose_head_pid_another_process_has_is_stale_and_stops(
 ) -> None:
     import clusterbook as cb
 
-    cluster = owner.start(openmpi_python)
+    cluster = owner.start(openmpi_python, shared=False)
     owner.kill_head(cluster)
     # The head's pid is another process's now (another user's, started later): a pid alone
     # says the cluster runs.
@@ -254,7 +276,7 @@ def test_a_dead_cluster_whose_head_pid_another_process_has_is_stale_and_stops(
 def test_force_stops_a_cluster_whose_head_cannot_be_verified(
     openmpi_python: str, owner: Owner, others_process: psutil.Process
 ) -> None:
-    cluster = owner.start(openmpi_python)
+    cluster = owner.start(openmpi_python, shared=False)
     owner.kill_head(cluster)
     # As an older clusterbook wrote it: a pid, no start time, and that pid runs.
     record = cluster.record() | {"head_pid": others_process.pid}
@@ -281,7 +303,7 @@ def test_force_stops_a_cluster_whose_head_cannot_be_verified(
 def test_without_its_token_file_stop_says_so_and_uses_the_stop_file(
     openmpi_python: str, owner: Owner
 ) -> None:
-    cluster = owner.start(openmpi_python)
+    cluster = owner.start(openmpi_python, shared=False)
     (cluster.run_dir / "token").unlink()
     done = owner.cli("stop", str(cluster.run_dir))
     assert done.returncode == 0, done.stderr
