@@ -425,10 +425,13 @@ class Cluster:
     def wait_ready(self, timeout: float = 60, *, progress: bool | None = None) -> None:
         """Return when every node is ready to run ranks; raise if that takes over ``timeout``.
 
-        Nodes of local and SSH clusters are ready once ``start()`` returned; an elastic
+        Nodes of local and SSH clusters are ready once ``start()`` returned, and again once
+        nodes they lost joined again (a local cluster starts its agents again); an elastic
         cluster is ready when a rendezvous round completed (``min_nodes`` plus the last call,
-        or ``max_nodes``), else :class:`ReadyTimeoutError` says who joined. A bar shows the
-        nodes up where someone watches (``progress`` decides instead).
+        or ``max_nodes``), else :class:`ReadyTimeoutError` says who joined. Nodes that were
+        lost and cannot come back (an SSH node whose agent gave up) are a
+        :class:`ClusterStateError` saying so, at once. A bar shows the nodes up where someone
+        watches (``progress`` decides instead).
         """
         limit = validate_timeout(timeout)
         self._require_running("wait_ready")
@@ -436,6 +439,8 @@ class Cluster:
             return
         if self._remote is not None:
             return self._remote.wait_ready(limit)
+        if gone := self._provider.lost_for_good():
+            raise ClusterStateError(gone)
         total = (self._provider.bounds or (len(self.nodes),))[0] or None
         with self._watch.showing(bar(progress, "waiting for nodes", total, "node")):
             self._provider.wait_ready(limit)
@@ -471,7 +476,7 @@ class Cluster:
         self._require_running("mpirun")
         if self._remote is not None:
             return self._remote.mpirun(argv, np, **job)
-        nodes = usable_nodes(self.name, self.nodes, self._provider.unreachable)
+        nodes = usable_nodes(self.name, self._provider)
         request = JobRequest.make(argv, np, slots=sum(n.slots for n in nodes), **job)
         unreachable, names = self._provider.unreachable, [n.name for n in nodes]
 
@@ -628,10 +633,14 @@ class Cluster:
             launcher=self._launcher.path if self._launcher else None,
             run_dir=str(self.run_dir),
             uptime=None if self._started is None else time.monotonic() - self._started,
-            problem=self._provider.problem(),
+            problem=self._problem(),
             bounds=self._provider.bounds,
             time_left=left,
         )
+
+    def _problem(self) -> str | None:
+        """What is wrong now: nodes lost for good first (what mpirun and wait_ready say too)."""
+        return self._provider.lost_for_good() or self._provider.problem()
 
     def subscribe(self, callback: Callable[[ClusterSnapshot], None]) -> Callable[[], None]:
         """Call ``callback(snapshot)`` whenever the cluster changes (started, stopped, a job
@@ -685,7 +694,7 @@ class Cluster:
         launcher = ""
         if self._launcher is not None:
             launcher = f" {self._launcher.flavour.value} {self._launcher.version}"
-        problem = self._provider.problem() if self._state == "running" else None
+        problem = self._problem() if self._state == "running" else None
         return (
             f"<Cluster {self.name!r} {self.kind} {self._state}: {len(self.nodes)} nodes, "
             f"{self.total_slots} slots{launcher}{f' PROBLEM: {problem}' if problem else ''}>"
