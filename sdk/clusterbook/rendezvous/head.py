@@ -307,7 +307,7 @@ class RendezvousHead:
     def wait_ready(
         self, timeout: float, hint: str = "", give_up: Callable[[], str | None] | None = None
     ) -> None:
-        """Return once a round is complete; raise
+        """Return once a round of at least ``min_nodes`` is complete; raise
         :class:`ReadyTimeoutError` after ``timeout`` seconds saying who joined (``hint``: how
         to start more nodes), and :class:`ClusterStateError` with what ``give_up()`` says as
         soon as it says something (why the nodes cannot come back)."""
@@ -319,7 +319,7 @@ class RendezvousHead:
                 raise ClusterStateError(why)
             with self._cond:
                 state = self._state
-                if state.complete and state.participants:
+                if state.complete and len(state.participants) >= least:
                     return
                 left = deadline - time.monotonic()
                 if left <= 0:
