@@ -329,7 +329,7 @@ class RendezvousHead:
                         f"({', '.join(joined) or 'none'})"
                     )
                     raise ReadyTimeoutError(
-                        f"The elastic cluster is not ready after {timeout:g} s: {reason}."
+                        f"The cluster is not ready after {timeout:g} s: {reason}."
                         + (f" {hint}" if hint else ""),
                         timeout=timeout,
                         reason=reason,
