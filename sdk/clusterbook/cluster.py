@@ -436,10 +436,13 @@ class Cluster:
     def wait_ready(self, timeout: float = 60, *, progress: bool | None = None) -> None:
         """Return when every node is ready to run ranks; raise if that takes over ``timeout``.
 
-        Nodes of local and SSH clusters are ready once ``start()`` returned; an elastic
+        Nodes of local and SSH clusters are ready once ``start()`` returned, and again once
+        nodes they lost joined again (a local cluster starts its agents again); an elastic
         cluster is ready when a rendezvous round completed (``min_nodes`` plus the last call,
-        or ``max_nodes``), else :class:`ReadyTimeoutError` says who joined. A bar shows the
-        nodes up where someone watches (``progress`` decides instead).
+        or ``max_nodes``), else :class:`ReadyTimeoutError` says who joined. Nodes that were
+        lost and cannot come back (an SSH node whose agent gave up) are a
+        :class:`ClusterStateError` saying so, at once. A bar shows the nodes up where someone
+        watches (``progress`` decides instead).
         """
         limit = validate_timeout(timeout)
         self._require_running("wait_ready")
@@ -447,6 +450,8 @@ class Cluster:
             return
         if self._remote is not None:
             return self._remote.wait_ready(limit)
+        if gone := self._provider.lost_for_good():
+            raise ClusterStateError(gone)
         total = (self._provider.bounds or (len(self.nodes),))[0] or None
         with self._watch.showing(bar(progress, "waiting for nodes", total, "node")):
             self._provider.wait_ready(limit)
@@ -482,7 +487,7 @@ class Cluster:
         self._require_running("mpirun")
         if self._remote is not None:
             return self._remote.mpirun(argv, np, **job)
-        nodes = usable_nodes(self.name, self.nodes, self._provider.unreachable)
+        nodes = usable_nodes(self.name, self._provider)
         request = JobRequest.make(argv, np, slots=sum(n.slots for n in nodes), **job)
         unreachable, names = self._provider.unreachable, [n.name for n in nodes]
 
@@ -646,6 +651,16 @@ class Cluster:
             time_left=left,
         )
 
+    def _problem(self) -> str | None:
+        """What is wrong now: nodes lost for good first (what mpirun and wait_ready say too),
+        else with the nodes (the provider's view), and with the head's services."""
+        services = self._services
+        found = (
+            self._provider.lost_for_good() or self._provider.problem(),
+            services.problem if services else None,
+        )
+        return " ".join(p for p in found if p) or None
+
     def subscribe(self, callback: Callable[[ClusterSnapshot], None]) -> Callable[[], None]:
         """Call ``callback(snapshot)`` whenever the cluster changes (started, stopped, a job
         started or ended); returns the function that unsubscribes. Callbacks run on the
@@ -703,12 +718,6 @@ class Cluster:
             f"<Cluster {self.name!r} {self.kind} {self._state}: {len(self.nodes)} nodes, "
             f"{self.total_slots} slots{launcher}{f' PROBLEM: {problem}' if problem else ''}>"
         )
-
-    def _problem(self) -> str | None:
-        """What is wrong: with the nodes (the provider's view), with the head's services."""
-        services = self._services
-        found = (self._provider.problem(), services.problem if services else None)
-        return " ".join(p for p in found if p) or None
 
     def _repr_mimebundle_(self, **kwargs: Any) -> dict[str, Any]:
         """In a notebook: the live widget of the Jupyter layer that registered one, with a

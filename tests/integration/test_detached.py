@@ -17,7 +17,8 @@ import pytest
 
 import clusterbook as cb
 from clusterbook.control import ControlClient, unix_dial
-from tests.conftest import processes_mentioning, wait_gone
+from clusterbook.rendezvous.agent import HEAD_LEASE
+from tests.conftest import processes_mentioning, ranks_started, wait_gone
 
 CLI = [sys.executable, "-m", "clusterbook"]
 
@@ -264,3 +265,39 @@ def test_an_ephemeral_cluster_stops_when_its_job_ends(openmpi_python, tmp_path):
         assert reason == "its job ended (an ephemeral cluster)"
     finally:
         cluster.stop()
+
+
+def test_a_detached_local_cluster_whose_head_was_paused_starts_its_agents_again(
+    openmpi_python, tmp_path
+):
+    """The head SIGSTOPped past its agents' lease: they stop the job and exit; once it runs
+    again, it reaps them, starts them again, and the cluster is whole (no zombie left)."""
+    sleeper = "import time\nfrom mpi4py import MPI\nprint('started', flush=True)\ntime.sleep(60)\n"
+    cluster = cb.Cluster.local(2, 1, python=openmpi_python, detached=True, run_dir=tmp_path / "r")
+    try:
+        cluster.start()
+        cluster.wait_ready(60)
+        job = cluster.mpirun(["python", "-c", sleeper], np=2)
+        ranks_started(job, 2)  # type: ignore[arg-type]
+        agents = set(cluster.status()["pid"])
+        head = psutil.Process(cb.Cluster.attach(cluster.id).record.head_pid)
+        head.suspend()
+        try:
+            time.sleep(HEAD_LEASE + 3)  # the agents give up on the head meanwhile
+        finally:
+            head.resume()
+        result = job.wait(60)
+        assert not result.ok
+        assert "Node local-0 (" in result.summary()
+        assert "was lost" in result.summary()
+        cluster.wait_ready(60)  # their agents, started again, joined
+        _wait(lambda: cluster.status()["state"].tolist() == ["joined", "joined"])  # the record
+        assert not set(cluster.status()["pid"]) & agents
+        assert cluster.snapshot().problem is None
+        zombies = [p.pid for p in head.children() if p.status() == psutil.STATUS_ZOMBIE]
+        assert zombies == []  # the agents that ended were reaped
+        again = cluster.mpirun(["python", "-c", "print('back')"], np=2).wait(60)
+        assert again.ok, again.summary()
+    finally:
+        cluster.stop()
+    assert not wait_gone(str(tmp_path / "r"), 10)

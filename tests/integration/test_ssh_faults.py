@@ -179,6 +179,40 @@ def test_a_node_cut_off_is_lost_fails_its_job_and_its_agent_stops_its_processes(
     assert cluster.id not in cluster_files(node1)
 
 
+def test_nodes_whose_agents_gave_up_are_lost_for_good_and_every_call_says_so(
+    testbed: Testbed, openmpi_python: str, tmp_path: Path
+) -> None:
+    """Every node cut off past its agent's lease (as when the head is paused): the agents
+    clean up and exit, so the nodes cannot come back; status, wait_ready() and mpirun() all
+    say so with one reason, instead of a cluster that looks as if its nodes were coming."""
+    nodes = testbed.hosts[:2]
+    cluster = testbed.cluster(openmpi_python, tmp_path / "run", hosts=2).start()
+    try:
+        for host in nodes:
+            host.link_down()
+        try:
+            # The agents give up once they lost the head for their lease, and clean up.
+            assert wait_for(lambda: all(cluster.name not in cluster_files(h) for h in nodes), 20)
+        finally:
+            for host in nodes:
+                host.link_up()
+        assert wait_for(lambda: "were lost" in (cluster.snapshot().problem or ""), 20)
+        problem = cluster.snapshot().problem or ""
+        named = ", ".join(f"{h.addr} ({h.name})" for h in nodes)
+        assert problem.startswith(f"Nodes {named} were lost for good: not heard from"), problem
+        assert problem.endswith("Stop the cluster and start a new one.")
+        assert set(cluster.status()["state"]) == {"lost"}
+        assert cluster.state == "running"
+        with pytest.raises(cb.ClusterStateError) as waited:
+            cluster.wait_ready(30)
+        with pytest.raises(cb.ClusterStateError) as ran:
+            cluster.mpirun(["python", "-c", "print(1)"], np=2)
+        assert str(waited.value) == str(ran.value) == problem
+    finally:
+        cluster.stop()
+    assert cluster.jobs == []
+
+
 def test_a_timeout_on_a_partitioned_node_names_it(
     testbed: Testbed, openmpi_python: str, tmp_path: Path
 ) -> None:

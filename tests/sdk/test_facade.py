@@ -115,6 +115,24 @@ def test_nodes_that_are_not_ready_say_so(make) -> None:
     assert len(cluster.nodes) == 2
 
 
+def test_nodes_lost_for_good_are_said_alike_by_status_wait_ready_and_mpirun(make) -> None:
+    fake = FakeProvider(nodes=2)
+    cluster = make(fake).start()
+    seen: list[ClusterSnapshot] = []
+    cluster.subscribe(seen.append)
+    why = "Both nodes were lost for good (their agents gave up); start a new cluster."
+    fake.lose_all_for_good(why)
+    assert seen[-1].problem == why  # told as it happened
+    assert cluster.snapshot().problem == why
+    assert f"PROBLEM: {why}" in repr(cluster)
+    with pytest.raises(cb.ClusterStateError) as waited:
+        cluster.wait_ready(timeout=30)
+    with pytest.raises(cb.ClusterStateError) as ran:
+        cluster.mpirun(["true"], np=1)
+    assert str(waited.value) == str(ran.value) == why
+    assert cluster.jobs == []
+
+
 def test_no_job_starts_on_a_cluster_that_lost_a_node(make) -> None:
     fake = FakeProvider(nodes=2)
     cluster = make(fake).start()

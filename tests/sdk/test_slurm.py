@@ -3,6 +3,7 @@ how it submits, shows and cancels its job (Slurm's commands answered by FakeSlur
 
 from __future__ import annotations
 
+import re
 import shlex
 import subprocess
 import time
@@ -183,11 +184,12 @@ def test_sbatchs_refusal_is_a_config_error_quoting_it_and_nothing_is_left(tmp_pa
 def test_a_job_that_ends_before_its_nodes_joined_fails_wait_ready_and_is_a_problem(fake, tmp_path):
     with _cluster(fake, tmp_path) as cluster:
         fake.set_state(1, "FAILED", "NonZeroExitCode")
-        with pytest.raises(cb.ClusterStateError, match=r"Slurm job 1 is FAILED.*ended before"):
+        with pytest.raises(cb.ClusterStateError, match=r"Slurm job 1 is FAILED.*nodes are gone"):
             cluster.wait_ready(timeout=10)
-        assert "Slurm job 1 is FAILED (NonZeroExitCode): its nodes are gone" in (
-            cluster.snapshot().problem or ""
-        )
+        gone = "Slurm job 1 is FAILED (NonZeroExitCode): its nodes are gone"
+        assert gone in (cluster.snapshot().problem or "")
+        with pytest.raises(cb.ClusterStateError, match=re.escape(gone)):
+            cluster.mpirun(["true"], np=1)  # the same words, not "no nodes yet"
         assert len(cluster.status()) == 0
     assert fake.commands("scancel") == []  # it had ended
 

@@ -348,7 +348,7 @@ class SSHProvider(Provider):
         settings = RendezvousSettings(
             "pending", size, size, timeout=RendezvousTimeout(last_call=0.1)
         )
-        self._rendezvous = RendezvousHead(settings, listen=head_addr)
+        self._rendezvous = RendezvousHead(settings, listen=head_addr, lease=HEAD_LEASE)
         self._rendezvous.start(ctx.cluster_id, ctx.changed)
 
     def _start_agents(
@@ -427,6 +427,31 @@ class SSHProvider(Provider):
     def problem(self) -> str | None:
         rendezvous = self._rendezvous
         return rendezvous.problem() if rendezvous is not None else None
+
+    def wait_ready(self, timeout: float) -> None:
+        """Return once every node's agent is in the round (an agent that lost the head for
+        less than its lease joins again); raise at once when a node is lost for good."""
+        rendezvous = self._rendezvous
+        if rendezvous is not None:
+            rendezvous.wait_ready(timeout, give_up=self.lost_for_good)
+
+    def lost_for_good(self) -> str | None:
+        """The nodes gone for longer than their agents wait for the head: those agents have
+        cleaned up and exited, and only a new cluster bootstraps the nodes again."""
+        rendezvous = self._rendezvous
+        gone = sorted(rendezvous.given_up()) if rendezvous is not None else []
+        if not gone:
+            return None
+        hosts = {s.name: s.host for s in self.node_statuses()}
+        named = ", ".join(f"{n} ({hosts.get(n) or '?'})" for n in gone)
+        one = len(gone) == 1
+        return (
+            f"{'Node' if one else 'Nodes'} {named} {'was' if one else 'were'} lost for good: "
+            f"not heard from for longer than {'its agent waits' if one else 'their agents wait'} "
+            f"for the head (a {HEAD_LEASE:g} s lease), after which an agent stops the "
+            "cluster's processes on its node, removes the cluster's key and files there, and "
+            "exits. Stop the cluster and start a new one."
+        )
 
     def unreachable(self, names: Collection[str], *, lost_only: bool = False) -> dict[str, str]:
         rendezvous = self._rendezvous
