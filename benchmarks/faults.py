@@ -57,7 +57,7 @@ for record in job.stream():
     seen += record.line == "started"
     if seen == 2:
         break
-print("READY", cluster.name, flush=True)
+print("READY", cluster.id, flush=True)
 sys.stdin.read()
 """
 BOUNDS = {"lost": 3.0 + 1.0, "agent done": 2.0 + 2.0, "owner clean": 3.0}
@@ -118,13 +118,13 @@ def owner_once(bed: Testbed, work: Path) -> float:
         text=True,
     )
     assert owner.stdout is not None
-    name = owner.stdout.readline().split()[1]
+    cluster_id = owner.stdout.readline().split()[1]
 
     def clean() -> bool:
         return all(
             not job_processes(h)
             and "clusterbook:" not in h.authorized_keys.read_text()
-            and not (h.home / ".clusterbook" / "clusters" / name).exists()
+            and not (h.home / ".clusterbook" / "clusters" / cluster_id).exists()
             for h in bed.hosts[:2]
         )
 

@@ -8,6 +8,7 @@ failure: CI must never go green by skipping the real thing.
 from __future__ import annotations
 
 import os
+import subprocess
 import sys
 import time
 from collections.abc import Callable, Iterator
@@ -94,6 +95,20 @@ def other_user() -> Iterator[LocalUser]:
         yield user
     finally:
         user.close()
+
+
+@pytest.fixture
+def small_disk(tmp_path: Path) -> Iterator[Path]:
+    """A 512 KiB tmpfs, unmounted at teardown: a run directory on it fills up after a few
+    hundred lines, a file of a MiB does not fit."""
+    require(os.geteuid() == 0, "mounting a small tmpfs needs root")
+    mount = tmp_path / "small"
+    mount.mkdir()
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=512k", "tmpfs", str(mount)], check=True)
+    try:
+        yield mount
+    finally:
+        subprocess.run(["umount", "--lazy", str(mount)], check=False)
 
 
 def processes_mentioning(text: str) -> list[psutil.Process]:

@@ -24,6 +24,7 @@ from clusterbook.errors import (
     JobFailedError,
     JobTimeoutError,
     LauncherNotFoundError,
+    LeaderLostError,
     NodeLostError,
     ProgramNotFoundError,
     ReadyTimeoutError,
@@ -53,6 +54,7 @@ if TYPE_CHECKING:
     from clusterbook.launch.result import AttemptInfo, JobResult, KeptProcess, RankFailure
     from clusterbook.spec import NodeSpec
     from clusterbook.status import ClusterSnapshot, JobStatus, NodeStatus
+    from clusterbook.worker_host import serve_worker
 
 # Imported on first use, so that a process that needs one small part (a node's agent, the
 # rank hook) does not pay for all of it: ``import clusterbook.rendezvous.agent`` stays light.
@@ -75,6 +77,7 @@ _LAZY = {
     "NodeStatus": "clusterbook.status",
     "RankFailure": "clusterbook.launch.result",
     "run": "clusterbook.ephemeral",  # cb.run: start a cluster, one job, tear it down
+    "serve_worker": "clusterbook.worker_host",  # a training job's worker host
 }
 
 
@@ -108,6 +111,7 @@ __all__ = [
     "KeptProcess",
     "Launcher",
     "LauncherNotFoundError",
+    "LeaderLostError",
     "LogRecord",
     "MPIFlavour",
     "NodeLostError",
@@ -131,6 +135,7 @@ __all__ = [
     "load_ipython_extension",
     "prune",
     "run",
+    "serve_worker",
 ]
 
 

@@ -7,7 +7,11 @@ each task prints one JSON object. Importable too, for tests.
   what ``nvidia-smi -L`` says of its GPUs).
 - ``install``: write the cluster's files atomically with their modes under
   ``~/.clusterbook/clusters/ID`` and add the cluster's key to ``~/.ssh/authorized_keys``.
-- ``cleanup``: stop the cluster's processes, remove its key lines and its directory.
+- ``status``: write the cluster's status file (``status.json``: ``ready``) in its directory,
+  and, where a worker of a training job serves this host (``clusterbook worker serve``),
+  the copy that worker waits on, in its own directory (:func:`worker_dir`).
+- ``cleanup``: stop the cluster's processes, remove its key lines and its directory (and,
+  given a ``status``, leave it, ``done``, for the worker that serves this host).
 - ``release`` (the node's agent, when it has lost the head): stop the cluster's jobs here and
   remove what ``install`` put here, unless another node sharing this home is still in it.
 - ``kill``: stop the processes of one job.
@@ -40,6 +44,8 @@ Reply = dict[str, Any]  # a task's JSON answer
 JOB_ENV = "CLUSTERBOOK_JOB"
 #: Where a cluster's files live on every node (and the head), under the user's home.
 CLUSTERS_DIR = ".clusterbook/clusters"
+#: The file of a cluster's state (``ready``, ``done``) that the worker serving a host waits on.
+STATUS_FILE = "status.json"
 AGENTS = "agents"  # a cluster's agents are tagged CLUSTER-agents; its jobs, CLUSTER-TOKEN
 # The MPI launchers' daemons on a node: the parents of a job's ranks there.
 DAEMONS = ("prted", "hydra_pmi_proxy")
@@ -203,14 +209,32 @@ def write_atomic(path: str, data: bytes, mode: int) -> None:
         raise
 
 
-def _cluster_dir(cluster_id: str) -> str:
-    if not cluster_id or "/" in cluster_id or cluster_id.startswith("."):
-        raise ValueError(f"bad cluster id {cluster_id!r}")
-    return os.path.join(os.path.expanduser("~"), CLUSTERS_DIR, cluster_id)
+_ID_CHARS = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789_.-")
+#: What a cluster id may be (it names the cluster's directory, here and on its nodes).
+ID_RULE = "1-127 letters, digits, '.', '-' or '_', starting with a letter or digit"
+
+
+def is_cluster_id(text: object) -> bool:
+    """Whether ``text`` is a cluster id (:data:`ID_RULE`): never a path, nor ``.``/``..``."""
+    return (
+        isinstance(text, str)
+        and 0 < len(text) <= 127
+        and text[0] not in "_.-"
+        and _ID_CHARS.issuperset(text)
+    )
+
+
+def cluster_dir(cluster_id: str, home: str | None = None) -> str:
+    """The directory of the cluster of id ``cluster_id`` (what ``clusterbook ls`` shows) in
+    ``home`` (default: this user's): ``HOME/.clusterbook/clusters/ID``, on the head and on
+    every node. ``ValueError`` for what is not an id (never a path)."""
+    if not is_cluster_id(cluster_id):
+        raise ValueError(f"{cluster_id!r} is not a cluster id ({ID_RULE})")
+    return f"{os.path.expanduser('~') if home is None else home}/{CLUSTERS_DIR}/{cluster_id}"
 
 
 def install(args: Args) -> Reply:
-    directory = _cluster_dir(args["cluster_id"])
+    directory = cluster_dir(args["cluster_id"])
     os.makedirs(directory, mode=0o700, exist_ok=True)
     os.chmod(directory, 0o700)
     for name, (mode, data) in sorted(args["files"].items()):
@@ -243,6 +267,27 @@ def install(args: Args) -> Reply:
                 text += "\n"
             write_atomic(keys, (text + line + "\n").encode(), mode)
     return {"home": os.path.expanduser("~"), "dir": directory}
+
+
+def worker_dir() -> str:
+    """Where ``clusterbook worker serve`` keeps its sshd's files and the status the leader's
+    cluster leaves for it: ``~/.clusterbook/worker-HOSTNAME`` (hosts may share a home)."""
+    return os.path.join(os.path.expanduser("~"), ".clusterbook", f"worker-{socket.gethostname()}")
+
+
+def _leave_status(data: bytes) -> bool:
+    """Give the worker that serves this host, if one does, the cluster's status ``data``."""
+    directory = worker_dir()
+    if not os.path.isdir(directory):
+        return False
+    write_atomic(os.path.join(directory, STATUS_FILE), data, 0o644)
+    return True
+
+
+def status(args: Args) -> Reply:
+    data = json.dumps(args["status"]).encode()
+    write_atomic(_inside(cluster_dir(args["cluster_id"]), STATUS_FILE), data, 0o644)
+    return {"served": _leave_status(data)}
 
 
 def _inside(directory: str, name: str, depth: int = 2) -> str:
@@ -474,10 +519,17 @@ def cleanup(args: Args) -> Reply:
     grace = float(args.get("grace", 2.0))
     killed = kill_tagged([cluster_id + "-"], grace, prefix=True, daemons=True)
     removed = _remove_key_lines(args.get("tag"))
-    directory = _cluster_dir(cluster_id)
+    directory = cluster_dir(cluster_id)
     _remove_put(directory)
     _rmtree(directory)
-    return {"killed": killed, "keys_removed": removed, "dir_removed": not os.path.exists(directory)}
+    # Last: a worker that serves this host and sees "done" exits, and may take its sshd along.
+    served = "status" in args and _leave_status(json.dumps(args["status"]).encode())
+    return {
+        "killed": killed,
+        "keys_removed": removed,
+        "dir_removed": not os.path.exists(directory),
+        "served": served,
+    }
 
 
 def release(args: Args) -> Reply:
@@ -486,7 +538,7 @@ def release(args: Args) -> Reply:
     nodes still in it), the cluster's key lines and directory too, as ``cleanup`` would."""
     cluster_id = args["cluster_id"]
     killed = stop_jobs(cluster_id, float(args.get("grace", 1.0)))
-    directory = _cluster_dir(cluster_id)
+    directory = cluster_dir(cluster_id)
     with contextlib.suppress(OSError):
         os.unlink(_marker(directory))
     _remove_put(directory)
@@ -645,7 +697,7 @@ def spawn(args: Args) -> Reply:
     import subprocess
 
     argv, env = args["argv"], args.get("env", {})
-    path = _inside(_cluster_dir(args["cluster_id"]), args["log"])
+    path = _inside(cluster_dir(args["cluster_id"]), args["log"])
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
     try:
         if _forkable(argv, env):
@@ -809,7 +861,7 @@ def put_chunk(args: Args) -> Reply:
 
 def _log_created(cluster_id: str, paths: list[str]) -> None:
     if paths:
-        directory = _cluster_dir(cluster_id)
+        directory = cluster_dir(cluster_id)
         os.makedirs(directory, mode=0o700, exist_ok=True)
         with open(_put_log(directory), "a") as f:
             f.writelines(json.dumps(p) + "\n" for p in paths)  # a name may hold a newline
@@ -818,7 +870,7 @@ def _log_created(cluster_id: str, paths: list[str]) -> None:
 def put_cleanup(args: Args) -> Reply:
     """Remove what ``put`` created for the cluster (and nothing else of it: for nodes that
     were not bootstrapped by the head, like an elastic cluster's)."""
-    directory = _cluster_dir(args["cluster_id"])
+    directory = cluster_dir(args["cluster_id"])
     _remove_put(directory)
     with contextlib.suppress(OSError):
         os.unlink(_put_log(directory))
@@ -1041,7 +1093,7 @@ def gather_files(args: Args, stdin: Any, stdout: Any) -> Reply:
 
 def tail(args: Args) -> Reply:
     """The last ``lines`` lines of file ``name`` in the cluster's directory ("" if none)."""
-    path = _inside(_cluster_dir(args["cluster_id"]), args["name"])
+    path = _inside(cluster_dir(args["cluster_id"]), args["name"])
     try:
         with open(path, "rb") as f:
             f.seek(max(0, os.fstat(f.fileno()).st_size - 8192))
@@ -1054,6 +1106,7 @@ def tail(args: Args) -> Reply:
 TASKS: dict[str, Callable[[Args], Reply]] = {
     "probe": probe,
     "install": install,
+    "status": status,
     "cleanup": cleanup,
     "release": release,
     "kill": kill,

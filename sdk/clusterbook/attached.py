@@ -18,9 +18,8 @@ processes doing that at once are serialised by a lock on the directory.
 from __future__ import annotations
 
 import contextlib
-import fcntl
+import logging
 import os
-import shutil
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -35,11 +34,13 @@ from clusterbook.errors import ClusterError, ClusterStateError, ConfigError, Rec
 from clusterbook.events import Subscribers
 from clusterbook.launch.guard import kill_tagged
 from clusterbook.launch.saved import SavedJob
-from clusterbook.paths import cluster_dir, default_run_root
+from clusterbook.paths import cluster_dir, clusters_root, default_run_root
+from clusterbook.pathsafety import locked, remove_tree
 from clusterbook.record import (
     STOP_FILE,
     ClusterRecord,
     JobEntry,
+    head_state_of,
     read_record,
     snapshot_from,
     write_record,
@@ -48,7 +49,7 @@ from clusterbook.rundir import ClusterDir, LocalDir
 from clusterbook.safepath import check_run_dir
 from clusterbook.spec import NodeSpec
 from clusterbook.status import ClusterSnapshot, nodes_frame
-from clusterbook.wording import spell_or
+from clusterbook.wording import spell, spell_or
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -60,6 +61,8 @@ if TYPE_CHECKING:
 __all__ = ["AttachedCluster"]
 
 _POLL = 0.1
+
+_log = logging.getLogger("clusterbook.attached")
 
 
 class AttachedCluster:
@@ -329,60 +332,82 @@ class AttachedCluster:
 
     # -- stopping ----------------------------------------------------------------------------
 
-    def stop(self, timeout: float = 30.0, *, reason: str | None = None) -> None:
+    def stop(
+        self, timeout: float = 30.0, *, reason: str | None = None, force: bool = False
+    ) -> None:
         """Stop the cluster: its head is asked to (or, when it takes no requests, finds the
         stop file within a second); a head that is gone leaves this process to stop what is
         left. Returns once it is stopped; :class:`ClusterStateError` if the head has not
-        stopped it in ``timeout`` s."""
+        stopped it in ``timeout`` s.
+
+        ``force``: also when this machine cannot verify that the head runs (it ran on
+        another machine; an older clusterbook wrote a record whose pid may be another
+        process's now), stop what it left here and mark the record stopped."""
         asked = reason or f"stopped by an attached handle (pid {os.getpid()})"
-        if self._dir.stop_there(timeout, asked):  # on the head's machine, by its clusterbook
+        if self._dir.stop_there(timeout, asked, force):  # on the head's machine, by its own
             self._close_client()
             self.refresh()
             return
         record = self.refresh()
+        if record.live and force and head_state_of(record) != "alive":
+            self._clean_after_dead_head(timeout)
+            return
         if record.live and not self._stale:
-            try:
-                self._call("stop", reason=asked)
-            except ClusterStateError:  # the head takes no requests: it reads the stop file
-                self._dir.touch_stop()
+            self._ask_to_stop(asked)
         self._close_client()  # the head is going: its connection with it
         deadline = time.monotonic() + timeout
         while record.live:
             if self._stale:
-                self._clean_after_dead_head()
+                self._clean_after_dead_head(max(0.0, deadline - time.monotonic()))
                 return
             if time.monotonic() >= deadline:
                 raise ClusterStateError(
                     f"Cluster {self.id} is still {record.state} {timeout:g} s after it was "
                     f"asked to stop; its head (pid {record.head_pid} on {record.head_host}) "
-                    "did not act on it."
+                    "did not act on it. If that process is not the cluster's head (it may "
+                    "be gone, its pid another process's), stopping it with "
+                    f"{spell('force', True)} cleans what it left here."
                 )
             time.sleep(_POLL)
             record = self.refresh()
 
-    def _clean_after_dead_head(self) -> None:
-        """Stop what a killed head left here: its jobs' processes, its files; mark the record
-        stopped. One process does it; another one asking at the same time waits for it."""
-        with open(self.run_dir / ".stop.lock", "w") as lock:
-            fcntl.flock(lock, fcntl.LOCK_EX)  # the second one waits here, then finds it done
+    def _ask_to_stop(self, asked: str) -> None:
+        """Ask the head to stop, or, when it cannot be asked, put the stop file, saying so."""
+        try:
+            self._call("stop", reason=asked)
+        except ClusterStateError as exc:  # the head takes no requests: it reads the stop file
+            _log.warning("%s Asking it through its stop file, %s.", exc, self.run_dir / STOP_FILE)
+            self._dir.touch_stop()
+
+    def _clean_after_dead_head(self, timeout: float) -> None:
+        """Stop what a head that is gone (or that cannot be verified, with ``force``) left
+        here: its jobs' processes, its files; mark the record stopped. One process does it;
+        another one asking at the same time waits for it (up to ``timeout`` s). Nothing is
+        followed or removed outside the cluster's own directories: the lock is never a
+        link, the record read is checked (its name and id are never paths, it is where it
+        says)."""
+        # The second one waits here, then finds it done.
+        with locked(self.run_dir / ".stop.lock", timeout):
             record = read_record(self.run_dir)
             if not record.live:
                 return
             tokens = [j.token for j in record.jobs if j.token and j.state == "running"]
             if tokens:
                 kill_tagged(tokens, 1.0)
-            shutil.rmtree(cluster_dir(record.name), ignore_errors=True)
+            with contextlib.suppress(OSError):  # what cannot be removed stays; stop goes on
+                remove_tree(cluster_dir(record.id), clusters_root())
             now = time.time()
             jobs = tuple(
                 j if j.state != "running" else _ended(j, now, "cancelled") for j in record.jobs
             )
+            head = f"pid {record.head_pid} on {record.head_host}"
+            why = "was gone" if head_state_of(record) == "gone" else "could not be verified"
             write_record(
                 replace(
                     record,
                     state="stopped",
                     stopped=now,
-                    stop_reason=f"its head (pid {record.head_pid}) was gone; stopped by pid "
-                    f"{os.getpid()}",
+                    stop_reason=f"its head ({head}) {why}; stopped by pid {os.getpid()}",
                     jobs=jobs,
                     updated=now,
                 )

@@ -12,10 +12,9 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
-import shutil
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -29,6 +28,7 @@ from clusterbook.errors import (
 from clusterbook.launch.prepare import make_run_dir
 from clusterbook.lifetime import format_duration
 from clusterbook.paths import default_run_root
+from clusterbook.pathsafety import inside, remove_tree
 from clusterbook.record import FILE, ClusterRecord, is_stale, read_record, snapshot_from
 from clusterbook.safepath import check_run_dir
 
@@ -236,16 +236,20 @@ def time_left(record: ClusterRecord, now: float) -> str | None:
 
 @dataclass(frozen=True, slots=True)
 class Removal:
-    """A directory that pruning removes (or would, on a dry run), and why."""
+    """A directory that pruning removes (or would, on a dry run), and why. ``within``: the
+    directory it must be in (a job's, its cluster's ``jobs/``); None for a cluster's own
+    directory, whose record is read again before it goes."""
 
     path: Path
     why: str
+    within: Path | None = field(default=None, repr=False, compare=False)
 
 
 def prunable(found: list[Found], *, now: float, older_than: float | None) -> list[Removal]:
     """What pruning removes: the directories of clusters stopped over ``older_than`` seconds
     ago (default: each cluster's own ``retention``; none without one), and of finished jobs of
-    live clusters whose own retention has passed. Never a live cluster's or a running job's."""
+    live clusters whose own retention has passed. Never a live cluster's or a running job's,
+    nor a job's outside its cluster's ``jobs/``."""
     out: list[Removal] = []
     for f in found:
         r = f.record
@@ -260,10 +264,15 @@ def prunable(found: list[Found], *, now: float, older_than: float | None) -> lis
                 age = format_duration(now - ended)
                 out.append(Removal(f.path, f"cluster {r.id} {f.state} {age} ago"))
             continue
+        jobs = f.path / "jobs"
         for job in r.jobs:
-            if job.state != "running" and job.ended is not None and now - job.ended >= keep:
-                age = format_duration(now - job.ended)
-                out.append(Removal(Path(job.directory), f"job {job.id} of {r.id} ended {age} ago"))
+            if job.state == "running" or job.ended is None or now - job.ended < keep:
+                continue
+            if not inside(job.directory, jobs):
+                continue  # not where its cluster makes its jobs: never removed
+            age = format_duration(now - job.ended)
+            why = f"job {job.id} of {r.id} ended {age} ago"
+            out.append(Removal(Path(job.directory), why, within=jobs))
     return out
 
 
@@ -276,20 +285,28 @@ def prune(
     removals = prunable(found, now=time.time(), older_than=older_than)
     if not dry_run:
         for removal in removals:
-            _remove(removal.path)
+            _remove(removal, root)
         for entry in _dangling_links(root):
             entry.unlink(missing_ok=True)
     return removals
 
 
-def _remove(path: Path) -> None:
+def _remove(removal: Removal, root: Path) -> None:
+    """Remove what ``removal`` names, only where it must be: a job's directory inside its
+    cluster's ``jobs/``, a cluster's directory that still holds its record (which is where it
+    says), inside the run root or linked there."""
+    path = removal.path
     try:
-        if path.is_symlink():  # a cluster linked into the run root: its directory, then the link
-            shutil.rmtree(path.resolve())
+        if removal.within is not None:
+            remove_tree(path, removal.within)
+            return
+        read_record(path)  # still a cluster's directory, where its record says
+        if path.is_symlink():  # a cluster linked into the run root: its directory, the link
+            remove_tree(path.resolve(), path.resolve(), itself=True)
             path.unlink()
         else:
-            shutil.rmtree(path)
-    except OSError as exc:
+            remove_tree(path, root)
+    except (OSError, ClusterError) as exc:
         _log.warning("Could not remove %s: %s", path, exc)
 
 

@@ -9,13 +9,15 @@ would. Hosts are reached with your own ssh key, host keys checked as for ``Clust
 
 from __future__ import annotations
 
+import contextlib
 import getpass
 import os
 from collections.abc import Sequence
 from typing import Any
 
 from clusterbook import _node_tasks
-from clusterbook.errors import ConfigError
+from clusterbook.errors import ClusterError, ConfigError
+from clusterbook.names import ID_RULE, is_cluster_id
 from clusterbook.spec import parse_host_slots
 
 __all__ = ["clean_cluster"]
@@ -34,19 +36,15 @@ def clean_cluster(
     ssh_config: str | os.PathLike[str] | None = None,
 ) -> dict[str, dict[str, Any] | Exception]:
     """Remove what cluster ``cluster_id`` left here and on ``hosts``; return, by host (this
-    machine is ``"localhost"``), what was removed or why it could not be. Hosts are reached
-    as :meth:`Cluster.ssh <clusterbook.Cluster.ssh>` reaches them (ssh config, agent, jump
+    machine is ``"localhost"``), what was removed or why it could not be. ``cluster_id`` is
+    the id ``clusterbook ls`` shows (its directories on the nodes are named by it); a name
+    that ``ls`` still lists stands for the newest cluster of that name. Hosts are reached as
+    :meth:`Cluster.ssh <clusterbook.Cluster.ssh>` reaches them (ssh config, agent, jump
     hosts)."""
     from clusterbook.ssh.keys import key_tag
 
-    try:
-        tag = key_tag(cluster_id)
-    except ValueError:
-        raise ConfigError(
-            f"{cluster_id!r} is not a cluster id (letters, digits, '.', '-', '_'); give the "
-            "name the cluster showed, like 'ssh-1a2b3c'."
-        ) from None
-    args = {"cluster_id": cluster_id, "tag": tag, "grace": 2.0}
+    cluster_id = _the_id(cluster_id)
+    args = {"cluster_id": cluster_id, "tag": key_tag(cluster_id), "grace": 2.0}
     names = [parse_host_slots(h, 1)[0] for h in hosts]
     out: dict[str, dict[str, Any] | Exception] = {}
     try:
@@ -90,3 +88,20 @@ def clean_cluster(
     for host in names:
         out[host] = done[host] if host in done else failed[host]
     return out
+
+
+def _the_id(given: str) -> str:
+    """The id of the cluster ``given`` names: itself, or the id of the newest cluster of that
+    name still listed here (a cluster's directories on its nodes are named by its id)."""
+    from clusterbook.catalog import find
+
+    if not is_cluster_id(given):
+        raise ConfigError(
+            f"{given!r} is not a cluster id ({ID_RULE}); give the id clusterbook ls shows, "
+            "like 'ssh-1a2b3c-20261123-101500'."
+        )
+    with contextlib.suppress(ClusterError):  # not listed (pruned, or another machine's)
+        record = find(given).record
+        if record is not None:
+            return record.id
+    return given

@@ -1,4 +1,5 @@
-"""The ``clusterbook`` command: ``demo``, ``run``, ``cleanup`` and ``worker join``; the
+"""The ``clusterbook`` command: ``demo``, ``run``, ``cleanup`` and ``worker join`` (``worker
+serve`` is in :mod:`clusterbook.cli_worker`); the
 commands about clusters elsewhere (``ls``, ``status``, ``logs``, ``stop``, ``prune``) are in
 :mod:`clusterbook.cli_clusters`, ``export mpijob`` in :mod:`clusterbook.cli_export`; what
 ``run`` and ``export`` share of a job in :mod:`clusterbook.cli_job`."""
@@ -37,7 +38,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         from clusterbook.dirservice import main as serve_dir
 
         return serve_dir(words[1:])
-    parser = _parser(worker_only=words[:2] == ["worker", "join"])
+    worker = words[1] if words[:1] == ["worker"] and len(words) > 1 else None
+    parser = _parser(worker_only=worker if worker in ("join", "serve") else None)
     command: list[str] | None = None
     if words[:1] == ["exec"] and "--" in words:
         # exec's ID comes before its options: argparse would take the command for its own.
@@ -170,9 +172,10 @@ def _unknown_options(parser: argparse.ArgumentParser, words: list[str], unknown:
     return EXIT_USAGE
 
 
-def _parser(*, worker_only: bool = False) -> argparse.ArgumentParser:
-    """The command's parser; with ``worker_only``, of ``worker`` alone: what an agent parses
-    (every node's, at every bootstrap), without making, or importing for, the rest."""
+def _parser(*, worker_only: str | None = None) -> argparse.ArgumentParser:
+    """The command's parser; with ``worker_only``, of that ``worker`` command alone (``join``:
+    what an agent parses, every node's at every bootstrap), without making, or importing for,
+    the rest."""
     from clusterbook import __version__
 
     parser = argparse.ArgumentParser(
@@ -182,7 +185,7 @@ def _parser(*, worker_only: bool = False) -> argparse.ArgumentParser:
     sub = parser.add_subparsers(title="commands")
     if not worker_only:
         _add_commands(sub)
-    _add_worker(sub)
+    _add_worker(sub, worker_only)
     return parser
 
 
@@ -250,6 +253,14 @@ def _add_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
         "--wdir", "-wdir", metavar="DIR", help="the ranks' working directory (default: this one)"
     )
     add_env_option(run)
+    run.add_argument(
+        "--forward-env",
+        action="append",
+        default=[],
+        metavar="NAME",
+        help="a variable of this environment for the ranks too, or a prefix like NCCL_* "
+        "(repeatable; the job's own, SageMaker's, Slurm's and PBS's go anyway)",
+    )
     run.add_argument("--mpi", choices=["openmpi", "mpich"], help="MPI flavour to use")
     run.add_argument("--launcher", metavar="PATH", help="mpirun/mpiexec to use")
     run.add_argument("--oversubscribe", action="store_true", help="allow more ranks than slots")
@@ -277,7 +288,11 @@ def _add_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
         "do this themselves when they lose the head; this is for what is left when they could "
         "not.",
     )
-    clean.add_argument("cluster_id", metavar="ID", help="the cluster's name, like ssh-1a2b3c")
+    clean.add_argument(
+        "cluster_id",
+        metavar="ID",
+        help="the cluster's id, as clusterbook ls shows it (like ssh-1a2b3c-20261123-101500)",
+    )
     clean.add_argument("--hosts", metavar="H,...", help="its SSH hosts, like node1,node2")
     _ssh_options(clean)
     clean.add_argument(
@@ -289,16 +304,31 @@ def _add_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
     add_export(sub)
 
 
-def _add_worker(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    worker = sub.add_parser("worker", help="run this machine as a node of an elastic cluster")
+def _add_worker(
+    sub: argparse._SubParsersAction[argparse.ArgumentParser], only: str | None = None
+) -> None:
+    """``worker`` and its commands (``only``: that one)."""
+    worker = sub.add_parser(
+        "worker",
+        help="run this machine as a node of an elastic cluster, or a worker of a training job",
+    )
     worker_sub = worker.add_subparsers(title="worker commands")
+    if only in (None, "join"):
+        _add_join(worker_sub)
+    if only in (None, "serve"):
+        from clusterbook.cli_worker import add_serve
+
+        add_serve(worker_sub)
+
+
+def _add_join(worker_sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     join = worker_sub.add_parser(
         "join",
         help="join an elastic cluster and stay until it closes",
         description="Join the elastic cluster at URL (as the head printed it) and stay, "
         "heartbeating, until the cluster closes or the head is gone for longer than the lease.",
     )
-    join.add_argument("url", help="join URL printed by the head (tcp://HOST:PORT/NAME?...)")
+    join.add_argument("url", help="join URL printed by the head (tcp://HOST:PORT/ID?...)")
     join.add_argument(
         "--token-file",
         required=True,
@@ -450,6 +480,7 @@ def _run(args: argparse.Namespace) -> int:
         if not os.path.exists(os.path.expanduser(path)):
             raise ConfigError(f"--put {path!r}: there is no such file or directory here.")
     options = {"run_dir": args.run_dir, "mpi": args.mpi, "launcher": args.launcher}
+    options["forward_env"] = args.forward_env or None
     if args.hosts and args.hostfile:
         raise ConfigError("Give the hosts with --hosts or with --hostfile, not both.")
     hosts = _split(args.hosts) if args.hosts else []

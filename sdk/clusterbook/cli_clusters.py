@@ -55,11 +55,19 @@ def add_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> No
         "stop",
         help="stop a cluster another process runs",
         description="Stop cluster ID: its head stops its jobs and nodes within a second. When "
-        "the process that ran it is gone, stop what it left on this machine.",
+        "the process that ran it is gone, stop what it left on this machine. Without its "
+        "token file, ask the head through its stop file.",
     )
     _cluster_arg(stop)
     stop.add_argument(
         "--timeout", type=float, default=30.0, metavar="S", help="seconds to wait (default 30)"
+    )
+    stop.add_argument(
+        "--force",
+        action="store_true",
+        help="also when this machine cannot verify that the process that ran the cluster "
+        "still runs (it ran elsewhere, or an older version wrote a record whose pid may be "
+        "another process's now): stop what it left here and mark it stopped",
     )
     stop.set_defaults(func=_stop)
 
@@ -246,7 +254,7 @@ def _stop(args: argparse.Namespace) -> int:
         if before == "stopped":
             print(f"Cluster {cluster.id} was already stopped.")
             return 0
-        cluster.stop(timeout=args.timeout)
+        cluster.stop(timeout=args.timeout, force=args.force)
         reason = cluster.record.stop_reason or "stopped"
         print(f"Cluster {cluster.id} stopped ({reason}).")
     return 0

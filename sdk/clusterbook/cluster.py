@@ -71,7 +71,7 @@ class Cluster:
     logs go to files under :attr:`run_dir` as they arrive, and stay there after the cluster
     stops. Every constructor takes the options of
     :class:`~clusterbook.options.ClusterOptions`: ``name``, ``run_dir``, ``python``,
-    ``launcher``, ``mpi`` and ``env``.
+    ``launcher``, ``mpi``, ``env`` and ``forward_env``.
     """
 
     def __init__(self, provider: Provider, options: ClusterOptions | None = None) -> None:
@@ -355,7 +355,7 @@ class Cluster:
             try:
                 with self._watch.showing(bar(progress, f"starting {self.name}", total, "node")):
                     ctx = StartContext(
-                        self.name,
+                        self.id,
                         self.python,
                         launcher,
                         env,
@@ -392,7 +392,8 @@ class Cluster:
                 "(its supervisor makes it again from that spec)."
             )
         self._claim_run_dir()
-        spec = {**self._spec, "run_dir": str(self.run_dir), "detached": False}
+        # Its name too: the supervisor makes the cluster again, and one cluster has one name.
+        spec = {**self._spec, "run_dir": str(self.run_dir), "detached": False, "name": self.name}
         spec["life_span"] = self._options.life_span
         launch_supervisor(spec, self.id, self.run_dir)
         self._remote = AttachedCluster.attach(str(self.run_dir))
@@ -443,7 +444,7 @@ class Cluster:
                     self._mirror.close()
                 (self.run_dir / STOP_FILE).unlink(missing_ok=True)
                 with contextlib.suppress(OSError):  # empty once the provider cleaned it
-                    cluster_dir(self.name).rmdir()
+                    cluster_dir(self.id).rmdir()
                 # Stopped once all of it is done: whoever waits for it finds it all done.
                 with self._lock:
                     self._state = "stopped"
@@ -459,10 +460,13 @@ class Cluster:
     def wait_ready(self, timeout: float = 60, *, progress: bool | None = None) -> None:
         """Return when every node is ready to run ranks; raise if that takes over ``timeout``.
 
-        Nodes of local and SSH clusters are ready once ``start()`` returned; an elastic
+        Nodes of local and SSH clusters are ready once ``start()`` returned, and again once
+        nodes they lost joined again (a local cluster starts its agents again); an elastic
         cluster is ready when a rendezvous round completed (``min_nodes`` plus the last call,
-        or ``max_nodes``), else :class:`ReadyTimeoutError` says who joined. A bar shows the
-        nodes up where someone watches (``progress`` decides instead).
+        or ``max_nodes``), else :class:`ReadyTimeoutError` says who joined. Nodes that were
+        lost and cannot come back (an SSH node whose agent gave up) are a
+        :class:`ClusterStateError` saying so, at once. A bar shows the nodes up where someone
+        watches (``progress`` decides instead).
         """
         limit = validate_timeout(timeout)
         self._require_running("wait_ready")
@@ -470,6 +474,8 @@ class Cluster:
             return
         if self._remote is not None:
             return self._remote.wait_ready(limit)
+        if gone := self._provider.lost_for_good():
+            raise ClusterStateError(gone)
         total = (self._provider.bounds or (len(self.nodes),))[0] or None
         with self._watch.showing(bar(progress, "waiting for nodes", total, "node")):
             self._provider.wait_ready(limit)
@@ -505,7 +511,7 @@ class Cluster:
         self._require_running("mpirun")
         if self._remote is not None:
             return self._remote.mpirun(argv, np, **job)
-        nodes = usable_nodes(self.name, self.nodes, self._provider.unreachable)
+        nodes = usable_nodes(self.name, self._provider)
         request = JobRequest.make(argv, np, slots=sum(n.slots for n in nodes), **job)
         unreachable, names = self._provider.unreachable, [n.name for n in nodes]
 
@@ -524,7 +530,7 @@ class Cluster:
         with self._lock:
             started = prepare(
                 request,
-                cluster=self.name,
+                cluster=self.id,
                 nodes=nodes,
                 remote=self._provider.remote(),
                 python=self.python,
@@ -534,6 +540,7 @@ class Cluster:
                 jobs_so_far=len(self._jobs),
                 hooks=hooks,
                 logs=self._logs,
+                forward_env=self._options.forward_env,
             )
             self._jobs.append(started)
         self._changed(record=True)
@@ -668,6 +675,16 @@ class Cluster:
             time_left=left,
         )
 
+    def _problem(self) -> str | None:
+        """What is wrong now: nodes lost for good first (what mpirun and wait_ready say too),
+        else with the nodes (the provider's view), and with the head's services."""
+        services = self._services
+        found = (
+            self._provider.lost_for_good() or self._provider.problem(),
+            services.problem if services else None,
+        )
+        return " ".join(p for p in found if p) or None
+
     def subscribe(self, callback: Callable[[ClusterSnapshot], None]) -> Callable[[], None]:
         """Call ``callback(snapshot)`` whenever the cluster changes (started, stopped, a job
         started or ended); returns the function that unsubscribes. Callbacks run on the
@@ -725,12 +742,6 @@ class Cluster:
             f"<Cluster {self.name!r} {self.kind} {self._state}: {len(self.nodes)} nodes, "
             f"{self.total_slots} slots{launcher}{f' PROBLEM: {problem}' if problem else ''}>"
         )
-
-    def _problem(self) -> str | None:
-        """What is wrong: with the nodes (the provider's view), with the head's services."""
-        services = self._services
-        found = (self._provider.problem(), services.problem if services else None)
-        return " ".join(p for p in found if p) or None
 
     def _repr_mimebundle_(self, **kwargs: Any) -> dict[str, Any]:
         """In a notebook: the live widget of the Jupyter layer that registered one, with a

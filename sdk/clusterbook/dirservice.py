@@ -153,7 +153,11 @@ class Service:
             self._here.touch_stop()
             return {}, b""
         if op == "stop":
-            self._stop(float(request.get("timeout", 30.0)), str(request.get("reason") or ""))
+            self._stop(
+                float(request.get("timeout", 30.0)),
+                str(request.get("reason") or ""),
+                force=request.get("force") is True,
+            )
             return {}, b""
         raise ClusterError(f"The cluster's machine does not know request {op!r}.")
 
@@ -185,14 +189,14 @@ class Service:
             )
         return Path(text)
 
-    def _stop(self, timeout: float, reason: str) -> None:
+    def _stop(self, timeout: float, reason: str, *, force: bool) -> None:
         from clusterbook.attached import AttachedCluster
         from clusterbook.catalog import Found
 
         record, stale = self._here.read()
         found = Found(self.path, record, stale=stale)
         with AttachedCluster(found, self._here) as cluster:
-            cluster.stop(timeout, reason=reason or None)
+            cluster.stop(timeout, reason=reason or None, force=force)
 
 
 def relay(directory: Path, rfd: int, wfd: int) -> int:

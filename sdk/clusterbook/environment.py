@@ -19,6 +19,9 @@ sagemaker   ``SM_HOSTS`` (a JSON list) and ``SM_CURRENT_HOST``, else
             (``algo-1``) leads, the others are workers
 ==========  ===================================================================================
 
+On a host that does not lead the job (``Detected.role == "worker"``), ``clusterbook worker
+serve`` (:mod:`clusterbook.worker_host`) serves the leader until it is done.
+
 Detection goes in the order of :data:`DETECTION_ORDER`: the first system whose sign is there
 (a Slurm or PBS variable, an MPIJob launcher's variables, SageMaker's variables or
 resourceconfig.json) is read. ``kind=`` or ``CLUSTERBOOK_ENVIRONMENT`` (a kind, ``auto`` or
@@ -132,7 +135,8 @@ class Detected:
     kind
         ``"slurm"``, ``"pbs"``, ``"mpijob"`` or ``"sagemaker"``.
     hosts_with_slots
-        ``(host, slots)`` per node, in the system's order, each host once.
+        ``(host, slots)`` per node, in the system's order, each host once (none on an
+        MPIJob's worker pod, which is given no hostfile).
     source
         Where they were read, for messages (``"SLURM_JOB_NODELIST='n[1-2]'"``).
     current_host
@@ -323,9 +327,9 @@ def cluster_spec(
         raise WorkerHostError(
             f"This host ({detected.current_host or 'unnamed'}) is a worker of the "
             f"{detected.kind} job ({detected.source}): the cluster is built on "
-            f"{detected.leader}, which starts the ranks here over ssh. On this host keep sshd "
-            "running and wait for the job to end (cb.detect_environment().role == 'worker' "
-            "tells the two apart)."
+            f"{detected.leader}, which starts the ranks here over ssh. On this host run "
+            "clusterbook worker serve (or cb.serve_worker()): it serves ssh until the leader "
+            "is done (cb.detect_environment().role == 'worker' tells the two apart)."
         )
     hosts = detected.hosts
     if slots is not None:

@@ -145,9 +145,11 @@ def read_mpijob(where: Surroundings) -> Detected:
         if value is not None:
             path, mpi = value, flavour
             break
-    text = _read(where, path, "the MPIJob launcher's hostfile")
-    hosts = _entries(parse_hostfile(text, f"the MPIJob hostfile {path!r}"))
     role = where.get("K_MPI_JOB_ROLE")
+    hosts: tuple[tuple[str, int], ...] = ()
+    if role != "worker" or where.path(path).is_file():  # the operator mounts it on the launcher
+        text = _read(where, path, "the MPIJob launcher's hostfile")
+        hosts = _entries(parse_hostfile(text, f"the MPIJob hostfile {path!r}"))
     mount = where.get(SSH_AUTH_MOUNT_VAR) or _DEFAULT_SSH_AUTH_MOUNT
     ssh: dict[str, Any] = {}
     identity = where.path(posixpath.join(mount, "id_rsa"))

@@ -12,9 +12,11 @@ and what to do about it. Errors of third-party libraries are translated at the b
     │   ├── ProgramNotFoundError            the program (or script) of a job does not exist
     │   ├── EnvironmentNotFoundError        no scheduler or launcher around this process
     │   ├── WorkerHostError                 this host is a worker of the job, not its leader
-    │   └── UnsafePathError                 a cluster's directory others could change
+    │   └── UnsafePathError                 a path others could have changed: a shared
+    │                                       directory, a link, a path out of its place
     ├── ClusterStateError                   the call does not fit the cluster's state
     ├── NodeLostError                       a node stopped heartbeating (``node``, ``host``)
+    ├── LeaderLostError                     a worker host's leader went before it was done
     ├── RunDirError                         a job's files cannot be written (a full disk)
     ├── RecordError                         a cluster.json that is missing or not a record
     ├── UnknownClusterError (also LookupError)  no cluster by that id; lists those there are
@@ -59,6 +61,7 @@ __all__ = [
     "JobFailedError",
     "JobTimeoutError",
     "LauncherNotFoundError",
+    "LeaderLostError",
     "NodeLostError",
     "ProgramNotFoundError",
     "ReadyTimeoutError",
@@ -102,13 +105,22 @@ class WorkerHostError(ConfigError):
 
 
 class UnsafePathError(ConfigError):
-    """A cluster's directory (or its record, or a directory above it) that another user could
-    change: not this user's, or writable by others. ``path`` names it, ``owner`` and ``mode``
-    are what it has."""
+    """A path another user could have changed, which clusterbook refuses to use: a cluster's
+    directory (or its record, or a directory above it) that is not this user's or that others
+    can write; a link or a special file where clusterbook's own file should be; a path outside
+    the directory it must be in. ``path`` names it; ``owner`` and ``mode`` are what it has,
+    where that is what is wrong (else None)."""
 
-    def __init__(self, message: str, *, path: str, owner: int, mode: int) -> None:
+    def __init__(
+        self,
+        message: str,
+        *,
+        path: os.PathLike[str] | str,
+        owner: int | None = None,
+        mode: int | None = None,
+    ) -> None:
         super().__init__(message)
-        self.path = path
+        self.path = os.fspath(path)
         self.owner = owner
         self.mode = mode
 
@@ -124,6 +136,15 @@ class NodeLostError(ClusterError):
         super().__init__(message)
         self.node = node
         self.host = host
+
+
+class LeaderLostError(ClusterError):
+    """``clusterbook worker serve`` (``cb.serve_worker``): the job's leader went, or never
+    came, before it said it was done with this host; ``leader`` names it."""
+
+    def __init__(self, message: str, *, leader: str | None) -> None:
+        super().__init__(message)
+        self.leader = leader
 
 
 class RunDirError(ClusterError):

@@ -7,11 +7,10 @@ same keyword arguments (:class:`ClusterOptionsArgs`), checked here once.
 from __future__ import annotations
 
 import os
-import re
 import secrets
 import sys
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypedDict
@@ -20,16 +19,15 @@ from clusterbook.errors import ConfigError
 from clusterbook.launch.flavour import MPIFlavour
 from clusterbook.lifetime import DETACHED_LIFE_SPAN, parse_duration
 from clusterbook.mirror import is_url
+from clusterbook.names import NAME_RULE, is_name
 from clusterbook.paths import default_run_root
-from clusterbook.spec import validate_env
+from clusterbook.spec import validate_env, validate_forward_env
 
 if TYPE_CHECKING:
     from clusterbook.providers.slurm_commands import SlurmRunner
     from clusterbook.ssh.hostkeys import HostKeyPolicy
 
 __all__ = ["ClusterOptions", "ClusterOptionsArgs", "ElasticArgs", "SSHArgs", "SlurmArgs"]
-
-_NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,62}")
 
 
 class ClusterOptionsArgs(TypedDict, total=False):
@@ -41,6 +39,7 @@ class ClusterOptionsArgs(TypedDict, total=False):
     launcher: str | None
     mpi: MPIFlavour | str | None
     env: Mapping[str, str] | None
+    forward_env: Sequence[str] | None
     life_span: float | str | None
     idle_timeout: float | str | None
     retention: float | str | None
@@ -146,11 +145,13 @@ class ClusterOptions:
     Attributes
     ----------
     name
-        Shown in status, names the cluster's files on its nodes (1-63 letters, digits, '.',
-        '-', '_'); default ``KIND-xxxxxx``.
+        Shown in status and listings, and found by (1-63 letters, digits, '.', '-', '_');
+        default ``KIND-xxxxxx``. A detached cluster keeps it in its supervisor.
     id
         What other processes find the cluster by: ``NAME-YYYYmmdd-HHMMSS`` as of when the
-        cluster is made (``-2``, ``-3``... added at start if another cluster has it).
+        cluster is made (``-2``, ``-3``... added at start if another cluster has it). It
+        names the cluster's files on its nodes (``~/.clusterbook/clusters/ID``), its key
+        line and its processes' tags.
     run_dir
         The cluster's directory: its record (``cluster.json``) and its jobs' logs (default:
         ``ID`` under ``default_run_root()``, made by the cluster: ``own_run_dir``).
@@ -162,6 +163,10 @@ class ClusterOptions:
         default the launcher next to ``python`` is used, then the one on PATH.
     env
         Variables every job's ranks get (a job's own ``env`` adds to them).
+    forward_env
+        Variables of this process's environment that every rank gets too, by name or by
+        prefix (``["NCCL_*", "WANDB_API_KEY"]``), under either MPI; besides those the system
+        around it defines (see :data:`clusterbook.launch.command.LAUNCH_ENV`).
     life_span, idle_timeout
         Stop the cluster this long after it started, or after this long with no job running
         (seconds, or text like ``"2h"``, ``"30m"``); a warning is logged a minute before.
@@ -190,6 +195,7 @@ class ClusterOptions:
     launcher: str | None = None
     mpi: MPIFlavour | str | None = None
     env: Mapping[str, str] = field(default_factory=dict)
+    forward_env: tuple[str, ...] = ()
     life_span: float | None = None
     idle_timeout: float | None = None
     retention: float | None = None
@@ -214,11 +220,8 @@ class ClusterOptions:
                 f"cluster takes are {', '.join(sorted(known))}."
             )
         name = given.get("name") or f"{kind}-{secrets.token_hex(3)}"
-        if not isinstance(name, str) or not _NAME_RE.fullmatch(name):
-            raise ConfigError(
-                f"Cluster name {name!r} must be 1-63 letters, digits, '.', '-' or '_', "
-                "starting with a letter or digit."
-            )
+        if not isinstance(name, str) or not is_name(name):
+            raise ConfigError(f"Cluster name {name!r} must be {NAME_RULE}.")
         cluster_id = f"{name}-{time.strftime('%Y%m%d-%H%M%S')}"
         detached, ephemeral = given.get("detached", False), given.get("ephemeral", False)
         if not isinstance(detached, bool) or not isinstance(ephemeral, bool):
@@ -250,12 +253,16 @@ class ClusterOptions:
         return cls(
             name=name,
             id=cluster_id,
-            run_dir=Path(run_dir) if run_dir is not None else default_run_root() / cluster_id,
+            # Absolute: the record names it to processes that run in other directories.
+            run_dir=Path(
+                os.path.abspath(default_run_root() / cluster_id if run_dir is None else run_dir)
+            ),
             own_run_dir=run_dir is None,
             python=python or sys.executable,
             launcher=launcher,
             mpi=mpi,
             env=validate_env(given.get("env")),  # type: ignore[arg-type]
+            forward_env=validate_forward_env(given.get("forward_env")),
             life_span=_life_span(given.get("life_span"), detached),
             idle_timeout=parse_duration(given.get("idle_timeout"), "idle_timeout"),
             retention=parse_duration(given.get("retention"), "retention"),

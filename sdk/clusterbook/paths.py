@@ -1,9 +1,13 @@
 """Where clusterbook keeps things on disk: one place for every location.
 
 - ``~/.clusterbook/clusters/ID/`` on the head and on every node: a cluster's key, token,
-  known_hosts, env file and status (defined with the node tasks, which need it on the nodes);
+  known_hosts and status, named by the cluster's id (defined with the node tasks, which need
+  it on the nodes: :func:`clusterbook._node_tasks.cluster_dir`);
 - ``~/.clusterbook/known_hosts``: host keys trusted on first use (``host_keys="accept-new"``);
 - ``~/.clusterbook/sshd-NODE/``: the user-level sshd of an elastic node's agent;
+- ``~/.clusterbook/worker-HOSTNAME/``: a training job's worker host (``clusterbook worker
+  serve``): its sshd, and the status the leader's cluster leaves it (defined with the node
+  tasks, which write it);
 - the run directories of clusters (jobs' logs): ``$CLUSTERBOOK_RUN_ROOT``, else
   ``$XDG_STATE_HOME/clusterbook/runs`` (``~/.local/state/clusterbook/runs``).
 """
@@ -13,26 +17,41 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+from clusterbook import _node_tasks
 from clusterbook._node_tasks import CLUSTERS_DIR
+from clusterbook.errors import ConfigError
 
 __all__ = [
     "CLUSTERS_DIR",
     "accept_new_known_hosts",
     "agent_sshd_dir",
     "cluster_dir",
+    "clusters_root",
     "default_run_root",
     "node_cluster_dir",
 ]
 
 
+def clusters_root() -> Path:
+    """Where the clusters' directories are on this machine: ``~/.clusterbook/clusters``."""
+    return Path.home() / CLUSTERS_DIR
+
+
 def cluster_dir(cluster_id: str) -> Path:
-    """The cluster's directory on this machine: ``~/.clusterbook/clusters/ID``."""
-    return Path.home() / CLUSTERS_DIR / cluster_id
+    """The directory of the cluster of id ``cluster_id`` on this machine:
+    ``~/.clusterbook/clusters/ID``. :class:`ConfigError` for what is not an id."""
+    return Path(node_cluster_dir(str(Path.home()), cluster_id))
 
 
 def node_cluster_dir(home: str, cluster_id: str) -> str:
     """The cluster's directory on a node whose home is ``home`` (a path on that node)."""
-    return f"{home}/{CLUSTERS_DIR}/{cluster_id}"
+    try:
+        return _node_tasks.cluster_dir(cluster_id, home)
+    except ValueError as exc:
+        raise ConfigError(
+            f"{exc}; give the id of a cluster, as clusterbook ls shows it (like "
+            "ssh-1a2b3c-20261123-101500)."
+        ) from None
 
 
 def accept_new_known_hosts() -> Path:

@@ -6,21 +6,36 @@ checks it: a file that is not a cluster's record is refused with its path.
 
 ``state`` is the head's word: created, starting, running, stopping, stopped. A record whose
 head process is gone while it says starting, running or stopping is *stale* (the head was
-killed): :func:`is_stale` tells, from the pid and host the record names.
+killed, or its pid is another process's now): :func:`is_stale` tells, from the pid, start time,
+program and host the record names.
+
+A record is read in a directory that others may be able to write: every value a decision is
+taken on is checked (an id or a name is never a path), and a record that says it is in another
+directory, or that its jobs are outside its ``jobs/``, is refused.
 """
 
 from __future__ import annotations
 
 import json
 import os
-import socket
 import tempfile
 from dataclasses import dataclass, field, fields, is_dataclass
 from pathlib import Path
 from typing import Any
 
 from clusterbook.errors import RecordError
+from clusterbook.headcheck import HeadState, head_state
 from clusterbook.lifetime import Lifetime
+from clusterbook.names import (
+    ID_RULE,
+    JOB_ID_RULE,
+    NAME_RULE,
+    TAG_RULE,
+    is_cluster_id,
+    is_job_id,
+    is_name,
+    is_tag,
+)
 from clusterbook.status import ClusterSnapshot, JobStatus, NodeStatus
 
 __all__ = [
@@ -28,6 +43,7 @@ __all__ = [
     "STOP_FILE",
     "ClusterRecord",
     "JobEntry",
+    "head_state_of",
     "is_stale",
     "read_record",
     "snapshot_from",
@@ -39,6 +55,7 @@ FILE = "cluster.json"
 STOP_FILE = "stop"
 FORMAT = 1
 LIVE_STATES = ("starting", "running", "stopping")
+STATES = ("created", *LIVE_STATES, "stopped")
 
 
 @dataclass(frozen=True, slots=True)
@@ -80,6 +97,8 @@ class ClusterRecord:
     detached: bool = False
     head_pid: int = 0
     head_host: str = ""
+    head_started: int | None = None  # the head's start, ticks since boot (its pid may be reused)
+    head_program: str | None = None  # what the head runs (/proc/PID/exe)
     address: str | None = None  # where the head takes requests from attached handles
     python: str = ""
     launcher: str | None = None
@@ -105,6 +124,9 @@ class ClusterRecord:
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> ClusterRecord:
+        """The record ``data`` holds, its values checked: ``ValueError`` (or ``TypeError``)
+        saying which one is not what clusterbook writes. A name or an id read here names
+        directories that get removed: never a path."""
         known = {f.name for f in fields(cls)}
         args = {k: v for k, v in data.items() if k in known}
         args["nodes"] = tuple(_node(n) for n in data.get("nodes", ()))
@@ -114,6 +136,18 @@ class ClusterRecord:
                 raise ValueError(f"no {key}")
         if not isinstance(args.get("created"), (int, float)):
             raise ValueError("no created time")
+        if not is_cluster_id(args["id"]):
+            raise ValueError(f"its id {args['id']!r} is not a cluster id: {ID_RULE}")
+        if not is_name(args["name"]):
+            raise ValueError(f"its name {args['name']!r} is not a cluster's name: {NAME_RULE}")
+        if args["state"] not in STATES:
+            raise ValueError(f"its state {args['state']!r} is none of {', '.join(STATES)}")
+        for key, kinds in _SCALARS.items():
+            value = args.get(key)
+            if key in args and (isinstance(value, bool) is not (bool in kinds)
+                                or not isinstance(value, kinds)):  # fmt: skip
+                want = " or ".join("null" if k is type(None) else k.__name__ for k in kinds)
+                raise ValueError(f"its {key} {value!r} is not {want}")
         return cls(**args)
 
 
@@ -136,7 +170,33 @@ def _job(data: dict[str, Any]) -> JobEntry:
     args = {k: v for k, v in data.items() if k in known}
     args["argv"] = tuple(args.get("argv", ()))
     args["failed_ranks"] = tuple(args.get("failed_ranks", ()))
+    if not is_job_id(args.get("id")):
+        raise ValueError(f"a job's id {args.get('id')!r} is not {JOB_ID_RULE}")
+    if not isinstance(args.get("directory"), str):
+        raise ValueError(f"job {args['id']} has no directory")
+    token = args.get("token")
+    if token is not None and not is_tag(token):
+        raise ValueError(f"the token of job {args['id']}, {token!r}, is not {TAG_RULE}")
     return JobEntry(**args)
+
+
+# Values a decision is taken on (whether the head lives, what to remove when): their types.
+_SCALARS: dict[str, tuple[type, ...]] = {
+    "head_pid": (int,),
+    "head_host": (str,),
+    "head_started": (int, type(None)),
+    "head_program": (str, type(None)),
+    "detached": (bool,),
+    "address": (str, type(None)),
+    "created": (float, int),
+    "started": (float, int, type(None)),
+    "stopped": (float, int, type(None)),
+    "updated": (float, int),
+    "retention": (float, int, type(None)),
+    "life_span": (float, int, type(None)),
+    "idle_timeout": (float, int, type(None)),
+    "idle_since": (float, int, type(None)),
+}
 
 
 def write_atomic(path: Path, text: str, mode: int = 0o600) -> None:
@@ -144,8 +204,8 @@ def write_atomic(path: Path, text: str, mode: int = 0o600) -> None:
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
     try:
         with os.fdopen(fd, "w", encoding="utf-8") as f:
+            os.fchmod(f.fileno(), mode)  # the file made, not what its name may point at by now
             f.write(text)
-        os.chmod(tmp, mode)
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
@@ -180,32 +240,52 @@ def read_record(directory: str | os.PathLike[str]) -> ClusterRecord:
             "Remove its directory if the cluster is gone.",
             path=path,
         ) from exc
+    _check_where(record, Path(directory), path)
     return record
 
 
+def _check_where(record: ClusterRecord, directory: Path, path: Path) -> None:
+    """Refuse a record that says it is elsewhere, or whose jobs are not in its ``jobs/``:
+    it is written again and its jobs' directories removed where it says."""
+    here = os.path.realpath(directory)
+    if os.path.realpath(record.directory) != here:
+        raise RecordError(
+            f"{path} says its cluster's directory is {record.directory}, but it is in {here}: "
+            "a record is only read where its cluster wrote it. It was changed or copied; "
+            "cb.Job.load(JOB_DIRECTORY) still reads a job's files.",
+            path=path,
+        )
+    if not record.jobs:
+        return
+    # Where the record says its jobs are, as written (the directory resolves here, checked):
+    # resolving every job's path costs a system call per component, per job, per read.
+    named = os.path.join(os.path.normpath(record.directory), "jobs")
+    jobs = os.path.join(here, "jobs")
+    linked = os.path.realpath(named) != jobs
+    for job in record.jobs:
+        where = os.path.normpath(job.directory)
+        if linked or where != os.path.join(named, job.id) or os.path.islink(where):
+            raise RecordError(
+                f"{path} says job {job.id} is in {job.directory}, not in {jobs}/{job.id} where "
+                "its cluster makes it: the record was changed, and is not read.",
+                path=path,
+            )
+
+
+def head_state_of(record: ClusterRecord, *, host: str | None = None) -> HeadState:
+    """Whether the head process the record names runs (``alive``), does not (``gone``), or
+    this machine cannot tell (``unknown``: the head ran on another machine, or the record,
+    written by an older clusterbook, names no start time): see :mod:`clusterbook.headcheck`."""
+    return head_state(
+        record.head_pid, record.head_host, record.head_started, record.head_program, here=host
+    )
+
+
 def is_stale(record: ClusterRecord, *, host: str | None = None) -> bool:
-    """Whether the record says the cluster runs while its head process is gone. Only the
-    machine the head ran on can tell; elsewhere a live record is taken at its word."""
-    if not record.live or record.head_pid <= 0:
-        return False
-    if record.head_host != (host or socket.gethostname()):
-        return False
-    return not _alive(record.head_pid)
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    # A zombie is dead: it only waits for its parent to read its status.
-    try:
-        with open(f"/proc/{pid}/stat", encoding="ascii") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except (OSError, IndexError):
-        return True
+    """Whether the record says the cluster runs while its head process is gone: its pid has
+    ended, or is another process's now (another start time or program). Only the machine
+    the head ran on can tell; elsewhere a live record is taken at its word."""
+    return record.live and head_state_of(record, host=host) == "gone"
 
 
 def snapshot_from(record: ClusterRecord, *, now: float, stale: bool) -> ClusterSnapshot:

@@ -10,12 +10,15 @@ head's machine: only there can its process be looked for.
 
 from __future__ import annotations
 
+import os
 import socket
 from pathlib import Path
 from typing import Protocol
 
 from clusterbook.control import SOCKET_FILE, TOKEN_FILE, ControlClient, unix_dial
+from clusterbook.errors import ClusterStateError, ConfigError
 from clusterbook.launch.files import LOCAL, Files
+from clusterbook.pathsafety import touch
 from clusterbook.record import STOP_FILE, ClusterRecord, is_stale, read_record
 
 __all__ = ["ClusterDir", "LocalDir"]
@@ -57,10 +60,10 @@ class ClusterDir(Protocol):
         """Make the stop file, which the head acts on within a second."""
         ...
 
-    def stop_there(self, timeout: float, reason: str) -> bool:
+    def stop_there(self, timeout: float, reason: str, force: bool = False) -> bool:
         """Stop the cluster on the directory's own machine, as a handle there would (it can
-        clean up after a head that is gone), and return True; False where that machine is
-        this one: the caller does it."""
+        clean up after a head that is gone; ``force``: also after one it cannot verify), and
+        return True; False where that machine is this one: the caller does it."""
         ...
 
     def close(self) -> None:
@@ -93,13 +96,25 @@ class LocalDir:
 
     def control(self) -> ControlClient:
         # The run directory's own socket, whatever address the record names.
-        sock = self._path / SOCKET_FILE
-        return ControlClient(unix_dial(sock), self._path / TOKEN_FILE, where=str(sock))
+        sock, token = self._path / SOCKET_FILE, self._path / TOKEN_FILE
+        try:
+            return ControlClient(unix_dial(sock), token, where=str(sock))
+        except ConfigError as exc:  # said for the one who writes a secret file: not here
+            why = (
+                f"cannot read it ({exc})"
+                if os.path.lexists(token)
+                else "there is none (it was removed, or this is not the directory the head "
+                "wrote it in)"
+            )
+            raise ClusterStateError(
+                f"The head of the cluster in {self._path} takes requests only with the secret "
+                f"in its token file {token}, and this process {why}."
+            ) from exc
 
     def touch_stop(self) -> None:
-        (self._path / STOP_FILE).touch()
+        touch(self._path / STOP_FILE)
 
-    def stop_there(self, timeout: float, reason: str) -> bool:
+    def stop_there(self, timeout: float, reason: str, force: bool = False) -> bool:
         return False
 
     def close(self) -> None:

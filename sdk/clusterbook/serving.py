@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any
 from clusterbook.control import Handler
 from clusterbook.control_server import ControlServer
 from clusterbook.errors import ClusterStateError, ConfigError
+from clusterbook.headcheck import own_mark
 from clusterbook.keeper import Keeper
 from clusterbook.launch.prepare import JobArgs
 from clusterbook.lifetime import Lifetime
@@ -77,6 +78,7 @@ def record_of(
     """``cluster`` as its record tells other processes."""
     snap = cluster.snapshot()
     opts, services = cluster._options, cluster._services
+    started, program = own_mark()
     return ClusterRecord(
         id=cluster.id,
         name=cluster.name,
@@ -94,6 +96,8 @@ def record_of(
         detached=cluster._supervised,
         head_pid=os.getpid(),
         head_host=socket.gethostname(),
+        head_started=started,
+        head_program=program,
         address=services.control.address if services else None,
         python=cluster.python,
         launcher=snap.launcher,

@@ -22,6 +22,7 @@ __all__ = [
     "parse_hostfile",
     "read_hostfile",
     "validate_env",
+    "validate_forward_env",
     "validate_host",
     "validate_np",
     "validate_port",
@@ -305,3 +306,30 @@ def validate_env(env: Mapping[str, str] | None) -> dict[str, str]:
             )
         out[name] = value
     return out
+
+
+def validate_forward_env(patterns: object) -> tuple[str, ...]:
+    """``forward_env``: variable names, or prefixes ending in ``*`` (``"NCCL_*"``), each once."""
+    if patterns is None:
+        return ()
+    # The option as this interface has it: forward_env, or --forward-env on the command line.
+    option = (spell("forward_env", "") or "forward_env=").partition("=")[0].strip()
+    example = "NCCL_* or WANDB_API_KEY"
+    if isinstance(patterns, str) or not isinstance(patterns, (list, tuple)):
+        raise ConfigError(
+            f"{option} must be a list of variable names or prefixes ending in '*' (like "
+            f"{example}), got {patterns!r}."
+        )
+    for pattern in patterns:
+        if pattern == "*":
+            raise ConfigError(
+                f"'*' in {option} would send this machine's whole environment (HOME, PATH, its "
+                "ssh agent...) to the ranks on other hosts; list the names or prefixes they "
+                f"need, like {example}."
+            )
+        if not isinstance(pattern, str) or not _ENV_NAME_RE.fullmatch(pattern.removesuffix("*")):
+            raise ConfigError(
+                f"{option} entry {pattern!r} is not a variable name nor a prefix ending in '*' "
+                f"(letters, digits and '_', not starting with a digit); write it like {example}."
+            )
+    return tuple(dict.fromkeys(patterns))

@@ -134,8 +134,8 @@ class SSHDir:
     def touch_stop(self) -> None:
         self.ask("stop_file")
 
-    def stop_there(self, timeout: float, reason: str) -> bool:
-        self.ask("stop", wait=timeout + _WAIT, timeout=timeout, reason=reason)
+    def stop_there(self, timeout: float, reason: str, force: bool = False) -> bool:
+        self.ask("stop", wait=timeout + _WAIT, timeout=timeout, reason=reason, force=force)
         return True
 
     def close(self) -> None:

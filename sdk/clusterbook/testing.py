@@ -126,6 +126,7 @@ class FakeProvider(Provider):
         self._bounds = bounds
         self._gather = dict(gather_files or {})
         self._lost: dict[str, str] = {}
+        self._for_good: str | None = None
         self._ctx: StartContext | None = None
         self.problem_text: str | None = None
         self.calls = _Calls()
@@ -137,6 +138,14 @@ class FakeProvider(Provider):
         if name not in {n.name for n in self._nodes}:
             raise KeyError(name)
         self._lost[name] = f"Node {name} (localhost) was lost: it stopped heartbeating"
+        self._tell()
+
+    def lose_all_for_good(self, why: str) -> None:
+        """Every node is lost and cannot come back, for ``why``: what :meth:`lost_for_good`
+        says from now on. The cluster is told."""
+        for node in self._nodes:
+            self._lost[node.name] = f"Node {node.name} (localhost) was lost"
+        self._for_good = why
         self._tell()
 
     def make_ready(self) -> None:
@@ -197,6 +206,9 @@ class FakeProvider(Provider):
 
     def problem(self) -> str | None:
         return self.problem_text
+
+    def lost_for_good(self) -> str | None:
+        return self._for_good
 
     def unreachable(self, names: Collection[str], *, lost_only: bool = False) -> dict[str, str]:
         return {n: why for n, why in self._lost.items() if n in names}

@@ -16,6 +16,7 @@ between pieces.
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import json
 import os
@@ -160,7 +161,9 @@ def pieces(file: OutFile, size: int = CHUNK) -> Iterator[tuple[int, bytes, bool]
 class Arrival:
     """A file coming from ``host`` into ``directory`` (``name`` may go down into directories
     there: ``sub/file``): written to a private temp file, then given its name, never over a
-    file that is there (a name another node sent first gets ``.from-HOST`` appended)."""
+    file that is there (a name another node sent first gets ``.from-HOST`` appended). A file
+    that cannot be written whole (a full disk) leaves nothing here: its temp file is removed,
+    and the error names it."""
 
     def __init__(self, directory: Path, name: str, host: str) -> None:
         parts = name.split("/")
@@ -184,19 +187,32 @@ class Arrival:
     def _flush(self) -> None:
         # Few large writes: each one may wait for the GIL behind paramiko's thread after.
         pending, self._pending, self._size = self._pending, [], 0
-        while pending:
-            done = os.writev(self._fd, pending)
-            while pending and done >= len(pending[0]):
-                done -= len(pending.pop(0))
-            if done:
-                pending[0] = pending[0][done:]
+        try:
+            while pending:
+                done = os.writev(self._fd, pending)
+                while pending and done >= len(pending[0]):
+                    done -= len(pending.pop(0))
+                if done:
+                    pending[0] = pending[0][done:]
+        except OSError as exc:
+            self.abandon()
+            raise self._not_stored(exc) from exc
+
+    def _not_stored(self, exc: OSError) -> ClusterError:
+        reason = (exc.strerror or str(exc)).lower()
+        fix = "free space" if exc.errno in (errno.ENOSPC, errno.EDQUOT) else "make it writable"
+        return ClusterError(
+            f"{self.name} from {self.host} could not be stored in {self._dir}: {reason}; "
+            f"nothing of it was kept here, and {self.host} still has it ({fix} there, then "
+            "gather again)."
+        )
 
     def finish(self) -> Path:
-        """The file under its name; raise if both names are taken (the temp file is kept)."""
-        try:
-            self._flush()
-        finally:
-            os.close(self._fd)
+        """The file under its name; raise if it cannot be written whole (nothing of it is
+        kept), or if both names are taken (the temp file is kept)."""
+        self._flush()
+        os.close(self._fd)
+        self._fd = -1
         for candidate in (self._base, f"{self._base}.from-{self.host}"):
             try:
                 os.link(self._tmp, self._dir / candidate)  # fails if the name is taken
@@ -210,8 +226,10 @@ class Arrival:
         )
 
     def abandon(self) -> None:
-        """Drop what arrived so far (the node still has the file)."""
-        os.close(self._fd)
+        """Drop what arrived so far (the node still has the file). Safe to call again."""
+        if self._fd >= 0:
+            os.close(self._fd)
+            self._fd = -1
         self._tmp.unlink(missing_ok=True)
 
 

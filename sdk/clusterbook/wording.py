@@ -60,6 +60,11 @@ INTERFACES: dict[str, dict[str, str]] = {
         "retention": "--retention {}",
         "clean": "--clean {}",
         "ssh_auth_mount_path": "--ssh-auth-mount-path {}",
+        "force": "--force",  # clusterbook stop
+        "forward_env": "--forward-env {}",
+        # clusterbook worker serve:
+        "wait": "--wait {}",
+        "lease": "--lease {}",
     },
     "magics": {**_SHARED, "clean": "--clean {}"},
 }

@@ -17,7 +17,8 @@ import pytest
 
 import clusterbook as cb
 from clusterbook.control import ControlClient, unix_dial
-from tests.conftest import processes_mentioning, wait_gone
+from clusterbook.rendezvous.agent import HEAD_LEASE
+from tests.conftest import processes_mentioning, ranks_started, wait_gone
 
 CLI = [sys.executable, "-m", "clusterbook"]
 
@@ -142,6 +143,34 @@ def test_a_detached_cluster_from_this_process_runs_jobs_and_has_a_day_long_life(
     assert not (Path(cluster.run_dir) / "token").exists()
 
 
+def test_a_detached_cluster_has_one_name_whichever_process_reads_it(openmpi_python, tmp_path):
+    cluster = cb.Cluster.local(1, 1, python=openmpi_python, detached=True)
+    try:
+        cluster.start()
+        name = cluster.name  # made here; the supervisor makes the cluster again from its spec
+        other = subprocess.run(
+            [sys.executable, "-c", (
+                "import sys, clusterbook as cb\n"
+                "c = cb.Cluster.attach(sys.argv[1])\n"
+                "print(c.id, c.name, c.state)\n"
+            ), name],
+            capture_output=True, text=True, timeout=60,
+        )  # fmt: skip
+        assert other.returncode == 0, other.stderr
+        assert other.stdout.split() == [cluster.id, name, "running"]
+        assert cb.Cluster.attach(cluster.id).record.name == name
+        frame = cb.clusters()
+        assert frame.loc[frame["id"] == cluster.id, "name"].tolist() == [name]
+        listed = subprocess.run([*CLI, "ls"], capture_output=True, text=True, timeout=60)
+        rows = [line.split() for line in listed.stdout.splitlines()]
+        assert [r[1] for r in rows if r[0] == cluster.id] == [name]
+        # Its files on this machine (and on nodes) are named by its id, the unique one.
+        assert (Path.home() / ".clusterbook" / "clusters" / cluster.id / "token").exists()
+    finally:
+        cluster.stop()
+    assert not (Path.home() / ".clusterbook" / "clusters" / cluster.id).exists()
+
+
 def test_an_attached_handle_runs_and_cancels_jobs_through_the_head(openmpi_python, tmp_path):
     with cb.Cluster.local(1, 2, python=openmpi_python, run_dir=tmp_path / "c") as cluster:
         other = subprocess.run(
@@ -236,3 +265,39 @@ def test_an_ephemeral_cluster_stops_when_its_job_ends(openmpi_python, tmp_path):
         assert reason == "its job ended (an ephemeral cluster)"
     finally:
         cluster.stop()
+
+
+def test_a_detached_local_cluster_whose_head_was_paused_starts_its_agents_again(
+    openmpi_python, tmp_path
+):
+    """The head SIGSTOPped past its agents' lease: they stop the job and exit; once it runs
+    again, it reaps them, starts them again, and the cluster is whole (no zombie left)."""
+    sleeper = "import time\nfrom mpi4py import MPI\nprint('started', flush=True)\ntime.sleep(60)\n"
+    cluster = cb.Cluster.local(2, 1, python=openmpi_python, detached=True, run_dir=tmp_path / "r")
+    try:
+        cluster.start()
+        cluster.wait_ready(60)
+        job = cluster.mpirun(["python", "-c", sleeper], np=2)
+        ranks_started(job, 2)  # type: ignore[arg-type]
+        agents = set(cluster.status()["pid"])
+        head = psutil.Process(cb.Cluster.attach(cluster.id).record.head_pid)
+        head.suspend()
+        try:
+            time.sleep(HEAD_LEASE + 3)  # the agents give up on the head meanwhile
+        finally:
+            head.resume()
+        result = job.wait(60)
+        assert not result.ok
+        assert "Node local-0 (" in result.summary()
+        assert "was lost" in result.summary()
+        cluster.wait_ready(60)  # their agents, started again, joined
+        _wait(lambda: cluster.status()["state"].tolist() == ["joined", "joined"])  # the record
+        assert not set(cluster.status()["pid"]) & agents
+        assert cluster.snapshot().problem is None
+        zombies = [p.pid for p in head.children() if p.status() == psutil.STATUS_ZOMBIE]
+        assert zombies == []  # the agents that ended were reaped
+        again = cluster.mpirun(["python", "-c", "print('back')"], np=2).wait(60)
+        assert again.ok, again.summary()
+    finally:
+        cluster.stop()
+    assert not wait_gone(str(tmp_path / "r"), 10)

@@ -158,6 +158,32 @@ def test_wait_ready_names_who_joined(elastic, agents):
         cluster.mpirun(["true"], np=1)
 
 
+def test_an_elastic_cluster_that_lost_every_node_waits_for_nodes_to_join_again(elastic, agents):
+    """Nodes may join an elastic cluster again: losing them all is not the end of it. mpirun
+    says they were lost and how nodes join; wait_ready() waits for a round, as at the start."""
+    cluster = elastic(2, 2, last_call=0.2)
+    first = [agents(cluster.join_command, f"n{i}") for i in range(2)]
+    cluster.wait_ready(timeout=60)
+    for proc in first:
+        proc.send_signal(signal.SIGKILL)
+    eventually(lambda: set(states(cluster).values()) == {"lost"})
+    assert cluster.snapshot().problem is None  # nothing is wrong: it waits for nodes
+    with pytest.raises(cb.ClusterStateError) as refused:
+        cluster.mpirun(["true"], np=1)
+    said = str(refused.value)
+    assert said.startswith(f"Cluster {cluster.name!r} has no nodes now: Node n0 (")
+    assert "Node n1 (" in said
+    assert "was lost" in said
+    assert f"Nodes join with: {cluster.join_command}; " in said
+    with pytest.raises(cb.ReadyTimeoutError, match=r"0 of at least 2 nodes joined \(none\)"):
+        cluster.wait_ready(timeout=0.5)  # not returned at once with nobody there
+    for i in range(2):
+        agents(cluster.join_command, f"m{i}")
+    cluster.wait_ready(timeout=60)
+    assert [n.name for n in cluster.nodes] == ["m0", "m1"]
+    assert cluster.mpirun(["true"], np=2).wait(60).ok
+
+
 def test_stop_closes_the_rendezvous_and_agents_leave(elastic, agents):
     cluster = elastic(1, 2, last_call=0.2)
     procs = [agents(cluster.join_command, f"n{i}") for i in range(2)]
@@ -219,14 +245,14 @@ def test_the_head_asks_agents_to_stop_a_jobs_processes(elastic, agents):
     cluster = elastic(1, 1, last_call=0.1)
     agents(cluster.join_command, "n0")
     cluster.wait_ready(timeout=60)
-    token = f"{cluster.name}-feedbeef"
+    token = f"{cluster.id}-feedbeef"
     stray = subprocess.Popen(  # a rank the launcher lost track of, tagged with its job
         [sys.executable, "-c", "import time; time.sleep(600)"],
         env={"CLUSTERBOOK_JOB": token, "PATH": "/usr/bin:/bin"},
     )
     bystander = subprocess.Popen(
         [sys.executable, "-c", "import time; time.sleep(600)"],
-        env={"CLUSTERBOOK_JOB": f"{cluster.name}-otherjob", "PATH": "/usr/bin:/bin"},
+        env={"CLUSTERBOOK_JOB": f"{cluster.id}-otherjob", "PATH": "/usr/bin:/bin"},
     )
     try:
         cluster._provider.stop_job(token)

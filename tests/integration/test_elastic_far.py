@@ -108,7 +108,7 @@ def test_ranks_run_on_far_agents_through_their_own_sshd(testbed, far_agents, mpi
         }
 
         # The head pins exactly the host keys the agents reported, and logs in strictly.
-        directory = Path.home() / ".clusterbook" / "clusters" / cluster.name
+        directory = Path.home() / ".clusterbook" / "clusters" / cluster.id
         reports = cluster._provider.head.reports().values()
         reported = {(r.sshd_host_key or "").split()[1] for r in reports}
         pinned = {line.split()[2] for line in (directory / "known_hosts").read_text().splitlines()}
@@ -123,7 +123,7 @@ def test_ranks_run_on_far_agents_through_their_own_sshd(testbed, far_agents, mpi
             keys = Path.home() / ".clusterbook" / f"sshd-far-{h.name}" / "authorized_keys"
             assert keys.stat().st_mode & 0o777 == 0o600
             assert keys.read_text().splitlines() == [
-                "restrict " + derived_public_line(secret, cluster.name)
+                "restrict " + derived_public_line(secret, cluster.id)
             ]
     assert not (directory / "keys").exists()
     assert not (directory / "ssh_config").exists()

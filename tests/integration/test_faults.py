@@ -3,17 +3,14 @@ a failing background thread. Nothing may hang, nothing may be lost without being
 
 from __future__ import annotations
 
-import os
-import subprocess
 import threading
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 import clusterbook as cb
 from clusterbook.launch.logs import read_log_file
-from tests.conftest import mpi_debris, require
+from tests.conftest import mpi_debris
 
 pytestmark = pytest.mark.mpi
 
@@ -23,19 +20,6 @@ for i in range(4000):
     print(f"line {i:05d} " + "x" * 990, flush=True)
 print("done", flush=True)
 """
-
-
-@pytest.fixture
-def small_disk(tmp_path: Path) -> Iterator[Path]:
-    """A 512 KiB tmpfs: a run directory on it fills up after a few hundred lines."""
-    require(os.geteuid() == 0, "mounting a small tmpfs needs root")
-    mount = tmp_path / "small"
-    mount.mkdir()
-    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=512k", "tmpfs", str(mount)], check=True)
-    try:
-        yield mount
-    finally:
-        subprocess.run(["umount", "--lazy", str(mount)], check=False)
 
 
 def stops_within(cluster: cb.Cluster, seconds: float) -> bool:

@@ -94,7 +94,7 @@ def test_record_follows_the_cluster_and_nothing_is_left_in_the_home_dir(openmpi_
     cluster = cb.Cluster.local(2, 1, python=openmpi_python, run_dir=tmp_path / "c")
     with cluster:
         text = (tmp_path / "c" / "cluster.json").read_text()
-        secrets = [p.read_bytes() for p in cluster_dir(cluster.name).rglob("*") if p.is_file()]
+        secrets = [p.read_bytes() for p in cluster_dir(cluster.id).rglob("*") if p.is_file()]
         assert secrets  # the rendezvous token and the node key are there, not in the record
         assert not any(s.strip() and s.strip().decode(errors="replace") in text for s in secrets)
         record = json.loads(text)
@@ -118,7 +118,7 @@ def test_record_follows_the_cluster_and_nothing_is_left_in_the_home_dir(openmpi_
     assert record["state"] == "stopped"
     assert record["stop_reason"] == "stop() was called"
     assert record["stopped"] >= record["started"] >= record["created"]
-    assert not cluster_dir(cluster.name).exists()
+    assert not cluster_dir(cluster.id).exists()
 
 
 def test_stop_file_stops_the_cluster_within_a_second_and_cancels_its_job(openmpi_python, tmp_path):

@@ -24,7 +24,7 @@ for record in job.stream():
     seen += record.line == "started"
     if seen == 2:
         break
-print("ready", flush=True)
+print("ready", cluster.id, flush=True)
 time.sleep(600)
 """
 
@@ -48,24 +48,25 @@ def test_sigkill_of_the_parent_kills_the_job_within_two_seconds(mpi_python, tmp_
     )
     try:
         assert driver.stdout is not None
-        assert driver.stdout.readline().strip() == "ready"
+        ready, cluster_id = driver.stdout.readline().split()
+        assert ready == "ready"
         ranks = [
             p
             for p in processes_mentioning(str(script))
             if p.pid != driver.pid and "cb-rank" not in p.cmdline()
         ]
         assert len(ranks) == 2  # both ranks run before the parent dies
-        assert processes_mentioning(f"/{name}?")  # and its node agent
+        assert processes_mentioning(f"/{cluster_id}?")  # and its node agent (the store's URL)
         os.kill(driver.pid, signal.SIGKILL)
         driver.wait(timeout=10)
         survivors = wait_gone(str(script), timeout=2.0)
         assert survivors == [], [p.cmdline() for p in survivors]
-        agents = wait_gone(f"/{name}?", timeout=2.0)  # the node agents go too
+        agents = wait_gone(f"/{cluster_id}?", timeout=2.0)  # the node agents go too
         assert agents == [], [p.cmdline() for p in agents]
     finally:
         driver.kill()
         driver.wait(timeout=10)
         if driver.stdout is not None:
             driver.stdout.close()
-        for p in processes_mentioning(str(script)) + processes_mentioning(f"/{name}?"):
+        for p in processes_mentioning(str(script)) + processes_mentioning(f"{name}-"):
             p.kill()

@@ -109,7 +109,7 @@ def test_a_two_node_slurm_cluster_runs_open_mpi_across_both_and_stop_leaves_noth
     assert processes_mentioning(cluster.name) == []
     clusterbook_home = Path.home() / ".clusterbook"
     assert not list(clusterbook_home.glob(f"sshd-snode*-{job_id}"))
-    assert not (clusterbook_home / "clusters" / cluster.name).exists()
+    assert not (clusterbook_home / "clusters" / cluster.id).exists()
     assert "Node snode1-" in (tmp_path / "r" / f"slurm-{job_id}.out").read_text()
 
 
@@ -147,7 +147,7 @@ def test_an_unknown_partition_is_a_config_error_with_sbatchs_message(slurm, tmp_
     assert cluster.state == "created"
     assert slurm.active_jobs() == []
     assert processes_mentioning(cluster.name) == []
-    assert not (Path.home() / ".clusterbook" / "clusters" / cluster.name).exists()
+    assert not (Path.home() / ".clusterbook" / "clusters" / cluster.id).exists()
 
 
 def test_clusterbook_run_slurm_and_the_cluster_magic_run_on_the_jobs_nodes(

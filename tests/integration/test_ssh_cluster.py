@@ -53,7 +53,7 @@ def ssh_cluster(bed, python, tmp_path, slots=1, **kw):
 
 
 def cluster_dir(host, cluster):
-    return host.home / ".clusterbook" / "clusters" / cluster.name
+    return host.home / ".clusterbook" / "clusters" / cluster.id
 
 
 def stray_processes(bed, wait=5.0):
@@ -85,8 +85,9 @@ def test_mpirun_across_hosts_and_clean_stop(testbed, mpi_python, tmp_path):
             known = (d / "known_hosts").read_text()
             for other in testbed.hosts:  # node-to-node trust comes from the real host keys
                 assert other.host_public_key.split()[1] in known
-            assert f"clusterbook:{cluster.name}" in h.authorized_keys.read_text()
+            assert f"clusterbook:{cluster.id}" in h.authorized_keys.read_text()
             assert '"state": "ready"' in (d / "status.json").read_text()
+            assert not (d / "env.sh").exists()  # env= values go to the ranks, not to disks
         job = cluster.mpirun(["python", str(script)], np=len(testbed.hosts), timeout=120)
         result = job.wait()
         assert result.ok, result.summary() + "\n" + "\n".join(job.logs().line)
@@ -108,7 +109,7 @@ def test_mpirun_across_hosts_and_clean_stop(testbed, mpi_python, tmp_path):
         # cluster's agents; else (MPICH's venv here) the agent is a Python of its own.
         for pid in frame.pid:
             agent = psutil.Process(int(pid))
-            assert agent.environ()["CLUSTERBOOK_JOB"] == f"{cluster.name}-agents"
+            assert agent.environ()["CLUSTERBOOK_JOB"] == f"{cluster.id}-agents"
             if mpi_python == sys.executable:
                 assert agent.name() == AGENT_NAME
                 assert agent.cmdline()[0] == mpi_python
@@ -271,7 +272,7 @@ def test_cb_run_on_ssh_hosts_leaves_nothing_on_the_nodes(testbed, tmp_path, open
     assert stray_processes(testbed) == {}
     for h in testbed.hosts:
         assert not cluster_dir(h, cluster).exists()
-    assert not head_dir(cluster.name).exists()  # nor on this machine, the head
+    assert not head_dir(cluster.id).exists()  # nor on this machine, the head
 
 
 def test_work_dir_over_sftp_on_a_fake_host_gets_the_record_and_the_logs(

@@ -115,9 +115,9 @@ def test_a_corrupt_rendezvous_state_shows_and_stop_still_cleans_every_node(
         # file: what someone holding the token could do.
         url = cluster._provider._rendezvous.join_url
         assert url is not None
-        assert cluster.name in url
+        assert cluster.id in url
         store, _ = parse_join_url(url)
-        token_file = Path.home() / ".clusterbook" / "clusters" / cluster.name / "token"
+        token_file = Path.home() / ".clusterbook" / "clusters" / cluster.id / "token"
         with TcpBackend(store, read_secret(token_file)) as backend:
             current = backend.get_state()
             assert current is not None
@@ -128,7 +128,7 @@ def test_a_corrupt_rendezvous_state_shows_and_stop_still_cleans_every_node(
     finally:
         cluster.stop()  # must neither raise nor skip a node
     for host in testbed.hosts[:2]:
-        assert cluster.name not in cluster_files(host)
+        assert cluster.id not in cluster_files(host)
     assert wait_for(lambda: not strays(testbed), 5), strays(testbed)  # sessions closing
 
 
@@ -167,7 +167,7 @@ def test_a_node_cut_off_is_lost_fails_its_job_and_its_agent_stops_its_processes(
         assert wait_for(lambda: not on_node2(), 20), on_node2()
         # node1's part of the job was stopped by the head.
         assert not any("sleeper" in line for line in strays(testbed).get(node1.name, []))
-        assert wait_for(lambda: cluster.name not in cluster_files(node2), 5)
+        assert wait_for(lambda: cluster.id not in cluster_files(node2), 5)
         assert "clusterbook:" not in node2.authorized_keys.read_text()
         # node1 is fine, but a job cannot run on a cluster with a lost node: said at once.
         with pytest.raises(cb.ClusterStateError, match=f"{node2.addr}.*was lost"):
@@ -176,7 +176,41 @@ def test_a_node_cut_off_is_lost_fails_its_job_and_its_agent_stops_its_processes(
         node2.link_up()
         node2.pass_traffic() if cut == "silent drop" else None
         cluster.stop()
-    assert cluster.name not in cluster_files(node1)
+    assert cluster.id not in cluster_files(node1)
+
+
+def test_nodes_whose_agents_gave_up_are_lost_for_good_and_every_call_says_so(
+    testbed: Testbed, openmpi_python: str, tmp_path: Path
+) -> None:
+    """Every node cut off past its agent's lease (as when the head is paused): the agents
+    clean up and exit, so the nodes cannot come back; status, wait_ready() and mpirun() all
+    say so with one reason, instead of a cluster that looks as if its nodes were coming."""
+    nodes = testbed.hosts[:2]
+    cluster = testbed.cluster(openmpi_python, tmp_path / "run", hosts=2).start()
+    try:
+        for host in nodes:
+            host.link_down()
+        try:
+            # The agents give up once they lost the head for their lease, and clean up.
+            assert wait_for(lambda: all(cluster.name not in cluster_files(h) for h in nodes), 20)
+        finally:
+            for host in nodes:
+                host.link_up()
+        assert wait_for(lambda: "were lost" in (cluster.snapshot().problem or ""), 20)
+        problem = cluster.snapshot().problem or ""
+        named = ", ".join(f"{h.addr} ({h.name})" for h in nodes)
+        assert problem.startswith(f"Nodes {named} were lost for good: not heard from"), problem
+        assert problem.endswith("Stop the cluster and start a new one.")
+        assert set(cluster.status()["state"]) == {"lost"}
+        assert cluster.state == "running"
+        with pytest.raises(cb.ClusterStateError) as waited:
+            cluster.wait_ready(30)
+        with pytest.raises(cb.ClusterStateError) as ran:
+            cluster.mpirun(["python", "-c", "print(1)"], np=2)
+        assert str(waited.value) == str(ran.value) == problem
+    finally:
+        cluster.stop()
+    assert cluster.jobs == []
 
 
 def test_a_timeout_on_a_partitioned_node_names_it(
@@ -218,7 +252,7 @@ for record in job.stream():
     seen += record.line.startswith("started")
     if seen == 2:
         break
-print("READY", cluster.name, flush=True)
+print("READY", cluster.id, flush=True)
 if ending == "hang":
     sys.stdin.read()
 """
@@ -230,7 +264,7 @@ def owner(
 ) -> Iterator[Callable[[str], tuple[subprocess.Popen[str], str]]]:
     """Start a Python process that owns an SSH cluster of two hosts running a job, and
     ``ending`` (``"hang"``: waits for its stdin; ``"exit"``: exits without stop()); return it
-    and its cluster's name. Killed at teardown if still there."""
+    and its cluster's id. Killed at teardown if still there."""
     started: list[subprocess.Popen[str]] = []
 
     def start(ending: str) -> tuple[subprocess.Popen[str], str]:
@@ -264,10 +298,10 @@ def owner(
 def test_nodes_clean_themselves_when_their_owner_dies(
     testbed: Testbed, owner: Callable[[str], tuple[subprocess.Popen[str], str]], ending: str
 ) -> None:
-    proc, name = owner("hang" if ending == "sigkill" else "exit")
+    proc, cluster_id = owner("hang" if ending == "sigkill" else "exit")
     for host in testbed.hosts[:2]:
-        assert name in cluster_files(host)
-        assert f"clusterbook:{name}" in host.authorized_keys.read_text()
+        assert cluster_id in cluster_files(host)
+        assert f"clusterbook:{cluster_id}" in host.authorized_keys.read_text()
     if ending == "sigkill":
         proc.send_signal(signal.SIGKILL)
     proc.wait(timeout=60)
@@ -276,7 +310,8 @@ def test_nodes_clean_themselves_when_their_owner_dies(
     # the key line and the files the bootstrap installed (or stop() did it at exit).
     def cleaned() -> bool:
         return not strays(testbed) and all(
-            name not in cluster_files(h) and "clusterbook:" not in h.authorized_keys.read_text()
+            cluster_id not in cluster_files(h)
+            and "clusterbook:" not in h.authorized_keys.read_text()
             for h in testbed.hosts[:2]
         )
 
@@ -303,7 +338,7 @@ def test_a_swapped_host_key_says_the_key_changed(
             cluster.stop()  # node2 is refused (its key changed): named, not cleaned
         # Clean node2 by hand, as its admin would after checking the new key.
         testbed.write_known_hosts()
-        args = json.dumps({"cluster_id": cluster.name, "tag": f"clusterbook:{cluster.name}"})
+        args = json.dumps({"cluster_id": cluster.id, "tag": f"clusterbook:{cluster.id}"})
         done = testbed.ssh(node2, [openmpi_python, _node_tasks.__file__, "cleanup", args])
         assert done.returncode == 0, done.stderr
     assert os.path.exists(testbed.known_hosts)
@@ -315,7 +350,7 @@ def test_the_cleanup_command_removes_what_nobody_could(
     openmpi_python: str,
 ) -> None:
     nodes = testbed.hosts[:2]
-    proc, name = owner("hang")
+    proc, cluster_id = owner("hang")
     # The agents die with their owner, before they can clean anything.
     for host in nodes:
         for pid in host.processes():
@@ -325,9 +360,9 @@ def test_the_cleanup_command_removes_what_nobody_could(
     proc.kill()
     proc.wait()
     time.sleep(HEAD_LEASE + 1)
-    assert all(f"clusterbook:{name}" in h.authorized_keys.read_text() for h in nodes)
-    assert all(name in cluster_files(h) for h in nodes)
-    command = [sys.executable, "-m", "clusterbook.cli", "cleanup", name]
+    assert all(f"clusterbook:{cluster_id}" in h.authorized_keys.read_text() for h in nodes)
+    assert all(cluster_id in cluster_files(h) for h in nodes)
+    command = [sys.executable, "-m", "clusterbook.cli", "cleanup", cluster_id]
     command += ["--hosts", ",".join(h.addr for h in nodes), "--identity", str(testbed.identity)]
     command += ["--known-hosts", str(testbed.known_hosts), "--python", openmpi_python]
     done = subprocess.run(command, capture_output=True, text=True, timeout=120, check=False)
@@ -335,7 +370,7 @@ def test_the_cleanup_command_removes_what_nobody_could(
     for host in nodes:
         assert f"{host.addr}: stopped" in done.stdout
         assert "clusterbook:" not in host.authorized_keys.read_text()
-        assert name not in cluster_files(host)
+        assert cluster_id not in cluster_files(host)
     assert wait_for(lambda: not strays(testbed), 10), strays(testbed)
     # Again: nothing left to do, no error.
     again = subprocess.run(command, capture_output=True, text=True, timeout=120, check=False)

@@ -73,7 +73,7 @@ def test_ranks_run_each_nodes_own_environment(testbed, moved, mpi_python, tmp_pa
         result.check()
         logs = cluster.jobs[-1].logs()
         rows = sorted(line.split() for line in logs[logs["rank"] >= 0]["line"])
-        link = f"{Path.home()}/.clusterbook/clusters/{cluster.name}"
+        link = f"{Path.home()}/.clusterbook/clusters/{cluster.id}"
         assert rows == [
             ["0", "node1", f"{link}/env", str(env), f"{link}/rankhook/sitecustomize.py", "2"],
             ["1", "node2", f"{link}/env", str(elsewhere), f"{link}/rankhook/sitecustomize.py", "2"],
@@ -82,7 +82,7 @@ def test_ranks_run_each_nodes_own_environment(testbed, moved, mpi_python, tmp_pa
         assert os.path.realpath(f"{link}/env") == str(env)
     assert not Path(link).exists()
     for host in (node1, node2):
-        assert not (host.home / ".clusterbook" / "clusters" / cluster.name).exists()
+        assert not (host.home / ".clusterbook" / "clusters" / cluster.id).exists()
 
 
 def test_a_node_python_for_an_unknown_host_is_refused(testbed, mpi_python):

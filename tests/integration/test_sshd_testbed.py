@@ -194,6 +194,47 @@ def test_sshd_keeps_its_host_key_across_restarts_and_stops_idempotently(tmp_path
         assert second.host_public_key == key
 
 
+def test_render_sshd_config_lists_more_key_files_after_the_first():
+    cfg = SshdConfig(Path("/srv/cb"), 2222, authorized_keys=Path(".ssh/authorized_keys"),
+                     more_keys=(Path("/mnt/job ssh/authorized_keys"),))  # fmt: skip
+    text = render_sshd_config(cfg, host_key=Path("/srv/cb/k"), pid_file=Path("/srv/p"))
+    assert 'AuthorizedKeysFile .ssh/authorized_keys "/mnt/job ssh/authorized_keys"\n' in text
+
+
+@pytest.mark.sshd
+@pytest.mark.root
+def test_sshd_shows_a_given_host_key_and_lets_in_the_keys_of_more_files(tmp_path):
+    require_sshd()
+    job = tmp_path / "job"  # as a Secret is mounted: readable by all
+    job.mkdir()
+    subprocess.run(["ssh-keygen", "-q", "-t", "ecdsa", "-b", "521", "-N", "", "-C", "job",
+                    "-f", str(job / "id_rsa")], check=True)  # fmt: skip
+    key, public = make_client_key(tmp_path)
+    (job / "authorized_keys").write_text(public)
+    for path in job.iterdir():
+        path.chmod(0o644)
+    (tmp_path / "none").write_text("")
+    with start_sshd(tmp_path / "d", authorized_keys=tmp_path / "none",
+                    more_authorized_keys=[job / "authorized_keys"],
+                    host_key=job / "id_rsa") as sshd:  # fmt: skip
+        shown = " ".join((job / "id_rsa.pub").read_text().split()[:2])
+        assert sshd.host_public_key == shown
+        assert (sshd.host_key_path.stat().st_mode & 0o777) == 0o600  # sshd wants it private
+        known_hosts = tmp_path / "known_hosts"
+        known_hosts.write_text(f"[127.0.0.1]:{sshd.port} {shown}\n")  # pinned to the job's key
+        done = subprocess.run(
+            ["ssh", "-F", "none", "-p", str(sshd.port), "-i", str(key),
+             "-o", "IdentitiesOnly=yes", "-o", "BatchMode=yes",
+             "-o", "StrictHostKeyChecking=yes", "-o", f"UserKnownHostsFile={known_hosts}",
+             "-o", "ConnectTimeout=5", "root@127.0.0.1", "echo", "in"],
+            capture_output=True, text=True, timeout=30, check=False,
+        )  # fmt: skip
+        assert (done.returncode, done.stdout) == (0, "in\n"), done.stderr
+    (tmp_path / "nope").write_text("")
+    with pytest.raises(SshdError, match=r"Cannot read the host key .*/nope\.pub"):
+        start_sshd(tmp_path / "e", host_key=tmp_path / "nope")
+
+
 def _python_for(user: str) -> tuple[str, dict[str, str]]:
     """An interpreter ``user`` can run that imports clusterbook and its dependencies.
 

@@ -10,6 +10,7 @@ import pytest
 
 from clusterbook.gpus import GPU, GPUInfo
 from clusterbook.launch.command import (
+    HYDRA_LAST,
     OPENMPI_TUNING,
     LaunchPlan,
     binding,
@@ -227,6 +228,73 @@ def test_openmpi_env_names_sorted_values_never_in_argv() -> None:
     assert cmd.env["MIDDLE"] == "plain value"
 
 
+# -- The ranks' environment: the same under either MPI -------------------------------------
+
+# The head's environment inside a job of some system, and what the user set for themselves.
+LAUNCH = {
+    "SM_HOSTS": '["algo-1","algo-2"]',
+    "SM_CHANNEL_TRAIN": "/opt/ml/input/data/train",
+    "TRAINING_JOB_NAME": "tj-1",
+    "SLURM_JOB_ID": "42",
+    "SLURM_PROCID": "0",  # the head's own task: not every rank's
+    "PBS_JOBID": "17.pbs01",
+    "PBS_TASKNUM": "1",
+    "NCCL_DEBUG": "INFO",
+    "NCCL_SOCKET_IFNAME": "eth0",
+    "HOME": "/home/head-user",
+    "PATH": "/home/head-user/venv/bin:/usr/bin",
+    "SSH_AUTH_SOCK": "/tmp/ssh-x/agent.1",
+    "MPIR_CVAR_CH4_NETMOD": "ofi",
+}
+SYSTEM = ["PBS_JOBID", "SLURM_JOB_ID", "SM_CHANNEL_TRAIN", "SM_HOSTS", "TRAINING_JOB_NAME"]
+
+
+def passed_names(launcher: Launcher, argv: list[str]) -> list[str]:
+    """The variables the launcher passes to remote ranks: -x NAME, or -genvlist A,B."""
+    if launcher is OMPI:
+        assert "-genvall" not in argv
+        return x_names(argv)
+    assert "-genvall" not in argv
+    assert "-x" not in argv
+    return argv[argv.index("-genvlist") + 1].split(",")
+
+
+@pytest.mark.parametrize("launcher", [OMPI, MPICH], ids=["openmpi", "mpich"])
+def test_ranks_get_the_launch_environment_and_forward_env_under_either_mpi(
+    launcher: Launcher,
+) -> None:
+    given = plan(launcher, remote=REMOTE, env={"SEED": "1"}, inherited_env=LAUNCH)
+    cmd = build_command(given)
+    ours = sorted(cmd.env.keys() - OPENMPI_TUNING.keys() - {HYDRA_LAST})
+    own_mpi = ["MPIR_CVAR_CH4_NETMOD"] if launcher is MPICH else []  # Open MPI's: by mpirun
+    assert passed_names(launcher, cmd.argv) == sorted([*ours, *SYSTEM, *own_mpi])
+    # forward_env adds names and prefixes of the head's environment, nothing else of it.
+    more = build_command(replace(given, forward_env=("NCCL_*", "HOME", "NOT_SET")))
+    assert passed_names(launcher, more.argv) == sorted(
+        [*ours, *SYSTEM, *own_mpi, "HOME", "NCCL_DEBUG", "NCCL_SOCKET_IFNAME"]
+    )
+    for name in ("SM_HOSTS", "SM_CHANNEL_TRAIN", "HOME", "NCCL_SOCKET_IFNAME"):
+        # Values travel in the launcher's environment, never in its argv.
+        assert not any(LAUNCH[name] in arg for arg in more.argv), name
+
+
+def test_mpiexec_gets_a_variable_of_no_rank_last_in_its_environment() -> None:
+    # Hydra's -genvlist never finds the last variable of mpiexec's environment.
+    base = {"PYTHONPATH": "/site", HYDRA_LAST: "x", "SM_HOSTS": "[]", "ZED": "z"}
+    cmd = build_command(plan(MPICH, env={"SEED": "1"}, inherited_env=base))
+    launched = cmd.environment(base)
+    assert list(launched)[-1] == HYDRA_LAST
+    assert HYDRA_LAST not in passed_names(MPICH, cmd.argv)
+    assert {"SEED", "SM_HOSTS", "PYTHONPATH"} <= set(passed_names(MPICH, cmd.argv))
+    assert launched["PYTHONPATH"].endswith(":/site")
+
+
+def test_a_job_value_wins_over_the_launch_environment() -> None:
+    cmd = build_command(plan(env={"SM_HOSTS": "[]"}, inherited_env=LAUNCH))
+    assert x_names(cmd.argv).count("SM_HOSTS") == 1
+    assert cmd.environment(LAUNCH)["SM_HOSTS"] == "[]"
+
+
 def test_user_env_is_not_mutated() -> None:
     env = {"SEED": "1"}
     build_command(plan(env=env))
@@ -340,10 +408,16 @@ def test_mpich_minimal_golden() -> None:
         "/tmp/cb/job-1/rank-%r.stdout",
         "-errfile-pattern",
         "/tmp/cb/job-1/rank-%r.stderr",
-        "-genvall",
+        "-genvlist",
+        ",".join(sorted(cmd.env.keys() - {HYDRA_LAST})),
         *wrap_argv(list(PROGRAM)),
     ]
-    assert cmd.env == {"PYTHONPATH": HOOK_DIR, "CLUSTERBOOK_RANK_HOOK": "1", **TORCH_LOCAL}
+    assert cmd.env == {
+        "PYTHONPATH": HOOK_DIR,
+        "CLUSTERBOOK_RANK_HOOK": "1",
+        **TORCH_LOCAL,
+        HYDRA_LAST: "",
+    }
     assert cmd.hostfile_text == "localhost:4\n"
 
 
@@ -381,7 +455,9 @@ def test_mpich_everything_on_golden() -> None:
         "/var/tmp/out dir/rank-%r.stdout",
         "-errfile-pattern",
         "/var/tmp/out dir/rank-%r.stderr",
-        "-genvall",
+        "-genvlist",
+        "CLUSTERBOOK_MASTER_ADDR,CLUSTERBOOK_MASTER_PORT,CLUSTERBOOK_RANK_HOOK,"
+        "CLUSTERBOOK_RANK_NODES,PYTHONPATH,SEED",
         "-verbose",
         *wrap_argv(list(PROGRAM)),
     ]
@@ -392,6 +468,7 @@ def test_mpich_everything_on_golden() -> None:
         "CLUSTERBOOK_RANK_NODES": "0 1 1 1",
         "CLUSTERBOOK_MASTER_ADDR": "node1",
         "CLUSTERBOOK_MASTER_PORT": "29500",
+        HYDRA_LAST: "",
     }
     assert not any(NASTY in arg or "second line" in arg for arg in cmd.argv)
     assert cmd.hostfile_text == "node1:1\nnode2:3\n"

@@ -187,6 +187,7 @@ def test_sagemaker_variables_algo_1_leads() -> None:
         cb.Cluster.from_environment(environ={**env, "SM_CURRENT_HOST": "algo-2"})
     assert "This host (algo-2) is a worker of the sagemaker job" in str(excinfo.value)
     assert "built on algo-1" in str(excinfo.value)
+    assert "run clusterbook worker serve (or cb.serve_worker())" in str(excinfo.value)
 
 
 def test_sagemaker_resource_config(tmp_path: Path) -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from clusterbook.errors import ConfigError
+from clusterbook.paths import node_cluster_dir
 from clusterbook.ssh.envlink import env_prefix, link_problems, linked_paths, validate_node_python
 
 HOSTS = ["node1", "node2"]
@@ -53,11 +54,7 @@ def test_links_need_the_same_home_and_interpreter_name_everywhere() -> None:
 
 def test_linked_paths_are_under_the_cluster_directory() -> None:
     paths = linked_paths(
-        "/home/me",
-        ".clusterbook/clusters",
-        "c1",
-        "/work/.venv/bin/python",
-        "/work/.venv/bin/mpiexec",
+        node_cluster_dir("/home/me", "c1"), "/work/.venv/bin/python", "/work/.venv/bin/mpiexec"
     )
     assert paths.python == "/home/me/.clusterbook/clusters/c1/env/bin/python"
     assert paths.launcher == "/home/me/.clusterbook/clusters/c1/env/bin/mpiexec"

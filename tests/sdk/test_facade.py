@@ -60,7 +60,12 @@ def test_start_gives_the_provider_its_context_and_stop_releases_once(make) -> No
     assert cluster.status().state.tolist() == ["pending", "pending"]
     with cluster:
         (ctx,) = fake.calls.started
-        assert (ctx.cluster_id, ctx.env) == ("demo", {"SEED": "1"})
+        # The id (unique among this user's clusters) names its files and processes on nodes.
+        assert cluster.id.startswith("demo-")
+        assert (ctx.cluster_id, ctx.env) == (cluster.id, {"SEED": "1"})
+        job = cluster.mpirun(["true"], np=1)
+        assert job.plan.job_token.startswith(f"{cluster.id}-")
+        assert job.wait(30).ok
         assert ctx.launcher.flavour is cb.MPIFlavour.OPENMPI
         assert cluster.total_slots == 6
         assert cluster.status().state.tolist() == ["ready", "ready"]
@@ -108,6 +113,24 @@ def test_nodes_that_are_not_ready_say_so(make) -> None:
     fake.make_ready()
     cluster.wait_ready(timeout=0.1)
     assert len(cluster.nodes) == 2
+
+
+def test_nodes_lost_for_good_are_said_alike_by_status_wait_ready_and_mpirun(make) -> None:
+    fake = FakeProvider(nodes=2)
+    cluster = make(fake).start()
+    seen: list[ClusterSnapshot] = []
+    cluster.subscribe(seen.append)
+    why = "Both nodes were lost for good (their agents gave up); start a new cluster."
+    fake.lose_all_for_good(why)
+    assert seen[-1].problem == why  # told as it happened
+    assert cluster.snapshot().problem == why
+    assert f"PROBLEM: {why}" in repr(cluster)
+    with pytest.raises(cb.ClusterStateError) as waited:
+        cluster.wait_ready(timeout=30)
+    with pytest.raises(cb.ClusterStateError) as ran:
+        cluster.mpirun(["true"], np=1)
+    assert str(waited.value) == str(ran.value) == why
+    assert cluster.jobs == []
 
 
 def test_no_job_starts_on_a_cluster_that_lost_a_node(make) -> None:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import re
 import socket
 import subprocess
 import sys
@@ -19,7 +20,14 @@ import clusterbook as cb
 from clusterbook import catalog
 from clusterbook.keeper import Keeper
 from clusterbook.lifetime import Lifetime, decide, format_duration, parse_duration
-from clusterbook.record import ClusterRecord, JobEntry, is_stale, read_record, write_record
+from clusterbook.record import (
+    ClusterRecord,
+    JobEntry,
+    is_stale,
+    read_record,
+    write_atomic,
+    write_record,
+)
 from clusterbook.status import NodeStatus
 
 # -- durations -----------------------------------------------------------------------------
@@ -98,7 +106,12 @@ def _record(tmp_path: Path, **changes: object) -> ClusterRecord:
 
 def test_a_record_is_written_as_its_fields_and_read_back_whole(tmp_path) -> None:
     job = JobEntry(
-        "job-0001", "failed", str(tmp_path / "j"), 2, ("python", "x.py"), failed_ranks=(1,)
+        "job-0001",
+        "failed",
+        str(tmp_path / "jobs" / "job-0001"),
+        2,
+        ("python", "x.py"),
+        failed_ranks=(1,),
     )
     record = _record(
         tmp_path, jobs=(job,), extra={"facts": {"n0": {"gpus": [], "load": [0.5, None]}}}
@@ -198,7 +211,8 @@ def test_keeper_acts_on_the_stop_file(tmp_path) -> None:
 
 def test_record_round_trips_and_holds_no_token(tmp_path) -> None:
     tag = "c-abc"  # the tag of the job's processes, not a secret
-    job = JobEntry("job-0001", "succeeded", str(tmp_path / "j"), 2, ("python", "x.py"),
+    directory = str(tmp_path / "jobs" / "job-0001")
+    job = JobEntry("job-0001", "succeeded", directory, 2, ("python", "x.py"),
                    started=1.0, ended=2.0, returncode=0, token=tag)  # fmt: skip
     record = _record(tmp_path, jobs=(job,), life_span=60.0)
     write_record(record)
@@ -219,6 +233,63 @@ def test_a_damaged_record_is_refused_with_its_path(tmp_path, text: str) -> None:
     assert info.value.path == str(tmp_path / "cluster.json")
 
 
+@pytest.mark.parametrize(
+    ("changes", "message"),
+    [
+        ({"name": "../../victim"}, r"its name '\.\./\.\./victim' is not a cluster's name: 1-63"),
+        ({"id": ".."}, r"its id '\.\.' is not a cluster id: 1-127 letters"),
+        ({"id": "a/b"}, "its id 'a/b' is not a cluster id"),
+        ({"state": "sleeping"}, "its state 'sleeping' is none of created, starting, running"),
+        ({"head_pid": "12"}, "its head_pid '12' is not int"),
+        ({"head_pid": True}, "its head_pid True is not int"),
+        ({"jobs": [{"id": "../../x", "state": "succeeded", "directory": "/", "np": 1,
+                    "argv": []}]}, r"a job's id '\.\./\.\./x' is not 'job-'"),
+        ({"jobs": [{"id": "job-0001", "state": "running", "directory": "/", "np": 1,
+                    "argv": [], "token": "a b"}]}, "the token of job job-0001, 'a b', is not"),
+    ],
+)  # fmt: skip
+def test_a_record_whose_values_clusterbook_never_writes_is_refused(
+    tmp_path, changes: dict[str, object], message: str
+) -> None:
+    data = json.loads(_record(tmp_path).to_json()) | changes
+    (tmp_path / "cluster.json").write_text(json.dumps(data))
+    with pytest.raises(cb.RecordError, match="is not a cluster record") as info:
+        read_record(tmp_path)
+    assert re.search(message, str(info.value)), str(info.value)
+    assert info.value.path == str(tmp_path / "cluster.json")
+
+
+def test_a_record_that_says_it_is_elsewhere_is_refused(tmp_path) -> None:
+    here, elsewhere = tmp_path / "here", tmp_path / "elsewhere"
+    here.mkdir()
+    elsewhere.mkdir()
+    write_atomic(here / "cluster.json", _record(elsewhere).to_json())
+    with pytest.raises(cb.RecordError, match=r"says its cluster's directory is .*elsewhere, but"):
+        read_record(here)
+    # Read through a link to it, a record is where it says it is.
+    write_record(_record(here))
+    (tmp_path / "link").symlink_to(here)
+    assert read_record(tmp_path / "link").directory == str(here)
+
+
+@pytest.mark.parametrize("where", ["outside", "linked-jobs", "another-id"])
+def test_a_record_whose_job_is_not_in_its_jobs_directory_is_refused(tmp_path, where) -> None:
+    run, victim = tmp_path / "run", tmp_path / "victim"
+    run.mkdir()
+    (victim / "job-0001").mkdir(parents=True)
+    directory = {
+        "outside": victim / "job-0001",
+        "linked-jobs": run / "jobs" / "job-0001",  # jobs/ is a link to elsewhere
+        "another-id": run / "jobs" / "job-0002",
+    }[where]
+    if where == "linked-jobs":
+        (run / "jobs").symlink_to(victim)
+    job = JobEntry("job-0001", "succeeded", str(directory), 1, ("x",), ended=1.0)
+    write_record(_record(run, jobs=(job,)))
+    with pytest.raises(cb.RecordError, match=r"says job job-0001 is in .* not in .*run/jobs/job"):
+        read_record(run)
+
+
 def test_a_directory_without_a_record_is_not_a_clusters(tmp_path) -> None:
     with pytest.raises(cb.RecordError, match="is not a cluster's directory: it has no"):
         read_record(tmp_path)
@@ -231,6 +302,21 @@ def test_a_record_whose_head_died_is_stale_only_on_its_own_host(tmp_path) -> Non
     assert is_stale(_record(tmp_path, head_pid=dead.pid))
     assert not is_stale(_record(tmp_path, head_pid=dead.pid, head_host="elsewhere"))
     assert not is_stale(_record(tmp_path, head_pid=dead.pid, state="stopped"))
+
+
+def test_a_record_whose_head_pid_is_another_process_now_is_stale(tmp_path) -> None:
+    from clusterbook.headcheck import own_mark
+
+    started, program = own_mark()
+    other = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        head = {"head_started": started, "head_program": program}
+        assert not is_stale(_record(tmp_path, **head))  # this process: the head
+        assert is_stale(_record(tmp_path, head_pid=other.pid, **head))
+        assert not is_stale(_record(tmp_path, head_pid=other.pid))  # no start time: unknown
+    finally:
+        other.kill()
+        other.wait()
 
 
 # -- the catalog ---------------------------------------------------------------------------
@@ -329,6 +415,19 @@ def test_prune_removes_exactly_what_outlived_its_retention(tmp_path) -> None:
     assert not Path(jobs[2].directory).exists()
 
 
+def test_prune_lists_no_job_outside_its_clusters_jobs_directory(tmp_path) -> None:
+    run, mine = tmp_path / "run", tmp_path / "mine"
+    (run / "jobs" / "job-0001").mkdir(parents=True)
+    mine.mkdir()
+    jobs = (JobEntry("job-0001", "succeeded", str(run / "jobs" / "job-0001"), 1, ("x",),
+                     ended=1.0),
+            JobEntry("job-0002", "succeeded", str(mine), 1, ("x",), ended=1.0))  # fmt: skip
+    found = catalog.Found(run, _record(run, retention=1.0, jobs=jobs))  # not read: not checked
+    removals = catalog.prunable([found], now=100.0, older_than=None)
+    assert [r.path for r in removals] == [run / "jobs" / "job-0001"]
+    assert removals[0].within == run / "jobs"
+
+
 # -- work_dir ------------------------------------------------------------------------------
 
 
@@ -346,6 +445,13 @@ def test_work_dir_is_the_run_dir_or_a_url_to_copy_it_to(tmp_path) -> None:
     ]:
         with pytest.raises(cb.ConfigError, match=message):
             cb.Cluster.local(**bad)  # type: ignore[arg-type]
+
+
+def test_a_relative_run_dir_is_made_absolute_for_the_processes_that_read_the_record(
+    tmp_path, monkeypatch
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    assert cb.Cluster.local(run_dir="runs/c").run_dir == tmp_path / "runs" / "c"
 
 
 def test_the_mirror_copies_the_newest_record_and_ended_jobs(tmp_path) -> None:

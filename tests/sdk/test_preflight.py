@@ -197,7 +197,7 @@ def test_install_creates_ssh_dir_private(home):
 
 @pytest.mark.parametrize("bad", ["../x", ".hidden", "", "a/b/c", "a/../b", "/abs", "a/.b"])
 def test_install_refuses_bad_names(home, bad):
-    with pytest.raises(ValueError, match="bad"):
+    with pytest.raises(ValueError, match="is not a cluster id"):
         tasks.install({"cluster_id": bad, "files": {}})
     with pytest.raises(ValueError, match="bad file name"):
         tasks.install(

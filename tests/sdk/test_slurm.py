@@ -3,6 +3,7 @@ how it submits, shows and cancels its job (Slurm's commands answered by FakeSlur
 
 from __future__ import annotations
 
+import re
 import shlex
 import subprocess
 import time
@@ -177,17 +178,18 @@ def test_sbatchs_refusal_is_a_config_error_quoting_it_and_nothing_is_left(tmp_pa
     with pytest.raises(cb.ConfigError, match=f"Slurm refused the cluster's job: {said}"):
         cluster.start()
     assert cluster.state == "created"
-    assert not (Path.home() / ".clusterbook" / "clusters" / cluster.name / "token").exists()
+    assert not (Path.home() / ".clusterbook" / "clusters" / cluster.id / "token").exists()
 
 
 def test_a_job_that_ends_before_its_nodes_joined_fails_wait_ready_and_is_a_problem(fake, tmp_path):
     with _cluster(fake, tmp_path) as cluster:
         fake.set_state(1, "FAILED", "NonZeroExitCode")
-        with pytest.raises(cb.ClusterStateError, match=r"Slurm job 1 is FAILED.*ended before"):
+        with pytest.raises(cb.ClusterStateError, match=r"Slurm job 1 is FAILED.*nodes are gone"):
             cluster.wait_ready(timeout=10)
-        assert "Slurm job 1 is FAILED (NonZeroExitCode): its nodes are gone" in (
-            cluster.snapshot().problem or ""
-        )
+        gone = "Slurm job 1 is FAILED (NonZeroExitCode): its nodes are gone"
+        assert gone in (cluster.snapshot().problem or "")
+        with pytest.raises(cb.ClusterStateError, match=re.escape(gone)):
+            cluster.mpirun(["true"], np=1)  # the same words, not "no nodes yet"
         assert len(cluster.status()) == 0
     assert fake.commands("scancel") == []  # it had ended
 
@@ -253,7 +255,7 @@ def test_a_start_interrupted_once_the_job_was_submitted_cancels_it(tmp_path):
         cluster.start()
     assert slurm.commands("scancel") == [["scancel", "1"]]
     assert slurm.jobs[1][0] == "CANCELLED"
-    assert not (Path.home() / ".clusterbook" / "clusters" / cluster.name).exists()
+    assert not (Path.home() / ".clusterbook" / "clusters" / cluster.id).exists()
 
 
 # -- jobs as steps of the batch job ------------------------------------------------------------

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import re
 
 import pytest
 
@@ -11,6 +12,7 @@ from clusterbook.spec import (
     NodeSpec,
     parse_host_slots,
     validate_env,
+    validate_forward_env,
     validate_host,
     validate_np,
     validate_positive_int,
@@ -329,3 +331,24 @@ def test_hostfiles_of_both_flavours_read_as_host_entries() -> None:
 def test_a_node_is_here_when_its_host_is_this_machine() -> None:
     assert NodeSpec("local-0", "localhost", 1).here
     assert not NodeSpec("node1", "10.0.0.1", 1).here
+
+
+def test_forward_env_takes_names_and_prefixes_each_once() -> None:
+    assert validate_forward_env(None) == ()
+    got = validate_forward_env(["NCCL_*", "WANDB_API_KEY", "NCCL_*", "_X*"])
+    assert got == ("NCCL_*", "WANDB_API_KEY", "_X*")
+
+
+@pytest.mark.parametrize(
+    ("given", "said"),
+    [
+        ("NCCL_*", "must be a list of variable names or prefixes"),
+        (["*"], "'*' in forward_env would send this machine's whole environment"),
+        (["1ST_*"], "entry '1ST_*' is not a variable name"),
+        (["A*B"], "entry 'A*B' is not a variable name"),
+        ([3], "entry 3 is not a variable name"),
+    ],
+)
+def test_forward_env_refuses_what_names_no_variable(given: object, said: str) -> None:
+    with pytest.raises(ConfigError, match=re.escape(said)):
+        validate_forward_env(given)

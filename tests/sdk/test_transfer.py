@@ -512,3 +512,21 @@ def test_a_file_the_node_cannot_read_whole_is_named_and_the_others_arrive(tmp_pa
         fetch(call, tmp_path, [], "n1", stored.append)
     assert stored == [tmp_path / "b.txt"]
     assert sorted(os.listdir(tmp_path)) == ["b.txt"]  # no part of a.bin, no temp file
+
+
+@pytest.mark.root
+def test_a_gather_onto_a_full_disk_keeps_no_part_here_and_leaves_the_file_on_its_node(
+    home: Path, small_disk: Path, tmp_path: Path
+) -> None:
+    head, root = small_disk / "head", tmp_path / "node"
+    (root / "out").mkdir(parents=True)
+    big = os.urandom(3 * CHUNK)  # more than the 512 KiB disk holds
+    (root / "out" / "big.bin").write_bytes(big)
+    (root / "out" / "small.txt").write_text("fits")
+    arrived: list[Path] = []
+    with pytest.raises(ClusterError, match=r"big\.bin.*no space left.*n1 still has it"):
+        fetch(_node_at(head, root), head / "out", [], "n1", arrived.append)
+    assert arrived == [head / "out" / "small.txt"]
+    assert os.listdir(head / "out") == ["small.txt"]  # no part of it, hidden or not
+    assert (root / "out" / "big.bin").read_bytes() == big
+    assert not (root / "out" / "small.txt").exists()  # moved: it arrived whole

@@ -31,6 +31,7 @@ from clusterbook_widgets.mpirun_cell import (
     parse_cluster_args,
     parse_mpirun_args,
 )
+from clusterbook_widgets.pulled import signed
 from tests.conftest import processes_mentioning, wait_gone
 
 # -- argument parsing -------------------------------------------------------------------------
@@ -167,13 +168,15 @@ def test_script_pushes_and_pulls(tmp_path: Path) -> None:
     (tmp_path / "pull").mkdir()
     tricky = "s = '''a\\\\b\"\"\" \u00e9'''\n"  # quotes, a backslash, non-ASCII: kept as they are
     cell = tricky + "import os\ny = (x, word, s, os.environ['OMPI_COMM_WORLD_RANK'])\nprint(y)\n"
+    key = os.urandom(32)
     done = run_script(
-        tmp_path, cell, push_file=str(push), pull="y", pull_dir=str(tmp_path / "pull")
+        tmp_path, cell, push_file=str(push), pull="y", pull_dir=str(tmp_path / "pull"), pull_key=key
     )
     assert done.returncode == 0, done.stderr
     value = ([1, 2], "hi", 'a\\b""" \u00e9', "1")
     assert done.stdout == f"{value}\n"
-    assert pickle.loads((tmp_path / "pull" / "rank-1.pkl").read_bytes()) == value  # noqa: S301
+    written = (tmp_path / "pull" / "rank-1.pkl").read_bytes()
+    assert written == signed(key, 1, pickle.dumps(value, protocol=pickle.HIGHEST_PROTOCOL))
     assert not list((tmp_path / "pull").glob("*.part"))
 
 
@@ -205,7 +208,9 @@ def test_script_traceback_is_the_cells_own(tmp_path: Path) -> None:
 
 def test_script_pull_of_an_undefined_name_fails(tmp_path: Path) -> None:
     (tmp_path / "pull").mkdir()
-    done = run_script(tmp_path, "z = 1\n", pull="y", pull_dir=str(tmp_path / "pull"))
+    done = run_script(
+        tmp_path, "z = 1\n", pull="y", pull_dir=str(tmp_path / "pull"), pull_key=b"k" * 32
+    )
     assert done.returncode == 1
     assert "--pull y: name 'y' is not defined on rank 1" in done.stderr
     assert not list((tmp_path / "pull").iterdir())
@@ -352,12 +357,22 @@ def test_functions_and_closures_defined_in_the_notebook_reach_every_rank(
     ip.run_cell("p = Point(5)\nsquare = lambda v: v * v\n")
     ip.user_ns.pop("made", None)
     cell = "from mpi4py import MPI\nr = MPI.COMM_WORLD.Get_rank()\n"
-    cell += "print('got', square(r + 2), scale(r), p.x)\nmade = lambda: r * 10\n"
+    cell += "print('got', square(r + 2), scale(r), p.x)\nmade = [square(r + 2), scale(r)]\n"
     with capture_output() as out:
         ip.run_cell_magic("mpirun", "-n 2 --push square,scale,p --pull made", cell)
     assert "[0] got 4 0 5\n" in out.stdout, out.stderr
     assert "[1] got 9 3 5\n" in out.stdout
-    assert [f() for f in ip.user_ns["made"]] == [0, 10]  # functions come back too
+    assert ip.user_ns["made"] == [[4, 0], [9, 3]]
+
+
+def test_a_function_is_not_pulled_back_and_the_rank_says_why(ip, cluster: cb.Cluster) -> None:  # type: ignore[no-untyped-def]
+    ip.user_ns.pop("made", None)
+    with capture_output() as out:
+        ip.run_cell_magic("mpirun", "-n 1 --pull made", "made = lambda: 1\n")
+    assert "--pull made: rank 0's value cannot be sent back (PicklingError: " in out.stderr
+    assert "pull plain data" in out.stderr
+    assert "--pull made: not set, the job did not succeed." in out.stderr
+    assert "made" not in ip.user_ns
 
 
 def test_a_value_that_cannot_be_sent_is_named(ip, magics: ClusterMagics) -> None:  # type: ignore[no-untyped-def]

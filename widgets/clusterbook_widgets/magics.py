@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import functools
 import os
-import pickle
+import secrets
 import sys
 import traceback
 from collections.abc import Callable
@@ -34,6 +34,7 @@ from clusterbook_widgets.mpirun_cell import (
     parse_cluster_args,
     parse_mpirun_args,
 )
+from clusterbook_widgets.pulled import check_private_dirs, read_pulled
 
 __all__ = ["ClusterMagics"]
 
@@ -244,8 +245,9 @@ class ClusterMagics(Magics):
         Each rank's output is shown as it comes, prefixed ``[rank]``; an error raised on
         several ranks is shown once, with its ranks; a retry is announced as it starts.
         ``--push`` gives every rank the notebook's values of a, b; ``--pull NAME`` sets NAME
-        in the notebook to the ranks' values of NAME, in rank order. Interrupting the kernel
-        stops every rank.
+        in the notebook to the ranks' values of NAME, in rank order: plain data only, from
+        this cell's own ranks (the kernel runs no code that a node hands it; see
+        :mod:`clusterbook_widgets.pulled`). Interrupting the kernel stops every rank.
         """
         try:
             args = parse_mpirun_args(line)
@@ -271,7 +273,7 @@ class ClusterMagics(Magics):
         before = len(cluster.jobs)
         try:
             try:
-                job, script, pull_dir = self._launch(cluster, args, cell, values)
+                job, script, pull = self._launch(cluster, args, cell, values)
             except (ClusterError, _CellError) as exc:
                 _err(f"%%mpirun: {exc}")
                 return
@@ -304,8 +306,8 @@ class ClusterMagics(Magics):
                 f"with {len(result.kept)} process(es) in all; %cluster stop ends them (or "
                 "cluster.jobs[-1].cleanup())."
             )
-        if args.pull is not None:
-            self._pull(cluster, args.pull, result, pull_dir, job.np)
+        if args.pull is not None and pull is not None:
+            self._pull(cluster, args.pull, result, pull, job.np)
 
     def _push_values(self, args: MpirunArgs) -> bytes | None:
         """The pushed values, pickled: before anything starts, a missing or unpicklable one
@@ -323,9 +325,13 @@ class ClusterMagics(Magics):
         args: MpirunArgs,
         cell: str,
         values: bytes | None,
-    ) -> tuple[cb.Job | SavedJob, Path, Path | None]:
+    ) -> tuple[cb.Job | SavedJob, Path, tuple[Path, bytes] | None]:
+        """Start the cell's job; return it, its script, and where its values are pulled
+        from with the key they are signed with."""
         cells = cluster.run_dir / "cells"
         cells.mkdir(mode=0o700, exist_ok=True)
+        # The cell's program, values and results go there: nobody else may change them.
+        check_private_dirs(cells)
         number = len(list(cells.iterdir())) + 1
         while True:
             directory = cells / f"cell-{number:04d}"
@@ -338,21 +344,22 @@ class ClusterMagics(Magics):
         if values is not None:
             push_file = directory / "push.pkl"
             _write_private(push_file, values)
-        pull_dir = None
+        pull_dir = key = None
         if args.pull is not None:
             pull_dir = directory / "pull"
             pull_dir.mkdir(mode=0o700)
+            key = secrets.token_bytes(32)  # the ranks sign their values with it
         script = directory / "cell.py"
-        script.write_text(
-            build_script(
-                cell,
-                filename=f"<mpirun cell {number}>",
-                push_file=None if push_file is None else str(push_file),
-                pull=args.pull,
-                pull_dir=None if pull_dir is None else str(pull_dir),
-            ),
-            encoding="utf-8",  # what Python reads source as, whatever the locale
+        text = build_script(
+            cell,
+            filename=f"<mpirun cell {number}>",
+            push_file=None if push_file is None else str(push_file),
+            pull=args.pull,
+            pull_dir=None if pull_dir is None else str(pull_dir),
+            pull_key=key,
         )
+        # UTF-8: what Python reads source as, whatever the locale. Private: it holds the key.
+        _write_private(script, text.encode("utf-8"))
         cluster.put(directory)  # nodes that do not share this filesystem get it too
         job = cluster.mpirun(
             ["python", str(script)],
@@ -367,7 +374,7 @@ class ClusterMagics(Magics):
             restarts=args.restarts,
             clean=args.clean,
         )
-        return job, script, pull_dir
+        return job, script, None if pull_dir is None or key is None else (pull_dir, key)
 
     def _follow(
         self, job: cb.Job | SavedJob, script: str
@@ -396,31 +403,21 @@ class ClusterMagics(Magics):
         cluster: cb.Cluster | AttachedCluster,
         name: str,
         result: cb.JobResult,
-        pull_dir: Path | None,
+        pull: tuple[Path, bytes],
         np: int,
     ) -> None:
+        """Set ``name`` to the ranks' values: plain data only, each signed by its rank of
+        this cell, from the cell's own directory (:mod:`clusterbook_widgets.pulled`)."""
         if not result.ok:
             _err(f"%%mpirun: --pull {name}: not set, the job did not succeed.")
             return
-        assert pull_dir is not None
+        pull_dir, key = pull
         try:
             cluster.gather(pull_dir)  # from nodes that do not share this filesystem
+            values = read_pulled(pull_dir, np, key)
         except ClusterError as exc:
-            _err(f"%%mpirun: --pull {name}: {exc}")
+            _err(f"%%mpirun: --pull {name}: {exc}; {name} not set.")
             return
-        values = []
-        for rank in range(np):
-            path = pull_dir / f"rank-{rank}.pkl"
-            try:
-                with open(path, "rb") as f:
-                    # Written by this job's own ranks, in the cluster's private run directory.
-                    values.append(pickle.load(f))  # noqa: S301
-            except FileNotFoundError:
-                _err(f"%%mpirun: --pull {name}: rank {rank} left no value; {name} not set.")
-                return
-            except Exception as exc:
-                _err(f"%%mpirun: --pull {name}: cannot read rank {rank}'s value: {exc}")
-                return
         assert self.shell is not None
         self.shell.user_ns[name] = values
 

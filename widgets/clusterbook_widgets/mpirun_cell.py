@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from clusterbook.errors import ConfigError
 from clusterbook.launch.keep import CLEAN
 from clusterbook.spec import validate_seconds
+from clusterbook_widgets.pulled import MAGIC
 
 __all__ = [
     "ArgsError",
@@ -155,7 +156,9 @@ def _mpirun_parser() -> _Parser:
         "--pull",
         type=_identifier,
         metavar="NAME",
-        help="set NAME in the notebook to the list of the ranks' values of NAME",
+        help="set NAME in the notebook to the list of the ranks' values of NAME: plain data "
+        "only (numbers, strings, lists, dicts, numpy arrays...), since the kernel runs no "
+        "code that the ranks' machines hand it",
     )
     p.add_argument(
         "--oversubscribe", action="store_true", help="allow more ranks than the cluster's slots"
@@ -305,7 +308,7 @@ _TEMPLATE = """\
 # Written by clusterbook's %%mpirun: the notebook cell below runs on every rank.
 
 
-def _clusterbook_cell(source, filename, push, pull, pull_dir):
+def _clusterbook_cell(source, filename, push, pull, pull_dir, pull_key):
     import linecache
     import os
     import pickle
@@ -344,12 +347,24 @@ def _clusterbook_cell(source, filename, push, pull, pull_dir):
         print(f"--pull {{pull}}: name {{pull!r}} is not defined on rank {{rank}}", file=sys.stderr)
         sys.exit(1)
     path = os.path.join(pull_dir, f"rank-{{rank}}.pkl")
-    try:  # by value, as --push sends: a function made on the rank comes back too
-        from cloudpickle import dump
-    except ImportError:
-        dump = pickle.dump
+    # Plain pickle: the kernel takes plain data back, and runs no code of the ranks'.
+    try:
+        data = pickle.dumps(g[pull], protocol=pickle.HIGHEST_PROTOCOL)
+    except Exception as exc:
+        print(
+            f"--pull {{pull}}: rank {{rank}}'s value cannot be sent back "
+            f"({{type(exc).__name__}}: {{exc}}); pull plain data (numbers, strings, lists, "
+            "dicts, numpy arrays)",
+            file=sys.stderr,
+        )
+        sys.exit(1)
+    import hashlib
+    import hmac
+
+    # Signed with the cell's key, for its rank: the kernel takes no value anyone else wrote.
+    mac = hmac.new(bytes.fromhex(pull_key), b"rank %d\\n" % int(rank) + data, hashlib.sha256)
     with open(path + ".part", "wb") as f:
-        dump(g[pull], f)
+        f.write({magic!r} + mac.digest() + data)
     os.replace(path + ".part", path)
 
 
@@ -359,6 +374,7 @@ _clusterbook_cell(
     push={push!r},
     pull={pull!r},
     pull_dir={pull_dir!r},
+    pull_key={pull_key!r},
 )
 """
 
@@ -370,6 +386,7 @@ def build_script(
     push_file: str | None = None,
     pull: str | None = None,
     pull_dir: str | None = None,
+    pull_key: bytes | None = None,
     error_grace: float = 0.25,
 ) -> str:
     """The Python program that runs ``cell`` on a rank.
@@ -378,10 +395,11 @@ def build_script(
     ``filename`` (so tracebacks and stack dumps show the cell's lines), prints an uncaught
     exception's traceback without the runner's frame and exits 1 ``error_grace`` seconds
     later (so that ranks failing at the same time all report it), and, if ``pull`` is given,
-    pickles the rank's value of ``pull`` to ``pull_dir/rank-N.pkl``.
+    pickles the rank's value of ``pull`` to ``pull_dir/rank-N.pkl``, signed with ``pull_key``
+    (see :mod:`clusterbook_widgets.pulled`). The program holds the key: keep it private.
     """
-    if (pull is None) != (pull_dir is None):
-        raise ValueError("pull and pull_dir go together")
+    if not (pull is None) == (pull_dir is None) == (pull_key is None):
+        raise ValueError("pull, pull_dir and pull_key go together")
     # The cell goes in as a literal: no quoting of its text can break the program.
     literal = "(\n" + "".join(f"        {line!r}\n" for line in cell.splitlines(True)) + "    )"
     if not cell:
@@ -392,5 +410,7 @@ def build_script(
         push=push_file,
         pull=pull,
         pull_dir=pull_dir,
+        pull_key=None if pull_key is None else pull_key.hex(),
+        magic=MAGIC,
         grace=error_grace,
     )

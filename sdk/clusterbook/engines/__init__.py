@@ -278,7 +278,7 @@ def start_engines(
         client_ip="127.0.0.1",
         heartbeat_ms=round(heartbeat * 1000),
     )
-    token = f"{cluster.name}-ipc-{secrets.token_hex(4)}"
+    token = f"{cluster.id}-ipc-{secrets.token_hex(4)}"
     curve = controller_env(curve_public, curve_secret) if curve_public and curve_secret else {}
     controller = _Controller.spawn(argv, directory, token, curve)
     engines = EngineSet(0, directory, controller)

@@ -21,6 +21,9 @@ if TYPE_CHECKING:
 
 __all__ = [
     "GPU_ENV",
+    "HYDRA_LAST",
+    "LAUNCH_ENV",
+    "MPICH_OWN_ENV",
     "OPENMPI_OUTPUT",
     "OPENMPI_TUNING",
     "TORCH_ENV",
@@ -28,6 +31,7 @@ __all__ = [
     "LaunchPlan",
     "binding",
     "build_command",
+    "forwarded",
     "host_gpus",
     "host_ranks",
     "master_addr",
@@ -40,6 +44,30 @@ __all__ = [
 #: costs about a second at every start and brings nothing on Ethernet or shared memory.
 OPENMPI_TUNING: Mapping[str, str] = {"OMPI_MCA_btl": "^ofi", "OMPI_MCA_mtl": "^ofi"}
 OPENMPI_OUTPUT = "tag:raw,merge-stderr-to-stdout"
+
+#: What the system around the head says of the job (names, or prefixes ending in ``*``): these
+#: of the head's variables reach every rank, under either MPI. A variable that describes the
+#: head's own task (``SLURM_PROCID``, ``PBS_TASKNUM``) is not among them: it would tell every
+#: rank that it is the head's.
+LAUNCH_ENV = (
+    "SM_*",  # a SageMaker training job's (SM_HOSTS, SM_CHANNEL_*, SM_MODEL_DIR, SM_HPS...)
+    "TRAINING_JOB_NAME",
+    "TRAINING_JOB_ARN",
+    "SLURM_JOB_*",  # a Slurm job's, not its steps' or tasks'
+    "SLURM_CLUSTER_NAME",
+    "SLURM_SUBMIT_DIR",
+    "SLURM_SUBMIT_HOST",
+    "PBS_JOBID",  # a PBS/Torque job's
+    "PBS_JOBNAME",
+    "PBS_QUEUE",
+    "PBS_O_*",
+)
+#: Put last in mpiexec's environment: Hydra's -genvlist never finds the last variable there
+#: (HYDU_env_lookup stops before the end of its list), so that must be none of the ranks'.
+HYDRA_LAST = "CLUSTERBOOK_ENV_END"
+#: MPICH's own settings in the head's environment, which reach its ranks as Open MPI's
+#: (``OMPI_MCA_*``, ``PRTE_MCA_*``) reach theirs: Open MPI's mpirun forwards those itself.
+MPICH_OWN_ENV = ("MPIR_CVAR_*",)
 
 
 @dataclass(frozen=True, slots=True)
@@ -63,23 +91,27 @@ class LaunchPlan:
     abort_on_error: bool = True
     master_port: int = 29500  # torch.distributed's, on rank 0's host (chosen at prepare)
     clean: str = "all"  # "none": a failing rank stops itself (see launch.keep)
+    forward_env: tuple[str, ...] = ()  # more of inherited_env for the ranks (NAME, PREFIX*)
 
 
 @dataclass(frozen=True, slots=True)
 class LaunchCommand:
     """A launcher command line, the variables to add to its environment (and, ``unset``,
-    those to take out of it), its hostfile."""
+    those to take out of it; ``last``, one of them to put last), its hostfile."""
 
     argv: list[str]
     env: dict[str, str]
     hostfile_text: str
     unset: tuple[str, ...] = ()
+    last: str | None = None
 
     def environment(self, base: Mapping[str, str]) -> dict[str, str]:
-        """The launcher's environment: ``base`` with this command's changes."""
+        """The launcher's environment, in order: ``base`` with this command's changes."""
         env = {**base, **self.env}
         for name in self.unset:
             env.pop(name, None)
+        if self.last is not None:
+            env[self.last] = env.pop(self.last)
         return env
 
 
@@ -185,6 +217,23 @@ def rank_env(plan: LaunchPlan) -> dict[str, str]:
     return env
 
 
+def _matches(name: str, patterns: tuple[str, ...]) -> bool:
+    return any(name.startswith(p[:-1]) if p.endswith("*") else name == p for p in patterns)
+
+
+def forwarded(plan: LaunchPlan, env: Mapping[str, str]) -> list[str]:
+    """The names the ranks get, besides the job's own ``env``: those of the head's
+    environment (``plan.inherited_env``) that :data:`LAUNCH_ENV` or ``plan.forward_env``
+    name (and, for MPICH, :data:`MPICH_OWN_ENV`), with ``env``'s, sorted. Remote ranks get
+    these and what their node's session has, the same under either MPI; local ranks get the
+    head's whole environment as well, as child processes do."""
+    patterns = (*LAUNCH_ENV, *plan.forward_env)
+    if plan.launcher.flavour is MPIFlavour.MPICH:
+        patterns += MPICH_OWN_ENV
+    chosen = {name for name in plan.inherited_env if _matches(name, patterns)}
+    return sorted(chosen | set(env))
+
+
 def build_command(plan: LaunchPlan) -> LaunchCommand:
     """The launcher command line for ``plan``: ``srun`` when the nodes are a Slurm
     allocation's that start steps (see :mod:`clusterbook.launch.srun`), else the MPI's own."""
@@ -233,7 +282,7 @@ def _openmpi(plan: LaunchPlan) -> LaunchCommand:
             argv += ["--prtemca", "plm_ssh_no_tree_spawn", "1"]
     # -x NAME exports the value from mpirun's own environment: byte for byte, and not on
     # the command line where `ps` would show it.
-    for name in sorted(env):
+    for name in forwarded(plan, env):
         argv += ["-x", name]
     argv += [*plan.launcher_args, *wrap_argv(list(plan.argv))]
     return LaunchCommand(argv, {**extra, **env}, render_hostfile(plan.nodes, MPIFlavour.OPENMPI))
@@ -254,8 +303,11 @@ def _mpich(plan: LaunchPlan) -> LaunchCommand:
         "-errfile-pattern",
         f"{out}/rank-%r.stderr",
     ]
-    # -genvall passes mpiexec's own environment (ours added) byte for byte, values off the
-    # command line where `ps` would show them.
-    argv.append("-genvall")
+    # -genvlist passes these of mpiexec's own environment (ours added) byte for byte, values
+    # off the command line where `ps` would show them: what -x passes under Open MPI, not
+    # all of it (-genvall), so that a rank's environment does not depend on the MPI.
+    argv += ["-genvlist", ",".join(forwarded(plan, env))]
     argv += [*plan.launcher_args, *wrap_argv(list(plan.argv))]
-    return LaunchCommand(argv, env, render_hostfile(plan.nodes, MPIFlavour.MPICH))
+    env[HYDRA_LAST] = ""
+    hostfile = render_hostfile(plan.nodes, MPIFlavour.MPICH)
+    return LaunchCommand(argv, env, hostfile, last=HYDRA_LAST)

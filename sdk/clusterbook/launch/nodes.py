@@ -38,15 +38,26 @@ Unreachable = Callable[..., dict[str, str]]
 RESTART_WAIT = 60.0
 
 
-def usable_nodes(
-    cluster: str, nodes: tuple[NodeSpec, ...], unreachable: Unreachable
-) -> tuple[NodeSpec, ...]:
-    """``nodes``, if a job can start on them: there are some, and none was lost."""
+def usable_nodes(cluster: str, provider: Provider) -> tuple[NodeSpec, ...]:
+    """The ``provider``'s nodes, if a job can start on them: none was lost for good (the
+    provider's own words), there are some, and none of them was lost."""
+    if gone := provider.lost_for_good():
+        raise ClusterStateError(gone)
+    nodes = provider.nodes
     if not nodes:
+        known = [s.name for s in provider.node_statuses()]
+        lost = provider.unreachable(known, lost_only=True)
+        if not lost:
+            raise ClusterStateError(
+                f"Cluster {cluster!r} has no nodes yet; call cluster.wait_ready() first."
+            )
+        join = provider.join_command
         raise ClusterStateError(
-            f"Cluster {cluster!r} has no nodes yet; call cluster.wait_ready() first."
+            f"Cluster {cluster!r} has no nodes now: {'; '.join(lost.values())}. "
+            + (f"Nodes join with: {join}; " if join else "")
+            + "cluster.wait_ready() returns once enough of them joined again."
         )
-    lost = unreachable([n.name for n in nodes], lost_only=True)
+    lost = provider.unreachable([n.name for n in nodes], lost_only=True)
     if lost:
         raise ClusterStateError(
             f"Cluster {cluster!r} lost {len(lost)} of its nodes: {'; '.join(lost.values())}. "
@@ -90,7 +101,7 @@ def nodes_for_attempt(
         if not running():
             raise ClusterStateError(f"Cluster {cluster!r} is not running any more.")
         if not restart:
-            return usable_nodes(cluster, provider.nodes, provider.unreachable), provider.remote()
+            return usable_nodes(cluster, provider), provider.remote()
         try:
             left = remaining_nodes(cluster, provider.nodes, provider.unreachable, provider.bounds)
             return left, provider.remote()

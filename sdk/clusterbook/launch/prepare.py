@@ -290,10 +290,13 @@ def prepare(
     jobs_so_far: int,
     hooks: JobHooks,
     logs: LogBudget | None = None,
+    forward_env: tuple[str, ...] = (),
 ) -> Job:
-    """Start ``request`` on ``nodes`` of cluster ``cluster``, in a new job directory under
-    ``run_dir``; return the job. A retry runs where ``hooks.where()`` says then. ``logs``:
-    what the log buffers of the cluster's jobs may hold together."""
+    """Start ``request`` on ``nodes`` of the cluster of id ``cluster`` (its processes are
+    tagged ``ID-...``), in a new job directory under ``run_dir``; return the job. A retry
+    runs where ``hooks.where()`` says then. ``logs``: what the log buffers of the cluster's
+    jobs may hold together. ``forward_env``: more of this process's variables for the ranks
+    (names, or prefixes ending in ``*``)."""
     job_env = {**env, **request.env}
     base_env = dict(os.environ)
     first = (nodes, remote)
@@ -339,6 +342,7 @@ def prepare(
                 nodes[placement(nodes, np)[0]], hooks.free_port, local=remote is None
             ),
             clean=request.clean,
+            forward_env=forward_env,
         )
         here = socket.gethostname()
         names = remote.hostnames if remote else {}

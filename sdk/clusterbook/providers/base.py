@@ -25,6 +25,8 @@ member                default   what it must do
                                 other machines, for inspection (``clean="none"``); name them
 ``node_statuses()``   derived   one :class:`NodeStatus` per node: pending until started, then ready
 ``problem()``         None      what is wrong with the provider's view of the nodes (in status)
+``lost_for_good()``   None      why nodes that were lost cannot come back (then status shows it,
+                                ``wait_ready`` raises it and ``mpirun`` refuses with it)
 ``unreachable(...)``  {}        of the nodes named, those lost or silent, with a sentence each
 ``put(sent)``         {}        copy files to nodes that do not share this machine's; the nodes
                                 it failed on, with why
@@ -77,6 +79,9 @@ class StartContext:
     its load): the cluster then publishes a new snapshot. It may be called from any thread.
     ``progress`` is told what the start does now (``"checking 8 nodes"``), for its bar.
     ``run_dir`` is the cluster's run directory (where a batch script and its output go).
+    ``cluster_id`` is the cluster's id (``NAME-YYYYmmdd-HHMMSS``, unique among this user's
+    clusters): it names the cluster's directory on the head and on every node
+    (:func:`clusterbook.paths.cluster_dir`), its key line and its processes' tags.
     """
 
     cluster_id: str
@@ -173,6 +178,13 @@ class Provider(ABC):
 
     def problem(self) -> str | None:
         """What is wrong with the provider's view of the nodes now, if anything."""
+        return None
+
+    def lost_for_good(self) -> str | None:
+        """Why nodes the cluster lost cannot come back, if they cannot (an SSH node whose agent
+        gave up, a batch job that ended): one sentence saying what happened and what to do,
+        which status, ``wait_ready()`` and ``mpirun()`` all give. None while they may come
+        back (an elastic cluster's nodes may join again) or none was lost."""
         return None
 
     def unreachable(self, names: Collection[str], *, lost_only: bool = False) -> dict[str, str]:

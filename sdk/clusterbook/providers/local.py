@@ -3,16 +3,23 @@
 A local cluster's nodes are agents the head starts itself, one per node, which join its
 rendezvous (:class:`RendezvousHead`) and heartbeat: the same status, loss detection and job
 stopping as nodes that join from elsewhere.
+
+The agents are the head's own processes, so it keeps them: an agent that ends while the
+cluster runs (it lost the head for its lease while the head was paused, or it was killed) is
+reaped and started again, and its node joins the next round. One that keeps ending
+(:func:`restart_allowed`) is not started again: the cluster says so (:meth:`lost_for_good`).
 """
 
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import subprocess
 import sys
+import threading
 import time
-from collections.abc import Collection
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import replace
 
 from clusterbook.errors import ClusterError
@@ -26,10 +33,23 @@ from clusterbook.spec import HERE, NodeSpec, validate_positive_int, validate_slo
 from clusterbook.status import NodeStatus
 from clusterbook.wording import spell_or
 
-__all__ = ["LocalAgentsProvider", "local_nodes"]
+__all__ = ["LocalAgentsProvider", "local_nodes", "restart_allowed"]
+
+_log = logging.getLogger("clusterbook.local")
 
 #: How long ``start()`` waits for the local agents to join.
 START_TIMEOUT = 60.0
+#: An agent that ended this many times within ``RESTART_WINDOW`` seconds is not started again.
+MAX_ENDS = 5
+RESTART_WINDOW = 60.0
+_KEEP_EVERY = 0.2  # seconds between two looks at the agents
+
+
+def restart_allowed(ends: Sequence[float], now: float) -> bool:
+    """Whether an agent that ended at the (monotonic) times ``ends`` is started again at
+    ``now``: unless it ended ``MAX_ENDS`` times within the last ``RESTART_WINDOW`` seconds
+    (it cannot run here, and starting it again would only repeat that)."""
+    return sum(now - end < RESTART_WINDOW for end in ends) < MAX_ENDS
 
 
 def local_nodes(
@@ -84,7 +104,12 @@ class LocalAgentsProvider(Provider):
         )
         self.head = RendezvousHead(settings)
         self._spec = nodes
-        self._agents: list[subprocess.Popen[bytes]] = []
+        self._agents: dict[str, subprocess.Popen[bytes]] = {}  # by node name
+        self._ends: dict[str, list[float]] = {}  # when each node's agents ended
+        self._gave_up: dict[str, str] = {}  # nodes not started again, with why
+        self._keeping = threading.Event()  # set: the keeper thread is to stop
+        self._keeper: threading.Thread | None = None
+        self._changed: Callable[[], None] = lambda: None
         self._token = ""
 
     @classmethod
@@ -109,58 +134,107 @@ class LocalAgentsProvider(Provider):
 
     def start(self, ctx: StartContext) -> None:
         self.head.start(ctx.cluster_id, ctx.changed)
-        assert self.head.join_url is not None
-        assert self.head.token_file is not None
+        self._changed = ctx.changed
         # Tagged like a job's processes, so they die with us even if we are SIGKILLed.
         self._token = f"{ctx.cluster_id}-agents"
         guard.watch(self._token)
-        env = {**os.environ, "CLUSTERBOOK_JOB": self._token}
         for node in self._spec:
-            argv = agent_argv(
-                sys.executable,
-                self.head.join_url,
-                self.head.token_file,
-                node_id=node.name,
-                slots=node.slots,
-                lease=HEAD_LEASE,
-            )
-            self._agents.append(
-                subprocess.Popen(
-                    argv,
-                    env=env,
-                    stdin=subprocess.DEVNULL,
-                    stdout=subprocess.DEVNULL,
-                    stderr=subprocess.PIPE,
-                    start_new_session=True,
-                )
-            )
+            self._agents[node.name] = self._spawn(node)
         try:
             self.head.wait_ready(START_TIMEOUT)
         except ClusterError:
-            failed = [p for p in self._agents if p.poll() is not None]
+            failed = [p for p in self._agents.values() if p.poll() is not None]
+            said = failed and f"code {failed[0].returncode}: {_last_words(failed[0])}"
             self.stop()
-            if failed:
-                err = failed[0].stderr.read().decode(errors="replace") if failed[0].stderr else ""
-                raise ClusterError(
-                    f"A local worker agent exited with code {failed[0].returncode}: "
-                    + (" / ".join(err.strip().splitlines()[-3:]) or "no output")
-                ) from None
+            if said:
+                raise ClusterError(f"A local worker agent exited with {said}") from None
             raise
+        self._keeper = threading.Thread(
+            target=self._keep, name="clusterbook-local-agents", daemon=True
+        )
+        self._keeper.start()
+
+    def _spawn(self, node: NodeSpec) -> subprocess.Popen[bytes]:
+        """Start the agent of ``node``."""
+        assert self.head.join_url is not None
+        assert self.head.token_file is not None
+        argv = agent_argv(
+            sys.executable,
+            self.head.join_url,
+            self.head.token_file,
+            node_id=node.name,
+            slots=node.slots,
+            lease=HEAD_LEASE,
+        )
+        return subprocess.Popen(
+            argv,
+            env={**os.environ, "CLUSTERBOOK_JOB": self._token},
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            start_new_session=True,
+        )
+
+    def _keep(self) -> None:
+        """Reap every agent that ends while the cluster runs, and start it again (see the
+        module docstring)."""
+        while not self._keeping.wait(_KEEP_EVERY):
+            for node in self._spec:
+                proc = self._agents.get(node.name)
+                if proc is None or proc.poll() is None:  # poll() reaps one that ended
+                    continue
+                said = f"code {proc.returncode}: {_last_words(proc)}"
+                now = time.monotonic()
+                ends = [t for t in self._ends.get(node.name, []) if now - t < RESTART_WINDOW]
+                ends.append(now)
+                self._ends[node.name] = ends
+                if self._keeping.is_set():
+                    return  # stop() is under way: the agents end because of it
+                if not restart_allowed(ends, now):
+                    del self._agents[node.name]
+                    self._gave_up[node.name] = said
+                    _log.error("The local agent of node %s keeps ending (%s).", node.name, said)
+                    self._changed()
+                    continue
+                _log.warning(
+                    "The local agent of node %s ended (%s); starting it again.", node.name, said
+                )
+                self._agents[node.name] = self._spawn(node)
 
     def stop(self) -> None:
+        self._keeping.set()
+        if self._keeper is not None and self._keeper is not threading.current_thread():
+            self._keeper.join()
         self.head.close()  # closes the rendezvous: agents leave and exit
+        agents = list(self._agents.values())
         deadline = time.monotonic() + 5.0
-        for proc in self._agents:
+        for proc in agents:
             with contextlib.suppress(subprocess.TimeoutExpired):
                 proc.wait(timeout=max(0.0, deadline - time.monotonic()))
         if self._token:
             kill_tagged([self._token], 1.0)  # any that did not go by themselves
             guard.release(self._token)
-        for proc in self._agents:
+        for proc in agents:
             proc.wait()
             if proc.stderr is not None:
                 proc.stderr.close()
-        self._agents = []
+        self._agents = {}
+
+    def wait_ready(self, timeout: float) -> None:
+        """Return once every node's agent is in the round (agents started again after they
+        ended join again); raise at once when one is not started again."""
+        self.head.wait_ready(timeout, give_up=self.lost_for_good)
+
+    def lost_for_good(self) -> str | None:
+        gave_up = dict(self._gave_up)
+        if not gave_up:
+            return None
+        said = "; ".join(f"node {name}: {why}" for name, why in gave_up.items())
+        return (
+            f"The local worker agent of {len(gave_up)} node(s) ended {MAX_ENDS} times within "
+            f"{RESTART_WINDOW:g} s and is not started again ({said}). Stop the cluster and "
+            "start a new one."
+        )
 
     def stop_job(self, token: str) -> None:
         self.head.stop_job(token)
@@ -182,3 +256,19 @@ class LocalAgentsProvider(Provider):
 
     def unreachable(self, names: Collection[str], *, lost_only: bool = False) -> dict[str, str]:
         return self.head.unreachable(names, lost_only=lost_only)
+
+
+def _last_words(proc: subprocess.Popen[bytes]) -> str:
+    """The last lines an agent that ended wrote to stderr (what is there to read now: a
+    process it left behind may hold the pipe open)."""
+    if proc.stderr is None or proc.stderr.closed:
+        return "no output"
+    fd = proc.stderr.fileno()
+    os.set_blocking(fd, False)
+    chunks = []
+    with contextlib.suppress(OSError):
+        while chunk := os.read(fd, 1 << 16):
+            chunks.append(chunk)
+    proc.stderr.close()
+    text = b"".join(chunks).decode(errors="replace")
+    return " / ".join(text.strip().splitlines()[-3:]) or "no output"

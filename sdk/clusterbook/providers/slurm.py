@@ -238,11 +238,8 @@ class SlurmProvider(ElasticProvider):
             except ReadyTimeoutError as exc:
                 reason = exc.reason
             state, job_id = self._job_state, self.job_id
-            if state is not None and job_id is not None and not state.active:
-                raise ClusterStateError(
-                    f"{state.describe(job_id)}: it ended before its nodes joined ({reason})."
-                    f"{self._output_tail()}"
-                )
+            if gone := self.lost_for_good():
+                raise ClusterStateError(f"{gone} Before it ended, {reason}.{self._output_tail()}")
             if left <= 0:
                 said = f"{state.describe(job_id)}; " if state and job_id else ""
                 raise ReadyTimeoutError(
@@ -329,9 +326,15 @@ class SlurmProvider(ElasticProvider):
         found = super().problem()
         if found or self._stopping:
             return found
-        if self._watch_error:
-            return self._watch_error
-        state = self._job_state
-        if state is not None and self.job_id is not None and not state.active:
-            return f"{state.describe(self.job_id)}: its nodes are gone (output: {self.output})"
-        return None
+        return self._watch_error
+
+    def lost_for_good(self) -> str | None:
+        """The batch job ended (scancel, its time limit, a failure): its nodes are gone, and
+        only a new job brings nodes again."""
+        state, job_id = self._job_state, self.job_id
+        if self._stopping or state is None or job_id is None or state.active:
+            return None
+        return (
+            f"{state.describe(job_id)}: its nodes are gone (output: {self.output}). Stop the "
+            "cluster and start a new one."
+        )

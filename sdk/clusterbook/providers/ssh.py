@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import getpass
-import json
 import os
 import shutil
 import sys
@@ -28,7 +27,7 @@ from clusterbook.gpus import GPUS, Slots
 from clusterbook.launch.keep import end_far, hold_far
 from clusterbook.launch.rankwrap import HOOK_DIR
 from clusterbook.launch.result import KeptProcess
-from clusterbook.paths import CLUSTERS_DIR, cluster_dir, node_cluster_dir
+from clusterbook.paths import cluster_dir, node_cluster_dir
 from clusterbook.providers.base import Provider, RemoteLaunch, StartContext
 from clusterbook.rendezvous.agent import AGENT_IMPORTS, HEAD_LEASE, agent_argv
 from clusterbook.rendezvous.api import RendezvousSettings, RendezvousTimeout
@@ -349,7 +348,7 @@ class SSHProvider(Provider):
         settings = RendezvousSettings(
             "pending", size, size, timeout=RendezvousTimeout(last_call=0.1)
         )
-        self._rendezvous = RendezvousHead(settings, listen=head_addr)
+        self._rendezvous = RendezvousHead(settings, listen=head_addr, lease=HEAD_LEASE)
         self._rendezvous.start(ctx.cluster_id, ctx.changed)
 
     def _start_agents(
@@ -410,7 +409,7 @@ class SSHProvider(Provider):
         self._check(parallel(list(sessions), start)[1])
         # Last, once every node has everything: the status file that workers can wait on
         # (while the agents join).
-        self._check(parallel(list(sessions), lambda key: sessions[key].call("install", ready))[1])
+        self._check(parallel(list(sessions), lambda key: sessions[key].call("status", ready))[1])
         try:
             rendezvous.wait_ready(min(60.0, self.connect_timeout * 2))
         except ClusterError as exc:
@@ -428,6 +427,31 @@ class SSHProvider(Provider):
     def problem(self) -> str | None:
         rendezvous = self._rendezvous
         return rendezvous.problem() if rendezvous is not None else None
+
+    def wait_ready(self, timeout: float) -> None:
+        """Return once every node's agent is in the round (an agent that lost the head for
+        less than its lease joins again); raise at once when a node is lost for good."""
+        rendezvous = self._rendezvous
+        if rendezvous is not None:
+            rendezvous.wait_ready(timeout, give_up=self.lost_for_good)
+
+    def lost_for_good(self) -> str | None:
+        """The nodes gone for longer than their agents wait for the head: those agents have
+        cleaned up and exited, and only a new cluster bootstraps the nodes again."""
+        rendezvous = self._rendezvous
+        gone = sorted(rendezvous.given_up()) if rendezvous is not None else []
+        if not gone:
+            return None
+        hosts = {s.name: s.host for s in self.node_statuses()}
+        named = ", ".join(f"{n} ({hosts.get(n) or '?'})" for n in gone)
+        one = len(gone) == 1
+        return (
+            f"{'Node' if one else 'Nodes'} {named} {'was' if one else 'were'} lost for good: "
+            f"not heard from for longer than {'its agent waits' if one else 'their agents wait'} "
+            f"for the head (a {HEAD_LEASE:g} s lease), after which an agent stops the "
+            "cluster's processes on its node, removes the cluster's key and files there, and "
+            "exits. Stop the cluster and start a new one."
+        )
 
     def unreachable(self, names: Collection[str], *, lost_only: bool = False) -> dict[str, str]:
         rendezvous = self._rendezvous
@@ -462,9 +486,7 @@ class SSHProvider(Provider):
             node = target.node
             seen_as = (node.hostname, host, hostnames.get(host, host))
             names[host] = [host_entry_name(name, node.port) for name in seen_as]
-        files = cluster_files(
-            ctx.cluster_id, keys, self._conns, names, ssh_args=ssh_args, env=ctx.env
-        )
+        files = cluster_files(ctx.cluster_id, keys, self._conns, names, ssh_args=ssh_args)
         files = {**files, "token": token}
         if self.node_python:
             hook = (Path(HOOK_DIR) / "sitecustomize.py").read_bytes()
@@ -482,23 +504,18 @@ class SSHProvider(Provider):
                 args = {**args, "links": {ENV_LINK: self._prefix(key)}}
             return args
 
-        status = json.dumps(
-            {
-                "cluster": ctx.cluster_id,
-                "state": "ready",
-                "time": time.time(),
-                "nodes": [
-                    {"host": n.host, "hostname": hostnames[n.host], "slots": n.slots}
-                    for n in self.nodes
-                ],
-            }
-        ).encode()
-        # Last, once every node has everything: the status file that workers can wait on
-        # (see _start_agents).
-        ready: dict[str, object] = {
-            "cluster_id": ctx.cluster_id,
-            "files": encode_files({"status.json": ("644", status)}),
+        status = {
+            "cluster": ctx.cluster_id,
+            "state": "ready",
+            "time": time.time(),
+            "nodes": [
+                {"host": n.host, "hostname": hostnames[n.host], "slots": n.slots}
+                for n in self.nodes
+            ],
         }
+        # Last, once every node has everything: the status file that a worker serving a
+        # node (clusterbook worker serve) waits on (see _start_agents).
+        ready: dict[str, object] = {"cluster_id": ctx.cluster_id, "status": status}
         head_addr = self._head_addr()
         self._remote = RemoteLaunch(
             ssh_args=tuple(ssh_args),
@@ -510,7 +527,9 @@ class SSHProvider(Provider):
         if self.node_python:
             assert self._head_facts is not None
             paths = linked_paths(
-                self._head_facts.home, CLUSTERS_DIR, ctx.cluster_id, ctx.python, ctx.launcher.path
+                node_cluster_dir(self._head_facts.home, ctx.cluster_id),
+                ctx.python,
+                ctx.launcher.path,
             )
             self._remote = replace(
                 self._remote,
@@ -696,11 +715,14 @@ class SSHProvider(Provider):
             clean_puts = {"cluster_id": ctx.cluster_id}
             put_done = parallel(probed, lambda h: self._task(h, "put_cleanup", clean_puts, 15))[1]
 
+        # What a worker serving a node (clusterbook worker serve) waits for: then it exits.
+        done = {"cluster": ctx.cluster_id, "state": "done", "time": time.time()}
+
         def clean(host: str) -> object:
             try:
                 if host in self._unprobed:
                     return None
-                result = self._task(host, "cleanup", args, 15)
+                result = self._task(host, "cleanup", {**args, "status": done}, 15)
                 if host in put_done:  # the rest is clean; say what put() may have left
                     raise put_done[host]
                 return result

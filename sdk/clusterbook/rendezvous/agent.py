@@ -34,7 +34,15 @@ from clusterbook.rendezvous.report import NodeReport
 from clusterbook.rendezvous.state import RendezvousState, decode
 from clusterbook.spec import validate_seconds
 
-__all__ = ["AGENT_IMPORTS", "HEAD_LEASE", "Agent", "agent_argv", "join_url", "parse_join_url"]
+__all__ = [
+    "AGENT_IMPORTS",
+    "HEAD_LEASE",
+    "Agent",
+    "agent_argv",
+    "gives_up_after",
+    "join_url",
+    "parse_join_url",
+]
 
 _log = logging.getLogger("clusterbook.agent")
 
@@ -63,6 +71,21 @@ AGENT_IMPORTS = (
     "pwd",  # the user's name
     "shutil",  # argparse's formatter (the terminal's width)
 )
+
+
+def _call_timeout(lease: float) -> float:
+    """How long one call to the store may take: half the lease (5 s at most), so that an agent
+    notices a silent head within its lease."""
+    return min(5.0, lease / 2)
+
+
+def gives_up_after(lease: float, keep_alive_interval: float) -> float:
+    """Seconds after its last heartbeat by which an agent of ``lease`` that lost the store has
+    given up (it then stops the cluster's processes on its node and exits). Its last answer
+    from the store came at most a heartbeat interval after that heartbeat; from then it tries
+    for ``lease`` seconds, its last call taking up to :func:`_call_timeout`, and its first
+    failing one too. A second more for a busy machine."""
+    return keep_alive_interval + lease + 2 * _call_timeout(lease) + 1.0
 
 
 def agent_argv(
@@ -124,7 +147,7 @@ class Agent:
         # No call waits on a silent head (a cut link drops packets without a word) for longer
         # than the lease: a call gives up after half of it, so that the watch notices in time.
         backend = backend_for(
-            self.store_url, self.secret, node=self.node_id, timeout=min(5.0, self.lease / 2)
+            self.store_url, self.secret, node=self.node_id, timeout=_call_timeout(self.lease)
         )
         handler = RendezvousHandler(
             backend, self.settings, self.node_id, info=self.report, beat_thread=False

@@ -12,6 +12,10 @@ A node whose connection to the store breaks is removed at once (the store's conn
 fast path); one that stops heartbeating, after ``keep_alive_interval x keep_alive_max_attempt``
 seconds. A state that cannot be decoded never kills the follower: it is reported
 (:meth:`problem`) until a good one comes, and closing replaces it with a closed one.
+
+A head that knows its agents' lease (it started them) also knows when a node gone from the
+rendezvous has given up for good: its agent stops trying once it has lost the store for its
+lease (see :func:`~clusterbook.rendezvous.agent.gives_up_after`), and nothing starts it again.
 """
 
 from __future__ import annotations
@@ -23,8 +27,9 @@ from collections.abc import Callable, Collection
 from dataclasses import replace
 from pathlib import Path
 
-from clusterbook.errors import ReadyTimeoutError
+from clusterbook.errors import ClusterStateError, ReadyTimeoutError
 from clusterbook.paths import cluster_dir
+from clusterbook.rendezvous.agent import gives_up_after
 from clusterbook.rendezvous.api import (
     RendezvousConnectionError,
     RendezvousError,
@@ -46,6 +51,7 @@ _KEEP_STOPS = 16  # stop requests kept in the state (agents act on the ones they
 _LEAVE_WAIT = 3.0  # seconds the agents get to leave cleanly once the rendezvous is closed
 _WATCH_CAP = 1.0  # longest watch of the follower
 _WATCH_FLOOR = 0.05  # shortest: a node that cannot be dropped (a corrupt state) costs no spin
+_GIVE_UP_CHECK = 0.25  # how often wait_ready() asks whether the nodes are gone for good
 
 
 def watch_wait(state: RendezvousState, settings: RendezvousSettings, now: float) -> float:
@@ -61,17 +67,28 @@ class RendezvousHead:
 
     ``settings`` are checked when this is made; their run id is set to the cluster's at
     :meth:`start`. ``listen`` and ``port`` are where the store listens (port 0: any free one).
+    ``lease``: that of the agents, when the head started them itself (:meth:`given_up`).
     """
 
     def __init__(
-        self, settings: RendezvousSettings, *, listen: str = "127.0.0.1", port: int = 0
+        self,
+        settings: RendezvousSettings,
+        *,
+        listen: str = "127.0.0.1",
+        port: int = 0,
+        lease: float | None = None,
     ) -> None:
         self._settings = settings
         self._listen, self._port = listen, port
+        self._lease = lease
         self._cond = threading.Condition()
         self._state = RendezvousState()
         self._seen: dict[str, NodeReport] = {}  # every node ever seen: its last report
         self._gone: dict[str, str] = {}  # node -> "lost" | "left"
+        self._heard: dict[str, float] = {}  # node -> its last heartbeat seen (wall time)
+        self._observed = 0  # states observed so far
+        self._dropped: dict[str, int] = {}  # node -> states observed when the store dropped it
+        self._given_up: set[str] = set()  # as last told
         self._server: StoreServer | None = None
         self._watcher: TcpBackend | None = None
         self._writer: TcpBackend | None = None
@@ -159,6 +176,7 @@ class RendezvousHead:
             return None
         with self._cond:
             self._gone[node] = "lost"
+            self._dropped[node] = self._observed
         return encode(remove_node(state, node, self._settings))
 
     def _follow(self) -> None:
@@ -174,6 +192,7 @@ class RendezvousHead:
                     self._observe(decode(current[0]))
                     self._set_problem(None)
                 self._expire()
+                self._note_given_up()
             except RendezvousConnectionError:
                 if self._stop.wait(0.1):
                     return
@@ -216,13 +235,27 @@ class RendezvousHead:
 
         writer.update(expire)
 
+    def _note_given_up(self) -> None:
+        """Tell when the nodes given up change: only time passing makes a node given up."""
+        if self._lease is None:
+            return
+        now = set(self.given_up())
+        if now != self._given_up:
+            self._given_up = now
+            self._tell()
+
     def _observe(self, state: RendezvousState) -> None:
         now = time.time()
         with self._cond:
+            self._observed += 1
             before = set(self._state.last_heartbeats)
+            self._heard.update(state.last_heartbeats)
             for node, report in state.node_info.items():
                 self._seen[node] = NodeReport.from_json(report)
-                self._gone.pop(node, None)
+                # Back, unless this state was read just before the store dropped the node (as
+                # its connection broke): the next one has it only if it joined again.
+                if node not in before or self._observed > self._dropped.get(node, -2) + 1:
+                    self._gone.pop(node, None)
             for node in before - set(state.last_heartbeats):
                 if node not in self._gone:
                     last = self._state.last_heartbeats.get(node, 0.0)
@@ -258,26 +291,51 @@ class RendezvousHead:
         with self._cond:
             self._seen[node] = report
 
-    def wait_ready(self, timeout: float, hint: str = "") -> None:
-        """Return once a round is complete; raise :class:`ReadyTimeoutError` after
-        ``timeout`` seconds saying who joined (``hint``: how to start more nodes)."""
-        deadline = time.monotonic() + timeout
+    def given_up(self) -> dict[str, float]:
+        """The nodes gone from the rendezvous that will not come back by themselves, each with
+        the wall time it was last heard from: those not heard from for longer than their agent
+        keeps trying without the head (none without the agents' ``lease``)."""
+        if self._lease is None:
+            return {}
+        after = gives_up_after(self._lease, self._settings.keep_alive_interval)
+        now = time.time()
         with self._cond:
-            while not (self._state.complete and self._state.participants):
+            gone = [n for n in self._gone if n not in self._state.last_heartbeats]
+            heard = dict(self._heard)
+        return {n: heard[n] for n in gone if n in heard and now - heard[n] > after}
+
+    def wait_ready(
+        self, timeout: float, hint: str = "", give_up: Callable[[], str | None] | None = None
+    ) -> None:
+        """Return once a round of at least ``min_nodes`` is complete; raise
+        :class:`ReadyTimeoutError` after ``timeout`` seconds saying who joined (``hint``: how
+        to start more nodes), and :class:`ClusterStateError` with what ``give_up()`` says as
+        soon as it says something (why the nodes cannot come back)."""
+        deadline = time.monotonic() + timeout
+        least = self._settings.min_nodes
+        while True:
+            # Asked outside the lock: it may ask the provider, whose threads take ours.
+            if give_up is not None and (why := give_up()):
+                raise ClusterStateError(why)
+            with self._cond:
+                state = self._state
+                if state.complete and len(state.participants) >= least:
+                    return
                 left = deadline - time.monotonic()
                 if left <= 0:
-                    joined = sorted(self._state.participants)
+                    joined = sorted(state.participants)
                     reason = (
-                        f"{len(joined)} of at least {self._settings.min_nodes} nodes joined "
+                        f"{len(joined)} of at least {least} nodes joined "
                         f"({', '.join(joined) or 'none'})"
                     )
                     raise ReadyTimeoutError(
-                        f"The elastic cluster is not ready after {timeout:g} s: {reason}."
+                        f"The cluster is not ready after {timeout:g} s: {reason}."
                         + (f" {hint}" if hint else ""),
                         timeout=timeout,
                         reason=reason,
                     )
-                self._cond.wait(left)
+                # Time passing alone can make give_up() say something: ask it now and then.
+                self._cond.wait(left if give_up is None else min(left, _GIVE_UP_CHECK))
 
     def stop_job(self, token: str) -> None:
         """Ask every agent to stop the processes of job ``token`` on its node."""

@@ -27,7 +27,7 @@ from clusterbook.errors import (
     SSHError,
     SSHTimeoutError,
 )
-from clusterbook.paths import CLUSTERS_DIR
+from clusterbook.paths import node_cluster_dir
 from clusterbook.ssh.hostkeys import HostKey, known_hosts_line
 from clusterbook.ssh.keys import KeyPair
 from clusterbook.ssh.paramiko_shell import ParamikoShell
@@ -162,7 +162,7 @@ def node_ssh_args(cluster_id: str, *, user: str, port: int) -> list[str]:
     node, whatever their home directories. Host keys are checked strictly against the
     cluster's own known_hosts, built from the keys the nodes showed at bootstrap.
     """
-    base = f"~/{CLUSTERS_DIR}/{cluster_id}"
+    base = node_cluster_dir("~", cluster_id)
     args = [
         "-o",
         f"IdentityFile={base}/id_ed25519",
@@ -245,7 +245,6 @@ def cluster_files(
     names: Mapping[str, Sequence[str]],
     *,
     ssh_args: Sequence[str],
-    env: Mapping[str, str],
 ) -> dict[str, tuple[str, bytes]]:
     """The files every node (and the head) gets: name -> (octal mode, content). ``names``:
     the names each connection's host key is known by (``host``, ``[host]:port``)."""
@@ -253,13 +252,11 @@ def cluster_files(
         known_hosts_line(dict.fromkeys(names[h]), c.host_key) for h, c in connections.items()
     )
     wrapper = ssh_wrapper(ssh_args)
-    env_sh = "".join(f"export {k}={shlex.quote(v)}\n" for k, v in env.items())
     return {
         "id_ed25519": ("600", keys.private_path.read_bytes()),
         "id_ed25519.pub": ("644", (keys.public_line + "\n").encode()),
         "known_hosts": ("644", known.encode()),
         "ssh": ("755", wrapper.encode()),
-        "env.sh": ("600", env_sh.encode()),
     }
 
 

@@ -101,11 +101,10 @@ def link_problems(
     return found
 
 
-def linked_paths(
-    home: str, clusters_dir: str, cluster_id: str, head_python: str, launcher_path: str
-) -> LinkedPaths:
-    """The per-cluster paths that reach each node's own environment."""
-    base = posixpath.join(home, clusters_dir, cluster_id)
+def linked_paths(cluster_dir: str, head_python: str, launcher_path: str) -> LinkedPaths:
+    """The per-cluster paths that reach each node's own environment, under the cluster's
+    directory on the nodes (the same path on each: they share the head's home path)."""
+    base = cluster_dir
     env = posixpath.join(base, ENV_LINK, "bin")
     return LinkedPaths(
         python=posixpath.join(env, posixpath.basename(head_python)),

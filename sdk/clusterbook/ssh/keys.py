@@ -13,7 +13,6 @@ key being sent, and nothing but the token holders (the cluster's nodes) can make
 from __future__ import annotations
 
 import os
-import re
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -35,13 +34,11 @@ __all__ = [
 
 _DERIVE_INFO = b"clusterbook cluster ssh key v1"
 
-_TAG_RE = re.compile(r"[A-Za-z0-9_.-]+")
-
 
 def key_tag(cluster_id: str) -> str:
     """The comment that marks a cluster's lines in authorized_keys."""
-    if not _TAG_RE.fullmatch(cluster_id):
-        raise ValueError(f"cluster id {cluster_id!r} must be letters, digits, '.', '-', '_'")
+    if not _node_tasks.is_cluster_id(cluster_id):
+        raise ValueError(f"cluster id {cluster_id!r} must be {_node_tasks.ID_RULE}")
     return _node_tasks.key_tag(cluster_id)
 
 

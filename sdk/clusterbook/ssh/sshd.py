@@ -21,7 +21,7 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import psutil
@@ -144,6 +144,8 @@ def start_sshd(
     timeout: float = 10.0,
     launch: Callable[[list[str]], list[str]] | None = None,
     forwarding: bool = False,
+    more_authorized_keys: Sequence[str | os.PathLike[str]] = (),
+    host_key: str | os.PathLike[str] | None = None,
 ) -> Sshd:
     """Start an sshd as the current user and return once it answers with an SSH banner.
 
@@ -173,6 +175,12 @@ def start_sshd(
         own is sshd's.
     forwarding
         Let logged-in users reach other hosts through this one (a jump host).
+    more_authorized_keys
+        More files of public keys allowed to log in (read at each login, where they are).
+    host_key
+        A private key to show as the host key (its public key beside it, with ``.pub``),
+        such as a job's key that clients pin; it is copied into ``directory`` (0600: sshd
+        refuses a host key that others can read). Default: one made there on first use.
 
     Returns
     -------
@@ -199,17 +207,21 @@ def start_sshd(
             _write_private(keys, "")
     else:
         keys = Path(authorized_keys).expanduser()
-    host_key = directory / HOST_KEY_NAME
-    host_public_key = _ensure_host_key(host_key, directory, port)
+    if host_key is None:
+        host_key_path = directory / HOST_KEY_NAME
+        host_public_key = _ensure_host_key(host_key_path, directory, port)
+    else:
+        host_key_path, host_public_key = _copy_host_key(Path(host_key), directory, port)
+    more = tuple(Path(k).expanduser() for k in more_authorized_keys)
     if os.geteuid() == 0:
         # Debian's sshd refuses to start as root without its privilege separation directory.
         os.makedirs("/run/sshd", mode=0o755, exist_ok=True)
     # A port picked here can be taken before sshd binds it; then pick again.
     attempts = 3 if port == 0 else 1
     for attempt in range(attempts):
-        cfg = SshdConfig(directory, port or _free_port(listen), listen, keys, forwarding)
+        cfg = SshdConfig(directory, port or _free_port(listen), listen, keys, forwarding, more)
         try:
-            return _launch(sshd, cfg, host_key, host_public_key, limit, launch)
+            return _launch(sshd, cfg, host_key_path, host_public_key, limit, launch)
         except SshdError as exc:
             if attempt + 1 == attempts or "Address already in use" not in exc.log_tail:
                 raise
@@ -321,6 +333,32 @@ def _ensure_host_key(host_key: Path, directory: Path, port: int) -> str:
     return " ".join(public.read_text().split()[:2])
 
 
+def _copy_host_key(given: Path, directory: Path, port: int) -> tuple[Path, str]:
+    """``given`` (and its ``.pub``) as this sshd's host key, copied 0600 into ``directory``."""
+    given = given.expanduser()
+    public = given.with_name(given.name + ".pub")
+    try:
+        private_bytes, public_line = given.read_bytes(), public.read_text()
+    except OSError as exc:
+        raise SshdError(
+            f"Cannot read the host key {exc.filename} for the sshd in {directory} (port "
+            f"{port}): {exc.strerror}; give a private key with its public key beside it "
+            "(KEY and KEY.pub).",
+            port=port,
+            directory=directory,
+        ) from None
+    if len(public_line.split()) < 2:
+        raise SshdError(
+            f"{public} is not an OpenSSH public key ('TYPE BASE64 [COMMENT]'); give the host "
+            "key's public key beside it.",
+            port=port,
+            directory=directory,
+        )
+    copy = directory / "ssh_host_key"
+    _write_private(copy, private_bytes)
+    return copy, " ".join(public_line.split()[:2])
+
+
 def _answers_ssh(host: str, port: int, timeout: float) -> bool:
     """Connect and read the server's identification line; True if it starts with SSH-2.0."""
     connect_to = {"0.0.0.0": "127.0.0.1", "::": "::1"}.get(host, host)  # noqa: S104
@@ -363,10 +401,10 @@ def _log_tail(log_path: Path, start: int, lines: int = 12) -> str:
     return "\n".join(text.strip().splitlines()[-lines:])
 
 
-def _write_private(path: Path, text: str) -> None:
+def _write_private(path: Path, text: str | bytes) -> None:
     """Write ``text`` to ``path``, created 0600 in one step (never readable by others)."""
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "w") as f:
+    with os.fdopen(fd, "wb" if isinstance(text, bytes) else "w") as f:
         os.fchmod(f.fileno(), 0o600)
         f.write(text)
 

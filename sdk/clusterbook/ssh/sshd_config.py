@@ -47,6 +47,8 @@ class SshdConfig:
     forwarding
         Let logged-in users open connections from this host to others (``direct-tcpip``
         channels: this host as a jump host); no other forwarding is ever allowed.
+    more_keys
+        More files of public keys allowed to log in, besides ``authorized_keys`` (absolute).
     """
 
     directory: Path
@@ -54,6 +56,7 @@ class SshdConfig:
     listen: str = "127.0.0.1"
     authorized_keys: Path | None = None
     forwarding: bool = False
+    more_keys: tuple[Path, ...] = ()
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "directory", check_path(self.directory, "directory"))
@@ -64,6 +67,8 @@ class SshdConfig:
         home_relative = isinstance(keys, (str, os.PathLike)) and not Path(keys).is_absolute()
         checked = check_path(keys, "authorized_keys", absolute=not home_relative)
         object.__setattr__(self, "authorized_keys", checked)
+        more = tuple(check_path(k, "authorized_keys") for k in self.more_keys)
+        object.__setattr__(self, "more_keys", more)
 
 
 def render_sshd_config(cfg: SshdConfig, *, host_key: Path, pid_file: Path) -> str:
@@ -85,7 +90,9 @@ def render_sshd_config(cfg: SshdConfig, *, host_key: Path, pid_file: Path) -> st
     """
     assert cfg.authorized_keys is not None  # filled in by SshdConfig
     # AuthorizedKeysFile expands %-tokens (%h, %u) at login; HostKey and PidFile do not.
-    keys = quote(str(cfg.authorized_keys)).replace("%", "%%")
+    keys = " ".join(
+        quote(str(path)).replace("%", "%%") for path in (cfg.authorized_keys, *cfg.more_keys)
+    )
     lines = [
         ("Port", str(cfg.port)),
         ("ListenAddress", cfg.listen),

@@ -1,0 +1,88 @@
+"""A local cluster keeps its own agents: one that ends while the cluster runs is reaped and
+started again, and its node joins again; one that keeps ending is not, and the cluster says
+so in its status, at wait_ready() and at mpirun(), in the same words."""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+import time
+from collections.abc import Callable
+
+import psutil
+import pytest
+
+import clusterbook as cb
+from clusterbook.providers.local import MAX_ENDS, RESTART_WINDOW, restart_allowed
+
+pytestmark = pytest.mark.mpi
+
+
+def eventually(check: Callable[[], bool], timeout: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not check():
+        assert time.monotonic() < deadline, "condition not met in time"
+        time.sleep(0.05)
+
+
+def joined(snapshot: cb.ClusterSnapshot) -> set[str]:
+    return {n.name for n in snapshot.nodes if n.state == "joined"}
+
+
+def agent_of(cluster: cb.Cluster, node: str) -> int | None:
+    """The pid of ``node``'s agent while the node is in the round."""
+    row = cluster.status().set_index("node").loc[node]
+    return int(row["pid"]) if row["state"] == "joined" else None
+
+
+def test_an_agent_is_started_again_until_it_ended_too_often_within_the_window() -> None:
+    assert restart_allowed([], 0.0)
+    recent = [100.0 + i for i in range(MAX_ENDS - 1)]
+    assert restart_allowed(recent, 110.0)
+    assert not restart_allowed([*recent, 109.0], 110.0)
+    old = [10.0 + i for i in range(MAX_ENDS)]  # long ago: they do not count
+    assert restart_allowed(old, 10.0 + RESTART_WINDOW + MAX_ENDS)
+
+
+def test_a_killed_agent_is_reaped_and_started_again_and_its_node_joins_again(
+    openmpi_python, make_cluster
+) -> None:
+    cluster = make_cluster(openmpi_python, workers=2, slots=1)
+    first = agent_of(cluster, "local-1")
+    assert first is not None
+    gone = threading.Event()
+    cluster.subscribe(lambda snap: gone.set() if "local-1" not in joined(snap) else None)
+    os.kill(first, signal.SIGKILL)
+    assert gone.wait(30)  # the head saw it go (told of every change: none is missed)
+    cluster.wait_ready(30)  # not at once: until the node is back in the round
+    assert agent_of(cluster, "local-1") not in (None, first)
+    assert not psutil.pid_exists(first)  # reaped: not even a zombie is left
+    assert cluster.snapshot().problem is None
+    result = cluster.mpirun(["python", "-c", "print('both')"], np=2).wait(60)
+    assert result.ok, result.summary()
+
+
+def test_an_agent_that_keeps_ending_is_said_alike_by_status_wait_ready_and_mpirun(
+    openmpi_python, make_cluster
+) -> None:
+    cluster = make_cluster(openmpi_python, workers=2, slots=1)
+    for _ in range(MAX_ENDS - 1):
+        pid = agent_of(cluster, "local-0")
+        assert pid is not None
+        os.kill(pid, signal.SIGKILL)
+        eventually(lambda pid=pid: agent_of(cluster, "local-0") not in (None, pid))  # type: ignore[misc]
+    last = agent_of(cluster, "local-0")
+    assert last is not None
+    os.kill(last, signal.SIGKILL)
+    eventually(lambda: cluster.snapshot().problem is not None)
+    problem = cluster.snapshot().problem
+    assert problem is not None
+    assert f"ended {MAX_ENDS} times within {RESTART_WINDOW:g} s" in problem
+    assert "node local-0: code -9" in problem
+    with pytest.raises(cb.ClusterStateError) as waited:
+        cluster.wait_ready(30)
+    with pytest.raises(cb.ClusterStateError) as ran:
+        cluster.mpirun(["python", "-c", "print(1)"], np=1)
+    assert str(waited.value) == str(ran.value) == problem
+    assert not psutil.pid_exists(last)

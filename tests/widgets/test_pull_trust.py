@@ -1,0 +1,126 @@
+"""``%%mpirun --pull`` runs no code in the kernel that the ranks' side hands it, with real MPI
+and a real second user: a rank whose value would run code when unpickled (what a compromised
+node would write), and a value another local user plants where the cell's values go. Either
+would leave a mark holding the pid of the process it ran in; the kernel's must never appear."""
+
+from __future__ import annotations
+
+import os
+import pickle
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from IPython import get_ipython
+from IPython.testing.globalipapp import start_ipython
+from IPython.utils.capture import capture_output
+
+import clusterbook as cb
+from clusterbook_widgets.magics import ClusterMagics
+from tests.users import LocalUser
+
+pytestmark = pytest.mark.mpi
+
+
+def marking(mark: Path) -> str:
+    """Source that writes this process's pid to ``mark``."""
+    return f"open({str(mark)!r}, 'w').write(str(__import__('os').getpid()))"
+
+
+@pytest.fixture(scope="module")
+def ip():  # type: ignore[no-untyped-def]
+    return start_ipython() or get_ipython()
+
+
+@pytest.fixture
+def magics(ip) -> Iterator[ClusterMagics]:  # type: ignore[no-untyped-def]
+    m = ClusterMagics(ip)
+    ip.register_magics(m)
+    yield m
+    m.stop_cluster()
+
+
+def test_a_rank_whose_value_would_run_code_in_the_kernel_is_refused(
+    ip, magics: ClusterMagics, openmpi_python: str, tmp_path: Path
+) -> None:  # type: ignore[no-untyped-def]
+    mark = tmp_path / "mark"
+    magics.cluster = cb.Cluster.local(1, 2, python=openmpi_python, run_dir=tmp_path / "run")
+    magics.cluster.start()
+    ip.user_ns.pop("y", None)
+    cell = (
+        "class Evil:\n"
+        "    def __reduce__(self):\n"
+        f"        return (exec, ({marking(mark)!r},))\n"
+        "from mpi4py import MPI\n"
+        "y = Evil() if MPI.COMM_WORLD.rank == 1 else 'fine'\n"
+    )
+    with capture_output() as out:
+        ip.run_cell_magic("mpirun", "-n 2 --pull y", cell)
+    assert not mark.exists()  # not in the kernel (nor anywhere)
+    assert "y" not in ip.user_ns
+    assert (
+        "%%mpirun: --pull y: rank 1's value is not plain data (it names builtins.exec): loading "
+        "it would run code in this kernel"
+    ) in out.stderr
+    assert out.stderr.rstrip().endswith("y not set.")
+
+
+PLANT = """\
+import os, sys
+cells, planted = sys.argv[1], bytes.fromhex(sys.argv[2])
+if sys.argv[3] == "before":  # a directory of this user's where the cluster keeps its cells
+    os.mkdir(cells)
+    os.chmod(cells, 0o777)
+    sys.exit(0)
+# While the cell runs: its directory moved aside, one of ours in its place, with a value in it.
+os.rename(os.path.join(cells, "cell-0001"), os.path.join(cells, "taken"))
+pull = os.path.join(cells, "cell-0001", "pull")
+os.makedirs(pull)
+for d in (pull, os.path.dirname(pull)):
+    os.chmod(d, 0o777)
+with open(os.path.join(pull, "rank-0.pkl"), "wb") as f:
+    f.write(planted)
+"""
+
+
+@pytest.mark.root
+def test_a_value_another_user_plants_where_the_cells_go_never_runs_in_the_kernel(
+    ip, magics: ClusterMagics, openmpi_python: str, other_user: LocalUser, tmp_path: Path
+) -> None:  # type: ignore[no-untyped-def]
+    """A run directory everyone may write in (sticky, as /tmp): the other user makes its
+    ``cells`` first, and swaps the cell's directory for one with its value
+    while the cell runs (rank 1 waits for rank 0's value, then has it done). The cell is not
+    run at all: its directory would be someone else's to change."""
+    shared = other_user.root / f"shared-{os.getpid()}"
+    shared.mkdir()
+    shared.chmod(0o1777)
+    mark = tmp_path / "mark"
+    planted = pickle.dumps(type("Evil", (), {"__reduce__": lambda _: (exec, (marking(mark),))})())
+    cells = shared / "cells"
+    done = other_user.run_python(PLANT, str(cells), planted.hex(), "before")
+    assert done.returncode == 0, done.stderr
+    argv = [*other_user.argv([sys.executable, "-c", PLANT], other_user.home)]
+    ip.user_ns["swap"] = [*argv, str(cells), planted.hex(), "during"]
+    ip.user_ns["swap_env"] = other_user.env(other_user.home)
+    ip.user_ns.pop("y", None)
+    cell = (
+        "import os, subprocess, time\n"
+        "from mpi4py import MPI\n"
+        "if MPI.COMM_WORLD.rank == 1:\n"
+        "    mine = os.path.join(os.path.dirname(__file__), 'pull', 'rank-0.pkl')\n"
+        "    while not os.path.exists(mine):\n"
+        "        time.sleep(0.01)\n"
+        "    subprocess.run(swap, env=swap_env, check=True)\n"
+        "y = MPI.COMM_WORLD.rank\n"
+    )
+    magics.cluster = cb.Cluster.local(1, 2, python=openmpi_python, run_dir=shared)
+    magics.cluster.start()
+    with capture_output() as out:
+        ip.run_cell_magic("mpirun", "-n 2 --push swap,swap_env --pull y", cell)
+    assert not mark.exists()
+    assert "y" not in ip.user_ns
+    assert f"%%mpirun: {cells} cannot hold the cell's files and values: it belongs to uid " in (
+        out.stderr
+    )
+    assert magics.cluster.jobs == []  # nothing ran
