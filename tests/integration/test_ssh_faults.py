@@ -192,7 +192,7 @@ def test_nodes_whose_agents_gave_up_are_lost_for_good_and_every_call_says_so(
             host.link_down()
         try:
             # The agents give up once they lost the head for their lease, and clean up.
-            assert wait_for(lambda: all(cluster.name not in cluster_files(h) for h in nodes), 20)
+            assert wait_for(lambda: all(cluster.id not in cluster_files(h) for h in nodes), 20)
         finally:
             for host in nodes:
                 host.link_up()

@@ -247,8 +247,9 @@ def check_ssh_cluster(run: Any, runner: ModuleType) -> None:
 def check_elastic(run: Any, runner: ModuleType) -> None:
     nb = run.nb
     told = runner.stream(runner.code_cell(nb, "cluster = cb.Cluster.elastic("))
-    url = r"'tcp://127\.0\.0\.1:\d+/elastic-tutorial\?[^']*&fingerprint=sha256:[0-9a-f]{64}'"
-    joins = rf"Nodes join cluster 'elastic-tutorial' with:\n  clusterbook worker join {url}"
+    cluster_id = r"elastic-tutorial-\d{8}-\d{6}(?:-\d+)?"  # the name, when it was made, a number
+    url = rf"'tcp://127\.0\.0\.1:\d+/{cluster_id}\?[^']*&fingerprint=sha256:[0-9a-f]{{64}}'"
+    joins = rf"Nodes join cluster '{cluster_id}' with:\n  clusterbook worker join {url}"
     assert re.fullmatch(rf"{joins} --token-file \S+/token\n", told), told
     nodes, html = _nodes_after(run, runner, "workers = {}")
     assert nodes.count("cb-state-joined") == 3
