@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import os
 import pickle
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -105,8 +104,5 @@ def test_a_value_another_user_plants_where_the_cells_go_never_runs_in_the_kernel
     magics.cluster = cb.Cluster.local(1, 2, python=openmpi_python, run_dir=shared)
     with pytest.raises(cb.UnsafePathError, match=f"{shared} is writable by other users"):
         magics.cluster.start()
-    with capture_output():
-        ip.run_cell_magic("mpirun", "-n 2 --pull y", "y = 1\n")  # on no started cluster
-    assert magics.cluster.jobs == []
+    assert magics.cluster.state == "created"
     assert not mark.exists()
-    assert "y" not in ip.user_ns
