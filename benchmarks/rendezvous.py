@@ -614,7 +614,7 @@ def detection_trial(
             cluster.start()
         assert cluster.join_command is not None
         # The join command without its program name: run the CLI with this Python.
-        join = [sys.executable, "-m", "clusterbook.cli", *shlex.split(cluster.join_command)[1:]]
+        join = [sys.executable, "-m", "clusterbook", *shlex.split(cluster.join_command)[1:]]
         for i in range(3):
             log = (run_dir / f"agent-n{i}.log").open("wb")
             with log:

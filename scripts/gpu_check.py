@@ -30,7 +30,7 @@ from pathlib import Path
 import clusterbook as cb
 from clusterbook.gpus import parse_nvidia_smi, probe_gpus
 from clusterbook.launch.saved import SavedJob
-from clusterbook.render import render_nodes
+from clusterbook.views.html import render_nodes
 
 REPO = Path(__file__).resolve().parents[1]
 

@@ -39,32 +39,33 @@ from clusterbook.errors import (
     UnsafePathError,
     WorkerHostError,
 )
+from clusterbook.version import __version__ as __version__
 
 if TYPE_CHECKING:
     import pandas as pd
 
-    from clusterbook.cluster import Cluster
-    from clusterbook.environment import Detected, detect_environment
-    from clusterbook.ephemeral import run
+    from clusterbook.cluster.ephemeral import run
+    from clusterbook.cluster.facade import Cluster
     from clusterbook.gpus import GPUInfo
     from clusterbook.launch.flavour import Launcher, MPIFlavour
     from clusterbook.launch.job import Job
     from clusterbook.launch.logs import LogRecord
     from clusterbook.launch.recovery import Backoff
     from clusterbook.launch.result import AttemptInfo, JobResult, KeptProcess, RankFailure
+    from clusterbook.providers.environment.detect import Detected, detect_environment
+    from clusterbook.providers.environment.worker import serve_worker
     from clusterbook.spec import NodeSpec
     from clusterbook.status import ClusterSnapshot, JobStatus, NodeStatus
-    from clusterbook.worker_host import serve_worker
 
 # Imported on first use, so that a process that needs one small part (a node's agent, the
 # rank hook) does not pay for all of it: ``import clusterbook.rendezvous.agent`` stays light.
 _LAZY = {
     "AttemptInfo": "clusterbook.launch.result",
     "Backoff": "clusterbook.launch.recovery",
-    "Cluster": "clusterbook.cluster",
+    "Cluster": "clusterbook.cluster.facade",
     "ClusterSnapshot": "clusterbook.status",
-    "Detected": "clusterbook.environment",
-    "detect_environment": "clusterbook.environment",
+    "Detected": "clusterbook.providers.environment.detect",
+    "detect_environment": "clusterbook.providers.environment.detect",
     "GPUInfo": "clusterbook.gpus",
     "Job": "clusterbook.launch.job",
     "JobResult": "clusterbook.launch.result",
@@ -76,15 +77,13 @@ _LAZY = {
     "NodeSpec": "clusterbook.spec",
     "NodeStatus": "clusterbook.status",
     "RankFailure": "clusterbook.launch.result",
-    "run": "clusterbook.ephemeral",  # cb.run: start a cluster, one job, tear it down
-    "serve_worker": "clusterbook.worker_host",  # a training job's worker host
+    "run": "clusterbook.cluster.ephemeral",  # cb.run: start a cluster, one job, tear it down
+    "serve_worker": "clusterbook.providers.environment.worker",  # a training job's worker host
 }
 
 
 __getattr__, __dir__ = lazy_names(__name__, _LAZY, globals())
 
-
-__version__ = "0.1.0"
 
 __all__ = [
     "AttemptInfo",
@@ -143,8 +142,8 @@ def clusters() -> pd.DataFrame:
     """The clusters this user has (their directories under the run root): one row each,
     running ones first, newest first; ``state`` says ``stale`` for a cluster whose head
     process is gone, ``damaged`` for an unreadable record (see
-    :data:`clusterbook.catalog.CLUSTER_DTYPES`)."""
-    from clusterbook.catalog import clusters_frame
+    :data:`clusterbook.head.catalog.CLUSTER_DTYPES`)."""
+    from clusterbook.head.catalog import clusters_frame
 
     return clusters_frame()
 
@@ -153,7 +152,7 @@ def prune(older_than: float | str | None = None, *, dry_run: bool = False) -> li
     """Remove the directories of clusters stopped, and of jobs ended, more than
     ``older_than`` ago (``"7d"``; default: each cluster's own ``retention``); never a live
     cluster's or a running job's. Returns what was removed (``dry_run``: what would be)."""
-    from clusterbook.catalog import prune as prune_dirs
+    from clusterbook.head.catalog import prune as prune_dirs
     from clusterbook.lifetime import parse_duration
 
     keep = parse_duration(older_than, "older_than")
@@ -162,7 +161,7 @@ def prune(older_than: float | str | None = None, *, dry_run: bool = False) -> li
 
 def load_ipython_extension(ipython: Any) -> None:
     """``%load_ext clusterbook``: load the installed Jupyter layer (found through the
-    ``clusterbook.jupyter`` entry points, see :mod:`clusterbook.display`)."""
-    from clusterbook.display import load_ipython_extension as load
+    ``clusterbook.jupyter`` entry points, see :mod:`clusterbook.cluster.display`)."""
+    from clusterbook.cluster.display import load_ipython_extension as load
 
     load(ipython)

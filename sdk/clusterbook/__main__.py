@@ -2,6 +2,6 @@
 
 import sys
 
-from clusterbook.cli import main
+from clusterbook.cli.main import main
 
 sys.exit(main())

@@ -42,10 +42,7 @@ from __future__ import annotations
 
 import errno
 import os
-from typing import TYPE_CHECKING
-
-if TYPE_CHECKING:
-    from clusterbook.launch.result import JobResult
+from typing import Protocol
 
 __all__ = [
     "BootstrapError",
@@ -54,6 +51,7 @@ __all__ = [
     "ClusterStateError",
     "ConfigError",
     "EnvironmentNotFoundError",
+    "FailedJob",
     "HostKeyChangedError",
     "HostKeyUnknownError",
     "HostNotFoundError",
@@ -206,10 +204,34 @@ class JobTimeoutError(JobError, TimeoutError):
         self.timeout = timeout
 
 
-class JobFailedError(JobError):
-    """Raised by ``JobResult.check()`` for a job that did not succeed."""
+class FailedJob(Protocol):
+    """What a :class:`JobFailedError` carries: the :class:`~clusterbook.JobResult` of the job
+    (described here by what it offers, so that this module imports nothing of the launcher)."""
 
-    def __init__(self, message: str, *, result: JobResult) -> None:
+    @property
+    def job_id(self) -> str: ...
+    @property
+    def returncode(self) -> int: ...
+    @property
+    def duration(self) -> float: ...
+    @property
+    def timed_out(self) -> bool: ...
+    @property
+    def cancelled(self) -> bool: ...
+    @property
+    def ok(self) -> bool: ...
+    @property
+    def failed_ranks(self) -> list[int]: ...
+    @property
+    def state(self) -> str: ...
+    def summary(self) -> str: ...
+
+
+class JobFailedError(JobError):
+    """Raised by ``JobResult.check()`` for a job that did not succeed; ``result`` is that
+    :class:`~clusterbook.JobResult`."""
+
+    def __init__(self, message: str, *, result: FailedJob) -> None:
         super().__init__(message)
         self.result = result
 

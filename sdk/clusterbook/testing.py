@@ -29,10 +29,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from clusterbook.errors import ClusterError, ReadyTimeoutError
+from clusterbook.nodes.transfer import Outgoing, uncounted
 from clusterbook.providers.base import Provider, StartContext
 from clusterbook.spec import NodeSpec, validate_positive_int
 from clusterbook.status import NodeStatus
-from clusterbook.transfer import Outgoing, uncounted
 
 __all__ = ["FakeProvider", "FakeSlurm", "fake_nvidia_smi"]
 
@@ -246,7 +246,7 @@ class FakeSlurm:
     Every job ``sbatch`` submits gets the next id and stays in ``state`` (with ``reason``)
     until the test moves it (:meth:`set_state`) or ``scancel`` cancels it. ``refuse`` is what
     sbatch says on stderr, exiting 1, instead of submitting. ``srun``'s start check (see
-    :func:`clusterbook.providers.srun.check_world`) finds an MPI world of ``world`` ranks
+    :func:`clusterbook.providers.slurm.srun.check_world`) finds an MPI world of ``world`` ranks
     (default: one per node; 1 is a PMI plugin that does not fit). ``calls`` holds every argv,
     and ``scripts`` each submitted script's text.
     """

@@ -43,7 +43,7 @@ def test_two_agents_rendezvous_through_a_shared_directory(tmp_path: Path) -> Non
     write_secret(token)
     settings = RendezvousSettings("filerun", 2, 2, timeout=RendezvousTimeout(last_call=0.1))
     url = join_url(f"file://{store}", settings)
-    argv = [sys.executable, "-m", "clusterbook.cli", "worker", "join", url]
+    argv = [sys.executable, "-m", "clusterbook", "worker", "join", url]
     argv += ["--token-file", str(token), "--slots", "2"]
     agents = [
         subprocess.Popen(

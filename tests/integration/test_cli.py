@@ -12,7 +12,7 @@ import pytest
 
 pytestmark = pytest.mark.mpi
 
-CLI = [sys.executable, "-m", "clusterbook.cli"]
+CLI = [sys.executable, "-m", "clusterbook"]
 
 
 def run(args: list[str], tmp_path: Path, timeout: float = 120) -> subprocess.CompletedProcess:

@@ -17,7 +17,7 @@ import psutil
 import pytest
 
 import clusterbook as cb
-from clusterbook.control import ControlClient, unix_dial
+from clusterbook.head.control import ControlClient, unix_dial
 from tests.users import LocalUser
 
 pytestmark = pytest.mark.root
@@ -262,8 +262,8 @@ NO_THREADS = """\
 import resource, sys, tempfile
 from pathlib import Path
 import clusterbook as cb
-from clusterbook.control import ControlClient, unix_dial
-from clusterbook.control_server import ControlServer
+from clusterbook.head.control import ControlClient, unix_dial
+from clusterbook.head.control_server import ControlServer
 d = Path(tempfile.mkdtemp())
 server = ControlServer(d, {"echo": lambda r: {"said": r["text"]}})
 client = ControlClient(unix_dial(d / "control.sock"), d / "token", where="here")

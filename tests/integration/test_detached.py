@@ -16,7 +16,7 @@ import psutil
 import pytest
 
 import clusterbook as cb
-from clusterbook.control import ControlClient, unix_dial
+from clusterbook.head.control import ControlClient, unix_dial
 from clusterbook.rendezvous.agent import HEAD_LEASE
 from tests.conftest import processes_mentioning, ranks_started, wait_gone
 

@@ -31,7 +31,7 @@ def agents() -> Iterator[Callable[..., subprocess.Popen[str]]]:
             [
                 sys.executable,
                 "-m",
-                "clusterbook.cli",
+                "clusterbook",
                 *argv,
                 "--node-id",
                 node,

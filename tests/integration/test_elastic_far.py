@@ -51,7 +51,7 @@ def far_agents(tmp_path) -> Iterator[Callable[..., subprocess.Popen[str]]]:
         argv = [a if a != str(cluster._provider.token_file) else str(token) for a in argv]
         node_id = f"far-{host.name}"
         agent = shlex.join(
-            [sys.executable, "-m", "clusterbook.cli", *argv, "--node-id", node_id, *extra]
+            [sys.executable, "-m", "clusterbook", *argv, "--node-id", node_id, *extra]
         )
         # With ``bind``, the node (its agent, sshd and ranks) sees its own directory there.
         mount = "" if bind is None else f"mount --bind {shlex.join(map(str, bind))} && "

@@ -24,7 +24,7 @@ from pathlib import Path
 import pytest
 
 import clusterbook as cb
-from clusterbook.mpijob import HOSTFILE, SSH_PORT, render_mpijob
+from clusterbook.export.mpijob import HOSTFILE, SSH_PORT, render_mpijob
 from tests.integration.test_mpijob_pods import (
     HOME,
     SDK,

@@ -141,7 +141,7 @@ def test_stop_file_stops_the_cluster_within_a_second_and_cancels_its_job(openmpi
 
 
 def test_life_span_stops_the_cluster_and_shows_time_left(openmpi_python, tmp_path):
-    from clusterbook.render import render_header
+    from clusterbook.views.html import render_header
 
     cluster = cb.Cluster.local(1, 1, python=openmpi_python, life_span=4).start()
     try:

@@ -31,7 +31,7 @@ import pytest
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 
-from clusterbook.mpijob import HOSTFILE, SSH_PORT, render_mpijob
+from clusterbook.export.mpijob import HOSTFILE, SSH_PORT, render_mpijob
 from tests.testbed import FakeHost, Testbed
 from tests.testbed import testbed as fake_hosts
 

@@ -319,7 +319,7 @@ def test_without_its_token_file_stop_says_so_and_uses_the_stop_file(
 # Run as the other user: the mark of its own process sys.argv[1] (what a head writes).
 MARK = """\
 import json, sys
-from clusterbook.headcheck import process_mark
+from clusterbook.head.liveness import process_mark
 _state, started, program = process_mark(int(sys.argv[1]))
 print(json.dumps({"head_pid": int(sys.argv[1]), "head_started": started, "head_program": program}))
 """

@@ -156,7 +156,7 @@ def test_clusterbook_run_slurm_and_the_cluster_magic_run_on_the_jobs_nodes(
     script = tmp_path / "where.py"
     script.write_text(WHERE)
     done = subprocess.run(
-        [openmpi_python, "-m", "clusterbook.cli", "run", "--slurm", "2", "--slots", "1",
+        [openmpi_python, "-m", "clusterbook", "run", "--slurm", "2", "--slots", "1",
          "--time", "5m", "-n", "2", "--run-dir", str(tmp_path / "cli"),
          "--", "python", str(script)],
         capture_output=True, text=True, timeout=180, check=False,

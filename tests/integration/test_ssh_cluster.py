@@ -115,7 +115,7 @@ def test_mpirun_across_hosts_and_clean_stop(testbed, mpi_python, tmp_path):
                 assert agent.cmdline()[0] == mpi_python
                 assert agent.cmdline()[-1] == "session"
             else:
-                exec_argv = [sys.executable, "-m", "clusterbook.cli", "worker", "join"]
+                exec_argv = [sys.executable, "-m", "clusterbook", "worker", "join"]
                 assert agent.cmdline()[:5] == exec_argv
     # Stopped, the nodes show as having left (not as pending, as if they had never joined).
     after = cluster.status()

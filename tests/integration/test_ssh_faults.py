@@ -21,7 +21,7 @@ import psutil
 import pytest
 
 import clusterbook as cb
-from clusterbook import _node_tasks
+from clusterbook.nodes import tasks
 from clusterbook.rendezvous.agent import HEAD_LEASE, parse_join_url
 from clusterbook.rendezvous.backends.tcp import TcpBackend, read_secret
 from tests.conftest import mpi_debris
@@ -339,7 +339,7 @@ def test_a_swapped_host_key_says_the_key_changed(
         # Clean node2 by hand, as its admin would after checking the new key.
         testbed.write_known_hosts()
         args = json.dumps({"cluster_id": cluster.id, "tag": f"clusterbook:{cluster.id}"})
-        done = testbed.ssh(node2, [openmpi_python, _node_tasks.__file__, "cleanup", args])
+        done = testbed.ssh(node2, [openmpi_python, tasks.__file__, "cleanup", args])
         assert done.returncode == 0, done.stderr
     assert os.path.exists(testbed.known_hosts)
 
@@ -362,7 +362,7 @@ def test_the_cleanup_command_removes_what_nobody_could(
     time.sleep(HEAD_LEASE + 1)
     assert all(f"clusterbook:{cluster_id}" in h.authorized_keys.read_text() for h in nodes)
     assert all(cluster_id in cluster_files(h) for h in nodes)
-    command = [sys.executable, "-m", "clusterbook.cli", "cleanup", cluster_id]
+    command = [sys.executable, "-m", "clusterbook", "cleanup", cluster_id]
     command += ["--hosts", ",".join(h.addr for h in nodes), "--identity", str(testbed.identity)]
     command += ["--known-hosts", str(testbed.known_hosts), "--python", openmpi_python]
     done = subprocess.run(command, capture_output=True, text=True, timeout=120, check=False)
@@ -380,7 +380,7 @@ def test_the_cleanup_command_removes_what_nobody_could(
 
 def test_the_cleanup_command_refuses_a_bad_id() -> None:
     done = subprocess.run(
-        [sys.executable, "-m", "clusterbook.cli", "cleanup", "../etc"],
+        [sys.executable, "-m", "clusterbook", "cleanup", "../etc"],
         capture_output=True, text=True, timeout=60, check=False,
     )  # fmt: skip
     assert done.returncode == 2

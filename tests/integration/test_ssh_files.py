@@ -17,8 +17,8 @@ import pytest
 
 import clusterbook as cb
 from clusterbook.errors import ClusterError, ConfigError
-from clusterbook.providers.ssh import BULK
-from clusterbook.transfer import CHUNK, outgoing
+from clusterbook.nodes.transfer import CHUNK, outgoing
+from clusterbook.providers.ssh.provider import BULK
 from tests.testbed import Testbed, is_agent
 from tests.testbed import testbed as fake_hosts
 from tests.testbed import unshared as private_dirs
@@ -181,7 +181,7 @@ def test_on_a_local_cluster_there_is_nothing_to_move(tmp_path) -> None:  # type:
 def test_the_run_command_puts_and_gathers(
     testbed, unshared, openmpi_python, tmp_path, capsys
 ) -> None:  # type: ignore[no-untyped-def]
-    from clusterbook.cli import main
+    from clusterbook.cli.main import main
 
     work, seen = unshared
     (work / "data").mkdir()
@@ -206,7 +206,7 @@ def test_the_run_command_puts_and_gathers(
 def test_the_run_command_takes_an_openmpi_or_mpich_hostfile(
     testbed, openmpi_python, tmp_path, capsys
 ) -> None:  # type: ignore[no-untyped-def]
-    from clusterbook.cli import main
+    from clusterbook.cli.main import main
 
     node1, node2 = testbed.hosts[:2]
     hostfile = tmp_path / "hosts"
@@ -222,7 +222,7 @@ def test_the_run_command_takes_an_openmpi_or_mpich_hostfile(
 
 
 def test_the_run_command_refuses_a_missing_put_before_bootstrap(tmp_path, capsys) -> None:  # type: ignore[no-untyped-def]
-    from clusterbook.cli import main
+    from clusterbook.cli.main import main
 
     missing = tmp_path / "nope.py"
     assert main(["run", "-n", "1", "--hosts", "node9:1", "--put", str(missing), "--", "true"]) == 2

@@ -11,7 +11,7 @@ import pytest
 
 CHECK = """\
 import sys
-import clusterbook, clusterbook.cli, clusterbook.cluster
+import clusterbook, clusterbook.cli.main, clusterbook.cluster.facade
 c = clusterbook.Cluster.local(workers=1, slots=1)
 repr(c)
 bad = sorted(m for m in sys.modules
@@ -39,10 +39,10 @@ def test_importing_the_core_does_not_import_pandas():
 
 AGENT_IMPORTS = """\
 import sys
-import clusterbook.cli, clusterbook.rendezvous.agent, clusterbook.rendezvous.backends.tcp
+import clusterbook.cli.main, clusterbook.rendezvous.agent, clusterbook.rendezvous.backends.tcp
 print(",".join(sorted(m for m in sys.modules
-                      if m in {"clusterbook.cluster", "clusterbook.launch.job", "pandas",
-                               "paramiko", "clusterbook.providers.ssh"})))
+                      if m in {"clusterbook.cluster.facade", "clusterbook.launch.job", "pandas",
+                               "paramiko", "clusterbook.providers.ssh.provider"})))
 """
 
 
@@ -66,7 +66,7 @@ def test_the_public_names_resolve_on_first_use():
         assert getattr(clusterbook, name) is not None, name
         assert name in dir(clusterbook)
     from clusterbook import Cluster
-    from clusterbook.cluster import Cluster as Defined
+    from clusterbook.cluster.facade import Cluster as Defined
 
     assert Cluster is Defined
     with pytest.raises(AttributeError, match="Clustr"):
@@ -117,7 +117,7 @@ def test_no_module_of_the_core_imports_the_jupyter_layer():
 
 def test_the_facade_never_probes_its_provider():
     # Every member the cluster uses is in the provider contract: no getattr/hasattr on it.
-    tree = ast.parse((SDK / "cluster.py").read_text())
+    tree = ast.parse((SDK / "cluster/facade.py").read_text())
     probes = [
         ast.unparse(node)
         for node in ast.walk(tree)

@@ -10,12 +10,11 @@ from pathlib import Path
 import pytest
 
 import clusterbook as cb
-from clusterbook.cli import main as cli_main
+from clusterbook.cli.main import main as cli_main
+from clusterbook.cluster.options import ClusterOptions
 from clusterbook.gpus import GPU, NO_GPUS, GPUInfo
-from clusterbook.options import ClusterOptions
 from clusterbook.providers.local import local_nodes
-from clusterbook.providers.ssh import SSHProvider, parse_host_list, parse_hosts
-from clusterbook.render import render_nodes
+from clusterbook.providers.ssh.provider import SSHProvider, parse_host_list, parse_hosts
 from clusterbook.rendezvous.api import RendezvousSettings
 from clusterbook.rendezvous.head import RendezvousHead
 from clusterbook.rendezvous.report import NodeReport
@@ -23,6 +22,7 @@ from clusterbook.spec import NodeSpec, parse_host_slots, parse_hostfile, validat
 from clusterbook.ssh.preflight import NodeFacts, resolve_slots
 from clusterbook.status import nodes_frame
 from clusterbook.testing import FakeProvider, fake_nvidia_smi
+from clusterbook.views.html import render_nodes
 from clusterbook.wording import speaking
 
 A100 = "NVIDIA A100-SXM4-40GB"

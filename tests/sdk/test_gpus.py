@@ -11,7 +11,6 @@ from pathlib import Path
 
 import pytest
 
-from clusterbook import _node_tasks as tasks
 from clusterbook.gpus import (
     GPU,
     NO_GPUS,
@@ -21,6 +20,7 @@ from clusterbook.gpus import (
     probe_gpus,
     visible_gpus,
 )
+from clusterbook.nodes import tasks as tasks
 from clusterbook.rendezvous.report import NodeReport
 from clusterbook.ssh.preflight import NodeFacts
 from clusterbook.testing import fake_nvidia_smi

@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 
 import clusterbook as cb
-from clusterbook.fanout import parallel
 from clusterbook.launch.program import resolve_program
+from clusterbook.nodes.fanout import parallel
 from clusterbook.spec import validate_np
 from clusterbook.wording import INTERFACES, speaking, spell, spell_or
 
@@ -77,11 +77,11 @@ NOT_OPTIONS = {"slots", "min", "max", "fingerprint"}  # fingerprint: a URL's que
 PYTHON_ONLY = {
     ("ssh/hostkeys.py", "host_keys"),
     # work_dir= (and its options) exist in Python only.
-    *(("mirror.py", name) for name in ("work_dir", "known_hosts", "host_keys")),
-    *(("options.py", name) for name in ("work_dir", "run_dir")),
+    *(("head/mirror.py", name) for name in ("work_dir", "known_hosts", "host_keys")),
+    *(("cluster/options.py", name) for name in ("work_dir", "run_dir")),
     ("launch/recovery.py", "restart_on_join"),  # Python only
     # a "srun" cluster spec's own arguments (from_environment fills them in)
-    *(("providers/srun.py", name) for name in ("job_id", "srun")),
+    *(("providers/slurm/srun.py", name) for name in ("job_id", "srun")),
 }
 
 
@@ -137,7 +137,7 @@ def test_every_option_a_message_spells_is_known_to_the_interfaces_that_have_it()
 def _cli_flags() -> set[str]:
     import argparse
 
-    from clusterbook.cli import _parser
+    from clusterbook.cli.main import _parser
 
     flags: set[str] = set()
     pending = [_parser()]

@@ -238,7 +238,7 @@ def cluster_processes(before: set[int]) -> list[psutil.Process]:
         try:
             if p.pid in before or p.status() == psutil.STATUS_ZOMBIE:
                 continue
-            if not any(arg.endswith("_node_tasks.py") for arg in p.cmdline()):
+            if not any(arg.endswith("nodes/tasks.py") for arg in p.cmdline()):
                 found.append(p)
         except psutil.Error:
             continue

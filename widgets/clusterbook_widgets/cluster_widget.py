@@ -3,7 +3,7 @@
 The widget is a view over :class:`~clusterbook.status.ClusterSnapshot` values: it subscribes to
 the cluster, pushes every snapshot through a :class:`~clusterbook_widgets.throttle.Throttle`
 (at most ten updates a second), renders each with the pure functions of
-:mod:`clusterbook.render` and only assigns the HTML widgets' values. Heartbeat ages and
+:mod:`clusterbook.views.html` and only assigns the HTML widgets' values. Heartbeat ages and
 uptime change without an event, so it also polls ``cluster.snapshot()`` every ``refresh``
 seconds until the cluster has stopped.
 """
@@ -18,14 +18,14 @@ from typing import Any, Protocol
 
 import ipywidgets as widgets
 
-from clusterbook.render import (
+from clusterbook.spec import validate_seconds
+from clusterbook.status import ClusterSnapshot
+from clusterbook.views.html import (
     render_header,
     render_jobs,
     render_nodes,
     render_progress,
 )
-from clusterbook.spec import validate_seconds
-from clusterbook.status import ClusterSnapshot
 from clusterbook_widgets.throttle import Scheduler, ThreadScheduler, Throttle
 
 __all__ = ["ClusterWidget", "display_cluster"]

@@ -20,7 +20,7 @@ from IPython.core.magic import Magics, cell_magic, line_magic, magics_class
 from IPython.display import display as _untyped_display
 
 import clusterbook as cb
-from clusterbook.attached import AttachedCluster
+from clusterbook.cluster.remote.attached import AttachedCluster
 from clusterbook.errors import ClusterError
 from clusterbook.launch.fold import failure_report, fold_live
 from clusterbook.launch.logs import LiveText, LogRecord

@@ -52,13 +52,13 @@ from clusterbook.errors import ClusterError, ConfigError, JobFailedError, ReadyT
 from clusterbook.launch import proc as procs
 from clusterbook.launch.guard import ENV as JOB_ENV
 from clusterbook.launch.guard import guard
-from clusterbook.progress import Bar, bar, checked
 from clusterbook.spec import validate_seconds
+from clusterbook.views.progress import Bar, bar, checked
 
 if TYPE_CHECKING:
     import ipyparallel
 
-    from clusterbook.cluster import Cluster
+    from clusterbook.cluster.facade import Cluster
     from clusterbook.launch.job import Job
 
 __all__ = ["EngineArgs", "EngineSet", "start_engines"]
@@ -231,7 +231,7 @@ def start_engines(
         ``head_addr`` is given, i.e. the traffic crosses a network).
     progress
         A bar of the engines registered (default: where someone watches, see
-        :mod:`clusterbook.progress`).
+        :mod:`clusterbook.views.progress`).
 
     Returns
     -------

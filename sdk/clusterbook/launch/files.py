@@ -1,8 +1,8 @@
 """Where a job's files are read: :class:`Files`, and :data:`LOCAL` (this machine's).
 
 A :class:`~clusterbook.launch.saved.SavedJob` reads its directory through one of these: this
-machine's file system, or (for a cluster attached over ssh) the machine its head runs on,
-through :mod:`clusterbook.sshdir`. Reads ask for everything after an offset, in batches, so
+machine's file system, or (for a cluster attached over ssh) the machine its head runs on, through
+:mod:`clusterbook.cluster.remote.sshdir`. Reads ask for everything after an offset, in batches, so
 that following a job's logs over a network costs a round trip per look, not one per file.
 """
 

@@ -16,14 +16,14 @@ import subprocess
 import sys
 import threading
 
-from clusterbook import _node_tasks
-from clusterbook._node_tasks import JOB_ENV as ENV
-from clusterbook._node_tasks import kill_tagged, tagged
+from clusterbook.nodes import tasks
+from clusterbook.nodes.tasks import JOB_ENV as ENV
+from clusterbook.nodes.tasks import kill_tagged, tagged
 
 __all__ = ["ENV", "Guard", "guard", "kill_tagged", "tagged"]
 
 # Run as a script with -S: it imports nothing but the standard library.
-_SCRIPT = _node_tasks.__file__
+_SCRIPT = tasks.__file__
 
 
 class Guard:

@@ -17,13 +17,13 @@ from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from clusterbook._node_tasks import write_atomic
 from clusterbook.errors import ClusterError, JobTimeoutError
 from clusterbook.launch.attempt import Attempt
 from clusterbook.launch.command import LaunchPlan
 from clusterbook.launch.logs import LogRecord, records_frame
 from clusterbook.launch.recovery import NO_RECOVERY, Recovery, Stop, next_step, outcome, reason
 from clusterbook.launch.result import AttemptInfo, JobResult
+from clusterbook.nodes.tasks import write_atomic
 from clusterbook.spec import validate_timeout
 
 if TYPE_CHECKING:
@@ -274,8 +274,8 @@ class Job:
     def _repr_html_(self) -> str:
         """In a notebook: the job's row (state, ranks, time) and its last lines, as they are
         now (a saved notebook keeps them)."""
-        from clusterbook.render import render_job, render_timeline
         from clusterbook.status import job_status
+        from clusterbook.views.html import render_job, render_timeline
 
         page = render_job(job_status(self), self._records()[-20:])
         result = self._result

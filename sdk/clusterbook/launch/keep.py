@@ -33,11 +33,11 @@ from typing import IO
 
 import psutil
 
-from clusterbook._node_tasks import freeze, leftovers, remove_leftovers, settle, tagged
 from clusterbook.errors import ConfigError
-from clusterbook.fanout import parallel
 from clusterbook.launch.result import KeptProcess
-from clusterbook.transfer import Call
+from clusterbook.nodes.fanout import parallel
+from clusterbook.nodes.tasks import freeze, leftovers, remove_leftovers, settle, tagged
+from clusterbook.nodes.transfer import Call
 from clusterbook.wording import spell_or
 
 __all__ = [

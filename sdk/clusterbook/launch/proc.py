@@ -10,8 +10,8 @@ from collections.abc import Mapping, Sequence
 
 import psutil
 
-from clusterbook._node_tasks import leftovers, remove_leftovers
 from clusterbook.launch.guard import tagged
+from clusterbook.nodes.tasks import leftovers, remove_leftovers
 
 __all__ = ["kill_tree", "spawn", "tree"]
 

@@ -217,7 +217,7 @@ class JobResult:
         return "cancelled" if self.cancelled else "failed"
 
     def _repr_html_(self) -> str:
-        from clusterbook.render import render_result, render_timeline
+        from clusterbook.views.html import render_result, render_timeline
 
         return render_result(self.state, self.summary()) + render_timeline(
             self.rank_times, self.rank_exit_codes

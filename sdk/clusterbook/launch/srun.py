@@ -5,7 +5,7 @@ already on every node: ``srun`` starts the ranks there without ssh, and MPI lear
 from Slurm's PMI plugin, ``--mpi=pmix`` for Open MPI and ``--mpi=pmi2`` for MPICH (see
 :data:`PMI_PLUGIN`). A plugin that does not fit the MPI gives no error: every rank comes up
 alone, a world of one, and exits 0. The world size is checked where the nodes are brought up
-(:mod:`clusterbook.providers.srun`), once.
+(:mod:`clusterbook.providers.slurm.srun`), once.
 
 Each rank's place is the one ``mpirun`` would give it (:func:`~clusterbook.launch.command.
 placement`): ``--distribution=arbitrary`` with ``SLURM_HOSTFILE`` naming the node of each

@@ -52,13 +52,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import ClassVar
 
-from clusterbook.commands import NodeRun, run_everywhere
 from clusterbook.launch.flavour import Launcher
 from clusterbook.launch.result import KeptProcess
 from clusterbook.launch.srun import SrunStep
+from clusterbook.nodes.commands import NodeRun, run_everywhere
+from clusterbook.nodes.transfer import Outgoing, uncounted
 from clusterbook.spec import NodeSpec
 from clusterbook.status import NodeStatus
-from clusterbook.transfer import Outgoing, uncounted
 
 __all__ = ["Provider", "RemoteLaunch", "StartContext"]
 

@@ -33,10 +33,10 @@ ProviderFactory = Callable[..., Provider]
 # Imported when used: a local cluster never loads paramiko.
 _BUILTIN = {
     "local": "clusterbook.providers.local:LocalAgentsProvider.from_spec",
-    "ssh": "clusterbook.providers.ssh:SSHProvider",
-    "elastic": "clusterbook.providers.elastic:ElasticProvider",
-    "slurm": "clusterbook.providers.slurm:SlurmProvider",
-    "srun": "clusterbook.providers.srun:SrunProvider",
+    "ssh": "clusterbook.providers.ssh.provider:SSHProvider",
+    "elastic": "clusterbook.providers.elastic.provider:ElasticProvider",
+    "slurm": "clusterbook.providers.slurm.provider:SlurmProvider",
+    "srun": "clusterbook.providers.slurm.srun:SrunProvider",
 }
 _REGISTERED: dict[str, ProviderFactory] = {}
 

@@ -21,7 +21,7 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from clusterbook import _node_tasks
+from clusterbook.nodes import tasks
 from clusterbook.rendezvous.api import (
     RendezvousBackend,
     RendezvousClosedError,
@@ -56,10 +56,11 @@ HEAD_LEASE = 2.0
 
 #: What ``clusterbook worker join`` imports before it joins: a bootstrap session that will
 #: fork the node's agent imports these while the head is busy elsewhere (see
-#: ``_node_tasks.warm``), so that the agent starts with them.
-#: (Not ``clusterbook.cli`` itself: ``python -m`` runs it afresh, and warns if it was imported.)
+#: ``tasks.warm``), so that the agent starts with them.
+#: (Not ``clusterbook.__main__``: ``python -m`` runs it afresh, and warns if it was imported.)
 AGENT_IMPORTS = (
     "argparse",
+    "clusterbook.cli.main",
     "clusterbook.gpus",
     "clusterbook.rendezvous.agent",
     "clusterbook.rendezvous.backends.tcp",
@@ -99,10 +100,10 @@ def agent_argv(
     clean_on_lost: bool = False,
     start_sshd: int | None = None,
 ) -> list[str]:
-    """The command that runs an agent with ``python`` (``python -m clusterbook.cli worker join
+    """The command that runs an agent with ``python`` (``python -m clusterbook.cli.main worker join
     URL --token-file F [...]``), or with the ``clusterbook`` command when ``python`` is None:
     the one place it is written."""
-    program = [python, "-m", "clusterbook.cli"] if python is not None else ["clusterbook"]
+    program = [python, "-m", "clusterbook"] if python is not None else ["clusterbook"]
     argv = [*program, "worker", "join", url, "--token-file", str(token_file)]
     if node_id is not None:
         argv += ["--node-id", node_id]
@@ -169,10 +170,10 @@ class Agent:
         cluster = self.settings.run_id
         try:
             if self.clean_on_lost:
-                tag = _node_tasks.key_tag(cluster)
-                done = _node_tasks.release({"cluster_id": cluster, "tag": tag})
+                tag = tasks.key_tag(cluster)
+                done = tasks.release({"cluster_id": cluster, "tag": tag})
             else:
-                done = {"killed": _node_tasks.stop_jobs(cluster)}
+                done = {"killed": tasks.stop_jobs(cluster)}
         except Exception:
             _log.exception("Agent %s could not clean up after losing the head.", self.node_id)
             return {}
@@ -272,7 +273,7 @@ class Agent:
             if token not in self._stopped:
                 self._stopped.add(token)
                 threading.Thread(
-                    target=_node_tasks.kill_tagged,
+                    target=tasks.kill_tagged,
                     args=([token], 1.0),
                     kwargs={"daemons": True},
                     daemon=True,

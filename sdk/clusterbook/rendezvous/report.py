@@ -14,8 +14,8 @@ import sys
 from dataclasses import asdict, dataclass, replace
 from typing import Any
 
-from clusterbook._node_tasks import installed_mpi
 from clusterbook.gpus import NO_GPUS, GPUInfo, probe_gpus
+from clusterbook.nodes.tasks import installed_mpi
 from clusterbook.rendezvous.host_facts import ipv4_addresses, memory
 
 __all__ = ["NodeReport"]

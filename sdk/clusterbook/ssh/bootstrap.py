@@ -19,7 +19,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, NoReturn
 
-from clusterbook import _node_tasks
 from clusterbook.errors import (
     BootstrapError,
     HostNotFoundError,
@@ -27,6 +26,7 @@ from clusterbook.errors import (
     SSHError,
     SSHTimeoutError,
 )
+from clusterbook.nodes import tasks
 from clusterbook.paths import node_cluster_dir
 from clusterbook.ssh.hostkeys import HostKey, known_hosts_line
 from clusterbook.ssh.keys import KeyPair
@@ -50,7 +50,7 @@ __all__ = [
 ]
 
 #: What every node runs (``_node_tasks``), as its source: nothing need be installed there.
-_TASKS = Path(_node_tasks.__file__).read_text()
+_TASKS = Path(tasks.__file__).read_text()
 # How a node runs them: ``python -c _STUB _TASKS ARGS...``. When the node's Python has this
 # very file installed (clusterbook there, same version), the stub loads that, from the bytecode
 # Python keeps for it, instead of compiling the source it was given (13 ms of CPU a start).
@@ -60,7 +60,7 @@ def _run(source, argv):
     try:
         from importlib.machinery import SourceFileLoader
         from importlib.util import find_spec, module_from_spec, spec_from_loader
-        path = find_spec("clusterbook").submodule_search_locations[0] + "/_node_tasks.py"
+        path = find_spec("clusterbook").submodule_search_locations[0] + "/nodes/tasks.py"
         with open(path, "rb") as f:
             same = f.read() == source.encode()
     except Exception:
@@ -287,7 +287,7 @@ class NodeSession:
         # session process stays on the node until the connection is garbage-collected.
         self._shell = shell if owns_shell else None
         # ``env``: what the process starts with (a session started with the agents' tag
-        # starts the node's agent as a fork of itself: see ``_node_tasks.spawn``).
+        # starts the node's agent as a fork of itself: see ``tasks.spawn``).
         self._proc = shell.start(tasks_argv(python, "session"), env=env)
 
     def call(
@@ -301,11 +301,11 @@ class NodeSession:
         then_import: Sequence[str] = (),
     ) -> dict[str, Any]:
         """Run ``task`` on the node and return its result: with ``frames`` (encoded, see
-        :func:`clusterbook._node_tasks.frame`) sent after the request, as they come, and
+        :func:`clusterbook.nodes.tasks.frame`) sent after the request, as they come, and
         ``on_frame(kind, payload)`` told each frame the task sends before its reply, up to
         the ``Z`` that ends them. ``timeout`` bounds each wait for the node, not the whole.
         ``then_import``: modules the session imports once its reply is out (see
-        :func:`clusterbook._node_tasks.warm`); the next call waits for that."""
+        :func:`clusterbook.nodes.tasks.warm`); the next call waits for that."""
         request: dict[str, Any] = {"task": task, "args": args}
         if then_import:
             request["then_import"] = list(then_import)
@@ -361,10 +361,10 @@ class NodeSession:
                 return reply
 
     def _frame(self, task: str, timeout: float) -> tuple[bytes, bytes]:
-        head = self._proc.read(_node_tasks.FRAME.size, timeout)
-        if len(head) < _node_tasks.FRAME.size:
+        head = self._proc.read(tasks.FRAME.size, timeout)
+        if len(head) < tasks.FRAME.size:
             self._ended(task)
-        kind, size = _node_tasks.FRAME.unpack(head)
+        kind, size = tasks.FRAME.unpack(head)
         payload = self._proc.read(size, timeout) if size else b""
         if len(payload) < size:
             self._ended(task)

@@ -12,8 +12,8 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import IO
 
-from clusterbook._node_tasks import write_atomic
 from clusterbook.errors import SSHTimeoutError
+from clusterbook.nodes.tasks import write_atomic
 from clusterbook.ssh.shell import CommandResult, OutputCallback
 
 __all__ = ["LocalShell"]

@@ -4,7 +4,7 @@ paramiko encrypts and packs every packet in Python on the head; moving hundreds 
 way costs the head more than the link does. ``cluster.put()`` and ``cluster.gather()`` of large
 files run their node task through ``ssh`` instead (the MPI launcher's own way to the node: the
 cluster's key, its known_hosts checked strictly, its jump hosts), whose encryption is OpenSSH's
-C, as scp's is. The bytes are the node session's frames (:mod:`clusterbook._node_tasks`),
+C, as scp's is. The bytes are the node session's frames (:mod:`clusterbook.nodes.tasks`),
 over the ssh process's pipes (:class:`PipeProcess`).
 """
 

@@ -1,7 +1,8 @@
 """The secret a cluster's head and nodes share: the token file, created 0600 in one step.
 
-The rendezvous store (:mod:`._wire`) and the head's control channel (:mod:`clusterbook.control`)
-prove with it that a peer belongs to the cluster; it never crosses the wire.
+The rendezvous store (:mod:`._wire`) and the head's control channel
+(:mod:`clusterbook.head.control`) prove with it that a peer belongs to the cluster; it never crosses
+the wire.
 """
 
 from __future__ import annotations

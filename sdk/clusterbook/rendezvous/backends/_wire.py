@@ -49,7 +49,7 @@ that returns as the new state, so the other nodes learn of the loss at once inst
 missed heartbeats.
 
 The same frames (:data:`FRAME_HEADER` and a payload, read by a :class:`Channel`) carry the
-head's control channel (:mod:`clusterbook.control`), which has a handshake of its own.
+head's control channel (:mod:`clusterbook.head.control`), which has a handshake of its own.
 """
 
 from __future__ import annotations

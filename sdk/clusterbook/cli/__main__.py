@@ -1,0 +1,7 @@
+"""``python -m clusterbook.cli``: the ``clusterbook`` command."""
+
+import sys
+
+from clusterbook.cli.main import main
+
+sys.exit(main())

@@ -1,0 +1,296 @@
+"""What every cluster is told besides where its nodes come from: one options object.
+
+``Cluster.local``, ``Cluster.ssh``, ``Cluster.elastic`` and ``Cluster.from_spec`` all take these
+same keyword arguments (:class:`ClusterOptionsArgs`), checked here once.
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+import sys
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, TypedDict
+
+from clusterbook.errors import ConfigError
+from clusterbook.head.mirror import is_url
+from clusterbook.launch.flavour import MPIFlavour
+from clusterbook.lifetime import DETACHED_LIFE_SPAN, parse_duration
+from clusterbook.names import NAME_RULE, is_name
+from clusterbook.paths import default_run_root
+from clusterbook.spec import validate_env, validate_forward_env
+
+if TYPE_CHECKING:
+    from clusterbook.providers.slurm.commands import SlurmRunner
+    from clusterbook.ssh.hostkeys import HostKeyPolicy
+
+__all__ = ["ClusterOptions", "ClusterOptionsArgs", "ElasticArgs", "SSHArgs", "SlurmArgs"]
+
+
+class ClusterOptionsArgs(TypedDict, total=False):
+    """The keyword arguments every cluster constructor takes (see :class:`ClusterOptions`)."""
+
+    name: str | None
+    run_dir: str | os.PathLike[str] | None
+    python: str | None
+    launcher: str | None
+    mpi: MPIFlavour | str | None
+    env: Mapping[str, str] | None
+    forward_env: Sequence[str] | None
+    life_span: float | str | None
+    idle_timeout: float | str | None
+    retention: float | str | None
+    detached: bool
+    ephemeral: bool
+    work_dir: str | os.PathLike[str] | None
+    work_dir_options: Mapping[str, Any] | None
+
+
+class SSHArgs(ClusterOptionsArgs, total=False):
+    """What ``Cluster.ssh(hosts, ...)`` takes besides the hosts.
+
+    ssh_config
+        OpenSSH client config to read (default ``~/.ssh/config`` if there is one; ``"none"``:
+        none): each host's ``HostName``, ``User``, ``Port``, ``IdentityFile`` and
+        ``ProxyJump`` (jump hosts, one or a chain, for the head's connections and the MPI
+        launcher's alike, every hop's host key checked). ``user``, ``port`` and ``identity``
+        win over it.
+    user, identity, passphrase
+        Login user (default: yours) and private key (default: the keys of a running
+        ssh-agent, then ``~/.ssh/id_ed25519``, ``id_ecdsa``, ``id_rsa``). A passphrase-
+        protected key is opened with ``passphrase``, else asked for in a terminal or a
+        notebook (never echoed); the passphrase is dropped once the key is open.
+    known_hosts, host_keys
+        Host key policy: by default keys must be in ``known_hosts`` (default the user's
+        ``~/.ssh/known_hosts``); ``host_keys="accept-new"`` trusts new hosts on first use
+        (recorded in ``known_hosts`` if given, else ``~/.clusterbook/known_hosts``; later
+        changes are refused); a mapping of host to ``"SHA256:..."`` fingerprint pins keys. A
+        changed key is always refused.
+    port, connect_timeout
+        sshd port of every node (default: the config's, else 22); seconds to wait for every
+        node's sshd to answer (30).
+    node_python
+        Interpreters of nodes whose environment is at another path than the head's, like
+        ``{"node2": "/opt/venv/bin/python"}`` (its MPI launcher must be beside it). Jobs then
+        run through a per-cluster link to each node's own environment, which needs the same
+        home directory on every node.
+    """
+
+    user: str | None
+    identity: str | os.PathLike[str] | None
+    known_hosts: str | os.PathLike[str] | None
+    host_keys: str | HostKeyPolicy | Mapping[str, str] | None
+    port: int | None
+    connect_timeout: float
+    node_python: Mapping[str, str] | None
+    ssh_config: str | os.PathLike[str] | None
+    passphrase: str | None
+
+
+class ElasticArgs(ClusterOptionsArgs, total=False):
+    """What ``Cluster.elastic(min_nodes, max_nodes, ...)`` takes besides the bounds.
+
+    listen, port
+        Where the rendezvous store listens (default 127.0.0.1, any free port).
+    last_call
+        Seconds to wait for more nodes once ``min_nodes`` joined (1).
+    join_timeout
+        Seconds a node waits for a round to complete (600).
+    keep_alive_interval, keep_alive_max_attempt
+        Nodes heartbeat every ``keep_alive_interval`` seconds (1) and are dropped after
+        ``keep_alive_max_attempt`` missed beats (3), or at once when their connection drops.
+    """
+
+    listen: str
+    port: int
+    last_call: float
+    join_timeout: float
+    keep_alive_interval: float
+    keep_alive_max_attempt: int
+
+
+class SlurmArgs(ClusterOptionsArgs, total=False):
+    """What ``Cluster.slurm(nodes, ...)`` takes besides the job's own arguments.
+
+    listen, port
+        Where the rendezvous store listens: the nodes must reach it (default: this machine's
+        address on the way to slurmctld, any free port).
+    last_call, join_timeout, keep_alive_interval, keep_alive_max_attempt
+        As for :class:`ElasticArgs`.
+    runner
+        What runs Slurm's commands (``sbatch``, ``squeue``, ``scancel``, ``scontrol``):
+        ``runner(argv, env, timeout) -> subprocess.CompletedProcess``; default: here, with
+        ``subprocess``. Tests inject :class:`clusterbook.testing.FakeSlurm`.
+    poll_interval
+        Seconds between two ``squeue`` of the job while nodes are still to come (0.5).
+    """
+
+    listen: str
+    port: int
+    last_call: float
+    join_timeout: float
+    keep_alive_interval: float
+    keep_alive_max_attempt: int
+    runner: SlurmRunner
+    poll_interval: float
+
+
+@dataclass(frozen=True, slots=True)
+class ClusterOptions:
+    """A cluster's own settings, whatever its nodes.
+
+    Attributes
+    ----------
+    name
+        Shown in status and listings, and found by (1-63 letters, digits, '.', '-', '_');
+        default ``KIND-xxxxxx``. A detached cluster keeps it in its supervisor.
+    id
+        What other processes find the cluster by: ``NAME-YYYYmmdd-HHMMSS`` as of when the
+        cluster is made (``-2``, ``-3``... added at start if another cluster has it). It
+        names the cluster's files on its nodes (``~/.clusterbook/clusters/ID``), its key
+        line and its processes' tags.
+    run_dir
+        The cluster's directory: its record (``cluster.json``) and its jobs' logs (default:
+        ``ID`` under ``default_run_root()``, made by the cluster: ``own_run_dir``).
+    python
+        The interpreter ``"python"`` in a job's argv stands for (default: this one); a
+        relative path is made absolute.
+    launcher, mpi
+        Path of mpirun/mpiexec, or the MPI flavour (``"openmpi"``, ``"mpich"``) to look for; by
+        default the launcher next to ``python`` is used, then the one on PATH.
+    env
+        Variables every job's ranks get (a job's own ``env`` adds to them).
+    forward_env
+        Variables of this process's environment that every rank gets too, by name or by
+        prefix (``["NCCL_*", "WANDB_API_KEY"]``), under either MPI; besides those the system
+        around it defines (see :data:`clusterbook.launch.command.LAUNCH_ENV`).
+    life_span, idle_timeout
+        Stop the cluster this long after it started, or after this long with no job running
+        (seconds, or text like ``"2h"``, ``"30m"``); a warning is logged a minute before.
+    retention
+        How long the directories of this cluster's finished jobs, and the cluster's own once
+        it stopped, are kept (``"7d"``): removed by the next cluster that starts, or by
+        ``clusterbook prune``. Default: kept until pruned by hand.
+    detached
+        Keep the cluster and its jobs running when this process exits or dies: a supervisor
+        process of its own runs the cluster, and this one (like any other) attaches to it.
+        A detached cluster stops after 12 hours unless given another ``life_span``.
+    ephemeral
+        Stop the cluster once its first job has ended (``cb.run`` makes such a cluster).
+    work_dir, work_dir_options
+        Where the cluster's record and its jobs' logs are kept: a local directory (the same
+        as ``run_dir``), or an fsspec URL (``sftp://host/path``, ``s3://bucket/path``) they
+        are copied to from the local run directory (``work_dir_options``: the file system's
+        options, like ``key_filename``; for SSH, ``known_hosts`` too).
+    """
+
+    name: str
+    id: str
+    run_dir: Path
+    own_run_dir: bool = False
+    python: str = sys.executable
+    launcher: str | None = None
+    mpi: MPIFlavour | str | None = None
+    env: Mapping[str, str] = field(default_factory=dict)
+    forward_env: tuple[str, ...] = ()
+    life_span: float | None = None
+    idle_timeout: float | None = None
+    retention: float | None = None
+    detached: bool = False
+    ephemeral: bool = False
+    work_dir: str | None = None  # an fsspec URL the run directory is copied to
+    work_dir_options: Mapping[str, Any] = field(default_factory=dict)
+
+    @classmethod
+    def given_names(cls) -> set[str]:
+        """The options a user gives (the others are made from them)."""
+        return {f.name for f in fields(cls)} - {"id", "own_run_dir"}
+
+    @classmethod
+    def make(cls, kind: str, **given: object) -> ClusterOptions:
+        """Check ``given`` (a :class:`ClusterOptionsArgs`) for a cluster of ``kind``."""
+        known = cls.given_names()
+        unknown = sorted(set(given) - known)
+        if unknown:
+            raise ConfigError(
+                f"Unknown cluster option(s) {', '.join(map(repr, unknown))}; the options every "
+                f"cluster takes are {', '.join(sorted(known))}."
+            )
+        name = given.get("name") or f"{kind}-{secrets.token_hex(3)}"
+        if not isinstance(name, str) or not is_name(name):
+            raise ConfigError(f"Cluster name {name!r} must be {NAME_RULE}.")
+        cluster_id = f"{name}-{time.strftime('%Y%m%d-%H%M%S')}"
+        detached, ephemeral = given.get("detached", False), given.get("ephemeral", False)
+        if not isinstance(detached, bool) or not isinstance(ephemeral, bool):
+            raise ConfigError(
+                f"detached and ephemeral must be True or False, got {detached!r} and {ephemeral!r}."
+            )
+        python = given.get("python")
+        if python is not None and not isinstance(python, str):
+            raise ConfigError(f"python must be the path of an interpreter, got {python!r}.")
+        # A relative path would mean another file once a job runs in another directory.
+        python = os.path.abspath(python) if python and os.sep in python else python
+        run_dir = given.get("run_dir")
+        if run_dir is not None and not isinstance(run_dir, (str, os.PathLike)):
+            raise ConfigError(f"run_dir must be a directory path, got {run_dir!r}.")
+        work_dir, mirror = _work_dir(given.get("work_dir"), run_dir)
+        run_dir = run_dir if run_dir is not None else work_dir
+        work_dir_options = given.get("work_dir_options") or {}
+        if not isinstance(work_dir_options, Mapping):
+            raise ConfigError(
+                f"work_dir_options must be a mapping of the file system's options, got "
+                f"{work_dir_options!r}."
+            )
+        launcher = given.get("launcher")
+        if launcher is not None and not isinstance(launcher, str):
+            raise ConfigError(f"launcher must be the path of mpirun or mpiexec, got {launcher!r}.")
+        mpi = given.get("mpi")
+        if mpi is not None and not isinstance(mpi, (str, MPIFlavour)):
+            raise ConfigError(f"mpi must be 'openmpi' or 'mpich', got {mpi!r}.")
+        return cls(
+            name=name,
+            id=cluster_id,
+            # Absolute: the record names it to processes that run in other directories.
+            run_dir=Path(
+                os.path.abspath(default_run_root() / cluster_id if run_dir is None else run_dir)
+            ),
+            own_run_dir=run_dir is None,
+            python=python or sys.executable,
+            launcher=launcher,
+            mpi=mpi,
+            env=validate_env(given.get("env")),  # type: ignore[arg-type]
+            forward_env=validate_forward_env(given.get("forward_env")),
+            life_span=_life_span(given.get("life_span"), detached),
+            idle_timeout=parse_duration(given.get("idle_timeout"), "idle_timeout"),
+            retention=parse_duration(given.get("retention"), "retention"),
+            detached=detached,
+            ephemeral=ephemeral,
+            work_dir=mirror,
+            work_dir_options=dict(work_dir_options),
+        )
+
+
+def _life_span(given: object, detached: bool) -> float | None:
+    """The life span asked for; a detached cluster's default (nothing runs forever)."""
+    life_span = parse_duration(given, "life_span")
+    return DETACHED_LIFE_SPAN if life_span is None and detached else life_span
+
+
+def _work_dir(given: object, run_dir: object) -> tuple[str | os.PathLike[str] | None, str | None]:
+    """``work_dir`` as a local run directory, or as a URL to copy the run directory to."""
+    if given is None:
+        return None, None
+    if not isinstance(given, (str, os.PathLike)):
+        raise ConfigError(f"work_dir must be a directory or an fsspec URL, got {given!r}.")
+    if isinstance(given, str) and is_url(given) and not given.startswith("file://"):
+        return None, given
+    local = given.removeprefix("file://") if isinstance(given, str) else given
+    if run_dir is not None and Path(local) != Path(run_dir):  # type: ignore[arg-type]
+        raise ConfigError(
+            f"work_dir={given!r} and run_dir={run_dir!r} name two directories; a local "
+            "work_dir is the run directory: give one of them."
+        )
+    return local, None

@@ -1,0 +1,453 @@
+"""A handle on a cluster another process runs: ``cb.Cluster.attach(id_or_dir)``, or
+``cb.Cluster.attach("ssh://me@login1/ID")`` for one whose head runs on another machine.
+
+Everything it knows comes from the cluster's directory, which must be this user's alone
+(:mod:`clusterbook.fs.private`): the record (``cluster.json``) for status, the job directories for
+logs and results. It reads the directory through a
+:class:`~clusterbook.cluster.remote.rundir.ClusterDir`: on this machine, or on the head's over ssh
+(:mod:`clusterbook.cluster.remote.sshdir`), the same way. What it asks of the cluster (run a job,
+cancel one, copy files, stop) goes to the head's control server (:mod:`clusterbook.head.control`)
+through the directory's control socket, proving the secret in its 0600 ``token`` file (and asking
+the head to prove it too). Stopping also works without it, the way anyone who can write the
+directory can: with the stop file, which the head acts on within a second. When the head is gone
+(the record is *stale*: its process was killed), ``stop()`` itself stops what the head left behind
+on this machine (the processes of its jobs) and marks the record stopped; two processes doing that
+at once are serialised by a lock on the directory.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import threading
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import replace
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, NoReturn
+
+from clusterbook.cluster import display
+from clusterbook.cluster.remote.rundir import ClusterDir, LocalDir
+from clusterbook.errors import ClusterError, ClusterStateError, ConfigError, RecordError
+from clusterbook.events import Subscribers
+from clusterbook.fs.private import check_run_dir
+from clusterbook.fs.safe import locked, remove_tree
+from clusterbook.head.catalog import Found, find
+from clusterbook.head.control import ControlClient
+from clusterbook.head.record import (
+    STOP_FILE,
+    ClusterRecord,
+    JobEntry,
+    head_state_of,
+    read_record,
+    snapshot_from,
+    write_record,
+)
+from clusterbook.launch.guard import kill_tagged
+from clusterbook.launch.saved import SavedJob
+from clusterbook.paths import cluster_dir, clusters_root, default_run_root
+from clusterbook.spec import NodeSpec
+from clusterbook.status import ClusterSnapshot, nodes_frame
+from clusterbook.wording import spell, spell_or
+
+if TYPE_CHECKING:
+    import pandas as pd
+    from typing_extensions import Unpack
+
+    from clusterbook.launch.prepare import JobArgs
+    from clusterbook.nodes.commands import NodeRun
+
+__all__ = ["AttachedCluster"]
+
+_POLL = 0.1
+
+_log = logging.getLogger("clusterbook.cluster.remote.attached")
+
+
+class AttachedCluster:
+    """A cluster run by another process, seen and stopped through its directory."""
+
+    def __init__(self, found: Found, where: ClusterDir | None = None) -> None:
+        assert found.record is not None
+        self.run_dir = found.path
+        self._dir: ClusterDir = where or LocalDir(found.path)
+        self._record = found.record
+        self._stale = found.stale
+        self._subscribers: Subscribers[ClusterSnapshot] = Subscribers()
+        self._poller: threading.Thread | None = None
+        self._poll_stop = threading.Event()
+        self._jobs: dict[str, SavedJob] = {}
+        self._client: ControlClient | None = None
+
+    @classmethod
+    def attach(
+        cls,
+        what: str | os.PathLike[str],
+        *,
+        identity: str | os.PathLike[str] | None = None,
+        known_hosts: str | os.PathLike[str] | None = None,
+        ssh_config: str | os.PathLike[str] | None = None,
+        python: str | None = None,
+        connect_timeout: float = 10.0,
+    ) -> AttachedCluster:
+        """A handle on cluster ``what`` (see ``Cluster.attach``); the keyword arguments say
+        how an ``ssh://`` address is reached."""
+        from clusterbook.cluster.remote.address import is_ssh_address
+
+        if is_ssh_address(what):
+            from clusterbook.cluster.remote.sshdir import SSHDir
+
+            found, there = SSHDir.open(
+                str(what),
+                identity=identity,
+                known_hosts=known_hosts,
+                ssh_config=ssh_config,
+                python=python,
+                connect_timeout=connect_timeout,
+            )
+            return cls(found, there)
+        given = {"identity": identity, "known_hosts": known_hosts, "ssh_config": ssh_config,
+                 "python": python}  # fmt: skip
+        if named := [spell_or(k, v, k) for k, v in given.items() if v is not None]:
+            raise ConfigError(
+                f"{', '.join(named)} say how to reach a cluster on another machine, and "
+                f"{os.fspath(what)!r} names one on this machine; give an ssh://user@host/ID "
+                "address with them, or leave them out."
+            )
+        found = find(what)
+        if found.error is not None:
+            raise found.error
+        root = default_run_root()
+        check_run_dir(found.path, root if found.path.parent == root else None)
+        return cls(found)
+
+    # -- what the record says --------------------------------------------------------------
+
+    def refresh(self) -> ClusterRecord:
+        """Read the record again (the head rewrites it on every change)."""
+        with contextlib.suppress(RecordError):  # a record being replaced: keep the last one
+            self._record, self._stale = self._dir.read()
+        return self._record
+
+    @property
+    def record(self) -> ClusterRecord:
+        return self.refresh()
+
+    @property
+    def id(self) -> str:
+        return self._record.id
+
+    @property
+    def name(self) -> str:
+        return self._record.name
+
+    @property
+    def kind(self) -> str:
+        return self._record.kind
+
+    @property
+    def state(self) -> str:
+        """The head's word (starting, running, stopping, stopped), or ``stale``: the record
+        says it runs, but its head process is gone."""
+        record = self.refresh()
+        return "stale" if self._stale else record.state
+
+    @property
+    def time_left(self) -> float | None:
+        """Seconds until the cluster stops by itself, if it will."""
+        left = self.snapshot().time_left
+        return None if left is None else left[0]
+
+    def snapshot(self) -> ClusterSnapshot:
+        return snapshot_from(self.refresh(), now=time.time(), stale=self._stale)
+
+    def status(self) -> pd.DataFrame:
+        """One row per node, as the head last wrote it (columns as ``Cluster.status()``)."""
+        return nodes_frame(self.snapshot())
+
+    @property
+    def jobs(self) -> list[SavedJob]:
+        """The cluster's jobs, oldest first, read from their directories."""
+        out = []
+        for entry in self.refresh().jobs:
+            with contextlib.suppress(Exception):  # a job whose files are gone
+                out.append(self._saved(entry.id, entry.directory))
+        return out
+
+    @property
+    def nodes(self) -> tuple[NodeSpec, ...]:
+        """The nodes as the head last wrote them."""
+        return tuple(NodeSpec(n.name, n.host, n.slots) for n in self.refresh().nodes)
+
+    @property
+    def join_command(self) -> str | None:
+        command = self.refresh().extra.get("join_command")
+        return command if isinstance(command, str) else None
+
+    # -- asking the head ---------------------------------------------------------------------
+
+    def _call(self, op: str, *, reply_within: float | None = None, **args: Any) -> dict[str, Any]:
+        record = self.refresh()
+        if not record.live or self._stale:
+            state = "stale: its head is gone" if self._stale else record.state
+            raise ClusterStateError(f"Cluster {self.id} is {state}; it cannot {op}.")
+        if self._client is None:
+            if record.address is None:
+                raise ClusterStateError(
+                    f"Cluster {self.id} is {record.state}; its head takes no requests now."
+                )
+            here = self._dir.machine()
+            if record.head_host and record.head_host != here:
+                raise ClusterStateError(
+                    f"Cluster {self.id}'s head runs on {record.head_host}; it takes requests "
+                    f"from that machine only (this is {here}): attach to it there, like "
+                    f"ssh://{record.head_host}/{self.id}."
+                )
+            self._client = self._dir.control()
+        return self._client.call(op, reply_within=reply_within, **args)
+
+    def mpirun(
+        self, argv: Sequence[str], np: int | None = None, **job: Unpack[JobArgs]
+    ) -> SavedJob:
+        """Start a job on the cluster, as ``Cluster.mpirun`` does; its head runs it (it goes
+        on when this process ends). Returns the job, read from its directory."""
+        if isinstance(argv, str):
+            argv = [argv]  # the head refuses it with the message Cluster.mpirun gives
+        args: dict[str, Any] = {}
+        for key, value in job.items():
+            if isinstance(value, Mapping):
+                value = dict(value)
+            elif isinstance(value, os.PathLike):
+                value = os.fspath(value)
+            elif isinstance(value, (tuple, list)):
+                value = list(value)
+            args[key] = value
+        answer = self._call("mpirun", argv=list(argv), np=np, job=args)
+        return self._saved(answer["id"], answer["directory"])
+
+    def wait_ready(self, timeout: float = 60, *, progress: bool | None = None) -> None:
+        """Return when the head says every node is ready (see ``Cluster.wait_ready``)."""
+        self._call("wait_ready", timeout=timeout)
+
+    def put(self, *paths: str | os.PathLike[str], progress: bool | None = None) -> None:
+        """Copy files to every node, as ``Cluster.put`` (the head reads them: on its machine;
+        attached over ssh, give their absolute paths there)."""
+        self._call("put", paths=[self._head_path(p, "put") for p in paths])
+
+    def gather(
+        self, directory: str | os.PathLike[str], *, progress: bool | None = None
+    ) -> list[Path]:
+        """Move the files ranks wrote in ``directory`` to the head's machine, as
+        ``Cluster.gather`` (attached over ssh: an absolute path there)."""
+        answer = self._call("gather", directory=self._head_path(directory, "gather"))
+        return [Path(p) for p in answer["paths"]]
+
+    def _head_path(self, path: str | os.PathLike[str], op: str) -> str:
+        """``path`` as the head reads it: on this machine, its absolute path; on another, the
+        path as given, which must be absolute there (this machine's directory means nothing
+        there)."""
+        text = os.fspath(path)
+        if not self._dir.where:
+            return os.path.abspath(text)
+        if not os.path.isabs(text):
+            raise ConfigError(
+                f"{op}({text!r}): cluster {self.id}'s head runs on {self._dir.where}, and reads "
+                "the paths there; give an absolute path on that machine (copy files there "
+                "first, with scp or sftp)."
+            )
+        return text
+
+    def run_on_nodes(self, argv: Sequence[str], timeout: float = 60.0) -> pd.DataFrame:
+        """Run ``argv`` on every node, as ``Cluster.run_on_nodes``."""
+        from clusterbook.nodes.commands import runs_frame
+
+        return runs_frame(self.node_runs(argv, timeout))
+
+    def node_runs(self, argv: Sequence[str], timeout: float = 60.0) -> list[NodeRun]:
+        """What :meth:`run_on_nodes` shows, one :class:`NodeRun` per node."""
+        from clusterbook.nodes.commands import NodeRun
+
+        if isinstance(argv, str):
+            argv = [argv]  # the head refuses it with the message Cluster.run_on_nodes gives
+        answer = self._call("run_on_nodes", argv=list(argv), timeout=timeout)
+        return [NodeRun(**row) for row in answer["rows"]]
+
+    def engines(self, n: int | None = None, **how: Any) -> NoReturn:
+        """Refused with a :class:`ClusterStateError` that says why and what to use instead:
+        engines need their controller in the process that runs the cluster."""
+        raise ClusterStateError(
+            f"Cluster {self.id} runs in another process, and ipyparallel engines need their "
+            "controller in the process that runs the cluster for as long as they run, so "
+            "run MPI work on it with mpirun() or %%mpirun instead, or call engines() on a "
+            "cluster that is not detached."
+        )
+
+    def _saved(self, job_id: str, directory: str) -> SavedJob:
+        job = self._jobs.get(job_id)
+        if job is None:
+            job = SavedJob(directory, cancel=self._cancel, files=self._dir.files)
+            self._jobs[job_id] = job
+        return job
+
+    def _cancel(self, job_id: str) -> None:
+        self._call("cancel", job=job_id)
+
+    def job(self, job_id: str | None = None) -> SavedJob:
+        """A job by id (``job-0001``), or the newest one."""
+        jobs = self.jobs
+        if not jobs:
+            raise ClusterStateError(f"Cluster {self.id} has run no job yet.")
+        if job_id is None:
+            return jobs[-1]
+        for job in jobs:
+            if job.id == job_id:
+                return job
+        known = ", ".join(j.id for j in jobs)
+        raise ClusterStateError(f"Cluster {self.id} has no job {job_id!r}; its jobs: {known}.")
+
+    def subscribe(self, callback: Callable[[ClusterSnapshot], None]) -> Callable[[], None]:
+        """Call ``callback(snapshot)`` whenever the head rewrites the record (polled)."""
+        unsubscribe = self._subscribers.subscribe(callback)
+        if self._poller is None:
+            self._poller = threading.Thread(
+                target=self._poll, name="clusterbook-attached", daemon=True
+            )
+            self._poller.start()
+        return unsubscribe
+
+    def _poll(self) -> None:
+        seen = self._record.updated
+        while not self._poll_stop.wait(_POLL * 5):
+            try:
+                record = self.refresh()
+            except ClusterError:  # the head's machine is out of reach: the next look retries
+                continue
+            if record.updated != seen or self._stale:
+                seen = record.updated
+                if len(self._subscribers):
+                    self._subscribers.publish(self.snapshot())
+            if not record.live or self._stale:
+                return
+
+    # -- stopping ----------------------------------------------------------------------------
+
+    def stop(
+        self, timeout: float = 30.0, *, reason: str | None = None, force: bool = False
+    ) -> None:
+        """Stop the cluster: its head is asked to (or, when it takes no requests, finds the
+        stop file within a second); a head that is gone leaves this process to stop what is
+        left. Returns once it is stopped; :class:`ClusterStateError` if the head has not
+        stopped it in ``timeout`` s.
+
+        ``force``: also when this machine cannot verify that the head runs (it ran on
+        another machine; an older clusterbook wrote a record whose pid may be another
+        process's now), stop what it left here and mark the record stopped."""
+        asked = reason or f"stopped by an attached handle (pid {os.getpid()})"
+        if self._dir.stop_there(timeout, asked, force):  # on the head's machine, by its own
+            self._close_client()
+            self.refresh()
+            return
+        record = self.refresh()
+        if record.live and force and head_state_of(record) != "alive":
+            self._clean_after_dead_head(timeout)
+            return
+        if record.live and not self._stale:
+            self._ask_to_stop(asked)
+        self._close_client()  # the head is going: its connection with it
+        deadline = time.monotonic() + timeout
+        while record.live:
+            if self._stale:
+                self._clean_after_dead_head(max(0.0, deadline - time.monotonic()))
+                return
+            if time.monotonic() >= deadline:
+                raise ClusterStateError(
+                    f"Cluster {self.id} is still {record.state} {timeout:g} s after it was "
+                    f"asked to stop; its head (pid {record.head_pid} on {record.head_host}) "
+                    "did not act on it. If that process is not the cluster's head (it may "
+                    "be gone, its pid another process's), stopping it with "
+                    f"{spell('force', True)} cleans what it left here."
+                )
+            time.sleep(_POLL)
+            record = self.refresh()
+
+    def _ask_to_stop(self, asked: str) -> None:
+        """Ask the head to stop, or, when it cannot be asked, put the stop file, saying so."""
+        try:
+            self._call("stop", reason=asked)
+        except ClusterStateError as exc:  # the head takes no requests: it reads the stop file
+            _log.warning("%s Asking it through its stop file, %s.", exc, self.run_dir / STOP_FILE)
+            self._dir.touch_stop()
+
+    def _clean_after_dead_head(self, timeout: float) -> None:
+        """Stop what a head that is gone (or that cannot be verified, with ``force``) left
+        here: its jobs' processes, its files; mark the record stopped. One process does it;
+        another one asking at the same time waits for it (up to ``timeout`` s). Nothing is
+        followed or removed outside the cluster's own directories: the lock is never a
+        link, the record read is checked (its name and id are never paths, it is where it
+        says)."""
+        # The second one waits here, then finds it done.
+        with locked(self.run_dir / ".stop.lock", timeout):
+            record = read_record(self.run_dir)
+            if not record.live:
+                return
+            tokens = [j.token for j in record.jobs if j.token and j.state == "running"]
+            if tokens:
+                kill_tagged(tokens, 1.0)
+            with contextlib.suppress(OSError):  # what cannot be removed stays; stop goes on
+                remove_tree(cluster_dir(record.id), clusters_root())
+            now = time.time()
+            jobs = tuple(
+                j if j.state != "running" else _ended(j, now, "cancelled") for j in record.jobs
+            )
+            head = f"pid {record.head_pid} on {record.head_host}"
+            why = "was gone" if head_state_of(record) == "gone" else "could not be verified"
+            write_record(
+                replace(
+                    record,
+                    state="stopped",
+                    stopped=now,
+                    stop_reason=f"its head ({head}) {why}; stopped by pid {os.getpid()}",
+                    jobs=jobs,
+                    updated=now,
+                )
+            )
+        self.refresh()
+        (self.run_dir / STOP_FILE).unlink(missing_ok=True)
+
+    def _close_client(self) -> None:
+        client, self._client = self._client, None
+        if client is not None:
+            client.close()
+
+    def close(self) -> None:
+        """Let go of the cluster (it runs on): close the connection to its head and, attached
+        over ssh, the connection to its machine, leaving nothing running there."""
+        self._poll_stop.set()
+        self._close_client()
+        self._dir.close()
+
+    def __enter__(self) -> AttachedCluster:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # -- display -----------------------------------------------------------------------------
+
+    def __repr__(self) -> str:
+        record = self.refresh()
+        state = "stale" if self._stale else record.state
+        slots = sum(n.slots for n in record.nodes)
+        how = f"attached over ssh to {self._dir.where}" if self._dir.where else "attached"
+        return (
+            f"<Cluster {record.name!r} {record.kind} {state} ({how}, {record.id}): "
+            f"{len(record.nodes)} nodes, {slots} slots>"
+        )
+
+    def _repr_mimebundle_(self, **kwargs: Any) -> dict[str, Any]:
+        return display.mimebundle(self, **kwargs)
+
+
+def _ended(job: JobEntry, now: float, state: str) -> JobEntry:
+    return replace(job, state=state, ended=now)

@@ -1,0 +1,121 @@
+"""Where an attached handle finds a cluster's directory: :class:`ClusterDir`.
+
+An :class:`~clusterbook.cluster.remote.attached.AttachedCluster` reads the cluster's record and its
+jobs' files, and reaches its head's control socket, through one of these: :class:`LocalDir` for a
+directory on this machine, or :class:`~clusterbook.cluster.remote.sshdir.SSHDir` for one on the
+machine an ssh connection leads to (where the same :class:`LocalDir` answers it, run by
+:mod:`clusterbook.cluster.remote.dirservice`). Whether the head is gone (*stale*) is always decided
+on the head's machine: only there can its process be looked for.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+from pathlib import Path
+from typing import Protocol
+
+from clusterbook.errors import ClusterStateError, ConfigError
+from clusterbook.fs.safe import touch
+from clusterbook.head.control import SOCKET_FILE, TOKEN_FILE, ControlClient, unix_dial
+from clusterbook.head.record import STOP_FILE, ClusterRecord, is_stale, read_record
+from clusterbook.launch.files import LOCAL, Files
+
+__all__ = ["ClusterDir", "LocalDir"]
+
+
+class ClusterDir(Protocol):
+    """A cluster's directory, wherever it is."""
+
+    @property
+    def path(self) -> Path:
+        """The directory, as its own machine names it."""
+        ...
+
+    @property
+    def where(self) -> str:
+        """``""`` on this machine, else the login that reaches it (``me@login1``)."""
+        ...
+
+    @property
+    def files(self) -> Files:
+        """Reads of the files in it (the jobs' logs and results)."""
+        ...
+
+    def read(self) -> tuple[ClusterRecord, bool]:
+        """The record, and whether it is stale; :class:`~clusterbook.errors.RecordError`
+        when it cannot be read, :class:`~clusterbook.errors.ClusterStateError` when the
+        machine cannot be reached."""
+        ...
+
+    def machine(self) -> str:
+        """The name of the directory's machine (the head takes requests from it only)."""
+        ...
+
+    def control(self) -> ControlClient:
+        """A client of the head's control socket in the directory."""
+        ...
+
+    def touch_stop(self) -> None:
+        """Make the stop file, which the head acts on within a second."""
+        ...
+
+    def stop_there(self, timeout: float, reason: str, force: bool = False) -> bool:
+        """Stop the cluster on the directory's own machine, as a handle there would (it can
+        clean up after a head that is gone; ``force``: also after one it cannot verify), and
+        return True; False where that machine is this one: the caller does it."""
+        ...
+
+    def close(self) -> None:
+        """Let go of what reaches the directory (nothing is left running for it)."""
+        ...
+
+
+class LocalDir:
+    """A cluster's directory on this machine."""
+
+    where = ""
+
+    def __init__(self, path: Path) -> None:
+        self._path = path
+
+    @property
+    def path(self) -> Path:
+        return self._path
+
+    @property
+    def files(self) -> Files:
+        return LOCAL
+
+    def read(self) -> tuple[ClusterRecord, bool]:
+        record = read_record(self._path)
+        return record, is_stale(record)
+
+    def machine(self) -> str:
+        return socket.gethostname()
+
+    def control(self) -> ControlClient:
+        # The run directory's own socket, whatever address the record names.
+        sock, token = self._path / SOCKET_FILE, self._path / TOKEN_FILE
+        try:
+            return ControlClient(unix_dial(sock), token, where=str(sock))
+        except ConfigError as exc:  # said for the one who writes a secret file: not here
+            why = (
+                f"cannot read it ({exc})"
+                if os.path.lexists(token)
+                else "there is none (it was removed, or this is not the directory the head "
+                "wrote it in)"
+            )
+            raise ClusterStateError(
+                f"The head of the cluster in {self._path} takes requests only with the secret "
+                f"in its token file {token}, and this process {why}."
+            ) from exc
+
+    def touch_stop(self) -> None:
+        touch(self._path / STOP_FILE)
+
+    def stop_there(self, timeout: float, reason: str, force: bool = False) -> bool:
+        return False
+
+    def close(self) -> None:
+        pass

@@ -1,0 +1,1 @@
+"""A job for another system: a Kubeflow MPIJob manifest, its checks, plain YAML."""

@@ -1,0 +1,88 @@
+"""A command on every node of a cluster (``cluster.run_on_nodes``), in parallel: for set-up
+such as ``pip install``, or a look around (``hostname``, ``nvidia-smi``)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from clusterbook.launch.program import check_argv
+from clusterbook.nodes import tasks
+from clusterbook.nodes.fanout import parallel
+from clusterbook.nodes.transfer import Call
+from clusterbook.spec import NodeSpec, validate_seconds
+
+if TYPE_CHECKING:
+    import pandas as pd
+
+__all__ = ["COMMAND_COLUMNS", "NodeRun", "run_everywhere", "runs_frame"]
+
+COMMAND_COLUMNS = ("node", "host", "returncode", "stdout", "stderr", "duration")
+#: The dtype of every column of :func:`runs_frame`, whatever the rows.
+COMMAND_DTYPES = {
+    "node": "string",
+    "host": "string",
+    "returncode": "Int64",
+    "stdout": "string",
+    "stderr": "string",
+    "duration": "float64",
+}
+
+
+@dataclass(frozen=True, slots=True)
+class NodeRun:
+    """How a command went on one node: its exit code (None: stopped at its timeout, or the
+    node could not be asked), the end of its output, and the seconds it took."""
+
+    node: str
+    host: str
+    returncode: int | None
+    stdout: str
+    stderr: str
+    duration: float
+
+
+def run_everywhere(
+    nodes: Sequence[NodeSpec],
+    callers: Mapping[str, Call],
+    argv: Sequence[str],
+    timeout: float,
+    unreachable: Mapping[str, Exception] | None = None,
+) -> list[NodeRun]:
+    """Run ``argv`` on every node at once: through its node task caller (``callers``, by
+    node name) if it has one, else here (the node is this machine), but not on the nodes
+    ``unreachable`` names. A node that cannot be asked has the reason as its stderr."""
+    cannot = dict(unreachable or {})
+    args: dict[str, Any] = {"argv": check_argv(argv), "timeout": validate_seconds(timeout)}
+
+    def one(name: str) -> dict[str, Any]:
+        call = callers.get(name)
+        if call is None:
+            return tasks.run(args)
+        done: dict[str, Any] = call("run", args, float(args["timeout"]) + 30.0)
+        return done
+
+    by_name = {n.name: n for n in nodes}
+    done, failed = parallel([n for n in by_name if n not in cannot], one)
+    failed = {**cannot, **failed}
+    out = []
+    for name, node in by_name.items():
+        if name in done:
+            d = done[name]
+            out.append(
+                NodeRun(name, node.host, d["returncode"], d["stdout"], d["stderr"], d["duration"])
+            )
+        else:
+            out.append(NodeRun(name, node.host, None, "", str(failed[name]), 0.0))
+    return out
+
+
+def runs_frame(runs: Sequence[NodeRun]) -> pd.DataFrame:
+    """One row per node: node, host, returncode (nullable Int64), stdout, stderr, duration."""
+    import pandas as pd
+
+    rows = [(r.node, r.host, r.returncode, r.stdout, r.stderr, r.duration) for r in runs]
+    frame: pd.DataFrame = pd.DataFrame(rows, columns=list(COMMAND_COLUMNS))
+    typed: pd.DataFrame = frame.astype(COMMAND_DTYPES)
+    return typed

@@ -1,0 +1,464 @@
+"""Files between the head and nodes that share no filesystem: what to send, where results land.
+
+``Cluster.put(paths)`` sends files and directories to the same absolute paths on every node
+(the paths a job's command line names are the head's); ``Cluster.gather(directory)`` moves
+the files ranks wrote in a directory on the nodes to that directory on the head. Files go in
+pieces of :data:`CHUNK` bytes, so that neither side holds a large file in memory. The node
+side is the ``put_*`` and ``gather_*`` node tasks; this module is the head's side: what to send
+(:func:`outgoing`, :func:`pieces`), how an arriving file is stored (:class:`Arrival`), and
+the two exchanges (:func:`send`, :func:`fetch`) over any way of running a node's tasks.
+
+The bytes travel raw, in frames (``_node_tasks.frame``) that follow the ``put_files``
+request or precede the ``gather_files`` reply on the node's session: one request a node for
+all its files, streamed at the rate the ssh channel's window allows, with no reply awaited
+between pieces.
+"""
+
+from __future__ import annotations
+
+import errno
+import hashlib
+import json
+import os
+import threading
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Protocol
+
+from clusterbook.errors import ClusterError, ConfigError
+from clusterbook.nodes.fanout import parallel
+from clusterbook.nodes.tasks import FRAME, FRAME_DATA, MAX_DEPTH, frame
+from clusterbook.views.progress import bar, checked
+
+__all__ = [
+    "CHUNK",
+    "Arrival",
+    "Call",
+    "OutFile",
+    "Outgoing",
+    "fetch",
+    "fetch_all",
+    "gather_ask",
+    "outgoing",
+    "pieces",
+    "send",
+    "send_all",
+]
+
+
+class Call(Protocol):
+    """Runs a node task on one node: ``call(task, args, timeout)`` returns the task's result;
+    ``frames=`` (bytes to send after the request) and ``on_frame=`` (told each frame of the
+    reply) as ``NodeSession.call`` takes them."""
+
+    def __call__(
+        self, task: str, args: Mapping[str, Any], timeout: float, **streams: Any
+    ) -> Any: ...
+
+
+#: Bytes per piece of a file on the wire (the payload of one data frame).
+CHUNK = FRAME_DATA
+_WRITE_AT = 8 << 20  # an arriving file is written in pieces of this size
+
+
+@dataclass(frozen=True, slots=True)
+class OutFile:
+    """A file to send: its absolute path (the same on the nodes), mode, size and sha256 (""
+    until a node has a file of that size there: see :func:`outgoing`)."""
+
+    path: str
+    mode: str
+    size: int
+    digest: str
+
+
+@dataclass(frozen=True, slots=True)
+class Outgoing:
+    """What ``put`` sends: directories to make, and files."""
+
+    dirs: tuple[str, ...]
+    files: tuple[OutFile, ...]
+
+
+def outgoing(paths: Iterable[str | os.PathLike[str]], *, digests: bool = True) -> Outgoing:
+    """Files and directories to send, by absolute path; directories with all they hold
+    (symbolic links to directories are not followed). Without ``digests``, the sha256 of a
+    file is left for :func:`send` to compute if a node has a file of its size."""
+    dirs: list[str] = []
+    files: dict[str, OutFile] = {}
+
+    def add_file(path: Path) -> None:
+        info = path.stat()
+        digest = sha256_of(str(path)) if digests else ""
+        files[str(path)] = OutFile(
+            str(path), format(info.st_mode & 0o777, "o"), info.st_size, digest
+        )
+
+    for given in paths:
+        if not isinstance(given, (str, os.PathLike)):
+            raise ConfigError(f"put() takes paths of files or directories, not {given!r}.")
+        path = Path(given).expanduser().absolute()
+        if path.is_file():
+            add_file(path)
+        elif path.is_dir():
+            for top, subdirs, names in os.walk(path):
+                dirs.append(top)
+                subdirs.sort()
+                for name in sorted(names):
+                    if (Path(top) / name).is_file():
+                        add_file(Path(top) / name)
+        else:
+            raise ConfigError(
+                f"put(): {str(given)!r} is not a file or directory on this machine ({path}); "
+                "give the path of something that exists here."
+            )
+    return Outgoing(tuple(dirs), tuple(files.values()))
+
+
+def sha256_of(path: str) -> str:
+    """The sha256 of the file at ``path``, in hex."""
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while chunk := f.read(1 << 20):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+class Digests:
+    """The sha256 of files to send, each computed once, when a node first asks (by the
+    threads that send to each node)."""
+
+    def __init__(self) -> None:
+        self._known: dict[str, str] = {}
+        self._lock = threading.Lock()
+
+    def of(self, file: OutFile) -> str:
+        if file.digest:
+            return file.digest
+        with self._lock:  # the others wait for it rather than read the file too
+            if file.path not in self._known:
+                self._known[file.path] = sha256_of(file.path)
+            return self._known[file.path]
+
+
+def pieces(file: OutFile, size: int = CHUNK) -> Iterator[tuple[int, bytes, bool]]:
+    """``(offset, data, last)`` for each piece of ``file`` (one empty piece for an empty
+    file). The file must still have the size it had in :func:`outgoing`."""
+    with open(file.path, "rb") as f:
+        offset = 0
+        while True:
+            data = f.read(size)
+            last = offset + len(data) >= file.size
+            if len(data) < size and not last:
+                raise ConfigError(f"put(): {file.path} shrank while it was being sent.")
+            yield offset, data, last
+            offset += len(data)
+            if last:
+                return
+
+
+class Arrival:
+    """A file coming from ``host`` into ``directory`` (``name`` may go down into directories
+    there: ``sub/file``): written to a private temp file, then given its name, never over a
+    file that is there (a name another node sent first gets ``.from-HOST`` appended). A file
+    that cannot be written whole (a full disk) leaves nothing here: its temp file is removed,
+    and the error names it."""
+
+    def __init__(self, directory: Path, name: str, host: str) -> None:
+        parts = name.split("/")
+        if len(parts) > MAX_DEPTH or any(not p or p.startswith(".") for p in parts):
+            raise ConfigError(f"{host} sent a file named {name!r}; it was not stored.")
+        self.directory, self.name, self.host = directory, name, host
+        self._dir = directory.joinpath(*parts[:-1])
+        self._base = parts[-1]
+        self._dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+        self._tmp = self._dir / f".{self._base}.cb-from-{host}"
+        self._fd = os.open(self._tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        self._pending: list[bytes] = []
+        self._size = 0
+
+    def write(self, data: bytes) -> None:
+        self._pending.append(data)
+        self._size += len(data)
+        if self._size >= _WRITE_AT:
+            self._flush()
+
+    def _flush(self) -> None:
+        # Few large writes: each one may wait for the GIL behind paramiko's thread after.
+        pending, self._pending, self._size = self._pending, [], 0
+        try:
+            while pending:
+                done = os.writev(self._fd, pending)
+                while pending and done >= len(pending[0]):
+                    done -= len(pending.pop(0))
+                if done:
+                    pending[0] = pending[0][done:]
+        except OSError as exc:
+            self.abandon()
+            raise self._not_stored(exc) from exc
+
+    def _not_stored(self, exc: OSError) -> ClusterError:
+        reason = (exc.strerror or str(exc)).lower()
+        fix = "free space" if exc.errno in (errno.ENOSPC, errno.EDQUOT) else "make it writable"
+        return ClusterError(
+            f"{self.name} from {self.host} could not be stored in {self._dir}: {reason}; "
+            f"nothing of it was kept here, and {self.host} still has it ({fix} there, then "
+            "gather again)."
+        )
+
+    def finish(self) -> Path:
+        """The file under its name; raise if it cannot be written whole (nothing of it is
+        kept), or if both names are taken (the temp file is kept)."""
+        self._flush()
+        os.close(self._fd)
+        self._fd = -1
+        for candidate in (self._base, f"{self._base}.from-{self.host}"):
+            try:
+                os.link(self._tmp, self._dir / candidate)  # fails if the name is taken
+            except FileExistsError:
+                continue
+            self._tmp.unlink()
+            return self._dir / candidate
+        raise ConfigError(
+            f"{self.host} sent {self.name!r}, but {self.directory} already has both "
+            f"{self.name!r} and {self.name + '.from-' + self.host!r}; it is in {self._tmp}."
+        )
+
+    def abandon(self) -> None:
+        """Drop what arrived so far (the node still has the file). Safe to call again."""
+        if self._fd >= 0:
+            os.close(self._fd)
+            self._fd = -1
+        self._tmp.unlink(missing_ok=True)
+
+
+def uncounted(amount: int) -> None:
+    """A byte counter that counts nothing (the default of every ``sending``/``receiving``)."""
+    return None
+
+
+def send(
+    call: Call,
+    cluster_id: str,
+    sent: Outgoing,
+    sending: Callable[[int], None] = uncounted,
+    digests: Digests | None = None,
+) -> int:
+    """Put ``sent`` on one node: its directories, then the files it lacks or has with other
+    bytes (``sending`` is told each piece's bytes once it is on its way). Returns how many
+    files were sent."""
+    files = {f.path: f for f in sent.files}
+    begin = {
+        "cluster_id": cluster_id,
+        "dirs": list(sent.dirs),
+        "files": {f.path: [f.size, f.digest or None] for f in sent.files},
+    }
+    told = call("put_begin", begin, 300)
+    digests = digests or Digests()
+    # Files the node has with the same size: sent if their sha256 differs from the node's.
+    theirs: dict[str, str] = told.get("digests", {})
+    need = sorted([*told["need"], *(p for p, d in theirs.items() if d != digests.of(files[p]))])
+    if not need:
+        return 0
+    at: list[str] = []  # the file being sent
+    gave_up: list[Exception] = []
+
+    def frames() -> Iterator[bytes]:
+        for path in need:
+            at[:] = [path]
+            try:
+                for _, data, _ in pieces(files[path]):
+                    if data:
+                        yield FRAME.pack(b"D", len(data))
+                        yield data
+                        sending(len(data))
+            except Exception as exc:  # the node drops the file, and the session stays usable
+                gave_up.append(exc)
+                yield frame(b"X")
+                at.clear()
+                return
+            yield frame(b"E")
+        yield frame(b"Z")
+        at.clear()  # all went: an error now is the node's, and names its file
+
+    args = {"cluster_id": cluster_id, "files": [[p, files[p].mode] for p in need]}
+    try:
+        written = int(call("put_files", args, 300, frames=frames())["written"])
+    except Exception as exc:
+        if not at:
+            raise
+        said = (
+            f"{at[0]} was not sent whole; the node does not have it under its name, and what "
+            "it has of it goes at the cluster's stop"
+        )
+        if not isinstance(exc, ClusterError):  # not the connection's: said as it is
+            raise
+        raise ClusterError(f"{said} ({exc}).") from exc
+    if gave_up:
+        raise gave_up[0]
+    return written
+
+
+def gather_ask(directory: Path, skip: Sequence[str]) -> dict[str, Any]:
+    """What a node is asked to hand over of ``directory`` (``gather_files``, and
+    ``gather_list`` for how much that is): the ranks may have used the path the head's leads
+    to, if it goes through a symbolic link here; ``skip``: the names the head has."""
+    paths = list(dict.fromkeys([str(directory), os.path.realpath(directory)]))
+    return {"directory": paths[0], "directories": paths, "skip": list(skip)}
+
+
+def fetch(
+    call: Call,
+    directory: Path,
+    skip: Sequence[str],
+    host: str,
+    stored: Callable[[Path], None],
+    receiving: Callable[[int], None] = uncounted,
+) -> None:
+    """Move the files ranks wrote in ``directory`` (and the directories in it) on one node
+    (``host``) here; each is removed there only once it is stored here (``stored`` is told
+    its path). A file that cannot be stored here stays there, and is said once the others
+    have arrived."""
+    ask = gather_ask(directory, skip)
+    taken: list[str] = []
+    problems: list[Exception] = []
+    now: dict[str, Any] = {"arrival": None, "name": "", "where": ask["directory"]}
+
+    def on_frame(kind: bytes, payload: bytes) -> None:
+        arrival: Arrival | None = now["arrival"]
+        try:
+            if kind == b"D":
+                if arrival is not None:
+                    arrival.write(payload)
+                    receiving(len(payload))
+            elif kind == b"H":
+                now["name"] = json.loads(payload)["name"]
+                now["arrival"] = Arrival(directory, now["name"], host)
+            elif kind == b"E" and arrival is not None:
+                now["arrival"] = None
+                stored(arrival.finish())
+                taken.append(now["name"])
+            elif kind == b"X":  # the node could not read it (all of it)
+                now["arrival"] = None
+                if arrival is not None:
+                    arrival.abandon()
+                problems.append(ClusterError(f"could not read {payload.decode()} there"))
+            elif kind == b"W":
+                now["where"] = json.loads(payload)
+        except Exception as exc:  # the rest is still read: the session stays in step
+            if now["arrival"] is not None:
+                now["arrival"].abandon()
+                now["arrival"] = None
+            problems.append(exc)
+
+    try:
+        call("gather_files", ask, 300, on_frame=on_frame)
+    except Exception as exc:
+        arrival = now["arrival"]
+        if arrival is None:
+            raise
+        arrival.abandon()
+        said = (
+            f"{now['name']} did not arrive whole; nothing of it was kept here, and {host} "
+            "still has it"
+        )
+        if not isinstance(exc, ClusterError):  # not the connection's: said as it is
+            raise
+        raise ClusterError(f"{said} ({exc}).") from exc
+    finally:
+        if taken:
+            call("gather_done", {"directory": now["where"], "names": taken}, 60)
+    if problems:
+        raise (
+            problems[0] if len(problems) == 1 else ClusterError("; ".join(str(p) for p in problems))
+        )
+
+
+def send_all(
+    callers: Mapping[str, Call],
+    cluster_id: str,
+    sent: Outgoing,
+    sending: Callable[[int], None] = uncounted,
+) -> dict[str, Exception]:
+    """:func:`send` to every node at once (``callers`` by node); the nodes it failed on."""
+    digests = Digests()
+
+    def one(node: str) -> int:
+        return send(callers[node], cluster_id, sent, sending, digests)
+
+    return parallel(list(callers), one)[1]
+
+
+def fetch_all(
+    callers: Mapping[str, Call],
+    directory: Path,
+    skip: Sequence[str],
+    receiving: Callable[[int], None] = uncounted,
+) -> tuple[list[Path], dict[str, Exception]]:
+    """:func:`fetch` from every node at once; what arrived, and the nodes it failed on."""
+    stored: list[Path] = []
+    lock = threading.Lock()
+
+    def keep(path: Path) -> None:
+        with lock:
+            stored.append(path)
+
+    def one(node: str) -> None:
+        fetch(callers[node], directory, skip, node, keep, receiving)
+
+    failed = parallel(list(callers), one)
+    return sorted(stored), failed[1]
+
+
+def put_paths(
+    put: Callable[[Outgoing, Callable[[int], None]], Mapping[str, Exception]],
+    paths: Iterable[str | os.PathLike[str]],
+    progress: object = None,
+) -> None:
+    """``cluster.put(*paths)``: send them with ``put`` (a provider's), with a bar of the bytes
+    sent; raise naming the nodes it failed on."""
+    progress = checked(progress)
+    sent = outgoing(paths, digests=False)
+    if sent.dirs or sent.files:
+        with bar(progress, "put", unit="B", leave=True) as shown:
+            failed = put(sent, shown.add)
+        _raise_for("put", failed, "")
+
+
+def gather_into(
+    gather: Callable[
+        [Path, Sequence[str], Callable[[int], None]], tuple[list[Path], Mapping[str, Exception]]
+    ],
+    directory: Path,
+    progress: object = None,
+) -> list[Path]:
+    """``cluster.gather(directory)``: move what the nodes have there here with ``gather`` (a
+    provider's), but the names this machine has, with a bar of the bytes received; raise
+    naming the nodes it failed on."""
+    target = directory.expanduser().absolute()
+    have = sorted(_have(target))
+    with bar(progress, "gather", unit="B", leave=True) as shown:
+        stored, failed = gather(target, have, shown.add)
+    _raise_for("gather", failed, f"; what arrived from the others is in {target}")
+    return stored
+
+
+def _have(top: Path, prefix: str = "") -> Iterator[str]:
+    """What is in ``top`` here and in its directories (not hidden; links not followed), by
+    relative name: nodes keep their files of these names."""
+    try:
+        entries = list(os.scandir(top))
+    except OSError:
+        return
+    for e in entries:
+        if not e.name.startswith("."):
+            yield prefix + e.name
+            if e.is_dir(follow_symlinks=False):
+                yield from _have(Path(e.path), f"{prefix}{e.name}/")
+
+
+def _raise_for(what: str, failed: Mapping[str, Exception], more: str) -> None:
+    if failed:
+        lines = "".join(f"\n  {host}: {exc}" for host, exc in failed.items())
+        raise ClusterError(f"{what}() failed on {len(failed)} node(s){more}:{lines}")

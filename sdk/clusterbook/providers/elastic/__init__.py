@@ -1,0 +1,1 @@
+"""Nodes that join by themselves, and how the head reaches far ones."""

@@ -1,0 +1,2 @@
+"""The nodes the system around this process gives: Slurm, PBS, SageMaker, an MPIJob's launcher
+pod; and the worker hosts of such a job."""

@@ -1,0 +1,1 @@
+"""Nodes reached over SSH: the provider that bootstraps and releases them."""

@@ -1,0 +1,1 @@
+"""What people see of a cluster: HTML renderings of snapshots, progress bars."""

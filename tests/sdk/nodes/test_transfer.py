@@ -1,0 +1,532 @@
+"""Files for nodes without a shared filesystem: the head's side (what to send, in which
+pieces, how arrivals are stored) and the node tasks ``put_*``, ``gather_*`` and ``cleanup``,
+run here on temp directories."""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import io
+import json
+import os
+import re
+from pathlib import Path
+
+import pytest
+
+from clusterbook.errors import ClusterError, ConfigError, SSHConnectError
+from clusterbook.nodes import tasks as tasks
+from clusterbook.nodes.transfer import (
+    CHUNK,
+    Arrival,
+    OutFile,
+    fetch,
+    fetch_all,
+    gather_into,
+    outgoing,
+    pieces,
+    send,
+)
+
+
+@pytest.fixture
+def home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """A node's home (the node tasks keep their log in ~/.clusterbook/clusters/ID)."""
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    (tmp_path / "home" / ".clusterbook" / "clusters" / "c1").mkdir(parents=True)
+    return tmp_path / "home"
+
+
+def _digest(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+def test_outgoing_walks_directories_and_keeps_modes(tmp_path: Path) -> None:
+    (tmp_path / "d" / "sub").mkdir(parents=True)
+    (tmp_path / "d" / "sub" / "a.sh").write_text("echo a")
+    (tmp_path / "d" / "sub" / "a.sh").chmod(0o750)
+    (tmp_path / "d" / "empty").mkdir()
+    (tmp_path / "f.txt").write_bytes(b"\x00bytes\n")
+    (tmp_path / "d" / "loop").symlink_to(tmp_path / "d")  # not followed
+    sent = outgoing([tmp_path / "d", str(tmp_path / "f.txt")])
+    d = str(tmp_path / "d")
+    assert sent.dirs == (d, f"{d}/empty", f"{d}/sub")
+    mode = format((tmp_path / "f.txt").stat().st_mode & 0o777, "o")
+    assert sent.files == (
+        OutFile(f"{d}/sub/a.sh", "750", 6, _digest(b"echo a")),
+        OutFile(str(tmp_path / "f.txt"), mode, 7, _digest(b"\x00bytes\n")),
+    )
+
+
+@pytest.mark.parametrize("bad", ["no-such-thing", "/dev/null"])
+def test_outgoing_refuses_what_is_not_a_file_or_directory(tmp_path: Path, bad: str) -> None:
+    with pytest.raises(ConfigError, match=bad):
+        outgoing([tmp_path / bad if not bad.startswith("/") else bad])
+
+
+@pytest.mark.parametrize(
+    ("size", "expected"),
+    [
+        (0, [(0, 0, True)]),
+        (10, [(0, 4, False), (4, 4, False), (8, 2, True)]),
+        (8, [(0, 4, False), (4, 4, True)]),
+    ],
+)
+def test_pieces_cover_the_file_once(tmp_path: Path, size: int, expected: list) -> None:  # type: ignore[type-arg]
+    path = tmp_path / "f"
+    path.write_bytes(bytes(range(size)))
+    (file,) = outgoing([path]).files
+    got = list(pieces(file, size=4))
+    assert [(o, len(d), last) for o, d, last in got] == expected
+    assert b"".join(d for _, d, _ in got) == bytes(range(size))
+
+
+def test_a_file_that_shrank_while_sent_is_an_error(tmp_path: Path) -> None:
+    path = tmp_path / "f"
+    path.write_bytes(b"x" * 10)
+    (file,) = outgoing([path]).files
+    path.write_bytes(b"x" * 3)
+    with pytest.raises(ConfigError, match="shrank"):
+        list(pieces(file, size=4))
+
+
+def _put(path: Path, data: bytes, mode: str, piece: int = 3) -> None:
+    for offset in range(0, max(len(data), 1), piece):
+        chunk = data[offset : offset + piece]
+        last = offset + piece >= len(data)
+        args = {"cluster_id": "c1", "path": str(path), "mode": mode, "offset": offset}
+        tasks.put_chunk({**args, "data": base64.b64encode(chunk).decode(), "last": last})
+
+
+def test_put_writes_then_cleanup_removes_only_what_it_created(home: Path, tmp_path: Path) -> None:
+    target = tmp_path / "work"
+    (target / "kept").mkdir(parents=True)
+    (target / "kept" / "same.txt").write_text("same")  # already there, same bytes
+    (target / "kept" / "old.txt").write_text("old")  # already there, other bytes
+    new = target / "new" / "deep" / "x.bin"
+    # A name with a newline in it: the log of what put() made must not read it as two paths.
+    victim = target / "kept" / "same.txt"
+    odd = Path(f"{target}/odd\n{victim}")
+    files = {
+        str(target / "kept" / "same.txt"): [4, _digest(b"same")],
+        str(target / "kept" / "old.txt"): [3, _digest(b"new")],
+        str(new): [7, _digest(b"\xff\x00 bits")],
+        str(odd): [1, _digest(b"o")],
+    }
+    begin = tasks.put_begin({"cluster_id": "c1", "dirs": [str(target / "out")], "files": files})
+    assert begin == {"need": [str(target / "kept" / "old.txt"), str(new), str(odd)]}
+    assert (target / "new").stat().st_mode & 0o777 == 0o700
+    _put(target / "kept" / "old.txt", b"new", "644")
+    _put(new, b"\xff\x00 bits", "640")
+    _put(odd, b"o", "644")
+    assert new.read_bytes() == b"\xff\x00 bits"
+    assert new.stat().st_mode & 0o777 == 0o640
+    assert (target / "kept" / "old.txt").read_text() == "new"
+    assert not [p for p in new.parent.iterdir() if p.name.startswith(".")]  # no temp left
+    # A put cut short: the first piece of a file arrived, the rest never did.
+    first = {"cluster_id": "c1", "path": str(target / "cut.bin"), "mode": "644", "offset": 0}
+    tasks.put_chunk({**first, "data": base64.b64encode(b"01").decode(), "last": False})
+    assert (target / ".cut.bin.cb-c1").exists()
+    (target / "out" / "result").write_text("a rank wrote this")  # not put's: stays
+
+    tasks.cleanup({"cluster_id": "c1", "grace": 0.1})
+    assert sorted(str(p.relative_to(target)) for p in target.rglob("*")) == [  # no temp file
+        "kept",
+        "kept/old.txt",
+        "kept/same.txt",
+        "out",
+        "out/result",
+    ]
+
+
+def test_gather_lists_reads_in_pieces_and_removes(tmp_path: Path) -> None:
+    (tmp_path / "a.pkl").write_bytes(b"ABCDEFG")
+    (tmp_path / "have.pkl").write_bytes(b"H")
+    (tmp_path / ".hidden").write_bytes(b"h")
+    (tmp_path / "sub").mkdir()
+    (tmp_path / "link").symlink_to(tmp_path / "a.pkl")
+    where = str(tmp_path)
+    listed = tasks.gather_list({"directory": where, "skip": ["have.pkl"]})
+    assert listed == {"files": {"a.pkl": 7}}
+    got = tasks.gather_chunk({"directory": where, "name": "a.pkl", "offset": 4, "size": 100})
+    assert base64.b64decode(got["data"]) == b"EFG"
+    tasks.gather_done({"directory": where, "names": ["a.pkl", "gone-already"]})
+    assert sorted(os.listdir(tmp_path)) == [".hidden", "have.pkl", "link", "sub"]
+    assert tasks.gather_list({"directory": str(tmp_path / "none")}) == {"files": {}}
+    with pytest.raises(ValueError, match="bad file name"):
+        tasks.gather_chunk({"directory": where, "name": "../x", "offset": 0, "size": 1})
+
+
+def test_gather_follows_a_symlinked_directory_of_the_head_to_where_it_leads(
+    tmp_path: Path,
+) -> None:
+    # On the head, results -> real; on the node the ranks wrote in real (no link there).
+    (tmp_path / "real").mkdir()
+    (tmp_path / "real" / "r.txt").write_text("x")
+    asked = [str(tmp_path / "results"), str(tmp_path / "real")]
+    listed = tasks.gather_list({"directory": asked[0], "directories": asked})
+    assert listed == {"files": {"r.txt": 1}, "directory": str(tmp_path / "real")}
+    # The head's own path first, when the node has it too.
+    (tmp_path / "results").mkdir()
+    listed = tasks.gather_list({"directory": asked[0], "directories": asked})
+    assert listed == {"files": {}, "directory": str(tmp_path / "results")}
+
+
+def test_fetch_through_a_symlinked_directory_stores_through_it(tmp_path: Path) -> None:
+    node = tmp_path / "node-real"
+    node.mkdir()
+    (node / "out.txt").write_text("from the node")
+    head = tmp_path / "head-real"
+    head.mkdir()
+    link = tmp_path / "link"
+    link.symlink_to(head)
+
+    def call(task: str, args: dict, timeout: float, **streams) -> object:  # type: ignore[no-untyped-def]
+        # The node has the link's target at the real path only (what a rank wrote to).
+        args = dict(args)
+        if task == "gather_files":
+            assert args["directories"] == [str(link), str(head)]
+            args["directories"] = [str(tmp_path / "missing"), str(node)]
+        return _in_process(task, args, **streams)
+
+    stored: list[Path] = []
+    fetch(call, link, [], "n1", stored.append)
+    assert stored == [link / "out.txt"]
+    assert (head / "out.txt").read_text() == "from the node"
+    assert not (node / "out.txt").exists()
+
+
+def test_arrivals_never_overwrite(tmp_path: Path) -> None:
+    (tmp_path / "r.pkl").write_bytes(b"head")
+    stored = []
+    for host, name, data in [("n1", "r.pkl", b"one"), ("n1", "s", b"s1"), ("n2", "s", b"s2")]:
+        arrival = Arrival(tmp_path, name, host)
+        arrival.write(data[:1])
+        arrival.write(data[1:])
+        stored.append(arrival.finish().name)
+    assert stored == ["r.pkl.from-n1", "s", "s.from-n2"]
+    assert (tmp_path / "r.pkl").read_bytes() == b"head"
+    assert (tmp_path / "s.from-n2").read_bytes() == b"s2"
+    assert (tmp_path / "s").stat().st_mode & 0o777 == 0o600
+    arrival = Arrival(tmp_path, "r.pkl", "n1")
+    arrival.write(b"again")
+    with pytest.raises(ConfigError, match="already has both"):
+        arrival.finish()
+    assert (tmp_path / ".r.pkl.cb-from-n1").read_bytes() == b"again"  # kept, not lost
+    with pytest.raises(ConfigError, match=r"'\.\./x'"):
+        Arrival(tmp_path, "../x", "n1")
+    dropped = Arrival(tmp_path, "t", "n1")
+    dropped.write(b"part")
+    dropped.abandon()
+    assert not (tmp_path / "t").exists()
+    assert not (tmp_path / ".t.cb-from-n1").exists()
+
+
+# -- the exchanges, against the node tasks run here on a node that "lives" under a root ----
+
+
+def _in_process(task: str, args, frames=(), on_frame=None):  # type: ignore[no-untyped-def]
+    """A node task run here, as a node's session runs it: with the frames sent after the
+    request, and those it sends before its reply told to ``on_frame``."""
+    if task not in tasks.STREAMS:
+        return tasks.TASKS[task](args)
+    out = io.BytesIO()
+    result = tasks.STREAMS[task](args, io.BytesIO(b"".join(frames)), out)
+    out.seek(0)
+    while out.tell() < len(out.getvalue()) and (got := tasks.read_frame(out))[0] != b"Z":
+        on_frame(*got)
+    return result
+
+
+def _node_at(head: Path, root: Path, fail_on: str | None = None):  # type: ignore[no-untyped-def]
+    """A ``Call`` to the node tasks run in this process, for a node whose filesystem is
+    ``root``: paths under ``head`` are moved there on the way in and back on the way out."""
+
+    def move(value, src: str, dst: str):  # type: ignore[no-untyped-def]
+        if isinstance(value, str):
+            return dst + value[len(src) :] if value.startswith(src) else value
+        if isinstance(value, list):
+            return [move(v, src, dst) for v in value]
+        if isinstance(value, dict):
+            return {move(k, src, dst): move(v, src, dst) for k, v in value.items()}
+        return value
+
+    def call(task: str, args, timeout: float, frames=(), on_frame=None):  # type: ignore[no-untyped-def]
+        if task == fail_on:
+            raise ConnectionError(f"lost the node during {task}")
+
+        def told(kind: bytes, payload: bytes) -> None:
+            if kind == b"W":  # the node's directory
+                payload = json.dumps(move(json.loads(payload), str(root), str(head))).encode()
+            if fail_on == f"{task} after {kind.decode()}":
+                raise ConnectionError(f"lost the node during {task}")
+            on_frame(kind, payload)
+
+        args = move(dict(args), str(head), str(root))
+        return move(_in_process(task, args, frames, told), str(root), str(head))
+
+    return call
+
+
+def test_send_then_fetch_move_files_through_the_node_tasks(home: Path, tmp_path: Path) -> None:
+    head, root = tmp_path / "head", tmp_path / "node"
+    (head / "proj" / "data").mkdir(parents=True)
+    big = os.urandom(2 * CHUNK + 7)
+    (head / "proj" / "data" / "big.bin").write_bytes(big)
+    (head / "proj" / "run.py").write_text("print(1)")
+    call = _node_at(head, root)
+    sent = outgoing([head / "proj"])
+    assert send(call, "c1", sent) == 2
+    assert (root / "proj" / "data" / "big.bin").read_bytes() == big
+    assert (root / "proj" / "run.py").read_text() == "print(1)"
+    assert send(call, "c1", sent) == 0  # the node has them now: nothing is sent again
+
+    (root / "proj" / "out").mkdir()
+    (root / "proj" / "out" / "r0.bin").write_bytes(big[::-1])
+    arrived: list[Path] = []
+    fetch(call, head / "proj" / "out", [], "n1", arrived.append)
+    assert arrived == [head / "proj" / "out" / "r0.bin"]
+    assert arrived[0].read_bytes() == big[::-1]
+    assert list((root / "proj" / "out").iterdir()) == []
+
+
+def test_a_fetch_cut_short_loses_nothing(home: Path, tmp_path: Path) -> None:
+    head, root = tmp_path / "head", tmp_path / "node"
+    (root / "out").mkdir(parents=True)
+    (root / "out" / "r0.bin").write_bytes(b"result")
+    arrived: list[Path] = []
+    with pytest.raises(ConnectionError):
+        fetch(
+            _node_at(head, root, fail_on="gather_files after D"),
+            head / "out",
+            [],
+            "n1",
+            arrived.append,
+        )
+    assert arrived == []
+    assert (root / "out" / "r0.bin").read_bytes() == b"result"  # still on the node
+    assert list((head / "out").iterdir()) == []  # and no half file here
+
+
+def test_nodes_sharing_a_home_each_clean_up_their_own_puts(
+    home: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Two nodes with one (NFS) home but their own scratch disks: each logs what it made in
+    # the shared cluster directory, and the first to clean up must not take the other's log.
+    for node in ("a", "b"):
+        monkeypatch.setattr(tasks.socket, "gethostname", lambda node=node: node)
+        made = tmp_path / f"scratch-{node}" / "f.txt"
+        files = {str(made): [1, _digest(b"f")]}
+        tasks.put_begin({"cluster_id": "c1", "dirs": [], "files": files})
+        _put(made, b"f", "644")
+    logs = home / ".clusterbook" / "clusters" / "c1"
+    assert sorted(p.name for p in logs.iterdir()) == ["put-a.log", "put-b.log"]
+    monkeypatch.setattr(tasks.socket, "gethostname", lambda: "a")
+    tasks.put_cleanup({"cluster_id": "c1"})
+    assert not (tmp_path / "scratch-a").exists()
+    assert (tmp_path / "scratch-b" / "f.txt").exists()  # b's, for b to clean (its disk)
+    monkeypatch.setattr(tasks.socket, "gethostname", lambda: "b")
+    tasks.put_cleanup({"cluster_id": "c1"})
+    assert not (tmp_path / "scratch-b").exists()
+    assert not (home / ".clusterbook" / "clusters" / "c1").exists()  # nothing else was there
+
+
+# -- the raw frames of put_files and gather_files ------------------------------------------
+
+
+def _frames(*files: bytes, end: bytes = b"Z") -> bytes:
+    """The frames a head sends after a put_files request: each file's data, then E."""
+    out = b"".join(tasks.frame(b"D", data) + tasks.frame(b"E") for data in files)
+    return out + (tasks.frame(end) if end else b"")
+
+
+def test_put_files_writes_from_frames_and_a_cut_stream_leaves_no_part(
+    home: Path, tmp_path: Path
+) -> None:
+    a, b = tmp_path / "a.bin", tmp_path / "b.bin"
+    stream = io.BytesIO(_frames(b"AAAA", b"") + b"next request\n")
+    args = {"cluster_id": "c1", "files": [[str(a), "640"], [str(b), "600"]]}
+    assert tasks.put_files(args, stream, io.BytesIO()) == {"written": 2}
+    assert stream.read() == b"next request\n"  # read up to its end, not a byte more
+    assert (a.read_bytes(), b.read_bytes()) == (b"AAAA", b"")
+    assert a.stat().st_mode & 0o777 == 0o640
+
+    # The connection goes in the middle of c.bin: neither it nor its temp file is left.
+    c = tmp_path / "c.bin"
+    cut = io.BytesIO(tasks.frame(b"D", b"first piece") + tasks.frame(b"D", b"sec")[:-1])
+    with pytest.raises(EOFError):
+        tasks.put_files({"cluster_id": "c1", "files": [[str(c), "644"]]}, cut, io.BytesIO())
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a.bin", "b.bin", "home"]
+
+
+def test_put_files_names_a_file_it_cannot_write_and_stays_in_step(
+    home: Path, tmp_path: Path
+) -> None:
+    (tmp_path / "ro").mkdir(mode=0o500)
+    if os.access(tmp_path / "ro", os.W_OK):  # root writes anywhere: a file in the way instead
+        (tmp_path / "ro").rmdir()
+        (tmp_path / "ro").write_text("not a directory")
+    bad, good = tmp_path / "ro" / "x.bin", tmp_path / "y.bin"
+    stream = io.BytesIO(_frames(b"xx", b"yy") + b"next request\n")
+    args = {"cluster_id": "c1", "files": [[str(bad), "644"], [str(good), "644"]]}
+    with pytest.raises(OSError, match=f"could not write {bad}"):
+        tasks.put_files(args, stream, io.BytesIO())
+    assert stream.read() == b"next request\n"
+    assert not good.exists()  # after the first failure the rest is read, not written
+
+
+def test_a_file_that_shrinks_while_put_is_dropped_on_the_node(home: Path, tmp_path: Path) -> None:
+    head, root = tmp_path / "head", tmp_path / "node"
+    head.mkdir()
+    (head / "f.bin").write_bytes(b"x" * (3 * CHUNK))
+    sent = outgoing([head / "f.bin"])
+    (head / "f.bin").write_bytes(b"x" * (CHUNK + 1))
+    with pytest.raises(ConfigError, match="shrank"):
+        send(_node_at(head, root), "c1", sent)
+    assert list(root.iterdir()) == []  # no part of it, under any name
+
+
+def test_a_put_cut_off_mid_file_names_the_file(home: Path, tmp_path: Path) -> None:
+    head, root = tmp_path / "head", tmp_path / "node"
+    head.mkdir()
+    (head / "small.txt").write_text("s")
+    (head / "big.bin").write_bytes(os.urandom(2 * CHUNK))
+    node = _node_at(head, root)
+
+    def call(task: str, args, timeout: float, frames=()):  # type: ignore[no-untyped-def]
+        if task != "put_files":
+            return node(task, args, timeout)
+        for count, _ in enumerate(frames):
+            if count == 2:  # a piece of big.bin went (files go by name)
+                raise SSHConnectError("Lost the connection to n1: EOF.", host="n1")
+        raise AssertionError("not cut")
+
+    with pytest.raises(ClusterError, match=re.escape(f"{head / 'big.bin'} was not sent whole")):
+        send(call, "c1", outgoing([head]))
+
+
+def test_gather_moves_nested_directories_and_keeps_what_the_head_has(
+    home: Path, tmp_path: Path
+) -> None:
+    head, root = tmp_path / "head", tmp_path / "node"
+    out = root / "out"
+    for rel, text in [
+        ("top.txt", "t"),
+        ("a/b/deep.txt", "d"),
+        ("a/same.txt", "node's"),
+        ("a/.hidden", "h"),
+        (".cache/x", "x"),
+        ("a/c/only.txt", "o"),
+    ]:
+        (out / rel).parent.mkdir(parents=True, exist_ok=True)
+        (out / rel).write_text(text)
+    (out / "a" / "link").symlink_to(out / "top.txt")
+    (head / "out" / "a").mkdir(parents=True)
+    (head / "out" / "a" / "same.txt").write_text("head's")
+    arrived: list[Path] = []
+    gather_into(
+        lambda target, skip, receiving: fetch_all(
+            {"n1": _node_at(head, root)}, target, skip, receiving
+        ),
+        head / "out",
+    )
+    arrived = sorted(p for p in (head / "out").rglob("*") if p.is_file())
+    assert [str(p.relative_to(head / "out")) for p in arrived] == [
+        "a/b/deep.txt",
+        "a/c/only.txt",
+        "a/same.txt",
+        "top.txt",
+    ]
+    assert (head / "out" / "a" / "same.txt").read_text() == "head's"  # never overwritten
+    assert (head / "out" / "a" / "b" / "deep.txt").read_text() == "d"
+    # Moved: what the head took is gone there, with the directories it leaves empty.
+    left = sorted(str(p.relative_to(out)) for p in out.rglob("*"))
+    assert left == [".cache", ".cache/x", "a", "a/.hidden", "a/link", "a/same.txt"]
+
+
+def test_a_gather_cut_off_mid_file_names_it_and_keeps_no_part(home: Path, tmp_path: Path) -> None:
+    head, root = tmp_path / "head", tmp_path / "node"
+    (root / "out").mkdir(parents=True)
+    (root / "out" / "r0.bin").write_bytes(os.urandom(3 * CHUNK))
+    node = _node_at(head, root)
+
+    def call(task: str, args, timeout: float, on_frame=None):  # type: ignore[no-untyped-def]
+        if task != "gather_files":
+            return node(task, args, timeout)
+
+        def cut(kind: bytes, payload: bytes) -> None:
+            on_frame(kind, payload)
+            if kind == b"D":
+                raise SSHConnectError("Lost the connection to n1: EOF.", host="n1")
+
+        return node(task, args, timeout, on_frame=cut)
+
+    with pytest.raises(ClusterError, match=r"r0\.bin did not arrive whole.*n1 still has it"):
+        fetch(call, head / "out", [], "n1", pytest.fail)
+    assert list((head / "out").iterdir()) == []
+    assert (root / "out" / "r0.bin").stat().st_size == 3 * CHUNK
+
+
+def test_put_checks_sha256_only_of_files_a_node_has_with_their_size(
+    home: Path, tmp_path: Path
+) -> None:
+    head, root = tmp_path / "head", tmp_path / "node"
+    head.mkdir()
+    for name, data in [("same.bin", b"12345"), ("other.bin", b"abcde"), ("new.bin", b"n")]:
+        (head / name).write_bytes(data)
+    (root / "head").mkdir(parents=True)
+    (root / "head" / "same.bin").write_bytes(b"12345")  # the same bytes: left alone
+    (root / "head" / "other.bin").write_bytes(b"ABCDE")  # its size, other bytes: replaced
+    (root / "head" / "same.bin").chmod(0o400)
+    sent = outgoing([head], digests=False)
+    assert {f.digest for f in sent.files} == {""}  # nothing read yet
+    there = {str(root / "head" / Path(f.path).name): [f.size, None] for f in sent.files}
+    asked = tasks.put_begin({"cluster_id": "c1", "files": there})
+    assert asked["need"] == [str(root / "head" / "new.bin")]
+    assert sorted(Path(p).name for p in asked["digests"]) == ["other.bin", "same.bin"]
+    assert send(_node_at(tmp_path, tmp_path / "node"), "c1", sent) == 2
+    assert (root / "head" / "other.bin").read_bytes() == b"abcde"
+    assert (root / "head" / "new.bin").read_bytes() == b"n"
+    assert (root / "head" / "same.bin").stat().st_mode & 0o777 == 0o400  # not written again
+
+
+def test_a_file_the_node_cannot_read_whole_is_named_and_the_others_arrive(tmp_path: Path) -> None:
+    def call(task: str, args, timeout: float, on_frame=None):  # type: ignore[no-untyped-def]
+        if task == "gather_done":
+            assert args == {"directory": "/there", "names": ["b.txt"]}
+            return {}
+        for kind, payload in [
+            (b"W", b'"/there"'),
+            (b"H", b'{"name": "a.bin", "size": 9}'),
+            (b"D", b"part"),
+            (b"X", b"a.bin: Input/output error"),
+            (b"H", b'{"name": "b.txt", "size": 1}'),
+            (b"D", b"b"),
+            (b"E", b""),
+        ]:
+            on_frame(kind, payload)
+        return {"directory": "/there"}
+
+    stored: list[Path] = []
+    with pytest.raises(ClusterError, match=r"could not read a\.bin: Input/output error there"):
+        fetch(call, tmp_path, [], "n1", stored.append)
+    assert stored == [tmp_path / "b.txt"]
+    assert sorted(os.listdir(tmp_path)) == ["b.txt"]  # no part of a.bin, no temp file
+
+
+@pytest.mark.root
+def test_a_gather_onto_a_full_disk_keeps_no_part_here_and_leaves_the_file_on_its_node(
+    home: Path, small_disk: Path, tmp_path: Path
+) -> None:
+    head, root = small_disk / "head", tmp_path / "node"
+    (root / "out").mkdir(parents=True)
+    big = os.urandom(3 * CHUNK)  # more than the 512 KiB disk holds
+    (root / "out" / "big.bin").write_bytes(big)
+    (root / "out" / "small.txt").write_text("fits")
+    arrived: list[Path] = []
+    with pytest.raises(ClusterError, match=r"big\.bin.*no space left.*n1 still has it"):
+        fetch(_node_at(head, root), head / "out", [], "n1", arrived.append)
+    assert arrived == [head / "out" / "small.txt"]
+    assert os.listdir(head / "out") == ["small.txt"]  # no part of it, hidden or not
+    assert (root / "out" / "big.bin").read_bytes() == big
+    assert not (root / "out" / "small.txt").exists()  # moved: it arrived whole

@@ -1,0 +1,265 @@
+"""The architecture, checked: no import circles, layers that only point down, modules and
+functions of a size one can read (``docs/architecture.md`` says why and lists the layers).
+
+Every import counts: at module level, inside functions and under ``TYPE_CHECKING`` alike. A
+module's layer is that of the longest prefix of its name in :data:`LAYERS`; an import may
+point at its own layer or one below. The few deliberate exceptions are listed by name in
+:data:`UPWARD` (with why), and a listed exception that no longer exists fails too, so the list
+stays true.
+"""
+
+from __future__ import annotations
+
+import ast
+from collections import defaultdict
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+ROOTS = (REPO / "sdk", REPO / "widgets")
+
+#: The layers, from the bottom up: a module may import its own layer and those below it.
+LAYERS: tuple[tuple[str, ...], ...] = (
+    # The node program: plain standard library, sent to nodes as source.
+    ("clusterbook.nodes.tasks",),
+    # Values and words everything uses.
+    ("clusterbook.errors", "clusterbook.wording", "clusterbook.version", "clusterbook._lazy"),
+    (
+        "clusterbook.lifetime",
+        "clusterbook.gpus",
+        "clusterbook.spec",
+        "clusterbook.paths",
+        "clusterbook.names",
+        "clusterbook.events",
+        "clusterbook.status",
+        "clusterbook.fs",
+    ),
+    ("clusterbook.ssh",),
+    ("clusterbook.launch",),
+    ("clusterbook.rendezvous",),
+    ("clusterbook.views",),
+    ("clusterbook.nodes",),
+    ("clusterbook.providers",),
+    ("clusterbook.head",),
+    ("clusterbook.cluster.handle",),
+    ("clusterbook.engines", "clusterbook.export"),
+    ("clusterbook.cluster",),
+    ("clusterbook.cli",),
+    (
+        "clusterbook",
+        "clusterbook.__main__",
+        "clusterbook.testing",
+        "clusterbook._demo_rank",
+    ),
+    ("clusterbook_widgets",),
+)
+
+#: Imports that point up on purpose: (importer, imported) -> why.
+UPWARD: dict[tuple[str, str], str] = {}
+
+#: Imports against the layers (or closing a circle) that the house's next slices remove (see
+#: docs/architecture.md, "Not there yet"): each must still exist, so the list only shrinks.
+TEMPORARY: frozenset[tuple[str, str]] = frozenset(
+    {
+        # the engines and the head's services take the cluster's handle, not Cluster
+        ("clusterbook.engines", "clusterbook.cluster.facade"),
+        ("clusterbook.head.services", "clusterbook.cluster.facade"),
+        ("clusterbook.head.supervisor", "clusterbook.cluster.facade"),
+        ("clusterbook.cluster.display", "clusterbook.cluster.facade"),
+        ("clusterbook.cluster.display", "clusterbook.cluster.remote.attached"),
+        # a cluster's run directory is claimed from its id and directory, not its options
+        ("clusterbook.head.catalog", "clusterbook.cluster.options"),
+        ("clusterbook.providers.environment.detect", "clusterbook.cluster.options"),
+        ("clusterbook.providers.environment.detect", "clusterbook.providers.environment.readers"),
+        # how the launcher reaches nodes is the launcher's (launch.remote), not a provider's
+        ("clusterbook.launch.command", "clusterbook.providers.base"),
+        ("clusterbook.launch.nodes", "clusterbook.providers.base"),
+        ("clusterbook.launch.prepare", "clusterbook.providers.base"),
+        ("clusterbook.launch.command", "clusterbook.launch.srun"),
+        ("clusterbook.launch.keep", "clusterbook.nodes.fanout"),
+        ("clusterbook.launch.keep", "clusterbook.nodes.transfer"),
+        # a job's status is the job's; snapshots know no Job
+        ("clusterbook.status", "clusterbook.launch.command"),
+        ("clusterbook.status", "clusterbook.launch.job"),
+        # views know no engines; results render themselves through a lazy _repr_html_
+        ("clusterbook.views.html", "clusterbook.engines.config"),
+        ("clusterbook.launch.job", "clusterbook.views.html"),
+        ("clusterbook.launch.result", "clusterbook.views.html"),
+        # the store's event loop apart from its protocol
+        ("clusterbook.rendezvous.backends.tcp_server", "clusterbook.rendezvous.backends.tcp"),
+    }
+)
+
+
+def modules() -> dict[str, Path]:
+    found = {}
+    for root in ROOTS:
+        for path in root.rglob("*.py"):
+            parts = list(path.relative_to(root).with_suffix("").parts)
+            if parts[-1] == "__init__":
+                parts.pop()
+            found[".".join(parts)] = path
+    return found
+
+
+def imports(mods: dict[str, Path]) -> dict[str, set[str]]:
+    """Every module each module imports (ours only), wherever the import statement is."""
+    edges: dict[str, set[str]] = defaultdict(set)
+    for name, path in mods.items():
+        package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, ast.Import):
+                targets = [alias.name for alias in node.names]
+            elif isinstance(node, ast.ImportFrom):
+                base = node.module or ""
+                if node.level:
+                    parts = package.split(".")[: len(package.split(".")) - node.level + 1]
+                    base = ".".join([*parts, *([node.module] if node.module else [])])
+                targets = [
+                    f"{base}.{alias.name}" if f"{base}.{alias.name}" in mods else base
+                    for alias in node.names
+                ]
+            else:
+                continue
+            for target in targets:
+                while target and target not in mods:
+                    target = target.rpartition(".")[0]
+                if target and target != name:
+                    edges[name].add(target)
+    return edges
+
+
+def layer(name: str) -> int:
+    best, found = -1, None
+    for i, prefixes in enumerate(LAYERS):
+        for prefix in prefixes:
+            if (name == prefix or name.startswith(prefix + ".")) and len(prefix) > best:
+                best, found = len(prefix), i
+    if found is None:
+        raise AssertionError(f"{name} is in no layer: add it to LAYERS")
+    return found
+
+
+def circles(edges: dict[str, set[str]]) -> Iterator[list[str]]:
+    """The import circles (strongly connected components of more than one module)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    counter = [0]
+
+    def strong(v: str) -> Iterator[list[str]]:
+        index[v] = low[v] = counter[0]
+        counter[0] += 1
+        stack.append(v)
+        on_stack.add(v)
+        for w in sorted(edges.get(v, ())):
+            if w not in index:
+                yield from strong(w)
+                low[v] = min(low[v], low[w])
+            elif w in on_stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component = []
+            while True:
+                w = stack.pop()
+                on_stack.discard(w)
+                component.append(w)
+                if w == v:
+                    break
+            if len(component) > 1:
+                yield sorted(component)
+
+    for v in sorted(edges):
+        if v not in index:
+            yield from strong(v)
+
+
+MODS = modules()
+EDGES = imports(MODS)
+
+
+def test_every_module_has_a_layer() -> None:
+    for name in MODS:
+        layer(name)
+
+
+def test_no_import_circles() -> None:
+    kept = {a: {b for b in targets if (a, b) not in TEMPORARY} for a, targets in EDGES.items()}
+    assert list(circles(kept)) == []
+
+
+def test_imports_point_down_the_layers() -> None:
+    upward = {(a, b) for a, targets in EDGES.items() for b in targets if layer(b) > layer(a)}
+    unexplained = sorted(upward - set(UPWARD) - TEMPORARY)
+    assert unexplained == [], "imports against the layer order (docs/architecture.md)"
+    stale = sorted(set(UPWARD) - upward)
+    assert stale == [], "exceptions in UPWARD that no longer exist: remove them"
+
+
+def test_the_temporary_exceptions_still_exist() -> None:
+    gone = sorted(edge for edge in TEMPORARY if edge[1] not in EDGES.get(edge[0], ()))
+    assert gone == [], "remove these from TEMPORARY: they are fixed"
+
+
+def test_the_node_program_is_plain_standard_library() -> None:
+    ours = {n for n in EDGES if n.startswith("clusterbook.nodes.tasks")}
+    outside = {
+        (a, b) for a in ours for b in EDGES[a] if not b.startswith("clusterbook.nodes.tasks")
+    }
+    assert outside == set()
+
+
+MAX_MODULE = 400
+MAX_FUNCTION = 80
+#: Modules and functions allowed past the limits, with why.
+LONG: dict[str, str] = {}
+#: Modules and functions past the limits that the house's next slices split.
+TOO_LONG_FOR_NOW = frozenset(
+    {
+        "clusterbook.cli.main",
+        "clusterbook.cli.main._add_commands",
+        "clusterbook.cluster.facade",
+        "clusterbook.cluster.remote.attached",
+        "clusterbook.cluster.remote.sshdir",
+        "clusterbook.engines.start_engines",
+        "clusterbook.export.mpijob.render_mpijob",
+        "clusterbook.head.control_server",
+        "clusterbook.launch.attempt",
+        "clusterbook.launch.attempt.__init__",
+        "clusterbook.launch.job",
+        "clusterbook.launch.logs",
+        "clusterbook.launch.prepare.prepare",
+        "clusterbook.nodes.tasks",
+        "clusterbook.nodes.transfer",
+        "clusterbook.providers.ssh.provider",
+        "clusterbook.rendezvous.backends.tcp_server",
+        "clusterbook.rendezvous.head",
+        "clusterbook.ssh.bootstrap",
+        "clusterbook.ssh.paramiko_shell",
+        "clusterbook.ssh.sshd",
+        "clusterbook.ssh.sshd.start_sshd",
+        "clusterbook.views.html",
+        "clusterbook_widgets.log_viewer.__init__",
+        "clusterbook_widgets.magics",
+        "clusterbook_widgets.mpirun_cell",
+    }
+)
+
+
+@pytest.mark.parametrize("name", sorted(MODS))
+def test_modules_and_functions_are_short(name: str) -> None:
+    path = MODS[name]
+    text = path.read_text()
+    too_long = []
+    allowed = LONG.keys() | TOO_LONG_FOR_NOW
+    if len(text.splitlines()) > MAX_MODULE and name not in allowed:
+        too_long.append(f"{name}: {len(text.splitlines())} lines")
+    for node in ast.walk(ast.parse(text)):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            size = (node.end_lineno or node.lineno) - node.lineno + 1
+            if size > MAX_FUNCTION and f"{name}.{node.name}" not in allowed:
+                too_long.append(f"{name}.{node.name}: {size} lines")
+    assert too_long == []
