@@ -3,7 +3,7 @@
 Each node runs ``nvidia-smi -L`` itself (the SSH probe, an elastic node's agent; a local
 cluster's is this machine): no CUDA, torch or driver library is ever loaded, so the head
 needs no GPU. A node without ``nvidia-smi``, or where it fails or hangs (it is given
-:data:`~clusterbook.nodes.tasks.NVIDIA_SMI_TIMEOUT` seconds), has no GPU, and
+:data:`~clusterbook.nodes.tasks.probe.NVIDIA_SMI_TIMEOUT` seconds), has no GPU, and
 :attr:`GPUInfo.problem` says why. A ``CUDA_VISIBLE_DEVICES`` already set where the node is
 probed (a container's, a batch job's) restricts its GPUs to those it names, as CUDA would.
 
@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from typing import Any, Final, Literal, TypeAlias
 
 from clusterbook.errors import ConfigError
-from clusterbook.nodes import tasks
+from clusterbook.nodes.tasks import probe
 
 __all__ = [
     "GPU",
@@ -179,7 +179,7 @@ def visible_gpus(devices: tuple[GPU, ...], cuda_visible_devices: str | None) -> 
 
 
 def gpu_info(reply: Mapping[str, Any]) -> GPUInfo:
-    """A node's GPUs from what :func:`clusterbook.nodes.tasks.nvidia_smi` answered there."""
+    """A node's GPUs from what :func:`clusterbook.nodes.tasks.probe.nvidia_smi` answered there."""
     error = reply.get("error")
     if isinstance(error, str):
         return GPUInfo(problem=error)
@@ -196,10 +196,10 @@ def gpu_info(reply: Mapping[str, Any]) -> GPUInfo:
     return GPUInfo(devices)
 
 
-def probe_gpus(timeout: float = tasks.NVIDIA_SMI_TIMEOUT) -> GPUInfo:
+def probe_gpus(timeout: float = probe.NVIDIA_SMI_TIMEOUT) -> GPUInfo:
     """This machine's GPUs: ``nvidia-smi -L`` (found on ``PATH``) run here, given
     ``timeout`` seconds; no GPU, with the reason, when it is missing, fails or hangs."""
-    return gpu_info(tasks.nvidia_smi(timeout))
+    return gpu_info(probe.nvidia_smi(timeout))
 
 
 def slots_from_gpus(gpus: GPUInfo, *, node: str, asked: str, fix: str) -> int:

@@ -2,14 +2,14 @@
 
 The options a cluster is made with, the records other processes read (a name or an id taken
 from a record names directories that get removed), and the CLI check them here. The rule of
-ids is the nodes' own (:mod:`clusterbook.nodes.tasks`, which makes directories named by it).
+ids is the nodes' own (:mod:`clusterbook.nodes.tasks.common`, which makes directories named by it).
 """
 
 from __future__ import annotations
 
 import re
 
-from clusterbook.nodes.tasks import ID_RULE, is_cluster_id
+from clusterbook.nodes.tasks.common import ID_RULE, is_cluster_id
 
 __all__ = [
     "ID_RULE",

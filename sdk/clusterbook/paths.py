@@ -2,7 +2,7 @@
 
 - ``~/.clusterbook/clusters/ID/`` on the head and on every node: a cluster's key, token,
   known_hosts and status, named by the cluster's id (defined with the node tasks, which need
-  it on the nodes: :func:`clusterbook.nodes.tasks.cluster_dir`);
+  it on the nodes: :func:`clusterbook.nodes.tasks.common.cluster_dir`);
 - ``~/.clusterbook/known_hosts``: host keys trusted on first use (``host_keys="accept-new"``);
 - ``~/.clusterbook/sshd-NODE/``: the user-level sshd of an elastic node's agent;
 - ``~/.clusterbook/worker-HOSTNAME/``: a training job's worker host (``clusterbook worker
@@ -18,8 +18,8 @@ import os
 from pathlib import Path
 
 from clusterbook.errors import ConfigError
-from clusterbook.nodes import tasks
-from clusterbook.nodes.tasks import CLUSTERS_DIR
+from clusterbook.nodes.tasks import common
+from clusterbook.nodes.tasks.common import CLUSTERS_DIR
 
 __all__ = [
     "CLUSTERS_DIR",
@@ -46,7 +46,7 @@ def cluster_dir(cluster_id: str) -> Path:
 def node_cluster_dir(home: str, cluster_id: str) -> str:
     """The cluster's directory on a node whose home is ``home`` (a path on that node)."""
     try:
-        return tasks.cluster_dir(cluster_id, home)
+        return common.cluster_dir(cluster_id, home)
     except ValueError as exc:
         raise ConfigError(
             f"{exc}; give the id of a cluster, as clusterbook ls shows it (like "

@@ -16,7 +16,7 @@ import psutil
 import pytest
 
 import clusterbook as cb
-from clusterbook.nodes.tasks import leftovers
+from clusterbook.nodes.tasks.procs import leftovers
 from tests.conftest import processes_mentioning, wait_gone
 
 pytestmark = pytest.mark.mpi

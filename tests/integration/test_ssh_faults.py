@@ -21,7 +21,7 @@ import psutil
 import pytest
 
 import clusterbook as cb
-from clusterbook.nodes import tasks
+from clusterbook.nodes.tasks.program import ENTRY
 from clusterbook.rendezvous.agent import HEAD_LEASE, parse_join_url
 from clusterbook.rendezvous.backends.tcp import TcpBackend, read_secret
 from tests.conftest import mpi_debris
@@ -339,7 +339,7 @@ def test_a_swapped_host_key_says_the_key_changed(
         # Clean node2 by hand, as its admin would after checking the new key.
         testbed.write_known_hosts()
         args = json.dumps({"cluster_id": cluster.id, "tag": f"clusterbook:{cluster.id}"})
-        done = testbed.ssh(node2, [openmpi_python, tasks.__file__, "cleanup", args])
+        done = testbed.ssh(node2, [openmpi_python, ENTRY, "cleanup", args])
         assert done.returncode == 0, done.stderr
     assert os.path.exists(testbed.known_hosts)
 

@@ -20,7 +20,7 @@ from clusterbook.gpus import (
     probe_gpus,
     visible_gpus,
 )
-from clusterbook.nodes import tasks as tasks
+from clusterbook.nodes.tasks.probe import probe
 from clusterbook.rendezvous.report import NodeReport
 from clusterbook.ssh.preflight import NodeFacts
 from clusterbook.testing import fake_nvidia_smi
@@ -154,7 +154,7 @@ def test_an_empty_listing_and_a_hiding_cuda_visible_devices_say_so() -> None:
 def test_the_node_probe_reports_the_gpus_and_the_visible_ones_only(smi_path, monkeypatch) -> None:
     smi_path(4)
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "3,1")
-    facts = NodeFacts.from_json(tasks.probe({"prefix": sys.prefix, "flavour": "openmpi"}))
+    facts = NodeFacts.from_json(probe({"prefix": sys.prefix, "flavour": "openmpi"}))
     assert facts.gpus.ids == ("3", "1")
     assert facts.gpus.model == "NVIDIA A100-SXM4-40GB"
     assert NodeFacts.from_json({"cores": 2}).gpus == NO_GPUS  # a probe that said nothing

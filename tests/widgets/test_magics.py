@@ -22,6 +22,7 @@ from IPython.testing.globalipapp import start_ipython
 from IPython.utils.capture import capture_output
 
 import clusterbook as cb
+from clusterbook.nodes.tasks.program import ENTRY
 from clusterbook_widgets.magics import ClusterMagics
 from clusterbook_widgets.mpirun_cell import (
     ArgsError,
@@ -238,7 +239,7 @@ def cluster_processes(before: set[int]) -> list[psutil.Process]:
         try:
             if p.pid in before or p.status() == psutil.STATUS_ZOMBIE:
                 continue
-            if not any(arg.endswith("nodes/tasks.py") for arg in p.cmdline()):
+            if ENTRY not in p.cmdline():
                 found.append(p)
         except psutil.Error:
             continue

@@ -17,7 +17,7 @@ from typing import Any
 
 from clusterbook.errors import ClusterError, ConfigError
 from clusterbook.names import ID_RULE, is_cluster_id
-from clusterbook.nodes import tasks
+from clusterbook.nodes.tasks import install
 from clusterbook.spec import parse_host_slots
 
 __all__ = ["clean_cluster"]
@@ -48,7 +48,7 @@ def clean_cluster(
     names = [parse_host_slots(h, 1)[0] for h in hosts]
     out: dict[str, dict[str, Any] | Exception] = {}
     try:
-        out["localhost"] = tasks.cleanup({**args, "tag": None})  # the head has no key line
+        out["localhost"] = install.cleanup({**args, "tag": None})  # the head has no key line
     except Exception as exc:
         out["localhost"] = exc
     if not names:

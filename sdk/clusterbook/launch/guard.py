@@ -16,14 +16,14 @@ import subprocess
 import sys
 import threading
 
-from clusterbook.nodes import tasks
-from clusterbook.nodes.tasks import JOB_ENV as ENV
-from clusterbook.nodes.tasks import kill_tagged, tagged
+from clusterbook.nodes.tasks.common import JOB_ENV as ENV
+from clusterbook.nodes.tasks.procs import kill_tagged, tagged
+from clusterbook.nodes.tasks.program import ENTRY
 
 __all__ = ["ENV", "Guard", "guard", "kill_tagged", "tagged"]
 
-# Run as a script with -S: it imports nothing but the standard library.
-_SCRIPT = tasks.__file__
+# Run from its files with -S: it imports nothing but the standard library.
+_SCRIPT = ENTRY
 
 
 class Guard:

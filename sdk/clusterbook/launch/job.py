@@ -23,7 +23,7 @@ from clusterbook.launch.command import LaunchPlan
 from clusterbook.launch.logs import LogRecord, records_frame
 from clusterbook.launch.recovery import NO_RECOVERY, Recovery, Stop, next_step, outcome, reason
 from clusterbook.launch.result import AttemptInfo, JobResult
-from clusterbook.nodes.tasks import write_atomic
+from clusterbook.nodes.tasks.common import write_atomic
 from clusterbook.spec import validate_timeout
 
 if TYPE_CHECKING:

@@ -36,7 +36,7 @@ import psutil
 from clusterbook.errors import ConfigError
 from clusterbook.launch.result import KeptProcess
 from clusterbook.nodes.fanout import parallel
-from clusterbook.nodes.tasks import freeze, leftovers, remove_leftovers, settle, tagged
+from clusterbook.nodes.tasks.procs import freeze, leftovers, remove_leftovers, settle, tagged
 from clusterbook.nodes.transfer import Call
 from clusterbook.wording import spell_or
 

@@ -11,7 +11,7 @@ from collections.abc import Mapping, Sequence
 import psutil
 
 from clusterbook.launch.guard import tagged
-from clusterbook.nodes.tasks import leftovers, remove_leftovers
+from clusterbook.nodes.tasks.procs import leftovers, remove_leftovers
 
 __all__ = ["kill_tree", "spawn", "tree"]
 

@@ -8,8 +8,8 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from clusterbook.launch.program import check_argv
-from clusterbook.nodes import tasks
 from clusterbook.nodes.fanout import parallel
+from clusterbook.nodes.tasks.commands import run as run_here
 from clusterbook.nodes.transfer import Call
 from clusterbook.spec import NodeSpec, validate_seconds
 
@@ -59,7 +59,7 @@ def run_everywhere(
     def one(name: str) -> dict[str, Any]:
         call = callers.get(name)
         if call is None:
-            return tasks.run(args)
+            return run_here(args)
         done: dict[str, Any] = call("run", args, float(args["timeout"]) + 30.0)
         return done
 

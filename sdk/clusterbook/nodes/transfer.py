@@ -8,10 +8,10 @@ side is the ``put_*`` and ``gather_*`` node tasks; this module is the head's sid
 (:func:`outgoing`, :func:`pieces`), how an arriving file is stored (:class:`Arrival`), and
 the two exchanges (:func:`send`, :func:`fetch`) over any way of running a node's tasks.
 
-The bytes travel raw, in frames (``_node_tasks.frame``) that follow the ``put_files``
-request or precede the ``gather_files`` reply on the node's session: one request a node for
-all its files, streamed at the rate the ssh channel's window allows, with no reply awaited
-between pieces.
+The bytes travel raw, in frames (:func:`clusterbook.nodes.tasks.files.frame`) that follow
+the ``put_files`` request or precede the ``gather_files`` reply on the node's session: one
+request a node for all its files, streamed at the rate the ssh channel's window allows, with
+no reply awaited between pieces.
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ from typing import Any, Protocol
 
 from clusterbook.errors import ClusterError, ConfigError
 from clusterbook.nodes.fanout import parallel
-from clusterbook.nodes.tasks import FRAME, FRAME_DATA, MAX_DEPTH, frame
+from clusterbook.nodes.tasks.files import FRAME, FRAME_DATA, MAX_DEPTH, frame
 from clusterbook.views.progress import bar, checked
 
 __all__ = [

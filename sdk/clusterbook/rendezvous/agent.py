@@ -21,7 +21,7 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from clusterbook.nodes import tasks
+from clusterbook.nodes.tasks import common, install, procs
 from clusterbook.rendezvous.api import (
     RendezvousBackend,
     RendezvousClosedError,
@@ -56,7 +56,7 @@ HEAD_LEASE = 2.0
 
 #: What ``clusterbook worker join`` imports before it joins: a bootstrap session that will
 #: fork the node's agent imports these while the head is busy elsewhere (see
-#: ``tasks.warm``), so that the agent starts with them.
+#: ``clusterbook.nodes.tasks.session.warm``), so that the agent starts with them.
 #: (Not ``clusterbook.__main__``: ``python -m`` runs it afresh, and warns if it was imported.)
 AGENT_IMPORTS = (
     "argparse",
@@ -170,10 +170,10 @@ class Agent:
         cluster = self.settings.run_id
         try:
             if self.clean_on_lost:
-                tag = tasks.key_tag(cluster)
-                done = tasks.release({"cluster_id": cluster, "tag": tag})
+                tag = common.key_tag(cluster)
+                done = install.release({"cluster_id": cluster, "tag": tag})
             else:
-                done = {"killed": tasks.stop_jobs(cluster)}
+                done = {"killed": procs.stop_jobs(cluster)}
         except Exception:
             _log.exception("Agent %s could not clean up after losing the head.", self.node_id)
             return {}
@@ -273,7 +273,7 @@ class Agent:
             if token not in self._stopped:
                 self._stopped.add(token)
                 threading.Thread(
-                    target=tasks.kill_tagged,
+                    target=procs.kill_tagged,
                     args=([token], 1.0),
                     kwargs={"daemons": True},
                     daemon=True,

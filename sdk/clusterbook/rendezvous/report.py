@@ -15,7 +15,7 @@ from dataclasses import asdict, dataclass, replace
 from typing import Any
 
 from clusterbook.gpus import NO_GPUS, GPUInfo, probe_gpus
-from clusterbook.nodes.tasks import installed_mpi
+from clusterbook.nodes.tasks.probe import installed_mpi
 from clusterbook.rendezvous.host_facts import ipv4_addresses, memory
 
 __all__ = ["NodeReport"]

@@ -26,7 +26,9 @@ from clusterbook.errors import (
     SSHError,
     SSHTimeoutError,
 )
-from clusterbook.nodes import tasks
+from clusterbook.nodes.tasks.common import REPLY
+from clusterbook.nodes.tasks.files import FRAME
+from clusterbook.nodes.tasks.program import command
 from clusterbook.paths import node_cluster_dir
 from clusterbook.ssh.hostkeys import HostKey, known_hosts_line
 from clusterbook.ssh.keys import KeyPair
@@ -45,41 +47,8 @@ __all__ = [
     "node_ssh_args",
     "run_task",
     "ssh_wrapper",
-    "tasks_argv",
     "unreached",
 ]
-
-#: What every node runs (``_node_tasks``), as its source: nothing need be installed there.
-_TASKS = Path(tasks.__file__).read_text()
-# How a node runs them: ``python -c _STUB _TASKS ARGS...``. When the node's Python has this
-# very file installed (clusterbook there, same version), the stub loads that, from the bytecode
-# Python keeps for it, instead of compiling the source it was given (13 ms of CPU a start).
-_STUB = """\
-import sys
-def _run(source, argv):
-    try:
-        from importlib.machinery import SourceFileLoader
-        from importlib.util import find_spec, module_from_spec, spec_from_loader
-        path = find_spec("clusterbook").submodule_search_locations[0] + "/nodes/tasks.py"
-        with open(path, "rb") as f:
-            same = f.read() == source.encode()
-    except Exception:
-        same = False
-    if same:
-        loader = SourceFileLoader("clusterbook_node_tasks", path)
-        module = module_from_spec(spec_from_loader(loader.name, loader))
-        loader.exec_module(module)
-        module.main(argv)
-    else:
-        sys.argv = argv
-        exec(compile(source, "<clusterbook node tasks>", "exec"), {"__name__": "__main__"})
-_run(sys.argv[1], ["-c", *sys.argv[2:]])
-"""
-
-
-def tasks_argv(python: str, *args: str) -> list[str]:
-    """The command that runs the node tasks with ``args`` (``session``, or a task) there."""
-    return [python, "-c", _STUB, _TASKS, *args]
 
 
 @dataclass(frozen=True, slots=True)
@@ -135,10 +104,9 @@ def _missing_python(python: str, host: str) -> str:
 def run_task(
     shell: RemoteShell, python: str, task: str, args: Mapping[str, Any], timeout: float = 60.0
 ) -> dict[str, Any]:
-    """Run a node task (see ``_node_tasks``) with ``python`` on the node; return its JSON."""
-    result = shell.run(
-        tasks_argv(python, task, "-"), input=json.dumps(args).encode(), timeout=timeout
-    )
+    """Run a node task (:mod:`clusterbook.nodes.tasks`) with ``python`` on the node; return
+    its JSON."""
+    result = shell.run(command(python, task, "-"), input=json.dumps(args).encode(), timeout=timeout)
     if result.returncode == 127:
         raise SSHError(_missing_python(python, shell.host), host=shell.host)
     if result.returncode != 0:
@@ -287,8 +255,8 @@ class NodeSession:
         # session process stays on the node until the connection is garbage-collected.
         self._shell = shell if owns_shell else None
         # ``env``: what the process starts with (a session started with the agents' tag
-        # starts the node's agent as a fork of itself: see ``tasks.spawn``).
-        self._proc = shell.start(tasks_argv(python, "session"), env=env)
+        # starts the node's agent as a fork of itself: see ``nodes.tasks.commands.spawn``).
+        self._proc = shell.start(command(python, "session"), env=env)
 
     def call(
         self,
@@ -301,11 +269,11 @@ class NodeSession:
         then_import: Sequence[str] = (),
     ) -> dict[str, Any]:
         """Run ``task`` on the node and return its result: with ``frames`` (encoded, see
-        :func:`clusterbook.nodes.tasks.frame`) sent after the request, as they come, and
+        :func:`clusterbook.nodes.tasks.files.frame`) sent after the request, as they come, and
         ``on_frame(kind, payload)`` told each frame the task sends before its reply, up to
         the ``Z`` that ends them. ``timeout`` bounds each wait for the node, not the whole.
         ``then_import``: modules the session imports once its reply is out (see
-        :func:`clusterbook.nodes.tasks.warm`); the next call waits for that."""
+        :func:`clusterbook.nodes.tasks.session.warm`); the next call waits for that."""
         request: dict[str, Any] = {"task": task, "args": args}
         if then_import:
             request["then_import"] = list(then_import)
@@ -356,15 +324,15 @@ class NodeSession:
             if not line:
                 self._ended(task)
             text = line.decode(errors="replace")
-            if text.startswith(_REPLY):  # anything else is noise from shell start-up files
-                reply: dict[str, Any] = json.loads(text[len(_REPLY) :])
+            if text.startswith(REPLY):  # anything else is noise from shell start-up files
+                reply: dict[str, Any] = json.loads(text[len(REPLY) :])
                 return reply
 
     def _frame(self, task: str, timeout: float) -> tuple[bytes, bytes]:
-        head = self._proc.read(tasks.FRAME.size, timeout)
-        if len(head) < tasks.FRAME.size:
+        head = self._proc.read(FRAME.size, timeout)
+        if len(head) < FRAME.size:
             self._ended(task)
-        kind, size = tasks.FRAME.unpack(head)
+        kind, size = FRAME.unpack(head)
         payload = self._proc.read(size, timeout) if size else b""
         if len(payload) < size:
             self._ended(task)
@@ -456,6 +424,3 @@ class KeptSession:
             if lost is not None:
                 with contextlib.suppress(Exception):
                     lost.close()
-
-
-_REPLY = "\x1eCBT "

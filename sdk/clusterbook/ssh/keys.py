@@ -20,7 +20,7 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from cryptography.hazmat.primitives.kdf.hkdf import HKDF
 
-from clusterbook.nodes import tasks
+from clusterbook.nodes.tasks import common
 
 __all__ = [
     "KeyPair",
@@ -37,9 +37,9 @@ _DERIVE_INFO = b"clusterbook cluster ssh key v1"
 
 def key_tag(cluster_id: str) -> str:
     """The comment that marks a cluster's lines in authorized_keys."""
-    if not tasks.is_cluster_id(cluster_id):
-        raise ValueError(f"cluster id {cluster_id!r} must be {tasks.ID_RULE}")
-    return tasks.key_tag(cluster_id)
+    if not common.is_cluster_id(cluster_id):
+        raise ValueError(f"cluster id {cluster_id!r} must be {common.ID_RULE}")
+    return common.key_tag(cluster_id)
 
 
 @dataclass(frozen=True, slots=True)

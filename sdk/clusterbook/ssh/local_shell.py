@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import IO
 
 from clusterbook.errors import SSHTimeoutError
-from clusterbook.nodes.tasks import write_atomic
+from clusterbook.nodes.tasks.common import write_atomic
 from clusterbook.ssh.shell import CommandResult, OutputCallback
 
 __all__ = ["LocalShell"]

@@ -28,7 +28,7 @@ from clusterbook.engines.config import (
     engine_argv,
     free_ports,
 )
-from clusterbook.nodes.tasks import tagged
+from clusterbook.nodes.tasks.procs import tagged
 from clusterbook.status import ClusterSnapshot, JobStatus
 from clusterbook.views.html import ENGINES_LABEL, job_label, render_jobs
 from clusterbook_widgets.cluster_widget import ClusterWidget

@@ -28,7 +28,7 @@ from clusterbook.launch.prepare import JobRequest
 from clusterbook.launch.rankwrap import wrap_argv
 from clusterbook.launch.recovery import Recovery
 from clusterbook.launch.result import JobResult, KeptProcess, RankFailure
-from clusterbook.nodes import tasks as tasks
+from clusterbook.nodes.tasks.procs import hold, kill, tagged
 from clusterbook.providers.base import RemoteLaunch
 from clusterbook.testing import FakeProvider
 from clusterbook.wording import speaking
@@ -125,7 +125,7 @@ def tagged_sleepers() -> Iterator[tuple[str, list[subprocess.Popen[bytes]]]]:
     env = {**os.environ, "CLUSTERBOOK_JOB": token}
     procs = [subprocess.Popen(["sleep", "60"], env=env) for _ in range(2)]
     for _ in range(500):  # until both have exec'd: only then do they carry the tag
-        if len(tasks.tagged([token])) == 2:
+        if len(tagged([token])) == 2:
             break
         time.sleep(0.01)
     yield token, procs
@@ -143,14 +143,14 @@ def test_the_hold_task_stops_a_jobs_processes_and_kill_ends_them_at_once(
 ) -> None:
     token, procs = tagged_sleepers
     pids = {p.pid for p in procs}
-    reply = tasks.hold({"token": token, "settle": procs[0].pid})
+    reply = hold({"token": token, "settle": procs[0].pid})
     assert {pid for pid, _ in reply["held"]} == pids
     assert {name for _, name in reply["held"]} == {"sleep"}
     assert {_state(pid) for pid in pids} == {psutil.STATUS_STOPPED}
     # Ending them does not wait out the grace a running process gets: stopped, they take
     # their SIGTERM at once (it comes with a SIGCONT).
     started = time.monotonic()
-    assert set(tasks.kill({"token": token, "grace": 30})["killed"]) == pids
+    assert set(kill({"token": token, "grace": 30})["killed"]) == pids
     assert time.monotonic() - started < 20
     assert [p.wait(5) for p in procs] == [-signal.SIGTERM, -signal.SIGTERM]
 
@@ -160,7 +160,7 @@ def test_the_hold_task_waits_for_the_failing_rank_to_stop_itself(tagged_sleepers
     failing = procs[0].pid
     threading.Timer(0.3, os.kill, args=(failing, signal.SIGSTOP)).start()
     before = time.monotonic()
-    tasks.hold({"token": token, "settle": failing})
+    hold({"token": token, "settle": failing})
     assert time.monotonic() - before >= 0.3  # not before it stopped itself
     assert _state(procs[1].pid) == psutil.STATUS_STOPPED
 

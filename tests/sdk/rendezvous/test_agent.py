@@ -122,7 +122,7 @@ def test_an_agent_heartbeats_between_its_watches_over_one_connection(monkeypatch
 
 _WARMED_AGENT = r"""
 import runpy, sys
-from clusterbook.nodes.tasks import warm
+from clusterbook.nodes.tasks.session import warm
 from clusterbook.rendezvous.agent import AGENT_IMPORTS
 warm(AGENT_IMPORTS)
 before = set(sys.modules)

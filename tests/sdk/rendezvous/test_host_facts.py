@@ -70,7 +70,7 @@ def test_a_report_and_its_heartbeats_do_not_import_psutil() -> None:
 
 
 def test_a_report_names_the_mpi_installed_beside_its_python() -> None:
-    from clusterbook.nodes.tasks import installed_mpi
+    from clusterbook.nodes.tasks.probe import installed_mpi
 
     found = installed_mpi()
     if found is None:

@@ -12,7 +12,7 @@ reaches the other hosts over ssh. Each of those, as managed training services ha
    then its host key (the launcher pins every worker to it);
 2. says so, then waits for the leader's cluster, which leaves its state for this host in the
    worker's directory (``~/.clusterbook/worker-HOSTNAME/status.json``, see
-   :func:`clusterbook.nodes.tasks.worker_dir`): ``ready`` once it started here, ``done`` when
+   :func:`clusterbook.nodes.tasks.common.worker_dir`): ``ready`` once it started here, ``done`` when
    it stopped;
 3. at ``done``, stops sshd and returns (the command exits 0, so the training job ends
    cleanly); it raises :class:`~clusterbook.errors.LeaderLostError` instead when the leader
@@ -36,7 +36,8 @@ from pathlib import Path
 from typing import Any
 
 from clusterbook.errors import ConfigError, LeaderLostError
-from clusterbook.nodes.tasks import AGENTS, STATUS_FILE, tagged, worker_dir
+from clusterbook.nodes.tasks.common import AGENTS, STATUS_FILE, worker_dir
+from clusterbook.nodes.tasks.procs import tagged
 from clusterbook.providers.environment.detect import Detected, Runner, detect_environment
 from clusterbook.spec import validate_port, validate_seconds
 from clusterbook.wording import spell

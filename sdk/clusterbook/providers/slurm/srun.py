@@ -23,7 +23,6 @@ import shutil
 import socket
 import subprocess
 from collections.abc import Mapping, Sequence
-from pathlib import Path
 from typing import Any
 
 from clusterbook.errors import BootstrapError, ClusterError, ConfigError
@@ -32,9 +31,9 @@ from clusterbook.launch.flavour import MPIFlavour
 from clusterbook.launch.keep import end_far, hold_far
 from clusterbook.launch.result import KeptProcess
 from clusterbook.launch.srun import PMI_PLUGIN, SrunStep, inherited_slurm
-from clusterbook.nodes import tasks
 from clusterbook.nodes.commands import NodeRun, run_everywhere
 from clusterbook.nodes.fanout import parallel
+from clusterbook.nodes.tasks.program import ENTRY
 from clusterbook.nodes.transfer import Call
 from clusterbook.providers.base import Provider, RemoteLaunch, StartContext
 from clusterbook.providers.elastic.reach import head_address_towards
@@ -276,7 +275,7 @@ class SrunProvider(Provider):
         return {n.name: caller(n.host) for n in self._nodes}
 
 
-_TASKS = str(Path(tasks.__file__))
+_TASKS = ENTRY  # the node program, run from its files (they are shared there)
 
 
 def _mpi_env(flavour: MPIFlavour) -> dict[str, str]:

@@ -24,9 +24,9 @@ from clusterbook.gpus import GPUS, Slots
 from clusterbook.launch.keep import end_far, hold_far
 from clusterbook.launch.rankwrap import HOOK_DIR
 from clusterbook.launch.result import KeptProcess
-from clusterbook.nodes import tasks
 from clusterbook.nodes.commands import NodeRun, run_everywhere
 from clusterbook.nodes.fanout import parallel
+from clusterbook.nodes.tasks.common import AGENTS, JOB_ENV
 from clusterbook.nodes.transfer import Call, Outgoing, fetch_all, gather_ask, send_all, uncounted
 from clusterbook.paths import cluster_dir, node_cluster_dir
 from clusterbook.providers.base import Provider, RemoteLaunch, StartContext
@@ -79,7 +79,7 @@ _AGENT_NAME = "cb-agent"  # its process name (comm): a fork of the session keeps
 
 def _agents_env(cluster_id: str) -> dict[str, str]:
     """The tag of the cluster's agents (and of the node sessions that fork them)."""
-    return {tasks.JOB_ENV: f"{cluster_id}-{tasks.AGENTS}"}
+    return {JOB_ENV: f"{cluster_id}-{AGENTS}"}
 
 
 def parse_host_list(

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 import clusterbook as cb
-from clusterbook.nodes import tasks as tasks
+from clusterbook.nodes.tasks.install import cleanup, install, status
 from clusterbook.providers.environment.detect import detect_environment
 from clusterbook.providers.environment.worker import SshdPlan, Watch, sshd_plan, step
 
@@ -115,23 +115,23 @@ def served(home: Path) -> Path:
 
 
 def test_the_status_reaches_a_worker_only_where_one_serves(home: Path) -> None:
-    tasks.install({"cluster_id": "ssh-1", "files": {}})
-    assert tasks.status({"cluster_id": "ssh-1", "status": READY}) == {"served": False}
+    install({"cluster_id": "ssh-1", "files": {}})
+    assert status({"cluster_id": "ssh-1", "status": READY}) == {"served": False}
     assert json.loads((home / ".clusterbook/clusters/ssh-1/status.json").read_text()) == READY
     assert not served(home).parent.exists()  # nothing made on a host no worker serves
     served(home).parent.mkdir(parents=True)
-    assert tasks.status({"cluster_id": "ssh-1", "status": READY}) == {"served": True}
+    assert status({"cluster_id": "ssh-1", "status": READY}) == {"served": True}
     assert json.loads(served(home).read_text()) == READY
 
 
 def test_done_outlives_the_clusters_directory(home: Path) -> None:
-    tasks.install({"cluster_id": "ssh-1", "files": {}})
+    install({"cluster_id": "ssh-1", "files": {}})
     served(home).parent.mkdir(parents=True)
-    reply = tasks.cleanup({"cluster_id": "ssh-1", "tag": None, "grace": 0.1, "status": DONE})
+    reply = cleanup({"cluster_id": "ssh-1", "tag": None, "grace": 0.1, "status": DONE})
     assert (reply["dir_removed"], reply["served"]) == (True, True)
     assert json.loads(served(home).read_text()) == DONE
     # A clean-up that brings no status (clusterbook cleanup) leaves no word.
     served(home).unlink()
-    tasks.install({"cluster_id": "ssh-2", "files": {}})
-    assert tasks.cleanup({"cluster_id": "ssh-2", "tag": None, "grace": 0.1})["served"] is False
+    install({"cluster_id": "ssh-2", "files": {}})
+    assert cleanup({"cluster_id": "ssh-2", "tag": None, "grace": 0.1})["served"] is False
     assert not served(home).exists()
