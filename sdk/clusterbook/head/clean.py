@@ -54,9 +54,9 @@ def clean_cluster(
     if not names:
         return out
     from clusterbook.nodes.fanout import parallel
-    from clusterbook.ssh.bootstrap import run_task
     from clusterbook.ssh.credentials import Credentials, prompt_where_asked
     from clusterbook.ssh.hostkeys import make_policy
+    from clusterbook.ssh.node_session import run_task
     from clusterbook.ssh.paramiko_shell import Tunnels, connect_hop
     from clusterbook.ssh.target import read_ssh_config, resolve
 

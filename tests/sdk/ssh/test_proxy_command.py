@@ -10,9 +10,9 @@ from pathlib import Path
 import pytest
 
 import clusterbook as cb
-from clusterbook.ssh.bootstrap import launcher_ssh_config, plain_login
 from clusterbook.ssh.credentials import Credentials
 from clusterbook.ssh.hostkeys import KnownHosts
+from clusterbook.ssh.launcher_ssh import launcher_ssh_config, plain_login
 from clusterbook.ssh.paramiko_shell import connect_hop
 from clusterbook.ssh.target import Hop, SSHConfigLike, Target, read_ssh_config, resolve
 from tests.conftest import processes_mentioning, wait_gone

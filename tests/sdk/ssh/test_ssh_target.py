@@ -8,7 +8,7 @@ import paramiko
 import pytest
 
 import clusterbook as cb
-from clusterbook.ssh.bootstrap import launcher_ssh_config, plain_login
+from clusterbook.ssh.launcher_ssh import launcher_ssh_config, plain_login
 from clusterbook.ssh.target import Hop, Target, read_ssh_config, resolve
 
 CONFIG = """\

@@ -34,7 +34,7 @@ from clusterbook.ssh.hostkeys import (
 )
 
 if TYPE_CHECKING:
-    from clusterbook.ssh.bootstrap import KeptSession, NodeSession
+    from clusterbook.ssh.node_session import KeptSession, NodeSession
     from clusterbook.ssh.paramiko_shell import ParamikoShell
 
 __all__ = ["FarNode", "Reach", "far_nodes", "known_hosts_text", "pick_address", "ssh_config"]
@@ -145,7 +145,7 @@ class Reach:
     def caller(self, python: str, node: FarNode) -> Call:
         """Runs node tasks on ``node`` in a session kept for the cluster's lifetime, over the
         node's sshd with its host key pinned."""
-        from clusterbook.ssh.bootstrap import KeptSession, NodeSession  # paramiko: late
+        from clusterbook.ssh.node_session import KeptSession, NodeSession
 
         def start() -> NodeSession:
             return NodeSession(self._connect(node), python, owns_shell=True)
@@ -200,7 +200,7 @@ class Reach:
         known.write_text(known_hosts_text(far))
         config = self._dir / "ssh_config"
         config.write_text(ssh_config(far, identity=self._identity, known_hosts=known))
-        from clusterbook.ssh.bootstrap import ssh_wrapper
+        from clusterbook.ssh.launcher_ssh import ssh_wrapper
 
         ssh_args = ("-F", str(config))
         wrapper = self._dir / "ssh"
@@ -216,8 +216,8 @@ class Reach:
 
     def _preflight(self, ctx: StartContext, far: Sequence[FarNode]) -> None:
         """Log in to every far node the way the launcher will and check its environment."""
-        from clusterbook.ssh.bootstrap import run_task
         from clusterbook.ssh.local_shell import LocalShell
+        from clusterbook.ssh.node_session import run_task
         from clusterbook.ssh.preflight import NodeFacts, all_problems
 
         args = {"prefix": ctx.launcher.prefix, "flavour": ctx.launcher.flavour.value}

@@ -34,19 +34,7 @@ from clusterbook.rendezvous.agent import AGENT_IMPORTS, HEAD_LEASE, agent_argv
 from clusterbook.rendezvous.api import RendezvousSettings, RendezvousTimeout
 from clusterbook.rendezvous.head import RendezvousHead
 from clusterbook.spec import NodeSpec, parse_host_slots, validate_port, validate_timeout
-from clusterbook.ssh.bootstrap import (
-    Connection,
-    KeptSession,
-    NodeSession,
-    cluster_files,
-    connect,
-    encode_files,
-    launcher_ssh_config,
-    node_ssh_args,
-    plain_login,
-    run_task,
-    unreached,
-)
+from clusterbook.ssh.bootstrap import Connection, cluster_files, connect, encode_files, unreached
 from clusterbook.ssh.credentials import Credentials, prompt_where_asked
 from clusterbook.ssh.envlink import (
     ENV_LINK,
@@ -58,7 +46,9 @@ from clusterbook.ssh.envlink import (
 )
 from clusterbook.ssh.hostkeys import HostKeyPolicy, host_entry_name, make_policy
 from clusterbook.ssh.keys import authorized_keys_line, generate_keypair, key_tag
+from clusterbook.ssh.launcher_ssh import launcher_ssh_config, node_ssh_args, plain_login
 from clusterbook.ssh.local_shell import LocalShell
+from clusterbook.ssh.node_session import KeptSession, NodeSession, run_task
 from clusterbook.ssh.openssh import OpenSSHShell
 from clusterbook.ssh.paramiko_shell import ParamikoShell, Tunnels, connect_hop
 from clusterbook.ssh.preflight import NodeFacts, all_problems, resolve_slots

@@ -15,9 +15,9 @@ import clusterbook as cb
 from clusterbook.launch.flavour import find_launcher
 from clusterbook.providers.base import StartContext
 from clusterbook.providers.ssh.provider import SSHProvider
-from clusterbook.ssh.bootstrap import NodeSession
 from clusterbook.ssh.hostkeys import HostKey
 from clusterbook.ssh.local_shell import LocalShell
+from clusterbook.ssh.node_session import NodeSession
 
 WAIT = 20.0  # far more than a local probe takes, even on a loaded machine
 

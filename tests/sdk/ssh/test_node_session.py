@@ -8,8 +8,9 @@ from collections.abc import Iterator
 
 import pytest
 
-from clusterbook.ssh.bootstrap import NodeSession, TaskFailedError, encode_files
+from clusterbook.ssh.bootstrap import encode_files
 from clusterbook.ssh.local_shell import LocalShell
+from clusterbook.ssh.node_session import NodeSession, TaskFailedError
 
 
 @pytest.fixture

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from clusterbook.errors import SSHConnectError
-from clusterbook.ssh.bootstrap import KeptSession, TaskFailedError
+from clusterbook.ssh.node_session import KeptSession, TaskFailedError
 
 
 class _Session:
