@@ -42,7 +42,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import clusterbook as cb
-from clusterbook.ssh.paramiko_shell import handshake_count
+from clusterbook.ssh.paramiko_transport import handshake_count
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests.testbed: the fake hosts
 from tests.testbed import Testbed, make_testbed

@@ -6,7 +6,6 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import os
-import select
 import shlex
 import shutil
 import signal
@@ -18,11 +17,18 @@ import psutil
 import pytest
 
 import clusterbook as cb
-from clusterbook.ssh import paramiko_shell
+from clusterbook.ssh import paramiko_transport
 from clusterbook.ssh.hostkeys import AcceptNew, Fingerprints, HostKey, KnownHosts, fingerprint
 from clusterbook.ssh.keys import generate_keypair
 from clusterbook.ssh.local_shell import LocalShell
-from clusterbook.ssh.paramiko_shell import _SEND_SLICE, _send_all, connect, handshake_count
+from clusterbook.ssh.paramiko_shell import (
+    _SEND_SLICE,
+    ParamikoShell,
+    _send_all,
+    connect,
+    wait_for_news,
+)
+from clusterbook.ssh.paramiko_transport import handshake_count
 from clusterbook.ssh.shell import RemoteShell
 from clusterbook.ssh.sshd import Sshd, start_sshd
 from tests.conftest import require
@@ -149,26 +155,26 @@ def test_command_timeout(shell):
     assert shell.run(["true"]).returncode == 0  # the connection is still usable
 
 
-class _CountingSelect:
-    """Stands in for the select module in paramiko_shell, counting its calls."""
+class _CountingWait:
+    """The shell's wait for news on a channel, counting its calls."""
 
     def __init__(self) -> None:
         self.calls = 0
 
-    def select(self, *args: object) -> object:
+    def __call__(self, chan: object) -> None:
         self.calls += 1
-        return select.select(*args)  # type: ignore[arg-type]
+        wait_for_news(chan)  # type: ignore[arg-type]
 
 
-def test_a_command_that_ends_its_output_early_is_waited_for_not_spun_on(shell, monkeypatch):
+def test_a_command_that_ends_its_output_early_is_waited_for_not_spun_on(shell):
     # The output ends (the channel's end arrives) a second before the exit status: the channel's
     # file number is readable from then on, and a loop that selects on it would spin.
-    counter = _CountingSelect()
-    monkeypatch.setattr(paramiko_shell, "select", counter)
+    counter = _CountingWait()
+    counted = ParamikoShell(shell.host, shell.port, shell._transport, wait=counter)
     late_exit = ["sh", "-c", "echo out; exec >&- 2>&-; sleep 1; exit 3"]
-    result = shell.run(late_exit)
+    result = counted.run(late_exit)
     assert (result.returncode, result.stdout) == (3, "out\n")
-    process = shell.start(late_exit)
+    process = counted.start(late_exit)
     assert process.readline(10) == b"out\n"
     assert process.close()[0] == 3
     # A spin makes thousands of calls in that second; waiting makes a handful (each waits for
@@ -343,14 +349,14 @@ def timers(monkeypatch) -> list[tuple]:
 
         def cancel(self) -> None: ...
 
-    monkeypatch.setattr(paramiko_shell.Packetizer.__module__ + ".threading.Timer", Timer)
+    monkeypatch.setattr("paramiko.packet.threading.Timer", Timer)  # paramiko's, not ours
     return started
 
 
 def test_a_connection_starts_no_timer_thread_for_its_handshake(timers, shell):
     assert shell.run(["true"]).returncode == 0
     packetizer = shell._transport.packetizer
-    assert isinstance(packetizer, paramiko_shell._Packetizer)
+    assert isinstance(packetizer, paramiko_transport._Packetizer)
     assert packetizer._handshake_done
     assert not packetizer.handshake_timed_out()
     assert timers == []
@@ -366,7 +372,7 @@ def test_a_handshake_that_stalls_after_the_banner_ends_at_its_deadline():
         peer, _ = listener.accept()
     with contextlib.closing(peer), contextlib.closing(client):
         peer.sendall(b"SSH-2.0-stalled\r\n")
-        transport = paramiko.Transport(client, packetizer_class=paramiko_shell._Packetizer)
+        transport = paramiko.Transport(client, packetizer_class=paramiko_transport._Packetizer)
         transport.handshake_timeout = 0.3
         try:
             with pytest.raises((paramiko.SSHException, EOFError)) as failed:

@@ -57,7 +57,8 @@ def clean_cluster(
     from clusterbook.ssh.credentials import Credentials, prompt_where_asked
     from clusterbook.ssh.hostkeys import make_policy
     from clusterbook.ssh.node_session import run_task
-    from clusterbook.ssh.paramiko_shell import Tunnels, connect_hop
+    from clusterbook.ssh.paramiko_shell import connect_hop
+    from clusterbook.ssh.paramiko_transport import Tunnels
     from clusterbook.ssh.target import read_ssh_config, resolve
 
     policy = make_policy(None, known_hosts)

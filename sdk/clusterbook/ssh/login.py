@@ -14,7 +14,8 @@ import os
 
 from clusterbook.ssh.credentials import Credentials, prompt_where_asked
 from clusterbook.ssh.hostkeys import make_policy
-from clusterbook.ssh.paramiko_shell import ParamikoShell, Tunnels, connect_hop
+from clusterbook.ssh.paramiko_shell import ParamikoShell, connect_hop
+from clusterbook.ssh.paramiko_transport import Tunnels
 from clusterbook.ssh.target import read_ssh_config, resolve
 
 __all__ = ["Login"]

@@ -23,7 +23,7 @@ from pathlib import Path
 
 from clusterbook.errors import SSHError
 from clusterbook.ssh.bridge import pump
-from clusterbook.ssh.paramiko_shell import Tunnels
+from clusterbook.ssh.paramiko_transport import Tunnels
 from clusterbook.ssh.target import Hop
 
 __all__ = ["RELAY_SCRIPT", "Relay"]

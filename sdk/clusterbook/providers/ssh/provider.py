@@ -50,7 +50,8 @@ from clusterbook.ssh.launcher_ssh import launcher_ssh_config, node_ssh_args, pla
 from clusterbook.ssh.local_shell import LocalShell
 from clusterbook.ssh.node_session import KeptSession, NodeSession, run_task
 from clusterbook.ssh.openssh import OpenSSHShell
-from clusterbook.ssh.paramiko_shell import ParamikoShell, Tunnels, connect_hop
+from clusterbook.ssh.paramiko_shell import ParamikoShell, connect_hop
+from clusterbook.ssh.paramiko_transport import Tunnels
 from clusterbook.ssh.preflight import NodeFacts, all_problems, resolve_slots
 from clusterbook.ssh.relay import Relay
 from clusterbook.ssh.target import read_ssh_config, resolve
