@@ -236,8 +236,6 @@ TOO_LONG_FOR_NOW = frozenset(
         "clusterbook.providers.ssh.provider",
         "clusterbook.rendezvous.backends.tcp_server",
         "clusterbook.rendezvous.head",
-        "clusterbook.ssh.sshd",
-        "clusterbook.ssh.sshd.start_sshd",
         "clusterbook.views.html",
         "clusterbook_widgets.log_viewer.__init__",
         "clusterbook_widgets.magics",

@@ -12,7 +12,6 @@ own its pid, and it gets SIGTERM when the process that started it dies.
 
 from __future__ import annotations
 
-import contextlib
 import ctypes
 import os
 import shutil
@@ -24,11 +23,10 @@ import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-import psutil
-
 from clusterbook.errors import ClusterError
 from clusterbook.spec import validate_seconds
 from clusterbook.ssh.sshd_config import SshdConfig, check_listen, check_path, render_sshd_config
+from clusterbook.ssh.sshd_daemon import Sshd
 from clusterbook.wording import spell
 
 __all__ = ["HOST_KEY_NAME", "Sshd", "SshdConfig", "SshdError", "render_sshd_config", "start_sshd"]
@@ -51,87 +49,6 @@ class SshdError(ClusterError):
         self.port = port
         self.directory = directory
         self.log_tail = log_tail
-
-
-class Sshd:
-    """A running sshd started by :func:`start_sshd`; :meth:`stop` it, or use it in ``with``.
-
-    Attributes
-    ----------
-    port, listen
-        Where it accepts connections.
-    host_public_key
-        Its host key as ``"ssh-ed25519 AAAA..."``, for a known_hosts line.
-    pid
-        The sshd listener's pid (our child).
-    directory, config_path, log_path, host_key_path
-        Its files.
-    """
-
-    def __init__(
-        self,
-        proc: subprocess.Popen[bytes],
-        cfg: SshdConfig,
-        host_public_key: str,
-        config_path: Path,
-        log_path: Path,
-        host_key_path: Path,
-    ) -> None:
-        self._proc = proc
-        self.port = cfg.port
-        self.listen = cfg.listen
-        self.directory = cfg.directory
-        self.authorized_keys: Path = cfg.authorized_keys  # type: ignore[assignment]
-        self.host_public_key = host_public_key
-        self.pid = proc.pid
-        self.config_path = config_path
-        self.log_path = log_path
-        self.host_key_path = host_key_path
-
-    @property
-    def running(self) -> bool:
-        """True while the sshd listener has not exited."""
-        return self._proc.poll() is None
-
-    def stop(self, timeout: float = 5.0, *, keep_sessions: bool = False) -> None:
-        """Stop sshd and the sessions it started; calling it again does nothing.
-
-        Parameters
-        ----------
-        timeout
-            Seconds to wait after SIGTERM before SIGKILL.
-        keep_sessions
-            Stop the listener only, as a restart of OpenSSH's sshd does: the connections
-            made so far (and what runs in them) go on.
-        """
-        if self._proc.poll() is not None:
-            return
-        sessions = []
-        if not keep_sessions:
-            with contextlib.suppress(psutil.Error):
-                sessions = psutil.Process(self.pid).children(recursive=True)
-        with contextlib.suppress(ProcessLookupError):
-            self._proc.terminate()
-            self._proc.send_signal(signal.SIGCONT)  # a paused sshd would never see SIGTERM
-        try:
-            self._proc.wait(timeout)
-        except subprocess.TimeoutExpired:
-            self._proc.kill()
-            self._proc.wait()
-        for p in sessions:
-            with contextlib.suppress(psutil.Error):
-                p.kill()
-        _wait_ended(sessions, timeout)  # ended when stop() returns, not dying
-
-    def __enter__(self) -> Sshd:
-        return self
-
-    def __exit__(self, *exc_info: object) -> None:
-        self.stop()
-
-    def __repr__(self) -> str:
-        state = "running" if self.running else "stopped"
-        return f"<Sshd {self.listen}:{self.port} pid={self.pid} {state} dir={self.directory}>"
 
 
 def start_sshd(
@@ -201,21 +118,9 @@ def start_sshd(
     directory = check_path(Path(directory).expanduser(), "directory")
     directory.mkdir(mode=0o700, parents=True, exist_ok=True)
     sshd = _find_sshd(sshd_path, directory, port)
-    if authorized_keys is None:
-        keys = directory / "authorized_keys"
-        if not keys.exists():
-            _write_private(keys, "")
-    else:
-        keys = Path(authorized_keys).expanduser()
-    if host_key is None:
-        host_key_path = directory / HOST_KEY_NAME
-        host_public_key = _ensure_host_key(host_key_path, directory, port)
-    else:
-        host_key_path, host_public_key = _copy_host_key(Path(host_key), directory, port)
+    keys = _authorized_keys(directory, authorized_keys)
+    host_key_path, host_public_key = _host_key(directory, host_key, port)
     more = tuple(Path(k).expanduser() for k in more_authorized_keys)
-    if os.geteuid() == 0:
-        # Debian's sshd refuses to start as root without its privilege separation directory.
-        os.makedirs("/run/sshd", mode=0o755, exist_ok=True)
     # A port picked here can be taken before sshd binds it; then pick again.
     attempts = 3 if port == 0 else 1
     for attempt in range(attempts):
@@ -228,6 +133,26 @@ def start_sshd(
     raise AssertionError("unreachable")
 
 
+def _authorized_keys(directory: Path, given: str | os.PathLike[str] | None) -> Path:
+    """The file of the public keys allowed to log in: ``given``, or one of the sshd's own in
+    ``directory`` (made empty, 0600, on first use)."""
+    if given is not None:
+        return Path(given).expanduser()
+    keys = directory / "authorized_keys"
+    if not keys.exists():
+        _write_private(keys, "")
+    return keys
+
+
+def _host_key(directory: Path, given: str | os.PathLike[str] | None, port: int) -> tuple[Path, str]:
+    """The host key the sshd shows (its path, and its public key's line): ``given``, copied
+    into ``directory``, or one made there on first use and kept."""
+    if given is not None:
+        return _copy_host_key(Path(given), directory, port)
+    path = directory / HOST_KEY_NAME
+    return path, _ensure_host_key(path, directory, port)
+
+
 def _launch(
     sshd: str,
     cfg: SshdConfig,
@@ -236,6 +161,9 @@ def _launch(
     timeout: float,
     launch: Callable[[list[str]], list[str]] | None,
 ) -> Sshd:
+    if os.geteuid() == 0:
+        # Debian's sshd refuses to start as root without its privilege separation directory.
+        os.makedirs("/run/sshd", mode=0o755, exist_ok=True)
     config_path = cfg.directory / "sshd_config"
     log_path = cfg.directory / "sshd.log"
     pid_file = cfg.directory / "sshd.pid"
@@ -407,19 +335,3 @@ def _write_private(path: Path, text: str | bytes) -> None:
     with os.fdopen(fd, "wb" if isinstance(text, bytes) else "w") as f:
         os.fchmod(f.fileno(), 0o600)
         f.write(text)
-
-
-def _wait_ended(procs: list[psutil.Process], timeout: float) -> None:
-    """Wait up to ``timeout`` s for ``procs`` to end (a zombie has: only its parent's wait
-    is left, which is not ours to make)."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        running = []
-        for p in procs:
-            with contextlib.suppress(psutil.Error):
-                if p.status() != psutil.STATUS_ZOMBIE:
-                    running.append(p)
-        if not running:
-            return
-        procs = running
-        time.sleep(0.01)
