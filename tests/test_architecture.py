@@ -232,7 +232,6 @@ TOO_LONG_FOR_NOW = frozenset(
         "clusterbook.launch.job",
         "clusterbook.launch.logs",
         "clusterbook.launch.prepare.prepare",
-        "clusterbook.nodes.transfer",
         "clusterbook.providers.ssh.provider",
         "clusterbook.rendezvous.backends.tcp_server",
         "clusterbook.rendezvous.head",

@@ -29,7 +29,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from clusterbook.errors import ClusterError, ReadyTimeoutError
-from clusterbook.nodes.transfer import Outgoing, uncounted
+from clusterbook.nodes.outgoing import Outgoing
+from clusterbook.nodes.transfer import uncounted
 from clusterbook.providers.base import Provider, StartContext
 from clusterbook.spec import NodeSpec, validate_positive_int
 from clusterbook.status import NodeStatus

@@ -17,7 +17,7 @@ import pytest
 
 import clusterbook as cb
 from clusterbook.errors import ClusterError, ConfigError
-from clusterbook.nodes.transfer import CHUNK, outgoing
+from clusterbook.nodes.outgoing import CHUNK, outgoing
 from clusterbook.providers.ssh.provider import BULK
 from tests.testbed import Testbed, is_agent
 from tests.testbed import testbed as fake_hosts

@@ -3,10 +3,12 @@
 ``Cluster.put(paths)`` sends files and directories to the same absolute paths on every node
 (the paths a job's command line names are the head's); ``Cluster.gather(directory)`` moves
 the files ranks wrote in a directory on the nodes to that directory on the head. Files go in
-pieces of :data:`CHUNK` bytes, so that neither side holds a large file in memory. The node
-side is the ``put_*`` and ``gather_*`` node tasks; this module is the head's side: what to send
-(:func:`outgoing`, :func:`pieces`), how an arriving file is stored (:class:`Arrival`), and
-the two exchanges (:func:`send`, :func:`fetch`) over any way of running a node's tasks.
+pieces of :data:`~clusterbook.nodes.outgoing.CHUNK` bytes, so that neither side holds a large
+file in memory. The node side is the ``put_*`` and ``gather_*`` node tasks; the head's side is
+what to send (:mod:`clusterbook.nodes.outgoing`), how an arriving file is stored
+(:mod:`clusterbook.nodes.arrival`), and here the two exchanges (:func:`send`, :func:`fetch`)
+over any way of running a node's tasks, on every node at once, behind ``put()`` and
+``gather()``.
 
 The bytes travel raw, in frames (:func:`clusterbook.nodes.tasks.files.frame`) that follow
 the ``put_files`` request or precede the ``gather_files`` reply on the node's session: one
@@ -16,34 +18,30 @@ no reply awaited between pieces.
 
 from __future__ import annotations
 
-import errno
-import hashlib
 import json
 import os
 import threading
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
-from clusterbook.errors import ClusterError, ConfigError
+from clusterbook.errors import ClusterError
+from clusterbook.nodes.arrival import Arrival
 from clusterbook.nodes.fanout import parallel
-from clusterbook.nodes.tasks.files import FRAME, FRAME_DATA, MAX_DEPTH, frame
+from clusterbook.nodes.outgoing import Digests, Outgoing, outgoing, pieces
+from clusterbook.nodes.tasks.files import FRAME, frame
 from clusterbook.views.progress import bar, checked
 
 __all__ = [
-    "CHUNK",
-    "Arrival",
     "Call",
-    "OutFile",
-    "Outgoing",
     "fetch",
     "fetch_all",
     "gather_ask",
-    "outgoing",
-    "pieces",
+    "gather_into",
+    "put_paths",
     "send",
     "send_all",
+    "uncounted",
 ]
 
 
@@ -55,182 +53,6 @@ class Call(Protocol):
     def __call__(
         self, task: str, args: Mapping[str, Any], timeout: float, **streams: Any
     ) -> Any: ...
-
-
-#: Bytes per piece of a file on the wire (the payload of one data frame).
-CHUNK = FRAME_DATA
-_WRITE_AT = 8 << 20  # an arriving file is written in pieces of this size
-
-
-@dataclass(frozen=True, slots=True)
-class OutFile:
-    """A file to send: its absolute path (the same on the nodes), mode, size and sha256 (""
-    until a node has a file of that size there: see :func:`outgoing`)."""
-
-    path: str
-    mode: str
-    size: int
-    digest: str
-
-
-@dataclass(frozen=True, slots=True)
-class Outgoing:
-    """What ``put`` sends: directories to make, and files."""
-
-    dirs: tuple[str, ...]
-    files: tuple[OutFile, ...]
-
-
-def outgoing(paths: Iterable[str | os.PathLike[str]], *, digests: bool = True) -> Outgoing:
-    """Files and directories to send, by absolute path; directories with all they hold
-    (symbolic links to directories are not followed). Without ``digests``, the sha256 of a
-    file is left for :func:`send` to compute if a node has a file of its size."""
-    dirs: list[str] = []
-    files: dict[str, OutFile] = {}
-
-    def add_file(path: Path) -> None:
-        info = path.stat()
-        digest = sha256_of(str(path)) if digests else ""
-        files[str(path)] = OutFile(
-            str(path), format(info.st_mode & 0o777, "o"), info.st_size, digest
-        )
-
-    for given in paths:
-        if not isinstance(given, (str, os.PathLike)):
-            raise ConfigError(f"put() takes paths of files or directories, not {given!r}.")
-        path = Path(given).expanduser().absolute()
-        if path.is_file():
-            add_file(path)
-        elif path.is_dir():
-            for top, subdirs, names in os.walk(path):
-                dirs.append(top)
-                subdirs.sort()
-                for name in sorted(names):
-                    if (Path(top) / name).is_file():
-                        add_file(Path(top) / name)
-        else:
-            raise ConfigError(
-                f"put(): {str(given)!r} is not a file or directory on this machine ({path}); "
-                "give the path of something that exists here."
-            )
-    return Outgoing(tuple(dirs), tuple(files.values()))
-
-
-def sha256_of(path: str) -> str:
-    """The sha256 of the file at ``path``, in hex."""
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        while chunk := f.read(1 << 20):
-            h.update(chunk)
-    return h.hexdigest()
-
-
-class Digests:
-    """The sha256 of files to send, each computed once, when a node first asks (by the
-    threads that send to each node)."""
-
-    def __init__(self) -> None:
-        self._known: dict[str, str] = {}
-        self._lock = threading.Lock()
-
-    def of(self, file: OutFile) -> str:
-        if file.digest:
-            return file.digest
-        with self._lock:  # the others wait for it rather than read the file too
-            if file.path not in self._known:
-                self._known[file.path] = sha256_of(file.path)
-            return self._known[file.path]
-
-
-def pieces(file: OutFile, size: int = CHUNK) -> Iterator[tuple[int, bytes, bool]]:
-    """``(offset, data, last)`` for each piece of ``file`` (one empty piece for an empty
-    file). The file must still have the size it had in :func:`outgoing`."""
-    with open(file.path, "rb") as f:
-        offset = 0
-        while True:
-            data = f.read(size)
-            last = offset + len(data) >= file.size
-            if len(data) < size and not last:
-                raise ConfigError(f"put(): {file.path} shrank while it was being sent.")
-            yield offset, data, last
-            offset += len(data)
-            if last:
-                return
-
-
-class Arrival:
-    """A file coming from ``host`` into ``directory`` (``name`` may go down into directories
-    there: ``sub/file``): written to a private temp file, then given its name, never over a
-    file that is there (a name another node sent first gets ``.from-HOST`` appended). A file
-    that cannot be written whole (a full disk) leaves nothing here: its temp file is removed,
-    and the error names it."""
-
-    def __init__(self, directory: Path, name: str, host: str) -> None:
-        parts = name.split("/")
-        if len(parts) > MAX_DEPTH or any(not p or p.startswith(".") for p in parts):
-            raise ConfigError(f"{host} sent a file named {name!r}; it was not stored.")
-        self.directory, self.name, self.host = directory, name, host
-        self._dir = directory.joinpath(*parts[:-1])
-        self._base = parts[-1]
-        self._dir.mkdir(parents=True, exist_ok=True, mode=0o700)
-        self._tmp = self._dir / f".{self._base}.cb-from-{host}"
-        self._fd = os.open(self._tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-        self._pending: list[bytes] = []
-        self._size = 0
-
-    def write(self, data: bytes) -> None:
-        self._pending.append(data)
-        self._size += len(data)
-        if self._size >= _WRITE_AT:
-            self._flush()
-
-    def _flush(self) -> None:
-        # Few large writes: each one may wait for the GIL behind paramiko's thread after.
-        pending, self._pending, self._size = self._pending, [], 0
-        try:
-            while pending:
-                done = os.writev(self._fd, pending)
-                while pending and done >= len(pending[0]):
-                    done -= len(pending.pop(0))
-                if done:
-                    pending[0] = pending[0][done:]
-        except OSError as exc:
-            self.abandon()
-            raise self._not_stored(exc) from exc
-
-    def _not_stored(self, exc: OSError) -> ClusterError:
-        reason = (exc.strerror or str(exc)).lower()
-        fix = "free space" if exc.errno in (errno.ENOSPC, errno.EDQUOT) else "make it writable"
-        return ClusterError(
-            f"{self.name} from {self.host} could not be stored in {self._dir}: {reason}; "
-            f"nothing of it was kept here, and {self.host} still has it ({fix} there, then "
-            "gather again)."
-        )
-
-    def finish(self) -> Path:
-        """The file under its name; raise if it cannot be written whole (nothing of it is
-        kept), or if both names are taken (the temp file is kept)."""
-        self._flush()
-        os.close(self._fd)
-        self._fd = -1
-        for candidate in (self._base, f"{self._base}.from-{self.host}"):
-            try:
-                os.link(self._tmp, self._dir / candidate)  # fails if the name is taken
-            except FileExistsError:
-                continue
-            self._tmp.unlink()
-            return self._dir / candidate
-        raise ConfigError(
-            f"{self.host} sent {self.name!r}, but {self.directory} already has both "
-            f"{self.name!r} and {self.name + '.from-' + self.host!r}; it is in {self._tmp}."
-        )
-
-    def abandon(self) -> None:
-        """Drop what arrived so far (the node still has the file). Safe to call again."""
-        if self._fd >= 0:
-            os.close(self._fd)
-            self._fd = -1
-        self._tmp.unlink(missing_ok=True)
 
 
 def uncounted(amount: int) -> None:

@@ -56,7 +56,8 @@ from clusterbook.launch.flavour import Launcher
 from clusterbook.launch.result import KeptProcess
 from clusterbook.launch.srun import SrunStep
 from clusterbook.nodes.commands import NodeRun, run_everywhere
-from clusterbook.nodes.transfer import Outgoing, uncounted
+from clusterbook.nodes.outgoing import Outgoing
+from clusterbook.nodes.transfer import uncounted
 from clusterbook.spec import NodeSpec
 from clusterbook.status import NodeStatus
 

@@ -1,10 +1,8 @@
-"""Files for nodes without a shared filesystem: the head's side (what to send, in which
-pieces, how arrivals are stored), exchanging with the node tasks run here on temp
-directories."""
+"""Files for nodes without a shared filesystem: the head's side of ``put()`` and ``gather()``
+(the exchanges), with the node tasks run here on temp directories."""
 
 from __future__ import annotations
 
-import hashlib
 import io
 import json
 import os
@@ -14,19 +12,10 @@ from pathlib import Path
 import pytest
 
 from clusterbook.errors import ClusterError, ConfigError, SSHConnectError
+from clusterbook.nodes.outgoing import CHUNK, outgoing
 from clusterbook.nodes.tasks.files import put_begin, read_frame
 from clusterbook.nodes.tasks.session import STREAMS, TASKS
-from clusterbook.nodes.transfer import (
-    CHUNK,
-    Arrival,
-    OutFile,
-    fetch,
-    fetch_all,
-    gather_into,
-    outgoing,
-    pieces,
-    send,
-)
+from clusterbook.nodes.transfer import fetch, fetch_all, gather_into, send
 
 
 @pytest.fixture
@@ -35,59 +24,6 @@ def home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     monkeypatch.setenv("HOME", str(tmp_path / "home"))
     (tmp_path / "home" / ".clusterbook" / "clusters" / "c1").mkdir(parents=True)
     return tmp_path / "home"
-
-
-def _digest(data: bytes) -> str:
-    return hashlib.sha256(data).hexdigest()
-
-
-def test_outgoing_walks_directories_and_keeps_modes(tmp_path: Path) -> None:
-    (tmp_path / "d" / "sub").mkdir(parents=True)
-    (tmp_path / "d" / "sub" / "a.sh").write_text("echo a")
-    (tmp_path / "d" / "sub" / "a.sh").chmod(0o750)
-    (tmp_path / "d" / "empty").mkdir()
-    (tmp_path / "f.txt").write_bytes(b"\x00bytes\n")
-    (tmp_path / "d" / "loop").symlink_to(tmp_path / "d")  # not followed
-    sent = outgoing([tmp_path / "d", str(tmp_path / "f.txt")])
-    d = str(tmp_path / "d")
-    assert sent.dirs == (d, f"{d}/empty", f"{d}/sub")
-    mode = format((tmp_path / "f.txt").stat().st_mode & 0o777, "o")
-    assert sent.files == (
-        OutFile(f"{d}/sub/a.sh", "750", 6, _digest(b"echo a")),
-        OutFile(str(tmp_path / "f.txt"), mode, 7, _digest(b"\x00bytes\n")),
-    )
-
-
-@pytest.mark.parametrize("bad", ["no-such-thing", "/dev/null"])
-def test_outgoing_refuses_what_is_not_a_file_or_directory(tmp_path: Path, bad: str) -> None:
-    with pytest.raises(ConfigError, match=bad):
-        outgoing([tmp_path / bad if not bad.startswith("/") else bad])
-
-
-@pytest.mark.parametrize(
-    ("size", "expected"),
-    [
-        (0, [(0, 0, True)]),
-        (10, [(0, 4, False), (4, 4, False), (8, 2, True)]),
-        (8, [(0, 4, False), (4, 4, True)]),
-    ],
-)
-def test_pieces_cover_the_file_once(tmp_path: Path, size: int, expected: list) -> None:  # type: ignore[type-arg]
-    path = tmp_path / "f"
-    path.write_bytes(bytes(range(size)))
-    (file,) = outgoing([path]).files
-    got = list(pieces(file, size=4))
-    assert [(o, len(d), last) for o, d, last in got] == expected
-    assert b"".join(d for _, d, _ in got) == bytes(range(size))
-
-
-def test_a_file_that_shrank_while_sent_is_an_error(tmp_path: Path) -> None:
-    path = tmp_path / "f"
-    path.write_bytes(b"x" * 10)
-    (file,) = outgoing([path]).files
-    path.write_bytes(b"x" * 3)
-    with pytest.raises(ConfigError, match="shrank"):
-        list(pieces(file, size=4))
 
 
 def test_fetch_through_a_symlinked_directory_stores_through_it(tmp_path: Path) -> None:
@@ -112,32 +48,6 @@ def test_fetch_through_a_symlinked_directory_stores_through_it(tmp_path: Path) -
     assert stored == [link / "out.txt"]
     assert (head / "out.txt").read_text() == "from the node"
     assert not (node / "out.txt").exists()
-
-
-def test_arrivals_never_overwrite(tmp_path: Path) -> None:
-    (tmp_path / "r.pkl").write_bytes(b"head")
-    stored = []
-    for host, name, data in [("n1", "r.pkl", b"one"), ("n1", "s", b"s1"), ("n2", "s", b"s2")]:
-        arrival = Arrival(tmp_path, name, host)
-        arrival.write(data[:1])
-        arrival.write(data[1:])
-        stored.append(arrival.finish().name)
-    assert stored == ["r.pkl.from-n1", "s", "s.from-n2"]
-    assert (tmp_path / "r.pkl").read_bytes() == b"head"
-    assert (tmp_path / "s.from-n2").read_bytes() == b"s2"
-    assert (tmp_path / "s").stat().st_mode & 0o777 == 0o600
-    arrival = Arrival(tmp_path, "r.pkl", "n1")
-    arrival.write(b"again")
-    with pytest.raises(ConfigError, match="already has both"):
-        arrival.finish()
-    assert (tmp_path / ".r.pkl.cb-from-n1").read_bytes() == b"again"  # kept, not lost
-    with pytest.raises(ConfigError, match=r"'\.\./x'"):
-        Arrival(tmp_path, "../x", "n1")
-    dropped = Arrival(tmp_path, "t", "n1")
-    dropped.write(b"part")
-    dropped.abandon()
-    assert not (tmp_path / "t").exists()
-    assert not (tmp_path / ".t.cb-from-n1").exists()
 
 
 # -- the exchanges, against the node tasks run here on a node that "lives" under a root ----

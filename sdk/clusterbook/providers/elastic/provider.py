@@ -23,7 +23,8 @@ from clusterbook.errors import CleanupWarning, ClusterError
 from clusterbook.launch.keep import end_far, hold_far
 from clusterbook.launch.result import KeptProcess
 from clusterbook.nodes.commands import NodeRun, run_everywhere
-from clusterbook.nodes.transfer import Call, Outgoing, fetch_all, send_all, uncounted
+from clusterbook.nodes.outgoing import Outgoing
+from clusterbook.nodes.transfer import Call, fetch_all, send_all, uncounted
 from clusterbook.paths import cluster_dir
 from clusterbook.providers.base import Provider, RemoteLaunch, StartContext
 from clusterbook.providers.elastic.reach import Reach, far_nodes, pick_address

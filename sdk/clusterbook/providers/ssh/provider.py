@@ -26,8 +26,9 @@ from clusterbook.launch.rankwrap import HOOK_DIR
 from clusterbook.launch.result import KeptProcess
 from clusterbook.nodes.commands import NodeRun, run_everywhere
 from clusterbook.nodes.fanout import parallel
+from clusterbook.nodes.outgoing import Outgoing
 from clusterbook.nodes.tasks.common import AGENTS, JOB_ENV
-from clusterbook.nodes.transfer import Call, Outgoing, fetch_all, gather_ask, send_all, uncounted
+from clusterbook.nodes.transfer import Call, fetch_all, gather_ask, send_all, uncounted
 from clusterbook.paths import cluster_dir, node_cluster_dir
 from clusterbook.providers.base import Provider, RemoteLaunch, StartContext
 from clusterbook.rendezvous.agent import AGENT_IMPORTS, HEAD_LEASE, agent_argv
