@@ -8,8 +8,7 @@ import threading
 
 import pytest
 
-from clusterbook.nodes import fanout
-from clusterbook.nodes.fanout import parallel
+from clusterbook.nodes.fanout import Workers, parallel
 
 _WHO: contextvars.ContextVar[str] = contextvars.ContextVar("who", default="nobody")
 
@@ -50,14 +49,13 @@ def test_the_threads_of_one_fan_out_serve_the_next() -> None:
     assert idents() == first
 
 
-def test_idle_threads_end_after_a_while(monkeypatch) -> None:
-    monkeypatch.setattr(fanout, "_IDLE", 0.05)
-    fanout._forget_workers()  # only threads made with the short wait
-    done, _ = parallel(["a"], lambda _: threading.current_thread())
+def test_idle_threads_end_after_a_while() -> None:
+    workers = Workers(idle=0.05)
+    done, _ = parallel(["a"], lambda _: threading.current_thread(), workers=workers)
     thread = done["a"]
     thread.join(5)
     assert not thread.is_alive()
-    assert fanout._idle == []
+    assert workers.waiting() == 0
 
 
 @pytest.mark.skipif(not hasattr(os, "fork"), reason="fork")
