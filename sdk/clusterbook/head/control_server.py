@@ -52,7 +52,7 @@ from clusterbook.head.control import (
     nonce_of,
     peer_uid,
 )
-from clusterbook.rendezvous.backends._wire import (
+from clusterbook.rendezvous.backends.wire import (
     FRAME_HEADER,
     MAX_FRAME,
     ProtocolError,

@@ -20,7 +20,7 @@ from clusterbook.cluster.remote.rundir import LocalDir
 from clusterbook.cluster.remote.sshdir import RemoteFiles
 from clusterbook.head.record import ClusterRecord, write_record
 from clusterbook.launch.saved import SavedJob
-from clusterbook.rendezvous.backends._wire import FRAME_HEADER
+from clusterbook.rendezvous.backends.wire import FRAME_HEADER
 
 
 @pytest.mark.parametrize(

@@ -31,7 +31,7 @@ from clusterbook.head.control import (
 )
 from clusterbook.head.control_server import ControlServer, Limits, next_pause
 from clusterbook.head.record import ClusterRecord, write_record
-from clusterbook.rendezvous.backends._wire import FRAME_HEADER, AuthFailed, ProtocolError
+from clusterbook.rendezvous.backends.wire import FRAME_HEADER, AuthFailed, ProtocolError
 
 HANDLERS = {"echo": lambda request: {"said": request.get("text")}}
 

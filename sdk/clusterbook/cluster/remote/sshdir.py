@@ -37,7 +37,7 @@ from clusterbook.head.catalog import Found
 from clusterbook.head.control import SOCKET_FILE, ControlClient, rebuilt_error
 from clusterbook.head.record import ClusterRecord
 from clusterbook.launch.files import Files
-from clusterbook.rendezvous.backends._wire import FRAME_HEADER, MAX_FRAME, ProtocolError
+from clusterbook.rendezvous.backends.wire import FRAME_HEADER, MAX_FRAME, ProtocolError
 from clusterbook.spec import validate_seconds
 from clusterbook.ssh.login import Login
 from clusterbook.ssh.paramiko_shell import ParamikoShell

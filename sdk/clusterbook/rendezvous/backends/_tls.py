@@ -12,7 +12,7 @@ mismatch. TLS 1.3 only: both ends are clusterbook.
 
 TLS encrypts and protects the traffic and proves the server is the head; the cluster's secret
 (the token file) still proves, inside TLS, that the client is a node of the cluster (see
-:mod:`._wire`): knowing the fingerprint, which is no secret, lets nobody in.
+:mod:`.wire`): knowing the fingerprint, which is no secret, lets nobody in.
 """
 
 from __future__ import annotations

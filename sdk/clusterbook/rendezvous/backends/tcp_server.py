@@ -1,7 +1,7 @@
 """The server side of the TCP rendezvous store: :class:`StoreServer`, which the head runs.
 
 It holds the state and its fencing token (a :class:`~._store.StateStore`) and serves the
-protocol described in :mod:`clusterbook.rendezvous.backends._wire` over TLS with its own
+protocol described in :mod:`clusterbook.rendezvous.backends.wire` over TLS with its own
 self-signed certificate (:mod:`._tls`). One thread does it all, around one ``selectors``
 loop: TLS handshakes and reads that wait do not hold anyone up, a round that completes answers
 every waiting node from that thread without waking one thread per node, and the rendezvous
@@ -28,28 +28,28 @@ from typing import TYPE_CHECKING, Any
 from clusterbook.errors import ClusterStateError, ConfigError
 from clusterbook.rendezvous.backends._store import ANY, DECISIONS, MEMBERS, StateStore
 from clusterbook.rendezvous.backends._tls import Certificate, make_certificate, server_context
-from clusterbook.rendezvous.backends._wire import (
-    _ACCEPTED,
-    _ANY,
-    _HEAD,
-    _HELLO_MAX,
-    _INT,
-    _NONE,
-    _REFUSED,
-    _SECONDS,
-    _SPEC,
-    _WATCH_MAX,
+from clusterbook.rendezvous.backends.url import format_url
+from clusterbook.rendezvous.backends.wire import (
+    ACCEPTED,
     FRAME_HEADER,
+    HEAD,
+    HELLO_MAX,
     MAX_FRAME,
     MAX_STATE,
+    REFUSED,
+    SECONDS,
+    SPEC,
+    TOKEN_ANY,
+    TOKEN_INT,
+    TOKEN_NONE,
+    WATCH_MAX,
     AuthFailed,
     ProtocolError,
-    _check_secret,
-    _format_url,
-    _seconds,
-    _shutdown,
-    _tune,
     check_hello,
+    check_seconds,
+    check_secret,
+    shutdown,
+    tune,
 )
 from clusterbook.rendezvous.step import Step, StepFormatError
 from clusterbook.spec import validate_port
@@ -138,8 +138,8 @@ class StoreServer:
             raise ConfigError(f"on_lost must be a callable or None, got {on_lost!r}.")
         self._host = host
         self._port = port
-        self._secret = _check_secret(secret)
-        self._lost_grace = _seconds(lost_grace, "lost grace", zero=True)
+        self._secret = check_secret(secret)
+        self._lost_grace = check_seconds(lost_grace, "lost grace", zero=True)
         self._on_lost = on_lost
         if certificate is not None and not isinstance(certificate, Certificate):
             raise ConfigError(
@@ -241,7 +241,7 @@ class StoreServer:
     @property
     def url(self) -> str:
         """``tcp://host:port?fingerprint=sha256:HEX`` for :class:`TcpBackend`."""
-        return _format_url(*self.address, self._certificate.fingerprint)
+        return format_url(*self.address, self._certificate.fingerprint)
 
     @property
     def fingerprint(self) -> str:
@@ -291,7 +291,7 @@ class StoreServer:
             sock.close()
         for conn in list(self._connections.values()):
             with contextlib.suppress(OSError):
-                _shutdown(conn.sock, socket.SHUT_RDWR)
+                shutdown(conn.sock, socket.SHUT_RDWR)
             conn.sock.close()
         self._connections.clear()
         for held in self._waiting.values():
@@ -342,7 +342,7 @@ class StoreServer:
                 sock.close()
                 continue
             try:
-                _tune(sock)
+                tune(sock)
                 sock.setblocking(False)
                 tls = self._context.wrap_socket(
                     sock, server_side=True, do_handshake_on_connect=False
@@ -474,7 +474,7 @@ class StoreServer:
         buf = conn.inbuf
         while len(buf) >= FRAME_HEADER.size and conn.sock.fileno() >= 0 and not conn.closing:
             (size,) = FRAME_HEADER.unpack_from(buf)
-            limit = _HELLO_MAX if conn.phase == _HELLO else MAX_FRAME
+            limit = HELLO_MAX if conn.phase == _HELLO else MAX_FRAME
             if size > limit:
                 raise ProtocolError(f"frame of {size} bytes (limit {limit})")
             end = FRAME_HEADER.size + size
@@ -490,13 +490,13 @@ class StoreServer:
                 node = check_hello(payload, self._secret)
             except AuthFailed:
                 _log.warning("The rendezvous store refused a client: authentication failed.")
-                self._send(conn, _REFUSED)
+                self._send(conn, REFUSED)
                 conn.closing = True
                 self._after_send(conn)
                 return
             conn.node, conn.phase, conn.announced = node, _OPEN, True
             self._session_started(node)
-            self._send(conn, _ACCEPTED)
+            self._send(conn, ACCEPTED)
             return
         if payload == b"B":
             self._end(conn, clean=True)
@@ -514,20 +514,20 @@ class StoreServer:
                 raise ProtocolError(str(exc)) from None
             conn.busy = True
             self._steps.append((conn, step, len(body)))
-        elif op in (b"S", b"W", b"D", b"M") and len(body) >= _SPEC.size:
-            kind, value = _SPEC.unpack_from(body)
-            if kind not in (_NONE, _INT, _ANY):
+        elif op in (b"S", b"W", b"D", b"M") and len(body) >= SPEC.size:
+            kind, value = SPEC.unpack_from(body)
+            if kind not in (TOKEN_NONE, TOKEN_INT, TOKEN_ANY):
                 raise ProtocolError(f"token kind {kind}")
             if op == b"S":
-                decisive = store.compare_and_set(kind, value, body[_SPEC.size :])
+                decisive = store.compare_and_set(kind, value, body[SPEC.size :])
                 current = store.current()
                 won = decisive is not None
                 state = current[0] if current else b""
-                self._send(conn, b"r" + _HEAD.pack(won, store.token) + state)
+                self._send(conn, b"r" + HEAD.pack(won, store.token) + state)
                 if won:
                     self._changed()
-            elif len(body) == _SPEC.size + _SECONDS.size:
-                (timeout,) = _SECONDS.unpack_from(body, _SPEC.size)
+            elif len(body) == SPEC.size + SECONDS.size:
+                (timeout,) = SECONDS.unpack_from(body, SPEC.size)
                 self._hold(conn, _Wait(kind, value, _LEVELS[op]), timeout)
             else:
                 raise ProtocolError(f"a watch of {len(body)} bytes")
@@ -587,12 +587,12 @@ class StoreServer:
         without the nodes' reports to a node's step or its decision or member watch."""
         current = self._store.current(reports=level == ANY)
         if current is None:
-            return b"s" + _HEAD.pack(0, 0)
-        return b"s" + _HEAD.pack(1, current[1]) + current[0]
+            return b"s" + HEAD.pack(0, 0)
+        return b"s" + HEAD.pack(1, current[1]) + current[0]
 
     def _hold(self, conn: _Conn, wait: _Wait, timeout: float) -> None:
         """Answer ``conn`` once ``wait`` is settled, or after ``timeout`` seconds."""
-        timeout = min(_WATCH_MAX, timeout) if timeout > 0 else 0.0  # NaN -> 0
+        timeout = min(WATCH_MAX, timeout) if timeout > 0 else 0.0  # NaN -> 0
         if timeout <= 0 or self._store.settled(wait.kind, wait.value, level=wait.level):
             conn.busy = False
             self._send(conn, self._reply_state(wait.level))
@@ -634,7 +634,7 @@ class StoreServer:
             for (conn, _, _), hold in zip(batch, holds, strict=True):
                 if conn.sock.fileno() >= 0:
                     # Its node waits: answer once that may have changed, or after ``hold``.
-                    self._hold(conn, _Wait(_INT, token, DECISIONS), hold)
+                    self._hold(conn, _Wait(TOKEN_INT, token, DECISIONS), hold)
 
     # sessions
 
