@@ -451,7 +451,7 @@ class Clusterbook:
     @contextlib.contextmanager
     def store_for(self, run_id: str) -> Iterator[str]:
         from clusterbook.rendezvous.api import RendezvousSettings
-        from clusterbook.rendezvous.backends.tcp import StoreServer
+        from clusterbook.rendezvous.backends.tcp_server import StoreServer
         from clusterbook.rendezvous.ops import remove_node
         from clusterbook.rendezvous.state import decode, encode
 

@@ -87,8 +87,6 @@ TEMPORARY: frozenset[tuple[str, str]] = frozenset(
         ("clusterbook.views.html", "clusterbook.engines.config"),
         ("clusterbook.launch.job", "clusterbook.views.html"),
         ("clusterbook.launch.result", "clusterbook.views.html"),
-        # the store's event loop apart from its protocol
-        ("clusterbook.rendezvous.backends.tcp_server", "clusterbook.rendezvous.backends.tcp"),
     }
 )
 

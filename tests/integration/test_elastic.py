@@ -13,7 +13,8 @@ from collections.abc import Callable, Iterator
 import pytest
 
 import clusterbook as cb
-from clusterbook.rendezvous.backends.tcp import StoreServer, write_secret
+from clusterbook.rendezvous.backends.tcp import write_secret
+from clusterbook.rendezvous.backends.tcp_server import StoreServer
 from clusterbook.rendezvous.state import RendezvousState, encode
 from tests.conftest import ranks_started
 

@@ -36,7 +36,8 @@ from clusterbook.rendezvous.api import (
     RendezvousSettings,
     RendezvousStateError,
 )
-from clusterbook.rendezvous.backends.tcp import StoreServer, TcpBackend, write_secret
+from clusterbook.rendezvous.backends.tcp import TcpBackend, write_secret
+from clusterbook.rendezvous.backends.tcp_server import StoreServer
 from clusterbook.rendezvous.ops import Action, apply, next_expiry, remove_node, sanitize
 from clusterbook.rendezvous.registry import join_url
 from clusterbook.rendezvous.report import NodeReport

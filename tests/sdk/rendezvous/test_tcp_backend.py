@@ -24,12 +24,12 @@ from clusterbook.rendezvous.backends import _tls, tcp, wire
 from clusterbook.rendezvous.backends.tcp import (
     MAX_FRAME,
     MAX_STATE,
-    StoreServer,
     TcpBackend,
     parse_url,
     read_secret,
     write_secret,
 )
+from clusterbook.rendezvous.backends.tcp_server import StoreServer
 from tests.sdk.rendezvous.contract import RemoteBackendContract
 
 WAIT = 30.0  # generous bound for "eventually"
@@ -650,7 +650,7 @@ def test_on_lost_returning_none_leaves_the_state(make_server, make_client) -> No
 
 SERVER_PROGRAM = (
     "import sys, time\n"
-    "from clusterbook.rendezvous.backends.tcp import StoreServer\n"
+    "from clusterbook.rendezvous.backends.tcp_server import StoreServer\n"
     "server = StoreServer(secret=bytes.fromhex(sys.stdin.readline().strip())).start()\n"
     "print(server.url, flush=True)\n"
     "time.sleep(600)\n"

@@ -12,7 +12,8 @@ import pytest
 
 from clusterbook.rendezvous.api import RendezvousSettings, RendezvousTimeout
 from clusterbook.rendezvous.backends._store import StateStore
-from clusterbook.rendezvous.backends.tcp import MAX_STATE, StoreServer, TcpBackend
+from clusterbook.rendezvous.backends.tcp import MAX_STATE, TcpBackend
+from clusterbook.rendezvous.backends.tcp_server import StoreServer
 from clusterbook.rendezvous.handler import RendezvousHandler
 from clusterbook.rendezvous.state import RendezvousState, decode, encode
 from clusterbook.rendezvous.step import Operation, Step

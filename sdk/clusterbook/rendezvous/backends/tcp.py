@@ -30,7 +30,6 @@ from clusterbook.rendezvous.backends._tls import (
     _WrongCertificate,
     client_tls,
 )
-from clusterbook.rendezvous.backends.tcp_server import StoreServer
 from clusterbook.rendezvous.backends.url import format_url, parse_store_url, parse_url
 from clusterbook.rendezvous.backends.wire import (
     HEAD,
@@ -59,7 +58,6 @@ __all__ = [
     "MAX_FRAME",
     "MAX_STATE",
     "Certificate",
-    "StoreServer",
     "TcpBackend",
     "parse_url",
     "read_secret",
