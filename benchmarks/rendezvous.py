@@ -20,7 +20,7 @@ Four parts, in one run:
    (goal <= 0.5 s); SIGSTOP one, the same (expected: keep-alive 1 s x 3).
 4. 10,000 simulated nodes complete one round through the head's store, in one process: each
    node's join step as it leaves the node (``Step.to_wire``), the store's work as its event
-   loop does it (``Step.from_wire``, steps run in batches of ``tcp_server.BATCH`` on one draft,
+   loop does it (``Step.from_wire``, steps run in batches of ``tcp_protocol.BATCH`` on one draft,
    the held answers checked after each write, one encoding of the answer), then what every node
    does with the answer (decode, its rank). The nodes' own work is timed apart: on real
    machines each does its share at the same time. Goal: <= 3 s for the store's work plus one
@@ -679,13 +679,13 @@ class Simulated:
 
 def simulate(nodes: int) -> Simulated:
     """``nodes`` join one round (min = max = nodes) through a ``StateStore`` as the TCP store's
-    event loop drives it (``tcp_server.StoreServer._run_steps``): their join steps arrive
+    event loop drives it (``tcp_protocol.StoreProtocol._run_steps``): their join steps arrive
     together, run in batches of ``BATCH``; after a decisive write every held answer it settles
     goes out; each step's answer is then held for as long as :meth:`Step.hold` says. A node
     whose answer goes out decodes it and finds its rank."""
     from clusterbook.rendezvous.api import RendezvousSettings, RendezvousTimeout
     from clusterbook.rendezvous.backends._store import DECISIONS, StateStore
-    from clusterbook.rendezvous.backends.tcp_server import BATCH
+    from clusterbook.rendezvous.backends.tcp_protocol import BATCH
     from clusterbook.rendezvous.backends.wire import HEAD, TOKEN_INT
     from clusterbook.rendezvous.ops import rank_of
     from clusterbook.rendezvous.report import NodeReport

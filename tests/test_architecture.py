@@ -233,7 +233,6 @@ TOO_LONG_FOR_NOW = frozenset(
         "clusterbook.nodes.tasks",
         "clusterbook.nodes.transfer",
         "clusterbook.providers.ssh.provider",
-        "clusterbook.rendezvous.backends.tcp_server",
         "clusterbook.rendezvous.head",
         "clusterbook.ssh.bootstrap",
         "clusterbook.ssh.paramiko_shell",

@@ -467,7 +467,7 @@ def drop(client: TcpBackend) -> None:
 
 
 def graces_over(server: StoreServer) -> None:
-    wait_for(lambda: server._losses_pending == 0)
+    wait_for(lambda: server._protocol.losses_pending == 0)
 
 
 def test_lost_connection_calls_on_lost_and_wakes_watchers(make_server, make_client) -> None:

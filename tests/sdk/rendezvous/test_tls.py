@@ -115,7 +115,7 @@ def test_a_store_with_another_certificate_is_refused_before_anything_is_sent(
     with pytest.raises(RendezvousConnectionError, match="fingerprint does not match"):
         client.set_state(b"for the impostor")
     # The impostor got no proof of the secret, no hello, no request: the client hung up.
-    wait_for(lambda: not impostor._connections)
+    wait_for(lambda: impostor._loop.connections == 0)
     assert "authentication failed" not in caplog.text
     assert impostor.connected_nodes == frozenset()
     assert make_client(impostor.url).get_state() is None
