@@ -232,7 +232,6 @@ TOO_LONG_FOR_NOW = frozenset(
         "clusterbook.nodes.tasks",
         "clusterbook.nodes.transfer",
         "clusterbook.providers.ssh.provider",
-        "clusterbook.rendezvous.head",
         "clusterbook.ssh.bootstrap",
         "clusterbook.ssh.paramiko_shell",
         "clusterbook.ssh.sshd",
