@@ -972,12 +972,28 @@ class _ClientSSLSocket(ssl.SSLSocket):
             raise
 
 
+def counting_dial(server: StoreServer) -> Callable[[float], socket.socket]:
+    """Connects to ``server`` as a client does (its certificate pinned), in TLS sockets that
+    count their empty reads."""
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+    context.minimum_version = ssl.TLSVersion.TLSv1_3
+    context.check_hostname, context.verify_mode = False, ssl.CERT_NONE
+    context.sslsocket_class = _ClientSSLSocket
+
+    def dial(deadline: float) -> socket.socket:
+        sock = socket.create_connection(server.address, timeout=WAIT)
+        return _tls.client_tls(sock, server.fingerprint, deadline, context=context)
+
+    return dial
+
+
 def test_a_client_waits_for_its_answer_instead_of_reading_before_it_came(
-    make_server, make_client, monkeypatch
+    make_server, make_client
 ) -> None:
-    monkeypatch.setattr(_tls._client_context(), "sslsocket_class", _ClientSSLSocket)
     server = make_server()
-    client = make_client(server.url)
+    client = make_client(server.url, dial=counting_dial(server))
+    client.get_state()
+    assert isinstance(client._chan.sock, _ClientSSLSocket)  # the reads below are counted
     client.set_state(b"x" * 100_000)  # an answer of several TLS records: read whole
     assert client.get_state() == (b"x" * 100_000, 1)
     client.set_state(b"y" * 100, 1)

@@ -165,10 +165,17 @@ def _handshake(sock: ssl.SSLSocket, deadline: float | None) -> None:
     sock.do_handshake()
 
 
-def client_tls(sock: socket.socket, fingerprint: str, deadline: float | None) -> ssl.SSLSocket:
-    """``sock`` (connected) wrapped in TLS, once the server's certificate has the pinned
-    ``fingerprint``; raises :class:`_WrongCertificate` if it has not (and closes it)."""
-    tls = _client_context().wrap_socket(sock, do_handshake_on_connect=False)
+def client_tls(
+    sock: socket.socket,
+    fingerprint: str,
+    deadline: float | None,
+    *,
+    context: ssl.SSLContext | None = None,
+) -> ssl.SSLSocket:
+    """``sock`` (connected) wrapped in TLS (``context``: the clients' by default), once the
+    server's certificate has the pinned ``fingerprint``; raises :class:`_WrongCertificate` if
+    it has not (and closes it)."""
+    tls = (context or _client_context()).wrap_socket(sock, do_handshake_on_connect=False)
     try:
         _handshake(tls, deadline)
         der = tls.getpeercert(binary_form=True)
@@ -179,13 +186,3 @@ def client_tls(sock: socket.socket, fingerprint: str, deadline: float | None) ->
         tls.close()
         raise
     return tls
-
-
-def server_tls(context: ssl.SSLContext, sock: socket.socket) -> ssl.SSLSocket:
-    """``sock`` (accepted) wrapped in TLS; the handshake happens in :func:`server_handshake`,
-    on the connection's own thread."""
-    return context.wrap_socket(sock, server_side=True, do_handshake_on_connect=False)
-
-
-def server_handshake(sock: ssl.SSLSocket, deadline: float | None) -> None:
-    _handshake(sock, deadline)
