@@ -35,6 +35,10 @@ LAYERS: tuple[tuple[str, ...], ...] = (
         "clusterbook.events",
         "clusterbook.status",
         "clusterbook.fs",
+        # The same work on every node at once, and the call that runs a node task: plain
+        # threads and a Protocol, which every layer that asks nodes for something takes.
+        "clusterbook.nodes.fanout",
+        "clusterbook.nodes.call",
     ),
     ("clusterbook.ssh",),
     ("clusterbook.launch",),
@@ -73,13 +77,6 @@ TEMPORARY: frozenset[tuple[str, str]] = frozenset(
         ("clusterbook.head.catalog", "clusterbook.cluster.options"),
         ("clusterbook.providers.environment.detect", "clusterbook.cluster.options"),
         ("clusterbook.providers.environment.detect", "clusterbook.providers.environment.readers"),
-        # how the launcher reaches nodes is the launcher's (launch.remote), not a provider's
-        ("clusterbook.launch.command", "clusterbook.providers.base"),
-        ("clusterbook.launch.nodes", "clusterbook.providers.base"),
-        ("clusterbook.launch.prepare", "clusterbook.providers.base"),
-        ("clusterbook.launch.command", "clusterbook.launch.srun"),
-        ("clusterbook.launch.keep", "clusterbook.nodes.fanout"),
-        ("clusterbook.launch.keep", "clusterbook.nodes.transfer"),
         # a job's status is the job's; snapshots know no Job
         ("clusterbook.status", "clusterbook.launch.command"),
         ("clusterbook.status", "clusterbook.launch.job"),

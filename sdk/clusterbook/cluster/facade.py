@@ -37,7 +37,7 @@ from clusterbook.launch.prepare import JobHooks, JobRequest, diagnose, prepare
 from clusterbook.nodes.commands import runs_frame
 from clusterbook.nodes.transfer import gather_into, put_paths
 from clusterbook.paths import cluster_dir, default_run_root
-from clusterbook.providers.base import Provider, StartContext
+from clusterbook.providers.base import Provider, StartContext, node_source
 from clusterbook.providers.registry import make_provider
 from clusterbook.spec import NodeSpec, read_hostfile, validate_timeout
 from clusterbook.status import ClusterSnapshot, nodes_frame, snapshot_of
@@ -516,7 +516,8 @@ class Cluster:
         self._require_running("mpirun")
         if self._remote is not None:
             return self._remote.mpirun(argv, np, **job)
-        nodes = usable_nodes(self.name, self._provider)
+        source = node_source(self._provider)
+        nodes = usable_nodes(self.name, source)
         request = JobRequest.make(argv, np, slots=sum(n.slots for n in nodes), **job)
         unreachable, names = self._provider.unreachable, [n.name for n in nodes]
 
@@ -525,7 +526,7 @@ class Cluster:
             on_done=lambda _: self._changed(record=True),
             diagnose=lambda result: diagnose(unreachable(names), result),
             where=lambda restart: nodes_for_attempt(
-                self.name, self._provider, restart=restart, running=lambda: self._state == "running"
+                self.name, source, restart=restart, running=lambda: self._state == "running"
             ),
             on_attempt=lambda _: self._changed(record=True),
             lost=lambda nodes: lost_node(nodes, self._provider.unreachable),

@@ -15,11 +15,11 @@ import socket
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, TypedDict
+from typing import TypedDict
 
 from clusterbook.errors import ConfigError, NodeLostError, RunDirError
 from clusterbook.launch.attempt import Attempt
-from clusterbook.launch.command import LaunchPlan, build_command, placement
+from clusterbook.launch.command import LaunchPlan, placement
 from clusterbook.launch.flavour import Launcher
 from clusterbook.launch.job import Job
 from clusterbook.launch.keep import check_clean
@@ -28,11 +28,10 @@ from clusterbook.launch.nodes import Placement
 from clusterbook.launch.program import check_argv, check_cwd, resolve_program
 from clusterbook.launch.rankwrap import HOOK_DIR
 from clusterbook.launch.recovery import NO_RECOVERY, Backoff, Recovery
+from clusterbook.launch.remote import RemoteLaunch
 from clusterbook.launch.result import JobResult, KeptProcess, ssh_refusals
+from clusterbook.launch.srun import launch_command
 from clusterbook.spec import NodeSpec, validate_env, validate_np, validate_timeout
-
-if TYPE_CHECKING:  # a cycle at run time: providers import launch
-    from clusterbook.providers.base import RemoteLaunch
 
 __all__ = [
     "JobArgs",
@@ -354,7 +353,7 @@ def prepare(
             job_id,
             number,
             plan,
-            build_command(plan),
+            launch_command(plan),
             folder,
             LogStore(folder, hosts, launcher_host=here, attempt=number, budget=logs),
             base_env=base_env,

@@ -48,19 +48,20 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Collection, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import ClassVar
 
 from clusterbook.launch.flavour import Launcher
+from clusterbook.launch.nodes import NodeSource
+from clusterbook.launch.remote import RemoteLaunch
 from clusterbook.launch.result import KeptProcess
-from clusterbook.launch.srun import SrunStep
 from clusterbook.nodes.commands import NodeRun, run_everywhere
 from clusterbook.nodes.transfer import Outgoing, uncounted
 from clusterbook.spec import NodeSpec
 from clusterbook.status import NodeStatus
 
-__all__ = ["Provider", "RemoteLaunch", "StartContext"]
+__all__ = ["Provider", "StartContext", "node_source"]
 
 
 def _nothing() -> None:
@@ -91,28 +92,6 @@ class StartContext:
     changed: Callable[[], None] = _nothing
     progress: Callable[[str], None] = _quiet
     run_dir: Path | None = None
-
-
-@dataclass(frozen=True, slots=True)
-class RemoteLaunch:
-    """How the MPI launcher reaches the nodes: ssh options, an ssh wrapper (MPICH), and the
-    head's address as the nodes see it. ``tree_spawn`` is off when the nodes cannot ssh to
-    each other (only the head holds the key), so every daemon is started from the head.
-
-    When the nodes' environments live at different paths, ``python``, ``launcher`` and
-    ``hook_dir`` are paths that are the same on every node (per-cluster links to each node's
-    own environment) and replace the cluster's for the job. ``srun``: the nodes are a Slurm
-    allocation's, and jobs start as its steps (no ssh; see :mod:`clusterbook.launch.srun`)."""
-
-    ssh_args: tuple[str, ...]
-    ssh_wrapper: str
-    head_addr: str
-    hostnames: Mapping[str, str] = field(default_factory=dict)
-    tree_spawn: bool = True
-    python: str | None = None
-    launcher: Launcher | None = None
-    hook_dir: str | None = None
-    srun: SrunStep | None = None
 
 
 class Provider(ABC):
@@ -235,3 +214,17 @@ class Provider(ABC):
         """Seconds the nodes are there at most (a batch job's time limit), if bounded: the
         cluster's ``life_span`` unless it was given one."""
         return None
+
+
+def node_source(provider: Provider) -> NodeSource:
+    """What a job asks of ``provider``'s nodes (see :class:`~clusterbook.launch.nodes.NodeSource`),
+    asked of it when a job needs it."""
+    return NodeSource(
+        nodes=lambda: provider.nodes,
+        known=lambda: [s.name for s in provider.node_statuses()],
+        unreachable=provider.unreachable,
+        remote=provider.remote,
+        lost_for_good=provider.lost_for_good,
+        join_command=lambda: provider.join_command,
+        bounds=lambda: provider.bounds,
+    )

@@ -21,11 +21,13 @@ import psutil
 
 from clusterbook.errors import CleanupWarning, ClusterError
 from clusterbook.launch.keep import end_far, hold_far
+from clusterbook.launch.remote import RemoteLaunch
 from clusterbook.launch.result import KeptProcess
+from clusterbook.nodes.call import Call
 from clusterbook.nodes.commands import NodeRun, run_everywhere
-from clusterbook.nodes.transfer import Call, Outgoing, fetch_all, send_all, uncounted
+from clusterbook.nodes.transfer import Outgoing, fetch_all, send_all, uncounted
 from clusterbook.paths import cluster_dir
-from clusterbook.providers.base import Provider, RemoteLaunch, StartContext
+from clusterbook.providers.base import Provider, StartContext
 from clusterbook.providers.elastic.reach import Reach, far_nodes, pick_address
 from clusterbook.rendezvous.agent import agent_argv
 from clusterbook.rendezvous.api import RendezvousSettings, RendezvousTimeout

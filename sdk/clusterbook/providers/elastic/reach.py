@@ -21,9 +21,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from clusterbook.errors import BootstrapError
+from clusterbook.launch.remote import RemoteLaunch
+from clusterbook.nodes.call import Call
 from clusterbook.nodes.fanout import parallel
-from clusterbook.nodes.transfer import Call
-from clusterbook.providers.base import RemoteLaunch, StartContext
+from clusterbook.providers.base import StartContext
 from clusterbook.rendezvous.report import NodeReport
 from clusterbook.spec import NodeSpec
 from clusterbook.ssh.hostkeys import (

@@ -35,9 +35,9 @@ from clusterbook.errors import (
     ConfigError,
     ReadyTimeoutError,
 )
-from clusterbook.launch.srun import SrunStep
+from clusterbook.launch.remote import RemoteLaunch, SrunStep
 from clusterbook.paths import cluster_dir
-from clusterbook.providers.base import RemoteLaunch, StartContext
+from clusterbook.providers.base import StartContext
 from clusterbook.providers.elastic.provider import ElasticProvider
 from clusterbook.providers.elastic.reach import head_address_towards
 from clusterbook.providers.slurm.batch import BatchJob, JobState, render_script, sbatch_argv

@@ -30,13 +30,14 @@ from clusterbook.errors import BootstrapError, ClusterError, ConfigError
 from clusterbook.launch.command import OPENMPI_TUNING
 from clusterbook.launch.flavour import MPIFlavour
 from clusterbook.launch.keep import end_far, hold_far
+from clusterbook.launch.remote import RemoteLaunch, SrunStep
 from clusterbook.launch.result import KeptProcess
-from clusterbook.launch.srun import PMI_PLUGIN, SrunStep, inherited_slurm
+from clusterbook.launch.srun import PMI_PLUGIN, inherited_slurm
 from clusterbook.nodes import tasks
+from clusterbook.nodes.call import Call
 from clusterbook.nodes.commands import NodeRun, run_everywhere
 from clusterbook.nodes.fanout import parallel
-from clusterbook.nodes.transfer import Call
-from clusterbook.providers.base import Provider, RemoteLaunch, StartContext
+from clusterbook.providers.base import Provider, StartContext
 from clusterbook.providers.elastic.reach import head_address_towards
 from clusterbook.providers.slurm.commands import SlurmRunner, run_command
 from clusterbook.providers.ssh.provider import parse_host_list

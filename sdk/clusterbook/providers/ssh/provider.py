@@ -23,13 +23,15 @@ from clusterbook.errors import (
 from clusterbook.gpus import GPUS, Slots
 from clusterbook.launch.keep import end_far, hold_far
 from clusterbook.launch.rankwrap import HOOK_DIR
+from clusterbook.launch.remote import RemoteLaunch
 from clusterbook.launch.result import KeptProcess
 from clusterbook.nodes import tasks
+from clusterbook.nodes.call import Call
 from clusterbook.nodes.commands import NodeRun, run_everywhere
 from clusterbook.nodes.fanout import parallel
-from clusterbook.nodes.transfer import Call, Outgoing, fetch_all, gather_ask, send_all, uncounted
+from clusterbook.nodes.transfer import Outgoing, fetch_all, gather_ask, send_all, uncounted
 from clusterbook.paths import cluster_dir, node_cluster_dir
-from clusterbook.providers.base import Provider, RemoteLaunch, StartContext
+from clusterbook.providers.base import Provider, StartContext
 from clusterbook.rendezvous.agent import AGENT_IMPORTS, HEAD_LEASE, agent_argv
 from clusterbook.rendezvous.api import RendezvousSettings, RendezvousTimeout
 from clusterbook.rendezvous.head import RendezvousHead

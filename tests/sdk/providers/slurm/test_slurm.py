@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 
 import clusterbook as cb
-from clusterbook.launch.srun import SrunStep
-from clusterbook.providers.base import RemoteLaunch, StartContext
+from clusterbook.launch.remote import RemoteLaunch, SrunStep
+from clusterbook.providers.base import StartContext
 from clusterbook.providers.elastic.provider import ElasticProvider
 from clusterbook.providers.slurm.batch import (
     GONE,

@@ -13,12 +13,13 @@ from pathlib import Path
 import pytest
 
 import clusterbook as cb
-from clusterbook.launch.command import LaunchCommand, build_command
+from clusterbook.launch.command import LaunchCommand
 from clusterbook.launch.flavour import Launcher
 from clusterbook.launch.parse import LabelParser
 from clusterbook.launch.rankwrap import WRAPPER
-from clusterbook.launch.srun import SrunStep, inherited_slurm
-from clusterbook.providers.base import RemoteLaunch, StartContext
+from clusterbook.launch.remote import RemoteLaunch, SrunStep
+from clusterbook.launch.srun import inherited_slurm, launch_command
+from clusterbook.providers.base import StartContext
 from clusterbook.providers.slurm.srun import SrunProvider, read_probe
 from clusterbook.spec import NodeSpec
 from tests.sdk.launch.test_command import MPICH, OMPI, PROGRAM, plan
@@ -34,7 +35,7 @@ STEP = RemoteLaunch((), "", "", srun=SrunStep("/usr/bin/srun", "42"))
 @pytest.mark.parametrize(("launcher", "plugin"), [(OMPI, "pmix"), (MPICH, "pmi2")])
 def test_srun_runs_the_plan_as_a_step_with_the_mpis_plugin(launcher: Launcher, plugin: str):
     inherited = {"SLURM_NTASKS_PER_NODE": "2", "SLURM_CONF": "/etc/slurm.conf", "HOME": "/h"}
-    cmd = build_command(
+    cmd = launch_command(
         plan(launcher, nodes=NODES, np=3, remote=STEP, inherited_env=inherited, job_token=JOB)
     )
     assert cmd.argv[:10] == [
@@ -62,13 +63,13 @@ def test_srun_runs_the_plan_as_a_step_with_the_mpis_plugin(launcher: Launcher, p
 
 
 def test_open_mpi_ranks_under_srun_get_mpiruns_settings() -> None:
-    ompi = build_command(plan(OMPI, nodes=NODES, np=4, remote=STEP, as_root=True))
+    ompi = launch_command(plan(OMPI, nodes=NODES, np=4, remote=STEP, as_root=True))
     assert ompi.env["OMPI_MCA_btl"] == "^ofi"
     assert ompi.env["OMPI_ALLOW_RUN_AS_ROOT"] == "1"
     assert ompi.env["OMPI_ALLOW_RUN_AS_ROOT_CONFIRM"] == "1"
-    mpich = build_command(plan(MPICH, nodes=NODES, np=4, remote=STEP, as_root=True))
+    mpich = launch_command(plan(MPICH, nodes=NODES, np=4, remote=STEP, as_root=True))
     assert "OMPI_ALLOW_RUN_AS_ROOT" not in mpich.env
-    more = build_command(plan(OMPI, nodes=NODES, np=6, remote=STEP, oversubscribe=True))
+    more = launch_command(plan(OMPI, nodes=NODES, np=6, remote=STEP, oversubscribe=True))
     assert "--overcommit" in more.argv
     assert more.hostfile_text == "snode1\nsnode1\nsnode2\nsnode2\nsnode1\nsnode1\n"
     assert "--overcommit" not in ompi.argv
