@@ -76,7 +76,6 @@ TEMPORARY: frozenset[tuple[str, str]] = frozenset(
         # a cluster's run directory is claimed from its id and directory, not its options
         ("clusterbook.head.catalog", "clusterbook.cluster.options"),
         ("clusterbook.providers.environment.detect", "clusterbook.cluster.options"),
-        ("clusterbook.providers.environment.detect", "clusterbook.providers.environment.readers"),
         # a job's status is the job's; snapshots know no Job
         ("clusterbook.status", "clusterbook.launch.command"),
         ("clusterbook.status", "clusterbook.launch.job"),
