@@ -230,7 +230,6 @@ TOO_LONG_FOR_NOW = frozenset(
         "clusterbook.launch.prepare.prepare",
         "clusterbook.nodes.tasks",
         "clusterbook.nodes.transfer",
-        "clusterbook.providers.ssh.provider",
         "clusterbook.rendezvous.backends.tcp_server",
         "clusterbook.rendezvous.head",
         "clusterbook.ssh.bootstrap",

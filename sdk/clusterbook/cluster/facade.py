@@ -100,7 +100,7 @@ class Cluster:
         self._subscribers: Subscribers[ClusterSnapshot] = Subscribers()
         self._stoppers: list[Callable[[], None]] = []
         up = ("ready", "joined", "running")
-        self._watch = NodeWatch(lambda: sum(s.state in up for s in provider.node_statuses()))
+        self._watch = NodeWatch(lambda: sum(s.state in up for s in provider.watch.node_statuses()))
 
     @classmethod
     def from_spec(cls, spec: Mapping[str, Any]) -> Cluster:
@@ -354,7 +354,7 @@ class Cluster:
             self._claim_run_dir()
             if self._options.work_dir is not None and self._mirror is None:
                 self._mirror = Mirror(self._options.work_dir, self._options.work_dir_options)
-            env, total = self._options.env, len(self._provider.node_statuses()) or None
+            env, total = self._options.env, len(self._provider.watch.node_statuses()) or None
             self._state = "starting"
             self._write_record()
             try:
@@ -483,7 +483,7 @@ class Cluster:
             raise ClusterStateError(gone)
         total = (self._provider.bounds or (len(self.nodes),))[0] or None
         with self._watch.showing(bar(progress, "waiting for nodes", total, "node")):
-            self._provider.wait_ready(limit)
+            self._provider.watch.wait_ready(limit)
 
     # -- jobs -----------------------------------------------------------------------------
 
@@ -519,26 +519,26 @@ class Cluster:
         source = node_source(self._provider)
         nodes = usable_nodes(self.name, source)
         request = JobRequest.make(argv, np, slots=sum(n.slots for n in nodes), **job)
-        unreachable, names = self._provider.unreachable, [n.name for n in nodes]
+        unreachable, names = self._provider.watch.unreachable, [n.name for n in nodes]
 
         hooks = JobHooks(
-            on_failure=self._provider.stop_job,
+            on_failure=self._provider.reach.stop_job,
             on_done=lambda _: self._changed(record=True),
             diagnose=lambda result: diagnose(unreachable(names), result),
             where=lambda restart: nodes_for_attempt(
                 self.name, source, restart=restart, running=lambda: self._state == "running"
             ),
             on_attempt=lambda _: self._changed(record=True),
-            lost=lambda nodes: lost_node(nodes, self._provider.unreachable),
-            free_port=self._provider.free_port,
-            hold=self._provider.hold_job,
+            lost=lambda nodes: lost_node(nodes, self._provider.watch.unreachable),
+            free_port=self._provider.reach.free_port,
+            hold=self._provider.reach.hold_job,
         )
         with self._lock:
             started = prepare(
                 request,
                 cluster=self.id,
                 nodes=nodes,
-                remote=self._provider.remote(),
+                remote=self._provider.reach.remote(),
                 python=self.python,
                 launcher=self.launcher,
                 env=self._options.env,
@@ -597,7 +597,7 @@ class Cluster:
         self._require_running("put")
         if self._remote is not None:
             return self._remote.put(*paths, progress=progress)
-        put_paths(self._provider.put, paths, progress)
+        put_paths(self._provider.reach.put, paths, progress)
 
     def run_on_nodes(self, argv: Sequence[str], timeout: float = 60.0) -> pd.DataFrame:
         """Run ``argv`` on every node at once (each stopped after ``timeout`` seconds), for
@@ -607,7 +607,7 @@ class Cluster:
         self._require_running("run_on_nodes")
         if self._remote is not None:
             return self._remote.run_on_nodes(argv, timeout)
-        return runs_frame(self._provider.run_on_nodes(argv, timeout))
+        return runs_frame(self._provider.reach.run_on_nodes(argv, timeout))
 
     def gather(
         self, directory: str | os.PathLike[str], *, progress: bool | None = None
@@ -624,7 +624,7 @@ class Cluster:
         self._require_running("gather")
         if self._remote is not None:
             return self._remote.gather(directory, progress=progress)
-        return gather_into(self._provider.gather, Path(directory), progress)
+        return gather_into(self._provider.reach.gather, Path(directory), progress)
 
     def engines(self, n: int | None = None, **how: Unpack[EngineArgs]) -> ipyparallel.Client:
         """Start ``n`` ipyparallel engines (default: all slots) as an MPI job on the nodes
@@ -639,7 +639,7 @@ class Cluster:
             return self._remote.engines(n, **how)  # refused, saying why and what instead
         from clusterbook.engines import start_engines
 
-        remote = self._provider.remote()
+        remote = self._provider.reach.remote()
         head = (remote.head_addr or None) if remote is not None else None
         return start_engines(self, n, head_addr=head, **how)
 
@@ -671,7 +671,7 @@ class Cluster:
             name=self.name,
             kind=self.kind,
             state=state,
-            statuses=self._provider.node_statuses(),
+            statuses=self._provider.watch.node_statuses(),
             jobs=jobs,
             launcher=self._launcher.path if self._launcher else None,
             run_dir=str(self.run_dir),
@@ -686,7 +686,7 @@ class Cluster:
         else with the nodes (the provider's view), and with the head's services."""
         services = self._services
         found = (
-            self._provider.lost_for_good() or self._provider.problem(),
+            self._provider.lost_for_good() or self._provider.watch.problem(),
             services.problem if services else None,
         )
         return " ".join(p for p in found if p) or None
@@ -705,7 +705,7 @@ class Cluster:
         # Not under the cluster's lock: this runs on the provider's thread, which start()
         # may be waiting for with the lock held (a copy of the list is atomic).
         jobs = list(self._jobs)
-        fail_on_lost_nodes(jobs, self._provider.unreachable)
+        fail_on_lost_nodes(jobs, self._provider.watch.unreachable)
         if self._state == "running":
             restart_grown_jobs(jobs, lambda: self._provider.nodes)
         self._watch.changed()

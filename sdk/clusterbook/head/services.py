@@ -187,7 +187,7 @@ def _handlers(cluster: Cluster) -> dict[str, Handler]:
     def run_on_nodes(request: Mapping[str, Any]) -> Mapping[str, Any]:
         cluster._require_running("run_on_nodes")
         argv, timeout = request.get("argv"), float(request.get("timeout", 60))
-        runs = cluster._provider.run_on_nodes(argv, timeout)  # type: ignore[arg-type]
+        runs = cluster._provider.reach.run_on_nodes(argv, timeout)  # type: ignore[arg-type]
         return {"rows": [asdict(r) for r in runs]}
 
     return {

@@ -188,20 +188,20 @@ def test_start_checks_mpi_through_the_plugin_and_learns_the_nodes(tmp_path: Path
     ]
     assert "MPI.COMM_WORLD" in check[-1]
     assert [(n.host, n.slots, n.cores) for n in p.nodes] == [("snode1", 2, 8), ("snode2", 2, 8)]
-    remote = p.remote()
+    remote = p.reach.remote()
     assert remote is not None
     assert remote.srun == SrunStep(check[0], "42")
     # Where processes on the nodes reach this machine: on the way to snode1's NodeAddr.
     assert remote.head_addr == "127.0.0.1"
     assert ["scontrol", "show", "node", "-o", "snode1"] in fake.calls
     # A job's clean-up and port go to each node as a one-task step there.
-    p.stop_job("c1-abc")
+    p.reach.stop_job("c1-abc")
     kills = [c for c in fake.calls[1:] if c[-2] == "kill"]
     assert sorted(c[2] for c in kills) == ["--nodelist=snode1", "--nodelist=snode2"]
     assert all(json.loads(c[-1]) == {"token": "c1-abc"} for c in kills)
-    assert p.free_port(p.nodes[1]) == 31000
+    assert p.reach.free_port(p.nodes[1]) == 31000
     p.stop()
-    assert p.remote() is None
+    assert p.reach.remote() is None
 
 
 def test_a_world_of_one_on_every_node_is_a_plugin_that_does_not_fit(tmp_path: Path) -> None:
