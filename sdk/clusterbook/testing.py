@@ -104,7 +104,7 @@ class FakeProvider(Provider):
         An error :meth:`start` raises instead of starting (a bootstrap that fails).
     ready
         Whether the nodes are ready once started; if not, ``wait_ready`` times out until
-        :meth:`make_ready`.
+        :meth:`make_ready` (as it does before the start).
     bounds
         ``(min_nodes, max_nodes)`` to report, as an elastic provider does.
     gather_files
@@ -205,7 +205,7 @@ class FakeProvider(Provider):
     # -- the watch ----------------------------------------------------------------------
 
     def wait_ready(self, timeout: float) -> None:
-        if not self._ready:
+        if not (self.started and self._ready):
             names = ", ".join(n.name for n in self._nodes)
             raise ReadyTimeoutError(
                 f"The fake nodes are not ready after {timeout:g} s: waiting for {names}.",

@@ -91,11 +91,12 @@ def _fix(gpus: GPUInfo, cores: int) -> str:
 
 
 class LocalAgentsProvider(Provider):
-    """Starts one agent process per node on this machine and waits until they joined."""
+    """Starts one agent process per node on this machine and waits until they joined; the
+    agents run ``python`` (default: this interpreter, which has clusterbook)."""
 
     kind = "local"
 
-    def __init__(self, nodes: tuple[NodeSpec, ...]) -> None:
+    def __init__(self, nodes: tuple[NodeSpec, ...], *, python: str | None = None) -> None:
         # Nothing to wait for beyond all of them: min = max, so the round completes at once.
         settings = RendezvousSettings(
             run_id="pending",
@@ -105,6 +106,7 @@ class LocalAgentsProvider(Provider):
         )
         self.head = RendezvousHead(settings)
         self._spec = nodes
+        self._python = python or sys.executable  # the agents': this one has clusterbook
         # Every node is one the head started: a row each from the start, with its share of
         # this machine's GPUs (each agent reports all of them); an agent that keeps ending
         # is given up on at once.
@@ -156,7 +158,9 @@ class LocalAgentsProvider(Provider):
         for node in self._spec:
             self._agents[node.name] = self._spawn(node)
         try:
-            self.head.wait_ready(START_TIMEOUT)
+            # An agent that ended cannot join: no use waiting for it (none is started again
+            # before the start is over).
+            self.head.wait_ready(START_TIMEOUT, give_up=self._ended_at_start)
         except ClusterError:
             failed = [p for p in self._agents.values() if p.poll() is not None]
             said = failed and f"code {failed[0].returncode}: {_last_words(failed[0])}"
@@ -169,12 +173,16 @@ class LocalAgentsProvider(Provider):
         )
         self._keeper.start()
 
+    def _ended_at_start(self) -> str | None:
+        ended = [name for name, proc in self._agents.items() if proc.poll() is not None]
+        return f"The local worker agent of {', '.join(ended)} ended." if ended else None
+
     def _spawn(self, node: NodeSpec) -> subprocess.Popen[bytes]:
         """Start the agent of ``node``."""
         assert self.head.join_url is not None
         assert self.head.token_file is not None
         argv = agent_argv(
-            sys.executable,
+            self._python,
             self.head.join_url,
             self.head.token_file,
             node_id=node.name,
