@@ -69,9 +69,7 @@ TEMPORARY: frozenset[tuple[str, str]] = frozenset(
         ("clusterbook.head.supervisor", "clusterbook.cluster.facade"),
         ("clusterbook.cluster.display", "clusterbook.cluster.facade"),
         ("clusterbook.cluster.display", "clusterbook.cluster.remote.attached"),
-        # a cluster's run directory is claimed from its id and directory, not its options
-        ("clusterbook.head.catalog", "clusterbook.cluster.options"),
-        ("clusterbook.providers.environment.detect", "clusterbook.cluster.options"),
+        # the circle between the readers and the detection of the system around this process
         ("clusterbook.providers.environment.detect", "clusterbook.providers.environment.readers"),
         # how the launcher reaches nodes is the launcher's (launch.remote), not a provider's
         ("clusterbook.launch.command", "clusterbook.providers.base"),

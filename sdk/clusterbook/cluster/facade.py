@@ -11,6 +11,7 @@ import threading
 import time
 import weakref
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -408,7 +409,9 @@ class Cluster:
         return self
 
     def _claim_run_dir(self) -> None:
-        self._options = catalog.claim(self._options)
+        opts = self._options
+        got, run_dir = catalog.claim(opts.id, opts.run_dir, opts.own_run_dir)
+        self._options = replace(opts, id=got, run_dir=run_dir)
 
     def stop(self) -> None:
         """Stop every job and release the nodes. Safe to call more than once."""

@@ -11,7 +11,7 @@ import secrets
 import sys
 import time
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypedDict
 
@@ -21,7 +21,7 @@ from clusterbook.launch.flavour import MPIFlavour
 from clusterbook.lifetime import DETACHED_LIFE_SPAN, parse_duration
 from clusterbook.names import NAME_RULE, is_name
 from clusterbook.paths import default_run_root
-from clusterbook.spec import validate_env, validate_forward_env
+from clusterbook.spec import CLUSTER_OPTIONS, validate_env, validate_forward_env
 
 if TYPE_CHECKING:
     from clusterbook.providers.slurm.commands import SlurmRunner
@@ -206,8 +206,9 @@ class ClusterOptions:
 
     @classmethod
     def given_names(cls) -> set[str]:
-        """The options a user gives (the others are made from them)."""
-        return {f.name for f in fields(cls)} - {"id", "own_run_dir"}
+        """The options a user gives (the others are made from them):
+        :data:`clusterbook.spec.CLUSTER_OPTIONS`."""
+        return set(CLUSTER_OPTIONS)
 
     @classmethod
     def make(cls, kind: str, **given: object) -> ClusterOptions:
