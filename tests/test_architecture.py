@@ -78,9 +78,6 @@ TEMPORARY: frozenset[tuple[str, str]] = frozenset(
         ("clusterbook.launch.command", "clusterbook.launch.srun"),
         ("clusterbook.launch.keep", "clusterbook.nodes.fanout"),
         ("clusterbook.launch.keep", "clusterbook.nodes.transfer"),
-        # a job's status is the job's; snapshots know no Job
-        ("clusterbook.status", "clusterbook.launch.command"),
-        ("clusterbook.status", "clusterbook.launch.job"),
         # views know no engines; results render themselves through a lazy _repr_html_
         ("clusterbook.views.html", "clusterbook.engines.config"),
         ("clusterbook.launch.job", "clusterbook.views.html"),

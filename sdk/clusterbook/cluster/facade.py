@@ -26,6 +26,7 @@ from clusterbook.head.record import STOP_FILE
 from clusterbook.head.services import HeadServices, write_record_of
 from clusterbook.launch.flavour import Launcher, find_launcher
 from clusterbook.launch.job import Job
+from clusterbook.launch.jobstatus import job_status, with_running_jobs
 from clusterbook.launch.logs import LogBudget
 from clusterbook.launch.nodes import (
     fail_on_lost_nodes,
@@ -673,8 +674,8 @@ class Cluster:
             name=self.name,
             kind=self.kind,
             state=state,
-            statuses=self._provider.node_statuses(),
-            jobs=jobs,
+            nodes=with_running_jobs(self._provider.node_statuses(), jobs),
+            jobs=[job_status(j) for j in jobs],
             launcher=self._launcher.path if self._launcher else None,
             run_dir=str(self.run_dir),
             uptime=None if self._started is None else time.monotonic() - self._started,

@@ -24,9 +24,9 @@ from clusterbook.head.control_server import ControlServer
 from clusterbook.head.keeper import Keeper
 from clusterbook.head.liveness import own_mark
 from clusterbook.head.record import ClusterRecord, JobEntry, write_record
+from clusterbook.launch.jobstatus import job_status
 from clusterbook.launch.prepare import JobArgs
 from clusterbook.lifetime import Lifetime
-from clusterbook.status import job_status
 
 if TYPE_CHECKING:
     from clusterbook.cluster.facade import Cluster

@@ -274,7 +274,7 @@ class Job:
     def _repr_html_(self) -> str:
         """In a notebook: the job's row (state, ranks, time) and its last lines, as they are
         now (a saved notebook keeps them)."""
-        from clusterbook.status import job_status
+        from clusterbook.launch.jobstatus import job_status
         from clusterbook.views.html import render_job, render_timeline
 
         page = render_job(job_status(self), self._records()[-20:])
