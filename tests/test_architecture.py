@@ -63,12 +63,6 @@ UPWARD: dict[tuple[str, str], str] = {}
 #: docs/architecture.md, "Not there yet"): each must still exist, so the list only shrinks.
 TEMPORARY: frozenset[tuple[str, str]] = frozenset(
     {
-        # the engines and the head's services take the cluster's handle, not Cluster
-        ("clusterbook.engines", "clusterbook.cluster.facade"),
-        ("clusterbook.head.services", "clusterbook.cluster.facade"),
-        ("clusterbook.head.supervisor", "clusterbook.cluster.facade"),
-        ("clusterbook.cluster.display", "clusterbook.cluster.facade"),
-        ("clusterbook.cluster.display", "clusterbook.cluster.remote.attached"),
         # the circle between the readers and the detection of the system around this process
         ("clusterbook.providers.environment.detect", "clusterbook.providers.environment.readers"),
         # how the launcher reaches nodes is the launcher's (launch.remote), not a provider's
@@ -78,8 +72,7 @@ TEMPORARY: frozenset[tuple[str, str]] = frozenset(
         ("clusterbook.launch.command", "clusterbook.launch.srun"),
         ("clusterbook.launch.keep", "clusterbook.nodes.fanout"),
         ("clusterbook.launch.keep", "clusterbook.nodes.transfer"),
-        # views know no engines; results render themselves through a lazy _repr_html_
-        ("clusterbook.views.html", "clusterbook.engines.config"),
+        # results render themselves through a lazy _repr_html_
         ("clusterbook.launch.job", "clusterbook.views.html"),
         ("clusterbook.launch.result", "clusterbook.views.html"),
         # the store's event loop apart from its protocol
@@ -216,10 +209,6 @@ TOO_LONG_FOR_NOW = frozenset(
     {
         "clusterbook.cli.main",
         "clusterbook.cli.main._add_commands",
-        "clusterbook.cluster.facade",
-        "clusterbook.cluster.remote.attached",
-        "clusterbook.cluster.remote.sshdir",
-        "clusterbook.engines.start_engines",
         "clusterbook.export.mpijob.render_mpijob",
         "clusterbook.head.control_server",
         "clusterbook.launch.attempt",

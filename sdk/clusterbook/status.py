@@ -56,7 +56,8 @@ class JobStatus:
     """One job as it is now. ``state`` is running, succeeded, failed, timed out or cancelled;
     ``attempt`` the attempt running (or the last one), ``last_reason`` how the attempt before
     it ended ("rank 1 exited 1", "node node2 lost"; None when it is the first), ``restarts``
-    how many attempts were relaunches after a node was lost."""
+    how many attempts were relaunches after a node was lost; ``label`` the name a well-known
+    job is shown under ("ipyparallel engines"), if it has one."""
 
     id: str
     np: int
@@ -68,6 +69,7 @@ class JobStatus:
     attempt: int = 1
     last_reason: str | None = None
     restarts: int = 0
+    label: str | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -8,9 +8,8 @@ through the ``clusterbook.jupyter`` entry points (it never imports this package 
 
 from __future__ import annotations
 
+from importlib import import_module
 from typing import TYPE_CHECKING, Any
-
-from clusterbook._lazy import lazy_names
 
 if TYPE_CHECKING:
     from clusterbook_widgets.cluster_widget import ClusterWidget, display_cluster
@@ -38,7 +37,18 @@ _LAZY = {
 }
 
 
-__getattr__, __dir__ = lazy_names(__name__, _LAZY, globals())
+def __getattr__(name: str) -> Any:
+    """A name of :data:`_LAZY`, imported from its module on first use (PEP 562)."""
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(import_module(module), name)
+    globals()[name] = value  # once: later lookups do not come here
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *_LAZY})
 
 
 def current_cluster(shell: Any = None) -> Any:

@@ -22,7 +22,7 @@ from typing import Any, Protocol
 
 import ipywidgets as widgets
 
-from clusterbook.launch.logs import LAUNCHER_RANK, LogRecord, read_log_file
+from clusterbook.launch import LAUNCHER_RANK, LogRecord, read_log_file
 from clusterbook.spec import validate_positive_int
 from clusterbook.views.html import MUTED_COLOUR, render_lines
 from clusterbook_widgets.throttle import Scheduler, Throttle

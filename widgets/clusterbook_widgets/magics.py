@@ -20,11 +20,9 @@ from IPython.core.magic import Magics, cell_magic, line_magic, magics_class
 from IPython.display import display as _untyped_display
 
 import clusterbook as cb
-from clusterbook.cluster.remote.attached import AttachedCluster
+from clusterbook.cluster.handle import ClusterHandle, JobHandle
 from clusterbook.errors import ClusterError
-from clusterbook.launch.fold import failure_report, fold_live
-from clusterbook.launch.logs import LiveText, LogRecord
-from clusterbook.launch.saved import SavedJob
+from clusterbook.launch import LiveText, LogRecord, failure_report, fold_live
 from clusterbook.wording import speaking
 from clusterbook_widgets.mpirun_cell import (
     ArgsError,
@@ -59,7 +57,7 @@ class _CellError(Exception):
     """A problem with the cell's inputs, told to the user as a message."""
 
 
-def current_cluster(shell: Any = None) -> cb.Cluster | None:
+def current_cluster(shell: Any = None) -> ClusterHandle | None:
     """The cluster that ``%cluster`` started in ``shell`` (default: the running IPython), the
     one ``%%mpirun`` runs on; None if there is none."""
     if shell is None:
@@ -87,7 +85,7 @@ class ClusterMagics(Magics):
 
     def __init__(self, shell: Any = None) -> None:
         super().__init__(shell)
-        self.cluster: cb.Cluster | AttachedCluster | None = None
+        self.cluster: ClusterHandle | None = None
 
     # -- %cluster -----------------------------------------------------------------------------
 
@@ -200,7 +198,7 @@ class ClusterMagics(Magics):
         print(f"Started {cluster!r}.", flush=True)
         return cluster
 
-    def _running(self) -> cb.Cluster | AttachedCluster | None:
+    def _running(self) -> ClusterHandle | None:
         if self.cluster is not None and self.cluster.state == "running":
             return self.cluster
         return None
@@ -321,11 +319,11 @@ class ClusterMagics(Magics):
 
     def _launch(
         self,
-        cluster: cb.Cluster | AttachedCluster,
+        cluster: ClusterHandle,
         args: MpirunArgs,
         cell: str,
         values: bytes | None,
-    ) -> tuple[cb.Job | SavedJob, Path, tuple[Path, bytes] | None]:
+    ) -> tuple[JobHandle, Path, tuple[Path, bytes] | None]:
         """Start the cell's job; return it, its script, and where its values are pulled
         from with the key they are signed with."""
         cells = cluster.run_dir / "cells"
@@ -377,11 +375,11 @@ class ClusterMagics(Magics):
         return job, script, None if pull_dir is None or key is None else (pull_dir, key)
 
     def _follow(
-        self, job: cb.Job | SavedJob, script: str
+        self, job: JobHandle, script: str
     ) -> tuple[cb.JobResult, dict[int, list[tuple[str, ...]]]]:
         """Print the job's output as it comes; its result once it has ended (an interrupt
         is the caller's to handle: it cancels the job)."""
-        launcher = Path(job.plan.launcher.path if isinstance(job, cb.Job) else job.launcher).name
+        launcher = Path(job.launcher).name
         live = LiveText()
 
         def emit(rank: int, stream: str, text: str, partial: bool) -> None:
@@ -400,7 +398,7 @@ class ClusterMagics(Magics):
 
     def _pull(
         self,
-        cluster: cb.Cluster | AttachedCluster,
+        cluster: ClusterHandle,
         name: str,
         result: cb.JobResult,
         pull: tuple[Path, bytes],

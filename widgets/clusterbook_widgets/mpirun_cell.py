@@ -10,7 +10,7 @@ import shlex
 from dataclasses import dataclass
 
 from clusterbook.errors import ConfigError
-from clusterbook.launch.keep import CLEAN
+from clusterbook.launch import CLEAN
 from clusterbook.spec import validate_seconds
 from clusterbook_widgets.pulled import MAGIC
 

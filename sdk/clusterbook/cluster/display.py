@@ -16,8 +16,7 @@ from typing import TYPE_CHECKING, Any
 from clusterbook.errors import ConfigError
 
 if TYPE_CHECKING:
-    from clusterbook.cluster.facade import Cluster
-    from clusterbook.cluster.remote.attached import AttachedCluster
+    from clusterbook.cluster.handle import ClusterHandle
 
 __all__ = ["ENTRY_POINTS", "hook", "load_ipython_extension", "mimebundle"]
 
@@ -35,7 +34,7 @@ def hook(name: str) -> Callable[..., Any] | None:
     return None
 
 
-def mimebundle(cluster: Cluster | AttachedCluster, **kwargs: Any) -> dict[str, Any]:
+def mimebundle(cluster: ClusterHandle, **kwargs: Any) -> dict[str, Any]:
     """What a notebook shows for ``cluster``: its repr (``text/plain``, what a terminal
     prints), a static HTML view of it now (``text/html``: what a saved notebook shows on
     GitHub or nbviewer), and the Jupyter layer's live widget when there is one (shown instead

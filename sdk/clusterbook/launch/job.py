@@ -69,6 +69,7 @@ class Job:
         self.id = job_id
         self.directory = directory
         self.argv = list(argv)
+        self.label: str | None = None  # the name tables show it under ("ipyparallel engines")
         self.timeout = timeout
         self.recovery = recovery
         self._start = start
@@ -144,6 +145,11 @@ class Job:
     def np(self) -> int:
         """Ranks of the current attempt."""
         return self._current.np
+
+    @property
+    def launcher(self) -> str:
+        """The path of the MPI launcher (mpirun / mpiexec) that runs it."""
+        return self._current.plan.launcher.path
 
     @property
     def pid(self) -> int:

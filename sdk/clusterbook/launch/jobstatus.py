@@ -36,6 +36,8 @@ class RunningJob(Protocol):
     def last_reason(self) -> str | None: ...
     @property
     def restarts(self) -> int: ...
+    @property
+    def label(self) -> str | None: ...
 
 
 def job_status(job: RunningJob) -> JobStatus:
@@ -62,6 +64,7 @@ def job_status(job: RunningJob) -> JobStatus:
         attempt=job.attempt,
         last_reason=job.last_reason,
         restarts=job.restarts,
+        label=job.label,
     )
 
 

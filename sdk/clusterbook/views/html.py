@@ -15,25 +15,21 @@ fields of a snapshot are rendered; nothing from job environments or token files 
 from __future__ import annotations
 
 import html
-import itertools
 import re
 import shlex
 from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
-from clusterbook.engines.config import ENGINE_MODULE
 from clusterbook.errors import ConfigError
 from clusterbook.launch.logs import LAUNCHER_RANK, LogRecord
 from clusterbook.lifetime import format_duration
 from clusterbook.status import ClusterSnapshot, JobStatus, NodeStatus
 
 __all__ = [
-    "ENGINES_LABEL",
     "MUTED_COLOUR",
     "STATE_COLOURS",
     "filter_records",
-    "job_label",
     "render_cluster",
     "render_header",
     "render_job",
@@ -69,8 +65,6 @@ _STDERR_COLOUR = "#c53030"  # red reads on a light and on a dark theme alike
 _UP = frozenset({"ready", "joined", "running"})
 _GONE = frozenset({"lost", "left"})
 _ARGV_CHARS = 160
-#: What the jobs table calls a job of ipyparallel engines (``python -m ipyparallel.engine``).
-ENGINES_LABEL = "ipyparallel engines"
 
 _TABLE = 'style="border-collapse:collapse;font-size:12px;margin:2px 0"'
 _TH = (
@@ -266,19 +260,9 @@ def _job_order(jobs: Sequence[JobStatus]) -> list[JobStatus]:
     return running + finished
 
 
-def job_label(job: JobStatus) -> str | None:
-    """The name a well-known job is shown under: :data:`ENGINES_LABEL` for ipyparallel
-    engines (what ``cluster.engines()`` starts), else None."""
-    argv = job.argv
-    for flag, module in itertools.pairwise(argv):
-        if flag == "-m" and module == ENGINE_MODULE:
-            return ENGINES_LABEL
-    return None
-
-
 def render_jobs(snapshot: ClusterSnapshot) -> str:
     """A table of the jobs, running ones first, then finished ones newest first: id, np,
-    command (under its name for well-known jobs, see :func:`job_label`), state (coloured),
+    command (under its ``label`` for well-known jobs), state (coloured),
     exit code, duration and failed ranks."""
     if not snapshot.jobs:
         return _empty("cb-jobs", "No jobs yet.")
@@ -288,8 +272,8 @@ def render_jobs(snapshot: ClusterSnapshot) -> str:
         shown = command if len(command) <= _ARGV_CHARS else command[: _ARGV_CHARS - 1] + "…"
         failed = ", ".join(str(r) for r in j.failed_ranks)
         code = f'<code title="{_e(command)}">{_e(shown)}</code>'
-        if (label := job_label(j)) is not None:
-            code = f'<b class="cb-job-label">{_e(label)}</b> <small {_MUTED}>{code}</small>'
+        if j.label is not None:
+            code = f'<b class="cb-job-label">{_e(j.label)}</b> <small {_MUTED}>{code}</small>'
         state = _badge(j.state)
         if j.attempt > 1:
             state += (
