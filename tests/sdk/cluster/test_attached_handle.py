@@ -100,3 +100,14 @@ def test_a_closed_handle_holds_nothing_and_a_new_one_asks_again(cluster: cb.Clus
     with cb.Cluster.attach(cluster.run_dir) as again:
         again.wait_ready(5)
         assert connections_to(sock) == 1
+
+
+def test_a_handles_wait_names_a_bad_timeout_and_takes_none_as_a_cluster_does(
+    cluster: cb.Cluster,
+) -> None:
+    with cb.Cluster.attach(cluster.run_dir) as handle:
+        handle.wait_ready(None)  # type: ignore[arg-type]  # no limit: at once, as Cluster's
+        cluster.wait_ready(None)  # type: ignore[arg-type]
+        for waiting in (handle, cluster):
+            with pytest.raises(cb.ConfigError, match="timeout must be a number of seconds"):
+                waiting.wait_ready("soon")  # type: ignore[arg-type]

@@ -10,9 +10,8 @@ cancel one, copy files, stop) goes to the head's control server (:mod:`clusterbo
 through the directory's control socket, proving the secret in its 0600 ``token`` file (and asking
 the head to prove it too). Stopping also works without it, the way anyone who can write the
 directory can: with the stop file, which the head acts on within a second. When the head is gone
-(the record is *stale*: its process was killed), ``stop()`` itself stops what the head left behind
-on this machine (the processes of its jobs) and marks the record stopped; two processes doing that
-at once are serialised by a lock on the directory.
+(the record is *stale*), ``stop()`` stops what it left here
+(:mod:`clusterbook.cluster.remote.dead_head`).
 """
 
 from __future__ import annotations
@@ -36,7 +35,7 @@ from clusterbook.events import Subscribers
 from clusterbook.head.catalog import Found
 from clusterbook.head.record import STOP_FILE, ClusterRecord, head_state_of, snapshot_from
 from clusterbook.launch.saved import SavedJob
-from clusterbook.spec import NodeSpec
+from clusterbook.spec import NodeSpec, validate_timeout
 from clusterbook.status import ClusterSnapshot, nodes_frame
 from clusterbook.wording import spell
 
@@ -210,7 +209,9 @@ class AttachedCluster:
 
     def wait_ready(self, timeout: float = 60, *, progress: bool | None = None) -> None:
         """Return when the head says every node is ready (see ``Cluster.wait_ready``)."""
-        self._call("wait_ready", timeout=timeout)
+        limit = validate_timeout(timeout)  # named here, as the head would name it
+        if limit is not None:
+            self._call("wait_ready", timeout=limit)
 
     def put(self, *paths: str | os.PathLike[str], progress: bool | None = None) -> None:
         """Copy files to every node, as ``Cluster.put`` (the head reads them: on its machine;
