@@ -334,7 +334,7 @@ class AttachedCluster:
         process's now), stop what it left here and mark the record stopped."""
         asked = reason or f"stopped by an attached handle (pid {os.getpid()})"
         if self._dir.stop_there(timeout, asked, force):  # on the head's machine, by its own
-            self._close_client()
+            self._held.close_client()
             self.refresh()
             return
         record = self.refresh()
@@ -344,7 +344,7 @@ class AttachedCluster:
             return
         if record.live and not self._stale:
             self._ask_to_stop(asked)
-        self._close_client()  # the head is going: its connection with it
+        self._held.close_client()  # the head is going: its connection with it
         deadline = time.monotonic() + timeout
         while record.live:
             if self._stale:
@@ -369,9 +369,6 @@ class AttachedCluster:
         except ClusterStateError as exc:  # the head takes no requests: it reads the stop file
             _log.warning("%s Asking it through its stop file, %s.", exc, self.run_dir / STOP_FILE)
             self._dir.touch_stop()
-
-    def _close_client(self) -> None:
-        self._held.close_client()
 
     def close(self) -> None:
         """Let go of the cluster (it runs on): close the connection to its head and, attached
