@@ -219,8 +219,6 @@ LONG: dict[str, str] = {}
 #: Modules and functions past the limits that the house's next slices split.
 TOO_LONG_FOR_NOW = frozenset(
     {
-        "clusterbook.cli.main",
-        "clusterbook.cli.main._add_commands",
         "clusterbook.cluster.facade",
         "clusterbook.cluster.remote.attached",
         "clusterbook.cluster.remote.sshdir",
