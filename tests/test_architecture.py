@@ -223,7 +223,6 @@ TOO_LONG_FOR_NOW = frozenset(
         "clusterbook.cluster.remote.attached",
         "clusterbook.cluster.remote.sshdir",
         "clusterbook.engines.start_engines",
-        "clusterbook.export.mpijob.render_mpijob",
         "clusterbook.head.control_server",
         "clusterbook.launch.attempt",
         "clusterbook.launch.attempt.__init__",
