@@ -227,7 +227,6 @@ TOO_LONG_FOR_NOW = frozenset(
         "clusterbook.launch.attempt",
         "clusterbook.launch.attempt.__init__",
         "clusterbook.launch.job",
-        "clusterbook.launch.logs",
         "clusterbook.launch.prepare.prepare",
         "clusterbook.nodes.tasks",
         "clusterbook.nodes.transfer",

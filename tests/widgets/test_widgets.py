@@ -19,7 +19,8 @@ import pytest
 
 import clusterbook as cb
 from clusterbook.errors import ClusterError
-from clusterbook.launch.logs import LogRecord, LogStore, read_log_file
+from clusterbook.launch.logs import LogRecord, read_log_file
+from clusterbook.launch.logstore import LogStore
 from clusterbook.status import ClusterSnapshot, JobStatus, NodeStatus
 from clusterbook_widgets.cluster_widget import ClusterWidget, display_cluster
 from clusterbook_widgets.log_viewer import LogViewer

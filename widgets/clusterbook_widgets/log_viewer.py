@@ -60,7 +60,7 @@ class _Job(Protocol):
 
 
 def _micros(when: float) -> int:
-    # The files keep microseconds (see LogStore._write); compare records at that precision.
+    # The files keep microseconds (see logs.format_log_lines); compare records at that precision.
     return (datetime.fromtimestamp(when, timezone.utc) - _EPOCH) // _MICROSECOND
 
 

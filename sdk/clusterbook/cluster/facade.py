@@ -25,7 +25,7 @@ from clusterbook.head.record import STOP_FILE
 from clusterbook.head.services import HeadServices, write_record_of
 from clusterbook.launch.flavour import Launcher, find_launcher
 from clusterbook.launch.job import Job
-from clusterbook.launch.logs import LogBudget
+from clusterbook.launch.logstore import LogBudget
 from clusterbook.launch.nodes import (
     fail_on_lost_nodes,
     lost_node,

@@ -25,7 +25,8 @@ from clusterbook.launch import proc as procs
 from clusterbook.launch.command import LaunchCommand, LaunchPlan, placement
 from clusterbook.launch.flavour import MPIFlavour
 from clusterbook.launch.guard import guard, kill_tagged
-from clusterbook.launch.logs import LAUNCHER_RANK, LogStore
+from clusterbook.launch.logs import LAUNCHER_RANK
+from clusterbook.launch.logstore import LogStore
 from clusterbook.launch.parse import LabelParser, LineSplitter, OmpiChunkParser, as_lines
 from clusterbook.launch.result import JobResult, KeptProcess, RankFailure, failed_ranks
 from clusterbook.spec import NodeSpec

@@ -23,7 +23,7 @@ from clusterbook.launch.command import LaunchPlan, build_command, placement
 from clusterbook.launch.flavour import Launcher
 from clusterbook.launch.job import Job
 from clusterbook.launch.keep import check_clean
-from clusterbook.launch.logs import LogBudget, LogStore
+from clusterbook.launch.logstore import LogBudget, LogStore
 from clusterbook.launch.nodes import Placement
 from clusterbook.launch.program import check_argv, check_cwd, resolve_program
 from clusterbook.launch.rankwrap import HOOK_DIR
