@@ -224,8 +224,6 @@ TOO_LONG_FOR_NOW = frozenset(
         "clusterbook.cluster.remote.sshdir",
         "clusterbook.engines.start_engines",
         "clusterbook.head.control_server",
-        "clusterbook.launch.attempt",
-        "clusterbook.launch.attempt.__init__",
         "clusterbook.launch.job",
         "clusterbook.launch.prepare.prepare",
         "clusterbook.nodes.tasks",
