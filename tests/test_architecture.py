@@ -225,7 +225,6 @@ TOO_LONG_FOR_NOW = frozenset(
         "clusterbook.engines.start_engines",
         "clusterbook.head.control_server",
         "clusterbook.launch.job",
-        "clusterbook.launch.prepare.prepare",
         "clusterbook.nodes.tasks",
         "clusterbook.nodes.transfer",
         "clusterbook.providers.ssh.provider",

@@ -1,11 +1,13 @@
-"""What each attempt of a job writes in its directory when it starts: the hostfile its
-launcher reads and ``job.json``, what it runs (which :class:`~clusterbook.launch.saved.SavedJob`
-reads back). A retry's attempt writes them in ``attempt-N/``; its logs go beside them
-(:mod:`clusterbook.launch.logstore`)."""
+"""Where a cluster's jobs keep their files: the cluster's run directory and its ``jobs/``, a
+job's directory there, numbered after every job before it, and what each attempt writes there
+when it starts: the hostfile its launcher reads and ``job.json``, what it runs (which
+:class:`~clusterbook.launch.saved.SavedJob` reads back). A retry's attempt writes them in
+``attempt-N/``; its logs go beside them (:mod:`clusterbook.launch.logstore`)."""
 
 from __future__ import annotations
 
 import json
+import re
 import time
 from collections.abc import Mapping
 from pathlib import Path
@@ -14,7 +16,39 @@ from clusterbook.errors import RunDirError
 from clusterbook.launch.command import LaunchCommand, LaunchPlan
 from clusterbook.launch.flavour import MPIFlavour
 
-__all__ = ["write_attempt_files"]
+__all__ = ["make_run_dir", "new_job_dir", "write_attempt_files"]
+
+_JOB_RE = re.compile(r"job-\d{4,}")
+
+
+def make_run_dir(run_dir: Path) -> None:
+    """Make a cluster's run directory (0700: logs are private) and its ``jobs/``."""
+    try:
+        run_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+        (run_dir / "jobs").mkdir(exist_ok=True)
+    except OSError as exc:
+        raise RunDirError.from_os_error(run_dir, exc) from exc
+
+
+def new_job_dir(run_dir: Path, at_least: int) -> tuple[str, Path]:
+    """The next job's id and directory, made now: numbered after every job already in
+    ``run_dir`` (one used before, or by another process, too) and after ``at_least``."""
+    jobs = run_dir / "jobs"
+    try:
+        found = [int(p.name[4:]) for p in jobs.iterdir() if _JOB_RE.fullmatch(p.name)]
+    except OSError:
+        found = []
+    number = max(at_least, *found, 0) + 1
+    while True:
+        job_id = f"job-{number:04d}"
+        try:
+            (jobs / job_id).mkdir(parents=True, mode=0o700)
+        except FileExistsError:
+            number += 1
+            continue
+        except OSError as exc:
+            raise RunDirError.from_os_error(jobs / job_id, exc) from exc
+        return job_id, jobs / job_id
 
 
 def write_attempt_files(

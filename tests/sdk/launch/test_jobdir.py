@@ -1,8 +1,10 @@
-"""What an attempt writes in its directory when it starts."""
+"""Where a cluster's jobs keep their files: the run directory, a job's numbered directory, and
+what an attempt writes there when it starts."""
 
 from __future__ import annotations
 
 import json
+import stat
 from pathlib import Path
 
 import pytest
@@ -10,11 +12,35 @@ import pytest
 from clusterbook.errors import RunDirError
 from clusterbook.launch.command import LaunchCommand, LaunchPlan
 from clusterbook.launch.flavour import Launcher, MPIFlavour
-from clusterbook.launch.jobdir import write_attempt_files
+from clusterbook.launch.jobdir import make_run_dir, new_job_dir, write_attempt_files
 from clusterbook.spec import NodeSpec
 
 MPICH = Launcher(path="/opt/mpich/bin/mpiexec", flavour=MPIFlavour.MPICH, version="4.2.3")
 OMPI = Launcher(path="/opt/mpi/bin/mpirun", flavour=MPIFlavour.OPENMPI, version="5.0.11")
+
+
+def test_the_run_directory_is_private_and_has_its_jobs(tmp_path: Path) -> None:
+    run_dir = tmp_path / "a" / "run"
+    make_run_dir(run_dir)
+    make_run_dir(run_dir)  # again: nothing changes
+    assert stat.S_IMODE(run_dir.stat().st_mode) == 0o700
+    assert (run_dir / "jobs").is_dir()
+
+
+def test_a_run_directory_that_cannot_be_made_is_named(tmp_path: Path) -> None:
+    (tmp_path / "file").write_text("")
+    with pytest.raises(RunDirError, match=str(tmp_path / "file" / "run")):
+        make_run_dir(tmp_path / "file" / "run")
+
+
+def test_a_job_is_numbered_after_every_job_before_it(tmp_path: Path) -> None:
+    assert new_job_dir(tmp_path, 0) == ("job-0001", tmp_path / "jobs" / "job-0001")
+    (tmp_path / "jobs" / "job-0007").mkdir()  # another process's
+    (tmp_path / "jobs" / "job-99").mkdir()  # not a job's name: not counted
+    job_id, directory = new_job_dir(tmp_path, 3)
+    assert job_id == "job-0008"
+    assert stat.S_IMODE(directory.stat().st_mode) == 0o700
+    assert new_job_dir(tmp_path, 20)[0] == "job-0021"  # this process's own count comes first
 
 
 def _plan(launcher: Launcher, folder: Path) -> LaunchPlan:
