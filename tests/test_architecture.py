@@ -247,7 +247,6 @@ TOO_LONG_FOR_NOW = frozenset(
         "clusterbook.ssh.paramiko_shell",
         "clusterbook.ssh.sshd",
         "clusterbook.ssh.sshd.start_sshd",
-        "clusterbook.views.html",
         "clusterbook_widgets.log_viewer.__init__",
         "clusterbook_widgets.magics",
         "clusterbook_widgets.mpirun_cell",

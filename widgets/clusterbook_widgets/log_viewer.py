@@ -4,7 +4,7 @@ A daemon thread iterates ``job.stream()`` into a bounded buffer (the newest ``ma
 records); every line is also in the job directory's ``rank-N.log`` files, from which "Load
 older" pages earlier lines back in. Redraws go through a
 :class:`~clusterbook_widgets.throttle.Throttle` (at most ten a second however fast ranks
-write) and :func:`~clusterbook.views.html.render_lines`; the widget only assigns values.
+write) and :func:`~clusterbook.views.lines.render_lines`; the widget only assigns values.
 The thread keeps the view live after the cell that made it has finished.
 """
 
@@ -24,7 +24,8 @@ import ipywidgets as widgets
 
 from clusterbook.launch.logs import LAUNCHER_RANK, LogRecord, read_log_file
 from clusterbook.spec import validate_positive_int
-from clusterbook.views.html import MUTED_COLOUR, render_lines
+from clusterbook.views.lines import render_lines
+from clusterbook.views.style import MUTED_COLOUR
 from clusterbook_widgets.throttle import Scheduler, Throttle
 
 __all__ = ["LogViewer"]
