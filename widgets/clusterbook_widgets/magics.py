@@ -1,8 +1,9 @@
 """``%cluster`` and ``%%mpirun``: the notebook's cluster, and cells run as MPI programs on it.
 
 Loaded on request (``%load_ext clusterbook``). The parsing, the rank script and the grouping of
-errors are pure functions in :mod:`clusterbook_widgets.mpirun_cell` and
-:mod:`clusterbook.launch.fold`; this module does the I/O.
+errors are pure functions in :mod:`clusterbook_widgets.arguments`,
+:mod:`clusterbook_widgets.mpirun_cell` and :mod:`clusterbook.launch.fold`; this module does the
+I/O.
 """
 
 from __future__ import annotations
@@ -26,14 +27,14 @@ from clusterbook.launch.fold import failure_report, fold_live
 from clusterbook.launch.logs import LiveText, LogRecord
 from clusterbook.launch.saved import SavedJob
 from clusterbook.wording import speaking
-from clusterbook_widgets.mpirun_cell import (
+from clusterbook_widgets.arguments import (
     ArgsError,
     HelpRequested,
     MpirunArgs,
-    build_script,
     parse_cluster_args,
     parse_mpirun_args,
 )
+from clusterbook_widgets.mpirun_cell import build_script
 from clusterbook_widgets.pulled import check_private_dirs, read_pulled
 
 __all__ = ["ClusterMagics"]
