@@ -248,7 +248,6 @@ TOO_LONG_FOR_NOW = frozenset(
         "clusterbook.ssh.sshd",
         "clusterbook.ssh.sshd.start_sshd",
         "clusterbook_widgets.log_viewer.__init__",
-        "clusterbook_widgets.magics",
     }
 )
 

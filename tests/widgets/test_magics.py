@@ -75,18 +75,27 @@ def cluster(magics: ClusterMagics, openmpi_python: str, tmp_path: Path) -> cb.Cl
     return magics.cluster.start()
 
 
+class InterruptedAsItStarts:
+    """The notebook's cluster, whose ``mpirun`` is interrupted (the stop button) as it returns:
+    the job started, but the magic does not hold it yet. Everything else is the cluster's."""
+
+    def __init__(self, cluster: cb.Cluster) -> None:
+        self._cluster = cluster
+
+    def __getattr__(self, name: str) -> object:
+        return getattr(self._cluster, name)
+
+    def mpirun(self, *args: object, **kwargs: object) -> cb.Job:
+        self._cluster.mpirun(*args, **kwargs)  # type: ignore[arg-type]
+        raise KeyboardInterrupt
+
+
 def test_an_interrupt_as_the_job_starts_cancels_it_too(
-    ip, cluster: cb.Cluster, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    ip, magics: ClusterMagics, cluster: cb.Cluster, tmp_path: Path
 ) -> None:  # type: ignore[no-untyped-def]
     started = tmp_path / "started"
     cell = f"import time\nopen({str(started)!r}, 'a').close()\ntime.sleep(120)\n"
-    start = cluster.mpirun
-
-    def interrupted_as_it_returns(*args: object, **kwargs: object) -> cb.Job:
-        start(*args, **kwargs)  # type: ignore[arg-type]
-        raise KeyboardInterrupt  # the stop button, before the magic holds the job
-
-    monkeypatch.setattr(cluster, "mpirun", interrupted_as_it_returns)
+    magics.cluster = InterruptedAsItStarts(cluster)  # type: ignore[assignment]
     with capture_output() as out, pytest.raises(KeyboardInterrupt):
         ip.run_cell_magic("mpirun", "-n 2", cell)
     (job,) = cluster.jobs
