@@ -247,7 +247,6 @@ TOO_LONG_FOR_NOW = frozenset(
         "clusterbook.ssh.paramiko_shell",
         "clusterbook.ssh.sshd",
         "clusterbook.ssh.sshd.start_sshd",
-        "clusterbook_widgets.log_viewer.__init__",
     }
 )
 
