@@ -159,6 +159,20 @@ def test_no_module_of_the_core_imports_the_jupyter_layer():
     assert len(list(SDK.rglob("*.py"))) > 40  # the walk did see the package
 
 
+def test_whether_a_notebook_watches_is_answered_by_the_jupyter_layer_alone():
+    # The core asks clusterbook_widgets.notebook (through the entry points); it never looks
+    # for a notebook's kernel itself.
+    asking = sorted(
+        str(path.relative_to(SDK))
+        for path in SDK.rglob("*.py")
+        if "ZMQInteractiveShell" in path.read_text()
+    )
+    assert asking == []
+    widgets = SDK.parents[1] / "widgets" / "clusterbook_widgets"
+    answering = [p.name for p in widgets.rglob("*.py") if "ZMQInteractiveShell" in p.read_text()]
+    assert answering == ["notebook.py"]
+
+
 def test_the_facade_never_probes_its_provider():
     # Every member the cluster uses is in the provider contract: no getattr/hasattr on it.
     tree = ast.parse((SDK / "cluster/facade.py").read_text())
