@@ -24,8 +24,14 @@ ROOTS = (REPO / "sdk", REPO / "widgets")
 LAYERS: tuple[tuple[str, ...], ...] = (
     # The node program: plain standard library, sent to nodes as source.
     ("clusterbook.nodes.tasks",),
-    # Values and words everything uses.
-    ("clusterbook.errors", "clusterbook.wording", "clusterbook.version", "clusterbook._lazy"),
+    # Values and words everything uses; the door to the Jupyter layer (entry points).
+    (
+        "clusterbook.errors",
+        "clusterbook.wording",
+        "clusterbook.version",
+        "clusterbook._lazy",
+        "clusterbook.jupyter",
+    ),
     (
         "clusterbook.lifetime",
         "clusterbook.gpus",
@@ -234,10 +240,6 @@ TOO_LONG_FOR_NOW = frozenset(
         "clusterbook.ssh.paramiko_shell",
         "clusterbook.ssh.sshd",
         "clusterbook.ssh.sshd.start_sshd",
-        "clusterbook.views.html",
-        "clusterbook_widgets.log_viewer.__init__",
-        "clusterbook_widgets.magics",
-        "clusterbook_widgets.mpirun_cell",
     }
 )
 
