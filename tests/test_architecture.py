@@ -24,8 +24,14 @@ ROOTS = (REPO / "sdk", REPO / "widgets")
 LAYERS: tuple[tuple[str, ...], ...] = (
     # The node program: plain standard library, sent to nodes as source.
     ("clusterbook.nodes.tasks",),
-    # Values and words everything uses.
-    ("clusterbook.errors", "clusterbook.wording", "clusterbook.version", "clusterbook._lazy"),
+    # Values and words everything uses; the door to the Jupyter layer (entry points).
+    (
+        "clusterbook.errors",
+        "clusterbook.wording",
+        "clusterbook.version",
+        "clusterbook._lazy",
+        "clusterbook.jupyter",
+    ),
     (
         "clusterbook.lifetime",
         "clusterbook.gpus",
@@ -207,15 +213,8 @@ LONG: dict[str, str] = {}
 #: Modules and functions past the limits that the house's next slices split.
 TOO_LONG_FOR_NOW = frozenset(
     {
-        "clusterbook.cli.main",
-        "clusterbook.cli.main._add_commands",
-        "clusterbook.export.mpijob.render_mpijob",
         "clusterbook.head.control_server",
-        "clusterbook.launch.attempt",
-        "clusterbook.launch.attempt.__init__",
         "clusterbook.launch.job",
-        "clusterbook.launch.logs",
-        "clusterbook.launch.prepare.prepare",
         "clusterbook.nodes.tasks",
         "clusterbook.nodes.transfer",
         "clusterbook.providers.ssh.provider",
@@ -225,10 +224,6 @@ TOO_LONG_FOR_NOW = frozenset(
         "clusterbook.ssh.paramiko_shell",
         "clusterbook.ssh.sshd",
         "clusterbook.ssh.sshd.start_sshd",
-        "clusterbook.views.html",
-        "clusterbook_widgets.log_viewer.__init__",
-        "clusterbook_widgets.magics",
-        "clusterbook_widgets.mpirun_cell",
     }
 )
 

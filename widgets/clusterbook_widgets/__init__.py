@@ -1,9 +1,12 @@
-"""The Jupyter layer of clusterbook: live widgets, the log viewer and the magics.
+"""The Jupyter layer of clusterbook: live widgets, the log viewer, the magics, notebook
+progress bars and prompts.
 
 ``%load_ext clusterbook`` (or ``%load_ext clusterbook_widgets``) registers the magics; the
 names below load on first use, so ``import clusterbook_widgets`` imports no ipywidgets until a
-widget is made. The core finds :func:`display_cluster` and :func:`load_ipython_extension`
-through the ``clusterbook.jupyter`` entry points (it never imports this package by name).
+widget is made. The core finds :func:`display_cluster`, :func:`load_ipython_extension`,
+:func:`clusterbook_widgets.progress.notebook_bars` and
+:func:`clusterbook_widgets.notebook.prompt` through the ``clusterbook.jupyter`` entry points
+(it never imports this package by name).
 """
 
 from __future__ import annotations

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING
 
 from clusterbook.errors import ClusterStateError
 from clusterbook.launch.job import Job
-from clusterbook.launch.logs import LogBudget
+from clusterbook.launch.logstore import LogBudget
 from clusterbook.launch.nodes import (
     fail_on_lost_nodes,
     lost_node,

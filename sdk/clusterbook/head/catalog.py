@@ -28,7 +28,7 @@ from clusterbook.errors import (
 from clusterbook.fs.private import check_run_dir
 from clusterbook.fs.safe import inside, remove_tree
 from clusterbook.head.record import FILE, ClusterRecord, is_stale, read_record, snapshot_from
-from clusterbook.launch.prepare import make_run_dir
+from clusterbook.launch.jobdir import make_run_dir
 from clusterbook.lifetime import format_duration
 from clusterbook.paths import default_run_root
 

@@ -18,7 +18,7 @@ from clusterbook.head.control import SOCKET_FILE, TOKEN_FILE, ControlClient, uni
 from clusterbook.head.record import read_record
 from clusterbook.head.services import HeadServices, record_of
 from clusterbook.head.state import HeadState, HeadTerms, HeadTimes
-from clusterbook.launch.prepare import make_run_dir
+from clusterbook.launch.jobdir import make_run_dir
 from clusterbook.lifetime import Lifetime
 from clusterbook.nodes.commands import NodeRun
 from clusterbook.status import ClusterSnapshot, NodeStatus
