@@ -42,7 +42,6 @@ import os
 from collections.abc import Mapping
 from typing import Any
 
-from clusterbook.cluster.options import ClusterOptions
 from clusterbook.errors import ConfigError, EnvironmentNotFoundError, WorkerHostError
 from clusterbook.providers.environment.found import Detected, Runner, Surroundings, run_command
 from clusterbook.providers.environment.readers import (
@@ -50,7 +49,7 @@ from clusterbook.providers.environment.readers import (
     READERS,
     SAGEMAKER_RESOURCE_CONFIG,
 )
-from clusterbook.spec import validate_positive_int
+from clusterbook.spec import CLUSTER_OPTIONS, validate_positive_int
 from clusterbook.wording import spell, spell_or
 
 __all__ = [
@@ -174,9 +173,7 @@ def launch_via(
     """``"srun"`` (jobs as steps of the Slurm allocation) or ``"ssh"``: ``via``, or for
     ``"auto"`` (None) srun inside a Slurm allocation where ``srun`` is found (``srun_found``)
     and no SSH option is given in ``options``, else ssh."""
-    ssh_given = sorted(
-        k for k, v in options.items() if v is not None and k not in ClusterOptions.given_names()
-    )
+    ssh_given = sorted(k for k, v in options.items() if v is not None and k not in CLUSTER_OPTIONS)
     chosen = "auto" if via is None else via
     if chosen not in VIA:
         raise ConfigError(
@@ -233,7 +230,7 @@ def cluster_spec(
         hosts = [f"{host}:{validate_positive_int(slots, 'slots')}" for host, _ in
                  detected.hosts_with_slots]  # fmt: skip
     if via == "srun":
-        own = {k: v for k, v in options.items() if k in ClusterOptions.given_names()}
+        own = {k: v for k, v in options.items() if k in CLUSTER_OPTIONS}
         return {"kind": "srun", "hosts": hosts, "job_id": detected.job_id, **own}
     spec: dict[str, Any] = {"kind": "ssh", "hosts": hosts, **detected.ssh}
     if detected.mpi is not None:
