@@ -256,7 +256,7 @@ def test_the_head_asks_agents_to_stop_a_jobs_processes(elastic, agents):
         env={"CLUSTERBOOK_JOB": f"{cluster.id}-otherjob", "PATH": "/usr/bin:/bin"},
     )
     try:
-        cluster._provider.stop_job(token)
+        cluster._provider.reach.stop_job(token)
         assert stray.wait(timeout=30) != 0
         assert bystander.poll() is None
     finally:

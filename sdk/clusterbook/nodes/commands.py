@@ -9,8 +9,8 @@ from typing import TYPE_CHECKING, Any
 
 from clusterbook.launch.program import check_argv
 from clusterbook.nodes import tasks
+from clusterbook.nodes.call import Call
 from clusterbook.nodes.fanout import parallel
-from clusterbook.nodes.transfer import Call
 from clusterbook.spec import NodeSpec, validate_seconds
 
 if TYPE_CHECKING:

@@ -24,9 +24,10 @@ import threading
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any
 
 from clusterbook.errors import ClusterError, ConfigError
+from clusterbook.nodes.call import Call
 from clusterbook.nodes.fanout import parallel
 from clusterbook.nodes.tasks import FRAME, FRAME_DATA, MAX_DEPTH, frame
 from clusterbook.views.progress import bar, checked
@@ -34,7 +35,6 @@ from clusterbook.views.progress import bar, checked
 __all__ = [
     "CHUNK",
     "Arrival",
-    "Call",
     "OutFile",
     "Outgoing",
     "fetch",
@@ -45,16 +45,6 @@ __all__ = [
     "send",
     "send_all",
 ]
-
-
-class Call(Protocol):
-    """Runs a node task on one node: ``call(task, args, timeout)`` returns the task's result;
-    ``frames=`` (bytes to send after the request) and ``on_frame=`` (told each frame of the
-    reply) as ``NodeSession.call`` takes them."""
-
-    def __call__(
-        self, task: str, args: Mapping[str, Any], timeout: float, **streams: Any
-    ) -> Any: ...
 
 
 #: Bytes per piece of a file on the wire (the payload of one data frame).

@@ -107,9 +107,13 @@ class RendezvousHead:
 
     # -- lifecycle ----------------------------------------------------------------------
 
-    def start(self, cluster_id: str, changed: Callable[[], None]) -> None:
-        """Write the token file, serve the store and follow it; ``changed()`` is called on
-        every change of the nodes (from the follower's thread)."""
+    def start(
+        self, cluster_id: str, changed: Callable[[], None], *, listen: str | None = None
+    ) -> None:
+        """Write the token file, serve the store (on ``listen``, where only the start tells
+        where the nodes reach the head) and follow it; ``changed()`` is called on every change
+        of the nodes (from the follower's thread)."""
+        self._listen = listen or self._listen
         self._settings = replace(self._settings, run_id=cluster_id)
         self._changed = changed
         directory = cluster_dir(cluster_id)
