@@ -60,10 +60,8 @@ def main() -> int:
         attached.mpirun(["true"], np=1).wait(60)
 
         def first_call() -> None:
-            handle = cb.Cluster.attach(cluster.id)
-            handle.wait_ready(30)
-            if handle._client is not None:
-                handle._client.close()
+            with cb.Cluster.attach(cluster.id) as handle:
+                handle.wait_ready(30)
 
         figures = {
             "first call": timed(first_call, args.repeat),

@@ -20,7 +20,7 @@ Four parts, in one run:
    (goal <= 0.5 s); SIGSTOP one, the same (expected: keep-alive 1 s x 3).
 4. 10,000 simulated nodes complete one round through the head's store, in one process: each
    node's join step as it leaves the node (``Step.to_wire``), the store's work as its event
-   loop does it (``Step.from_wire``, steps run in batches of ``tcp_server.BATCH`` on one draft,
+   loop does it (``Step.from_wire``, steps run in batches of ``tcp_protocol.BATCH`` on one draft,
    the held answers checked after each write, one encoding of the answer), then what every node
    does with the answer (decode, its rank). The nodes' own work is timed apart: on real
    machines each does its share at the same time. Goal: <= 3 s for the store's work plus one
@@ -451,7 +451,7 @@ class Clusterbook:
     @contextlib.contextmanager
     def store_for(self, run_id: str) -> Iterator[str]:
         from clusterbook.rendezvous.api import RendezvousSettings
-        from clusterbook.rendezvous.backends.tcp import StoreServer
+        from clusterbook.rendezvous.backends.tcp_server import StoreServer
         from clusterbook.rendezvous.ops import remove_node
         from clusterbook.rendezvous.state import decode, encode
 
@@ -679,14 +679,14 @@ class Simulated:
 
 def simulate(nodes: int) -> Simulated:
     """``nodes`` join one round (min = max = nodes) through a ``StateStore`` as the TCP store's
-    event loop drives it (``tcp_server.StoreServer._run_steps``): their join steps arrive
+    event loop drives it (``tcp_protocol.StoreProtocol._run_steps``): their join steps arrive
     together, run in batches of ``BATCH``; after a decisive write every held answer it settles
     goes out; each step's answer is then held for as long as :meth:`Step.hold` says. A node
     whose answer goes out decodes it and finds its rank."""
     from clusterbook.rendezvous.api import RendezvousSettings, RendezvousTimeout
     from clusterbook.rendezvous.backends._store import DECISIONS, StateStore
-    from clusterbook.rendezvous.backends._wire import _HEAD, _INT
-    from clusterbook.rendezvous.backends.tcp_server import BATCH
+    from clusterbook.rendezvous.backends.tcp_protocol import BATCH
+    from clusterbook.rendezvous.backends.wire import HEAD, TOKEN_INT
     from clusterbook.rendezvous.ops import rank_of
     from clusterbook.rendezvous.report import NodeReport
     from clusterbook.rendezvous.state import decode
@@ -723,7 +723,7 @@ def simulate(nodes: int) -> Simulated:
         assert current is not None
         blob, token = current
         if token not in replies:
-            replies[token] = b"s" + _HEAD.pack(1, token) + blob
+            replies[token] = b"s" + HEAD.pack(1, token) + blob
         return replies[token]
 
     for first in range(0, nodes, BATCH):
@@ -735,11 +735,11 @@ def simulate(nodes: int) -> Simulated:
         writes += decisive is not None
         if decisive is not None:
             for node, token in list(waiting.items()):
-                if store.settled(_INT, token, level=DECISIONS):
+                if store.settled(TOKEN_INT, token, level=DECISIONS):
                     del waiting[node]
                     answers[node] = reply()
         for step, hold in zip(batch, holds, strict=True):
-            if hold <= 0 or store.settled(_INT, store.token, level=DECISIONS):
+            if hold <= 0 or store.settled(TOKEN_INT, store.token, level=DECISIONS):
                 answers[step.node] = reply()
             else:
                 waiting[step.node] = store.token
@@ -750,13 +750,13 @@ def simulate(nodes: int) -> Simulated:
     # Each node decodes its own answer, all at once on their machines: time one of them, and
     # check every node's rank on the answers as they went out.
     distinct = {id(blob): blob for blob in answers.values()}
-    decoded = {key: decode(blob[1 + _HEAD.size :]) for key, blob in distinct.items()}
+    decoded = {key: decode(blob[1 + HEAD.size :]) for key, blob in distinct.items()}
     ranks = {node: rank_of(decoded[id(blob)], node) for node, blob in answers.items()}
     if sorted(r for r in ranks.values() if r is not None) != list(range(nodes)):
         raise AssertionError("the simulated round did not give every node one rank")
     last = answers[names[-1]]
     t1 = time.perf_counter()
-    rank_of(decode(last[1 + _HEAD.size :]), names[-1])
+    rank_of(decode(last[1 + HEAD.size :]), names[-1])
     node_s = time.perf_counter() - t1
     return Simulated(
         store_s, node_s, writes, len(answers), sum(len(blob) for blob in answers.values())

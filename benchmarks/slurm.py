@@ -129,7 +129,7 @@ def mpi_side_by_side(tmp: Path, repeat: int) -> tuple[float, float, float]:
         job_id = cluster._provider.job_id  # type: ignore[attr-defined]
         srun = ["srun", f"--jobid={job_id}", "--overlap", "-N2", "-n4", "--mpi=pmix"]
         env = {**os.environ, **MPI_ENV}
-        remote = cluster._provider.remote()  # type: ignore[attr-defined]
+        remote = cluster._provider.reach.remote()  # type: ignore[attr-defined]
         hosts = ",".join(f"{n.host}:{n.slots}" for n in cluster.nodes)
         mpirun = [cluster.launcher.path, "--host", hosts, "-n", "4", "--allow-run-as-root"]
         mpirun += ["--prefix", cluster.launcher.prefix, "--prtemca", "plm_ssh_args"]

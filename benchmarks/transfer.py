@@ -9,7 +9,7 @@ of one such file from every host, against ``scp`` the other way. Then the same f
 directory (``--tree``: directories of files of 128 KiB), against ``scp -r``. Each figure is
 the median of ``--repeat`` runs; the ratios are clusterbook's time over scp's (below 1: faster).
 
-From 32 MiB on (``clusterbook.providers.ssh.provider.BULK``) clusterbook moves the bytes through the
+From 32 MiB on (``clusterbook.providers.ssh.files.BULK``) clusterbook moves the bytes through the
 OpenSSH client, AES-GCM first (``clusterbook.ssh.openssh``); scp runs as a user types it, with
 OpenSSH's default cipher order (ChaCha20-Poly1305 first).
 

@@ -24,8 +24,14 @@ ROOTS = (REPO / "sdk", REPO / "widgets")
 LAYERS: tuple[tuple[str, ...], ...] = (
     # The node program: plain standard library, sent to nodes as source.
     ("clusterbook.nodes.tasks",),
-    # Values and words everything uses.
-    ("clusterbook.errors", "clusterbook.wording", "clusterbook.version", "clusterbook._lazy"),
+    # Values and words everything uses; the door to the Jupyter layer (entry points).
+    (
+        "clusterbook.errors",
+        "clusterbook.wording",
+        "clusterbook.version",
+        "clusterbook._lazy",
+        "clusterbook.jupyter",
+    ),
     (
         "clusterbook.lifetime",
         "clusterbook.gpus",
@@ -35,6 +41,10 @@ LAYERS: tuple[tuple[str, ...], ...] = (
         "clusterbook.events",
         "clusterbook.status",
         "clusterbook.fs",
+        # The same work on every node at once, and the call that runs a node task: plain
+        # threads and a Protocol, which every layer that asks nodes for something takes.
+        "clusterbook.nodes.fanout",
+        "clusterbook.nodes.call",
     ),
     ("clusterbook.ssh",),
     ("clusterbook.launch",),
@@ -63,32 +73,9 @@ UPWARD: dict[tuple[str, str], str] = {}
 #: docs/architecture.md, "Not there yet"): each must still exist, so the list only shrinks.
 TEMPORARY: frozenset[tuple[str, str]] = frozenset(
     {
-        # the engines and the head's services take the cluster's handle, not Cluster
-        ("clusterbook.engines", "clusterbook.cluster.facade"),
-        ("clusterbook.head.services", "clusterbook.cluster.facade"),
-        ("clusterbook.head.supervisor", "clusterbook.cluster.facade"),
-        ("clusterbook.cluster.display", "clusterbook.cluster.facade"),
-        ("clusterbook.cluster.display", "clusterbook.cluster.remote.attached"),
-        # a cluster's run directory is claimed from its id and directory, not its options
-        ("clusterbook.head.catalog", "clusterbook.cluster.options"),
-        ("clusterbook.providers.environment.detect", "clusterbook.cluster.options"),
-        ("clusterbook.providers.environment.detect", "clusterbook.providers.environment.readers"),
-        # how the launcher reaches nodes is the launcher's (launch.remote), not a provider's
-        ("clusterbook.launch.command", "clusterbook.providers.base"),
-        ("clusterbook.launch.nodes", "clusterbook.providers.base"),
-        ("clusterbook.launch.prepare", "clusterbook.providers.base"),
-        ("clusterbook.launch.command", "clusterbook.launch.srun"),
-        ("clusterbook.launch.keep", "clusterbook.nodes.fanout"),
-        ("clusterbook.launch.keep", "clusterbook.nodes.transfer"),
-        # a job's status is the job's; snapshots know no Job
-        ("clusterbook.status", "clusterbook.launch.command"),
-        ("clusterbook.status", "clusterbook.launch.job"),
-        # views know no engines; results render themselves through a lazy _repr_html_
-        ("clusterbook.views.html", "clusterbook.engines.config"),
+        # results render themselves through a lazy _repr_html_
         ("clusterbook.launch.job", "clusterbook.views.html"),
         ("clusterbook.launch.result", "clusterbook.views.html"),
-        # the store's event loop apart from its protocol
-        ("clusterbook.rendezvous.backends.tcp_server", "clusterbook.rendezvous.backends.tcp"),
     }
 )
 
@@ -219,26 +206,7 @@ LONG: dict[str, str] = {}
 #: Modules and functions past the limits that the house's next slices split.
 TOO_LONG_FOR_NOW = frozenset(
     {
-        "clusterbook.cli.main",
-        "clusterbook.cli.main._add_commands",
-        "clusterbook.cluster.facade",
-        "clusterbook.cluster.remote.attached",
-        "clusterbook.cluster.remote.sshdir",
-        "clusterbook.engines.start_engines",
-        "clusterbook.export.mpijob.render_mpijob",
-        "clusterbook.head.control_server",
-        "clusterbook.launch.attempt",
-        "clusterbook.launch.attempt.__init__",
         "clusterbook.launch.job",
-        "clusterbook.launch.logs",
-        "clusterbook.launch.prepare.prepare",
-        "clusterbook.providers.ssh.provider",
-        "clusterbook.rendezvous.backends.tcp_server",
-        "clusterbook.rendezvous.head",
-        "clusterbook.views.html",
-        "clusterbook_widgets.log_viewer.__init__",
-        "clusterbook_widgets.magics",
-        "clusterbook_widgets.mpirun_cell",
     }
 )
 

@@ -17,6 +17,7 @@ from clusterbook.gpus import GPUS, NO_GPUS, GPUInfo, Slots
 from clusterbook.wording import spell
 
 __all__ = [
+    "CLUSTER_OPTIONS",
     "NodeSpec",
     "parse_host_slots",
     "parse_hostfile",
@@ -36,6 +37,29 @@ __all__ = [
 # first character is never "-", so a host can never be read as an option by ssh or mpirun.
 _HOST_RE = re.compile(r"[A-Za-z0-9_](?:[A-Za-z0-9._-]{0,252})")
 _ENV_NAME_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+
+#: The options every cluster takes, whatever its kind (``Cluster.local(..., name=...)``: see
+#: :class:`clusterbook.cluster.options.ClusterOptions`): what a cluster spec holds besides its
+#: kind's own arguments. Here, below the providers, so that a reader of the system around this
+#: process tells the two apart without knowing the cluster.
+CLUSTER_OPTIONS = frozenset(
+    {
+        "name",
+        "run_dir",
+        "python",
+        "launcher",
+        "mpi",
+        "env",
+        "forward_env",
+        "life_span",
+        "idle_timeout",
+        "retention",
+        "detached",
+        "ephemeral",
+        "work_dir",
+        "work_dir_options",
+    }
+)
 
 
 def validate_host(host: object) -> str:

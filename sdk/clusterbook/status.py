@@ -6,13 +6,11 @@ Widgets and the CLI render these; they never reach into a live cluster.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     import pandas as pd
-
-    from clusterbook.launch.job import Job
 
 __all__ = [
     "NODE_DTYPES",
@@ -20,10 +18,8 @@ __all__ = [
     "ClusterSnapshot",
     "JobStatus",
     "NodeStatus",
-    "job_status",
     "nodes_frame",
     "snapshot_of",
-    "with_running_jobs",
 ]
 
 
@@ -60,7 +56,8 @@ class JobStatus:
     """One job as it is now. ``state`` is running, succeeded, failed, timed out or cancelled;
     ``attempt`` the attempt running (or the last one), ``last_reason`` how the attempt before
     it ended ("rank 1 exited 1", "node node2 lost"; None when it is the first), ``restarts``
-    how many attempts were relaunches after a node was lost."""
+    how many attempts were relaunches after a node was lost; ``label`` the name a well-known
+    job is shown under ("ipyparallel engines"), if it has one."""
 
     id: str
     np: int
@@ -72,6 +69,7 @@ class JobStatus:
     attempt: int = 1
     last_reason: str | None = None
     restarts: int = 0
+    label: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -187,47 +185,13 @@ def nodes_frame(snapshot: ClusterSnapshot) -> pd.DataFrame:
     return frame
 
 
-def with_running_jobs(
-    statuses: Sequence[NodeStatus], jobs: Sequence[Job]
-) -> tuple[NodeStatus, ...]:
-    """``statuses`` with the ranks of the running ``jobs`` on each node (``running``; a node
-    lost or gone stays so, whatever ran there)."""
-    from clusterbook.launch.command import placement
-
-    busy: dict[str, tuple[Job, list[int]]] = {}
-    for job in jobs:
-        if job.done:
-            continue
-        where = job.plan.nodes  # the nodes the job's current attempt was launched on
-        for rank, i in enumerate(placement(where, job.np)):
-            busy.setdefault(where[i].name, (job, []))[1].append(rank)
-    out = []
-    for s in statuses:
-        if s.name not in busy or s.state in ("lost", "left"):
-            out.append(s)
-            continue
-        job, ranks = busy[s.name]
-        out.append(
-            replace(
-                s,
-                state="running",
-                ranks=tuple(ranks),
-                job=job.id,
-                attempt=job.attempt,
-                restarts=job.restarts,
-                last_reason=job.last_reason,
-            )
-        )
-    return tuple(out)
-
-
 def snapshot_of(
     *,
     name: str,
     kind: str,
     state: str,
-    statuses: Sequence[NodeStatus],
-    jobs: Sequence[Job],
+    nodes: Sequence[NodeStatus],
+    jobs: Sequence[JobStatus],
     launcher: str | None,
     run_dir: str,
     uptime: float | None,
@@ -235,13 +199,14 @@ def snapshot_of(
     bounds: tuple[int, int] | None,
     time_left: tuple[float, str] | None = None,
 ) -> ClusterSnapshot:
-    """A cluster's snapshot from its parts."""
+    """A cluster's snapshot from its parts: its nodes (with the ranks of its running jobs:
+    :func:`clusterbook.launch.jobstatus.with_running_jobs`) and its jobs' statuses."""
     return ClusterSnapshot(
         name=name,
         kind=kind,
         state=state,
-        nodes=with_running_jobs(statuses, jobs),
-        jobs=tuple(job_status(j) for j in jobs),
+        nodes=tuple(nodes),
+        jobs=tuple(jobs),
         launcher=launcher,
         run_dir=run_dir,
         uptime=uptime,
@@ -249,31 +214,4 @@ def snapshot_of(
         min_nodes=bounds[0] if bounds else None,
         max_nodes=bounds[1] if bounds else None,
         time_left=time_left,
-    )
-
-
-def job_status(job: Job) -> JobStatus:
-    """A job's snapshot."""
-    r = job.result
-    if r is None:
-        state = "running"
-    elif r.ok:
-        state = "succeeded"
-    elif r.timed_out:
-        state = "timed out"
-    elif r.cancelled:
-        state = "cancelled"
-    else:
-        state = "failed"
-    return JobStatus(
-        id=job.id,
-        np=job.np,
-        argv=tuple(job.argv),
-        state=state,
-        returncode=None if r is None else r.returncode,
-        duration=None if r is None else r.duration,
-        failed_ranks=() if r is None else tuple(r.failed_ranks),
-        attempt=job.attempt,
-        last_reason=job.last_reason,
-        restarts=job.restarts,
     )

@@ -7,7 +7,8 @@ or hangs): put its directory first on ``PATH`` and clusterbook sees those GPUs (
 
 :class:`FakeProvider` is a provider whose nodes exist in memory: starting and stopping them is
 instant, their status is whatever the test says (:meth:`FakeProvider.lose`), and jobs run on
-this machine, with the cluster's launcher. Inject it::
+this machine, with the cluster's launcher. It is its own watch and reach (``fake.watch`` and
+``fake.reach`` are ``fake``), so a test calls their members on it. Inject it::
 
     cluster = cb.Cluster(FakeProvider(nodes=2, slots=2))
 
@@ -29,9 +30,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from clusterbook.errors import ClusterError, ReadyTimeoutError
+from clusterbook.launch.remote import RemoteLaunch
+from clusterbook.launch.result import KeptProcess
+from clusterbook.nodes.commands import NodeRun, run_everywhere
 from clusterbook.nodes.outgoing import Outgoing
 from clusterbook.nodes.transfer import uncounted
 from clusterbook.providers.base import Provider, StartContext
+from clusterbook.providers.reach import NodeReach
+from clusterbook.providers.watch import NodeWatch
 from clusterbook.spec import NodeSpec, validate_positive_int
 from clusterbook.status import NodeStatus
 
@@ -87,7 +93,7 @@ class _Calls:
 
 
 class FakeProvider(Provider):
-    """Nodes in memory, jobs on this machine.
+    """Nodes in memory, jobs on this machine; its own watch and reach.
 
     Parameters
     ----------
@@ -99,7 +105,7 @@ class FakeProvider(Provider):
         An error :meth:`start` raises instead of starting (a bootstrap that fails).
     ready
         Whether the nodes are ready once started; if not, ``wait_ready`` times out until
-        :meth:`make_ready`.
+        :meth:`make_ready` (as it does before the start).
     bounds
         ``(min_nodes, max_nodes)`` to report, as an elastic provider does.
     gather_files
@@ -182,14 +188,31 @@ class FakeProvider(Provider):
         self.started = False
         self._ctx = None
 
-    def wait_ready(self, timeout: float) -> None:
-        if not self._ready:
-            raise ReadyTimeoutError(
-                f"The fake nodes are not ready after {timeout:g} s.", timeout=timeout, reason="-"
-            )
+    def lost_for_good(self) -> str | None:
+        return self._for_good
 
-    def stop_job(self, token: str) -> None:
-        self.calls.stopped_jobs.append(token)
+    @property
+    def bounds(self) -> tuple[int, int] | None:
+        return self._bounds
+
+    @property
+    def watch(self) -> NodeWatch:
+        return self
+
+    @property
+    def reach(self) -> NodeReach:
+        return self
+
+    # -- the watch ----------------------------------------------------------------------
+
+    def wait_ready(self, timeout: float) -> None:
+        if not (self.started and self._ready):
+            names = ", ".join(n.name for n in self._nodes)
+            raise ReadyTimeoutError(
+                f"The fake nodes are not ready after {timeout:g} s: waiting for {names}.",
+                timeout=timeout,
+                reason=f"waiting for {names}",
+            )
 
     def node_statuses(self) -> list[NodeStatus]:
         state = "ready" if self.started and self._ready else "pending"
@@ -208,11 +231,25 @@ class FakeProvider(Provider):
     def problem(self) -> str | None:
         return self.problem_text
 
-    def lost_for_good(self) -> str | None:
-        return self._for_good
-
     def unreachable(self, names: Collection[str], *, lost_only: bool = False) -> dict[str, str]:
         return {n: why for n, why in self._lost.items() if n in names}
+
+    # -- the reach ----------------------------------------------------------------------
+
+    def remote(self) -> RemoteLaunch | None:
+        return None
+
+    def run_on_nodes(self, argv: Sequence[str], timeout: float) -> list[NodeRun]:
+        return run_everywhere(self.nodes, {}, argv, timeout)
+
+    def free_port(self, node: NodeSpec) -> int | None:
+        return None
+
+    def stop_job(self, token: str) -> None:
+        self.calls.stopped_jobs.append(token)
+
+    def hold_job(self, token: str, failing: Mapping[str, int]) -> tuple[KeptProcess, ...]:
+        return ()
 
     def put(
         self, sent: Outgoing, sending: Callable[[int], None] = uncounted
@@ -235,10 +272,6 @@ class FakeProvider(Provider):
             stored.append(directory / name)
         self._gather = {n: d for n, d in self._gather.items() if n in skip}
         return stored, {}
-
-    @property
-    def bounds(self) -> tuple[int, int] | None:
-        return self._bounds
 
 
 class FakeSlurm:

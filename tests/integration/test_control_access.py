@@ -186,6 +186,7 @@ def test_another_users_flood_reaches_nothing_and_the_head_serves_on(
         assert attached.state == "running"
         assert attached.snapshot().problem is None
     finally:
+        attached.close()
         flood.kill()
         flood.communicate(timeout=30)
 
@@ -208,8 +209,10 @@ def test_the_owners_own_flood_does_not_stop_the_head_from_serving(openmpi_python
     finally:
         for sock in idle:
             sock.close()
-    assert cb.Cluster.attach(cluster_id).node_runs(["true"], timeout=30)[0].returncode == 0
-    assert attached.snapshot().problem is None
+        attached.close()
+    with cb.Cluster.attach(cluster_id) as again:  # a new connection is served too
+        assert again.node_runs(["true"], timeout=30)[0].returncode == 0
+        assert again.snapshot().problem is None
 
 
 def test_a_shared_run_dir_lets_another_user_learn_nothing_and_run_nothing(
@@ -254,7 +257,8 @@ def test_the_head_drops_another_users_connection_even_where_files_let_it_in(
         assert probe.stdout.split() == ["connected", "closed"], probe.stderr
     finally:
         run_dir.chmod(0o700)
-    assert cb.Cluster.attach(cluster_id).node_runs(["true"], timeout=30)[0].returncode == 0
+    with cb.Cluster.attach(cluster_id) as attached:
+        assert attached.node_runs(["true"], timeout=30)[0].returncode == 0
 
 
 # A control server of the other user's, out of threads for a moment (RLIMIT_NPROC).

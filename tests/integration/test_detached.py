@@ -267,6 +267,19 @@ def test_an_ephemeral_cluster_stops_when_its_job_ends(openmpi_python, tmp_path):
         cluster.stop()
 
 
+def test_a_detached_cluster_its_supervisor_stopped_says_so_in_its_starter(openmpi_python):
+    cluster = cb.Cluster.local(1, 1, python=openmpi_python, detached=True, ephemeral=True)
+    try:
+        cluster.start()
+        assert cluster.state == "running"
+        assert cluster.mpirun(["python", "-c", "pass"], np=1).wait(60).ok
+        # The supervisor stops it once its job ended: the starter reads that in the record.
+        _wait(lambda: cluster.state == "stopped", 30)
+        assert "stopped (attached" in repr(cluster)
+    finally:
+        cluster.stop()
+
+
 def test_a_detached_local_cluster_whose_head_was_paused_starts_its_agents_again(
     openmpi_python, tmp_path
 ):

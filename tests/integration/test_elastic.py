@@ -13,7 +13,8 @@ from collections.abc import Callable, Iterator
 import pytest
 
 import clusterbook as cb
-from clusterbook.rendezvous.backends.tcp import StoreServer, write_secret
+from clusterbook.rendezvous.backends.tcp import write_secret
+from clusterbook.rendezvous.backends.tcp_server import StoreServer
 from clusterbook.rendezvous.state import RendezvousState, encode
 from tests.conftest import ranks_started
 
@@ -255,7 +256,7 @@ def test_the_head_asks_agents_to_stop_a_jobs_processes(elastic, agents):
         env={"CLUSTERBOOK_JOB": f"{cluster.id}-otherjob", "PATH": "/usr/bin:/bin"},
     )
     try:
-        cluster._provider.stop_job(token)
+        cluster._provider.reach.stop_job(token)
         assert stray.wait(timeout=30) != 0
         assert bystander.poll() is None
     finally:

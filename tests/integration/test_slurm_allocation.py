@@ -51,7 +51,7 @@ report = {}
 try:
     with cb.Cluster.from_environment(python=python, run_dir=out + ".run") as cluster:
         report["kind"] = cluster._provider.kind
-        report["head_addr"] = cluster._provider.remote().head_addr
+        report["head_addr"] = cluster._provider.reach.remote().head_addr
         report["slots"] = [n.slots for n in cluster.nodes]
         job = cluster.mpirun([python, program], np=np, timeout=timeout)
         result = job.wait()

@@ -116,7 +116,7 @@ def supervisors(host: FakeHost) -> list[int]:
     out = []
     for pid in host.processes():
         with contextlib.suppress(psutil.Error):
-            if "clusterbook.head.supervisor" in psutil.Process(pid).cmdline():
+            if "clusterbook.cluster.detached" in psutil.Process(pid).cmdline():
                 out.append(pid)
     return out
 

@@ -113,7 +113,7 @@ def test_a_corrupt_rendezvous_state_shows_and_stop_still_cleans_every_node(
     try:
         # The store's join URL (what each agent was given), its secret from the head's token
         # file: what someone holding the token could do.
-        url = cluster._provider._rendezvous.join_url
+        url = cluster._provider.head.join_url
         assert url is not None
         assert cluster.id in url
         store, _ = parse_join_url(url)

@@ -18,7 +18,7 @@ import pytest
 import clusterbook as cb
 from clusterbook.errors import ClusterError, ConfigError
 from clusterbook.nodes.outgoing import CHUNK, outgoing
-from clusterbook.providers.ssh.provider import BULK
+from clusterbook.providers.ssh.files import BULK
 from tests.testbed import Testbed, is_agent
 from tests.testbed import testbed as fake_hosts
 from tests.testbed import unshared as private_dirs
@@ -329,18 +329,18 @@ def test_a_40_mib_file_goes_and_comes_back_whole(
     with _cluster(testbed, openmpi_python, tmp_path / "run") as cluster:
         provider = cluster._provider
         counted: list[int] = []
-        assert provider.put(outgoing([work / "big.bin"]), counted.append) == {}
+        assert provider.reach.put(outgoing([work / "big.bin"]), counted.append) == {}
         assert sum(counted) == 2 * (40 << 20)  # told of every byte, to both nodes
         assert [_sha256(seen[n] / "big.bin") for n in seen] == [digest, digest]
         # 40 MiB is over BULK: the bytes went through OpenSSH's client, a session per node.
-        wrapper = provider.remote().ssh_wrapper
-        assert sorted(provider._bulk) == sorted(provider._conns)
+        wrapper = provider.reach.remote().ssh_wrapper
+        assert sorted(provider.sessions.bulk_hosts) == sorted(provider.sessions.conns)
         assert len(_ssh_clients(wrapper)) == 2
         counted.clear()
-        assert provider.put(outgoing([work / "big.bin"]), counted.append) == {}
+        assert provider.reach.put(outgoing([work / "big.bin"]), counted.append) == {}
         assert counted == []  # the nodes have it (same sha256): nothing is sent again
         os.rename(seen["node2"] / "big.bin", seen["node2"] / "back.bin")
-        stored, failed = provider.gather(work, ["big.bin"], counted.append)
+        stored, failed = provider.reach.gather(work, ["big.bin"], counted.append)
     assert (stored, failed) == ([work / "back.bin"], {})
     assert sum(counted) == 40 << 20
     assert _sha256(work / "back.bin") == digest
@@ -368,7 +368,7 @@ def test_a_bulk_session_lost_mid_file_leaves_no_part_of_it_and_the_next_put_work
     cluster = testbed.cluster(openmpi_python, tmp_path / "run", hosts=1)
     with cluster:
         provider = cluster._provider
-        wrapper = provider.remote().ssh_wrapper
+        wrapper = provider.reach.remote().ssh_wrapper
 
         def cut(amount: int) -> None:  # the first piece went: the ssh client dies
             for p in _ssh_clients(wrapper):
@@ -383,8 +383,8 @@ def _cut_then_whole(cluster: cb.Cluster, big: Path, node: Path, cut: object) -> 
     """A put of ``big`` whose connection ``cut`` ends after its first piece fails naming
     it and leaves no part of it on the node (seen at ``node``); the next put brings it whole."""
     provider = cluster._provider
-    (host,) = provider._conns
-    failed = provider.put(outgoing([big]), cut)
+    (host,) = provider.sessions.conns
+    failed = provider.reach.put(outgoing([big]), cut)
     assert list(failed) == [host]
     assert f"{big} was not sent whole" in str(failed[host])
     deadline = time.monotonic() + 5  # the node's session sees the end, drops its part
@@ -447,16 +447,16 @@ def test_a_connection_closed_mid_file_leaves_no_part_of_it_and_says_which(
     cluster = testbed.cluster(openmpi_python, tmp_path / "run", hosts=1)
     with cluster:
         provider = cluster._provider
-        (host,) = provider._conns
+        (host,) = provider.sessions.conns
 
         def cut(amount: int) -> None:  # the first piece went: the connection goes
-            provider._conns[host].shell.close()
+            provider.sessions.conns[host].shell.close()
 
         # A new connection, and a new session, take the next put.
         _cut_then_whole(cluster, work / "big.bin", node1, cut)
 
         os.rename(node1 / "big.bin", node1 / "result.bin")
-        stored, failed = provider.gather(work, ["big.bin"], cut)
+        stored, failed = provider.reach.gather(work, ["big.bin"], cut)
         assert stored == []
         assert list(failed) == [host]
         assert "result.bin did not arrive whole" in str(failed[host])

@@ -9,23 +9,67 @@ from pathlib import Path
 
 import pytest
 
+#: What a notebook brings, which a plain interpreter never loads: the Jupyter stack, and the
+#: notebook side of tqdm (``tqdm.auto`` picks it where IPython runs).
+NOTEBOOK_MODULES = (
+    "IPython",
+    "ipykernel",
+    "ipyparallel",
+    "ipywidgets",
+    "comm",
+    "jupyter_client",
+    "traitlets",
+    "zmq",
+    "tqdm.auto",
+    "tqdm.autonotebook",
+    "tqdm.notebook",
+)
+
+LOADED = """
+loaded = sorted(m for m in sys.modules
+                if any(m == n or m.startswith(n + ".") for n in {names!r}))
+print(",".join(loaded))
+"""
+
 CHECK = """\
 import sys
-import clusterbook, clusterbook.cli.main, clusterbook.cluster.facade
+import clusterbook, clusterbook.cli.main, clusterbook.cluster.facade, clusterbook.rendezvous.agent
 c = clusterbook.Cluster.local(workers=1, slots=1)
 repr(c)
-bad = sorted(m for m in sys.modules
-             if m.split(".")[0] in {"IPython", "ipywidgets", "ipyparallel", "traitlets",
-                                    "ipykernel", "clusterbook_widgets"})
-print(",".join(bad))
 """
 
 
-def test_core_imports_no_jupyter_module():
+def _loaded_after(code: str, names: tuple[str, ...]) -> list[str]:
     out = subprocess.run(
-        [sys.executable, "-c", CHECK], capture_output=True, text=True, check=True, timeout=60
+        [sys.executable, "-c", code + LOADED.format(names=names)],
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=60,
     )
-    assert out.stdout.strip() == ""
+    return [m for m in out.stdout.strip().split(",") if m]
+
+
+def test_core_imports_no_jupyter_module():
+    assert _loaded_after(CHECK, (*NOTEBOOK_MODULES, "clusterbook_widgets")) == []
+
+
+BARS = """\
+import sys
+import clusterbook as cb
+from clusterbook.testing import FakeProvider
+
+cluster = cb.Cluster(FakeProvider(nodes=2))
+cluster.start(progress=True)
+cluster.wait_ready(5, progress=True)
+cluster.stop()
+"""
+
+
+def test_bars_drawn_outside_a_notebook_import_no_notebook_module():
+    # The core asks the Jupyter layer whether a notebook watches (it may load to answer), and
+    # the answer here, no, costs none of the notebook's modules.
+    assert _loaded_after(BARS, NOTEBOOK_MODULES) == []
 
 
 def test_importing_the_core_does_not_import_pandas():
@@ -113,6 +157,20 @@ def test_no_module_of_the_core_imports_the_jupyter_layer():
             offenders[str(path.relative_to(SDK))] = found
     assert offenders == {}
     assert len(list(SDK.rglob("*.py"))) > 40  # the walk did see the package
+
+
+def test_whether_a_notebook_watches_is_answered_by_the_jupyter_layer_alone():
+    # The core asks clusterbook_widgets.notebook (through the entry points); it never looks
+    # for a notebook's kernel itself.
+    asking = sorted(
+        str(path.relative_to(SDK))
+        for path in SDK.rglob("*.py")
+        if "ZMQInteractiveShell" in path.read_text()
+    )
+    assert asking == []
+    widgets = SDK.parents[1] / "widgets" / "clusterbook_widgets"
+    answering = [p.name for p in widgets.rglob("*.py") if "ZMQInteractiveShell" in p.read_text()]
+    assert answering == ["notebook.py"]
 
 
 def test_the_facade_never_probes_its_provider():

@@ -14,7 +14,8 @@ from clusterbook.cli.main import main as cli_main
 from clusterbook.cluster.options import ClusterOptions
 from clusterbook.gpus import GPU, NO_GPUS, GPUInfo
 from clusterbook.providers.local import local_nodes
-from clusterbook.providers.ssh.provider import SSHProvider, parse_host_list, parse_hosts
+from clusterbook.providers.ssh.hosts import parse_host_list, parse_hosts
+from clusterbook.providers.ssh.provider import SSHProvider
 from clusterbook.rendezvous.api import RendezvousSettings
 from clusterbook.rendezvous.head import RendezvousHead
 from clusterbook.rendezvous.report import NodeReport

@@ -1,15 +1,12 @@
-"""``%cluster`` and ``%%mpirun``: the pure parts, then the magics in a real IPython shell with
-real local clusters and the venv's Open MPI."""
+"""``%cluster`` and ``%%mpirun`` in a real IPython shell with real local clusters and the venv's
+Open MPI (their arguments: test_arguments.py; the rank script: test_mpirun_cell.py)."""
 
 from __future__ import annotations
 
 import contextlib
 import importlib.util
 import os
-import pickle
 import signal
-import subprocess
-import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -24,203 +21,7 @@ from IPython.utils.capture import capture_output
 import clusterbook as cb
 from clusterbook.nodes.tasks.program import ENTRY
 from clusterbook_widgets.magics import ClusterMagics
-from clusterbook_widgets.mpirun_cell import (
-    ArgsError,
-    HelpRequested,
-    MpirunArgs,
-    build_script,
-    parse_cluster_args,
-    parse_mpirun_args,
-)
-from clusterbook_widgets.pulled import signed
 from tests.conftest import processes_mentioning, wait_gone
-
-# -- argument parsing -------------------------------------------------------------------------
-
-
-def test_mpirun_args_parsed() -> None:
-    args = parse_mpirun_args("-n 2 --timeout 1.5 --push a,b --push c,a --pull y --oversubscribe")
-    assert args == MpirunArgs(np=2, timeout=1.5, push=("a", "b", "c"), pull="y", oversubscribe=True)
-    assert parse_mpirun_args("") == MpirunArgs()
-    args = parse_mpirun_args("--retries 3 --backoff 5 --retry-on failure,timeout --deadline 2h")
-    assert (args.retries, args.backoff, args.retry_on, args.deadline) == (
-        3,
-        "5",
-        ("failure", "timeout"),
-        "2h",
-    )
-    assert parse_mpirun_args("--clean none").clean == "none"
-    assert parse_mpirun_args("").clean == "all"
-
-
-def test_an_interrupt_as_the_job_starts_cancels_it_too(
-    ip, cluster: cb.Cluster, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:  # type: ignore[no-untyped-def]
-    started = tmp_path / "started"
-    cell = f"import time\nopen({str(started)!r}, 'a').close()\ntime.sleep(120)\n"
-    start = cluster.mpirun
-
-    def interrupted_as_it_returns(*args: object, **kwargs: object) -> cb.Job:
-        start(*args, **kwargs)  # type: ignore[arg-type]
-        raise KeyboardInterrupt  # the stop button, before the magic holds the job
-
-    monkeypatch.setattr(cluster, "mpirun", interrupted_as_it_returns)
-    with capture_output() as out, pytest.raises(KeyboardInterrupt):
-        ip.run_cell_magic("mpirun", "-n 2", cell)
-    (job,) = cluster.jobs
-    assert job.done
-    assert job.result is not None
-    assert job.result.cancelled
-    assert "interrupted; job-0001 was cancelled" in out.stderr
-    assert processes_mentioning(str(cluster.run_dir / "cells")) == []
-
-
-@pytest.mark.parametrize(
-    ("line", "said"),
-    [
-        ("-n 0", "-n must be >= 1, got 0"),
-        ("-n x", "-n must be a whole number >= 1, got 'x'"),
-        ("-n -3", "-n must be >= 1, got -3"),
-        ("-n", "expected one argument"),
-        ("--pull 1bad", "'1bad' is not a Python variable name"),
-        ("--pull class", "'class' is not a Python variable name"),
-        ("--push a,,b", "'' is not a Python variable name"),
-        ("--timeout 0", "timeout must be a number of seconds > 0, got '0'"),
-        ("--timeout nan", "timeout must be a number of seconds > 0, got 'nan'"),
-        ("--frob", "unrecognized arguments: --frob"),
-        ("--time 3", "unrecognized arguments: --time 3"),  # no abbreviations
-        ("-n '2", "No closing quotation"),
-        ("--retries -1", "--retries must be >= 0, got -1"),
-        ("--retries x", "--retries must be a whole number >= 0, got 'x'"),
-        ("--clean some", "invalid choice: 'some' (choose from 'all', 'running', 'none')"),
-    ],
-)
-def test_bad_mpirun_args_say_what_and_how(line: str, said: str) -> None:
-    with pytest.raises(ArgsError) as info:
-        parse_mpirun_args(line)
-    assert info.value.message.startswith("%%mpirun: ")
-    assert said in info.value.message
-    assert info.value.usage.startswith("usage: %%mpirun [-h] [-n N] [--timeout S]")
-
-
-def test_mpirun_help_is_text_not_an_exit() -> None:
-    with pytest.raises(HelpRequested) as info:
-        parse_mpirun_args("--help")
-    assert "--pull NAME" in info.value.text
-    assert "usage: %%mpirun" in info.value.text
-
-
-def test_cluster_args_parsed() -> None:
-    local = parse_cluster_args("local --workers 3 --slots 2")
-    assert (local.command, local.workers, local.slots) == ("local", 3, 2)
-    assert parse_cluster_args("local").workers == 1
-    assert parse_cluster_args("local --slots gpus").slots == "gpus"  # one slot per GPU
-    ssh = parse_cluster_args(
-        "ssh node1:4 10.0.0.2 --user me --identity '~/my key' --port 2222 --accept-new-host-keys"
-    )
-    assert ssh.hosts == ["node1:4", "10.0.0.2"]
-    assert (ssh.user, ssh.identity, ssh.port) == ("me", "~/my key", 2222)
-    assert ssh.accept_new_host_keys is True
-    assert parse_cluster_args("ssh h").accept_new_host_keys is False
-    assert parse_cluster_args("status").command == "status"
-    assert parse_cluster_args("stop").command == "stop"
-
-
-@pytest.mark.parametrize(
-    ("line", "said"),
-    [
-        ("", "required"),
-        ("start", "invalid choice: 'start'"),
-        ("local --workers 0", "--workers must be >= 1"),
-        ("local --slots two", "--slots must be a whole number >= 1 or 'gpus'"),
-        ("ssh", "required: HOST[:SLOTS]"),
-        ("ssh h --port 0", "--port must be >= 1"),
-    ],
-)
-def test_bad_cluster_args(line: str, said: str) -> None:
-    with pytest.raises(ArgsError) as info:
-        parse_cluster_args(line)
-    assert said in info.value.message
-    assert "usage: %cluster" in info.value.usage
-
-
-# -- the rank script --------------------------------------------------------------------------
-
-
-def run_script(
-    tmp_path: Path, cell: str, rank: int = 1, **kw: object
-) -> subprocess.CompletedProcess:
-    script = tmp_path / "cell.py"
-    script.write_text(build_script(cell, filename="<mpirun cell 7>", **kw))  # type: ignore[arg-type]
-    env = {**os.environ, "OMPI_COMM_WORLD_RANK": str(rank)}
-    return subprocess.run(
-        [sys.executable, str(script)],
-        capture_output=True,
-        text=True,
-        env=env,
-        cwd=tmp_path,
-        timeout=30,
-    )
-
-
-def test_script_pushes_and_pulls(tmp_path: Path) -> None:
-    push = tmp_path / "push.pkl"
-    push.write_bytes(pickle.dumps({"x": [1, 2], "word": "hi"}))
-    (tmp_path / "pull").mkdir()
-    tricky = "s = '''a\\\\b\"\"\" \u00e9'''\n"  # quotes, a backslash, non-ASCII: kept as they are
-    cell = tricky + "import os\ny = (x, word, s, os.environ['OMPI_COMM_WORLD_RANK'])\nprint(y)\n"
-    key = os.urandom(32)
-    done = run_script(
-        tmp_path, cell, push_file=str(push), pull="y", pull_dir=str(tmp_path / "pull"), pull_key=key
-    )
-    assert done.returncode == 0, done.stderr
-    value = ([1, 2], "hi", 'a\\b""" \u00e9', "1")
-    assert done.stdout == f"{value}\n"
-    written = (tmp_path / "pull" / "rank-1.pkl").read_bytes()
-    assert written == signed(key, 1, pickle.dumps(value, protocol=pickle.HIGHEST_PROTOCOL))
-    assert not list((tmp_path / "pull").glob("*.part"))
-
-
-def test_script_imports_from_the_working_directory(tmp_path: Path) -> None:
-    (tmp_path / "mymod.py").write_text("VALUE = 42\n")
-    sub = tmp_path / "cells"
-    sub.mkdir()
-    script = sub / "cell.py"
-    script.write_text(build_script("import mymod\nprint(mymod.VALUE)\n", filename="<c>"))
-    done = subprocess.run(
-        [sys.executable, str(script)], capture_output=True, text=True, cwd=tmp_path, timeout=30
-    )
-    assert done.stdout == "42\n", done.stderr
-
-
-def test_script_traceback_is_the_cells_own(tmp_path: Path) -> None:
-    t0 = time.monotonic()
-    done = run_script(tmp_path, "a = 1\nraise ValueError(f'boom {a}')\n", error_grace=0.4)
-    assert time.monotonic() - t0 >= 0.4  # other ranks failing alike get time to report
-    assert done.returncode == 1
-    lines = done.stderr.splitlines()
-    assert lines == [
-        "Traceback (most recent call last):",
-        '  File "<mpirun cell 7>", line 2, in <module>',
-        "    raise ValueError(f'boom {a}')",
-        "ValueError: boom 1",
-    ]
-
-
-def test_script_pull_of_an_undefined_name_fails(tmp_path: Path) -> None:
-    (tmp_path / "pull").mkdir()
-    done = run_script(
-        tmp_path, "z = 1\n", pull="y", pull_dir=str(tmp_path / "pull"), pull_key=b"k" * 32
-    )
-    assert done.returncode == 1
-    assert "--pull y: name 'y' is not defined on rank 1" in done.stderr
-    assert not list((tmp_path / "pull").iterdir())
-
-
-def test_script_of_an_empty_cell_runs(tmp_path: Path) -> None:
-    done = run_script(tmp_path, "")
-    assert (done.returncode, done.stdout, done.stderr) == (0, "", "")
-
 
 # -- the magics, for real ---------------------------------------------------------------------
 
@@ -273,6 +74,37 @@ def cluster(magics: ClusterMagics, openmpi_python: str, tmp_path: Path) -> cb.Cl
     """A started local cluster of one node with two slots, current in ``magics``."""
     magics.cluster = cb.Cluster.local(1, 2, python=openmpi_python, run_dir=tmp_path / "run")
     return magics.cluster.start()
+
+
+class InterruptedAsItStarts:
+    """The notebook's cluster, whose ``mpirun`` is interrupted (the stop button) as it returns:
+    the job started, but the magic does not hold it yet. Everything else is the cluster's."""
+
+    def __init__(self, cluster: cb.Cluster) -> None:
+        self._cluster = cluster
+
+    def __getattr__(self, name: str) -> object:
+        return getattr(self._cluster, name)
+
+    def mpirun(self, *args: object, **kwargs: object) -> cb.Job:
+        self._cluster.mpirun(*args, **kwargs)  # type: ignore[arg-type]
+        raise KeyboardInterrupt
+
+
+def test_an_interrupt_as_the_job_starts_cancels_it_too(
+    ip, magics: ClusterMagics, cluster: cb.Cluster, tmp_path: Path
+) -> None:  # type: ignore[no-untyped-def]
+    started = tmp_path / "started"
+    cell = f"import time\nopen({str(started)!r}, 'a').close()\ntime.sleep(120)\n"
+    magics.cluster = InterruptedAsItStarts(cluster)  # type: ignore[assignment]
+    with capture_output() as out, pytest.raises(KeyboardInterrupt):
+        ip.run_cell_magic("mpirun", "-n 2", cell)
+    (job,) = cluster.jobs
+    assert job.done
+    assert job.result is not None
+    assert job.result.cancelled
+    assert "interrupted; job-0001 was cancelled" in out.stderr
+    assert processes_mentioning(str(cluster.run_dir / "cells")) == []
 
 
 def test_mpirun_retries_a_failed_cell_and_says_so(ip, cluster: cb.Cluster) -> None:  # type: ignore[no-untyped-def]

@@ -6,26 +6,12 @@ import pytest
 from IPython.utils.capture import capture_output
 
 from clusterbook_widgets.magics import ClusterMagics
-from clusterbook_widgets.mpirun_cell import ArgsError, parse_cluster_args
 from tests.widgets import test_magics
 
 ip, magics = test_magics.ip, test_magics.magics  # the fixtures of the %cluster tests
 
 SYSTEM_VARS = ("SLURM_JOB_NODELIST", "SLURM_NODELIST", "PBS_NODEFILE", "K_MPI_JOB_ROLE",
                "OMPI_MCA_orte_default_hostfile", "HYDRA_HOST_FILE", "SM_HOSTS")  # fmt: skip
-
-
-def test_env_args() -> None:
-    args = parse_cluster_args("env")
-    assert (args.command, args.kind, args.slots, args.port) == ("env", None, None, None)
-    args = parse_cluster_args("env slurm --slots 2 --user me --port 2222 --accept-new-host-keys")
-    assert (args.kind, args.slots, args.user, args.port) == ("slurm", 2, "me", 2222)
-    assert args.accept_new_host_keys
-    with pytest.raises(ArgsError, match="invalid choice: 'lsf'"):
-        parse_cluster_args("env lsf")
-    assert parse_cluster_args("env --via ssh").via == "ssh"
-    with pytest.raises(ArgsError, match="invalid choice: 'mpirun'"):
-        parse_cluster_args("env --via mpirun")
 
 
 def test_env_via_srun_outside_slurm_says_so_as_the_magic_spells_it(

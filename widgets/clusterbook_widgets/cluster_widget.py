@@ -34,7 +34,8 @@ _log = logging.getLogger("clusterbook")
 
 
 class _Job(Protocol):
-    id: str
+    @property
+    def id(self) -> str: ...
 
     @property
     def done(self) -> bool: ...

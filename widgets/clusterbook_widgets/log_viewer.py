@@ -4,7 +4,7 @@ A daemon thread iterates ``job.stream()`` into a bounded buffer (the newest ``ma
 records); every line is also in the job directory's ``rank-N.log`` files, from which "Load
 older" pages earlier lines back in. Redraws go through a
 :class:`~clusterbook_widgets.throttle.Throttle` (at most ten a second however fast ranks
-write) and :func:`~clusterbook.views.html.render_lines`; the widget only assigns values.
+write) and :func:`~clusterbook.views.lines.render_lines`; the widget only assigns values.
 The thread keeps the view live after the cell that made it has finished.
 """
 
@@ -22,9 +22,10 @@ from typing import Any, Protocol
 
 import ipywidgets as widgets
 
-from clusterbook.launch.logs import LAUNCHER_RANK, LogRecord, read_log_file
+from clusterbook.launch import LAUNCHER_RANK, LogRecord, read_log_file
 from clusterbook.spec import validate_positive_int
-from clusterbook.views.html import MUTED_COLOUR, render_lines
+from clusterbook.views.lines import render_lines
+from clusterbook.views.style import MUTED_COLOUR
 from clusterbook_widgets.throttle import Scheduler, Throttle
 
 __all__ = ["LogViewer"]
@@ -60,7 +61,7 @@ class _Job(Protocol):
 
 
 def _micros(when: float) -> int:
-    # The files keep microseconds (see LogStore._write); compare records at that precision.
+    # The files keep microseconds (see logs.format_log_lines); compare records at that precision.
     return (datetime.fromtimestamp(when, timezone.utc) - _EPOCH) // _MICROSECOND
 
 
@@ -97,44 +98,7 @@ class LogViewer(widgets.VBox):
     ) -> None:
         for name, value in (("max_lines", max_lines), ("page_size", page_size)):
             validate_positive_int(value, name)
-        self.rank_filter = widgets.Dropdown(
-            description="Rank", options=[("all", _ALL)], layout=widgets.Layout(width="160px")
-        )
-        self.host_filter = widgets.Dropdown(
-            description="Host", options=[("all", _ALL)], layout=widgets.Layout(width="220px")
-        )
-        self.search_box = widgets.Text(
-            description="Search", placeholder="text in a line", continuous_update=True
-        )
-        self.follow_toggle = widgets.ToggleButton(
-            value=True,
-            description="Follow",
-            icon="play",
-            tooltip="Redraw as lines arrive; off: the view holds still (lines are still kept)",
-        )
-        self.load_older_button = widgets.Button(
-            description="Load older",
-            icon="history",
-            tooltip=f"Read {page_size} earlier lines back from the job's rank-N.log files",
-        )
-        self.status_html = widgets.HTML()
-        self.output_html = widgets.HTML()
-        controls = widgets.HBox(
-            [
-                self.rank_filter,
-                self.host_filter,
-                self.search_box,
-                self.follow_toggle,
-                self.load_older_button,
-            ]
-        )
-        # column-reverse keeps the scroll position at the newest line as lines arrive.
-        scroller = widgets.Box(
-            [self.output_html],
-            layout=widgets.Layout(
-                max_height="400px", overflow="auto", display="flex", flex_flow="column-reverse"
-            ),
-        )
+        controls, scroller = self._make_controls(page_size)
         super().__init__([controls, scroller, self.status_html])
         self._parts: tuple[widgets.Widget, ...] = (
             *controls.children,
@@ -245,6 +209,48 @@ class LogViewer(widgets.VBox):
         super().close()
 
     # -- internals ------------------------------------------------------------------------
+
+    def _make_controls(self, page_size: int) -> tuple[widgets.HBox, widgets.Box]:
+        """The filters and buttons (in a row), and the scrolling box of the lines."""
+        self.rank_filter = widgets.Dropdown(
+            description="Rank", options=[("all", _ALL)], layout=widgets.Layout(width="160px")
+        )
+        self.host_filter = widgets.Dropdown(
+            description="Host", options=[("all", _ALL)], layout=widgets.Layout(width="220px")
+        )
+        self.search_box = widgets.Text(
+            description="Search", placeholder="text in a line", continuous_update=True
+        )
+        self.follow_toggle = widgets.ToggleButton(
+            value=True,
+            description="Follow",
+            icon="play",
+            tooltip="Redraw as lines arrive; off: the view holds still (lines are still kept)",
+        )
+        self.load_older_button = widgets.Button(
+            description="Load older",
+            icon="history",
+            tooltip=f"Read {page_size} earlier lines back from the job's rank-N.log files",
+        )
+        self.status_html = widgets.HTML()
+        self.output_html = widgets.HTML()
+        controls = widgets.HBox(
+            [
+                self.rank_filter,
+                self.host_filter,
+                self.search_box,
+                self.follow_toggle,
+                self.load_older_button,
+            ]
+        )
+        # column-reverse keeps the scroll position at the newest line as lines arrive.
+        scroller = widgets.Box(
+            [self.output_html],
+            layout=widgets.Layout(
+                max_height="400px", overflow="auto", display="flex", flex_flow="column-reverse"
+            ),
+        )
+        return controls, scroller
 
     def _read(self) -> None:
         try:

@@ -1,40 +1,33 @@
 """``%cluster`` and ``%%mpirun``: the notebook's cluster, and cells run as MPI programs on it.
 
-Loaded on request (``%load_ext clusterbook``). The parsing, the rank script and the grouping of
-errors are pure functions in :mod:`clusterbook_widgets.mpirun_cell` and
-:mod:`clusterbook.launch.fold`; this module does the I/O.
+Loaded on request (``%load_ext clusterbook``). The magics' arguments are parsed in
+:mod:`clusterbook_widgets.arguments`, and a cell runs as a job through
+:mod:`clusterbook_widgets.cell_job` (its directory, its output, what is said of its end, its
+values); this module keeps the notebook's cluster and tells the user.
 """
 
 from __future__ import annotations
 
 import functools
-import os
-import secrets
 import sys
 import traceback
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any, ParamSpec, TypeVar
 
 from IPython.core.magic import Magics, cell_magic, line_magic, magics_class
 from IPython.display import display as _untyped_display
 
 import clusterbook as cb
-from clusterbook.cluster.remote.attached import AttachedCluster
+from clusterbook.cluster.handle import ClusterHandle
 from clusterbook.errors import ClusterError
-from clusterbook.launch.fold import failure_report, fold_live
-from clusterbook.launch.logs import LiveText, LogRecord
-from clusterbook.launch.saved import SavedJob
 from clusterbook.wording import speaking
-from clusterbook_widgets.mpirun_cell import (
+from clusterbook_widgets.arguments import (
     ArgsError,
     HelpRequested,
-    MpirunArgs,
-    build_script,
     parse_cluster_args,
     parse_mpirun_args,
 )
-from clusterbook_widgets.pulled import check_private_dirs, read_pulled
+from clusterbook_widgets.cell_job import CellError, ending, follow, launch, pulled, pushed
 
 __all__ = ["ClusterMagics"]
 
@@ -55,11 +48,7 @@ def _worded(magic: Callable[P, R]) -> Callable[P, R]:
     return run
 
 
-class _CellError(Exception):
-    """A problem with the cell's inputs, told to the user as a message."""
-
-
-def current_cluster(shell: Any = None) -> cb.Cluster | None:
+def current_cluster(shell: Any = None) -> ClusterHandle | None:
     """The cluster that ``%cluster`` started in ``shell`` (default: the running IPython), the
     one ``%%mpirun`` runs on; None if there is none."""
     if shell is None:
@@ -77,6 +66,10 @@ def _err(text: str) -> None:
     print(text, file=sys.stderr, flush=True)
 
 
+def _announce_attempt(attempt: int) -> None:
+    _err(f"%%mpirun: attempt {attempt}")
+
+
 @magics_class
 class ClusterMagics(Magics):
     """``%cluster local|ssh|slurm|env|attach|status|stop`` and ``%%mpirun``.
@@ -87,7 +80,7 @@ class ClusterMagics(Magics):
 
     def __init__(self, shell: Any = None) -> None:
         super().__init__(shell)
-        self.cluster: cb.Cluster | AttachedCluster | None = None
+        self.cluster: ClusterHandle | None = None
 
     # -- %cluster -----------------------------------------------------------------------------
 
@@ -200,7 +193,7 @@ class ClusterMagics(Magics):
         print(f"Started {cluster!r}.", flush=True)
         return cluster
 
-    def _running(self) -> cb.Cluster | AttachedCluster | None:
+    def _running(self) -> ClusterHandle | None:
         if self.cluster is not None and self.cluster.state == "running":
             return self.cluster
         return None
@@ -263,9 +256,10 @@ class ClusterMagics(Magics):
             _err("".join(traceback.format_exception_only(type(exc), exc)).rstrip())
             return
         try:
-            values = self._push_values(args)
+            assert self.shell is not None
+            values = pushed(self.shell.user_ns, args.push)
             cluster = self._running() or self._start(lambda: cb.Cluster.local())
-        except (ClusterError, _CellError) as exc:
+        except (ClusterError, CellError) as exc:
             _err(f"%%mpirun: {exc}")
             return
         if cluster is None:
@@ -273,176 +267,20 @@ class ClusterMagics(Magics):
         before = len(cluster.jobs)
         try:
             try:
-                job, script, pull = self._launch(cluster, args, cell, values)
-            except (ClusterError, _CellError) as exc:
+                job, script, pull = launch(cluster, args, cell, values)
+            except (ClusterError, CellError) as exc:
                 _err(f"%%mpirun: {exc}")
                 return
-            result, tracebacks = self._follow(job, str(script))
+            result, tracebacks = follow(job, str(script), _announce_attempt)
         except KeyboardInterrupt:  # wherever it came, the job it started is cancelled
             for started in cluster.jobs[before:]:
                 started.cancel()
                 _err(f"%%mpirun: interrupted; {started.id} was cancelled and every rank stopped.")
             raise
-        for text in failure_report(tracebacks, result.failed):
+        for text in ending(result, tracebacks, args.timeout):
             _err(text)
-        if result.deadline_exceeded:
-            _err(
-                f"%%mpirun: the deadline passed after {result.duration:.1f} s; the job was "
-                "stopped. Where each rank was is in its stack above (most recent call first)."
-            )
-        elif result.timed_out:
-            _err(
-                f"%%mpirun: timed out after {args.timeout:g} s; the job was stopped. Where each "
-                "rank was is in its stack above (most recent call first)."
-            )
-        elif not result.ok and not result.failed and not tracebacks:
-            _err(result.summary())
-        if result.kept:
-            ranks = ", ".join(
-                f"rank {k.rank} pid {k.pid}" for k in result.kept if k.rank is not None
-            )
-            _err(
-                f"%%mpirun: kept stopped for inspection (--clean none): {ranks or 'no rank'}, "
-                f"with {len(result.kept)} process(es) in all; %cluster stop ends them (or "
-                "cluster.jobs[-1].cleanup())."
-            )
         if args.pull is not None and pull is not None:
-            self._pull(cluster, args.pull, result, pull, job.np)
-
-    def _push_values(self, args: MpirunArgs) -> bytes | None:
-        """The pushed values, pickled: before anything starts, a missing or unpicklable one
-        is named."""
-        assert self.shell is not None
-        ns = self.shell.user_ns
-        missing = [name for name in args.push if name not in ns]
-        if missing:
-            raise _CellError(f"--push: {', '.join(missing)} not defined in the notebook.")
-        return pickled({name: ns[name] for name in args.push}) if args.push else None
-
-    def _launch(
-        self,
-        cluster: cb.Cluster | AttachedCluster,
-        args: MpirunArgs,
-        cell: str,
-        values: bytes | None,
-    ) -> tuple[cb.Job | SavedJob, Path, tuple[Path, bytes] | None]:
-        """Start the cell's job; return it, its script, and where its values are pulled
-        from with the key they are signed with."""
-        cells = cluster.run_dir / "cells"
-        cells.mkdir(mode=0o700, exist_ok=True)
-        # The cell's program, values and results go there: nobody else may change them.
-        check_private_dirs(cells)
-        number = len(list(cells.iterdir())) + 1
-        while True:
-            directory = cells / f"cell-{number:04d}"
             try:
-                directory.mkdir(mode=0o700)
-                break
-            except FileExistsError:
-                number += 1
-        push_file = None
-        if values is not None:
-            push_file = directory / "push.pkl"
-            _write_private(push_file, values)
-        pull_dir = key = None
-        if args.pull is not None:
-            pull_dir = directory / "pull"
-            pull_dir.mkdir(mode=0o700)
-            key = secrets.token_bytes(32)  # the ranks sign their values with it
-        script = directory / "cell.py"
-        text = build_script(
-            cell,
-            filename=f"<mpirun cell {number}>",
-            push_file=None if push_file is None else str(push_file),
-            pull=args.pull,
-            pull_dir=None if pull_dir is None else str(pull_dir),
-            pull_key=key,
-        )
-        # UTF-8: what Python reads source as, whatever the locale. Private: it holds the key.
-        _write_private(script, text.encode("utf-8"))
-        cluster.put(directory)  # nodes that do not share this filesystem get it too
-        job = cluster.mpirun(
-            ["python", str(script)],
-            np=args.np,
-            env={"PYTHONUNBUFFERED": "1"},  # output as it is printed, not when a buffer fills
-            timeout=args.timeout,
-            oversubscribe=args.oversubscribe,
-            retries=args.retries,
-            backoff=1.0 if args.backoff is None else args.backoff,
-            retry_on=args.retry_on,
-            deadline=args.deadline,
-            restarts=args.restarts,
-            clean=args.clean,
-        )
-        return job, script, None if pull_dir is None or key is None else (pull_dir, key)
-
-    def _follow(
-        self, job: cb.Job | SavedJob, script: str
-    ) -> tuple[cb.JobResult, dict[int, list[tuple[str, ...]]]]:
-        """Print the job's output as it comes; its result once it has ended (an interrupt
-        is the caller's to handle: it cancels the job)."""
-        launcher = Path(job.plan.launcher.path if isinstance(job, cb.Job) else job.launcher).name
-        live = LiveText()
-
-        def emit(rank: int, stream: str, text: str, partial: bool) -> None:
-            prefix = f"[{launcher}]" if rank < 0 else f"[{rank}]"
-            out = sys.stderr if stream == "stderr" else sys.stdout
-            record = LogRecord(0.0, rank, "", stream, text, partial)
-            print(live.render(record, prefix), file=out, end="", flush=True)
-
-        def announce(attempt: int) -> None:
-            _err(f"%%mpirun: attempt {attempt}")
-
-        tracebacks = fold_live(
-            job.stream(), emit, continues=live.continues, runner=script, on_attempt=announce
-        )
-        return job.wait(), tracebacks
-
-    def _pull(
-        self,
-        cluster: cb.Cluster | AttachedCluster,
-        name: str,
-        result: cb.JobResult,
-        pull: tuple[Path, bytes],
-        np: int,
-    ) -> None:
-        """Set ``name`` to the ranks' values: plain data only, each signed by its rank of
-        this cell, from the cell's own directory (:mod:`clusterbook_widgets.pulled`)."""
-        if not result.ok:
-            _err(f"%%mpirun: --pull {name}: not set, the job did not succeed.")
-            return
-        pull_dir, key = pull
-        try:
-            cluster.gather(pull_dir)  # from nodes that do not share this filesystem
-            values = read_pulled(pull_dir, np, key)
-        except ClusterError as exc:
-            _err(f"%%mpirun: --pull {name}: {exc}; {name} not set.")
-            return
-        assert self.shell is not None
-        self.shell.user_ns[name] = values
-
-
-def pickled(values: dict[str, Any]) -> bytes:
-    """The notebook's ``values`` for the ranks, by value where plain pickle goes by name
-    (cloudpickle): a function, lambda or class defined in the notebook works on every rank.
-    A value that cannot be pickled is named."""
-    import cloudpickle  # type: ignore[import-untyped]  # (no type information)
-
-    for name, value in values.items():
-        try:
-            cloudpickle.dumps(value)
-        except Exception as exc:
-            raise _CellError(
-                f"--push {name}: {type(value).__name__} objects cannot be sent to the ranks "
-                f"({type(exc).__name__}: {exc}); push what it holds instead, or make it on "
-                "every rank in the cell."
-            ) from None
-    data: bytes = cloudpickle.dumps(values)
-    return data
-
-
-def _write_private(path: Path, data: bytes) -> None:
-    # Notebook values may be secret: 0600 from the start, never readable by others.
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-    with os.fdopen(fd, "wb") as f:
-        f.write(data)
+                self.shell.user_ns[args.pull] = pulled(cluster, args.pull, result, pull, job.np)
+            except CellError as exc:
+                _err(f"%%mpirun: {exc}")

@@ -1,18 +1,160 @@
-"""``clusterbook worker serve``: this host as a worker of the SageMaker training job or MPIJob
-it runs in, until the job's leader is done with it (see
-:mod:`clusterbook.providers.environment.worker`)."""
+"""``clusterbook worker``: this machine as a node of an elastic cluster (``join``: the agent,
+until the cluster closes or its head is gone for longer than the lease), or as a worker of the
+SageMaker training job or MPIJob it runs in, until the job's leader is done with it (``serve``;
+see :mod:`clusterbook.providers.environment.worker`)."""
 
 from __future__ import annotations
 
 import argparse
+import os
 import signal
 import sys
+from typing import TYPE_CHECKING
 
-__all__ = ["add_serve"]
+from clusterbook.cli.hosts import slots_arg
+
+if TYPE_CHECKING:
+    from clusterbook.ssh.sshd import Sshd
+
+__all__ = ["add_worker"]
 
 
-def add_serve(worker_sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    """Add ``serve`` to the ``clusterbook worker`` parser's subcommands."""
+def add_worker(
+    sub: argparse._SubParsersAction[argparse.ArgumentParser], only: str | None = None
+) -> None:
+    """Add ``worker`` and its commands (``only``: that one, for an agent's ``join`` without
+    making, or importing for, the rest) to the ``clusterbook`` parser's subcommands."""
+    worker = sub.add_parser(
+        "worker",
+        help="run this machine as a node of an elastic cluster, or a worker of a training job",
+    )
+    worker_sub = worker.add_subparsers(title="worker commands")
+    if only in (None, "join"):
+        _add_join(worker_sub)
+    if only in (None, "serve"):
+        _add_serve(worker_sub)
+
+
+def _add_join(worker_sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    join = worker_sub.add_parser(
+        "join",
+        help="join an elastic cluster and stay until it closes",
+        description="Join the elastic cluster at URL (as the head printed it) and stay, "
+        "heartbeating, until the cluster closes or the head is gone for longer than the lease.",
+    )
+    join.add_argument("url", help="join URL printed by the head (tcp://HOST:PORT/ID?...)")
+    join.add_argument(
+        "--token-file",
+        required=True,
+        metavar="F",
+        help="file with the cluster's secret (mode 0600)",
+    )
+    join.add_argument(
+        "--slots",
+        type=slots_arg,
+        default=os.cpu_count() or 1,
+        help="ranks this node takes (default: its cores; 'gpus': one per GPU it has)",
+    )
+    join.add_argument("--node-id", help="this node's id (default: HOSTNAME-PID)")
+    join.add_argument(
+        "--lease",
+        type=float,
+        default=10.0,
+        help="seconds without the head before stopping the cluster's jobs here and exiting "
+        "(default 10)",
+    )
+    join.add_argument(
+        "--clean-on-lost",
+        action="store_true",
+        help="when the head is lost for longer than the lease, also remove the cluster's key "
+        "line and files the head installed on this node (set by clusters the head bootstraps)",
+    )
+    join.add_argument(
+        "--start-sshd",
+        type=int,
+        metavar="PORT",
+        help="start a user-level sshd on PORT and report its host key",
+    )
+    join.set_defaults(func=_join)
+
+
+def _join(args: argparse.Namespace) -> int:
+    import logging
+    import socket
+
+    from clusterbook.gpus import GPUS, probe_gpus, slots_from_gpus
+    from clusterbook.rendezvous.agent import Agent
+    from clusterbook.rendezvous.backends.tcp import read_secret
+    from clusterbook.rendezvous.report import NodeReport
+    from clusterbook.spec import validate_slots
+
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
+    asked = validate_slots(args.slots, "--slots")
+    node_id = args.node_id or f"{socket.gethostname()}-{os.getpid()}"
+    gpus = probe_gpus()
+    if asked == GPUS:
+        cores = os.cpu_count() or 1
+        slots = slots_from_gpus(
+            gpus,
+            node=node_id,
+            asked=f"--slots {GPUS}",
+            fix=f"pass a number (--slots {cores}), or join from a machine with GPUs",
+        )
+    else:
+        slots = asked
+    secret = read_secret(args.token_file)
+    sshd = None
+    if args.start_sshd is not None:
+        sshd = _agent_sshd(args.url, secret, node_id, args.start_sshd)
+    facts = NodeReport.here(
+        slots,
+        sshd_host_key=sshd.host_public_key if sshd else None,
+        sshd_port=sshd.port if sshd else None,
+        gpus=gpus,
+    )
+    agent = Agent(
+        args.url,
+        secret,
+        node_id=node_id,
+        slots=slots,
+        lease=args.lease,
+        facts=facts,
+        clean_on_lost=args.clean_on_lost,
+    )
+
+    def stop(signum: int, _frame: object) -> None:
+        agent.stop_event.set()
+        raise SystemExit(128 + signum)
+
+    signal.signal(signal.SIGTERM, stop)
+    try:
+        return agent.run()
+    finally:
+        if sshd is not None:
+            sshd.stop()
+
+
+def _agent_sshd(url: str, secret: bytes, node_id: str, port: int) -> Sshd:
+    """The agent's own sshd; it lets in the cluster's key only (derived from the secret)."""
+    from clusterbook.paths import agent_sshd_dir
+    from clusterbook.rendezvous.agent import parse_join_url
+    from clusterbook.ssh.keys import derived_public_line
+    from clusterbook.ssh.sshd import start_sshd
+
+    _, settings = parse_join_url(url)
+    directory = agent_sshd_dir(node_id)
+    directory.mkdir(mode=0o700, parents=True, exist_ok=True)
+    keys = directory / "authorized_keys"
+    # Rewritten for each cluster: a key of an earlier cluster must not get in.
+    fd = os.open(keys, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as f:
+        os.fchmod(f.fileno(), 0o600)
+        f.write("restrict " + derived_public_line(secret, settings.run_id) + "\n")
+    everywhere = "0.0.0.0"  # noqa: S104 - the head must reach this sshd
+    return start_sshd(directory, port=port, listen=everywhere, authorized_keys=keys)
+
+
+def _add_serve(worker_sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     from clusterbook.providers.environment.worker import DEFAULT_LEASE, DEFAULT_WAIT
 
     serve = worker_sub.add_parser(

@@ -1,41 +1,27 @@
 """Where the core meets a Jupyter layer it never imports by name.
 
 A package that shows clusters in notebooks registers itself in the ``clusterbook.jupyter``
-entry point group: an entry ``display`` (a function that turns a cluster into an object with
-``_repr_mimebundle_``: a live widget) and an entry ``extension`` (``%load_ext clusterbook``:
-a function that takes the IPython shell). clusterbook's own Jupyter layer,
-``clusterbook_widgets``, registers both; without one, a cluster shows as its repr.
+entry point group (:mod:`clusterbook.jupyter`): an entry ``display`` (a function that turns a
+cluster into an object with ``_repr_mimebundle_``: a live widget) and an entry ``extension``
+(``%load_ext clusterbook``: a function that takes the IPython shell). clusterbook's own
+Jupyter layer, ``clusterbook_widgets``, registers both; without one, a cluster shows as its
+repr.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from importlib.metadata import entry_points
 from typing import TYPE_CHECKING, Any
 
 from clusterbook.errors import ConfigError
+from clusterbook.jupyter import hook
 
 if TYPE_CHECKING:
-    from clusterbook.cluster.facade import Cluster
-    from clusterbook.cluster.remote.attached import AttachedCluster
+    from clusterbook.cluster.handle import ClusterHandle
 
-__all__ = ["ENTRY_POINTS", "hook", "load_ipython_extension", "mimebundle"]
-
-ENTRY_POINTS = "clusterbook.jupyter"
+__all__ = ["load_ipython_extension", "mimebundle"]
 
 
-def hook(name: str) -> Callable[..., Any] | None:
-    """The ``name`` entry of the installed Jupyter layer, loaded; None when there is none."""
-    for entry in entry_points(group=ENTRY_POINTS, name=name):
-        try:
-            loaded: Callable[..., Any] = entry.load()
-        except ImportError:  # the layer's own dependencies are missing: no layer
-            return None
-        return loaded
-    return None
-
-
-def mimebundle(cluster: Cluster | AttachedCluster, **kwargs: Any) -> dict[str, Any]:
+def mimebundle(cluster: ClusterHandle, **kwargs: Any) -> dict[str, Any]:
     """What a notebook shows for ``cluster``: its repr (``text/plain``, what a terminal
     prints), a static HTML view of it now (``text/html``: what a saved notebook shows on
     GitHub or nbviewer), and the Jupyter layer's live widget when there is one (shown instead

@@ -11,7 +11,7 @@ import secrets
 import sys
 import time
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypedDict
 
@@ -21,13 +21,21 @@ from clusterbook.launch.flavour import MPIFlavour
 from clusterbook.lifetime import DETACHED_LIFE_SPAN, parse_duration
 from clusterbook.names import NAME_RULE, is_name
 from clusterbook.paths import default_run_root
-from clusterbook.spec import validate_env, validate_forward_env
+from clusterbook.spec import CLUSTER_OPTIONS, validate_env, validate_forward_env
 
 if TYPE_CHECKING:
+    from clusterbook.providers.base import Provider
     from clusterbook.providers.slurm.commands import SlurmRunner
     from clusterbook.ssh.hostkeys import HostKeyPolicy
 
-__all__ = ["ClusterOptions", "ClusterOptionsArgs", "ElasticArgs", "SSHArgs", "SlurmArgs"]
+__all__ = [
+    "ClusterOptions",
+    "ClusterOptionsArgs",
+    "ElasticArgs",
+    "SSHArgs",
+    "SlurmArgs",
+    "split_spec",
+]
 
 
 class ClusterOptionsArgs(TypedDict, total=False):
@@ -206,8 +214,9 @@ class ClusterOptions:
 
     @classmethod
     def given_names(cls) -> set[str]:
-        """The options a user gives (the others are made from them)."""
-        return {f.name for f in fields(cls)} - {"id", "own_run_dir"}
+        """The options a user gives (the others are made from them):
+        :data:`clusterbook.spec.CLUSTER_OPTIONS`."""
+        return set(CLUSTER_OPTIONS)
 
     @classmethod
     def make(cls, kind: str, **given: object) -> ClusterOptions:
@@ -271,6 +280,21 @@ class ClusterOptions:
             work_dir=mirror,
             work_dir_options=dict(work_dir_options),
         )
+
+
+def split_spec(spec: Mapping[str, Any]) -> tuple[Provider, ClusterOptions, dict[str, Any]]:
+    """A cluster spec (``Cluster.from_spec``) split into where its nodes come from (the
+    provider of its kind, made from the kind's own arguments), its options, and the spec as
+    they took it (what a detached cluster's supervisor makes the cluster again from)."""
+    from clusterbook.providers.registry import make_provider
+
+    args = dict(spec)
+    kind = args.pop("kind", None)
+    own = {k: args.pop(k) for k in list(args) if k in CLUSTER_OPTIONS}
+    provider = make_provider(kind, args)
+    if own.get("life_span") is None and provider.life_span is not None:
+        own["life_span"] = provider.life_span  # a batch job's nodes go at its time limit
+    return provider, ClusterOptions.make(provider.kind, **own), {"kind": kind, **args, **own}
 
 
 def _life_span(given: object, detached: bool) -> float | None:

@@ -23,23 +23,20 @@ environment), as well as signed with the key.
 
 from __future__ import annotations
 
-import contextlib
 import json
-import logging
 import os
 import secrets
-import subprocess
 import sys
-import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping, Sequence
 from concurrent import futures
-from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, TypedDict
+from typing import TYPE_CHECKING, Any, Protocol, TypedDict
 
+from clusterbook.cluster.handle import ClusterHandle, JobHandle
 from clusterbook.engines.config import (
     CONNECTION_ENV,
+    ENGINES_LABEL,
     PORTS,
     Hidden,
     connection_info,
@@ -48,20 +45,18 @@ from clusterbook.engines.config import (
     engine_argv,
     free_ports,
 )
-from clusterbook.errors import ClusterError, ConfigError, JobFailedError, ReadyTimeoutError
-from clusterbook.launch import proc as procs
-from clusterbook.launch.guard import ENV as JOB_ENV
-from clusterbook.launch.guard import guard
+from clusterbook.engines.engineset import Controller, EngineSet
+from clusterbook.errors import ClusterError, ConfigError
 from clusterbook.spec import validate_seconds
 from clusterbook.views.progress import Bar, bar, checked
 
 if TYPE_CHECKING:
     import ipyparallel
+    from typing_extensions import Unpack
 
-    from clusterbook.cluster.facade import Cluster
-    from clusterbook.launch.job import Job
+    from clusterbook.launch.prepare import JobArgs
 
-__all__ = ["EngineArgs", "EngineSet", "start_engines"]
+__all__ = ["EngineArgs", "EngineHost", "EngineSet", "start_engines"]
 
 
 class EngineArgs(TypedDict, total=False):
@@ -73,9 +68,24 @@ class EngineArgs(TypedDict, total=False):
     progress: bool | None
 
 
+class EngineHost(ClusterHandle, Protocol):
+    """What engines need of the cluster they run on: a cluster this process runs (the head
+    that runs it: its engines' controller must live as long as they do), which runs their job
+    under a label and stops the controller with the engines (:meth:`on_stop`)."""
+
+    def mpirun(
+        self,
+        argv: Sequence[str],
+        np: int | None = None,
+        *,
+        label: str | None = None,
+        **job: Unpack[JobArgs],
+    ) -> JobHandle: ...
+
+    def on_stop(self, stop: Callable[[], None]) -> None: ...
+
+
 _POLL = 0.02
-_LOG_TAIL = 12
-_log = logging.getLogger("clusterbook")
 
 
 def _write_secret(path: Path, data: dict[str, Any]) -> None:
@@ -84,120 +94,8 @@ def _write_secret(path: Path, data: dict[str, Any]) -> None:
         json.dump(data, f, indent=2)
 
 
-@dataclass
-class _Controller:
-    """The controller process on the head, tagged as a job so the guard reaps it."""
-
-    proc: subprocess.Popen[bytes]
-    token: str
-    log: Path
-
-    @classmethod
-    def spawn(
-        cls, argv: list[str], directory: Path, token: str, env: dict[str, str]
-    ) -> _Controller:
-        log = directory / "controller.log"
-        guard.watch(token)
-        with os.fdopen(os.open(log, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), "wb") as out:
-            proc = subprocess.Popen(
-                argv,
-                env={**os.environ, **env, JOB_ENV: token},
-                cwd=directory,
-                stdin=subprocess.DEVNULL,
-                stdout=out,
-                stderr=subprocess.STDOUT,
-                start_new_session=True,
-                umask=0o077,
-            )
-        return cls(proc, token, log)
-
-    def tail(self) -> str:
-        try:
-            lines = self.log.read_text(errors="replace").splitlines()[-_LOG_TAIL:]
-        except OSError:
-            return ""
-        return "\n".join(f"    {line}" for line in lines)
-
-    def stop(self, grace: float) -> None:
-        procs.kill_tree(self.proc, grace, self.token)
-        guard.release(self.token)
-
-
-class EngineSet:
-    """One ``cluster.engines()`` call: its controller, its engines job and its client.
-
-    :func:`start_engines` makes these. :meth:`stop` (or the cluster's ``stop_engines()`` /
-    ``stop()``) ends all three; when the engines job ends by itself (its ranks exited, or it
-    was cancelled from the widget) the controller is stopped too.
-    """
-
-    def __init__(self, n: int, directory: Path, controller: _Controller) -> None:
-        self.n = n
-        self.directory = directory
-        self._controller = controller
-        self.job: Job | None = None
-        self.client: ipyparallel.Client | None = None
-        self._lock = threading.Lock()
-        self._released = False
-        self._stopped = False
-
-    @property
-    def stopped(self) -> bool:
-        return self._stopped
-
-    def watch(self) -> None:
-        """Release the controller once the engines job has ended (on a daemon thread)."""
-        job = self.job
-        assert job is not None
-
-        def release_at_end() -> None:
-            try:
-                job.wait()
-                self._release()
-            except Exception:  # a dead thread would leave the controller running unseen
-                _log.exception("clusterbook could not stop the controller of %s", job.id)
-
-        threading.Thread(
-            target=release_at_end, name=f"clusterbook-{job.id}-engines", daemon=True
-        ).start()
-
-    def stop(self, grace: float = 3.0) -> None:
-        """Cancel the engines job, stop the controller (SIGTERM, SIGKILL after ``grace`` s),
-        close the client and remove the connection files. Safe to call more than once.
-
-        The job is cancelled rather than asked to shut down through the client: ipyparallel
-        9 engines end a requested shutdown with an error, which aborts the MPI job."""
-        if self._stopped:
-            return
-        self._stopped = True
-        try:  # whatever happens here, cluster.stop() goes on with the rest
-            if self.job is not None and not self.job.done:
-                self.job.cancel()
-            self._release(grace)
-        except Exception:
-            _log.exception("clusterbook could not stop the ipyparallel engines cleanly")
-        if self.client is not None:
-            with contextlib.suppress(Exception):
-                self.client.close(linger=0)
-
-    def _release(self, grace: float = 3.0) -> None:
-        with self._lock:  # held throughout: a second caller returns once it is all done
-            if self._released:
-                return
-            self._released = True
-            self._controller.stop(grace)
-            for path in (self.directory / "security").glob("*.json"):
-                with contextlib.suppress(OSError):
-                    path.unlink()
-
-    def __repr__(self) -> str:
-        state = "stopped" if self._stopped else "running"
-        job = self.job.id if self.job is not None else "-"
-        return f"<EngineSet {job} n={self.n} {state}>"
-
-
 def start_engines(
-    cluster: Cluster,
+    cluster: EngineHost,
     n: int | None = None,
     *,
     timeout: float = 60.0,
@@ -212,7 +110,7 @@ def start_engines(
     Parameters
     ----------
     cluster
-        A running :class:`clusterbook.Cluster`.
+        A running cluster of this process (its head: :class:`EngineHost`).
     n
         Number of engines (MPI ranks; default: every slot).
     timeout
@@ -239,6 +137,45 @@ def start_engines(
         Connected, with ``n`` engines whose ids are their MPI ranks. In IPython, ``%px`` and
         ``%%px`` are pointed at its engines.
     """
+    ipyparallel, zmq = _imported()
+    limit = _checked(timeout, heartbeat, encrypt)
+    progress = checked(progress)  # a bad value is named before anything starts
+    deadline = time.monotonic() + limit
+    # CurveZMQ when the traffic crosses the nodes' network: encrypted, not only signed.
+    curve = None
+    if encrypt or (encrypt is None and head_addr is not None):
+        public, secret = (k.decode("ascii") for k in zmq.curve_keypair())
+        curve = (public, secret)
+    engines, engine_info = _spawn_controller(cluster, head_addr or "127.0.0.1", heartbeat, curve)
+    cluster.on_stop(engines.stop)
+    progress_bar = bar(progress, "starting engines", None, "engine")
+    try:
+        job = cluster.mpirun(
+            engine_argv(limit),
+            np=n,
+            label=ENGINES_LABEL,
+            env={**(env or {}), CONNECTION_ENV: Hidden(json.dumps(engine_info))},
+            abort_on_error=False,  # the engines' kernels catch what a cell raises
+        )
+        engines.job, engines.n = job, job.np
+        with progress_bar:
+            progress_bar.update(0, "connecting to the controller", job.np)
+            security = engines.directory / "security"
+            engines.client = _connect(ipyparallel, security, engines, deadline, limit)
+            progress_bar.update(0, "engines registered")
+            _wait_for_engines(engines, deadline, limit, progress_bar)
+    except BaseException:
+        progress_bar.close()
+        engines.stop(grace=1.0)
+        raise
+    engines.watch()
+    client = engines.client
+    _activate(client)
+    return client
+
+
+def _imported() -> tuple[Any, Any]:
+    """ipyparallel and zmq, imported now (never before engines are asked for)."""
     try:
         import ipyparallel
         import zmq
@@ -247,23 +184,33 @@ def start_engines(
             "cluster.engines() needs ipyparallel; install it with "
             "pip install 'clusterbook[jupyter]' (on every node too)."
         ) from exc
+    return ipyparallel, zmq
+
+
+def _checked(timeout: float, heartbeat: float, encrypt: bool | None) -> float:
+    """The seconds to wait for the engines; bad values are named before anything starts."""
     limit = validate_seconds(timeout, "timeout")
     assert limit is not None
-    progress = checked(progress)  # a bad value is named before anything starts
     if not 0.01 <= (validate_seconds(heartbeat, "heartbeat") or 0) <= 10:
         raise ConfigError(f"heartbeat must be between 0.01 and 10 seconds, got {heartbeat!r}.")
-    deadline = time.monotonic() + limit
-    engine_ip = head_addr or "127.0.0.1"
     if encrypt is not None and not isinstance(encrypt, bool):  # 1 == True, but is not one
         raise ConfigError(f"encrypt must be True, False or None (automatic), got {encrypt!r}.")
+    return limit
+
+
+def _spawn_controller(
+    cluster: EngineHost, engine_ip: str, heartbeat: float, curve: tuple[str, str] | None
+) -> tuple[EngineSet, dict[str, Any]]:
+    """Write a fresh key's connection files and start the controller on them (it listens at
+    ``engine_ip`` for the engines; ``curve``: its CurveZMQ key pair); the engine set (of no
+    engines yet) and what the engines connect with."""
     key = secrets.token_hex(32)
-    # CurveZMQ when the traffic crosses the nodes' network: encrypted, not only signed.
-    curve_public = curve_secret = None
-    if encrypt or (encrypt is None and head_addr is not None):
-        curve_public, curve_secret = (k.decode("ascii") for k in zmq.curve_keypair())
-    ports = free_ports(PORTS)
     engine_info, client_info = connection_info(
-        key, ports, engine_ip=engine_ip, client_ip="127.0.0.1", curve_serverkey=curve_public
+        key,
+        free_ports(PORTS),
+        engine_ip=engine_ip,
+        client_ip="127.0.0.1",
+        curve_serverkey=curve[0] if curve else None,
     )
     directory = _new_profile_dir(cluster.run_dir / "ipyparallel")
     security = directory / "security"
@@ -279,35 +226,8 @@ def start_engines(
         heartbeat_ms=round(heartbeat * 1000),
     )
     token = f"{cluster.id}-ipc-{secrets.token_hex(4)}"
-    curve = controller_env(curve_public, curve_secret) if curve_public and curve_secret else {}
-    controller = _Controller.spawn(argv, directory, token, curve)
-    engines = EngineSet(0, directory, controller)
-    cluster.on_stop(engines.stop)
-    progress_bar = bar(progress, "starting engines", None, "engine")
-    try:
-        job = cluster.mpirun(
-            engine_argv(limit),
-            np=n,
-            env={**(env or {}), CONNECTION_ENV: Hidden(json.dumps(engine_info))},
-            abort_on_error=False,  # the engines' kernels catch what a cell raises
-        )
-        from clusterbook.launch.job import Job
-
-        assert isinstance(job, Job)  # engines() refuses a detached cluster
-        engines.job, engines.n = job, job.np
-        with progress_bar:
-            progress_bar.update(0, "connecting to the controller", job.np)
-            engines.client = _connect(ipyparallel, security, engines, deadline, limit)
-            progress_bar.update(0, "engines registered")
-            _wait_for_engines(engines, deadline, limit, progress_bar)
-    except BaseException:
-        progress_bar.close()
-        engines.stop(grace=1.0)
-        raise
-    engines.watch()
-    client = engines.client
-    _activate(client)
-    return client
+    env = controller_env(*curve) if curve else {}
+    return EngineSet(0, directory, Controller.spawn(argv, directory, token, env)), engine_info
 
 
 def _new_profile_dir(parent: Path) -> Path:
@@ -323,33 +243,16 @@ def _new_profile_dir(parent: Path) -> Path:
     raise ClusterError(f"{parent} holds 10000 controller directories; use a new cluster.")
 
 
-def _check_alive(engines: EngineSet) -> None:
-    job, controller = engines.job, engines._controller
-    if job is not None and job.done:
-        result = job.wait()
-        raise JobFailedError(
-            f"The ipyparallel engines ({job.id}) ended before they were all ready.\n"
-            f"{result.summary()}\nThe controller said:\n{controller.tail()}",
-            result=result,
-        )
-    if controller.proc.poll() is not None:
-        raise ClusterError(
-            f"The ipyparallel controller exited with code {controller.proc.returncode} before "
-            f"the engines were ready; it said:\n{controller.tail()}\n"
-            f"(log: {controller.log})"
-        )
-
-
 def _connect(
     ipyparallel: Any, security: Path, engines: EngineSet, deadline: float, limit: float
 ) -> ipyparallel.Client:
     # The controller may still be starting: ask in short attempts, checking between them
     # that it and the engines are alive, instead of one long blind wait.
     while True:
-        _check_alive(engines)
+        engines.check_alive()
         left = deadline - time.monotonic()
         if left <= 0:
-            raise _timeout(engines, limit, "the controller did not answer")
+            raise engines.not_ready(limit, "the controller did not answer")
         try:
             return ipyparallel.Client(
                 str(security / "ipcontroller-client.json"), timeout=min(1.0, left)
@@ -363,7 +266,7 @@ def _wait_for_engines(engines: EngineSet, deadline: float, limit: float, shown: 
     assert client is not None
     future = client.wait_for_engines(engines.n, timeout=limit, block=False, interactive=False)
     while not future.done():
-        _check_alive(engines)
+        engines.check_alive()
         shown.update(len(client.ids))
         if time.monotonic() > deadline:
             break
@@ -374,18 +277,7 @@ def _wait_for_engines(engines: EngineSet, deadline: float, limit: float, shown: 
     reason = f"{len(client.ids)} of {engines.n} engines registered"
     if error is not None and not isinstance(error, TimeoutError):
         reason += f" ({error})"
-    raise _timeout(engines, limit, reason)
-
-
-def _timeout(engines: EngineSet, limit: float, reason: str) -> ReadyTimeoutError:
-    job = engines.job
-    where = f" (engines job {job.id}: see job.logs() or {job.directory})" if job else ""
-    return ReadyTimeoutError(
-        f"ipyparallel engines were not ready after {limit:g} s: {reason}{where}. Pass a "
-        f"longer timeout, or look at the controller's log:\n{engines._controller.tail()}",
-        timeout=limit,
-        reason=reason,
-    )
+    raise engines.not_ready(limit, reason)
 
 
 def _activate(client: ipyparallel.Client) -> None:

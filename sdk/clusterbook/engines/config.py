@@ -9,18 +9,22 @@ from __future__ import annotations
 
 import random
 import socket
+from collections.abc import Callable
 from typing import Any
 
 __all__ = [
     "CONNECTION_ENV",
     "CURVE_ENV",
+    "ENGINES_LABEL",
     "ENGINE_MODULE",
+    "LOWEST_PORT",
     "PORTS",
     "Hidden",
     "connection_info",
     "controller_argv",
     "controller_env",
     "engine_argv",
+    "ephemeral_start",
     "free_ports",
 ]
 
@@ -30,6 +34,8 @@ CONNECTION_ENV = "IPP_CONNECTION_INFO"
 CURVE_ENV = ("IPP_ENABLE_CURVE", "IPP_CURVE_PUBLICKEY", "IPP_CURVE_SECRETKEY")
 #: The module an engine job runs (``python -m ipyparallel.engine``).
 ENGINE_MODULE = "ipyparallel.engine"
+#: The name the engines' job is shown under in the jobs' tables (its ``label``).
+ENGINES_LABEL = "ipyparallel engines"
 _SCRUB = f"import os as _os; _os.environ.pop({CONNECTION_ENV!r}, None); del _os"
 _ENGINE_PORTS = ("registration", "control", "mux", "task", "iopub", "hb_ping", "hb_pong")
 _CLIENT_PORTS = ("control", "mux", "task", "iopub", "notification", "broadcast")
@@ -130,19 +136,30 @@ class Hidden(str):
 
 #: Where the kernel takes the local ports of outgoing connections (Linux).
 _EPHEMERAL_RANGE = "/proc/sys/net/ipv4/ip_local_port_range"
-_LOWEST = 10000  # below: ports that services are configured on
+#: The lowest port :func:`free_ports` takes: below it, ports that services are configured on.
+LOWEST_PORT = 10000
 
 
-def free_ports(count: int) -> list[int]:
+def ephemeral_start() -> int | None:
+    """The first port of the kernel's ephemeral range (None: not known)."""
+    try:
+        with open(_EPHEMERAL_RANGE) as f:
+            return int(f.read().split()[0])
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def free_ports(count: int, range_start: Callable[[], int | None] = ephemeral_start) -> list[int]:
     """``count`` distinct TCP ports free on every interface now, for the controller to bind a
     moment later.
 
     They are taken below the kernel's ephemeral range where it leaves room. A port the kernel
     hands out (what binding port 0 gives) is one it also gives any outgoing connection made
     meanwhile as its local end (an agent's, ssh's, mpirun's), and the controller's bind then
-    fails with "Address already in use"; below the range only another listener can take it."""
-    low = _ephemeral_start()
-    span = range(_LOWEST, low) if low is not None else range(0)
+    fails with "Address already in use"; below the range only another listener can take it.
+    ``range_start`` says where the range starts (None: not known)."""
+    low = range_start()
+    span = range(LOWEST_PORT, low) if low is not None else range(0)
     # Held open together so that they are distinct; bound on every interface so that a port
     # is free on the engine-facing and the loopback address alike.
     socks: list[socket.socket] = []
@@ -165,11 +182,3 @@ def free_ports(count: int) -> list[int]:
     finally:
         for s in socks:
             s.close()
-
-
-def _ephemeral_start() -> int | None:
-    try:
-        with open(_EPHEMERAL_RANGE) as f:
-            return int(f.read().split()[0])
-    except (OSError, ValueError, IndexError):
-        return None

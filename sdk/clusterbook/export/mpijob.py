@@ -2,32 +2,15 @@
 ``kubectl apply -f`` submits, made from what ``cluster.mpirun`` takes.
 
 The operator starts ``workers`` worker pods and, once they are ready
-(``launcherCreationPolicy: WaitForWorkersReady``), one launcher pod; it gives them a key pair
-of the job's own (a Secret mounted at ``sshAuthMountPath``) and the launcher a hostfile,
-``/etc/mpi/hostfile``, that lists the workers with ``slotsPerWorker`` slots each. In the
-rendered manifest:
-
-- each worker copies the job's key into its own ``~/.ssh`` and runs sshd on port
-  :data:`SSH_PORT` with the job's private key as its host key (as the operator's base image
-  does), in the foreground;
-- the launcher pins every worker's host key to the job's public key, waits until the workers'
-  names resolve, then runs ``clusterbook run -n NP --hostfile /etc/mpi/hostfile ... -- CMD``:
-  the job runs as it would from a terminal, with each rank's output prefixed in the pod's log
-  (``kubectl logs``), the failure summary and, at a timeout, every Python rank's stacks.
-
-The key is mounted elsewhere than ``~/.ssh`` (:data:`SSH_AUTH_MOUNT_PATH`) because a Secret
-is mounted read-only, and ``clusterbook run`` adds its cluster's own key to the workers'
-``~/.ssh/authorized_keys`` when it starts (the MPI launcher's ssh uses that key).
-
-The job's options map onto the MPIJob where it has them, and onto ``clusterbook run``
-otherwise (see :func:`render_mpijob`). Nothing here talks to Kubernetes.
+(``launcherCreationPolicy: WaitForWorkersReady``), one launcher pod, which runs ``clusterbook
+run`` on the workers: what each pod runs is in :mod:`clusterbook.export.pods`. The job's options
+map onto the MPIJob where it has them, and onto ``clusterbook run`` otherwise (see
+:class:`MPIJobArgs`). Nothing here talks to Kubernetes.
 """
 
 from __future__ import annotations
 
 import math
-import posixpath
-import shlex
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any, TypedDict
 
@@ -35,7 +18,6 @@ from clusterbook.errors import ConfigError
 from clusterbook.export.checks import (
     MPI_IMPLEMENTATIONS,
     SSH_AUTH_MOUNT_PATH,
-    backoff_text,
     check_clean,
     check_count,
     check_cwd,
@@ -44,16 +26,15 @@ from clusterbook.export.checks import (
     check_mount_path,
     check_name,
     check_namespace,
-    check_resources,
     check_retention,
     check_workers,
     default_name,
 )
 from clusterbook.export.plainyaml import dump
+from clusterbook.export.pods import HOSTFILE, SSH_PORT, replica_specs, run_words
 from clusterbook.launch.flavour import MPIFlavour
 from clusterbook.launch.program import check_argv
-from clusterbook.launch.recovery import DEFAULT_RETRY_ON, Backoff, Recovery
-from clusterbook.providers.environment.readers import MPIJOB_SSH_PORT
+from clusterbook.launch.recovery import Backoff, Recovery
 from clusterbook.spec import validate_env, validate_timeout
 from clusterbook.wording import spell
 
@@ -73,19 +54,52 @@ __all__ = [
 ]
 
 API_VERSION = "kubeflow.org/v2beta1"
-#: Where the operator puts the launcher's hostfile.
-HOSTFILE = "/etc/mpi/hostfile"
-#: The workers' sshd port (the operator's base image's, which a non-root sshd can open).
-SSH_PORT = MPIJOB_SSH_PORT
 #: Seconds ``activeDeadlineSeconds`` gives beyond the job's ``deadline``, for clusterbook to
 #: stop the job itself first (stacks dumped, summary printed) and for the workers to start.
 DEADLINE_GRACE = 120
-#: Seconds the launcher waits for each worker's name to resolve.
-RESOLVE_WAIT = 60
 
 
 class MPIJobArgs(TypedDict, total=False):
-    """What :func:`render_mpijob` takes besides the program, ``np`` and ``image`` (see there)."""
+    """What :func:`render_mpijob` (and ``Cluster.to_mpijob``) take besides the program, ``np``
+    and ``image``.
+
+    name, namespace
+        The MPIJob's name (the operator names pods ``NAME-launcher`` and ``NAME-worker-I``
+        after it: lowercase letters, digits and ``-``, starting with a letter), and its
+        namespace (default: ``kubectl``'s).
+    workers, slots_per_worker
+        Worker pods, and ranks per pod (``slotsPerWorker``). Default workers: ``np`` /
+        ``slots_per_worker``, which must then divide it; every worker given must get a rank.
+    mpi
+        ``"openmpi"`` or ``"mpich"``: ``mpiImplementation``, and the launcher
+        ``clusterbook run`` looks for in the image.
+    retries, backoff, retry_on, restarts, timeout, env, cwd
+        As for ``cluster.mpirun``: passed to ``clusterbook run`` in the launcher, which runs
+        each attempt on the same workers with its own logs. Kubernetes never restarts the
+        launcher (``backoffLimit: 0``): a restarted launcher would run again a job that
+        clusterbook already retried and gave up on (the Job default is 6 more runs).
+    deadline
+        The job and its retries together (seconds, or ``"6h"``): ``clusterbook run
+        --deadline``, which stops the job as at a timeout (Python ranks dump their stacks);
+        ``activeDeadlineSeconds`` is that plus :data:`DEADLINE_GRACE` seconds, Kubernetes'
+        own bound should clusterbook not get to it.
+    retention
+        How long the finished MPIJob and its pods are kept (``"7d"``):
+        ``ttlSecondsAfterFinished``.
+    clean
+        ``cleanPodPolicy``: which pods go when the job ends: ``"running"`` (default: the
+        workers, whose sshd would run on), ``"all"``, ``"none"``; None: the operator's
+        default (none).
+    resources
+        The workers' container resources, like ``{"limits": {"cpu": 4, "memory": "8Gi",
+        "nvidia.com/gpu": 1}}`` (the launcher only runs ``clusterbook run``). An amount is
+        what a Kubernetes quantity takes: a number (``0.5``) or text (``"500m"``, ``"1.5Gi"``,
+        ``"1e3"``); a number that is not whole is written as text (``"0.5"``), the one form
+        of it an MPIJob's schema takes.
+    ssh_auth_mount_path
+        Where the job's key pair is mounted (``sshAuthMountPath``); not a ``.ssh``
+        directory, which clusterbook must be able to write.
+    """
 
     name: str
     namespace: str | None
@@ -139,42 +153,9 @@ def render_mpijob(
     image
         A container image with clusterbook, its MPI (``clusterbook[openmpi]`` or
         ``clusterbook[mpich]``), mpi4py, sshd (``/usr/sbin/sshd``) and the program.
-    name, namespace
-        The MPIJob's name (the operator names pods ``NAME-launcher`` and ``NAME-worker-I``
-        after it: lowercase letters, digits and ``-``, starting with a letter), and its
-        namespace (default: ``kubectl``'s).
-    workers, slots_per_worker
-        Worker pods, and ranks per pod (``slotsPerWorker``). Default workers: ``np`` /
-        ``slots_per_worker``, which must then divide it; every worker given must get a rank.
-    mpi
-        ``"openmpi"`` or ``"mpich"``: ``mpiImplementation``, and the launcher
-        ``clusterbook run`` looks for in the image.
-    retries, backoff, retry_on, restarts, timeout, env, cwd
-        As for ``cluster.mpirun``: passed to ``clusterbook run`` in the launcher, which runs
-        each attempt on the same workers with its own logs. Kubernetes never restarts the
-        launcher (``backoffLimit: 0``): a restarted launcher would run again a job that
-        clusterbook already retried and gave up on (the Job default is 6 more runs).
-    deadline
-        The job and its retries together (seconds, or ``"6h"``): ``clusterbook run
-        --deadline``, which stops the job as at a timeout (Python ranks dump their stacks);
-        ``activeDeadlineSeconds`` is that plus :data:`DEADLINE_GRACE` seconds, Kubernetes'
-        own bound should clusterbook not get to it.
-    retention
-        How long the finished MPIJob and its pods are kept (``"7d"``):
-        ``ttlSecondsAfterFinished``.
-    clean
-        ``cleanPodPolicy``: which pods go when the job ends: ``"running"`` (default: the
-        workers, whose sshd would run on), ``"all"``, ``"none"``; None: the operator's
-        default (none).
-    resources
-        The workers' container resources, like ``{"limits": {"cpu": 4, "memory": "8Gi",
-        "nvidia.com/gpu": 1}}`` (the launcher only runs ``clusterbook run``). An amount is
-        what a Kubernetes quantity takes: a number (``0.5``) or text (``"500m"``, ``"1.5Gi"``,
-        ``"1e3"``); a number that is not whole is written as text (``"0.5"``), the one form
-        of it an MPIJob's schema takes.
-    ssh_auth_mount_path
-        Where the job's key pair is mounted (``sshAuthMountPath``); not a ``.ssh``
-        directory, which clusterbook must be able to write.
+    name, namespace, workers, slots_per_worker, mpi, retries, backoff, retry_on, deadline, \
+restarts, timeout, env, cwd, retention, clean, resources, ssh_auth_mount_path
+        The MPIJob's options: see :class:`MPIJobArgs`.
 
     Returns
     -------
@@ -199,38 +180,20 @@ def render_mpijob(
         restarts=restarts,
     )
     mount = check_mount_path(ssh_auth_mount_path)
-    run = _run_words(
-        program, np, flavour, recovery, limit, validate_env(env), check_cwd(cwd), mount
-    )
-    policy: dict[str, Any] = {"backoffLimit": 0}
-    if recovery.deadline is not None:
-        policy["activeDeadlineSeconds"] = math.ceil(recovery.deadline) + DEADLINE_GRACE
-    if (kept := check_retention(retention)) is not None:
-        policy["ttlSecondsAfterFinished"] = kept
-    if clean is not None:
-        policy["cleanPodPolicy"] = check_clean(clean)
-    launcher = _container("mpi-launcher", image, ["/bin/sh", "-c", _launcher_script(run, mount)])
-    worker = _container("mpi-worker", image, ["/bin/sh", "-c", _worker_script(mount)])
-    worker["readinessProbe"] = {"tcpSocket": {"port": SSH_PORT}, "periodSeconds": 2}
-    if resources is not None:
-        worker["resources"] = check_resources(resources)
-    metadata: dict[str, Any] = {"name": name}
-    if namespace is not None:
-        metadata["namespace"] = check_namespace(namespace)
+    run = run_words(program, np, flavour, recovery, limit, validate_env(env), check_cwd(cwd), mount)
+    policy = _run_policy(recovery, retention, clean)
+    replicas = replica_specs(image, run, mount, resources, workers)
     return {
         "apiVersion": API_VERSION,
         "kind": "MPIJob",
-        "metadata": metadata,
+        "metadata": _metadata(name, namespace),
         "spec": {
             "slotsPerWorker": slots,
             "runPolicy": policy,
             "sshAuthMountPath": mount,
             "mpiImplementation": MPI_IMPLEMENTATIONS[flavour],
             "launcherCreationPolicy": "WaitForWorkersReady",
-            "mpiReplicaSpecs": {
-                "Launcher": _replicas(1, launcher),
-                "Worker": _replicas(workers, worker),
-            },
+            "mpiReplicaSpecs": replicas,
         },
     }
 
@@ -287,83 +250,26 @@ def to_yaml(manifest: Mapping[str, Any]) -> str:
     return dump(manifest)
 
 
-# -- the pods' commands -----------------------------------------------------------------------
+# -- the manifest's parts ---------------------------------------------------------------------
 
 
-def _run_words(
-    program: list[str],
-    np: int,
-    flavour: MPIFlavour,
-    recovery: Recovery,
-    timeout: float | None,
-    env: Mapping[str, str],
-    cwd: str | None,
-    mount: str,
-) -> list[str]:
-    """``clusterbook run ...`` as the launcher runs it."""
-    words = ["clusterbook", "run", "-n", str(np), "--hostfile", HOSTFILE, "--mpi", flavour.value]
-    words += ["--port", str(SSH_PORT), "--identity", posixpath.join(mount, "id_rsa")]
-    words += ["--known-hosts", "~/.ssh/known_hosts"]
-    if recovery.retries:
-        words += ["--retries", str(recovery.retries)]
-        if recovery.backoff != Backoff():
-            words += ["--backoff", backoff_text(recovery.backoff)]
-    if recovery.retry_on != DEFAULT_RETRY_ON:
-        words += ["--retry-on", ",".join(sorted(recovery.retry_on))]
+def _metadata(name: str, namespace: str | None) -> dict[str, Any]:
+    metadata: dict[str, Any] = {"name": name}
+    if namespace is not None:
+        metadata["namespace"] = check_namespace(namespace)
+    return metadata
+
+
+def _run_policy(
+    recovery: Recovery, retention: float | str | None, clean: str | None
+) -> dict[str, Any]:
+    """``runPolicy``: the launcher is never run again (clusterbook retries), the job's
+    deadline with a grace, how long it is kept and which pods go when it ends."""
+    policy: dict[str, Any] = {"backoffLimit": 0}
     if recovery.deadline is not None:
-        words += ["--deadline", f"{recovery.deadline:g}"]
-    if recovery.restarts:
-        words += ["--restarts", str(recovery.restarts)]
-    if timeout is not None:
-        words += ["--timeout", f"{timeout:g}"]
-    if cwd is not None:
-        words += ["--wdir", cwd]
-    for key, value in env.items():
-        words += ["--env", f"{key}={value}"]
-    return [*words, "--", *program]
-
-
-def _launcher_script(run: list[str], mount: str) -> str:
-    # The job's public key is every worker's host key: pinned for any name (``*``).
-    return (
-        "set -e\n"
-        'mkdir -p "$HOME/.ssh"\n'
-        f"printf '* %s\\n' \"$(cat {shlex.quote(mount)}/id_rsa.pub)\""
-        ' > "$HOME/.ssh/known_hosts"\n'
-        f"for host in $(cut -d' ' -f1 {HOSTFILE} | cut -d: -f1); do\n"
-        "  tries=0\n"
-        '  until getent ahosts "$host" > /dev/null; do\n'
-        "    tries=$((tries + 1))\n"
-        f'    if [ "$tries" -ge {RESOLVE_WAIT} ]; then\n'
-        '      echo "clusterbook: worker $host does not resolve" >&2; exit 1\n'
-        "    fi\n"
-        "    sleep 1\n"
-        "  done\n"
-        "done\n"
-        f"exec {shlex.join(run)}\n"
-    )
-
-
-def _worker_script(mount: str) -> str:
-    keys = shlex.quote(mount)
-    return (
-        "set -e\n"
-        "umask 077\n"
-        'mkdir -p "$HOME/.ssh"\n'
-        f'cat {keys}/authorized_keys >> "$HOME/.ssh/authorized_keys"\n'
-        f'cat {keys}/id_rsa > "$HOME/.ssh/mpijob_host_key"\n'
-        f'exec /usr/sbin/sshd -De -p {SSH_PORT} -h "$HOME/.ssh/mpijob_host_key"\n'
-    )
-
-
-def _container(name: str, image: str, command: list[str]) -> dict[str, Any]:
-    return {"name": name, "image": image, "command": command}
-
-
-def _replicas(count: int, container: dict[str, Any]) -> dict[str, Any]:
-    # Never: a failed pod is not restarted in place (backoffLimit 0 ends the job instead).
-    return {
-        "replicas": count,
-        "restartPolicy": "Never",
-        "template": {"spec": {"containers": [container]}},
-    }
+        policy["activeDeadlineSeconds"] = math.ceil(recovery.deadline) + DEADLINE_GRACE
+    if (kept := check_retention(retention)) is not None:
+        policy["ttlSecondsAfterFinished"] = kept
+    if clean is not None:
+        policy["cleanPodPolicy"] = check_clean(clean)
+    return policy

@@ -14,7 +14,7 @@ import logging
 import os
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -28,14 +28,12 @@ from clusterbook.errors import (
 from clusterbook.fs.private import check_run_dir
 from clusterbook.fs.safe import inside, remove_tree
 from clusterbook.head.record import FILE, ClusterRecord, is_stale, read_record, snapshot_from
-from clusterbook.launch.prepare import make_run_dir
+from clusterbook.launch.jobdir import make_run_dir
 from clusterbook.lifetime import format_duration
 from clusterbook.paths import default_run_root
 
 if TYPE_CHECKING:
     import pandas as pd
-
-    from clusterbook.cluster.options import ClusterOptions
 
 __all__ = [
     "CLUSTER_DTYPES",
@@ -329,35 +327,35 @@ def prune_quietly() -> None:
 # -- a new cluster's directory --------------------------------------------------------------
 
 
-def claim(options: ClusterOptions) -> ClusterOptions:
-    """Make the run directory of a cluster with ``options``, unless another live cluster has
-    it, and make it findable; return the options with the id it got. A directory the cluster
-    makes itself is new: its id is numbered (``-2``, ``-3``...) past any taken. A directory
-    (or run root) another user could change is refused with
-    :class:`~clusterbook.errors.UnsafePathError` (:mod:`clusterbook.fs.private`)."""
-    opts, n = options, 1
-    while opts.own_run_dir:
+def claim(cluster_id: str, run_dir: Path, own_run_dir: bool) -> tuple[str, Path]:
+    """Make the run directory ``run_dir`` of cluster ``cluster_id``, unless another live
+    cluster has it, and make it findable; return the id and directory it got. A directory the
+    cluster makes itself (``own_run_dir``) is new: its id and name are numbered (``-2``,
+    ``-3``...) past any taken. A directory (or run root) another user could change is refused
+    with :class:`~clusterbook.errors.UnsafePathError` (:mod:`clusterbook.fs.private`)."""
+    got, path, n = cluster_id, run_dir, 1
+    while own_run_dir:
         try:
-            opts.run_dir.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
-            opts.run_dir.mkdir(mode=0o700)
+            path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+            path.mkdir(mode=0o700)
             break
         except FileExistsError:
             n += 1
-            numbered = f"{options.id}-{n}"
-            opts = replace(opts, id=numbered, run_dir=opts.run_dir.with_name(numbered))
+            got = f"{cluster_id}-{n}"
+            path = path.with_name(got)
         except OSError as exc:
-            raise RunDirError.from_os_error(opts.run_dir, exc) from exc
+            raise RunDirError.from_os_error(path, exc) from exc
     root = default_run_root()
-    if not opts.own_run_dir and opts.run_dir.exists():
-        check_run_dir(opts.run_dir, root)  # one given: refused before anything is put in it
-    make_run_dir(opts.run_dir)
-    check_run_dir(opts.run_dir, root)
+    if not own_run_dir and path.exists():
+        check_run_dir(path, root)  # one given: refused before anything is put in it
+    make_run_dir(path)
+    check_run_dir(path, root)
     with contextlib.suppress(ClusterError):
-        other = read_record(opts.run_dir)
+        other = read_record(path)
         if other.live and not is_stale(other) and other.head_pid != os.getpid():
             raise ClusterStateError(
-                f"run_dir {str(opts.run_dir)!r} belongs to cluster {other.name!r}, which is "
+                f"run_dir {str(path)!r} belongs to cluster {other.name!r}, which is "
                 "running; give this cluster another run_dir (or none: a new one is made)."
             )
-    link(opts.run_dir, opts.id)
-    return opts
+    link(path, got)
+    return got, path

@@ -17,7 +17,7 @@ The client checks the head's proof before it gives its own, and (through :func:`
 that the socket's server runs as its own user; it connects to its run directory's socket,
 never to an address a record names. A fake head, or a record someone else rewrote, learns a
 random nonce and nothing more. Frames are those of the rendezvous store
-(:data:`~clusterbook.rendezvous.backends._wire.FRAME_HEADER` and a payload); after the
+(:data:`~clusterbook.rendezvous.backends.wire.FRAME_HEADER` and a payload); after the
 handshake, payloads are JSON. No pickle anywhere.
 
 The client speaks over any connected socket its ``dial`` returns: :func:`unix_dial` for a
@@ -56,12 +56,12 @@ from typing import Any
 
 from clusterbook import errors
 from clusterbook.errors import ClusterError, ClusterStateError
-from clusterbook.rendezvous.backends._secret import _check_secret as check_secret
-from clusterbook.rendezvous.backends._wire import (
+from clusterbook.rendezvous.backends.wire import (
     MAX_FRAME,
     AuthFailed,
     Channel,
     ProtocolError,
+    check_secret,
     read_secret,
 )
 

@@ -75,6 +75,7 @@ class JobEntry:
     attempt: int = 1
     last_reason: str | None = None
     restarts: int = 0
+    label: str | None = None  # the name it is shown under ("ipyparallel engines")
 
 
 @dataclass(frozen=True, slots=True)
@@ -177,6 +178,8 @@ def _job(data: dict[str, Any]) -> JobEntry:
     token = args.get("token")
     if token is not None and not is_tag(token):
         raise ValueError(f"the token of job {args['id']}, {token!r}, is not {TAG_RULE}")
+    if not isinstance(args.get("label"), (str, type(None))):
+        raise ValueError(f"the label of job {args['id']}, {args['label']!r}, is not text")
     return JobEntry(**args)
 
 
@@ -320,6 +323,7 @@ def snapshot_from(record: ClusterRecord, *, now: float, stale: bool) -> ClusterS
                 attempt=j.attempt,
                 last_reason=j.last_reason,
                 restarts=j.restarts,
+                label=j.label,
             )
             for j in record.jobs
         ),

@@ -4,16 +4,18 @@ A running cluster's head (the kernel that started it, or a detached cluster's su
 keeps ``cluster.json`` current (:mod:`clusterbook.head.record`, through the
 :class:`~clusterbook.head.keeper.Keeper`, which also ends the cluster's life on time) and answers
 attached handles (:mod:`clusterbook.head.control`): run a job, cancel one, stop, and the rest of
-what a cluster does. :class:`HeadServices` holds both for one :class:`~clusterbook.Cluster`.
+what a cluster does. :class:`HeadServices` holds both for one running cluster, which it knows
+as a :class:`~clusterbook.head.state.HeadState`.
 """
 
 from __future__ import annotations
 
+import logging
 import os
 import socket
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -23,100 +25,141 @@ from clusterbook.head.control import Handler
 from clusterbook.head.control_server import ControlServer
 from clusterbook.head.keeper import Keeper
 from clusterbook.head.liveness import own_mark
-from clusterbook.head.record import ClusterRecord, JobEntry, write_record
+from clusterbook.head.record import STOP_FILE, ClusterRecord, JobEntry, write_record
+from clusterbook.head.state import HeadState
+from clusterbook.launch.jobstatus import job_status
 from clusterbook.launch.prepare import JobArgs
-from clusterbook.lifetime import Lifetime
-from clusterbook.status import job_status
 
 if TYPE_CHECKING:
-    from clusterbook.cluster.facade import Cluster
+    from clusterbook.head.mirror import Mirror
     from clusterbook.launch.job import Job
 
-__all__ = ["HeadServices", "record_of"]
+__all__ = ["HeadServices", "record_of", "write_record_of"]
 
 _JOB_ARGS = tuple(JobArgs.__annotations__)
+_log = logging.getLogger("clusterbook.cluster.facade")
 
 
 class HeadServices:
-    """The record, the keeper and the control server of one running cluster."""
+    """The record of one cluster's head over its life (copied to its ``mirror``, if any) and,
+    while the cluster runs (:meth:`start` to :meth:`close`), its keeper and control server."""
 
-    def __init__(self, cluster: Cluster, *, started: float) -> None:
-        opts = cluster._options
-        self._cluster = cluster
-        # A control server that stops shows in the record now, not at the next change.
-        self.control = ControlServer(
-            cluster.run_dir, _handlers(cluster), on_failure=lambda _: cluster._changed(record=True)
-        )
-        self.keeper = Keeper(
-            cluster.run_dir,
-            Lifetime(opts.life_span, opts.idle_timeout),
-            write=lambda: write_record_of(cluster),
-            stop=cluster._stop_for,
-            jobs=lambda: _counts(list(cluster._jobs)),
-            started=started,
-            one_job=opts.ephemeral,
-        )
+    def __init__(self, head: HeadState) -> None:
+        self._head = head
+        self.mirror: Mirror | None = None  # copies at work_dir=URL
+        self.control: ControlServer | None = None
+        self.keeper: Keeper | None = None
 
     @property
     def problem(self) -> str | None:
         """What is wrong with the services: the control server stopped."""
-        return self.control.failure
+        control = self.control
+        return control.failure if control is not None else None
 
-    def start(self) -> HeadServices:
-        self.keeper.start()
-        return self
+    def time_left(self) -> tuple[float, str] | None:
+        """Seconds until the keeper stops the cluster, and why, if it will."""
+        keeper = self.keeper
+        return keeper.time_left() if keeper is not None else None
+
+    def start(self, started: float) -> None:
+        """Take requests and keep house: the cluster runs since ``started``."""
+        head, terms = self._head, self._head.terms
+        # A control server that stops shows in the record now, not at the next change.
+        self.control = ControlServer(
+            head.run_dir, _handlers(head), on_failure=lambda _: head.changed(record=True)
+        )
+        self.keeper = Keeper(
+            head.run_dir,
+            terms.lifetime,
+            write=lambda: write_record_of(head, self),
+            stop=head.stop_for,
+            jobs=lambda: _counts(head.jobs),
+            started=started,
+            one_job=terms.one_job,
+        ).start()
+
+    def changed(self, *, record: bool = False) -> None:
+        """Have the keeper write the record: now (``record``), or at its next tick."""
+        keeper = self.keeper
+        if keeper is not None:
+            keeper.write() if record else keeper.changed()
+
+    def write(self, state: str | None = None, reason: str | None = None) -> None:
+        """Write the record now (``state`` and ``reason``: what it says instead of the head's
+        own); one that cannot be written is logged: the cluster goes on."""
+        try:
+            write_record_of(self._head, self, state, reason)
+        except OSError as exc:
+            _log.warning("Could not write the record of cluster %s: %s", self._head.name, exc)
 
     def close(self) -> None:
-        """Stop taking requests and housekeeping (the caller writes the last record)."""
-        self.control.close()
-        self.keeper.close()
+        """Stop taking requests and housekeeping, write the last record (stopped), let the
+        mirror copy what it holds, and take the stop file away."""
+        control, keeper, self.control, self.keeper = self.control, self.keeper, None, None
+        if control is not None:
+            control.close()
+        if keeper is not None:
+            keeper.close()
+        self.write(state="stopped")
+        if self.mirror is not None:
+            self.mirror.close()
+        (self._head.run_dir / STOP_FILE).unlink(missing_ok=True)
 
 
 def record_of(
-    cluster: Cluster, state: str | None = None, reason: str | None = None
+    head: HeadState,
+    services: HeadServices | None,
+    state: str | None = None,
+    reason: str | None = None,
 ) -> ClusterRecord:
-    """``cluster`` as its record tells other processes."""
-    snap = cluster.snapshot()
-    opts, services = cluster._options, cluster._services
+    """The cluster of ``head`` as its record tells other processes (``services``: those that
+    run now, if any: its keeper's idle clock, its control server's address)."""
+    snap = head.snapshot()
+    times, terms = head.times, head.terms
     started, program = own_mark()
     return ClusterRecord(
-        id=cluster.id,
-        name=cluster.name,
-        kind=cluster.kind,
-        state=state or cluster.state,
-        directory=str(cluster.run_dir),
-        created=cluster._created,
-        started=cluster._started_at,
-        stopped=cluster._stopped_at,
-        stop_reason=reason or cluster._stop_reason,
-        life_span=opts.life_span,
-        idle_timeout=opts.idle_timeout,
-        retention=opts.retention,
-        idle_since=services.keeper.idle_since if services else None,
-        detached=cluster._supervised,
+        id=head.id,
+        name=head.name,
+        kind=head.kind,
+        state=state or head.state,
+        directory=str(head.run_dir),
+        created=times.created,
+        started=times.started,
+        stopped=times.stopped,
+        stop_reason=reason or times.stop_reason,
+        life_span=terms.lifetime.life_span,
+        idle_timeout=terms.lifetime.idle_timeout,
+        retention=terms.retention,
+        idle_since=services.keeper.idle_since if services and services.keeper else None,
+        detached=terms.detached,
         head_pid=os.getpid(),
         head_host=socket.gethostname(),
         head_started=started,
         head_program=program,
-        address=services.control.address if services else None,
-        python=cluster.python,
+        address=services.control.address if services and services.control else None,
+        python=head.python,
         launcher=snap.launcher,
         nodes=snap.nodes,
-        jobs=tuple(_entry(job) for job in list(cluster._jobs)),
+        jobs=tuple(_entry(job) for job in head.jobs),
         problem=snap.problem,
         min_nodes=snap.min_nodes,
         max_nodes=snap.max_nodes,
         updated=time.time(),
-        extra={"join_command": cluster.join_command} if cluster.join_command else {},
+        extra={"join_command": head.join_command} if head.join_command else {},
     )
 
 
-def write_record_of(cluster: Cluster, state: str | None = None, reason: str | None = None) -> None:
-    """Write ``cluster``'s record, and have its mirror (``work_dir=URL``) copy it and the
-    jobs that have ended."""
-    record = record_of(cluster, state, reason)
+def write_record_of(
+    head: HeadState,
+    services: HeadServices | None,
+    state: str | None = None,
+    reason: str | None = None,
+) -> None:
+    """Write the record of ``head``'s cluster, and have its mirror (``work_dir=URL``) copy it
+    and the jobs that have ended."""
+    record = record_of(head, services, state, reason)
     write_record(record)
-    mirror = cluster._mirror
+    mirror = services.mirror if services is not None else None
     if mirror is not None:
         mirror.record(record.to_json())
         for job in record.jobs:
@@ -124,7 +167,7 @@ def write_record_of(cluster: Cluster, state: str | None = None, reason: str | No
                 mirror.job(Path(job.directory))
 
 
-def _counts(jobs: list[Job]) -> tuple[int, int]:
+def _counts(jobs: Sequence[Job]) -> tuple[int, int]:
     """How many ``jobs`` run, and how many have ended."""
     running = sum(not j.done for j in jobs)
     return running, len(jobs) - running
@@ -146,48 +189,48 @@ def _entry(job: Job) -> JobEntry:
         attempt=status.attempt,
         last_reason=status.last_reason,
         restarts=status.restarts,
+        label=status.label,
     )
 
 
 # -- requests of attached handles -----------------------------------------------------------
 
 
-def _handlers(cluster: Cluster) -> dict[str, Handler]:
+def _handlers(head: HeadState) -> dict[str, Handler]:
     def mpirun(request: Mapping[str, Any]) -> Mapping[str, Any]:
         job_args = request.get("job") or {}
         if not isinstance(job_args, dict) or set(job_args) - set(_JOB_ARGS):
             raise ConfigError(f"mpirun takes {', '.join(_JOB_ARGS)} besides argv and np.")
-        job = cluster.mpirun(request.get("argv"), request.get("np"), **job_args)  # type: ignore[arg-type]
+        job = head.mpirun(request.get("argv"), request.get("np"), **job_args)  # type: ignore[arg-type]
         return {"id": job.id, "directory": str(job.directory)}
 
     def cancel(request: Mapping[str, Any]) -> Mapping[str, Any]:
-        job = _job(cluster, request.get("job"))
+        job = head.job(_job_id(head, request.get("job")))
         threading.Thread(target=job.cancel, name=f"clusterbook-cancel-{job.id}").start()
         return {}
 
     def stop(request: Mapping[str, Any]) -> Mapping[str, Any]:
         reason = str(request.get("reason") or "stopped by an attached handle")
-        threading.Thread(target=cluster._stop_for, args=(reason,), name="clusterbook-stop").start()
+        threading.Thread(target=head.stop_for, args=(reason,), name="clusterbook-stop").start()
         return {}
 
     def wait_ready(request: Mapping[str, Any]) -> Mapping[str, Any]:
-        cluster.wait_ready(float(request.get("timeout", 60)), progress=False)
+        head.wait_ready(float(request.get("timeout", 60)), progress=False)
         # Now, not at the keeper's next tick: the asker reads the nodes from the record next.
-        cluster._changed(record=True)
+        head.changed(record=True)
         return {}
 
     def put(request: Mapping[str, Any]) -> Mapping[str, Any]:
-        cluster.put(*request.get("paths", ()), progress=False)
+        head.put(*request.get("paths", ()), progress=False)
         return {}
 
     def gather(request: Mapping[str, Any]) -> Mapping[str, Any]:
-        paths = cluster.gather(str(request.get("directory")), progress=False)
+        paths = head.gather(str(request.get("directory")), progress=False)
         return {"paths": [str(p) for p in paths]}
 
     def run_on_nodes(request: Mapping[str, Any]) -> Mapping[str, Any]:
-        cluster._require_running("run_on_nodes")
         argv, timeout = request.get("argv"), float(request.get("timeout", 60))
-        runs = cluster._provider.run_on_nodes(argv, timeout)  # type: ignore[arg-type]
+        runs = head.node_runs(argv, timeout)  # type: ignore[arg-type]
         return {"rows": [asdict(r) for r in runs]}
 
     return {
@@ -201,10 +244,9 @@ def _handlers(cluster: Cluster) -> dict[str, Handler]:
     }
 
 
-def _job(cluster: Cluster, job_id: object) -> Job:
-    jobs = list(cluster._jobs)
-    for job in jobs:
-        if job.id == job_id:
-            return job
-    known = ", ".join(j.id for j in jobs) or "none"
-    raise ClusterStateError(f"Cluster {cluster.id} has no job {job_id!r}; its jobs: {known}.")
+def _job_id(head: HeadState, job_id: object) -> str:
+    """``job_id`` as a request gave it: a job's id (never "the newest": a cancel names one)."""
+    if not isinstance(job_id, str):
+        known = ", ".join(j.id for j in head.jobs) or "none"
+        raise ClusterStateError(f"Cluster {head.id} has no job {job_id!r}; its jobs: {known}.")
+    return job_id

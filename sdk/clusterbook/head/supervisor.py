@@ -1,33 +1,35 @@
 """The supervisor of a detached cluster: a process of its own that runs the cluster's head.
 
 ``Cluster(..., detached=True).start()`` calls :func:`launch_supervisor`, which starts
-``python -m clusterbook.head.supervisor`` in a session of its own (an interrupt or the death of the
-kernel does not reach it), hands it the cluster's spec on its stdin (never on disk: an SSH
-key's passphrase may be in it) and waits for its first line: ready, or the error that stopped
-the cluster from starting, raised again here. The supervisor then runs the cluster as a kernel
-would (record, stop file, life span, requests of attached handles) until it stops, writing its
-own messages to ``supervisor.log`` in the cluster's directory.
+``python -m clusterbook.cluster.detached`` (:data:`SUPERVISOR`) in a session of its own (an
+interrupt or the death of the kernel does not reach it), hands it the cluster's spec on its stdin
+(never on disk: an SSH key's passphrase may be in it) and waits for its first line: ready, or the
+error that stopped the cluster from starting, raised again here. The supervisor then runs the
+cluster as a kernel would (record, stop file, life span, requests of attached handles) until it
+stops, writing its own messages to ``supervisor.log`` in the cluster's directory. What it runs
+is the cluster layer's (a head made again from the spec); what starts it, and how the two speak
+(:func:`answer_ready`, :func:`answer_error`), is here.
 """
 
 from __future__ import annotations
 
 import json
 import os
-import signal
 import subprocess
 import sys
 import threading
 from collections.abc import Mapping
-from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 from clusterbook.errors import ClusterError, ConfigError
 from clusterbook.head.control import rebuilt_error
 
-__all__ = ["LOG_FILE", "launch_supervisor", "main"]
+__all__ = ["LOG_FILE", "SUPERVISOR", "answer_error", "answer_ready", "launch_supervisor"]
 
 LOG_FILE = "supervisor.log"
+#: The module a supervisor runs (``python -m``).
+SUPERVISOR = "clusterbook.cluster.detached"
 
 
 def launch_supervisor(spec: Mapping[str, Any], cluster_id: str, run_dir: Path) -> int:
@@ -43,7 +45,7 @@ def launch_supervisor(spec: Mapping[str, Any], cluster_id: str, run_dir: Path) -
     log = open(run_dir / LOG_FILE, "ab")  # noqa: SIM115 - handed to the child, closed below
     try:
         proc = subprocess.Popen(
-            [sys.executable, "-m", "clusterbook.head.supervisor"],
+            [sys.executable, "-m", SUPERVISOR],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             stderr=log,
@@ -81,39 +83,16 @@ def _plain(value: object) -> object:
     raise TypeError(f"{value!r} ({type(value).__name__}) is not one")
 
 
-def main() -> int:
-    """Run the cluster whose spec arrives on stdin until it stops."""
-    from clusterbook.cluster.facade import Cluster
-
-    for sig in (signal.SIGINT, signal.SIGHUP):
-        signal.signal(sig, signal.SIG_IGN)
-    envelope = json.loads(sys.stdin.readline())
-    null = os.open(os.devnull, os.O_RDONLY)
-    os.dup2(null, 0)  # the kernel's pipe, which may go away: nothing reads it again
-    os.close(null)
-    reply = sys.stdout
-    try:
-        cluster = Cluster.from_spec(envelope["spec"])
-        cluster._options = replace(cluster._options, id=envelope["id"], own_run_dir=False)
-        cluster._supervised = True
-        stopped = threading.Event()
-        cluster.subscribe(lambda snap: stopped.set() if snap.state == "stopped" else None)
-        signal.signal(signal.SIGTERM, lambda *_: threading.Thread(target=cluster.stop).start())
-        cluster.start(progress=False)
-    except ClusterError as exc:
-        reply.write(json.dumps({"error": {"type": type(exc).__name__, "message": str(exc)}}))
-        reply.write("\n")
-        reply.flush()
-        return 1
-    reply.write(json.dumps({"ready": cluster.id}) + "\n")
-    reply.flush()
-    # From now on, what the cluster prints goes to the log, as its errors do.
+def answer_ready(cluster_id: str) -> None:
+    """Tell the starter the cluster runs (the supervisor's first line on its stdout); from
+    then on, what the cluster prints goes to the log, as its errors do."""
+    sys.stdout.write(json.dumps({"ready": cluster_id}) + "\n")
+    sys.stdout.flush()
     os.dup2(2, 1)
-    while not stopped.wait(1.0):
-        if cluster.state == "stopped":
-            break
-    return 0
 
 
-if __name__ == "__main__":
-    sys.exit(main())
+def answer_error(exc: ClusterError) -> None:
+    """Tell the starter the cluster could not start: ``exc``, raised again there."""
+    sys.stdout.write(json.dumps({"error": {"type": type(exc).__name__, "message": str(exc)}}))
+    sys.stdout.write("\n")
+    sys.stdout.flush()

@@ -7,9 +7,7 @@ restarted; each attempt has its own directory, logs and result.
 from __future__ import annotations
 
 import contextlib
-import json
 import logging
-import os
 import signal
 import subprocess
 import threading
@@ -17,22 +15,21 @@ import time
 from collections.abc import Callable, Mapping
 from dataclasses import replace
 from pathlib import Path
-from typing import IO, Any
 
-from clusterbook.errors import ClusterError, NodeLostError, RunDirError
+from clusterbook.errors import ClusterError, NodeLostError
 from clusterbook.launch import keep
 from clusterbook.launch import proc as procs
 from clusterbook.launch.command import LaunchCommand, LaunchPlan, placement
-from clusterbook.launch.flavour import MPIFlavour
+from clusterbook.launch.ending import attempt_result, name_kept, ranks_first
 from clusterbook.launch.guard import guard, kill_tagged
-from clusterbook.launch.logs import LAUNCHER_RANK, LogStore
-from clusterbook.launch.parse import LabelParser, LineSplitter, OmpiChunkParser, as_lines
-from clusterbook.launch.result import JobResult, KeptProcess, RankFailure, failed_ranks
+from clusterbook.launch.jobdir import write_attempt_files
+from clusterbook.launch.logstore import LogStore
+from clusterbook.launch.readers import start_readers
+from clusterbook.launch.result import JobResult, KeptProcess
 from clusterbook.spec import NodeSpec
 
 __all__ = ["Attempt"]
 
-_READ = 65536
 _log = logging.getLogger("clusterbook.job")
 
 
@@ -98,28 +95,7 @@ class Attempt:
         self._cleaned = False
         self._kept: tuple[KeptProcess, ...] = ()
 
-        job_file = {
-            "id": job_id,
-            "attempt": number,
-            "argv": self.argv,
-            "np": plan.np,
-            "launcher": plan.launcher.path,
-            "flavour": plan.launcher.flavour.value,
-            "launcher_argv": command.argv,
-            "started": time.time(),
-            "hosts": {str(rank): host for rank, host in store.hosts.items()},
-            "token": plan.job_token,
-        }
-        path = directory / "hostfile"
-        try:
-            path.write_text(command.hostfile_text)
-            path = directory / "job.json"
-            path.write_text(json.dumps(job_file, indent=2))
-            if plan.launcher.flavour is MPIFlavour.MPICH:
-                path = Path(plan.output_dir)
-                path.mkdir(parents=True, exist_ok=True)
-        except OSError as exc:
-            raise RunDirError.from_os_error(path, exc) from exc
+        write_attempt_files(directory, job_id, number, plan, command, store.hosts)
         store.on_exit(self._on_rank_exit)
         store.on_write_error(self.fail)
         self.started = time.time()
@@ -127,7 +103,14 @@ class Attempt:
         self._token = plan.job_token
         guard.watch(self._token)
         self._proc = procs.spawn(command.argv, env=command.environment(base_env), cwd=cwd)
-        self._readers = self._start_readers()
+        self._readers = start_readers(
+            self._proc,
+            plan,
+            store,
+            self._exited,
+            guarded=self._guarded,
+            name=f"clusterbook-{job_id}-io",
+        )
         self._timer: threading.Timer | None = None
         if timeout is not None:
             self._timer = threading.Timer(timeout, self._guarded(self._stop), args=("timeout",))
@@ -207,40 +190,6 @@ class Attempt:
 
     # -- internals ------------------------------------------------------------------------
 
-    def _start_readers(self) -> list[threading.Thread]:
-        assert self._proc.stdout is not None
-        assert self._proc.stderr is not None
-        targets: list[tuple[Callable[[Any], None], IO[bytes] | None]]
-        if self.plan.remote is not None and self.plan.remote.srun is not None:
-            # srun writes every rank's lines behind its label, on srun's stdout and stderr.
-            targets = [
-                (self._read_labeled, self._proc.stdout),
-                (self._read_labeled, self._proc.stderr),
-            ]
-        elif self.plan.launcher.flavour is MPIFlavour.OPENMPI:
-            # Every rank's output comes tagged on mpirun's stdout; its own, on its stderr.
-            targets = [
-                (self._read_tagged, self._proc.stdout),
-                (self._read_launcher, self._proc.stderr),
-            ]
-        else:
-            targets = [
-                (self._read_launcher, self._proc.stdout),
-                (self._read_launcher, self._proc.stderr),
-                (self._tail_files, None),
-            ]
-        threads = []
-        for target, pipe in targets:
-            t = threading.Thread(
-                target=self._guarded(target),
-                args=(pipe,),
-                daemon=True,
-                name=f"clusterbook-{self.id}-io",
-            )
-            t.start()
-            threads.append(t)
-        return threads
-
     def _guarded(self, target: Callable[..., None]) -> Callable[..., None]:
         """``target`` for a thread of this job: an exception in it fails the job with a
         clear error (a dead reader would leave the launcher blocked on a full pipe)."""
@@ -254,64 +203,6 @@ class Attempt:
                 self.fail(error or ClusterError(f"{type(exc).__name__}: {exc}"))
 
         return run
-
-    def _read_tagged(self, pipe: object) -> None:
-        self._read_batches(OmpiChunkParser(), pipe)
-
-    def _read_labeled(self, pipe: object) -> None:
-        self._read_batches(LabelParser("stdout" if pipe is self._proc.stdout else "stderr"), pipe)
-
-    def _read_batches(self, parser: OmpiChunkParser | LabelParser, pipe: object) -> None:
-        """Store each rank's lines as ``parser`` finds them in what ``pipe`` gives."""
-        fd = pipe.fileno()  # type: ignore[attr-defined]
-        add = self._store.add_lines
-        try:
-            while chunk := os.read(fd, _READ):
-                for rank, stream, lines in parser.feed_batches(chunk):
-                    add(rank, stream, *lines)
-            for rank, stream, lines in parser.flush_batches():
-                add(rank, stream, *lines)
-        finally:
-            pipe.close()  # type: ignore[attr-defined]
-
-    def _read_launcher(self, pipe: object) -> None:
-        splitter = LineSplitter()
-        fd = pipe.fileno()  # type: ignore[attr-defined]
-        stream = "stdout" if pipe is self._proc.stdout else "stderr"
-        try:
-            while chunk := os.read(fd, _READ):
-                self._store.add_lines(None, stream, *splitter.feed_lines(chunk))
-            self._store.add_lines(None, stream, *as_lines(splitter.flush()))
-        finally:
-            pipe.close()  # type: ignore[attr-defined]
-
-    def _tail_files(self, _: object) -> None:
-        # MPICH writes each rank's streams to their own file; follow them until the launcher
-        # has exited, then read what is left.
-        out = Path(self.plan.output_dir)
-        tails: dict[str, tuple[object, LineSplitter, int, str]] = {}
-        try:
-            while True:
-                finished = self._exited.is_set()
-                for path in out.iterdir():
-                    name = path.name
-                    if name not in tails:
-                        rank_text, _, kind = name.removeprefix("rank-").partition(".")
-                        if not rank_text.isdigit() or kind not in ("stdout", "stderr"):
-                            continue
-                        tails[name] = (open(path, "rb"), LineSplitter(), int(rank_text), kind)  # noqa: SIM115
-                    f, splitter, rank, kind = tails[name]
-                    while chunk := f.read(_READ):  # type: ignore[attr-defined]
-                        self._store.add_lines(rank, kind, *splitter.feed_lines(chunk))
-                if finished:
-                    break
-                self._exited.wait(0.02)
-            for _, splitter, rank, kind in tails.values():
-                for text, partial in splitter.flush():
-                    self._store.add(rank, kind, text, partial)
-        finally:
-            for f, *_ in tails.values():
-                f.close()  # type: ignore[attr-defined]
 
     def _on_rank_exit(self, rank: int, code: int) -> None:
         if code != 0 and self._keep:
@@ -363,32 +254,19 @@ class Attempt:
             if self._hold_far is not None:
                 failing = {node_of[rank].name: pid} if rank in far and pid is not None else {}
                 try:  # the nodes of other machines first: this machine's launcher holds on
-                    kept_far = self._named(self._hold_far(self._token, failing), node_of)
+                    kept_far = name_kept(self._hold_far(self._token, failing), node_of, self._store)
                 except Exception:
                     _log.exception("Keeping job %s on the nodes failed.", self.id)
             pipes = (self._proc.stdout, self._proc.stderr)
             here = {r: p for r, p in self._store.pids.items() if r not in far}
             kept_here = keep.hold(self._token, pid, pipes, here, far=rank in far)
-            self._kept = tuple(sorted(kept_here + kept_far, key=_rank_first))
+            self._kept = ranks_first(kept_here + kept_far)
             if self._timer is not None:
                 self._timer.cancel()
             polled = self._proc.poll()
             code = code if polled is None else polled
         finally:
             self._finish(code)
-
-    def _named(
-        self, kept: tuple[KeptProcess, ...], node_of: Mapping[int, NodeSpec]
-    ) -> tuple[KeptProcess, ...]:
-        """``kept`` (``host``: a node's name) with the host name its ranks reported, and the
-        rank of each rank's program."""
-        hosts = self._store.hosts
-        shown = {node_of[r].name: hosts[r] for r in node_of if r in hosts}
-        ranks = {(node_of[r].name, p): r for r, p in self._store.pids.items() if r in node_of}
-        return tuple(
-            replace(k, host=shown.get(k.host, k.host), rank=ranks.get((k.host, k.pid)))
-            for k in kept
-        )
 
     def _find_out(self, result: JobResult | None) -> list[str]:
         """What ``diagnose`` says about the job (``result``: once it has ended)."""
@@ -465,7 +343,18 @@ class Attempt:
         polled = self._proc.poll() if returncode is None else returncode
         code = polled if polled is not None else -1  # -1: the launcher's end was not seen
         try:
-            self._result = self._make_result(code, duration)
+            self._result = attempt_result(
+                self._store,
+                self.id,
+                self.number,
+                self.np,
+                code,
+                duration,
+                stop_reason=self._stop_reason,
+                stopped_at=self._stopped_at_exit_count,
+                error=self._error,
+                kept=self._kept,
+            )
             if not self._result.ok:
                 said = [*self._notes, self._result.error or ""]
                 notes = [n for n in self._find_out(self._result) if not any(n in t for t in said)]
@@ -484,36 +373,3 @@ class Attempt:
                 kept=self._kept,
             )
         self._done.set()
-
-    def _make_result(self, returncode: int, duration: float) -> JobResult:
-        store = self._store
-        order = list(store.exit_order)
-        cut = self._stopped_at_exit_count
-        stopped = set(order[cut:]) if cut is not None and self._stop_reason != "failure" else set()
-        failed = failed_ranks(order, store.exit_codes, stopped_by_us=stopped)
-        return JobResult(
-            job_id=self.id,
-            returncode=returncode,
-            rank_exit_codes={r: store.exit_codes.get(r) for r in range(self.np)},
-            failed=tuple(
-                RankFailure(r, store.hosts.get(r, "?"), store.exit_codes[r], tuple(store.tail(r)))
-                for r in failed
-            ),
-            duration=duration,
-            timed_out=self._stop_reason == "timeout",
-            cancelled=self._stop_reason == "cancel",
-            launcher_tail=tuple(store.tail(LAUNCHER_RANK)),
-            error=None if self._error is None else str(self._error),
-            rank_hosts={r: store.hosts.get(r, "?") for r in range(self.np)},
-            rank_times={
-                r: (store.started.get(r), store.ended.get(r))
-                for r in range(self.np)
-                if r in store.started or r in store.ended
-            },
-            attempt=self.number,
-            kept=self._kept,
-        )
-
-
-def _rank_first(k: KeptProcess) -> tuple[bool, int, str, int]:
-    return (k.rank is None, k.rank or 0, k.host, k.pid)

@@ -9,15 +9,12 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
 
 from clusterbook.launch.flavour import Launcher, MPIFlavour
 from clusterbook.launch.guard import ENV as GUARD_ENV
 from clusterbook.launch.rankwrap import HOOK_DIR, wrap_argv
+from clusterbook.launch.remote import RemoteLaunch
 from clusterbook.spec import HERE, NodeSpec
-
-if TYPE_CHECKING:
-    from clusterbook.providers.base import RemoteLaunch
 
 __all__ = [
     "GPU_ENV",
@@ -235,12 +232,9 @@ def forwarded(plan: LaunchPlan, env: Mapping[str, str]) -> list[str]:
 
 
 def build_command(plan: LaunchPlan) -> LaunchCommand:
-    """The launcher command line for ``plan``: ``srun`` when the nodes are a Slurm
-    allocation's that start steps (see :mod:`clusterbook.launch.srun`), else the MPI's own."""
-    if plan.remote is not None and plan.remote.srun is not None:
-        from clusterbook.launch.srun import srun_command
-
-        return srun_command(plan, plan.remote.srun)
+    """The MPI launcher's command line for ``plan`` (``mpirun``, ``mpiexec``); the nodes of a
+    Slurm allocation that start steps take ``srun``'s instead
+    (:func:`clusterbook.launch.srun.launch_command` chooses)."""
     if plan.launcher.flavour is MPIFlavour.OPENMPI:
         return _openmpi(plan)
     return _mpich(plan)

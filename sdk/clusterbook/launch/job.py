@@ -69,6 +69,7 @@ class Job:
         self.id = job_id
         self.directory = directory
         self.argv = list(argv)
+        self.label: str | None = None  # the name tables show it under ("ipyparallel engines")
         self.timeout = timeout
         self.recovery = recovery
         self._start = start
@@ -144,6 +145,11 @@ class Job:
     def np(self) -> int:
         """Ranks of the current attempt."""
         return self._current.np
+
+    @property
+    def launcher(self) -> str:
+        """The path of the MPI launcher (mpirun / mpiexec) that runs it."""
+        return self._current.plan.launcher.path
 
     @property
     def pid(self) -> int:
@@ -274,7 +280,7 @@ class Job:
     def _repr_html_(self) -> str:
         """In a notebook: the job's row (state, ranks, time) and its last lines, as they are
         now (a saved notebook keeps them)."""
-        from clusterbook.status import job_status
+        from clusterbook.launch.jobstatus import job_status
         from clusterbook.views.html import render_job, render_timeline
 
         page = render_job(job_status(self), self._records()[-20:])

@@ -35,9 +35,9 @@ import psutil
 
 from clusterbook.errors import ConfigError
 from clusterbook.launch.result import KeptProcess
+from clusterbook.nodes.call import Call
 from clusterbook.nodes.fanout import parallel
 from clusterbook.nodes.tasks.procs import freeze, leftovers, remove_leftovers, settle, tagged
-from clusterbook.nodes.transfer import Call
 from clusterbook.wording import spell_or
 
 __all__ = [

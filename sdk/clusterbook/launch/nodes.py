@@ -6,17 +6,19 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from clusterbook.errors import ClusterStateError, NodeLostError
+from clusterbook.launch.remote import RemoteLaunch
 from clusterbook.spec import NodeSpec
 
-if TYPE_CHECKING:  # a cycle at run time: providers import launch
+if TYPE_CHECKING:  # the job imports these decisions
     from clusterbook.launch.job import Job
-    from clusterbook.providers.base import Provider, RemoteLaunch
 
 __all__ = [
     "RESTART_WAIT",
+    "NodeSource",
     "Placement",
     "fail_on_lost_nodes",
     "lost_node",
@@ -26,11 +28,32 @@ __all__ = [
     "usable_nodes",
 ]
 
-Placement = tuple[tuple[NodeSpec, ...], "RemoteLaunch | None"]
+Placement = tuple[tuple[NodeSpec, ...], RemoteLaunch | None]
 """The nodes of an attempt, and how the launcher reaches them (None: on this machine)."""
 
 
 Unreachable = Callable[..., dict[str, str]]
+
+
+@dataclass(frozen=True, slots=True)
+class NodeSource:
+    """What a job asks of where its cluster's nodes come from, each a question asked when the
+    answer is needed (:func:`clusterbook.providers.base.node_source` asks a provider).
+
+    ``nodes``: the nodes jobs run on now; ``known``: the name of every node the cluster
+    knows, lost ones too; ``unreachable(names, lost_only=...)``: of those, the ones lost or
+    silent, with a sentence each; ``remote``: how the launcher reaches the nodes;
+    ``lost_for_good``: why lost nodes cannot come back, if they cannot; ``join_command``: how
+    nodes join by themselves, if they do; ``bounds``: ``(min_nodes, max_nodes)``, if the
+    cluster's size may change."""
+
+    nodes: Callable[[], tuple[NodeSpec, ...]]
+    known: Callable[[], list[str]]
+    unreachable: Unreachable
+    remote: Callable[[], RemoteLaunch | None]
+    lost_for_good: Callable[[], str | None]
+    join_command: Callable[[], str | None]
+    bounds: Callable[[], tuple[int, int] | None]
 
 
 #: How long a restart waits for a complete round of enough nodes (an elastic cluster's nodes
@@ -38,26 +61,25 @@ Unreachable = Callable[..., dict[str, str]]
 RESTART_WAIT = 60.0
 
 
-def usable_nodes(cluster: str, provider: Provider) -> tuple[NodeSpec, ...]:
-    """The ``provider``'s nodes, if a job can start on them: none was lost for good (the
+def usable_nodes(cluster: str, source: NodeSource) -> tuple[NodeSpec, ...]:
+    """The nodes of ``source``, if a job can start on them: none was lost for good (the
     provider's own words), there are some, and none of them was lost."""
-    if gone := provider.lost_for_good():
+    if gone := source.lost_for_good():
         raise ClusterStateError(gone)
-    nodes = provider.nodes
+    nodes = source.nodes()
     if not nodes:
-        known = [s.name for s in provider.node_statuses()]
-        lost = provider.unreachable(known, lost_only=True)
+        lost = source.unreachable(source.known(), lost_only=True)
         if not lost:
             raise ClusterStateError(
                 f"Cluster {cluster!r} has no nodes yet; call cluster.wait_ready() first."
             )
-        join = provider.join_command
+        join = source.join_command()
         raise ClusterStateError(
             f"Cluster {cluster!r} has no nodes now: {'; '.join(lost.values())}. "
             + (f"Nodes join with: {join}; " if join else "")
             + "cluster.wait_ready() returns once enough of them joined again."
         )
-    lost = provider.unreachable([n.name for n in nodes], lost_only=True)
+    lost = source.unreachable([n.name for n in nodes], lost_only=True)
     if lost:
         raise ClusterStateError(
             f"Cluster {cluster!r} lost {len(lost)} of its nodes: {'; '.join(lost.values())}. "
@@ -87,7 +109,7 @@ def remaining_nodes(
 
 def nodes_for_attempt(
     cluster: str,
-    provider: Provider,
+    source: NodeSource,
     *,
     restart: bool,
     running: Callable[[], bool],
@@ -101,10 +123,10 @@ def nodes_for_attempt(
         if not running():
             raise ClusterStateError(f"Cluster {cluster!r} is not running any more.")
         if not restart:
-            return usable_nodes(cluster, provider), provider.remote()
+            return usable_nodes(cluster, source), source.remote()
         try:
-            left = remaining_nodes(cluster, provider.nodes, provider.unreachable, provider.bounds)
-            return left, provider.remote()
+            left = remaining_nodes(cluster, source.nodes(), source.unreachable, source.bounds())
+            return left, source.remote()
         except ClusterStateError:
             if time.monotonic() > give_up:
                 raise

@@ -9,42 +9,38 @@ from __future__ import annotations
 
 import logging
 import os
-import re
 import secrets
 import socket
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, TypedDict
+from typing import TypedDict
 
 from clusterbook.errors import ConfigError, NodeLostError, RunDirError
 from clusterbook.launch.attempt import Attempt
-from clusterbook.launch.command import LaunchPlan, build_command, placement
+from clusterbook.launch.command import LaunchPlan, placement
 from clusterbook.launch.flavour import Launcher
 from clusterbook.launch.job import Job
+from clusterbook.launch.jobdir import new_job_dir
 from clusterbook.launch.keep import check_clean
-from clusterbook.launch.logs import LogBudget, LogStore
+from clusterbook.launch.logstore import LogBudget, LogStore
 from clusterbook.launch.nodes import Placement
 from clusterbook.launch.program import check_argv, check_cwd, resolve_program
 from clusterbook.launch.rankwrap import HOOK_DIR
 from clusterbook.launch.recovery import NO_RECOVERY, Backoff, Recovery
+from clusterbook.launch.remote import RemoteLaunch
 from clusterbook.launch.result import JobResult, KeptProcess, ssh_refusals
+from clusterbook.launch.srun import launch_command
 from clusterbook.spec import NodeSpec, validate_env, validate_np, validate_timeout
-
-if TYPE_CHECKING:  # a cycle at run time: providers import launch
-    from clusterbook.providers.base import RemoteLaunch
 
 __all__ = [
     "JobArgs",
     "JobHooks",
     "JobRequest",
     "diagnose",
-    "make_run_dir",
-    "new_job_dir",
     "prepare",
 ]
 
-_JOB_RE = re.compile(r"job-\d{4,}")
 _log = logging.getLogger("clusterbook.job")
 
 
@@ -210,41 +206,11 @@ class JobHooks:
     hold: Callable[[str, Mapping[str, int]], tuple[KeptProcess, ...]] | None = None
 
 
-def make_run_dir(run_dir: Path) -> None:
-    """Make a cluster's run directory (0700: logs are private) and its ``jobs/``."""
-    try:
-        run_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
-        (run_dir / "jobs").mkdir(exist_ok=True)
-    except OSError as exc:
-        raise RunDirError.from_os_error(run_dir, exc) from exc
-
-
 def diagnose(silent: Mapping[str, str], result: JobResult | None) -> list[str]:
     """Notes on why a job did not succeed: the nodes not heard from (``silent``), a changed
     host key (what the launcher's ssh said)."""
     notes = list(silent.values())
     return notes + (ssh_refusals(result.launcher_tail) if result is not None else [])
-
-
-def new_job_dir(run_dir: Path, at_least: int) -> tuple[str, Path]:
-    """The next job's id and directory, made now: numbered after every job already in
-    ``run_dir`` (one used before, or by another process, too) and after ``at_least``."""
-    jobs = run_dir / "jobs"
-    try:
-        found = [int(p.name[4:]) for p in jobs.iterdir() if _JOB_RE.fullmatch(p.name)]
-    except OSError:
-        found = []
-    number = max(at_least, *found, 0) + 1
-    while True:
-        job_id = f"job-{number:04d}"
-        try:
-            (jobs / job_id).mkdir(parents=True, mode=0o700)
-        except FileExistsError:
-            number += 1
-            continue
-        except OSError as exc:
-            raise RunDirError.from_os_error(jobs / job_id, exc) from exc
-        return job_id, jobs / job_id
 
 
 def _master_port(
@@ -299,7 +265,6 @@ def prepare(
     (names, or prefixes ending in ``*``)."""
     job_env = {**env, **request.env}
     base_env = dict(os.environ)
-    first = (nodes, remote)
     program = resolve_program(
         list(request.argv),
         # Nodes whose environments differ in path run the same per-cluster link on each node.
@@ -309,41 +274,64 @@ def prepare(
         local=remote is None,
     )
     job_id, directory = new_job_dir(run_dir, jobs_so_far)
+    attempts = _Attempts(
+        request,
+        job_id,
+        cluster,
+        tuple(program),
+        launcher,
+        hooks,
+        first=(nodes, remote),
+        job_env=job_env,
+        base_env=base_env,
+        logs=logs,
+        forward_env=forward_env,
+    )
+    return Job(
+        job_id,
+        directory,
+        attempts.start,
+        request.recovery,
+        argv=list(program),
+        timeout=request.timeout,
+        on_done=hooks.on_done,
+        on_attempt=hooks.on_attempt,
+    )
 
-    def start(number: int, folder: Path, restarts: int, restart: bool) -> Attempt:
-        nodes, remote = first if number == 1 else hooks.where(restart)
-        np = request.np
+
+@dataclass(frozen=True)
+class _Attempts:
+    """How each attempt of job ``job_id`` starts: the first on the nodes ``prepare`` was
+    given, a later one where ``hooks.where()`` says then (on a restart, every slot of the
+    nodes left when ``np`` was not given or no longer fits)."""
+
+    request: JobRequest
+    job_id: str
+    cluster: str
+    program: tuple[str, ...]
+    launcher: Launcher
+    hooks: JobHooks
+    first: tuple[tuple[NodeSpec, ...], RemoteLaunch | None]
+    job_env: dict[str, str]
+    base_env: dict[str, str]
+    logs: LogBudget | None
+    forward_env: tuple[str, ...]
+
+    def start(self, number: int, folder: Path, restarts: int, restart: bool) -> Attempt:
+        """Attempt ``number`` in ``folder`` (made here for a later one), the job having been
+        restarted ``restarts`` times (``restart``: this attempt is a restart)."""
+        nodes, remote = self.first if number == 1 else self.hooks.where(restart)
+        np = self.request.np
         if number > 1:
             slots = sum(n.slots for n in nodes)
-            if restart and (request.all_slots or np > slots):
+            if restart and (self.request.all_slots or np > slots):
                 np = slots  # the new world size
-            validate_np(np, slots, oversubscribe=request.oversubscribe)
+            validate_np(np, slots, oversubscribe=self.request.oversubscribe)
             try:
                 folder.mkdir(mode=0o700)
             except OSError as exc:
                 raise RunDirError.from_os_error(folder, exc) from exc
-        plan = LaunchPlan(
-            launcher=(remote and remote.launcher) or launcher,
-            nodes=nodes,
-            np=np,
-            argv=tuple(program),
-            env={**_attempt_env(number, restarts), **job_env},
-            hostfile=str(folder / "hostfile"),
-            output_dir=str(folder / "raw"),
-            as_root=hasattr(os, "geteuid") and os.geteuid() == 0,
-            oversubscribe=request.oversubscribe,
-            remote=remote,
-            inherited_env=base_env,
-            launcher_args=request.launcher_args,
-            job_token=f"{cluster}-{secrets.token_hex(6)}",
-            hook_dir=(remote and remote.hook_dir) or HOOK_DIR,
-            abort_on_error=request.abort_on_error,
-            master_port=_master_port(
-                nodes[placement(nodes, np)[0]], hooks.free_port, local=remote is None
-            ),
-            clean=request.clean,
-            forward_env=forward_env,
-        )
+        plan = self._plan(number, folder, restarts, nodes, remote, np)
         here = socket.gethostname()
         names = remote.hostnames if remote else {}
         hosts = {
@@ -351,29 +339,53 @@ def prepare(
             for r, i in enumerate(placement(nodes, np))
         }
         return Attempt(
-            job_id,
+            self.job_id,
             number,
             plan,
-            build_command(plan),
+            launch_command(plan),
             folder,
-            LogStore(folder, hosts, launcher_host=here, attempt=number, budget=logs),
-            base_env=base_env,
-            cwd=request.cwd,
-            timeout=request.timeout,
-            on_failure=hooks.on_failure,
-            diagnose=hooks.diagnose,
-            lost=hooks.lost,
+            LogStore(folder, hosts, launcher_host=here, attempt=number, budget=self.logs),
+            base_env=self.base_env,
+            cwd=self.request.cwd,
+            timeout=self.request.timeout,
+            on_failure=self.hooks.on_failure,
+            diagnose=self.hooks.diagnose,
+            lost=self.hooks.lost,
             keep=plan.clean == "none",
-            hold_far=hooks.hold,
+            hold_far=self.hooks.hold,
         )
 
-    return Job(
-        job_id,
-        directory,
-        start,
-        request.recovery,
-        argv=list(program),
-        timeout=request.timeout,
-        on_done=hooks.on_done,
-        on_attempt=hooks.on_attempt,
-    )
+    def _plan(
+        self,
+        number: int,
+        folder: Path,
+        restarts: int,
+        nodes: tuple[NodeSpec, ...],
+        remote: RemoteLaunch | None,
+        np: int,
+    ) -> LaunchPlan:
+        """What attempt ``number`` launches: ``np`` ranks on ``nodes``, reached as
+        ``remote`` says (None: this machine's), its files in ``folder``."""
+        request = self.request
+        return LaunchPlan(
+            launcher=(remote and remote.launcher) or self.launcher,
+            nodes=nodes,
+            np=np,
+            argv=self.program,
+            env={**_attempt_env(number, restarts), **self.job_env},
+            hostfile=str(folder / "hostfile"),
+            output_dir=str(folder / "raw"),
+            as_root=hasattr(os, "geteuid") and os.geteuid() == 0,
+            oversubscribe=request.oversubscribe,
+            remote=remote,
+            inherited_env=self.base_env,
+            launcher_args=request.launcher_args,
+            job_token=f"{self.cluster}-{secrets.token_hex(6)}",
+            hook_dir=(remote and remote.hook_dir) or HOOK_DIR,
+            abort_on_error=request.abort_on_error,
+            master_port=_master_port(
+                nodes[placement(nodes, np)[0]], self.hooks.free_port, local=remote is None
+            ),
+            clean=request.clean,
+            forward_env=self.forward_env,
+        )

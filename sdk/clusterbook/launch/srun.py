@@ -17,19 +17,27 @@ rank, a line per rank. Its output comes back behind ``srun --label``'s ``N: `` (
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field
 
 from clusterbook.launch.command import (
     OPENMPI_TUNING,
     LaunchCommand,
     LaunchPlan,
+    build_command,
     placement,
     rank_env,
 )
 from clusterbook.launch.flavour import MPIFlavour
 from clusterbook.launch.rankwrap import wrap_argv
+from clusterbook.launch.remote import SrunStep
 
-__all__ = ["PMI_PLUGIN", "SrunStep", "inherited_slurm", "rank_hosts", "srun_command"]
+__all__ = [
+    "PMI_PLUGIN",
+    "SrunStep",
+    "inherited_slurm",
+    "launch_command",
+    "rank_hosts",
+    "srun_command",
+]
 
 #: Slurm's MPI plugin for each MPI flavour (``srun --mpi=...``).
 PMI_PLUGIN: Mapping[MPIFlavour, str] = {MPIFlavour.OPENMPI: "pmix", MPIFlavour.MPICH: "pmi2"}
@@ -39,16 +47,6 @@ PMI_PLUGIN: Mapping[MPIFlavour, str] = {MPIFlavour.OPENMPI: "pmix", MPIFlavour.M
 _INHERITED = ("SLURM_", "SRUN_", "SBATCH_", "SALLOC_", "PMI_", "PMIX_")
 #: What stays: where Slurm's configuration is.
 _KEPT = frozenset({"SLURM_CONF"})
-
-
-@dataclass(frozen=True, slots=True)
-class SrunStep:
-    """How a cluster's jobs start: as steps of Slurm job ``job_id``, by ``srun`` (its path).
-    ``names``: Slurm's name of each node whose host (as the cluster knows it) is not that."""
-
-    srun: str
-    job_id: str
-    names: Mapping[str, str] = field(default_factory=dict)
 
 
 def inherited_slurm(environ: Mapping[str, str]) -> tuple[str, ...]:
@@ -90,3 +88,11 @@ def srun_command(plan: LaunchPlan, step: SrunStep) -> LaunchCommand:
     argv += [*plan.launcher_args, *wrap_argv(list(plan.argv))]
     hosts = rank_hosts(plan, step.names)
     return LaunchCommand(argv, env, hosts, unset=inherited_slurm(plan.inherited_env))
+
+
+def launch_command(plan: LaunchPlan) -> LaunchCommand:
+    """The command line that runs ``plan``: a step of the Slurm job (``srun``) where its nodes
+    start steps (``plan.remote.srun``), else the MPI's own launcher's
+    (:func:`~clusterbook.launch.command.build_command`)."""
+    step = plan.remote.srun if plan.remote is not None else None
+    return build_command(plan) if step is None else srun_command(plan, step)

@@ -8,9 +8,9 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from clusterbook.launch.program import check_argv
+from clusterbook.nodes.call import Call
 from clusterbook.nodes.fanout import parallel
 from clusterbook.nodes.tasks.commands import run as run_here
-from clusterbook.nodes.transfer import Call
 from clusterbook.spec import NodeSpec, validate_seconds
 
 if TYPE_CHECKING:

@@ -23,17 +23,17 @@ import os
 import threading
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any
 
 from clusterbook.errors import ClusterError
 from clusterbook.nodes.arrival import Arrival
+from clusterbook.nodes.call import Call
 from clusterbook.nodes.fanout import parallel
 from clusterbook.nodes.outgoing import Digests, Outgoing, outgoing, pieces
 from clusterbook.nodes.tasks.files import FRAME, frame
 from clusterbook.views.progress import bar, checked
 
 __all__ = [
-    "Call",
     "fetch",
     "fetch_all",
     "gather_ask",
@@ -43,16 +43,6 @@ __all__ = [
     "send_all",
     "uncounted",
 ]
-
-
-class Call(Protocol):
-    """Runs a node task on one node: ``call(task, args, timeout)`` returns the task's result;
-    ``frames=`` (bytes to send after the request) and ``on_frame=`` (told each frame of the
-    reply) as ``NodeSession.call`` takes them."""
-
-    def __call__(
-        self, task: str, args: Mapping[str, Any], timeout: float, **streams: Any
-    ) -> Any: ...
 
 
 def uncounted(amount: int) -> None:

@@ -1,44 +1,68 @@
 """The provider contract: where a :class:`~clusterbook.Cluster`'s nodes come from.
 
-A provider brings nodes up at :meth:`Provider.start`, says what they are (:attr:`Provider.nodes`,
-:meth:`Provider.node_statuses`), how the MPI launcher reaches them (:meth:`Provider.remote`),
-and releases them at :meth:`Provider.stop`. That is all a new provider must write: every other
-member has a default that fits a fixed set of nodes sharing this machine's files.
+A provider brings nodes up at :meth:`Provider.start`, says what they are (:attr:`Provider.nodes`)
+and releases them at :meth:`Provider.stop`. How the nodes are watched and how they are reached
+are two parts it composes rather than inherits, each behind a narrow Protocol:
+:attr:`Provider.watch` (a :class:`~clusterbook.providers.watch.NodeWatch`) and
+:attr:`Provider.reach` (a :class:`~clusterbook.providers.reach.NodeReach`). That is all a new
+provider must write: every other member has a default that fits a fixed set of nodes sharing
+this machine's files (a :class:`~clusterbook.providers.watch.FixedWatch` and a
+:class:`~clusterbook.providers.reach.LocalReach`).
 
-====================  ========  ==================================================================
-member                default   what it must do
-====================  ========  ==================================================================
-``kind``              required  a short name (``"ssh"``), shown in status; the registry's key
-``nodes``             required  the nodes jobs run on now (``()`` while none is ready)
-``planned``           nodes     before ``start``: the nodes it brings up, where known already
-                                (None: only ``start`` finds them out: nodes that join, slots
-                                counted on the node)
-``start(ctx)``        required  bring the nodes up; raise a ClusterError naming what failed, and
-                                leave nothing behind when it does
-``stop()``            required  no process, key or file of the cluster left on any node it can
-                                reach; warn (``CleanupWarning``) naming the others; never raise
-``wait_ready(t)``     returns   return once jobs can run; raise ``ReadyTimeoutError`` after ``t``
-``remote()``          None      how the launcher reaches the nodes, None when they are this machine
-``stop_job(token)``   nothing   no process of job ``token`` left on any node (the job's own
-                                clean-up covers this machine)
-``hold_job(...)``     ()        keep job ``token``'s processes stopped (SIGSTOP) on the nodes of
-                                other machines, for inspection (``clean="none"``); name them
-``node_statuses()``   derived   one :class:`NodeStatus` per node: pending until started, then ready
-``problem()``         None      what is wrong with the provider's view of the nodes (in status)
-``lost_for_good()``   None      why nodes that were lost cannot come back (then status shows it,
-                                ``wait_ready`` raises it and ``mpirun`` refuses with it)
-``unreachable(...)``  {}        of the nodes named, those lost or silent, with a sentence each
-``put(sent)``         {}        copy files to nodes that do not share this machine's; the nodes
-                                it failed on, with why
-``gather(dir, skip)`` ([], {})  move the files ranks wrote in ``dir`` on such nodes here
-``run_on_nodes(...)`` here      run a command on every node (by default here, once a node)
-``free_port(node)``   None      a TCP port free on ``node`` now (None: not known; the job then
-                                picks one at random, or this machine's for nodes here)
-``join_command``      None      for nodes that join by themselves: the command that joins
-``bounds``            None      ``(min_nodes, max_nodes)`` of a cluster whose size may change
-``life_span``         None      seconds the nodes are there at most (a batch job's time limit):
-                                the cluster's ``life_span`` unless it was given one
-====================  ========  ==================================================================
+======================  ==========  ================================================================
+member                  default     what it must do
+======================  ==========  ================================================================
+``kind``                required    a short name (``"ssh"``), shown in status; the registry's key
+``nodes``               required    the nodes jobs run on now (``()`` while none is ready)
+``planned``             nodes       before ``start``: the nodes it brings up, where known already
+                                    (None: only ``start`` finds them out: nodes that join, slots
+                                    counted on the node)
+``start(ctx)``          required    bring the nodes up; raise a ClusterError naming what failed,
+                                    and leave nothing behind when it does
+``stop()``              required    no process, key or file of the cluster left on any node it can
+                                    reach; warn (``CleanupWarning``) naming the others; never
+                                    raise; safe to call again, and after a failed ``start``
+``lost_for_good()``     None        why nodes that were lost cannot come back (then status shows
+                                    it, ``wait_ready`` raises it and ``mpirun`` refuses with it)
+``join_command``        None        for nodes that join by themselves: the command that joins
+``bounds``              None        ``(min_nodes, max_nodes)`` of a cluster whose size may change
+``life_span``           None        seconds the nodes are there at most (a batch job's time
+                                    limit): the cluster's ``life_span`` unless it was given one
+``watch``               FixedWatch  how the nodes are watched (:mod:`~clusterbook.providers.watch`)
+``reach``               LocalReach  how the nodes are reached (:mod:`~clusterbook.providers.reach`)
+======================  ==========  ================================================================
+
+``watch`` (:class:`~clusterbook.providers.watch.NodeWatch`):
+
+======================  ==========================================================================
+``node_statuses()``     one :class:`NodeStatus` per node (by default pending until started, then
+                        ready)
+``unreachable(...)``    of the nodes named, those lost or silent, with a sentence each
+``wait_ready(t)``       return once jobs can run; ``ReadyTimeoutError`` saying who is missing
+                        after ``t``
+``problem()``           what is wrong with the provider's view of the nodes (in status)
+======================  ==========================================================================
+
+``reach`` (:class:`~clusterbook.providers.reach.NodeReach`):
+
+======================  ==========================================================================
+``remote()``            how the launcher reaches the nodes, None when they are this machine
+``put(sent)``           copy files to nodes that do not share this machine's; the nodes it failed
+                        on, with why
+``gather(dir, skip)``   move the files ranks wrote in ``dir`` on such nodes here
+``run_on_nodes(...)``   run a command on every node (by default here, once a node)
+``free_port(node)``     a TCP port free on ``node`` now (None: not known; the job then picks one)
+``stop_job(token)``     no process of job ``token`` left on any node (the job's own clean-up
+                        covers this machine)
+``hold_job(...)``       keep job ``token``'s processes stopped (SIGSTOP) on the nodes of other
+                        machines, for inspection (``clean="none"``); name them
+======================  ==========================================================================
+
+The parts are attributes the provider makes or is given, so that providers share them by
+composition: the rendezvous head watches the nodes of every provider whose nodes run agents
+(:class:`~clusterbook.providers.watch.AgentWatch`), and a Slurm cluster reaches its nodes as
+an elastic one does (:class:`~clusterbook.providers.elastic.reach.FarReach`). Every provider
+passes one contract suite (``tests/sdk/providers/contract.py``).
 
 Providers are looked up by kind in :mod:`clusterbook.providers.registry`, which third parties
 extend through the ``clusterbook.providers`` entry point group.
@@ -47,21 +71,18 @@ extend through the ``clusterbook.providers`` entry point group.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Collection, Mapping, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import ClassVar
 
 from clusterbook.launch.flavour import Launcher
-from clusterbook.launch.result import KeptProcess
-from clusterbook.launch.srun import SrunStep
-from clusterbook.nodes.commands import NodeRun, run_everywhere
-from clusterbook.nodes.outgoing import Outgoing
-from clusterbook.nodes.transfer import uncounted
+from clusterbook.launch.nodes import NodeSource
+from clusterbook.providers.reach import LocalReach, NodeReach
+from clusterbook.providers.watch import FixedWatch, NodeWatch
 from clusterbook.spec import NodeSpec
-from clusterbook.status import NodeStatus
 
-__all__ = ["Provider", "RemoteLaunch", "StartContext"]
+__all__ = ["Provider", "StartContext", "node_source"]
 
 
 def _nothing() -> None:
@@ -94,34 +115,12 @@ class StartContext:
     run_dir: Path | None = None
 
 
-@dataclass(frozen=True, slots=True)
-class RemoteLaunch:
-    """How the MPI launcher reaches the nodes: ssh options, an ssh wrapper (MPICH), and the
-    head's address as the nodes see it. ``tree_spawn`` is off when the nodes cannot ssh to
-    each other (only the head holds the key), so every daemon is started from the head.
-
-    When the nodes' environments live at different paths, ``python``, ``launcher`` and
-    ``hook_dir`` are paths that are the same on every node (per-cluster links to each node's
-    own environment) and replace the cluster's for the job. ``srun``: the nodes are a Slurm
-    allocation's, and jobs start as its steps (no ssh; see :mod:`clusterbook.launch.srun`)."""
-
-    ssh_args: tuple[str, ...]
-    ssh_wrapper: str
-    head_addr: str
-    hostnames: Mapping[str, str] = field(default_factory=dict)
-    tree_spawn: bool = True
-    python: str | None = None
-    launcher: Launcher | None = None
-    hook_dir: str | None = None
-    srun: SrunStep | None = None
-
-
 class Provider(ABC):
     """Where a cluster's nodes come from (see the module docstring for the whole contract)."""
 
     kind: ClassVar[str]
 
-    #: Set by :meth:`start` of the providers that keep the default :meth:`node_statuses`.
+    #: Set by :meth:`start` of the providers that keep the default :attr:`watch`.
     started: bool = False
 
     @property
@@ -148,38 +147,17 @@ class Provider(ABC):
         reach. Never raises; a node it cannot clean is named in a ``CleanupWarning``. Safe to
         call more than once, and after a failed :meth:`start`."""
 
-    def wait_ready(self, timeout: float) -> None:  # noqa: B027 - a fixed set is ready at once
-        """Return once jobs can run on :attr:`nodes`; raise
-        :class:`~clusterbook.ReadyTimeoutError` saying what is missing after ``timeout``
-        seconds. A fixed set of nodes is ready once :meth:`start` returned."""
+    @property
+    def watch(self) -> NodeWatch:
+        """How the nodes are watched; by default a fixed set, pending until :attr:`started`,
+        then ready."""
+        return FixedWatch(lambda: self.nodes, lambda: self.started)
 
-    def remote(self) -> RemoteLaunch | None:
-        """How the MPI launcher reaches the nodes, or None when they are this machine."""
-        return None
-
-    def stop_job(self, token: str) -> None:  # noqa: B027 - this machine's is the job's own
-        """Make sure no process of job ``token`` is left on any node. Called when a job did
-        not end cleanly; the job itself already stopped what runs on this machine."""
-
-    def hold_job(self, token: str, failing: Mapping[str, int]) -> tuple[KeptProcess, ...]:
-        """Stop (SIGSTOP) every process of job ``token`` on the nodes of other machines, each
-        node's MPI daemons first, once the failing rank's program there (``failing``: its
-        pid, by node name) has stopped itself; return them, ``host`` being the node's name.
-        A failed job is kept so with ``clean="none"``, until :meth:`stop_job` ends it. By
-        default every node is this machine, where the job holds its own processes."""
-        return ()
-
-    def node_statuses(self) -> list[NodeStatus]:
-        """One status per node; by default ``pending`` until started, then ``ready``."""
-        state = "ready" if self.started else "pending"
-        return [
-            NodeStatus(n.name, n.host, n.slots, state, gpus=n.gpus.count, gpu_model=n.gpus.model)
-            for n in self.nodes
-        ]
-
-    def problem(self) -> str | None:
-        """What is wrong with the provider's view of the nodes now, if anything."""
-        return None
+    @property
+    def reach(self) -> NodeReach:
+        """How the nodes are reached; by default they share this machine's files and
+        processes."""
+        return LocalReach(lambda: self.nodes)
 
     def lost_for_good(self) -> str | None:
         """Why nodes the cluster lost cannot come back, if they cannot (an SSH node whose agent
@@ -187,39 +165,6 @@ class Provider(ABC):
         which status, ``wait_ready()`` and ``mpirun()`` all give. None while they may come
         back (an elastic cluster's nodes may join again) or none was lost."""
         return None
-
-    def unreachable(self, names: Collection[str], *, lost_only: bool = False) -> dict[str, str]:
-        """Of the nodes ``names``, those lost (and, unless ``lost_only``, those not heard from
-        lately), each with a sentence saying so."""
-        return {}
-
-    def put(
-        self, sent: Outgoing, sending: Callable[[int], None] = uncounted
-    ) -> dict[str, Exception]:
-        """Copy ``sent`` to the nodes that do not share this machine's files, telling
-        ``sending`` the bytes as they go; return the nodes it failed on, with why. By default
-        every node shares them: nothing to do."""
-        return {}
-
-    def run_on_nodes(self, argv: Sequence[str], timeout: float) -> list[NodeRun]:
-        """Run ``argv`` on every node at once (``timeout`` seconds each); by default every
-        node is this machine, so it runs here, once for each."""
-        return run_everywhere(self.nodes, {}, argv, timeout)
-
-    def free_port(self, node: NodeSpec) -> int | None:
-        """A TCP port free on ``node`` now, for the rendezvous of a job's rank 0 there
-        (``MASTER_PORT``); None when the provider cannot ask the node."""
-        return None
-
-    def gather(
-        self, directory: Path, skip: Sequence[str], receiving: Callable[[int], None] = uncounted
-    ) -> tuple[list[Path], dict[str, Exception]]:
-        """Move the files ranks wrote in ``directory`` and its directories on the nodes (but
-        those whose relative names are in ``skip``: this machine has them) here, telling
-        ``receiving`` the bytes as they come;
-        return what arrived, and the nodes it failed on. By default every node shares this
-        machine's files: nothing to move."""
-        return [], {}
 
     @property
     def join_command(self) -> str | None:
@@ -236,3 +181,17 @@ class Provider(ABC):
         """Seconds the nodes are there at most (a batch job's time limit), if bounded: the
         cluster's ``life_span`` unless it was given one."""
         return None
+
+
+def node_source(provider: Provider) -> NodeSource:
+    """What a job asks of ``provider``'s nodes (see :class:`~clusterbook.launch.nodes.NodeSource`),
+    asked of it when a job needs it."""
+    return NodeSource(
+        nodes=lambda: provider.nodes,
+        known=lambda: [s.name for s in provider.watch.node_statuses()],
+        unreachable=lambda names, **how: provider.watch.unreachable(names, **how),
+        remote=lambda: provider.reach.remote(),
+        lost_for_good=provider.lost_for_good,
+        join_command=lambda: provider.join_command,
+        bounds=lambda: provider.bounds,
+    )

@@ -19,18 +19,19 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable, Collection, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import replace
 
 from clusterbook.errors import ClusterError
 from clusterbook.gpus import GPUS, GPUInfo, Slots, probe_gpus, slots_from_gpus
 from clusterbook.launch.guard import guard, kill_tagged
 from clusterbook.providers.base import Provider, StartContext
+from clusterbook.providers.reach import LocalReach, NodeReach
+from clusterbook.providers.watch import AgentWatch, NodeWatch
 from clusterbook.rendezvous.agent import HEAD_LEASE, agent_argv
 from clusterbook.rendezvous.api import RendezvousSettings, RendezvousTimeout
 from clusterbook.rendezvous.head import RendezvousHead
 from clusterbook.spec import HERE, NodeSpec, validate_positive_int, validate_slots
-from clusterbook.status import NodeStatus
 from clusterbook.wording import spell_or
 
 __all__ = ["LocalAgentsProvider", "local_nodes", "restart_allowed"]
@@ -90,11 +91,12 @@ def _fix(gpus: GPUInfo, cores: int) -> str:
 
 
 class LocalAgentsProvider(Provider):
-    """Starts one agent process per node on this machine and waits until they joined."""
+    """Starts one agent process per node on this machine and waits until they joined; the
+    agents run ``python`` (default: this interpreter, which has clusterbook)."""
 
     kind = "local"
 
-    def __init__(self, nodes: tuple[NodeSpec, ...]) -> None:
+    def __init__(self, nodes: tuple[NodeSpec, ...], *, python: str | None = None) -> None:
         # Nothing to wait for beyond all of them: min = max, so the round completes at once.
         settings = RendezvousSettings(
             run_id="pending",
@@ -104,6 +106,13 @@ class LocalAgentsProvider(Provider):
         )
         self.head = RendezvousHead(settings)
         self._spec = nodes
+        self._python = python or sys.executable  # the agents': this one has clusterbook
+        # Every node is one the head started: a row each from the start, with its share of
+        # this machine's GPUs (each agent reports all of them); an agent that keeps ending
+        # is given up on at once.
+        self._watch = AgentWatch(self.head, planned=lambda: self._spec, give_up=self.lost_for_good)
+        # The nodes are this machine; the agents stop a job's processes too.
+        self._reach = LocalReach(lambda: self.nodes, stop_job=self.head.stop_job)
         self._agents: dict[str, subprocess.Popen[bytes]] = {}  # by node name
         self._ends: dict[str, list[float]] = {}  # when each node's agents ended
         self._gave_up: dict[str, str] = {}  # nodes not started again, with why
@@ -132,6 +141,14 @@ class LocalAgentsProvider(Provider):
     def planned(self) -> tuple[NodeSpec, ...]:
         return self._spec
 
+    @property
+    def watch(self) -> NodeWatch:
+        return self._watch
+
+    @property
+    def reach(self) -> NodeReach:
+        return self._reach
+
     def start(self, ctx: StartContext) -> None:
         self.head.start(ctx.cluster_id, ctx.changed)
         self._changed = ctx.changed
@@ -141,7 +158,9 @@ class LocalAgentsProvider(Provider):
         for node in self._spec:
             self._agents[node.name] = self._spawn(node)
         try:
-            self.head.wait_ready(START_TIMEOUT)
+            # An agent that ended cannot join: no use waiting for it (none is started again
+            # before the start is over).
+            self.head.wait_ready(START_TIMEOUT, give_up=self._ended_at_start)
         except ClusterError:
             failed = [p for p in self._agents.values() if p.poll() is not None]
             said = failed and f"code {failed[0].returncode}: {_last_words(failed[0])}"
@@ -154,12 +173,16 @@ class LocalAgentsProvider(Provider):
         )
         self._keeper.start()
 
+    def _ended_at_start(self) -> str | None:
+        ended = [name for name, proc in self._agents.items() if proc.poll() is not None]
+        return f"The local worker agent of {', '.join(ended)} ended." if ended else None
+
     def _spawn(self, node: NodeSpec) -> subprocess.Popen[bytes]:
         """Start the agent of ``node``."""
         assert self.head.join_url is not None
         assert self.head.token_file is not None
         argv = agent_argv(
-            sys.executable,
+            self._python,
             self.head.join_url,
             self.head.token_file,
             node_id=node.name,
@@ -205,6 +228,7 @@ class LocalAgentsProvider(Provider):
         self._keeping.set()
         if self._keeper is not None and self._keeper is not threading.current_thread():
             self._keeper.join()
+        self._watch.end()
         self.head.close()  # closes the rendezvous: agents leave and exit
         agents = list(self._agents.values())
         deadline = time.monotonic() + 5.0
@@ -220,11 +244,6 @@ class LocalAgentsProvider(Provider):
                 proc.stderr.close()
         self._agents = {}
 
-    def wait_ready(self, timeout: float) -> None:
-        """Return once every node's agent is in the round (agents started again after they
-        ended join again); raise at once when one is not started again."""
-        self.head.wait_ready(timeout, give_up=self.lost_for_good)
-
     def lost_for_good(self) -> str | None:
         gave_up = dict(self._gave_up)
         if not gave_up:
@@ -235,27 +254,6 @@ class LocalAgentsProvider(Provider):
             f"{RESTART_WINDOW:g} s and is not started again ({said}). Stop the cluster and "
             "start a new one."
         )
-
-    def stop_job(self, token: str) -> None:
-        self.head.stop_job(token)
-
-    def node_statuses(self) -> list[NodeStatus]:
-        # Each agent reports all of this machine's GPUs; a node has its share of them.
-        seen = {s.name: s for s in self.head.node_statuses()}
-        return [
-            replace(
-                seen.get(n.name) or NodeStatus(n.name, n.host, n.slots, "pending"),
-                gpus=n.gpus.count,
-                gpu_model=n.gpus.model,
-            )
-            for n in self._spec
-        ]
-
-    def problem(self) -> str | None:
-        return self.head.problem()
-
-    def unreachable(self, names: Collection[str], *, lost_only: bool = False) -> dict[str, str]:
-        return self.head.unreachable(names, lost_only=lost_only)
 
 
 def _last_words(proc: subprocess.Popen[bytes]) -> str:

@@ -29,7 +29,7 @@ from clusterbook.rendezvous.api import (
     RendezvousError,
 )
 from clusterbook.rendezvous.handler import RendezvousHandler
-from clusterbook.rendezvous.registry import backend_for, join_url, parse_join_url
+from clusterbook.rendezvous.registry import BackendFactory, backend_for, join_url, parse_join_url
 from clusterbook.rendezvous.report import NodeReport
 from clusterbook.rendezvous.state import RendezvousState, decode
 from clusterbook.spec import validate_seconds
@@ -120,7 +120,8 @@ def agent_argv(
 
 @dataclass
 class Agent:
-    """One node's agent; :meth:`run` returns the process exit code."""
+    """One node's agent; :meth:`run` returns the process exit code. ``backends`` makes its
+    client of the store from the store's URL (by its scheme, as registered, by default)."""
 
     url: str
     secret: bytes
@@ -129,6 +130,7 @@ class Agent:
     lease: float = 10.0
     facts: NodeReport | None = None
     clean_on_lost: bool = False
+    backends: BackendFactory = backend_for
 
     def __post_init__(self) -> None:
         self.store_url, self.settings = parse_join_url(self.url)
@@ -147,7 +149,7 @@ class Agent:
         # this thread sends between watches (the head then serves one TLS session per node).
         # No call waits on a silent head (a cut link drops packets without a word) for longer
         # than the lease: a call gives up after half of it, so that the watch notices in time.
-        backend = backend_for(
+        backend = self.backends(
             self.store_url, self.secret, node=self.node_id, timeout=_call_timeout(self.lease)
         )
         handler = RendezvousHandler(

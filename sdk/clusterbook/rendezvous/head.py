@@ -36,7 +36,9 @@ from clusterbook.rendezvous.api import (
     RendezvousSettings,
     RendezvousStateError,
 )
-from clusterbook.rendezvous.backends.tcp import StoreServer, TcpBackend, write_secret
+from clusterbook.rendezvous.backends.tcp import TcpBackend, write_secret
+from clusterbook.rendezvous.backends.tcp_server import StoreServer
+from clusterbook.rendezvous.node_status import node_statuses, unreachable
 from clusterbook.rendezvous.ops import Action, apply, next_expiry, remove_node, sanitize
 from clusterbook.rendezvous.registry import join_url
 from clusterbook.rendezvous.report import NodeReport
@@ -105,9 +107,13 @@ class RendezvousHead:
 
     # -- lifecycle ----------------------------------------------------------------------
 
-    def start(self, cluster_id: str, changed: Callable[[], None]) -> None:
-        """Write the token file, serve the store and follow it; ``changed()`` is called on
-        every change of the nodes (from the follower's thread)."""
+    def start(
+        self, cluster_id: str, changed: Callable[[], None], *, listen: str | None = None
+    ) -> None:
+        """Write the token file, serve the store (on ``listen``, where only the start tells
+        where the nodes reach the head) and follow it; ``changed()`` is called on every change
+        of the nodes (from the follower's thread)."""
+        self._listen = listen or self._listen
         self._settings = replace(self._settings, run_id=cluster_id)
         self._changed = changed
         directory = cluster_dir(cluster_id)
@@ -353,59 +359,11 @@ class RendezvousHead:
 
     def node_statuses(self) -> list[NodeStatus]:
         """Every node seen: pending (waiting), joined, lost or left, with heartbeat and load."""
-        now = time.time()
         with self._cond:
             state, seen, gone = self._state, dict(self._seen), dict(self._gone)
-        rows = []
-        for node in sorted(set(seen) | set(state.last_heartbeats)):
-            report = seen.get(node, NodeReport())
-            if node in state.participants:
-                status = "joined" if state.complete else "pending"
-            elif node in state.wait_list:
-                status = "pending"
-            else:
-                status = gone.get(node, "left")
-            last = state.last_heartbeats.get(node)
-            rows.append(
-                NodeStatus(
-                    name=node,
-                    host=report.hostname,
-                    slots=report.slots,
-                    state=status,
-                    round=state.round if node in state.participants else None,
-                    heartbeat_age=None if last is None else max(0.0, now - last),
-                    load=report.load,
-                    memory_used=report.memory_used,
-                    memory=report.memory,
-                    pid=report.pid,
-                    gpus=report.gpus.count,
-                    gpu_model=report.gpus.model,
-                )
-            )
-        return rows
+        return node_statuses(state, seen, gone, time.time())
 
     def unreachable(self, names: Collection[str], *, lost_only: bool = False) -> dict[str, str]:
         """Of the nodes ``names``, those lost (and, unless ``lost_only``, those not heard from
         for over 1.5 heartbeat intervals), each with a sentence saying so."""
-        wanted, settings = set(names), self._settings
-        out = {}
-        for s in self.node_statuses():
-            if s.name not in wanted:
-                continue
-            if s.state in ("lost", "left"):
-                how = "left the cluster" if s.state == "left" else "was lost"
-                out[s.name] = (
-                    f"Node {s.name} ({s.host}) {how}: no heartbeat within "
-                    f"{settings.keep_alive_interval:g} s x {settings.keep_alive_max_attempt}, or "
-                    "its connection to the head broke"
-                )
-            elif (
-                not lost_only
-                and s.heartbeat_age is not None
-                and s.heartbeat_age > 1.5 * settings.keep_alive_interval
-            ):
-                out[s.name] = (
-                    f"Node {s.name} ({s.host}) has not been heard from for "
-                    f"{s.heartbeat_age:.1f} s: it may be cut off from the head"
-                )
-        return out
+        return unreachable(self.node_statuses(), names, self._settings, lost_only=lost_only)

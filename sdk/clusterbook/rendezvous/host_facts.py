@@ -93,11 +93,12 @@ def _psutil_addresses() -> tuple[str, ...]:
     )
 
 
-def memory() -> tuple[int, float]:
+def memory(meminfo: str = _MEMINFO) -> tuple[int, float]:
     """Total memory in bytes, and the percent in use (what is not available), as psutil's
-    ``virtual_memory()`` gives ``total`` and ``percent``."""
+    ``virtual_memory()`` gives ``total`` and ``percent``: read from ``meminfo``, or from psutil
+    where that cannot be read."""
     try:
-        with open(_MEMINFO, "rb") as f:
+        with open(meminfo, "rb") as f:
             text = f.read()
     except OSError:
         text = b""

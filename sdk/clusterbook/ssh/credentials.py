@@ -22,6 +22,7 @@ from typing import Any
 import paramiko
 
 from clusterbook.errors import ConfigError
+from clusterbook.jupyter import Prompt, notebook_prompt
 from clusterbook.ssh.target import Hop
 from clusterbook.wording import spell_or
 
@@ -38,16 +39,13 @@ class Locked:
     path: Path
 
 
-Prompt = Callable[[str], str]
-
-
-def prompt_where_asked() -> Prompt | None:
-    """``getpass`` where someone can answer it: a terminal, or a notebook whose front end
-    takes input (ipykernel routes ``getpass`` to it); None otherwise (a script, CI)."""
-    ipython = sys.modules.get("IPython")
-    shell = ipython.get_ipython() if ipython is not None else None
-    if type(shell).__name__ == "ZMQInteractiveShell":
-        return getpass.getpass
+def prompt_where_asked(notebook: Callable[[], Prompt | None] = notebook_prompt) -> Prompt | None:
+    """A prompt where someone can answer it: a notebook (``notebook``: the Jupyter layer's,
+    which knows whether one watches), or ``getpass`` in a terminal; None otherwise (a script,
+    CI)."""
+    asked = notebook()
+    if asked is not None:
+        return asked
     stdin = sys.stdin
     return getpass.getpass if stdin is not None and stdin.isatty() else None
 

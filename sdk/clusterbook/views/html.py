@@ -1,112 +1,55 @@
-"""Pure functions that render cluster snapshots, jobs and log records to HTML.
+"""Pure functions that render a cluster (its header, how many nodes are up, its nodes), its
+jobs and a job's result to HTML. A job's output lines are rendered by
+:mod:`clusterbook.views.lines`; the look the views share is :mod:`clusterbook.views.style`.
 
 The live widgets assign what these return, and the core shows the same as static HTML next
 to them (``Cluster``, ``Job`` and ``JobResult`` in a saved notebook, on GitHub or nbviewer).
-Colours come from JupyterLab's theme variables (``--jp-*``) where there is one, so the views
-read well in a dark theme too; the hex values are their fallbacks elsewhere.
 
 Nothing here imports ipywidgets or touches a live cluster: each function takes immutable values
 (:class:`~clusterbook.status.ClusterSnapshot`, :class:`~clusterbook.launch.logs.LogRecord`)
 and returns a string, so the widgets only assign it and tests need no frontend. Node names,
-hosts, argv and log lines are user data and always pass through :func:`html.escape`. Only the
-fields of a snapshot are rendered; nothing from job environments or token files ever is.
+hosts, argv and log lines are user data and always pass through
+:func:`~clusterbook.views.style.escaped`. Only the fields of a snapshot are rendered; nothing
+from job environments or token files ever is.
 """
 
 from __future__ import annotations
 
-import html
-import itertools
-import re
 import shlex
 from collections import Counter
-from collections.abc import Iterable, Mapping, Sequence
-from typing import Any
+from collections.abc import Mapping, Sequence
 
-from clusterbook.engines.config import ENGINE_MODULE
 from clusterbook.errors import ConfigError
-from clusterbook.launch.logs import LAUNCHER_RANK, LogRecord
+from clusterbook.launch.logs import LogRecord
 from clusterbook.lifetime import format_duration
 from clusterbook.status import ClusterSnapshot, JobStatus, NodeStatus
+from clusterbook.views.lines import render_lines
+from clusterbook.views.style import (
+    FAILED,
+    MUTED,
+    MUTED_COLOUR,
+    STATE_COLOURS,
+    badge,
+    empty,
+    escaped,
+    seconds,
+    table,
+)
 
 __all__ = [
-    "ENGINES_LABEL",
-    "MUTED_COLOUR",
-    "STATE_COLOURS",
-    "filter_records",
-    "job_label",
     "render_cluster",
     "render_header",
     "render_job",
     "render_jobs",
-    "render_lines",
     "render_nodes",
     "render_progress",
     "render_result",
     "render_timeline",
 ]
 
-#: Badge colour of every node, job and cluster state.
-STATE_COLOURS: dict[str, str] = {
-    # nodes
-    "pending": "#b7791f",
-    "ready": "#2f855a",
-    "joined": "#2f855a",
-    "running": "#2b6cb0",
-    "lost": "#c53030",
-    "left": "#718096",
-    # jobs
-    "succeeded": "#2f855a",
-    "failed": "#c53030",
-    "timed out": "#c05621",
-    "cancelled": "#718096",
-    # clusters
-    "created": "#718096",
-    "stopping": "#b7791f",
-    "stopped": "#718096",
-}
-_OTHER_COLOUR = "#4a5568"
-_STDERR_COLOUR = "#c53030"  # red reads on a light and on a dark theme alike
 _UP = frozenset({"ready", "joined", "running"})
 _GONE = frozenset({"lost", "left"})
 _ARGV_CHARS = 160
-#: What the jobs table calls a job of ipyparallel engines (``python -m ipyparallel.engine``).
-ENGINES_LABEL = "ipyparallel engines"
-
-_TABLE = 'style="border-collapse:collapse;font-size:12px;margin:2px 0"'
-_TH = (
-    'style="text-align:left;padding:2px 10px 2px 0;'
-    'border-bottom:1px solid var(--jp-border-color1, #cbd5e0)"'
-)
-_TD = 'style="padding:2px 10px 2px 0;border-bottom:1px solid var(--jp-border-color2, #edf2f7)"'
-#: Text that says less: JupyterLab's secondary font colour.
-MUTED_COLOUR = "var(--jp-ui-font-color2, #718096)"
-_MUTED = f'style="color:{MUTED_COLOUR}"'
-_FAILED = f'style="color:{STATE_COLOURS["failed"]};font-weight:bold"'
-
-
-def _e(value: object) -> str:
-    return html.escape(str(value), quote=True)
-
-
-def _badge(state: str) -> str:
-    colour = STATE_COLOURS.get(state, _OTHER_COLOUR)
-    slug = re.sub(r"[^a-z0-9]+", "-", state.lower()).strip("-") or "unknown"
-    return (
-        f'<span class="cb-state cb-state-{slug}" style="color:#fff;background:{colour};'
-        f'padding:0 6px;border-radius:8px;white-space:nowrap">{_e(state)}</span>'
-    )
-
-
-def _seconds(value: float | None) -> str:
-    if value is None:
-        return "—"
-    if value < 60:
-        return f"{value:.1f} s"
-    minutes, seconds = divmod(int(value), 60)
-    if minutes < 60:
-        return f"{minutes}m {seconds:02d}s"
-    hours, minutes = divmod(minutes, 60)
-    return f"{hours}h {minutes:02d}m"
 
 
 def _bytes(value: float) -> str:
@@ -123,19 +66,7 @@ def _memory(node: NodeStatus) -> str:
     if node.memory_used is None and node.memory is None:
         return "—"
     used = "?" if node.memory_used is None else f"{node.memory_used:.0f}%"
-    return _e(used if node.memory is None else f"{used} of {_bytes(node.memory)}")
-
-
-def _table(headers: Sequence[str], rows: Iterable[Sequence[str]], cls: str) -> str:
-    head = "".join(f"<th {_TH}>{_e(h)}</th>" for h in headers)
-    body = "".join("<tr>" + "".join(f"<td {_TD}>{c}</td>" for c in row) + "</tr>" for row in rows)
-    return (
-        f'<table class="{cls}" {_TABLE}><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>'
-    )
-
-
-def _empty(cls: str, text: str) -> str:
-    return f'<div class="{cls} cb-empty" {_MUTED}>{_e(text)}</div>'
+    return escaped(used if node.memory is None else f"{used} of {_bytes(node.memory)}")
 
 
 # -- cluster ---------------------------------------------------------------------------------
@@ -153,20 +84,20 @@ def render_header(snapshot: ClusterSnapshot) -> str:
     active = [n for n in snapshot.nodes if n.state not in _GONE]
     slots = sum(n.slots for n in active)
     parts = [
-        f"<b>{_e(snapshot.name)}</b>",
-        _e(snapshot.kind),
-        _badge(snapshot.state),
+        f"<b>{escaped(snapshot.name)}</b>",
+        escaped(snapshot.kind),
+        badge(snapshot.state),
         f"round {max(rounds) if rounds else '—'}",
         f"world size {slots} ({len(active)} node{'' if len(active) == 1 else 's'})",
-        f"up {_seconds(snapshot.uptime)}",
+        f"up {seconds(snapshot.uptime)}",
     ]
     if snapshot.time_left is not None:
         left, bound = snapshot.time_left
-        parts.append(f'<span class="cb-time-left">stops in {_e(format_duration(left))} '
-                     f"({_e(bound)})</span>")  # fmt: skip
+        parts.append(f'<span class="cb-time-left">stops in {escaped(format_duration(left))} '
+                     f"({escaped(bound)})</span>")  # fmt: skip
     header = '<div class="cb-header">' + " · ".join(parts) + "</div>"
     if snapshot.problem:  # the cluster's own trouble (a stale status, say) comes first
-        header += f'<div class="cb-problem" {_FAILED}>{_e(snapshot.problem)}</div>'
+        header += f'<div class="cb-problem" {FAILED}>{escaped(snapshot.problem)}</div>'
     return header
 
 
@@ -212,7 +143,7 @@ def render_progress(
         '<div style="width:200px;height:10px;background:var(--jp-layout-color3, #edf2f7);'
         'border-radius:5px;overflow:hidden">'
         f'<div class="cb-progress-bar" style="width:{pct:.0f}%;height:100%;background:{colour}">'
-        f'</div></div><span class="cb-progress-text">{_e(text)}</span></div>'
+        f'</div></div><span class="cb-progress-text">{escaped(text)}</span></div>'
     )
 
 
@@ -221,8 +152,8 @@ def _gpus(node: NodeStatus) -> str:
     if not node.gpus:
         return "—"
     model = node.gpu_model or ""
-    return f'<span class="cb-gpus" title="{_e(model)}">{node.gpus}</span>' + (
-        f" <small {_MUTED}>{_e(model)}</small>" if model else ""
+    return f'<span class="cb-gpus" title="{escaped(model)}">{node.gpus}</span>' + (
+        f" <small {MUTED}>{escaped(model)}</small>" if model else ""
     )
 
 
@@ -230,7 +161,7 @@ def _waiting_for(node: NodeStatus) -> str:
     """Why a pending node waits, when its provider says (a queued batch job's reason)."""
     if node.state != "pending" or not node.last_reason:
         return ""
-    return f' <small class="cb-pending-reason" {_MUTED}>{_e(node.last_reason)}</small>'
+    return f' <small class="cb-pending-reason" {MUTED}>{escaped(node.last_reason)}</small>'
 
 
 def render_nodes(snapshot: ClusterSnapshot) -> str:
@@ -238,7 +169,7 @@ def render_nodes(snapshot: ClusterSnapshot) -> str:
     out when no node has a GPU), state (coloured; a pending node's reason beside it, like a
     queued Slurm job's), ranks of the running job, heartbeat age, load, and memory in use."""
     if not snapshot.nodes:
-        return _empty("cb-nodes", "No nodes yet.")
+        return empty("cb-nodes", "No nodes yet.")
     gpus = any(n.gpus for n in snapshot.nodes)
     headers = ["Node", "Host", "Slots", *(["GPUs"] if gpus else [])]
     headers += ["State", "Ranks", "Heartbeat", "Load", "Memory"]
@@ -246,18 +177,18 @@ def render_nodes(snapshot: ClusterSnapshot) -> str:
     for n in snapshot.nodes:
         ranks = ",".join(str(r) for r in n.ranks)
         row = [
-            _e(n.name),
-            _e(n.host),
-            _e(n.slots),
+            escaped(n.name),
+            escaped(n.host),
+            escaped(n.slots),
             *([_gpus(n)] if gpus else []),
-            _badge(n.state) + _waiting_for(n),
-            _e(f"{ranks} ({n.job})" if ranks and n.job else ranks),
+            badge(n.state) + _waiting_for(n),
+            escaped(f"{ranks} ({n.job})" if ranks and n.job else ranks),
             "—" if n.heartbeat_age is None else f"{n.heartbeat_age:.1f} s ago",
-            "—" if n.load is None else _e(f"{n.load:.2f}"),
+            "—" if n.load is None else escaped(f"{n.load:.2f}"),
             _memory(n),
         ]
         rows.append(row)
-    return _table(headers, rows, "cb-nodes")
+    return table(headers, rows, "cb-nodes")
 
 
 def _job_order(jobs: Sequence[JobStatus]) -> list[JobStatus]:
@@ -266,134 +197,40 @@ def _job_order(jobs: Sequence[JobStatus]) -> list[JobStatus]:
     return running + finished
 
 
-def job_label(job: JobStatus) -> str | None:
-    """The name a well-known job is shown under: :data:`ENGINES_LABEL` for ipyparallel
-    engines (what ``cluster.engines()`` starts), else None."""
-    argv = job.argv
-    for flag, module in itertools.pairwise(argv):
-        if flag == "-m" and module == ENGINE_MODULE:
-            return ENGINES_LABEL
-    return None
-
-
 def render_jobs(snapshot: ClusterSnapshot) -> str:
     """A table of the jobs, running ones first, then finished ones newest first: id, np,
-    command (under its name for well-known jobs, see :func:`job_label`), state (coloured),
+    command (under its ``label`` for well-known jobs), state (coloured),
     exit code, duration and failed ranks."""
     if not snapshot.jobs:
-        return _empty("cb-jobs", "No jobs yet.")
+        return empty("cb-jobs", "No jobs yet.")
     rows = []
     for j in _job_order(snapshot.jobs):
         command = shlex.join(j.argv)
         shown = command if len(command) <= _ARGV_CHARS else command[: _ARGV_CHARS - 1] + "…"
         failed = ", ".join(str(r) for r in j.failed_ranks)
-        code = f'<code title="{_e(command)}">{_e(shown)}</code>'
-        if (label := job_label(j)) is not None:
-            code = f'<b class="cb-job-label">{_e(label)}</b> <small {_MUTED}>{code}</small>'
-        state = _badge(j.state)
+        code = f'<code title="{escaped(command)}">{escaped(shown)}</code>'
+        if j.label is not None:
+            code = f'<b class="cb-job-label">{escaped(j.label)}</b> <small {MUTED}>{code}</small>'
+        state = badge(j.state)
         if j.attempt > 1:
             state += (
-                f' <small class="cb-attempt" {_MUTED} title="{_e(j.last_reason or "")}">'
+                f' <small class="cb-attempt" {MUTED} title="{escaped(j.last_reason or "")}">'
                 f"attempt {j.attempt}{f', restart {j.restarts}' if j.restarts else ''} · "
-                f"after {_e(j.last_reason or '?')}</small>"
+                f"after {escaped(j.last_reason or '?')}</small>"
             )
         rows.append(
             [
-                _e(j.id),
-                _e(j.np),
+                escaped(j.id),
+                escaped(j.np),
                 code,
                 state,
-                "—" if j.returncode is None else _e(j.returncode),
-                _seconds(j.duration),
-                f'<span class="cb-failed" {_FAILED}>{_e(failed)}</span>' if failed else "—",
+                "—" if j.returncode is None else escaped(j.returncode),
+                seconds(j.duration),
+                f'<span class="cb-failed" {FAILED}>{escaped(failed)}</span>' if failed else "—",
             ]
         )
     headers = ["Job", "np", "Command", "State", "Exit code", "Duration", "Failed ranks"]
-    return _table(headers, rows, "cb-jobs")
-
-
-# -- logs ------------------------------------------------------------------------------------
-
-
-def _as_set(value: Any) -> frozenset[Any] | None:
-    if value is None:
-        return None
-    if isinstance(value, (str, int)):
-        return frozenset([value])
-    return frozenset(value)
-
-
-def filter_records(
-    records: Iterable[LogRecord],
-    *,
-    rank: int | Iterable[int] | None = None,
-    host: str | Iterable[str] | None = None,
-    search: str = "",
-) -> list[LogRecord]:
-    """The records of ``rank`` (one or several; None: all, -1: the launcher) on ``host``
-    (one or several; None: all) whose line contains ``search`` (case-insensitive)."""
-    ranks, hosts = _as_set(rank), _as_set(host)
-    needle = search.casefold()
-    return [
-        r
-        for r in records
-        if (ranks is None or r.rank in ranks)
-        and (hosts is None or r.host in hosts)
-        and (not needle or needle in r.line.casefold())
-    ]
-
-
-def _highlight(text: str, pattern: re.Pattern[str] | None) -> str:
-    if pattern is None:
-        return _e(text)
-    out, pos = [], 0
-    for m in pattern.finditer(text):
-        out.append(_e(text[pos : m.start()]))
-        out.append(f"<mark>{_e(m.group())}</mark>")
-        pos = m.end()
-    out.append(_e(text[pos:]))
-    return "".join(out)
-
-
-def render_lines(
-    records: Iterable[LogRecord],
-    *,
-    rank: int | Iterable[int] | None = None,
-    host: str | Iterable[str] | None = None,
-    search: str = "",
-    limit: int = 2000,
-) -> str:
-    """The newest ``limit`` records that pass :func:`filter_records`, oldest first, each
-    tagged with its rank and host; stderr lines are red (class ``cb-err``), search matches
-    are marked."""
-    if limit < 0:
-        raise ConfigError(f"limit ({limit}) must be 0 or more.")
-    records = list(records)
-    if not records:
-        return _empty("cb-log", "No output yet.")
-    matched = filter_records(records, rank=rank, host=host, search=search)
-    if not matched:
-        return _empty("cb-log", "No matching lines.")
-    shown = matched[-limit:] if limit else []
-    pattern = re.compile(re.escape(search), re.IGNORECASE) if search else None
-    lines = []
-    if len(shown) < len(matched):
-        hidden = len(matched) - len(shown)
-        lines.append(f'<div class="cb-more" {_MUTED}>… {hidden} earlier lines not shown</div>')
-    for r in shown:
-        who = "launcher" if r.rank == LAUNCHER_RANK else f"rank {r.rank}"
-        tag = f'<span class="cb-tag" {_MUTED}>[{_e(who)}@{_e(r.host)}]</span> '
-        if r.stream == "stderr":
-            lines.append(
-                f'<div class="cb-line cb-err" style="color:{_STDERR_COLOUR}">'
-                f"{tag}{_highlight(r.line, pattern)}</div>"
-            )
-        else:
-            lines.append(f'<div class="cb-line cb-out">{tag}{_highlight(r.line, pattern)}</div>')
-    return (
-        '<div class="cb-log" style="font-family:monospace;font-size:12px;white-space:pre-wrap;'
-        'word-break:break-all">' + "".join(lines) + "</div>"
-    )
+    return table(headers, rows, "cb-jobs")
 
 
 # -- static views, for saved notebooks --------------------------------------------------------
@@ -422,8 +259,8 @@ def render_job(job: JobStatus, records: Sequence[LogRecord], limit: int = 20) ->
 def render_result(state: str, summary: str) -> str:
     """A job's result as static HTML: its state badge and its summary."""
     return (
-        f'<div class="cb-result">{_badge(state)}'
-        f'<pre style="margin:4px 0;white-space:pre-wrap">{_e(summary)}</pre></div>'
+        f'<div class="cb-result">{badge(state)}'
+        f'<pre style="margin:4px 0;white-space:pre-wrap">{escaped(summary)}</pre></div>'
     )
 
 

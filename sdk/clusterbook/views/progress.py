@@ -1,10 +1,11 @@
 """Progress bars for the calls that can block for more than a second: ``start()``,
 ``wait_ready()``, ``put()``, ``gather()``, ``engines()``.
 
-A bar is shown where someone watches: in a terminal (standard error is one) or a notebook
-(``tqdm.auto`` draws a widget there), once the call took over a second; nothing is printed
-otherwise (a script writing to a file, CI, a quick call). ``progress=True`` (at once) or
-``False`` on a call decides instead. Bars are updated from any thread.
+A bar is shown where someone watches: in a terminal (standard error is one, and the bar is
+tqdm's) or a notebook (the Jupyter layer says so, and makes the bar: the ``progress`` entry
+point, :func:`clusterbook.jupyter.notebook_bars`), once the call took over a second; nothing
+is drawn otherwise (a script writing to a file, CI, a quick call). ``progress=True`` (at once)
+or ``False`` on a call decides instead. Bars are updated from any thread.
 """
 
 from __future__ import annotations
@@ -17,11 +18,17 @@ from types import TracebackType
 from typing import Any
 
 from clusterbook.errors import ConfigError
+from clusterbook.jupyter import notebook_bars
 
-__all__ = ["DELAY", "Bar", "NodeWatch", "bar", "checked", "wanted"]
+__all__ = ["DELAY", "Bar", "NodeWatch", "NotebookBars", "bar", "checked", "wanted"]
 
 DELAY = 1.0
 """Seconds a call runs before its automatic bar is drawn."""
+
+Maker = Callable[[dict[str, Any]], Any]
+"""Makes a tqdm-like bar from tqdm's options."""
+NotebookBars = Callable[[], Maker | None]
+"""Asks the Jupyter layer for its bars: a :data:`Maker` while a notebook watches, else None."""
 
 
 def checked(progress: object) -> bool | None:
@@ -31,18 +38,17 @@ def checked(progress: object) -> bool | None:
     return progress
 
 
-def wanted(progress: object) -> bool:
-    """Whether to show a bar: ``progress`` if it is True or False, else where someone watches."""
+def wanted(progress: object, notebook: NotebookBars = notebook_bars) -> bool:
+    """Whether to show a bar: ``progress`` if it is True or False, else where someone watches
+    (a notebook, as ``notebook`` says, or a terminal on standard error)."""
     if checked(progress) is not None:
         assert isinstance(progress, bool)
         return progress
-    return _in_notebook() or (hasattr(sys.stderr, "isatty") and sys.stderr.isatty())
+    return notebook() is not None or _terminal()
 
 
-def _in_notebook() -> bool:
-    ipython = sys.modules.get("IPython")  # never imported here: only if it runs already
-    shell = ipython.get_ipython() if ipython is not None else None
-    return type(shell).__name__ == "ZMQInteractiveShell"
+def _terminal() -> bool:
+    return hasattr(sys.stderr, "isatty") and sys.stderr.isatty()
 
 
 class Bar:
@@ -122,21 +128,29 @@ class Bar:
 
 
 def bar(
-    progress: object, what: str, total: float | None = None, unit: str = "", leave: bool = False
+    progress: object,
+    what: str,
+    total: float | None = None,
+    unit: str = "",
+    leave: bool = False,
+    *,
+    notebook: NotebookBars = notebook_bars,
 ) -> Bar:
     r"""A bar of ``total`` steps (None: unknown) described by ``what``, or one that does
-    nothing when :func:`wanted` says no (or tqdm is missing). Asked for (``progress=True``),
-    it is drawn at once; else after :data:`DELAY` seconds, so that a quick call draws nothing.
-    A bar that ``leave``\ s stays with its last figures once closed (transfers: what was
-    moved); others are wiped."""
-    if not wanted(progress):
+    nothing when :func:`wanted` says no. Asked for (``progress=True``), it is drawn at once;
+    else after :data:`DELAY` seconds, so that a quick call draws nothing. A bar that
+    ``leave``\ s stays with its last figures once closed (transfers: what was moved); others
+    are wiped. While a notebook watches, the bar is the Jupyter layer's (``notebook``);
+    elsewhere, tqdm's on standard error."""
+    in_notebook = None if checked(progress) is False else notebook()  # asked once
+    if not wanted(progress, lambda: in_notebook):
         return Bar(None)
     options: dict[str, Any] = {"desc": what, "total": total, "leave": leave}
     if unit == "B":
         options |= {"unit": "B", "unit_scale": True, "unit_divisor": 1024}
     elif unit:
         options["unit"] = unit
-    make = _NotebookBar if _in_notebook() and _has_widgets() else _terminal_bar
+    make: Maker = in_notebook or _terminal_bar
     return Bar(lambda: make(options), 0.0 if progress is True else DELAY)
 
 
@@ -144,65 +158,6 @@ def _terminal_bar(options: dict[str, Any]) -> Any:
     from tqdm import tqdm
 
     return tqdm(**options)
-
-
-def _has_widgets() -> bool:
-    try:
-        import ipywidgets  # noqa: F401
-    except ImportError:
-        return False
-    return True
-
-
-class _NotebookBar:
-    """tqdm's notebook widget, shown in an output it can replace: once closed, that output
-    holds the bar's last line as text (``leave``) or nothing. A saved notebook then shows no
-    bar frozen at the moment it was drawn."""
-
-    def __init__(self, options: dict[str, Any]) -> None:
-        from IPython import display
-        from tqdm.notebook import tqdm
-
-        self.leave = bool(options.get("leave"))
-        self._bar: Any = tqdm(display=False, **options)
-        show: Any = display.display
-        self._shown = show(self._bar.container, display_id=True)
-
-    @property
-    def total(self) -> float | None:
-        total: float | None = self._bar.total
-        return total
-
-    @total.setter
-    def total(self, value: float | None) -> None:
-        if value != self._bar.total and value:
-            self._bar.reset(total=value)  # the widget's own end too (tqdm.notebook's reset)
-
-    @property
-    def n(self) -> float:
-        done: float = self._bar.n
-        return done
-
-    @n.setter
-    def n(self, value: float) -> None:
-        self._bar.n = value
-
-    def set_description_str(self, what: str, refresh: bool = True) -> None:
-        self._bar.set_description_str(what, refresh=refresh)
-
-    def refresh(self) -> None:
-        self._bar.refresh()
-
-    def update(self, amount: float) -> None:
-        self._bar.update(amount)
-
-    def close(self) -> None:
-        last = str(self._bar)
-        self._bar.leave = self.leave
-        self._bar.close()
-        if self._shown is not None:
-            # Nothing is an empty text: an output without data is a warning to nbconvert.
-            self._shown.update({"text/plain": last if self.leave else ""}, raw=True)
 
 
 class NodeWatch:

@@ -112,3 +112,16 @@ def test_a_relative_python_path_is_made_absolute(tmp_path, monkeypatch):
     cluster = cb.Cluster.local(1, 1, python="venv/bin/python", run_dir=tmp_path / "run")
     assert cluster.python == str(tmp_path / "venv" / "bin" / "python")
     assert cb.Cluster.local(1, 1, python="python3", run_dir=tmp_path / "run").python == "python3"
+
+
+def test_the_options_every_cluster_takes_are_named_once_below_the_providers() -> None:
+    from dataclasses import fields
+
+    from clusterbook.cluster.options import ClusterOptions, ClusterOptionsArgs
+    from clusterbook.spec import CLUSTER_OPTIONS
+
+    made = {"id", "own_run_dir"}  # made from the others, never given
+    assert {f.name for f in fields(ClusterOptions)} - made == CLUSTER_OPTIONS
+    assert ClusterOptionsArgs.__required_keys__ | ClusterOptionsArgs.__optional_keys__ == (
+        CLUSTER_OPTIONS
+    )

@@ -17,10 +17,10 @@ from clusterbook.cluster.remote import dirservice
 from clusterbook.cluster.remote.address import SSHAddress, parse_host, parse_ssh_address
 from clusterbook.cluster.remote.dirwire import READ_LIMIT, VERSION, pack, unpack
 from clusterbook.cluster.remote.rundir import LocalDir
-from clusterbook.cluster.remote.sshdir import RemoteFiles
+from clusterbook.cluster.remote.sshfiles import RemoteFiles
 from clusterbook.head.record import ClusterRecord, write_record
 from clusterbook.launch.saved import SavedJob
-from clusterbook.rendezvous.backends._wire import FRAME_HEADER
+from clusterbook.rendezvous.backends.wire import FRAME_HEADER
 
 
 @pytest.mark.parametrize(

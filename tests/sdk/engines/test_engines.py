@@ -22,15 +22,18 @@ import clusterbook as cb
 from clusterbook.engines import start_engines
 from clusterbook.engines.config import (
     CONNECTION_ENV,
+    ENGINES_LABEL,
+    LOWEST_PORT,
     PORTS,
     connection_info,
     controller_argv,
     engine_argv,
+    ephemeral_start,
     free_ports,
 )
 from clusterbook.nodes.tasks.procs import tagged
 from clusterbook.status import ClusterSnapshot, JobStatus
-from clusterbook.views.html import ENGINES_LABEL, job_label, render_jobs
+from clusterbook.views.html import render_jobs
 from clusterbook_widgets.cluster_widget import ClusterWidget
 from tests.conftest import require
 
@@ -68,21 +71,17 @@ def test_connection_info_shares_the_key_and_the_registration_port() -> None:
 def test_the_controllers_ports_are_free_and_out_of_the_kernels_ephemeral_range() -> None:
     # A port the kernel hands out is one an outgoing connection made before the controller
     # binds may take as its local end ("Address already in use" in the controller's log).
-    from clusterbook.engines import config
-
-    low = config._ephemeral_start()
-    if low is None or low <= config._LOWEST + 64 * PORTS:
+    low = ephemeral_start()
+    if low is None or low <= LOWEST_PORT + 64 * PORTS:
         pytest.skip("no ephemeral range, or no room below it")
     ports = free_ports(PORTS)
     assert len(set(ports)) == PORTS
-    assert all(config._LOWEST <= p < low for p in ports)
+    assert all(LOWEST_PORT <= p < low for p in ports)
 
 
-def test_without_room_below_the_ephemeral_range_the_kernel_picks(monkeypatch) -> None:
-    from clusterbook.engines import config
-
-    monkeypatch.setattr(config, "_ephemeral_start", lambda: config._LOWEST)
-    ports = free_ports(PORTS)
+@pytest.mark.parametrize("range_start", [LOWEST_PORT, None])
+def test_without_room_below_the_ephemeral_range_the_kernel_picks(range_start) -> None:
+    ports = free_ports(PORTS, range_start=lambda: range_start)
     assert len(set(ports)) == PORTS
     assert all(p > 0 for p in ports)
 
@@ -102,19 +101,17 @@ def test_command_lines_carry_no_secret_and_the_tuning() -> None:
     assert CONNECTION_ENV in engine[-1]  # removed from os.environ before user code runs
 
 
-def _job(argv: tuple[str, ...]) -> JobStatus:
-    return JobStatus("job-0002", 2, argv, "running", None, None)
+def _job(argv: tuple[str, ...], label: str | None = None) -> JobStatus:
+    return JobStatus("job-0002", 2, argv, "running", None, None, label=label)
 
 
-def test_engines_job_is_shown_under_its_name() -> None:
-    engines = _job(("/venv/bin/python", "-m", "ipyparallel.engine", "--mpi"))
+def test_a_job_with_a_label_is_shown_under_it() -> None:
+    engines = _job(("/venv/bin/python", "-m", "ipyparallel.engine", "--mpi"), ENGINES_LABEL)
     other = _job(("/venv/bin/python", "train.py", "-m", "x"))
-    assert job_label(engines) == ENGINES_LABEL
-    assert job_label(other) is None
     snap = ClusterSnapshot("c", "local", "running", (), (engines, other), None, "/r", 1.0)
     html = render_jobs(snap)
     assert html.count(ENGINES_LABEL) == 1
-    assert 'class="cb-job-label"' in html
+    assert html.count('class="cb-job-label"') == 1
     assert "ipyparallel.engine --mpi" in html  # the command stays visible, small
 
 

@@ -27,9 +27,9 @@ from clusterbook.launch.keep import CLEAN, check_clean, hold_far
 from clusterbook.launch.prepare import JobRequest
 from clusterbook.launch.rankwrap import wrap_argv
 from clusterbook.launch.recovery import Recovery
+from clusterbook.launch.remote import RemoteLaunch
 from clusterbook.launch.result import JobResult, KeptProcess, RankFailure
 from clusterbook.nodes.tasks.procs import hold, kill, tagged
-from clusterbook.providers.base import RemoteLaunch
 from clusterbook.testing import FakeProvider
 from clusterbook.wording import speaking
 from tests.sdk.launch.test_recovery import FAILED, FakeAttempt, _result

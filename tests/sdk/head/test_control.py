@@ -29,9 +29,9 @@ from clusterbook.head.control import (
     nonce_of,
     unix_dial,
 )
-from clusterbook.head.control_server import ControlServer, Limits, next_pause
+from clusterbook.head.control_server import ControlServer, Limits
 from clusterbook.head.record import ClusterRecord, write_record
-from clusterbook.rendezvous.backends._wire import FRAME_HEADER, AuthFailed, ProtocolError
+from clusterbook.rendezvous.backends.wire import FRAME_HEADER, AuthFailed, ProtocolError
 
 HANDLERS = {"echo": lambda request: {"said": request.get("text")}}
 
@@ -212,14 +212,6 @@ def test_connections_over_the_cap_are_closed_at_once_and_the_open_ones_go_on(tmp
     finally:
         second.close()
         server.close()
-
-
-def test_accept_pauses_longer_each_time_it_fails_up_to_a_bound() -> None:
-    limits = Limits(backoff=(0.05, 1.0))
-    pauses = [0.0]
-    for _ in range(8):
-        pauses.append(next_pause(pauses[-1], limits))
-    assert pauses[1:] == [0.05, 0.1, 0.2, 0.4, 0.8, 1.0, 1.0, 1.0]
 
 
 # A head out of file descriptors: it fails to accept, pauses, and serves once some are free.

@@ -373,6 +373,22 @@ def test_a_cluster_elsewhere_is_linked_into_the_root_and_found(tmp_path) -> None
     assert catalog.find("c-9", root).record.directory == str(elsewhere)  # type: ignore[union-attr]
 
 
+def test_claim_numbers_an_id_taken_and_keeps_a_directory_given(tmp_path, monkeypatch) -> None:
+    root = tmp_path / "root"
+    monkeypatch.setenv("CLUSTERBOOK_RUN_ROOT", str(root))
+    first = catalog.claim("c-20260101-000000", root / "c-20260101-000000", own_run_dir=True)
+    again = catalog.claim("c-20260101-000000", root / "c-20260101-000000", own_run_dir=True)
+    assert first == ("c-20260101-000000", root / "c-20260101-000000")
+    assert again == ("c-20260101-000000-2", root / "c-20260101-000000-2")
+    given = tmp_path / "mine"
+    assert catalog.claim("d-20260101-000000", given, own_run_dir=False) == (
+        "d-20260101-000000",
+        given,
+    )
+    assert given.is_dir()
+    assert (root / "d-20260101-000000").resolve() == given  # found by its id
+
+
 def test_prune_removes_exactly_what_outlived_its_retention(tmp_path) -> None:
     now = time.time()
     day = 86400.0

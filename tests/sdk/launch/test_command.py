@@ -24,7 +24,7 @@ from clusterbook.launch.command import (
 from clusterbook.launch.flavour import Launcher, MPIFlavour
 from clusterbook.launch.guard import ENV as GUARD_ENV
 from clusterbook.launch.rankwrap import HOOK_DIR, WRAPPER, wrap_argv
-from clusterbook.providers.base import RemoteLaunch
+from clusterbook.launch.remote import RemoteLaunch
 from clusterbook.spec import NodeSpec
 
 OMPI = Launcher(path="/opt/mpi/bin/mpirun", flavour=MPIFlavour.OPENMPI, version="5.0.11")

@@ -11,7 +11,7 @@ import pytest
 import clusterbook as cb
 from clusterbook.errors import ClusterStateError, NodeLostError
 from clusterbook.launch.job import Job, attempt_dir
-from clusterbook.launch.logs import LogStore
+from clusterbook.launch.logstore import LogStore
 from clusterbook.launch.nodes import remaining_nodes
 from clusterbook.launch.recovery import (
     DEFAULT_RETRY_ON,

@@ -7,7 +7,8 @@ from collections.abc import Callable, Iterator
 
 import pytest
 
-from clusterbook.rendezvous.backends.tcp import StoreServer, TcpBackend
+from clusterbook.rendezvous.backends.tcp import TcpBackend
+from clusterbook.rendezvous.backends.tcp_server import StoreServer
 
 
 @pytest.fixture

@@ -12,16 +12,28 @@ from clusterbook.rendezvous.api import Token
 from clusterbook.rendezvous.backends.memory import MemoryBackend
 from clusterbook.rendezvous.state import decode
 
+# A join URL whose store is nowhere: the agents here are given theirs (``backends``).
+NOWHERE = (
+    "tcp://127.0.0.1:1/run1?fingerprint=sha256:" + "0" * 64 + "&min=1&max=1&last_call=0.1&join=30"
+)
+
 
 class Spy(MemoryBackend):
-    """One store for the agent's connections, recording how it follows its round; the first
-    such watch stops the agent."""
+    """One store for the agent's connections, recording how it follows its round (the first
+    such watch stops the agent) and the tokens its updates ended on."""
 
     def __init__(self) -> None:
         super().__init__()
         self.agent: Agent | None = None
         self.calls: list[str] = []
         self.tokens: list[Token | None] = []
+        self.updated: list[Token] = []
+
+    def update(self, change: Any) -> tuple[bytes, Token] | None:
+        after = super().update(change)
+        if after is not None:
+            self.updated.append(after[1])
+        return after
 
     def _stop(self, call: str, token: Token | None) -> tuple[bytes, Token] | None:
         self.calls.append(call)
@@ -40,13 +52,12 @@ class Spy(MemoryBackend):
         return super().watch(token, timeout)  # a join's wait: not what is looked at here
 
 
-def test_an_agent_follows_its_round_with_a_member_watch(monkeypatch) -> None:
+def test_an_agent_follows_its_round_with_a_member_watch() -> None:
     # A plain watch would wake every node at every node's heartbeat (N answers, N times a
     # second); a member watch sleeps through heartbeats and reports.
     store = Spy()
-    monkeypatch.setitem(registry._FACTORIES, "spy", lambda *_a, **_k: store)
-    url = "spy://store/run1?min=1&max=1&last_call=0.1&join=30&interval=1&attempts=3"
-    agent = store.agent = Agent(url, b"s" * 32, "node1", 1)
+    url = NOWHERE + "&interval=1&attempts=3"
+    agent = store.agent = Agent(url, b"s" * 32, "node1", 1, backends=lambda *_a, **_k: store)
     assert agent.run() == EXIT_CLOSED
     assert store.calls == ["watch_members"]
     current = store.get_state()
@@ -54,26 +65,15 @@ def test_an_agent_follows_its_round_with_a_member_watch(monkeypatch) -> None:
     assert decode(current[0]).participants == {}  # it joined, then left cleanly
 
 
-def test_an_agent_watches_from_the_state_its_join_ended_on(monkeypatch) -> None:
+def test_an_agent_watches_from_the_state_its_join_ended_on() -> None:
     # Not from nothing: a watch without a token is answered at once, with what the join's
     # answer already said (a round trip and a state per node, at every start).
     store = Spy()
-    joined: list[Token] = []
-    update = store.update
-
-    def spy_update(change: Any) -> tuple[bytes, Token] | None:
-        after = update(change)
-        if after is not None:
-            joined.append(after[1])
-        return after
-
-    monkeypatch.setattr(store, "update", spy_update)
-    monkeypatch.setitem(registry._FACTORIES, "spy", lambda *_a, **_k: store)
-    url = "spy://store/run1?min=1&max=1&last_call=0.1&join=30&interval=1&attempts=3"
-    agent = store.agent = Agent(url, b"s" * 32, "node1", 1)
+    url = NOWHERE + "&interval=1&attempts=3"
+    agent = store.agent = Agent(url, b"s" * 32, "node1", 1, backends=lambda *_a, **_k: store)
     assert agent.run() == EXIT_CLOSED
     assert store.calls == ["watch_members"]
-    assert store.tokens == [joined[0]]
+    assert store.tokens == [store.updated[0]]
 
 
 class Beats(MemoryBackend):
@@ -105,14 +105,15 @@ class Beats(MemoryBackend):
         return super().watch(token, timeout)  # a join's wait
 
 
-def test_an_agent_heartbeats_between_its_watches_over_one_connection(monkeypatch) -> None:
+def test_an_agent_heartbeats_between_its_watches_over_one_connection() -> None:
     # One connection per node at the head (one TLS session to set up, one socket to keep): the
     # agent's own thread sends its heartbeats between its watches.
     store = Beats(follow=1.0)
     made = []
-    monkeypatch.setitem(registry._FACTORIES, "spy", lambda *a, **k: made.append(k) or store)
-    url = "spy://store/run1?min=1&max=1&last_call=0.1&join=30&interval=0.2&attempts=5"
-    agent = store.agent = Agent(url, b"s" * 32, "node1", 1)
+    url = NOWHERE + "&interval=0.2&attempts=5"
+    agent = store.agent = Agent(
+        url, b"s" * 32, "node1", 1, backends=lambda *a, **k: made.append(k) or store
+    )
     assert agent.run() == EXIT_CLOSED
     assert [k["node"] for k in made] == ["node1"]  # one store client, which names its node
     beats = store.steps.count(("keep_alive",))

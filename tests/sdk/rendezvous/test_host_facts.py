@@ -49,9 +49,8 @@ def test_the_memory_is_what_psutil_says() -> None:
     assert abs(used - vm.percent) < 5  # the two reads are moments apart
 
 
-def test_without_proc_meminfo_psutil_answers(monkeypatch, tmp_path) -> None:
-    monkeypatch.setattr(host_facts, "_MEMINFO", str(tmp_path / "none"))
-    assert host_facts.memory()[0] == psutil.virtual_memory().total
+def test_without_proc_meminfo_psutil_answers(tmp_path) -> None:
+    assert host_facts.memory(str(tmp_path / "none"))[0] == psutil.virtual_memory().total
 
 
 def test_a_report_and_its_heartbeats_do_not_import_psutil() -> None:

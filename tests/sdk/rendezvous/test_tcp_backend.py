@@ -20,16 +20,16 @@ import pytest
 
 from clusterbook.errors import ConfigError
 from clusterbook.rendezvous.api import RendezvousConnectionError
-from clusterbook.rendezvous.backends import _tls, tcp
+from clusterbook.rendezvous.backends import _tls, tcp, wire
 from clusterbook.rendezvous.backends.tcp import (
     MAX_FRAME,
     MAX_STATE,
-    StoreServer,
     TcpBackend,
     parse_url,
     read_secret,
     write_secret,
 )
+from clusterbook.rendezvous.backends.tcp_server import StoreServer
 from tests.sdk.rendezvous.contract import RemoteBackendContract
 
 WAIT = 30.0  # generous bound for "eventually"
@@ -44,7 +44,7 @@ def tls_connect(server: StoreServer) -> ssl.SSLSocket:
     """A TLS connection to ``server`` made by hand (its certificate checked), before the
     clusterbook handshake."""
     sock = socket.create_connection(server.address, timeout=WAIT)
-    return tcp.client_tls(sock, server.fingerprint, time.monotonic() + WAIT)
+    return _tls.client_tls(sock, server.fingerprint, time.monotonic() + WAIT)
 
 
 def wait_for(predicate: Callable[[], object], timeout: float = WAIT) -> None:
@@ -120,17 +120,17 @@ class TestTcpBackend(RemoteBackendContract):
 # --- a raw peer speaking the protocol by hand -----------------------------------------------------
 
 
-def raw_session(server: StoreServer, secret: bytes, node: str = "") -> tcp.Channel:
+def raw_session(server: StoreServer, secret: bytes, node: str = "") -> wire.Channel:
     """A connection made by hand, after its hello was accepted."""
-    chan = tcp.Channel(tls_connect(server))
-    chan.send(tcp.hello(secret, node))
+    chan = wire.Channel(tls_connect(server))
+    chan.send(wire.hello(secret, node))
     assert chan.recv(time.monotonic() + WAIT) == b"O"
     return chan
 
 
 def frame(payload: bytes) -> bytes:
     """A frame as the wire carries it inside TLS."""
-    return tcp.FRAME_HEADER.pack(len(payload)) + payload
+    return wire.FRAME_HEADER.pack(len(payload)) + payload
 
 
 def assert_serves(server: StoreServer, secret: bytes) -> None:
@@ -163,7 +163,7 @@ def test_a_hello_with_another_secret_gets_a_refusal_and_the_end(make_server, sec
     caplog.set_level(logging.WARNING, logger=tcp.__name__)
     server = make_server()
     with tls_connect(server) as sock:
-        sock.sendall(frame(tcp.hello(secrets.token_bytes(32), "n1")))
+        sock.sendall(frame(wire.hello(secrets.token_bytes(32), "n1")))
         sock.sendall(frame(b"G"))  # sent at once after it: never answered
         assert read_until_closed(sock) == frame(b"N")
     wait_for(lambda: "authentication failed" in caplog.text)
@@ -176,8 +176,8 @@ def test_a_hello_with_another_secret_gets_a_refusal_and_the_end(make_server, sec
     [
         b"G",  # a request instead of the hello
         b"CBRDZV3\n" + b"\x00\x20" + b"\x00" * 32,  # another version's magic
-        tcp._MAGIC + b"\x00\x40" + b"\x00" * 32,  # a secret shorter than it says
-        tcp._MAGIC + b"\x00",  # cut short
+        wire.MAGIC + b"\x00\x40" + b"\x00" * 32,  # a secret shorter than it says
+        wire.MAGIC + b"\x00",  # cut short
     ],
 )
 def test_a_malformed_hello_is_dropped(make_server, secret, hello) -> None:
@@ -193,7 +193,7 @@ def test_a_malformed_hello_is_dropped(make_server, secret, hello) -> None:
     [
         b"GET / HTTP/1.1\r\nHost: x\r\n\r\n",
         b"\x00\x00\x00\x05hello",
-        b"\x00\x00\x00\x28" + tcp._MAGIC + b"\x00" * 32,  # a hello, but outside TLS
+        b"\x00\x00\x00\x28" + wire.MAGIC + b"\x00" * 32,  # a hello, but outside TLS
         os.urandom(300),
     ],
 )
@@ -210,7 +210,7 @@ def test_genuine_frame_is_answered(make_server, secret) -> None:
     chan = raw_session(server, secret)
     with chan.sock:
         chan.send(b"G")
-        assert chan.recv(time.monotonic() + WAIT) == b"s" + tcp._HEAD.pack(0, 0)
+        assert chan.recv(time.monotonic() + WAIT) == b"s" + wire.HEAD.pack(0, 0)
 
 
 @pytest.mark.parametrize("meddling", ["flip a bit", "replay a record"])
@@ -262,7 +262,7 @@ def test_secret_crosses_the_wire_only_inside_tls(make_server, make_client, secre
     traffic = bytes(proxy.upstream) + bytes(proxy.downstream)
     assert len(traffic) > 1000  # the capture did see the sessions
     assert b"visible-state-marker" not in traffic  # encrypted (more in test_tls.py)
-    assert tcp._MAGIC not in traffic
+    assert wire.MAGIC not in traffic
     for key in (secret, other):
         for form in (key, key.hex().encode(), key.hex().upper().encode()):
             assert form not in traffic
@@ -377,10 +377,10 @@ def test_frames_over_the_limit_are_refused(make_server, secret) -> None:
         # Announce one byte more than the limit: the server drops the connection without
         # waiting for (or allocating) the rest.
         chan.sock.setblocking(True)
-        chan.sock.sendall(tcp.FRAME_HEADER.pack(MAX_FRAME + 1) + b"S" * 1024)
+        chan.sock.sendall(wire.FRAME_HEADER.pack(MAX_FRAME + 1) + b"S" * 1024)
         assert read_until_closed(chan.sock) == b""
     with tls_connect(server) as sock:  # before the hello, a frame larger than one
-        sock.sendall(tcp.FRAME_HEADER.pack(64 * 1024) + tcp._MAGIC)
+        sock.sendall(wire.FRAME_HEADER.pack(64 * 1024) + wire.MAGIC)
         assert read_until_closed(sock) == b""
     assert_serves(server, secret)
 
@@ -467,7 +467,7 @@ def drop(client: TcpBackend) -> None:
 
 
 def graces_over(server: StoreServer) -> None:
-    wait_for(lambda: server._losses_pending == 0)
+    wait_for(lambda: server._protocol.losses_pending == 0)
 
 
 def test_lost_connection_calls_on_lost_and_wakes_watchers(make_server, make_client) -> None:
@@ -507,7 +507,7 @@ def test_node_lost_while_it_waits_in_a_watch(make_server, make_client, secret) -
     chan = raw_session(server, secret, node="n3")
     # The watch request reaches the server before the end of the connection does, so the server
     # is inside the watch (of two minutes) when the connection ends.
-    chan.send(b"W" + tcp._spec(token) + tcp._SECONDS.pack(120.0))
+    chan.send(b"W" + wire.token_spec(token) + wire.SECONDS.pack(120.0))
     chan.sock.shutdown(socket.SHUT_RDWR)
     chan.sock.close()
     wait_for(lambda: lost.calls)
@@ -650,7 +650,7 @@ def test_on_lost_returning_none_leaves_the_state(make_server, make_client) -> No
 
 SERVER_PROGRAM = (
     "import sys, time\n"
-    "from clusterbook.rendezvous.backends.tcp import StoreServer\n"
+    "from clusterbook.rendezvous.backends.tcp_server import StoreServer\n"
     "server = StoreServer(secret=bytes.fromhex(sys.stdin.readline().strip())).start()\n"
     "print(server.url, flush=True)\n"
     "time.sleep(600)\n"
@@ -972,12 +972,28 @@ class _ClientSSLSocket(ssl.SSLSocket):
             raise
 
 
+def counting_dial(server: StoreServer) -> Callable[[float], socket.socket]:
+    """Connects to ``server`` as a client does (its certificate pinned), in TLS sockets that
+    count their empty reads."""
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+    context.minimum_version = ssl.TLSVersion.TLSv1_3
+    context.check_hostname, context.verify_mode = False, ssl.CERT_NONE
+    context.sslsocket_class = _ClientSSLSocket
+
+    def dial(deadline: float) -> socket.socket:
+        sock = socket.create_connection(server.address, timeout=WAIT)
+        return _tls.client_tls(sock, server.fingerprint, deadline, context=context)
+
+    return dial
+
+
 def test_a_client_waits_for_its_answer_instead_of_reading_before_it_came(
-    make_server, make_client, monkeypatch
+    make_server, make_client
 ) -> None:
-    monkeypatch.setattr(_tls._client_context(), "sslsocket_class", _ClientSSLSocket)
     server = make_server()
-    client = make_client(server.url)
+    client = make_client(server.url, dial=counting_dial(server))
+    client.get_state()
+    assert isinstance(client._chan.sock, _ClientSSLSocket)  # the reads below are counted
     client.set_state(b"x" * 100_000)  # an answer of several TLS records: read whole
     assert client.get_state() == (b"x" * 100_000, 1)
     client.set_state(b"y" * 100, 1)

@@ -12,7 +12,8 @@ import pytest
 
 from clusterbook.rendezvous.api import RendezvousSettings, RendezvousTimeout
 from clusterbook.rendezvous.backends._store import StateStore
-from clusterbook.rendezvous.backends.tcp import MAX_STATE, StoreServer, TcpBackend
+from clusterbook.rendezvous.backends.tcp import MAX_STATE, TcpBackend
+from clusterbook.rendezvous.backends.tcp_server import StoreServer
 from clusterbook.rendezvous.handler import RendezvousHandler
 from clusterbook.rendezvous.state import RendezvousState, decode, encode
 from clusterbook.rendezvous.step import Operation, Step
@@ -139,20 +140,23 @@ def joined(client: TcpBackend) -> int:
     return 0 if current is None else len(decode(current[0]).participants)
 
 
-def test_a_join_looks_only_at_the_held_requests_it_may_settle(
-    make_server, make_client, monkeypatch
-) -> None:
+class CountingStore(StateStore):
+    """Counts how often the server asks whether a held request is settled."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.looks = 0
+
+    def settled(self, kind: int, value: int, *, level: int = 0) -> bool:
+        self.looks += 1
+        return super().settled(kind, value, level=level)
+
+
+def test_a_join_looks_only_at_the_held_requests_it_may_settle(make_server, make_client) -> None:
     # While a round fills, each join is a write that settles none of the held joins (they wait
     # for decisions): looking at every one of them after every join made a round O(nodes^2).
-    looks = []
-    settled = StateStore.settled
-
-    def counting(self: StateStore, kind: int, value: int, *, level: int = 0) -> bool:
-        looks.append(level)
-        return settled(self, kind, value, level=level)
-
-    monkeypatch.setattr(StateStore, "settled", counting)
-    server = make_server()
+    store = CountingStore()
+    server = make_server(store=store)
     n = 24
     s = settings(n, n)
     clients = [make_client(server.url, node=f"n{i:02d}") for i in range(n)]
@@ -167,7 +171,7 @@ def test_a_join_looks_only_at_the_held_requests_it_may_settle(
     assert all(state_of(h.get()).complete for h in held)
     # Each join's own look when it is held, and one look at each held join when the last one
     # completes the round: 2n. Looking at every held join after every join: n^2 / 2 more.
-    assert len(looks) <= 2 * n, len(looks)
+    assert store.looks <= 2 * n, store.looks
 
 
 def test_a_held_join_is_answered_when_the_last_call_ends(make_server, make_client) -> None:

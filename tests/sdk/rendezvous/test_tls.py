@@ -23,7 +23,7 @@ from clusterbook.rendezvous.api import (
     RendezvousSettings,
     RendezvousTimeout,
 )
-from clusterbook.rendezvous.backends import _tls, tcp
+from clusterbook.rendezvous.backends import _tls, tcp, wire
 from clusterbook.rendezvous.backends.tcp import TcpBackend, write_secret
 from clusterbook.rendezvous.registry import join_url, parse_join_url
 from clusterbook.rendezvous.state import decode
@@ -91,7 +91,7 @@ def test_an_agents_traffic_with_the_head_is_encrypted(make_server, make_client, 
     traffic = up + down
     assert NODE.encode() not in traffic
     assert JSON_OBJECT.search(traffic) is None
-    for marker in (b'"participants"', b'"node"', b"tls-run", tcp._MAGIC):
+    for marker in (b'"participants"', b'"node"', b"tls-run", wire.MAGIC):
         assert marker not in traffic
     for form in (secret, secret.hex().encode(), secret.hex().upper().encode()):
         assert form not in traffic
@@ -115,13 +115,13 @@ def test_a_store_with_another_certificate_is_refused_before_anything_is_sent(
     with pytest.raises(RendezvousConnectionError, match="fingerprint does not match"):
         client.set_state(b"for the impostor")
     # The impostor got no proof of the secret, no hello, no request: the client hung up.
-    wait_for(lambda: not impostor._connections)
+    wait_for(lambda: impostor._loop.connections == 0)
     assert "authentication failed" not in caplog.text
     assert impostor.connected_nodes == frozenset()
     assert make_client(impostor.url).get_state() is None
     # By hand: the handshake completes, and the certificate is the impostor's.
-    with pytest.raises(tcp._WrongCertificate):
-        tcp.client_tls(
+    with pytest.raises(_tls._WrongCertificate):
+        _tls.client_tls(
             socket.create_connection(impostor.address, timeout=WAIT),
             genuine.fingerprint,
             time.monotonic() + WAIT,
@@ -149,17 +149,17 @@ def test_without_the_token_a_client_learns_nothing_and_changes_nothing(
     assert "intruder" not in server.connected_nodes
     # By hand, inside TLS: requests instead of the handshake get nothing back but the end.
     with tls_connect(server) as sock:
-        sock.sendall(tcp.FRAME_HEADER.pack(1) + b"G")
+        sock.sendall(wire.FRAME_HEADER.pack(1) + b"G")
         assert read_until_closed(sock) == b""
     with tls_connect(server) as sock:
-        sock.sendall(tcp.FRAME_HEADER.pack(10) + b"S" + tcp._spec(token))
+        sock.sendall(wire.FRAME_HEADER.pack(10) + b"S" + wire.token_spec(token))
         assert read_until_closed(sock) == b""
     # A hello with another secret, and requests right behind it: a refusal, and the end.
     with tls_connect(server) as sock:
-        hello = tcp.hello(secrets.token_bytes(32), "intruder")
-        get, cas = b"G", b"S" + tcp._spec(token) + b"evil"
-        sock.sendall(b"".join(tcp.FRAME_HEADER.pack(len(m)) + m for m in (hello, get, cas)))
-        assert read_until_closed(sock) == tcp.FRAME_HEADER.pack(1) + b"N"  # no state, no token
+        hello = wire.hello(secrets.token_bytes(32), "intruder")
+        get, cas = b"G", b"S" + wire.token_spec(token) + b"evil"
+        sock.sendall(b"".join(wire.FRAME_HEADER.pack(len(m)) + m for m in (hello, get, cas)))
+        assert read_until_closed(sock) == wire.FRAME_HEADER.pack(1) + b"N"  # no state, no token
     # Nothing changed: the same state under the same fencing token.
     assert owner.get_state() == (b"the-state", token)
 

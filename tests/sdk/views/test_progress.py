@@ -5,7 +5,6 @@ from __future__ import annotations
 import sys
 import threading
 import time
-import types
 
 import pytest
 
@@ -55,16 +54,40 @@ def test_a_bar_is_shown_where_someone_watches(monkeypatch: pytest.MonkeyPatch) -
     assert wanted(None)
 
 
-def test_a_notebook_kernel_counts_as_watched(monkeypatch: pytest.MonkeyPatch) -> None:
-    class ZMQInteractiveShell:
-        pass
+def test_a_notebook_counts_as_watched_as_the_jupyter_layer_says() -> None:
+    # Whether a notebook watches is the Jupyter layer's answer (clusterbook_widgets.notebook):
+    # a maker of bars while one does, None otherwise.
+    assert wanted(None, notebook=lambda: lambda options: _Counted())
+    assert not wanted(None, notebook=lambda: None)
 
-    kernel = types.ModuleType("IPython")
-    kernel.get_ipython = ZMQInteractiveShell  # type: ignore[attr-defined]
-    monkeypatch.setitem(sys.modules, "IPython", kernel)
-    assert wanted(None)
-    kernel.get_ipython = lambda: None  # type: ignore[attr-defined]
-    assert not wanted(None)  # IPython imported, but no kernel runs
+
+def test_the_installed_jupyter_layer_says_no_notebook_watches_a_test() -> None:
+    from clusterbook.jupyter import notebook_bars
+
+    assert notebook_bars() is None  # pytest runs no kernel
+    assert not wanted(None)
+
+
+def test_a_bar_in_a_notebook_is_the_jupyter_layers_made_with_the_calls_options() -> None:
+    asked: list[dict[str, object]] = []
+
+    def make(options: dict[str, object]) -> _Counted:
+        asked.append(options)
+        return _Counted()
+
+    with bar(True, "put", 10, "B", leave=True, notebook=lambda: make) as shown:
+        shown.add(4)
+    bytes_scaled = {"unit": "B", "unit_scale": True, "unit_divisor": 1024}
+    assert asked == [{"desc": "put", "total": 10, "leave": True, **bytes_scaled}]
+
+
+def test_a_bar_declined_never_asks_the_jupyter_layer() -> None:
+    def asked() -> None:
+        raise AssertionError("progress=False: nobody needs to know who watches")
+
+    with bar(False, "put", 10, notebook=asked) as shown:
+        shown.add(1)
+    assert not wanted(False, notebook=asked)
 
 
 @pytest.mark.parametrize("bad", ["yes", 1, 0, "auto"])

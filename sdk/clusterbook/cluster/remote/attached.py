@@ -10,9 +10,8 @@ cancel one, copy files, stop) goes to the head's control server (:mod:`clusterbo
 through the directory's control socket, proving the secret in its 0600 ``token`` file (and asking
 the head to prove it too). Stopping also works without it, the way anyone who can write the
 directory can: with the stop file, which the head acts on within a second. When the head is gone
-(the record is *stale*: its process was killed), ``stop()`` itself stops what the head left behind
-on this machine (the processes of its jobs) and marks the record stopped; two processes doing that
-at once are serialised by a lock on the directory.
+(the record is *stale*), ``stop()`` stops what it left here
+(:mod:`clusterbook.cluster.remote.dead_head`).
 """
 
 from __future__ import annotations
@@ -22,34 +21,23 @@ import logging
 import os
 import threading
 import time
+import weakref
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NoReturn
 
 from clusterbook.cluster import display
-from clusterbook.cluster.remote.rundir import ClusterDir, LocalDir
+from clusterbook.cluster.remote.dead_head import clean_after_dead_head
+from clusterbook.cluster.remote.held import Held
+from clusterbook.cluster.remote.rundir import ClusterDir, LocalDir, open_dir
 from clusterbook.errors import ClusterError, ClusterStateError, ConfigError, RecordError
 from clusterbook.events import Subscribers
-from clusterbook.fs.private import check_run_dir
-from clusterbook.fs.safe import locked, remove_tree
-from clusterbook.head.catalog import Found, find
-from clusterbook.head.control import ControlClient
-from clusterbook.head.record import (
-    STOP_FILE,
-    ClusterRecord,
-    JobEntry,
-    head_state_of,
-    read_record,
-    snapshot_from,
-    write_record,
-)
-from clusterbook.launch.guard import kill_tagged
+from clusterbook.head.catalog import Found
+from clusterbook.head.record import STOP_FILE, ClusterRecord, head_state_of, snapshot_from
 from clusterbook.launch.saved import SavedJob
-from clusterbook.paths import cluster_dir, clusters_root, default_run_root
-from clusterbook.spec import NodeSpec
+from clusterbook.spec import NodeSpec, validate_timeout
 from clusterbook.status import ClusterSnapshot, nodes_frame
-from clusterbook.wording import spell, spell_or
+from clusterbook.wording import spell
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -71,14 +59,15 @@ class AttachedCluster:
     def __init__(self, found: Found, where: ClusterDir | None = None) -> None:
         assert found.record is not None
         self.run_dir = found.path
-        self._dir: ClusterDir = where or LocalDir(found.path)
+        self._held = Held(where or LocalDir(found.path))
+        self._dir = self._held.dir
         self._record = found.record
         self._stale = found.stale
         self._subscribers: Subscribers[ClusterSnapshot] = Subscribers()
-        self._poller: threading.Thread | None = None
-        self._poll_stop = threading.Event()
         self._jobs: dict[str, SavedJob] = {}
-        self._client: ControlClient | None = None
+        # A handle dropped without close() lets go of what it holds all the same, when it is
+        # collected: its socket is not left to the garbage collector (which warns).
+        self._finalizer = weakref.finalize(self, self._held.close)
 
     @classmethod
     def attach(
@@ -93,34 +82,25 @@ class AttachedCluster:
     ) -> AttachedCluster:
         """A handle on cluster ``what`` (see ``Cluster.attach``); the keyword arguments say
         how an ``ssh://`` address is reached."""
-        from clusterbook.cluster.remote.address import is_ssh_address
+        found, where = open_dir(
+            what,
+            identity=identity,
+            known_hosts=known_hosts,
+            ssh_config=ssh_config,
+            python=python,
+            connect_timeout=connect_timeout,
+        )
+        return cls(found, where)
 
-        if is_ssh_address(what):
-            from clusterbook.cluster.remote.sshdir import SSHDir
-
-            found, there = SSHDir.open(
-                str(what),
-                identity=identity,
-                known_hosts=known_hosts,
-                ssh_config=ssh_config,
-                python=python,
-                connect_timeout=connect_timeout,
+    def start(self, *, progress: bool | None = None) -> AttachedCluster:
+        """Itself: the cluster runs already (a cluster that stopped cannot start again: a
+        :class:`ClusterStateError` says so)."""
+        record = self.refresh()
+        if not record.live or self._stale:
+            raise ClusterStateError(
+                f"Cluster {self.id} was stopped; make a new cluster to run again."
             )
-            return cls(found, there)
-        given = {"identity": identity, "known_hosts": known_hosts, "ssh_config": ssh_config,
-                 "python": python}  # fmt: skip
-        if named := [spell_or(k, v, k) for k, v in given.items() if v is not None]:
-            raise ConfigError(
-                f"{', '.join(named)} say how to reach a cluster on another machine, and "
-                f"{os.fspath(what)!r} names one on this machine; give an ssh://user@host/ID "
-                "address with them, or leave them out."
-            )
-        found = find(what)
-        if found.error is not None:
-            raise found.error
-        root = default_run_root()
-        check_run_dir(found.path, root if found.path.parent == root else None)
-        return cls(found)
+        return self
 
     # -- what the record says --------------------------------------------------------------
 
@@ -192,7 +172,8 @@ class AttachedCluster:
         if not record.live or self._stale:
             state = "stale: its head is gone" if self._stale else record.state
             raise ClusterStateError(f"Cluster {self.id} is {state}; it cannot {op}.")
-        if self._client is None:
+        client = self._held.client
+        if client is None:
             if record.address is None:
                 raise ClusterStateError(
                     f"Cluster {self.id} is {record.state}; its head takes no requests now."
@@ -204,8 +185,8 @@ class AttachedCluster:
                     f"from that machine only (this is {here}): attach to it there, like "
                     f"ssh://{record.head_host}/{self.id}."
                 )
-            self._client = self._dir.control()
-        return self._client.call(op, reply_within=reply_within, **args)
+            client = self._held.client = self._dir.control()
+        return client.call(op, reply_within=reply_within, **args)
 
     def mpirun(
         self, argv: Sequence[str], np: int | None = None, **job: Unpack[JobArgs]
@@ -228,7 +209,9 @@ class AttachedCluster:
 
     def wait_ready(self, timeout: float = 60, *, progress: bool | None = None) -> None:
         """Return when the head says every node is ready (see ``Cluster.wait_ready``)."""
-        self._call("wait_ready", timeout=timeout)
+        limit = validate_timeout(timeout)  # named here, as the head would name it
+        if limit is not None:
+            self._call("wait_ready", timeout=limit)
 
     def put(self, *paths: str | os.PathLike[str], progress: bool | None = None) -> None:
         """Copy files to every node, as ``Cluster.put`` (the head reads them: on its machine;
@@ -309,26 +292,32 @@ class AttachedCluster:
     def subscribe(self, callback: Callable[[ClusterSnapshot], None]) -> Callable[[], None]:
         """Call ``callback(snapshot)`` whenever the head rewrites the record (polled)."""
         unsubscribe = self._subscribers.subscribe(callback)
-        if self._poller is None:
-            self._poller = threading.Thread(
-                target=self._poll, name="clusterbook-attached", daemon=True
-            )
-            self._poller.start()
+        self._held.follow(self._follow, weakref.ref(self), self._record.updated)
         return unsubscribe
 
-    def _poll(self) -> None:
-        seen = self._record.updated
-        while not self._poll_stop.wait(_POLL * 5):
-            try:
-                record = self.refresh()
-            except ClusterError:  # the head's machine is out of reach: the next look retries
-                continue
-            if record.updated != seen or self._stale:
-                seen = record.updated
-                if len(self._subscribers):
-                    self._subscribers.publish(self.snapshot())
-            if not record.live or self._stale:
-                return
+    @staticmethod
+    def _follow(ref: weakref.ref[AttachedCluster], seen: float, stop: threading.Event) -> None:
+        """Poll the record of the handle ``ref`` names (updated at ``seen`` when last read),
+        never holding the handle between two looks (one dropped is collected), until the
+        cluster stops, or ``stop`` is set."""
+        last: float | None = seen
+        while last is not None and not stop.wait(_POLL * 5):
+            self = ref()  # the handle, for this look only
+            last = None if self is None else self._look(last)
+            del self
+
+    def _look(self, seen: float) -> float | None:
+        """Read the record; tell subscribers if it changed since ``seen``. When it was last
+        updated, or None once the cluster stopped (or its head is gone)."""
+        try:
+            record = self.refresh()
+        except ClusterError:  # the head's machine is out of reach: the next look retries
+            return seen
+        if record.updated != seen or self._stale:
+            seen = record.updated
+            if len(self._subscribers):
+                self._subscribers.publish(self.snapshot())
+        return seen if record.live and not self._stale else None
 
     # -- stopping ----------------------------------------------------------------------------
 
@@ -345,20 +334,22 @@ class AttachedCluster:
         process's now), stop what it left here and mark the record stopped."""
         asked = reason or f"stopped by an attached handle (pid {os.getpid()})"
         if self._dir.stop_there(timeout, asked, force):  # on the head's machine, by its own
-            self._close_client()
+            self._held.close_client()
             self.refresh()
             return
         record = self.refresh()
         if record.live and force and head_state_of(record) != "alive":
-            self._clean_after_dead_head(timeout)
+            clean_after_dead_head(self.run_dir, timeout)
+            self.refresh()
             return
         if record.live and not self._stale:
             self._ask_to_stop(asked)
-        self._close_client()  # the head is going: its connection with it
+        self._held.close_client()  # the head is going: its connection with it
         deadline = time.monotonic() + timeout
         while record.live:
             if self._stale:
-                self._clean_after_dead_head(max(0.0, deadline - time.monotonic()))
+                clean_after_dead_head(self.run_dir, max(0.0, deadline - time.monotonic()))
+                self.refresh()
                 return
             if time.monotonic() >= deadline:
                 raise ClusterStateError(
@@ -379,53 +370,10 @@ class AttachedCluster:
             _log.warning("%s Asking it through its stop file, %s.", exc, self.run_dir / STOP_FILE)
             self._dir.touch_stop()
 
-    def _clean_after_dead_head(self, timeout: float) -> None:
-        """Stop what a head that is gone (or that cannot be verified, with ``force``) left
-        here: its jobs' processes, its files; mark the record stopped. One process does it;
-        another one asking at the same time waits for it (up to ``timeout`` s). Nothing is
-        followed or removed outside the cluster's own directories: the lock is never a
-        link, the record read is checked (its name and id are never paths, it is where it
-        says)."""
-        # The second one waits here, then finds it done.
-        with locked(self.run_dir / ".stop.lock", timeout):
-            record = read_record(self.run_dir)
-            if not record.live:
-                return
-            tokens = [j.token for j in record.jobs if j.token and j.state == "running"]
-            if tokens:
-                kill_tagged(tokens, 1.0)
-            with contextlib.suppress(OSError):  # what cannot be removed stays; stop goes on
-                remove_tree(cluster_dir(record.id), clusters_root())
-            now = time.time()
-            jobs = tuple(
-                j if j.state != "running" else _ended(j, now, "cancelled") for j in record.jobs
-            )
-            head = f"pid {record.head_pid} on {record.head_host}"
-            why = "was gone" if head_state_of(record) == "gone" else "could not be verified"
-            write_record(
-                replace(
-                    record,
-                    state="stopped",
-                    stopped=now,
-                    stop_reason=f"its head ({head}) {why}; stopped by pid {os.getpid()}",
-                    jobs=jobs,
-                    updated=now,
-                )
-            )
-        self.refresh()
-        (self.run_dir / STOP_FILE).unlink(missing_ok=True)
-
-    def _close_client(self) -> None:
-        client, self._client = self._client, None
-        if client is not None:
-            client.close()
-
     def close(self) -> None:
         """Let go of the cluster (it runs on): close the connection to its head and, attached
         over ssh, the connection to its machine, leaving nothing running there."""
-        self._poll_stop.set()
-        self._close_client()
-        self._dir.close()
+        self._finalizer()
 
     def __enter__(self) -> AttachedCluster:
         return self
@@ -447,7 +395,3 @@ class AttachedCluster:
 
     def _repr_mimebundle_(self, **kwargs: Any) -> dict[str, Any]:
         return display.mimebundle(self, **kwargs)
-
-
-def _ended(job: JobEntry, now: float, state: str) -> JobEntry:
-    return replace(job, state=state, ended=now)

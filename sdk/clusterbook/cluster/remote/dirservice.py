@@ -35,7 +35,7 @@ from clusterbook.fs.private import check_run_dir
 from clusterbook.head.control import SOCKET_FILE, TOKEN_FILE, error_reply, unix_dial
 from clusterbook.launch.files import read_from
 from clusterbook.paths import default_run_root
-from clusterbook.rendezvous.backends._wire import (
+from clusterbook.rendezvous.backends.wire import (
     FRAME_HEADER,
     MAX_FRAME,
     ProtocolError,

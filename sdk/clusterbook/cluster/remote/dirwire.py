@@ -1,7 +1,7 @@
 """The messages between a handle attached over ssh (:mod:`clusterbook.cluster.remote.sshdir`) and
 the program that answers it on the cluster's machine (:mod:`clusterbook.cluster.remote.dirservice`).
 
-A message is a frame (:data:`~clusterbook.rendezvous.backends._wire.FRAME_HEADER` and a
+A message is a frame (:data:`~clusterbook.rendezvous.backends.wire.FRAME_HEADER` and a
 payload) whose payload is a JSON object, a newline, and raw bytes (a file's, for a read)::
 
     -> {"op": "record"}                                  <- {"record": {...}, "stale": B}
@@ -26,7 +26,7 @@ import json
 from collections.abc import Mapping
 from typing import Any
 
-from clusterbook.rendezvous.backends._wire import FRAME_HEADER, MAX_FRAME, ProtocolError
+from clusterbook.rendezvous.backends.wire import FRAME_HEADER, MAX_FRAME, ProtocolError
 
 __all__ = ["READ_LIMIT", "VERSION", "pack", "unpack"]
 

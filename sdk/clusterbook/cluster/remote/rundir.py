@@ -15,13 +15,18 @@ import socket
 from pathlib import Path
 from typing import Protocol
 
+from clusterbook.cluster.remote.address import is_ssh_address
 from clusterbook.errors import ClusterStateError, ConfigError
+from clusterbook.fs.private import check_run_dir
 from clusterbook.fs.safe import touch
+from clusterbook.head.catalog import Found, find
 from clusterbook.head.control import SOCKET_FILE, TOKEN_FILE, ControlClient, unix_dial
 from clusterbook.head.record import STOP_FILE, ClusterRecord, is_stale, read_record
 from clusterbook.launch.files import LOCAL, Files
+from clusterbook.paths import default_run_root
+from clusterbook.wording import spell_or
 
-__all__ = ["ClusterDir", "LocalDir"]
+__all__ = ["ClusterDir", "LocalDir", "open_dir"]
 
 
 class ClusterDir(Protocol):
@@ -119,3 +124,43 @@ class LocalDir:
 
     def close(self) -> None:
         pass
+
+
+def open_dir(
+    what: str | os.PathLike[str],
+    *,
+    identity: str | os.PathLike[str] | None = None,
+    known_hosts: str | os.PathLike[str] | None = None,
+    ssh_config: str | os.PathLike[str] | None = None,
+    python: str | None = None,
+    connect_timeout: float = 10.0,
+) -> tuple[Found, ClusterDir]:
+    """The cluster ``what`` names (an id, a name, a directory, or an ``ssh://`` address: see
+    ``Cluster.attach``) and its directory, checked: this user's alone. The keyword arguments
+    say how an ``ssh://`` address is reached; beside a cluster of this machine they are a
+    :class:`ConfigError`."""
+    if is_ssh_address(what):
+        from clusterbook.cluster.remote.sshdir import SSHDir
+
+        return SSHDir.open(
+            str(what),
+            identity=identity,
+            known_hosts=known_hosts,
+            ssh_config=ssh_config,
+            python=python,
+            connect_timeout=connect_timeout,
+        )
+    given = {"identity": identity, "known_hosts": known_hosts, "ssh_config": ssh_config,
+             "python": python}  # fmt: skip
+    if named := [spell_or(k, v, k) for k, v in given.items() if v is not None]:
+        raise ConfigError(
+            f"{', '.join(named)} say how to reach a cluster on another machine, and "
+            f"{os.fspath(what)!r} names one on this machine; give an ssh://user@host/ID "
+            "address with them, or leave them out."
+        )
+    found = find(what)
+    if found.error is not None:
+        raise found.error
+    root = default_run_root()
+    check_run_dir(found.path, root if found.path.parent == root else None)
+    return found, LocalDir(found.path)

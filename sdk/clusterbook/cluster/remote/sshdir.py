@@ -25,26 +25,26 @@ import os
 import socket
 import threading
 import time
-from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any
 
 from clusterbook.cluster.remote.address import SSHAddress, parse_host, parse_ssh_address
 from clusterbook.cluster.remote.dirwire import VERSION, pack, unpack
+from clusterbook.cluster.remote.sshfiles import RemoteFiles
 from clusterbook.errors import ClusterError, ClusterStateError, ConfigError, RecordError, SSHError
 from clusterbook.head.catalog import Found
 from clusterbook.head.control import SOCKET_FILE, ControlClient, rebuilt_error
 from clusterbook.head.record import ClusterRecord
 from clusterbook.launch.files import Files
-from clusterbook.rendezvous.backends._wire import FRAME_HEADER, MAX_FRAME, ProtocolError
+from clusterbook.rendezvous.backends.wire import FRAME_HEADER, MAX_FRAME, ProtocolError
 from clusterbook.spec import validate_seconds
 from clusterbook.ssh.login import Login
 from clusterbook.ssh.paramiko_shell import ParamikoShell
 from clusterbook.ssh.shell import RemoteProcess
 from clusterbook.wording import spell_or
 
-__all__ = ["Asker", "RemoteFiles", "SSHDir", "remote_clusters"]
+__all__ = ["SSHDir", "remote_clusters"]
 
 _WAIT = 30.0  # seconds an answer of the machine may take (a stop: its timeout more)
 _KEEPALIVE = 5.0  # a connection that stops answering is dropped after three times that
@@ -264,60 +264,6 @@ class _Control(ControlClient):
                 f"Lost the ssh connection to {self._there.where} while the cluster's head was "
                 f"asked to {op} (it may have done it); the next call connects again."
             ) from exc
-
-
-class Asker(Protocol):
-    """What :class:`RemoteFiles` reads through: an :class:`SSHDir`."""
-
-    @property
-    def where(self) -> str: ...
-
-    def ask(self, op: str, *, wait: float = _WAIT, **args: Any) -> tuple[dict[str, Any], bytes]:
-        """The answer to request ``op`` (see :mod:`clusterbook.cluster.remote.dirwire`) and its
-        bytes."""
-        ...
-
-
-class RemoteFiles:
-    """:class:`~clusterbook.launch.files.Files` read through the service of ``there``, a
-    file's bytes in as many answers as it takes."""
-
-    def __init__(self, there: Asker) -> None:
-        self._there = there
-
-    @property
-    def where(self) -> str:
-        return self._there.where
-
-    def read_many(self, wanted: Sequence[tuple[Path, int]]) -> list[bytes | None]:
-        got: list[bytearray | None] = [bytearray() for _ in wanted]
-        todo = [(i, str(path), int(offset)) for i, (path, offset) in enumerate(wanted)]
-        while todo:
-            message, data = self._there.ask("read", files=[[p, o] for _, p, o in todo])
-            rest, at = [], 0
-            for (i, path, offset), size, complete in zip(
-                todo, message["sizes"], message["complete"], strict=True
-            ):
-                if size is None:
-                    got[i] = None
-                    continue
-                part = got[i]
-                assert part is not None
-                part += data[at : at + size]
-                at += size
-                if not complete:
-                    rest.append((i, path, offset + size))
-            todo = rest
-        return [None if g is None else bytes(g) for g in got]
-
-    def listdir(self, path: Path) -> list[tuple[str, bool]]:
-        message, _ = self._there.ask("listdir", path=str(path))
-        return [(str(name), bool(is_dir)) for name, is_dir in message["entries"]]
-
-    def size(self, path: Path) -> int | None:
-        message, _ = self._there.ask("size", path=str(path))
-        size = message.get("size")
-        return None if size is None else int(size)
 
 
 def remote_clusters(

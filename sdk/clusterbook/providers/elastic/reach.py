@@ -1,209 +1,151 @@
-"""How the head of an elastic cluster reaches nodes on other machines for MPI jobs.
+"""How the head reaches the nodes of a rendezvous round: :class:`FarReach`, the
+:class:`~clusterbook.providers.reach.NodeReach` of every provider whose nodes join by
+themselves (an elastic cluster's, a Slurm batch job's).
 
-An agent started with ``--start-sshd PORT`` runs its own sshd, reports its host key and
-port, and lets in one key: the cluster's, derived from the rendezvous secret (see
-:mod:`clusterbook.ssh.keys`). The head derives the same key, pins each node's reported host
-key in a per-cluster known_hosts (``StrictHostKeyChecking=yes``), writes a per-cluster ssh
-config with each node's port and user, and checks every node once per round over that path
-(the same pre-flight checks as ``Cluster.ssh``) before the first job uses it. Only the head
-holds the key, so Open MPI starts every daemon from the head (no tree spawn).
+Nodes on this machine need no way there. Those on other machines run ranks and node tasks
+through the sshd their agent started (``--start-sshd``), which lets in the cluster's key only:
+the head derives the same key from the rendezvous secret at start, pins each node's reported
+host key, writes a per-cluster ssh config (:mod:`clusterbook.providers.elastic.far`), and
+checks every node once per round over that path (the same pre-flight checks as
+``Cluster.ssh``) before the first job uses it. Only the head holds the key, so Open MPI starts
+every daemon from the head (no tree spawn). Node tasks (files, commands, a job kept for
+inspection) run in one session per node, kept until :meth:`FarReach.stop`.
 """
 
 from __future__ import annotations
 
 import getpass
-import ipaddress
-import socket
+import shutil
 import threading
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from clusterbook.errors import BootstrapError
+from clusterbook.errors import BootstrapError, ClusterError
+from clusterbook.launch.keep import end_far, hold_far
+from clusterbook.launch.remote import RemoteLaunch, SrunStep
+from clusterbook.launch.result import KeptProcess
+from clusterbook.nodes.call import Call
+from clusterbook.nodes.commands import NodeRun, run_everywhere
 from clusterbook.nodes.fanout import parallel
-from clusterbook.nodes.transfer import Call
-from clusterbook.providers.base import RemoteLaunch, StartContext
-from clusterbook.rendezvous.report import NodeReport
-from clusterbook.spec import NodeSpec
-from clusterbook.ssh.hostkeys import (
-    Fingerprints,
-    HostKey,
-    host_entry_name,
-    known_hosts_line,
+from clusterbook.nodes.outgoing import Outgoing
+from clusterbook.nodes.transfer import fetch_all, send_all, uncounted
+from clusterbook.paths import cluster_dir
+from clusterbook.providers.base import StartContext
+from clusterbook.providers.elastic.far import (
+    FarNode,
+    far_nodes,
+    head_address_towards,
+    known_hosts_text,
+    ssh_config,
 )
+from clusterbook.rendezvous.head import RendezvousHead
+from clusterbook.spec import NodeSpec
+from clusterbook.ssh.hostkeys import Fingerprints
 
 if TYPE_CHECKING:
     from clusterbook.ssh.node_session import KeptSession, NodeSession
     from clusterbook.ssh.paramiko_shell import ParamikoShell
 
-__all__ = ["FarNode", "Reach", "far_nodes", "known_hosts_text", "pick_address", "ssh_config"]
+__all__ = ["FarReach", "Steps"]
+
+#: Where a provider's jobs may start instead of with mpirun over ssh: a step of a Slurm job
+#: for the nodes given, or None (see :mod:`clusterbook.providers.slurm.steps`).
+Steps = Callable[[tuple[NodeSpec, ...]], SrunStep | None]
+_FILES = ("known_hosts", "ssh_config", "ssh")  # what the ssh path leaves in the cluster's directory
 
 
-@dataclass(frozen=True, slots=True)
-class FarNode:
-    """A node on another machine, as its agent reported it."""
+class FarReach:
+    """The reach of a round's nodes (``nodes()``, whose agents joined ``head``): see the
+    module. ``steps``: how jobs start instead, where the nodes allow it (a Slurm job's)."""
 
-    name: str
-    addr: str
-    port: int
-    user: str
-    host_key: HostKey
-    hostname: str
-    slots: int
-
-
-def pick_address(addresses: Sequence[str], head_networks: Sequence[str]) -> str:
-    """The node address on a network the head is on, else its first address."""
-    nets = [ipaddress.ip_network(n, strict=False) for n in head_networks]
-    for addr in addresses:
-        try:
-            ip = ipaddress.ip_address(addr)
-        except ValueError:
-            continue
-        if any(ip in net for net in nets):
-            return addr
-    return addresses[0]
-
-
-def far_nodes(
-    nodes: Sequence[NodeSpec], reports: Mapping[str, NodeReport], default_user: str
-) -> tuple[list[FarNode], dict[str, list[str]]]:
-    """The nodes of a round that are not on this machine, and what keeps any from MPI."""
-    far: list[FarNode] = []
-    found: dict[str, list[str]] = {}
-    for node in nodes:
-        if node.here:
-            continue
-        report = reports.get(node.name, NodeReport())
-        port, parts = report.sshd_port, (report.sshd_host_key or "").split()
-        if not port or len(parts) < 2:
-            found[node.name] = [
-                f"it runs on another machine ({node.host}) without an sshd the head can reach; "
-                "start its agent with --start-sshd PORT (a user-level sshd that lets in only "
-                "this cluster's key)."
-            ]
-            continue
-        far.append(
-            FarNode(
-                name=node.name,
-                addr=node.host,
-                port=port,
-                user=report.user or default_user,
-                host_key=HostKey(parts[0], parts[1]),
-                hostname=report.hostname if report.hostname != "?" else node.host,
-                slots=node.slots,
-            )
-        )
-    return far, found
-
-
-def known_hosts_text(nodes: Sequence[FarNode]) -> str:
-    """known_hosts lines pinning each node's reported host key at its address and port."""
-    return "".join(known_hosts_line([host_entry_name(n.addr, n.port)], n.host_key) for n in nodes)
-
-
-def ssh_config(nodes: Sequence[FarNode], *, identity: Path, known_hosts: Path) -> str:
-    """An ssh_config (``ssh -F``) with each node's port and user, strict host keys."""
-
-    def quoted(path: Path) -> str:
-        return '"' + str(path) + '"'
-
-    blocks = [f"Host {n.addr}\n  Port {n.port}\n  User {n.user}\n" for n in nodes]
-    blocks.append(
-        "Host *\n"
-        f"  IdentityFile {quoted(identity)}\n"
-        "  IdentitiesOnly yes\n"
-        f"  UserKnownHostsFile {quoted(known_hosts)}\n"
-        "  GlobalKnownHostsFile none\n"
-        "  StrictHostKeyChecking yes\n"
-        "  UpdateHostKeys no\n"
-        "  BatchMode yes\n"
-        "  ConnectTimeout 10\n"
-    )
-    return "".join(blocks)
-
-
-def head_address_towards(addr: str) -> str:
-    """The head's address on the route to ``addr`` (a UDP connect sends no packet)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
-        s.connect((addr, 9))
-        return str(s.getsockname()[0])
-
-
-class Reach:
-    """The ssh path from the head to an elastic cluster's far nodes, checked once a round."""
-
-    def __init__(self, directory: Path, identity: Path) -> None:
-        self._dir = directory
-        self._identity = identity
+    def __init__(
+        self,
+        head: RendezvousHead,
+        nodes: Callable[[], tuple[NodeSpec, ...]],
+        steps: Steps | None = None,
+    ) -> None:
+        self._head = head
+        self._nodes = nodes
+        self._steps = steps
+        self._ctx: StartContext | None = None
+        self._identity: Path | None = None
         self._checked: tuple[FarNode, ...] = ()
         self._launch: RemoteLaunch | None = None
         self._sessions: dict[str, KeptSession] = {}
+        self._held: set[str] = set()  # jobs kept stopped on far nodes (clean="none")
         self._lock = threading.Lock()
 
-    def caller(self, python: str, node: FarNode) -> Call:
-        """Runs node tasks on ``node`` in a session kept for the cluster's lifetime, over the
-        node's sshd with its host key pinned."""
-        from clusterbook.ssh.node_session import KeptSession, NodeSession
+    # -- lifecycle ------------------------------------------------------------------------
 
-        def start() -> NodeSession:
-            return NodeSession(self._connect(node), python, owns_shell=True)
+    def start(self, ctx: StartContext) -> None:
+        """Derive the cluster's key from the rendezvous secret (the head has started)."""
+        assert self._head.secret is not None
+        from clusterbook.ssh.keys import derive_keypair  # cryptography: only when started
 
-        with self._lock:
-            kept = self._sessions.get(node.name)
-            if kept is None:
-                kept = self._sessions[node.name] = KeptSession(start)
-        return kept.call
+        keys = cluster_dir(ctx.cluster_id) / "keys"
+        shutil.rmtree(keys, ignore_errors=True)
+        self._identity = derive_keypair(keys, ctx.cluster_id, self._head.secret).private_path
+        self._ctx = ctx
 
-    def release(self, cluster_id: str) -> dict[str, Exception]:
-        """Remove what ``put`` left on the nodes reached so far and close their sessions;
-        return the nodes that could not be cleaned, with why."""
+    def stop(self) -> dict[str, Exception]:
+        """Remove what ``put`` left on the nodes reached so far (while their agents, and their
+        sshd, are still there), close their sessions and remove the key and ssh files; return
+        the nodes that could not be cleaned, with why. Safe to call again."""
+        ctx, self._ctx = self._ctx, None
+        if ctx is None:
+            return {}
         with self._lock:
             sessions, self._sessions = self._sessions, {}
 
         def clean(name: str) -> None:
             try:
-                sessions[name].call("put_cleanup", {"cluster_id": cluster_id}, timeout=15)
+                sessions[name].call("put_cleanup", {"cluster_id": ctx.cluster_id}, timeout=15)
             finally:
                 sessions[name].close()
 
-        return parallel(list(sessions), clean)[1]
+        try:
+            return parallel(list(sessions), clean)[1]
+        except Exception as exc:  # clean-up goes on: the agents leave all the same
+            return {"(all nodes)": exc}
+        finally:
+            directory = cluster_dir(ctx.cluster_id)
+            shutil.rmtree(directory / "keys", ignore_errors=True)
+            for name in _FILES:
+                (directory / name).unlink(missing_ok=True)
 
-    def _connect(self, node: FarNode) -> ParamikoShell:
-        from clusterbook.ssh.paramiko_shell import connect
+    # -- how the launcher reaches the nodes -------------------------------------------------
 
-        pins = Fingerprints({f"{node.addr}:{node.port}": node.host_key.fingerprint})
-        return connect(
-            node.addr, user=node.user, identity=self._identity, policy=pins, port=node.port
-        )
-
-    def launch(
-        self,
-        ctx: StartContext,
-        nodes: Sequence[NodeSpec],
-        reports: Mapping[str, NodeReport],
-    ) -> RemoteLaunch:
-        """The RemoteLaunch for ``nodes``; raise naming each node that cannot run ranks."""
-        far, found = far_nodes(nodes, reports, getpass.getuser())
+    def remote(self) -> RemoteLaunch | None:
+        """None when every node is on this machine; else the checked ssh path to them, with
+        the step that starts jobs instead where there is one."""
+        nodes = self._nodes()
+        if all(n.here for n in nodes):
+            return None
+        ctx = self._started()
+        far, found = far_nodes(nodes, self._head.reports(), getpass.getuser())
         if found:
             raise BootstrapError(found)
         key = tuple(far)
         if key != self._checked or self._launch is None:
-            launch = self._write(far)
+            launch = self._write(ctx, far)
             self._preflight(ctx, far)
             self._checked, self._launch = key, launch
-        return self._launch
+        step = self._steps(nodes) if self._steps is not None else None
+        return self._launch if step is None else replace(self._launch, srun=step)
 
-    def _write(self, far: Sequence[FarNode]) -> RemoteLaunch:
-        known = self._dir / "known_hosts"
-        known.write_text(known_hosts_text(far))
-        config = self._dir / "ssh_config"
-        config.write_text(ssh_config(far, identity=self._identity, known_hosts=known))
+    def _write(self, ctx: StartContext, far: Sequence[FarNode]) -> RemoteLaunch:
         from clusterbook.ssh.launcher_ssh import ssh_wrapper
 
+        assert self._identity is not None
+        directory = cluster_dir(ctx.cluster_id)
+        known = directory / "known_hosts"
+        known.write_text(known_hosts_text(far))
+        config = directory / "ssh_config"
+        config.write_text(ssh_config(far, identity=self._identity, known_hosts=known))
         ssh_args = ("-F", str(config))
-        wrapper = self._dir / "ssh"
+        wrapper = directory / "ssh"
         wrapper.write_text(ssh_wrapper(ssh_args))
         wrapper.chmod(0o755)
         return RemoteLaunch(
@@ -240,3 +182,88 @@ class Reach:
         found = all_problems(head, facts, failed, nodes, ctx.launcher.flavour.value)
         if found:
             raise BootstrapError(found)
+
+    # -- jobs --------------------------------------------------------------------------------
+
+    def stop_job(self, token: str) -> None:
+        """Ask every agent to stop the processes of job ``token`` on its node; those of a
+        job kept for inspection, through the nodes' sshd, before returning."""
+        if token in self._held:  # first: the agents' own clean-up gives a grace
+            self._held.discard(token)
+            end_far(self._callers()[0] if self._ctx is not None else {}, token)
+        self._head.stop_job(token)
+
+    def hold_job(self, token: str, failing: Mapping[str, int]) -> tuple[KeptProcess, ...]:
+        """Asked of each node on another machine through its sshd (this machine's are the
+        job's own)."""
+        if self._ctx is None:
+            return ()
+        self._held.add(token)
+        return hold_far(self._callers()[0], token, failing)
+
+    def free_port(self, node: NodeSpec) -> int | None:
+        """Asked of a node on another machine through its sshd (None for this machine's)."""
+        call = self._callers()[0].get(node.name)
+        return None if call is None else int(call("free_port", {}, 10.0)["port"])
+
+    # -- files and commands ------------------------------------------------------------------
+
+    def put(
+        self, sent: Outgoing, sending: Callable[[int], None] = uncounted
+    ) -> dict[str, Exception]:
+        """Send ``sent`` to every node on another machine; return the nodes it failed on."""
+        callers, unreachable = self._callers()
+        ctx = self._started()
+        return {**unreachable, **send_all(callers, ctx.cluster_id, sent, sending)}
+
+    def gather(
+        self, directory: Path, skip: Sequence[str], receiving: Callable[[int], None] = uncounted
+    ) -> tuple[list[Path], dict[str, Exception]]:
+        """Move the files ranks wrote in ``directory`` on nodes on other machines here."""
+        callers, unreachable = self._callers()
+        stored, failed = fetch_all(callers, directory, skip, receiving)
+        return stored, {**unreachable, **failed}
+
+    def run_on_nodes(self, argv: Sequence[str], timeout: float) -> list[NodeRun]:
+        """Run ``argv`` on every node of the round: over the sshd of those on other machines
+        (a node without one says why in its stderr), here for those on this machine."""
+        callers, unreachable = self._callers()
+        return run_everywhere(self._nodes(), callers, argv, timeout, unreachable)
+
+    # -- sessions ----------------------------------------------------------------------------
+
+    def _started(self) -> StartContext:
+        if self._ctx is None:
+            raise ClusterError("The elastic cluster is not started; call start() first.")
+        return self._ctx
+
+    def _callers(self) -> tuple[dict[str, Call], dict[str, Exception]]:
+        """Node tasks on each node of the round on another machine; those the head cannot
+        reach, with why."""
+        ctx = self._started()
+        far, found = far_nodes(self._nodes(), self._head.reports(), getpass.getuser())
+        callers = {n.name: self._caller(ctx.python, n) for n in far}
+        return callers, {name: ClusterError(" ".join(why)) for name, why in found.items()}
+
+    def _caller(self, python: str, node: FarNode) -> Call:
+        """Runs node tasks on ``node`` in a session kept for the cluster's lifetime, over the
+        node's sshd with its host key pinned."""
+        from clusterbook.ssh.node_session import KeptSession, NodeSession
+
+        def start() -> NodeSession:
+            return NodeSession(self._connect(node), python, owns_shell=True)
+
+        with self._lock:
+            kept = self._sessions.get(node.name)
+            if kept is None:
+                kept = self._sessions[node.name] = KeptSession(start)
+        return kept.call
+
+    def _connect(self, node: FarNode) -> ParamikoShell:
+        from clusterbook.ssh.paramiko_shell import connect
+
+        assert self._identity is not None
+        pins = Fingerprints({f"{node.addr}:{node.port}": node.host_key.fingerprint})
+        return connect(
+            node.addr, user=node.user, identity=self._identity, policy=pins, port=node.port
+        )

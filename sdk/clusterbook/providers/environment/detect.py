@@ -39,15 +39,17 @@ of the allocation (:func:`launch_via` chooses).
 from __future__ import annotations
 
 import os
-import subprocess
-from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
-from pathlib import Path
+from collections.abc import Mapping
 from typing import Any
 
-from clusterbook.cluster.options import ClusterOptions
 from clusterbook.errors import ConfigError, EnvironmentNotFoundError, WorkerHostError
-from clusterbook.spec import validate_positive_int
+from clusterbook.providers.environment.found import Detected, Runner, Surroundings, run_command
+from clusterbook.providers.environment.readers import (
+    MPIJOB_HOSTFILE_VARS,
+    READERS,
+    SAGEMAKER_RESOURCE_CONFIG,
+)
+from clusterbook.spec import CLUSTER_OPTIONS, validate_positive_int
 from clusterbook.wording import spell, spell_or
 
 __all__ = [
@@ -70,111 +72,6 @@ __all__ = [
 DETECTION_ORDER = ("slurm", "pbs", "mpijob", "sagemaker")
 #: The variable that chooses the system (a kind, ``auto`` or ``none``).
 ENV_VAR = "CLUSTERBOOK_ENVIRONMENT"
-#: Where SageMaker writes the training job's hosts.
-SAGEMAKER_RESOURCE_CONFIG = "/opt/ml/input/config/resourceconfig.json"
-#: Variables that name an MPIJob launcher's hostfile, and the MPI they are for.
-MPIJOB_HOSTFILE_VARS = {
-    "OMPI_MCA_orte_default_hostfile": "openmpi",
-    "HYDRA_HOST_FILE": "mpich",
-    "I_MPI_HYDRA_HOST_FILE": "mpich",
-}
-
-#: Runs a command, returns its standard output; raises ``OSError`` when it is not there and
-#: ``subprocess.CalledProcessError`` (with ``stderr``) when it fails.
-Runner = Callable[[Sequence[str]], str]
-
-
-def run_command(argv: Sequence[str]) -> str:
-    """The default :data:`Runner`: ``argv`` run here, stopped after 30 seconds."""
-    try:
-        done = subprocess.run(list(argv), capture_output=True, text=True, check=True, timeout=30)
-    except subprocess.TimeoutExpired as exc:
-        raise subprocess.CalledProcessError(
-            -1, list(argv), "", f"no answer within {exc.timeout:g} seconds"
-        ) from None
-    return done.stdout
-
-
-@dataclass(frozen=True, slots=True)
-class Surroundings:
-    """Where the system's variables, files and commands come from (this process's own by
-    default): ``environ``, file paths read under ``root``, commands through ``runner``."""
-
-    environ: Mapping[str, str]
-    root: Path = Path("/")
-    runner: Runner = run_command
-
-    @classmethod
-    def make(
-        cls,
-        environ: Mapping[str, str] | None = None,
-        root: str | os.PathLike[str] | None = None,
-        runner: Runner | None = None,
-    ) -> Surroundings:
-        return cls(
-            dict(os.environ if environ is None else environ),
-            Path("/" if root is None else root),
-            runner or run_command,
-        )
-
-    def path(self, absolute: str) -> Path:
-        """Where ``absolute`` (as the system names it) is under :attr:`root`."""
-        return self.root / absolute.lstrip("/")
-
-    def get(self, name: str) -> str | None:
-        """The variable's value, None when unset or blank."""
-        value = self.environ.get(name)
-        return value if value and value.strip() else None
-
-
-@dataclass(frozen=True, slots=True)
-class Detected:
-    """The nodes a system gives this process, and what it says about them.
-
-    Attributes
-    ----------
-    kind
-        ``"slurm"``, ``"pbs"``, ``"mpijob"`` or ``"sagemaker"``.
-    hosts_with_slots
-        ``(host, slots)`` per node, in the system's order, each host once (none on an
-        MPIJob's worker pod, which is given no hostfile).
-    source
-        Where they were read, for messages (``"SLURM_JOB_NODELIST='n[1-2]'"``).
-    current_host
-        This host's name, when the system says it.
-    leader
-        Where the cluster is to be built, when the system says (SageMaker: the first host;
-        an MPIJob: its launcher pod); None: anywhere.
-    role
-        ``"worker"`` on a host where the cluster is not to be built (another SageMaker host
-        than the first, an MPIJob's worker pod), else ``"leader"``.
-    job_id
-        The system's id of the job or allocation, when it says it.
-    mpi
-        The MPI flavour the system prepared for (an MPIJob's), else None.
-    ssh
-        Options for the SSH provider the system implies (``identity``, ``host_keys``...);
-        those given to ``from_environment`` win.
-    """
-
-    kind: str
-    hosts_with_slots: tuple[tuple[str, int], ...]
-    source: str
-    current_host: str | None = None
-    leader: str | None = None
-    job_id: str | None = None
-    mpi: str | None = None
-    ssh: Mapping[str, Any] = field(default_factory=dict)
-    role: str = "leader"
-
-    @property
-    def hosts(self) -> list[str]:
-        """``["node1:4", ...]``, as ``Cluster.ssh`` takes them."""
-        return [f"{host}:{slots}" for host, slots in self.hosts_with_slots]
-
-    @property
-    def total_slots(self) -> int:
-        return sum(slots for _, slots in self.hosts_with_slots)
 
 
 def signs(where: Surroundings) -> dict[str, str]:
@@ -228,8 +125,6 @@ def find_environment(
 ) -> Detected | None:
     """:func:`detect_environment`, or None when no system is around (or ``kind`` / the
     environment's ``CLUSTERBOOK_ENVIRONMENT`` is ``"none"``)."""
-    from clusterbook.providers.environment.readers import READERS
-
     where = Surroundings.make(environ, root, runner)
     forced = kind if kind is not None else where.get(ENV_VAR)
     chosen = choose(signs(where), forced.strip().lower() if forced else None)
@@ -278,9 +173,7 @@ def launch_via(
     """``"srun"`` (jobs as steps of the Slurm allocation) or ``"ssh"``: ``via``, or for
     ``"auto"`` (None) srun inside a Slurm allocation where ``srun`` is found (``srun_found``)
     and no SSH option is given in ``options``, else ssh."""
-    ssh_given = sorted(
-        k for k, v in options.items() if v is not None and k not in ClusterOptions.given_names()
-    )
+    ssh_given = sorted(k for k, v in options.items() if v is not None and k not in CLUSTER_OPTIONS)
     chosen = "auto" if via is None else via
     if chosen not in VIA:
         raise ConfigError(
@@ -337,7 +230,7 @@ def cluster_spec(
         hosts = [f"{host}:{validate_positive_int(slots, 'slots')}" for host, _ in
                  detected.hosts_with_slots]  # fmt: skip
     if via == "srun":
-        own = {k: v for k, v in options.items() if k in ClusterOptions.given_names()}
+        own = {k: v for k, v in options.items() if k in CLUSTER_OPTIONS}
         return {"kind": "srun", "hosts": hosts, "job_id": detected.job_id, **own}
     spec: dict[str, Any] = {"kind": "ssh", "hosts": hosts, **detected.ssh}
     if detected.mpi is not None:

@@ -1,5 +1,5 @@
 """How each system's variables and files become a
-:class:`~clusterbook.providers.environment.detect.Detected` (one reader per kind; the formats are
+:class:`~clusterbook.providers.environment.found.Detected` (one reader per kind; the formats are
 described in :mod:`clusterbook.providers.environment.detect`)."""
 
 from __future__ import annotations
@@ -11,22 +11,28 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from clusterbook.errors import ConfigError
-from clusterbook.providers.environment.detect import (
-    MPIJOB_HOSTFILE_VARS,
-    SAGEMAKER_RESOURCE_CONFIG,
-    Detected,
-    Surroundings,
-)
+from clusterbook.providers.environment.found import Detected, Surroundings
 from clusterbook.providers.slurm.lists import expand_counts, expand_nodelist
 from clusterbook.spec import parse_host_slots, parse_hostfile, validate_host
 
 __all__ = [
     "MPIJOB_HOSTFILE",
+    "MPIJOB_HOSTFILE_VARS",
     "MPIJOB_SSH_PORT",
     "READERS",
+    "SAGEMAKER_RESOURCE_CONFIG",
     "SSH_AUTH_MOUNT_VAR",
     "hosts_with_counts",
 ]
+
+#: Where SageMaker writes the training job's hosts.
+SAGEMAKER_RESOURCE_CONFIG = "/opt/ml/input/config/resourceconfig.json"
+#: Variables that name an MPIJob launcher's hostfile, and the MPI they are for.
+MPIJOB_HOSTFILE_VARS = {
+    "OMPI_MCA_orte_default_hostfile": "openmpi",
+    "HYDRA_HOST_FILE": "mpich",
+    "I_MPI_HYDRA_HOST_FILE": "mpich",
+}
 
 #: Where the MPI operator mounts the launcher's hostfile.
 MPIJOB_HOSTFILE = "/etc/mpi/hostfile"

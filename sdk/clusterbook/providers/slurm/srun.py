@@ -22,27 +22,32 @@ import re
 import shutil
 import socket
 import subprocess
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
 from typing import Any
 
 from clusterbook.errors import BootstrapError, ClusterError, ConfigError
 from clusterbook.launch.command import OPENMPI_TUNING
 from clusterbook.launch.flavour import MPIFlavour
 from clusterbook.launch.keep import end_far, hold_far
+from clusterbook.launch.remote import RemoteLaunch, SrunStep
 from clusterbook.launch.result import KeptProcess
-from clusterbook.launch.srun import PMI_PLUGIN, SrunStep, inherited_slurm
+from clusterbook.launch.srun import PMI_PLUGIN, inherited_slurm
+from clusterbook.nodes.call import Call
 from clusterbook.nodes.commands import NodeRun, run_everywhere
 from clusterbook.nodes.fanout import parallel
+from clusterbook.nodes.outgoing import Outgoing
 from clusterbook.nodes.tasks.program import ENTRY
-from clusterbook.nodes.transfer import Call
-from clusterbook.providers.base import Provider, RemoteLaunch, StartContext
-from clusterbook.providers.elastic.reach import head_address_towards
+from clusterbook.nodes.transfer import uncounted
+from clusterbook.providers.base import Provider, StartContext
+from clusterbook.providers.elastic.far import head_address_towards
+from clusterbook.providers.reach import NodeReach
 from clusterbook.providers.slurm.commands import SlurmRunner, run_command
-from clusterbook.providers.ssh.provider import parse_host_list
+from clusterbook.providers.ssh.hosts import parse_host_list
 from clusterbook.spec import NodeSpec
 from clusterbook.wording import spell
 
-__all__ = ["PROBE", "SrunProvider", "check_world", "read_probe", "step_argv"]
+__all__ = ["PROBE", "SrunProvider", "SrunReach", "check_world", "read_probe", "step_argv"]
 
 #: What each node runs at start: MPI through Slurm's plugin, and what the node is.
 PROBE = """\
@@ -133,9 +138,101 @@ def check_world(
     return found
 
 
+class SrunReach:
+    """The reach of the nodes of Slurm job ``job_id`` (``nodes()``, their hosts Slurm's node
+    names), once :meth:`open`: jobs start as steps of the job, and whatever else the cluster
+    asks of a node is a node task run there by a one-task step (``run``: how a Slurm command
+    runs). The nodes share this machine's files: nothing to put or gather."""
+
+    def __init__(
+        self, nodes: Callable[[], tuple[NodeSpec, ...]], job_id: str, run: SlurmRunner
+    ) -> None:
+        self._nodes = nodes
+        self._job_id = job_id
+        self._run = run
+        self._srun = "srun"
+        self._ctx: StartContext | None = None
+        self._remote: RemoteLaunch | None = None
+        self._held: set[str] = set()
+
+    def open(self, srun: str, ctx: StartContext, head_addr: str) -> None:
+        """Reach the nodes through ``srun`` from now on; ``head_addr``: this machine's
+        address as the nodes see it ("" when it cannot be told)."""
+        self._srun, self._ctx = srun, ctx
+        self._remote = RemoteLaunch(
+            ssh_args=(), ssh_wrapper="", head_addr=head_addr, srun=SrunStep(srun, self._job_id)
+        )
+
+    def close(self) -> None:
+        """Nothing was put on the nodes: the cluster's jobs are all it had there, and its
+        stop ends them first."""
+        self._ctx = None
+        self._remote = None
+
+    def remote(self) -> RemoteLaunch | None:
+        return self._remote
+
+    def put(
+        self, sent: Outgoing, sending: Callable[[int], None] = uncounted
+    ) -> dict[str, Exception]:
+        return {}
+
+    def gather(
+        self, directory: Path, skip: Sequence[str], receiving: Callable[[int], None] = uncounted
+    ) -> tuple[list[Path], dict[str, Exception]]:
+        return [], {}
+
+    def stop_job(self, token: str) -> None:
+        if self._ctx is None:
+            return
+        callers = self._callers()
+        if token in self._held:  # kept stopped for inspection: no grace to give
+            self._held.discard(token)
+            end_far(callers, token)
+            return
+        parallel(sorted(callers), lambda host: callers[host]("kill", {"token": token}, 15.0))
+
+    def hold_job(self, token: str, failing: Mapping[str, int]) -> tuple[KeptProcess, ...]:
+        if self._ctx is None:
+            return ()
+        self._held.add(token)
+        return hold_far(self._callers(), token, failing)
+
+    def run_on_nodes(self, argv: Sequence[str], timeout: float) -> list[NodeRun]:
+        return run_everywhere(self._nodes(), self._callers(), argv, timeout)
+
+    def free_port(self, node: NodeSpec) -> int | None:
+        if self._ctx is None:
+            return None
+        return int(self._callers()[node.name]("free_port", {}, 30.0)["port"])
+
+    def _callers(self) -> dict[str, Call]:
+        """Node tasks on each node, each a one-task step of the allocation there."""
+        if self._ctx is None:
+            raise ClusterError("The cluster is not started; call start() first.")
+        python, env = self._ctx.python, dict(self._ctx.env)
+
+        def caller(host: str) -> Call:
+            def call(task: str, args: Mapping[str, Any], timeout: float, **_: Any) -> Any:
+                argv = [*step_argv(self._srun, self._job_id, [host]), python, "-S", _TASKS]
+                done = self._run([*argv, task, json.dumps(dict(args))], env, timeout)
+                lines = [line.partition(": ")[2] for line in done.stdout.splitlines()]
+                if done.returncode != 0 or not lines:
+                    raise ClusterError(
+                        f"The node task {task!r} on {host} (through srun) failed: "
+                        f"{(done.stderr.strip() or done.stdout.strip() or 'no output')[-1000:]}"
+                    )
+                return json.loads(lines[-1])
+
+            return call
+
+        return {n.name: caller(n.host) for n in self._nodes()}
+
+
 class SrunProvider(Provider):
     """The nodes of Slurm job ``job_id`` (default ``SLURM_JOB_ID``): ``hosts`` as Slurm names
-    them, with their slots (``["node1:4", ...]``), jobs started by ``srun``."""
+    them, with their slots (``["node1:4", ...]``), jobs started by ``srun``. A fixed set:
+    ready once started (the default watch); reached through Slurm (:class:`SrunReach`)."""
 
     kind = "srun"
 
@@ -165,18 +262,15 @@ class SrunProvider(Provider):
         self._srun = srun
         self._run: SlurmRunner = runner or run_command
         self._env = {k: v for k, v in os.environ.items() if k not in inherited_slurm(os.environ)}
-        self._ctx: StartContext | None = None
-        self._remote: RemoteLaunch | None = None
-        self._held: set[str] = set()
+        self._reach = SrunReach(lambda: self._nodes, self.job_id, self._run_env)
 
     @property
     def nodes(self) -> tuple[NodeSpec, ...]:
         return self._nodes
 
-    def remote(self) -> RemoteLaunch | None:
-        return self._remote
-
-    # -- start ------------------------------------------------------------------------------
+    @property
+    def reach(self) -> NodeReach:
+        return self._reach
 
     def start(self, ctx: StartContext) -> None:
         srun = shutil.which(self._srun)
@@ -186,20 +280,13 @@ class SrunProvider(Provider):
                 "reached through it. Run where Slurm's commands are (inside the allocation), "
                 "or give the path as srun=."
             )
-        self._srun = srun
         hosts = [n.host for n in self._nodes]
         ctx.progress(f"checking {len(hosts)} nodes")
         found = check_world(self._run_env, srun, self.job_id, hosts, ctx)
         self._nodes = tuple(
             NodeSpec(n.name, n.host, n.slots, cores=_cores(found[n.host])) for n in self._nodes
         )
-        self._ctx = ctx
-        self._remote = RemoteLaunch(
-            ssh_args=(),
-            ssh_wrapper="",
-            head_addr=self._head_address(hosts[0]),
-            srun=SrunStep(srun, self.job_id),
-        )
+        self._reach.open(srun, ctx, self._head_address(hosts[0]))
         self.started = True
 
     def _head_address(self, node: str) -> str:
@@ -212,67 +299,17 @@ class SrunProvider(Provider):
         except (OSError, ClusterError):
             return ""
 
-    # -- what a job asks of the nodes --------------------------------------------------------
-
-    def stop_job(self, token: str) -> None:
-        if self._ctx is None:
-            return
-        callers = self._callers()
-        if token in self._held:  # kept stopped for inspection: no grace to give
-            self._held.discard(token)
-            end_far(callers, token)
-            return
-        parallel(sorted(callers), lambda host: callers[host]("kill", {"token": token}, 15.0))
-
-    def hold_job(self, token: str, failing: Mapping[str, int]) -> tuple[KeptProcess, ...]:
-        if self._ctx is None:
-            return ()
-        self._held.add(token)
-        return hold_far(self._callers(), token, failing)
-
-    def run_on_nodes(self, argv: Sequence[str], timeout: float) -> list[NodeRun]:
-        return run_everywhere(self._nodes, self._callers(), argv, timeout)
-
-    def free_port(self, node: NodeSpec) -> int | None:
-        if self._ctx is None:
-            return None
-        return int(self._callers()[node.name]("free_port", {}, 30.0)["port"])
-
     def stop(self) -> None:
         """Nothing was put on the nodes: the cluster's jobs are all it had there, and its
         stop ends them first. Never raises."""
-        self._ctx = None
-        self._remote = None
+        self._reach.close()
         self.started = False
-
-    # -- internals ---------------------------------------------------------------------------
 
     def _run_env(
         self, argv: Sequence[str], env: Mapping[str, str], timeout: float
     ) -> subprocess.CompletedProcess[str]:
         """Run a Slurm command with this process's environment but its Slurm job's."""
         return self._run(argv, {**self._env, **env}, timeout)
-
-    def _callers(self) -> dict[str, Call]:
-        """Node tasks on each node, each a one-task step of the allocation there."""
-        assert self._ctx is not None
-        python, env = self._ctx.python, dict(self._ctx.env)
-
-        def caller(host: str) -> Call:
-            def call(task: str, args: Mapping[str, Any], timeout: float, **_: Any) -> Any:
-                argv = [*step_argv(self._srun, self.job_id, [host]), python, "-S", _TASKS]
-                done = self._run_env([*argv, task, json.dumps(dict(args))], env, timeout)
-                lines = [line.partition(": ")[2] for line in done.stdout.splitlines()]
-                if done.returncode != 0 or not lines:
-                    raise ClusterError(
-                        f"The node task {task!r} on {host} (through srun) failed: "
-                        f"{(done.stderr.strip() or done.stdout.strip() or 'no output')[-1000:]}"
-                    )
-                return json.loads(lines[-1])
-
-            return call
-
-        return {n.name: caller(n.host) for n in self._nodes}
 
 
 _TASKS = ENTRY  # the node program, run from its files (they are shared there)

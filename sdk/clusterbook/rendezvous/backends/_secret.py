@@ -1,6 +1,6 @@
 """The secret a cluster's head and nodes share: the token file, created 0600 in one step.
 
-The rendezvous store (:mod:`._wire`) and the head's control channel
+The rendezvous store (:mod:`.wire`) and the head's control channel
 (:mod:`clusterbook.head.control`) prove with it that a peer belongs to the cluster; it never crosses
 the wire.
 """
@@ -13,12 +13,13 @@ import stat
 
 from clusterbook.errors import ConfigError
 
-__all__ = ["read_secret", "write_secret"]
+__all__ = ["check_secret", "read_secret", "write_secret"]
 
 _MIN_SECRET = 16
 
 
-def _check_secret(secret: object) -> bytes:
+def check_secret(secret: object) -> bytes:
+    """``secret``, if it is bytes of at least 16; else a :class:`ConfigError` saying so."""
     if not isinstance(secret, bytes):
         raise ConfigError(
             f"The rendezvous secret must be bytes, got {type(secret).__name__}; use "
@@ -38,7 +39,7 @@ def write_secret(path: str | os.PathLike[str], secret: bytes | None = None) -> b
     The file is created with mode 0600 in one step, so it is never readable by others, not even
     for a moment; an existing file is never overwritten. Returns the secret.
     """
-    secret = _check_secret(secrets.token_bytes(32) if secret is None else secret)
+    secret = check_secret(secrets.token_bytes(32) if secret is None else secret)
     flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0)
     try:
         fd = os.open(path, flags, 0o600)
@@ -98,4 +99,4 @@ def read_secret(path: str | os.PathLike[str]) -> bytes:
         raise ConfigError(
             f"The secret file {name} does not hold a hex secret; write it with write_secret()."
         ) from None
-    return _check_secret(secret)
+    return check_secret(secret)

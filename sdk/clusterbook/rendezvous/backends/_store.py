@@ -20,7 +20,7 @@ from collections.abc import Sequence
 from dataclasses import replace
 
 from clusterbook.rendezvous.api import RendezvousStateError, Token
-from clusterbook.rendezvous.backends._wire import _INT, _NONE, MAX_STATE
+from clusterbook.rendezvous.backends.wire import MAX_STATE, TOKEN_INT, TOKEN_NONE
 from clusterbook.rendezvous.ops import decisions_may_change, members_may_change
 from clusterbook.rendezvous.state import RendezvousState, decode, encode
 from clusterbook.rendezvous.step import Step
@@ -73,17 +73,17 @@ class StateStore:
         return self._view, self.token
 
     def matches(self, kind: int, value: int) -> bool:
-        """Whether the token ``kind, value`` (see ``_wire._spec``) is the stored one."""
+        """Whether the token ``kind, value`` (see :func:`.wire.token_spec`) is the stored one."""
         current = None if self.token == 0 else self.token
-        if kind == _NONE:
+        if kind == TOKEN_NONE:
             return current is None
-        return kind == _INT and current == value
+        return kind == TOKEN_INT and current == value
 
     def settled(self, kind: int, value: int, *, level: int = ANY) -> bool:
         """Whether a watch from the token ``kind, value`` returns now: the token differs (a
         plain watch, ``ANY``), or a write of the watch's ``level`` came after it (``MEMBERS``,
         ``DECISIONS``; a token this store never gave out counts as differing)."""
-        if level != ANY and kind == _INT and 0 < value <= self.token:
+        if level != ANY and kind == TOKEN_INT and 0 < value <= self.token:
             return (self.decisive if level == DECISIONS else self.eventful) > value
         return not self.matches(kind, value)
 

@@ -12,7 +12,7 @@ mismatch. TLS 1.3 only: both ends are clusterbook.
 
 TLS encrypts and protects the traffic and proves the server is the head; the cluster's secret
 (the token file) still proves, inside TLS, that the client is a node of the cluster (see
-:mod:`._wire`): knowing the fingerprint, which is no secret, lets nobody in.
+:mod:`.wire`): knowing the fingerprint, which is no secret, lets nobody in.
 """
 
 from __future__ import annotations
@@ -165,10 +165,17 @@ def _handshake(sock: ssl.SSLSocket, deadline: float | None) -> None:
     sock.do_handshake()
 
 
-def client_tls(sock: socket.socket, fingerprint: str, deadline: float | None) -> ssl.SSLSocket:
-    """``sock`` (connected) wrapped in TLS, once the server's certificate has the pinned
-    ``fingerprint``; raises :class:`_WrongCertificate` if it has not (and closes it)."""
-    tls = _client_context().wrap_socket(sock, do_handshake_on_connect=False)
+def client_tls(
+    sock: socket.socket,
+    fingerprint: str,
+    deadline: float | None,
+    *,
+    context: ssl.SSLContext | None = None,
+) -> ssl.SSLSocket:
+    """``sock`` (connected) wrapped in TLS (``context``: the clients' by default), once the
+    server's certificate has the pinned ``fingerprint``; raises :class:`_WrongCertificate` if
+    it has not (and closes it)."""
+    tls = (context or _client_context()).wrap_socket(sock, do_handshake_on_connect=False)
     try:
         _handshake(tls, deadline)
         der = tls.getpeercert(binary_form=True)
@@ -179,13 +186,3 @@ def client_tls(sock: socket.socket, fingerprint: str, deadline: float | None) ->
         tls.close()
         raise
     return tls
-
-
-def server_tls(context: ssl.SSLContext, sock: socket.socket) -> ssl.SSLSocket:
-    """``sock`` (accepted) wrapped in TLS; the handshake happens in :func:`server_handshake`,
-    on the connection's own thread."""
-    return context.wrap_socket(sock, server_side=True, do_handshake_on_connect=False)
-
-
-def server_handshake(sock: ssl.SSLSocket, deadline: float | None) -> None:
-    _handshake(sock, deadline)

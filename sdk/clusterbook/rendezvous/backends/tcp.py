@@ -1,11 +1,11 @@
-"""A rendezvous store served over TCP by the head, and the backend its nodes use to reach it.
+"""The backend the nodes of a rendezvous use to reach the store the head serves over TCP.
 
-The head runs a :class:`StoreServer` (from :mod:`.tcp_server`); every node (the head too) talks to
-it through a :class:`TcpBackend`. The traffic is TLS, with the server's self-signed certificate
+The head runs a :class:`~.tcp_server.StoreServer`; every node (the head too) talks to it
+through a :class:`TcpBackend`. The traffic is TLS, with the server's self-signed certificate
 pinned by the fingerprint in the store's URL (``tcp://host:port?fingerprint=sha256:HEX``, see
 :mod:`._tls`); inside it, the client's first message shows the per-cluster secret
 (:func:`write_secret` makes the token file, :func:`read_secret` reads it back). The wire
-protocol is described in :mod:`clusterbook.rendezvous.backends._wire`.
+protocol is described in :mod:`clusterbook.rendezvous.backends.wire`.
 """
 
 from __future__ import annotations
@@ -30,35 +30,27 @@ from clusterbook.rendezvous.backends._tls import (
     _WrongCertificate,
     client_tls,
 )
-from clusterbook.rendezvous.backends._wire import (
-    _HEAD,
-    _MAX_NODE,
-    _SECONDS,
-    _WATCH_MAX,
+from clusterbook.rendezvous.backends.url import format_url, parse_store_url, parse_url
+from clusterbook.rendezvous.backends.wire import (
+    HEAD,
     MAX_FRAME,
+    MAX_NODE,
     MAX_STATE,
+    SECONDS,
+    WATCH_MAX,
     AuthFailed,
     Channel,
     PeerClosed,
     ProtocolError,
-    _check_secret,
-    _format_url,
-    _seconds,
-    _shutdown,
-    _spec,
-    _tune,
+    check_seconds,
+    check_secret,
     open_channel,
-    parse_store_url,
-    parse_url,
     read_secret,
+    shutdown,
+    token_spec,
+    tune,
     write_secret,
 )
-from clusterbook.rendezvous.backends._wire import _MAGIC as _MAGIC
-
-# Protocol internals that stay importable from here, where tests speak the protocol by hand.
-from clusterbook.rendezvous.backends._wire import FRAME_HEADER as FRAME_HEADER
-from clusterbook.rendezvous.backends._wire import hello as hello
-from clusterbook.rendezvous.backends.tcp_server import StoreServer
 from clusterbook.rendezvous.step import Step
 
 __all__ = [
@@ -66,7 +58,6 @@ __all__ = [
     "MAX_FRAME",
     "MAX_STATE",
     "Certificate",
-    "StoreServer",
     "TcpBackend",
     "parse_url",
     "read_secret",
@@ -103,16 +94,15 @@ class TcpBackend(RendezvousBackend):
         # How to reach the store without the network: StoreServer.local_client's, for the
         # server's own process (a connected socket by the deadline; no TLS on it).
         self._dial = dial
-        self._secret = _check_secret(secret)
+        self._secret = check_secret(secret)
         if node is not None and (
-            not isinstance(node, str) or not node or len(node.encode("utf-8")) > _MAX_NODE
+            not isinstance(node, str) or not node or len(node.encode("utf-8")) > MAX_NODE
         ):
             raise ConfigError(
-                f"The node id must be a non-empty string of at most {_MAX_NODE} bytes, "
-                f"got {node!r}."
+                f"The node id must be a non-empty string of at most {MAX_NODE} bytes, got {node!r}."
             )
         self._node = node
-        self._timeout = _seconds(timeout, "store timeout")
+        self._timeout = check_seconds(timeout, "store timeout")
         if fingerprint is None:
             raise ConfigError(
                 f"The rendezvous store URL {url!r} names no certificate fingerprint. The store "
@@ -123,7 +113,7 @@ class TcpBackend(RendezvousBackend):
                 "older clusterbook, no longer works."
             )
         self._fingerprint = fingerprint
-        self._url = _format_url(self._host, self._port, fingerprint)
+        self._url = format_url(self._host, self._port, fingerprint)
         self._lock = threading.Lock()
         self._chan: Channel | None = None
         self._closed = False
@@ -148,7 +138,7 @@ class TcpBackend(RendezvousBackend):
                 f"The rendezvous state is {len(state)} bytes; the store holds at most "
                 f"{MAX_STATE} bytes."
             )
-        request = b"S" + _spec(token) + state
+        request = b"S" + token_spec(token) + state
         result: tuple[bytes, Token, bool] = self._call(
             lambda _left: request, b"r", idempotent=False
         )
@@ -181,10 +171,10 @@ class TcpBackend(RendezvousBackend):
         return self._watch(b"M", token, timeout)
 
     def _watch(self, op: bytes, token: Token | None, timeout: float) -> tuple[bytes, Token] | None:
-        wait = min(_WATCH_MAX, float(timeout)) if timeout > 0 else 0.0  # NaN -> 0
-        spec = _spec(token)
+        wait = min(WATCH_MAX, float(timeout)) if timeout > 0 else 0.0  # NaN -> 0
+        spec = token_spec(token)
         current: tuple[bytes, Token] | None = self._call(
-            lambda left: op + spec + _SECONDS.pack(left), b"s", idempotent=True, wait=wait
+            lambda left: op + spec + SECONDS.pack(left), b"s", idempotent=True, wait=wait
         )
         return current
 
@@ -209,7 +199,7 @@ class TcpBackend(RendezvousBackend):
         else:  # a call is stuck waiting on the store: end it
             for chan in {c for c in (first, self._chan) if c is not None}:
                 with contextlib.suppress(OSError):
-                    _shutdown(chan.sock, socket.SHUT_RDWR)
+                    shutdown(chan.sock, socket.SHUT_RDWR)
 
     def __enter__(self) -> TcpBackend:
         return self
@@ -237,7 +227,7 @@ class TcpBackend(RendezvousBackend):
                 raise
         sock = socket.create_connection((self._host, self._port), timeout=left)
         try:
-            _tune(sock)
+            tune(sock)
             tls = client_tls(sock, self._fingerprint, deadline)
         except BaseException:
             sock.close()
@@ -347,7 +337,7 @@ def _stale(chan: Channel) -> bool:
 def _goodbye(chan: Channel) -> None:
     try:
         chan.send(b"B", time.monotonic() + 1.0)
-        _shutdown(chan.sock, socket.SHUT_WR)
+        shutdown(chan.sock, socket.SHUT_WR)
     except OSError:
         pass
 
@@ -364,10 +354,10 @@ def _drain(sock: socket.socket, deadline: float) -> None:
 
 
 def _decode(reply: bytes, kind: bytes) -> Any:
-    if reply[:1] != kind or len(reply) < 1 + _HEAD.size:
+    if reply[:1] != kind or len(reply) < 1 + HEAD.size:
         raise ProtocolError(f"unexpected reply {reply[:1]!r}")
-    flag, token = _HEAD.unpack_from(reply, 1)
-    state = reply[1 + _HEAD.size :]
+    flag, token = HEAD.unpack_from(reply, 1)
+    state = reply[1 + HEAD.size :]
     if kind == b"r":
         return state, token, bool(flag)
     return (state, token) if flag else None

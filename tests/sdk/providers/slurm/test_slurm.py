@@ -12,9 +12,8 @@ from pathlib import Path
 import pytest
 
 import clusterbook as cb
-from clusterbook.launch.srun import SrunStep
-from clusterbook.providers.base import RemoteLaunch, StartContext
-from clusterbook.providers.elastic.provider import ElasticProvider
+from clusterbook.launch.remote import SrunStep
+from clusterbook.providers.base import StartContext
 from clusterbook.providers.slurm.batch import (
     GONE,
     BatchJob,
@@ -27,7 +26,7 @@ from clusterbook.providers.slurm.batch import (
     render_script,
     sbatch_argv,
 )
-from clusterbook.providers.slurm.provider import SlurmProvider
+from clusterbook.providers.slurm.steps import StepCheck
 from clusterbook.spec import NodeSpec
 from clusterbook.testing import FakeSlurm
 from tests.sdk.launch.test_command import OMPI
@@ -261,68 +260,51 @@ def test_a_start_interrupted_once_the_job_was_submitted_cancels_it(tmp_path):
 # -- jobs as steps of the batch job ------------------------------------------------------------
 
 
-class _Joined(SlurmProvider):
-    """A Slurm provider whose job's agents joined (nodes ``snodeI-JOB``), and others."""
-
-    joined: tuple[NodeSpec, ...] = ()
-
-    @property
-    def nodes(self) -> tuple[NodeSpec, ...]:
-        return self.joined
+SRUN = "/opt/slurm/bin/srun"  # where the step check finds srun (its which is given)
+CTX = StartContext("c1", "/venv/bin/python", OMPI, {})
 
 
-def _joined(fake: FakeSlurm, monkeypatch, tmp_path: Path, *names: str) -> _Joined:
-    over_ssh = RemoteLaunch(("-o", "User=me"), "/w/ssh", "10.0.0.1")
-    monkeypatch.setattr(ElasticProvider, "remote", lambda self: over_ssh)
-    bin_dir = tmp_path / "bin"
-    bin_dir.mkdir(parents=True)
-    (bin_dir / "srun").write_text("#!/bin/sh\nexit 1\n")
-    (bin_dir / "srun").chmod(0o755)
-    monkeypatch.setenv("PATH", str(bin_dir))
-    provider = _Joined(nodes=2, runner=fake)
-    provider.job_id = 42
-    provider._ctx = StartContext("c1", "/venv/bin/python", OMPI, {})
-    provider.joined = tuple(NodeSpec(name, f"10.0.0.1{i}", 2) for i, name in enumerate(names, 1))
-    return provider
+def _nodes(*names: str) -> tuple[NodeSpec, ...]:
+    """Nodes of a round: ``snodeI-JOB`` are the batch job's, others joined by hand."""
+    return tuple(NodeSpec(name, f"10.0.0.1{i}", 2) for i, name in enumerate(names, 1))
 
 
-def test_jobs_of_a_slurm_cluster_are_steps_of_its_job_once_mpi_gets_its_world(
-    monkeypatch, tmp_path
-):
+def _check(fake: FakeSlurm) -> StepCheck:
+    return StepCheck(fake, which=lambda name: SRUN if name == "srun" else None)
+
+
+def test_jobs_of_a_slurm_cluster_are_steps_of_its_job_once_mpi_gets_its_world():
     fake = FakeSlurm()
-    provider = _joined(fake, monkeypatch, tmp_path, "snode1-42", "snode2-42")
-    remote = provider.remote()
-    assert remote is not None
-    assert remote.srun == SrunStep(
-        str(tmp_path / "bin" / "srun"), "42", {"10.0.0.11": "snode1", "10.0.0.12": "snode2"}
-    )
-    assert remote.ssh_args == ("-o", "User=me")  # the ssh path stays, for node tasks
-    checks = fake.commands(str(tmp_path / "bin" / "srun"))
+    check = _check(fake)
+    step = check.step(42, CTX, _nodes("snode1-42", "snode2-42"))
+    assert step == SrunStep(SRUN, "42", {"10.0.0.11": "snode1", "10.0.0.12": "snode2"})
+    checks = fake.commands(SRUN)
     assert len(checks) == 1
     assert "--mpi=pmix" in checks[0]
     assert "--nodelist=snode1,snode2" in checks[0]
-    provider.remote()
-    assert len(fake.commands(str(tmp_path / "bin" / "srun"))) == 1  # checked once
+    assert check.step(42, CTX, _nodes("snode1-42", "snode2-42")) == step
+    assert len(fake.commands(SRUN)) == 1  # checked once
+    # Not started, or no job: no step to start jobs in.
+    assert check.step(None, CTX, _nodes("snode1-42")) is None
+    assert check.step(42, None, _nodes("snode1-42")) is None
 
 
-def test_a_slurm_cluster_starts_jobs_over_ssh_when_srun_cannot_place_or_start_them(
-    monkeypatch, tmp_path, caplog
-):
+def test_a_slurm_cluster_starts_jobs_over_ssh_when_srun_cannot_place_or_start_them(caplog):
     # A node that joined by hand, from outside the job: srun cannot start ranks there.
-    outsider = _joined(FakeSlurm(), monkeypatch, tmp_path, "snode1-42", "laptop-1")
-    remote = outsider.remote()
-    assert remote is not None
-    assert remote.srun is None
+    fake = FakeSlurm()
+    assert _check(fake).step(42, CTX, _nodes("snode1-42", "laptop-1")) is None
+    assert fake.commands(SRUN) == []
     # The MPI does not get its world through the plugin: mpirun over ssh, and it says why.
-    monkeypatch.undo()
     fake = FakeSlurm(world=1)
-    singletons = _joined(fake, monkeypatch, tmp_path / "b", "snode1-42", "snode2-42")
+    singletons = _check(fake)
     with caplog.at_level("WARNING"):
-        remote = singletons.remote()
-    assert remote is not None
-    assert remote.srun is None
+        assert singletons.step(42, CTX, _nodes("snode1-42", "snode2-42")) is None
     assert "Jobs start with mpirun over ssh, not srun: srun --mpi=pmix started every" in (
         caplog.text
     )
-    singletons.remote()
+    assert singletons.step(42, CTX, _nodes("snode1-42", "snode2-42")) is None
     assert len([c for c in fake.calls if "--mpi=pmix" in c]) == 1  # not asked again
+    # No srun here: mpirun over ssh, saying so.
+    missing = StepCheck(FakeSlurm(), which=lambda name: None)
+    assert missing.step(42, CTX, _nodes("snode1-42")) is None
+    assert missing.failed == "Jobs start with mpirun over ssh, not srun: srun is not on PATH here"

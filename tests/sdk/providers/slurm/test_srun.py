@@ -13,12 +13,13 @@ from pathlib import Path
 import pytest
 
 import clusterbook as cb
-from clusterbook.launch.command import LaunchCommand, build_command
+from clusterbook.launch.command import LaunchCommand
 from clusterbook.launch.flavour import Launcher
 from clusterbook.launch.parse import LabelParser
 from clusterbook.launch.rankwrap import WRAPPER
-from clusterbook.launch.srun import SrunStep, inherited_slurm
-from clusterbook.providers.base import RemoteLaunch, StartContext
+from clusterbook.launch.remote import RemoteLaunch, SrunStep
+from clusterbook.launch.srun import inherited_slurm, launch_command
+from clusterbook.providers.base import StartContext
 from clusterbook.providers.slurm.srun import SrunProvider, read_probe
 from clusterbook.spec import NodeSpec
 from tests.sdk.launch.test_command import MPICH, OMPI, PROGRAM, plan
@@ -34,7 +35,7 @@ STEP = RemoteLaunch((), "", "", srun=SrunStep("/usr/bin/srun", "42"))
 @pytest.mark.parametrize(("launcher", "plugin"), [(OMPI, "pmix"), (MPICH, "pmi2")])
 def test_srun_runs_the_plan_as_a_step_with_the_mpis_plugin(launcher: Launcher, plugin: str):
     inherited = {"SLURM_NTASKS_PER_NODE": "2", "SLURM_CONF": "/etc/slurm.conf", "HOME": "/h"}
-    cmd = build_command(
+    cmd = launch_command(
         plan(launcher, nodes=NODES, np=3, remote=STEP, inherited_env=inherited, job_token=JOB)
     )
     assert cmd.argv[:10] == [
@@ -62,13 +63,13 @@ def test_srun_runs_the_plan_as_a_step_with_the_mpis_plugin(launcher: Launcher, p
 
 
 def test_open_mpi_ranks_under_srun_get_mpiruns_settings() -> None:
-    ompi = build_command(plan(OMPI, nodes=NODES, np=4, remote=STEP, as_root=True))
+    ompi = launch_command(plan(OMPI, nodes=NODES, np=4, remote=STEP, as_root=True))
     assert ompi.env["OMPI_MCA_btl"] == "^ofi"
     assert ompi.env["OMPI_ALLOW_RUN_AS_ROOT"] == "1"
     assert ompi.env["OMPI_ALLOW_RUN_AS_ROOT_CONFIRM"] == "1"
-    mpich = build_command(plan(MPICH, nodes=NODES, np=4, remote=STEP, as_root=True))
+    mpich = launch_command(plan(MPICH, nodes=NODES, np=4, remote=STEP, as_root=True))
     assert "OMPI_ALLOW_RUN_AS_ROOT" not in mpich.env
-    more = build_command(plan(OMPI, nodes=NODES, np=6, remote=STEP, oversubscribe=True))
+    more = launch_command(plan(OMPI, nodes=NODES, np=6, remote=STEP, oversubscribe=True))
     assert "--overcommit" in more.argv
     assert more.hostfile_text == "snode1\nsnode1\nsnode2\nsnode2\nsnode1\nsnode1\n"
     assert "--overcommit" not in ompi.argv
@@ -187,20 +188,20 @@ def test_start_checks_mpi_through_the_plugin_and_learns_the_nodes(tmp_path: Path
     ]
     assert "MPI.COMM_WORLD" in check[-1]
     assert [(n.host, n.slots, n.cores) for n in p.nodes] == [("snode1", 2, 8), ("snode2", 2, 8)]
-    remote = p.remote()
+    remote = p.reach.remote()
     assert remote is not None
     assert remote.srun == SrunStep(check[0], "42")
     # Where processes on the nodes reach this machine: on the way to snode1's NodeAddr.
     assert remote.head_addr == "127.0.0.1"
     assert ["scontrol", "show", "node", "-o", "snode1"] in fake.calls
     # A job's clean-up and port go to each node as a one-task step there.
-    p.stop_job("c1-abc")
+    p.reach.stop_job("c1-abc")
     kills = [c for c in fake.calls[1:] if c[-2] == "kill"]
     assert sorted(c[2] for c in kills) == ["--nodelist=snode1", "--nodelist=snode2"]
     assert all(json.loads(c[-1]) == {"token": "c1-abc"} for c in kills)
-    assert p.free_port(p.nodes[1]) == 31000
+    assert p.reach.free_port(p.nodes[1]) == 31000
     p.stop()
-    assert p.remote() is None
+    assert p.reach.remote() is None
 
 
 def test_a_world_of_one_on_every_node_is_a_plugin_that_does_not_fit(tmp_path: Path) -> None:

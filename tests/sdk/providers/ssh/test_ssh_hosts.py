@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 import clusterbook as cb
-from clusterbook.providers.ssh.provider import parse_hosts
+from clusterbook.providers.ssh.hosts import parse_hosts
 
 
 def test_parse_hosts():

@@ -1,5 +1,6 @@
 """The SSH provider's start, its hosts faked by this machine (their shells are local, their
-connections made by an injected dial): the order in which hosts are connected and probed."""
+connections made by a dial given to the bootstrap): the order in which hosts are connected
+and probed."""
 
 from __future__ import annotations
 
@@ -14,8 +15,10 @@ import pytest
 import clusterbook as cb
 from clusterbook.launch.flavour import find_launcher
 from clusterbook.providers.base import StartContext
-from clusterbook.providers.ssh.provider import SSHProvider
-from clusterbook.ssh.hostkeys import HostKey
+from clusterbook.providers.ssh.hosts import parse_hosts, targets
+from clusterbook.providers.ssh.sessions import Sessions
+from clusterbook.providers.ssh.start import Bootstrap
+from clusterbook.ssh.hostkeys import HostKey, make_policy
 from clusterbook.ssh.local_shell import LocalShell
 from clusterbook.ssh.node_session import NodeSession
 
@@ -45,31 +48,26 @@ class FakeConnection(LocalShell):
         self.active = False
 
 
-class DialedProvider(SSHProvider):
-    """An SSH provider of hosts ``fast`` and ``slow`` whose connections ``dial`` makes."""
+def bootstrap(known_hosts: Path, connect_timeout: float = 30.0) -> Bootstrap:
+    """The start of an SSH cluster of hosts ``fast`` and ``slow``."""
+    known_hosts.write_text("")
+    hosts = ["fast", "slow"]
+    found = targets(hosts, ssh_config="none", user=None, port=None, identity=None)
+    policy = make_policy("accept-new", known_hosts)
+    sessions = Sessions(found, policy, connect_timeout, lambda host: sys.executable)
+    ctx = StartContext("cb-test-start", sys.executable, find_launcher(sys.executable), {})
+    return Bootstrap(ctx, sessions, parse_hosts(hosts), dict.fromkeys(hosts, 1), {}, {})
 
-    def __init__(
-        self, dial: Callable[[str, float], FakeConnection], known_hosts: Path, **options: float
-    ) -> None:
-        known_hosts.write_text("")
-        super().__init__(
-            ["fast", "slow"], host_keys="accept-new", known_hosts=known_hosts, **options
-        )
-        self._fake_dial = dial
-        self._ctx = StartContext("cb-test-start", sys.executable, find_launcher(sys.executable), {})
 
-    def _dial(self, host: str, timeout: float) -> FakeConnection:  # type: ignore[override]
-        return self._fake_dial(host, timeout)
-
-    def probe_all(self) -> None:
-        """Connect to and probe every host, then close the sessions that left open."""
-        sessions: dict[str, NodeSession] = {}
-        try:
-            assert self._ctx is not None
-            self._connect_and_probe(self._ctx, sessions, time.monotonic())
-        finally:
-            for session in sessions.values():
-                session.close()
+def probe_all(boot: Bootstrap, dial: Callable[[str, float], FakeConnection]) -> None:
+    """Connect to and probe every host (connections made by ``dial``), then close the
+    sessions that were left open."""
+    sessions: dict[str, NodeSession] = {}
+    try:
+        boot.connect_and_probe(sessions, time.monotonic(), dial)
+    finally:
+        for session in sessions.values():
+            session.close()
 
 
 def test_a_host_is_probed_while_another_is_still_connecting(tmp_path) -> None:
@@ -81,11 +79,11 @@ def test_a_host_is_probed_while_another_is_still_connecting(tmp_path) -> None:
             seen["fast probed first"] = fast_probing.wait(WAIT)
         return FakeConnection(host, fast_probing if host == "fast" else threading.Event())
 
-    provider = DialedProvider(dial, tmp_path / "known_hosts")
-    provider.probe_all()
+    boot = bootstrap(tmp_path / "known_hosts")
+    probe_all(boot, dial)
     assert seen == {"fast probed first": True}
-    assert sorted(provider._facts) == ["fast", "slow"]
-    assert list(provider._conns) == ["fast", "slow"]  # in the order the hosts were given
+    assert sorted(boot.facts) == ["fast", "slow"]
+    assert list(boot.sessions.conns) == ["fast", "slow"]  # in the order the hosts were given
 
 
 def test_a_host_that_cannot_be_reached_fails_the_start_and_closes_the_others(tmp_path) -> None:
@@ -97,13 +95,12 @@ def test_a_host_that_cannot_be_reached_fails_the_start_and_closes_the_others(tmp
         opened.append(FakeConnection(host, threading.Event()))
         return opened[-1]
 
-    provider = DialedProvider(dial, tmp_path / "known_hosts", connect_timeout=0.3)
+    boot = bootstrap(tmp_path / "known_hosts", connect_timeout=0.3)
     sessions: dict[str, NodeSession] = {}
-    assert provider._ctx is not None
     with pytest.raises(cb.BootstrapError) as info:
-        provider._connect_and_probe(provider._ctx, sessions, time.monotonic())
+        boot.connect_and_probe(sessions, time.monotonic(), dial)
     assert list(info.value.problems) == ["slow"]
     assert "connection refused" in str(info.value)
     assert sessions == {}  # every session that was opened is closed
     assert [c.active for c in opened] == [False]
-    assert provider._conns == {}  # nothing for stop() to clean
+    assert boot.sessions.conns == {}  # nothing for stop() to clean

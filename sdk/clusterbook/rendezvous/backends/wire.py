@@ -1,4 +1,4 @@
-"""The wire protocol of the TCP rendezvous store, shared by its server and its clients.
+"""The wire protocol of the TCP rendezvous store: frames, the hello, the requests and replies.
 
 The head runs a :class:`~clusterbook.rendezvous.backends.tcp_server.StoreServer`; every node (the
 head too) talks to it through a :class:`~clusterbook.rendezvous.backends.tcp.TcpBackend`. Both
@@ -8,19 +8,20 @@ reads it back). No pickle anywhere.
 Wire protocol (version 4). The connection is TLS 1.3 and nothing else protects it: the server
 shows its self-signed certificate, and the client goes on only if its SHA-256 fingerprint is the
 one in the store's URL (:mod:`._tls`), so everything below is encrypted, authenticated and goes
-to the head and nowhere else. Inside TLS, a message is a frame: a 4-byte big-endian length and
-that many bytes, at most :data:`MAX_FRAME`.
+to the head and nowhere else. Inside TLS, a message is a frame: a 4-byte big-endian length
+(:data:`FRAME_HEADER`) and that many bytes, at most :data:`MAX_FRAME`.
 
-The client's first frame is its hello, which proves it holds the cluster's secret (like a bearer
-token over HTTPS: only the pinned head ever sees it)::
+The client's first frame is its hello (:func:`hello`), which proves it holds the cluster's
+secret (like a bearer token over HTTPS: only the pinned head ever sees it)::
 
     client -> server   MAGIC + len:u16 + secret + node          (node: its id, "" for none)
     server -> client   O        (accepted)   or   N, then the end (refused: another secret)
 
 Before the hello is accepted the server answers nothing and takes no frame over
-``_HELLO_MAX`` bytes, so a peer without the secret learns nothing and changes nothing.
+:data:`HELLO_MAX` bytes, so a peer without the secret learns nothing and changes nothing.
 
-Requests (client payloads) and their replies::
+Requests (client payloads) and their replies (:data:`HEAD` is ``has:u8 token:i64``, or
+``won:u8 token:i64``)::
 
     G                   get                                   -> s has:u8 token:i64 state
     S spec state        compare-and-set                       -> r won:u8 token:i64 state
@@ -31,16 +32,17 @@ Requests (client payloads) and their replies::
     B                   goodbye: the server closes the connection without calling on_lost
 
 One request at a time per connection: the next goes once the reply came (a goodbye may come
-while a watch waits). ``spec`` is the caller's token: ``kind:u8 value:i64`` with kind 0 for
-None, 1 for an integer and 2 for anything else (it matches no stored token, so it never wins a
-write and a watch on it returns at once). ``step`` is a
-:class:`~clusterbook.rendezvous.step.Step` as JSON: the server runs it on the stored state and
-stores what it writes, so a node joins in one round trip however many join at once; while the
-step leaves its node waiting, the answer waits too, as a ``D`` would (up to the step's
-``wait``). ``D`` waits like ``W`` but sleeps through writes that change no rendezvous decision
-(heartbeats, reports; see :func:`~clusterbook.rendezvous.ops.decisions_may_change`); ``M``
-sleeps through writes that change only heartbeats and reports
-(:func:`~clusterbook.rendezvous.ops.members_may_change`).
+while a watch waits). ``spec`` (:data:`SPEC`, made by :func:`token_spec`) is the caller's token:
+``kind:u8 value:i64`` with kind :data:`TOKEN_NONE` for None, :data:`TOKEN_INT` for an integer
+and :data:`TOKEN_ANY` for anything else (it matches no stored token, so it never wins a write
+and a watch on it returns at once). ``step`` is a :class:`~clusterbook.rendezvous.step.Step` as
+JSON: the server runs it on the stored state and stores what it writes, so a node joins in one
+round trip however many join at once; while the step leaves its node waiting, the answer waits
+too, as a ``D`` would (up to the step's ``wait``). ``D`` waits like ``W`` but sleeps through
+writes that change no rendezvous decision (heartbeats, reports; see
+:func:`~clusterbook.rendezvous.ops.decisions_may_change`); ``M`` sleeps through writes that
+change only heartbeats and reports (:func:`~clusterbook.rendezvous.ops.members_may_change`).
+A watch waits :data:`WATCH_MAX` seconds at most.
 
 Connection loss: when a connection that announced a node id ends without a goodbye (the process
 died, the machine vanished, the network broke), the server waits ``lost_grace`` seconds; unless
@@ -48,8 +50,10 @@ the same node id connected again meanwhile, it calls ``on_lost(node, state)`` an
 that returns as the new state, so the other nodes learn of the loss at once instead of after
 missed heartbeats.
 
-The same frames (:data:`FRAME_HEADER` and a payload, read by a :class:`Channel`) carry the
-head's control channel (:mod:`clusterbook.head.control`), which has a handshake of its own.
+The same frames (:data:`FRAME_HEADER` and a payload, read by a :class:`Channel`, served by
+:mod:`.tcp_loop`) carry the head's control channel (:mod:`clusterbook.head.control`), which has
+a handshake of its own, and what an attached handle reads of a cluster's directory
+(:mod:`clusterbook.cluster.remote.dirwire`).
 """
 
 from __future__ import annotations
@@ -63,30 +67,41 @@ import ssl
 import struct
 import threading
 import time
-from urllib.parse import parse_qs, urlsplit
 
 from clusterbook.errors import ConfigError
-from clusterbook.rendezvous.backends._secret import _check_secret as _check_secret
-from clusterbook.rendezvous.backends._secret import read_secret as read_secret
-from clusterbook.rendezvous.backends._secret import write_secret as write_secret
-from clusterbook.rendezvous.backends._tls import check_fingerprint
+from clusterbook.rendezvous.backends._secret import check_secret, read_secret, write_secret
 from clusterbook.spec import validate_seconds
 
 __all__ = [
+    "ACCEPTED",
     "FRAME_HEADER",
+    "HEAD",
+    "HELLO_MAX",
+    "MAGIC",
     "MAX_FRAME",
+    "MAX_NODE",
+    "MAX_SECRET",
     "MAX_STATE",
+    "REFUSED",
+    "SECONDS",
+    "SPEC",
+    "TOKEN_ANY",
+    "TOKEN_INT",
+    "TOKEN_NONE",
+    "WATCH_MAX",
     "AuthFailed",
     "Channel",
     "PeerClosed",
     "ProtocolError",
-    "accept_hello",
     "check_hello",
+    "check_seconds",
+    "check_secret",
     "hello",
     "open_channel",
-    "parse_store_url",
-    "parse_url",
     "read_secret",
+    "shutdown",
+    "token_spec",
+    "tune",
     "write_secret",
 ]
 
@@ -95,23 +110,33 @@ MAX_FRAME = 16 * 1024 * 1024
 
 FRAME_HEADER = struct.Struct(">I")
 """A frame's header: its payload's length, 4 bytes big-endian."""
-_SECRET_LEN = struct.Struct(">H")
-_SPEC = struct.Struct(">Bq")
-_HEAD = struct.Struct(">Bq")
-_SECONDS = struct.Struct(">d")
+SPEC = struct.Struct(">Bq")
+"""A request's token: its kind (:data:`TOKEN_NONE`, :data:`TOKEN_INT`, :data:`TOKEN_ANY`) and
+value."""
+HEAD = struct.Struct(">Bq")
+"""A reply's head, before the state: whether there is one (or the write won), and its token."""
+SECONDS = struct.Struct(">d")
+"""A watch's timeout, in seconds."""
 
-MAX_STATE = MAX_FRAME - 1 - _HEAD.size
+MAX_STATE = MAX_FRAME - 1 - HEAD.size
 """The largest state the store holds, in bytes."""
 
-_MAGIC = b"CBRDZV4\n"
-_MAX_SECRET = 4096
-_MAX_NODE = 1024
-_HELLO_MAX = len(_MAGIC) + _SECRET_LEN.size + _MAX_SECRET + _MAX_NODE
-_ACCEPTED = b"O"
-_REFUSED = b"N"
-_WATCH_MAX = 86400.0
+MAGIC = b"CBRDZV4\n"
+"""How a hello begins: the protocol and its version."""
+MAX_SECRET = 4096
+"""The longest secret a hello carries, in bytes."""
+MAX_NODE = 1024
+"""The longest node id a hello announces, in bytes of UTF-8."""
+_SECRET_LEN = struct.Struct(">H")
+HELLO_MAX = len(MAGIC) + _SECRET_LEN.size + MAX_SECRET + MAX_NODE
+"""The largest frame the server takes before the hello was accepted."""
+ACCEPTED, REFUSED = b"O", b"N"
+"""The server's answers to a hello."""
+WATCH_MAX = 86400.0
+"""The longest a watch waits, in seconds."""
 
-_ANY, _NONE, _INT = 2, 0, 1
+TOKEN_NONE, TOKEN_INT, TOKEN_ANY = 0, 1, 2
+"""The kinds of a request's token: None, an integer, anything else (which matches none)."""
 _POLLIN = getattr(select, "POLLIN", 1)
 _POLLOUT = getattr(select, "POLLOUT", 4)
 
@@ -128,55 +153,11 @@ class PeerClosed(ConnectionError):
     """The peer closed the connection."""
 
 
-# --- addresses ------------------------------------------------------------------------------------
+# --- values ---------------------------------------------------------------------------------------
 
 
-def parse_url(url: object) -> tuple[str, int]:
-    """``(host, port)`` of a ``tcp://host:port`` URL (IPv6 hosts in brackets), which may name
-    the store's certificate (``?fingerprint=sha256:HEX``)."""
-    host, port, _ = parse_store_url(url)
-    return host, port
-
-
-def parse_store_url(url: object) -> tuple[str, int, str | None]:
-    """``(host, port, fingerprint)`` of a store URL, the fingerprint None when it names none."""
-    example = "tcp://host:port, for example tcp://10.0.0.1:29400"
-    if not isinstance(url, str):
-        raise ConfigError(f"The rendezvous store URL must be a string like {example}; got {url!r}.")
-    try:
-        parts = urlsplit(url)
-        port = parts.port
-        query = parse_qs(parts.query, keep_blank_values=True, strict_parsing=bool(parts.query))
-    except ValueError as exc:
-        raise ConfigError(
-            f"The rendezvous store URL {url!r} is not valid ({exc}); use {example}."
-        ) from None
-    if (
-        url != url.strip()
-        or parts.scheme != "tcp"
-        or not parts.hostname
-        or port is None
-        or port == 0
-        or parts.path not in ("", "/")
-        or set(query) - {"fingerprint"}
-        or len(query.get("fingerprint", ())) > 1
-        or parts.fragment
-        or parts.username is not None
-        or parts.password is not None
-    ):
-        raise ConfigError(f"The rendezvous store URL {url!r} is not of the form {example}.")
-    fingerprint = None
-    if "fingerprint" in query:
-        fingerprint = check_fingerprint(query["fingerprint"][0], f"the URL {url!r}")
-    return parts.hostname, port, fingerprint
-
-
-def _format_url(host: str, port: int, fingerprint: str | None = None) -> str:
-    url = f"tcp://[{host}]:{port}" if ":" in host else f"tcp://{host}:{port}"
-    return url if fingerprint is None else f"{url}?fingerprint={fingerprint}"
-
-
-def _seconds(value: object, name: str, *, zero: bool = False) -> float:
+def check_seconds(value: object, name: str, *, zero: bool = False) -> float:
+    """``value`` as seconds (0 only with ``zero``), else a :class:`ConfigError` naming it."""
     seconds = validate_seconds(value, f"The {name}", zero=zero)
     assert seconds is not None
     return seconds
@@ -187,21 +168,21 @@ def _seconds(value: object, name: str, *, zero: bool = False) -> float:
 
 def hello(secret: bytes, node: str | None) -> bytes:
     """The client's first frame: the magic, its secret and its node id."""
-    if len(secret) > _MAX_SECRET:
-        raise ConfigError(f"The rendezvous secret is over {_MAX_SECRET} bytes.")
+    if len(secret) > MAX_SECRET:
+        raise ConfigError(f"The rendezvous secret is over {MAX_SECRET} bytes.")
     name = (node or "").encode("utf-8")
-    return _MAGIC + _SECRET_LEN.pack(len(secret)) + secret + name
+    return MAGIC + _SECRET_LEN.pack(len(secret)) + secret + name
 
 
 def check_hello(payload: bytes, secret: bytes) -> str | None:
     """The node id a hello announces (None for none), if it holds ``secret``; raise
     :class:`ProtocolError` if it is no hello, :class:`AuthFailed` if the secret differs."""
-    size = len(_MAGIC) + _SECRET_LEN.size
-    if len(payload) < size or not payload.startswith(_MAGIC):
+    size = len(MAGIC) + _SECRET_LEN.size
+    if len(payload) < size or not payload.startswith(MAGIC):
         raise ProtocolError("not a clusterbook rendezvous client of this version")
-    (length,) = _SECRET_LEN.unpack_from(payload, len(_MAGIC))
+    (length,) = _SECRET_LEN.unpack_from(payload, len(MAGIC))
     shown, name = payload[size : size + length], payload[size + length :]
-    if len(shown) != length or len(name) > _MAX_NODE:
+    if len(shown) != length or len(name) > MAX_NODE:
         raise ProtocolError("a malformed hello")
     if not hmac.compare_digest(shown, secret):
         raise AuthFailed("the client's secret differs from the store's")
@@ -321,7 +302,7 @@ class Channel:
             _wait(self.sock, event, deadline)
 
 
-def _shutdown(sock: socket.socket, how: int) -> None:
+def shutdown(sock: socket.socket, how: int) -> None:
     """Shut the connection down; a TLS socket keeps its session (``SSLSocket.shutdown`` drops
     it, and another thread may be reading it)."""
     socket.socket.shutdown(sock, how)
@@ -345,19 +326,6 @@ def _wait(sock: socket.socket, event: int, deadline: float | None) -> None:
         raise TimeoutError("timed out")
 
 
-def accept_hello(chan: Channel, secret: bytes, deadline: float) -> str | None:
-    """The server's side of :func:`open_channel`, for a blocking server: read the hello and
-    answer it; return the node id it announces (None for none). A hello with another secret
-    is answered ``N`` and raises :class:`AuthFailed` (the caller then ends the connection)."""
-    try:
-        node = check_hello(chan.recv(deadline, limit=_HELLO_MAX), secret)
-    except AuthFailed:
-        chan.send(_REFUSED, deadline)
-        raise
-    chan.send(_ACCEPTED, deadline)
-    return node
-
-
 def open_channel(sock: socket.socket, secret: bytes, node: str | None, deadline: float) -> Channel:
     """Say the hello on ``sock`` (connected, and for the store already in TLS with the pinned
     certificate) and return its channel once the server accepted it; raise
@@ -365,14 +333,14 @@ def open_channel(sock: socket.socket, secret: bytes, node: str | None, deadline:
     chan = Channel(sock)
     chan.send(hello(secret, node), deadline)
     answer = chan.recv(deadline, limit=1)
-    if answer == _REFUSED:
+    if answer == REFUSED:
         raise AuthFailed("the store does not know this client's secret")
-    if answer != _ACCEPTED:
+    if answer != ACCEPTED:
         raise ProtocolError("unexpected answer to the hello")
     return chan
 
 
-def _tune(sock: socket.socket) -> None:
+def tune(sock: socket.socket) -> None:
     """Small frames go out at once; a peer that vanished without a word is noticed in ~20 s."""
     try:
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
@@ -384,9 +352,10 @@ def _tune(sock: socket.socket) -> None:
         pass
 
 
-def _spec(token: object) -> bytes:
+def token_spec(token: object) -> bytes:
+    """A request's ``token`` as :data:`SPEC` packs it."""
     if token is None:
-        return _SPEC.pack(_NONE, 0)
+        return SPEC.pack(TOKEN_NONE, 0)
     if isinstance(token, int) and not isinstance(token, bool) and -(2**63) <= token < 2**63:
-        return _SPEC.pack(_INT, token)
-    return _SPEC.pack(_ANY, 0)
+        return SPEC.pack(TOKEN_INT, token)
+    return SPEC.pack(TOKEN_ANY, 0)

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from clusterbook.providers.elastic.reach import (
+from clusterbook.providers.elastic.far import (
     FarNode,
     far_nodes,
     known_hosts_text,

@@ -1,0 +1,134 @@
+"""The protocols of a cluster and a job, which the layers above the cluster take.
+
+The engines, the widgets, the magics and the CLI use a cluster and its jobs through these, never
+through a concrete class: a :class:`ClusterHandle` is a cluster this process runs
+(``clusterbook.Cluster``) or one another process runs (``Cluster.attach``'s handle), a
+:class:`JobHandle` a job running here (``clusterbook.Job``) or one read from its directory
+(``Job.load``'s). :class:`Head` is what a ``Cluster`` delegates to: the head that runs it in this
+process, or the handle on the supervisor that runs a detached one. ``clusterbook.cluster.facade``
+checks that each class satisfies its protocol (mypy, strict).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Iterator, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Protocol
+
+if TYPE_CHECKING:
+    import pandas as pd
+    from typing_extensions import Unpack
+
+    from clusterbook.launch.job import Job
+    from clusterbook.launch.logs import LogRecord
+    from clusterbook.launch.prepare import JobArgs
+    from clusterbook.launch.result import JobResult
+    from clusterbook.launch.saved import SavedJob
+    from clusterbook.spec import NodeSpec
+    from clusterbook.status import ClusterSnapshot
+
+__all__ = ["ClusterHandle", "Head", "JobHandle"]
+
+
+class JobHandle(Protocol):
+    """A job: its logs (per rank, followed live), its end and its result."""
+
+    @property
+    def id(self) -> str: ...
+    @property
+    def np(self) -> int: ...
+    @property
+    def argv(self) -> list[str]: ...
+    @property
+    def directory(self) -> Path: ...
+    @property
+    def started(self) -> float: ...
+    @property
+    def launcher(self) -> str:
+        """The path of the MPI launcher that runs it."""
+        ...
+
+    @property
+    def done(self) -> bool: ...
+    @property
+    def result(self) -> JobResult | None:
+        """Its result once it has ended, else None."""
+        ...
+
+    @property
+    def ranks_ended(self) -> int: ...
+
+    def wait(self, timeout: float | None = None) -> JobResult: ...
+    def cancel(self) -> JobResult: ...
+    def logs(self, rank: int | None = None) -> pd.DataFrame: ...
+    def stream(self, *, from_start: bool = True) -> Iterator[LogRecord]: ...
+
+
+class ClusterHandle(Protocol):
+    """A cluster: what it is and holds now, its jobs, and what can be asked of it."""
+
+    @property
+    def name(self) -> str: ...
+    @property
+    def id(self) -> str: ...
+    @property
+    def kind(self) -> str: ...
+    @property
+    def state(self) -> str: ...
+    @property
+    def run_dir(self) -> Path: ...
+    @property
+    def nodes(self) -> tuple[NodeSpec, ...]: ...
+    @property
+    def join_command(self) -> str | None: ...
+    @property
+    def time_left(self) -> float | None: ...
+    @property
+    def jobs(self) -> Sequence[JobHandle]: ...
+
+    def snapshot(self) -> ClusterSnapshot: ...
+    def subscribe(self, callback: Callable[[ClusterSnapshot], None]) -> Callable[[], None]: ...
+    def status(self) -> pd.DataFrame: ...
+    def job(self, job_id: str | None = None) -> JobHandle: ...
+
+    def mpirun(
+        self, argv: Sequence[str], np: int | None = None, **job: Unpack[JobArgs]
+    ) -> JobHandle: ...
+
+    def put(self, *paths: str | os.PathLike[str], progress: bool | None = None) -> None: ...
+
+    def gather(
+        self, directory: str | os.PathLike[str], *, progress: bool | None = None
+    ) -> list[Path]: ...
+
+    def run_on_nodes(self, argv: Sequence[str], timeout: float = 60.0) -> pd.DataFrame: ...
+    def wait_ready(self, timeout: float = 60, *, progress: bool | None = None) -> None: ...
+    def stop(self) -> None: ...
+
+
+class Head(ClusterHandle, Protocol):
+    """What a ``Cluster`` delegates to: the head that runs it in this process, until a
+    detached cluster's ``start()`` swaps it for the handle on its supervisor."""
+
+    @property
+    def jobs(self) -> Sequence[Job | SavedJob]: ...
+
+    def job(self, job_id: str | None = None) -> Job | SavedJob: ...
+
+    def mpirun(
+        self, argv: Sequence[str], np: int | None = None, **job: Unpack[JobArgs]
+    ) -> Job | SavedJob: ...
+
+    def start(self, *, progress: bool | None = None) -> Head:
+        """Start the cluster; the head that runs it from now on (itself, or the handle on a
+        detached cluster's supervisor)."""
+        ...
+
+    def stop(self, *, reason: str | None = None) -> None:
+        """Stop the cluster (``reason``: what its record says, if not the head's own)."""
+        ...
+
+    def engines(self, n: int | None = None, **how: Any) -> Any:
+        """ipyparallel engines on the cluster (``Cluster.engines``), or why there are none."""
+        ...

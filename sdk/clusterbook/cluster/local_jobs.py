@@ -1,0 +1,135 @@
+"""The jobs a head runs in this process: :class:`LocalJobs`.
+
+Each job starts on the provider's nodes with the hooks that tie it to its cluster (where an
+attempt runs, how a lost node is named, what a failure stops); the jobs are found by id and
+stopped with the cluster; and a change of the nodes is what their policy answers: a job with
+ranks on a node that was lost fails, a job that asked for it is restarted on a grown round.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING
+
+from clusterbook.errors import ClusterStateError
+from clusterbook.launch.job import Job
+from clusterbook.launch.logstore import LogBudget
+from clusterbook.launch.nodes import (
+    fail_on_lost_nodes,
+    lost_node,
+    nodes_for_attempt,
+    restart_grown_jobs,
+    usable_nodes,
+)
+from clusterbook.launch.prepare import JobHooks, JobRequest, diagnose, prepare
+from clusterbook.providers.base import Provider, node_source
+
+if TYPE_CHECKING:
+    from typing_extensions import Unpack
+
+    from clusterbook.cluster.options import ClusterOptions
+    from clusterbook.launch.flavour import Launcher
+    from clusterbook.launch.prepare import JobArgs
+
+__all__ = ["LocalJobs"]
+
+
+class LocalJobs:
+    """The jobs of the cluster whose nodes ``provider`` gives (see the module's docstring).
+
+    ``recorded`` is called when a job started an attempt or ended (the record must say so
+    now); ``running`` says whether the cluster still runs (a restart waits for nodes only
+    then)."""
+
+    def __init__(
+        self, provider: Provider, recorded: Callable[[], None], running: Callable[[], bool]
+    ) -> None:
+        self._provider = provider
+        self._recorded = recorded
+        self._running = running
+        self._jobs: list[Job] = []
+        self._logs = LogBudget()  # what the jobs' log buffers hold together
+        self._starting = threading.Lock()  # one at a time: each its own number
+
+    def all(self) -> list[Job]:
+        """Every job, oldest first. Without a lock (a copy of a list is atomic): the jobs'
+        own threads ask for it, through the cluster's snapshots, while one starts."""
+        return list(self._jobs)
+
+    def start(
+        self,
+        argv: Sequence[str],
+        np: int | None,
+        options: ClusterOptions,
+        launcher: Launcher,
+        *,
+        label: str | None = None,
+        **job: Unpack[JobArgs],
+    ) -> Job:
+        """Start a job (``Cluster.mpirun``) of the cluster of ``options`` (its id, name,
+        interpreter, run directory, environment); ``label``: the name it is shown under."""
+        provider, name = self._provider, options.name
+        source = node_source(provider)
+        nodes = usable_nodes(name, source)
+        request = JobRequest.make(argv, np, slots=sum(n.slots for n in nodes), **job)
+        names = [n.name for n in nodes]
+        hooks = JobHooks(
+            on_failure=provider.reach.stop_job,
+            on_done=lambda _: self._recorded(),
+            diagnose=lambda result: diagnose(provider.watch.unreachable(names), result),
+            where=lambda restart: nodes_for_attempt(
+                name, source, restart=restart, running=self._running
+            ),
+            on_attempt=lambda _: self._recorded(),
+            lost=lambda nodes: lost_node(nodes, provider.watch.unreachable),
+            free_port=provider.reach.free_port,
+            hold=provider.reach.hold_job,
+        )
+        with self._starting:
+            started = prepare(
+                request,
+                cluster=options.id,
+                nodes=nodes,
+                remote=provider.reach.remote(),
+                python=options.python,
+                launcher=launcher,
+                env=options.env,
+                run_dir=options.run_dir,
+                jobs_so_far=len(self._jobs),
+                hooks=hooks,
+                logs=self._logs,
+                forward_env=options.forward_env,
+            )
+            started.label = label
+            self._jobs.append(started)
+        return started
+
+    def find(self, cluster_id: str, job_id: str | None = None) -> Job:
+        """A job by id (``job-0001``), or the newest one."""
+        jobs = self.all()
+        if not jobs:
+            raise ClusterStateError(f"Cluster {cluster_id} has run no job yet.")
+        if job_id is None:
+            return jobs[-1]
+        for job in jobs:
+            if job.id == job_id:
+                return job
+        known = ", ".join(j.id for j in jobs)
+        raise ClusterStateError(f"Cluster {cluster_id} has no job {job_id!r}; its jobs: {known}.")
+
+    def nodes_changed(self) -> None:
+        """The jobs' policy, when the nodes changed: a running job with ranks on a node that
+        was lost cannot finish and fails, naming it; one that asked (``restart_on_join``) is
+        restarted on a round that grew, while the cluster runs."""
+        jobs = self.all()
+        fail_on_lost_nodes(jobs, self._provider.watch.unreachable)
+        if self._running():
+            restart_grown_jobs(jobs, lambda: self._provider.nodes)
+
+    def stop_all(self) -> None:
+        """Cancel the jobs that run, and end what a failed one kept (``clean="none"``)."""
+        for job in self.all():
+            if not job.done:
+                job.cancel()
+            job.cleanup()

@@ -1,0 +1,86 @@
+"""Where a cluster's jobs keep their files: the cluster's run directory and its ``jobs/``, a
+job's directory there, numbered after every job before it, and what each attempt writes there
+when it starts: the hostfile its launcher reads and ``job.json``, what it runs (which
+:class:`~clusterbook.launch.saved.SavedJob` reads back). A retry's attempt writes them in
+``attempt-N/``; its logs go beside them (:mod:`clusterbook.launch.logstore`)."""
+
+from __future__ import annotations
+
+import json
+import re
+import time
+from collections.abc import Mapping
+from pathlib import Path
+
+from clusterbook.errors import RunDirError
+from clusterbook.launch.command import LaunchCommand, LaunchPlan
+from clusterbook.launch.flavour import MPIFlavour
+
+__all__ = ["make_run_dir", "new_job_dir", "write_attempt_files"]
+
+_JOB_RE = re.compile(r"job-\d{4,}")
+
+
+def make_run_dir(run_dir: Path) -> None:
+    """Make a cluster's run directory (0700: logs are private) and its ``jobs/``."""
+    try:
+        run_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+        (run_dir / "jobs").mkdir(exist_ok=True)
+    except OSError as exc:
+        raise RunDirError.from_os_error(run_dir, exc) from exc
+
+
+def new_job_dir(run_dir: Path, at_least: int) -> tuple[str, Path]:
+    """The next job's id and directory, made now: numbered after every job already in
+    ``run_dir`` (one used before, or by another process, too) and after ``at_least``."""
+    jobs = run_dir / "jobs"
+    try:
+        found = [int(p.name[4:]) for p in jobs.iterdir() if _JOB_RE.fullmatch(p.name)]
+    except OSError:
+        found = []
+    number = max(at_least, *found, 0) + 1
+    while True:
+        job_id = f"job-{number:04d}"
+        try:
+            (jobs / job_id).mkdir(parents=True, mode=0o700)
+        except FileExistsError:
+            number += 1
+            continue
+        except OSError as exc:
+            raise RunDirError.from_os_error(jobs / job_id, exc) from exc
+        return job_id, jobs / job_id
+
+
+def write_attempt_files(
+    directory: Path,
+    job_id: str,
+    number: int,
+    plan: LaunchPlan,
+    command: LaunchCommand,
+    hosts: Mapping[int, str],
+) -> None:
+    """Write what attempt ``number`` of job ``job_id`` runs into its ``directory``: the
+    launcher's hostfile and ``job.json`` (``hosts``: each rank's host as known before it
+    starts), and make the directory MPICH writes the ranks' output to."""
+    job_file = {
+        "id": job_id,
+        "attempt": number,
+        "argv": list(plan.argv),
+        "np": plan.np,
+        "launcher": plan.launcher.path,
+        "flavour": plan.launcher.flavour.value,
+        "launcher_argv": command.argv,
+        "started": time.time(),
+        "hosts": {str(rank): host for rank, host in hosts.items()},
+        "token": plan.job_token,
+    }
+    path = directory / "hostfile"
+    try:
+        path.write_text(command.hostfile_text)
+        path = directory / "job.json"
+        path.write_text(json.dumps(job_file, indent=2))
+        if plan.launcher.flavour is MPIFlavour.MPICH:
+            path = Path(plan.output_dir)
+            path.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise RunDirError.from_os_error(path, exc) from exc

@@ -1,0 +1,112 @@
+"""How the nodes of an SSH cluster are reached once started: :class:`SSHReach`, the
+:class:`~clusterbook.providers.reach.NodeReach` over the sessions kept for them.
+
+The MPI launcher reaches the nodes with the cluster's key and known_hosts (the
+:class:`~clusterbook.launch.remote.RemoteLaunch` the start made); everything else is a node
+task in the node's kept session. A node the cluster lost is not waited for: its agent stops
+the job there when its lease ends.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+
+from clusterbook.errors import ClusterError
+from clusterbook.launch.keep import end_far, hold_far
+from clusterbook.launch.remote import RemoteLaunch
+from clusterbook.launch.result import KeptProcess
+from clusterbook.nodes.commands import NodeRun, run_everywhere
+from clusterbook.nodes.fanout import parallel
+from clusterbook.nodes.outgoing import Outgoing
+from clusterbook.nodes.transfer import uncounted
+from clusterbook.providers.ssh import files
+from clusterbook.providers.ssh.sessions import Sessions
+from clusterbook.providers.watch import NodeWatch
+from clusterbook.spec import NodeSpec
+
+__all__ = ["SSHReach"]
+
+
+class SSHReach:
+    """The reach of an SSH cluster's nodes (``nodes()``), through ``sessions``; ``watch``
+    says which were lost."""
+
+    def __init__(
+        self, sessions: Sessions, nodes: Callable[[], tuple[NodeSpec, ...]], watch: NodeWatch
+    ) -> None:
+        self._sessions = sessions
+        self._nodes = nodes
+        self._watch = watch
+        self._cluster_id: str | None = None
+        self._remote: RemoteLaunch | None = None
+        self._held: set[str] = set()  # jobs kept stopped on the nodes (clean="none")
+        self.put_used = False  # then stop() first removes what put() made, on every node
+
+    def open(self, cluster_id: str, remote: RemoteLaunch) -> None:
+        """The nodes are reached from now on, the launcher by ``remote``."""
+        self._cluster_id, self._remote = cluster_id, remote
+
+    def close(self) -> None:
+        """The nodes are released: nothing is asked of them any more."""
+        self._cluster_id, self._remote = None, None
+
+    def remote(self) -> RemoteLaunch | None:
+        return self._remote
+
+    def stop_job(self, token: str) -> None:
+        if self._cluster_id is None:
+            return
+        hosts = self._reachable()
+        if token in self._held:  # kept stopped for inspection: no grace to give
+            self._held.discard(token)
+            end_far(self._sessions.callers(hosts), token)
+            return
+        parallel(hosts, lambda host: self._sessions.task(host, "kill", {"token": token}, 5))
+
+    def hold_job(self, token: str, failing: Mapping[str, int]) -> tuple[KeptProcess, ...]:
+        if self._cluster_id is None:
+            return ()
+        self._held.add(token)
+        return hold_far(self._sessions.callers(self._reachable()), token, failing)
+
+    def _reachable(self) -> list[str]:
+        """The nodes not lost (a lost node is not waited for)."""
+        conns = list(self._sessions.conns)
+        lost = self._watch.unreachable(conns, lost_only=True)
+        return [h for h in conns if h not in lost]
+
+    def put(
+        self, sent: Outgoing, sending: Callable[[int], None] = uncounted
+    ) -> dict[str, Exception]:
+        """Send ``sent`` to every node at once; return the nodes it failed on, with why
+        (big transfers through OpenSSH's client: :mod:`clusterbook.providers.ssh.files`)."""
+        cluster_id = self._started()
+        self.put_used = True
+        return files.put(self._sessions, cluster_id, sent, sending, self._wrapper())
+
+    def gather(
+        self, directory: Path, skip: Sequence[str], receiving: Callable[[int], None] = uncounted
+    ) -> tuple[list[Path], dict[str, Exception]]:
+        """Move the files ranks wrote in ``directory`` on every node here; return what
+        arrived, and the nodes it failed on, with why."""
+        return files.gather(self._sessions, directory, skip, receiving, self._wrapper())
+
+    def run_on_nodes(self, argv: Sequence[str], timeout: float) -> list[NodeRun]:
+        """Run ``argv`` on every node, in the sessions kept for them."""
+        return run_everywhere(self._nodes(), self._sessions.callers(), argv, timeout)
+
+    def free_port(self, node: NodeSpec) -> int | None:
+        """Asked of the node, in its kept session."""
+        if node.host not in self._sessions.conns:
+            return None
+        return int(self._sessions.task(node.host, "free_port", {}, 10.0)["port"])
+
+    def _started(self) -> str:
+        if self._cluster_id is None:
+            raise ClusterError("The SSH cluster is not started; call start() first.")
+        return self._cluster_id
+
+    def _wrapper(self) -> str | None:
+        remote = self._remote
+        return None if remote is None else remote.ssh_wrapper

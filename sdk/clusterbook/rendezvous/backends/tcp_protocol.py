@@ -1,0 +1,284 @@
+"""The store's side of the wire protocol (:mod:`.wire`), served by a
+:class:`~.tcp_loop.FrameLoop` on its thread: :class:`StoreProtocol`.
+
+A connection shows the secret in its hello before anything else; then it asks one request at a
+time. Watches, and steps that leave their node waiting, are held until a write settles them or
+their time is up, each in the set of the level it waits for (:mod:`._store`), so that a write
+looks only at the held requests it may settle. The steps read in one pass of the loop run as one
+batch (:data:`BATCH`) on one copy of the state. A node whose connection ends without a goodbye
+is lost once ``lost_grace`` has passed without it coming back (``on_lost``).
+"""
+
+from __future__ import annotations
+
+import logging
+import socket
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from clusterbook.rendezvous.backends._store import ANY, DECISIONS, MEMBERS, StateStore
+from clusterbook.rendezvous.backends.tcp_loop import Connection, FrameLoop
+from clusterbook.rendezvous.backends.wire import (
+    ACCEPTED,
+    HEAD,
+    HELLO_MAX,
+    MAX_FRAME,
+    MAX_STATE,
+    REFUSED,
+    SECONDS,
+    SPEC,
+    TOKEN_ANY,
+    TOKEN_INT,
+    TOKEN_NONE,
+    WATCH_MAX,
+    AuthFailed,
+    ProtocolError,
+    check_hello,
+)
+from clusterbook.rendezvous.step import Step, StepFormatError
+
+__all__ = ["BATCH", "StoreConnection", "StoreProtocol"]
+
+# The store's records keep the logger name of the public module, where users configure it.
+_log = logging.getLogger("clusterbook.rendezvous.backends.tcp")
+
+BATCH = 1024
+"""The most rendezvous steps the server runs as one write (those read in one pass of its loop,
+in this many at a time)."""
+_LEVELS = {b"W": ANY, b"M": MEMBERS, b"D": DECISIONS}  # what each watch waits for
+
+
+@dataclass(eq=False)
+class _Wait:
+    """A request held until the state changes (a watch, or a step that left its node waiting)."""
+
+    kind: int
+    value: int
+    level: int  # _store.ANY, MEMBERS or DECISIONS
+
+
+@dataclass(eq=False)
+class StoreConnection(Connection):
+    """A connection to the store, and what it asked."""
+
+    node: str | None = None
+    open: bool = False  # its hello was accepted
+    busy: bool = False  # a request is being answered (a step in the batch, or a wait)
+    wait: _Wait | None = None
+
+
+class StoreProtocol:
+    """The store's side of the wire protocol, for a :class:`~.tcp_loop.FrameLoop` to serve
+    (see the module's docstring); :attr:`live` and :attr:`lock` tell other threads who is
+    connected. ``loop`` is set before the loop starts."""
+
+    def __init__(
+        self,
+        secret: bytes,
+        store: StateStore,
+        lost_grace: float,
+        on_lost: Callable[[str, bytes], bytes | None] | None,
+    ) -> None:
+        self.loop: FrameLoop[StoreConnection] | None = None
+        self.lock = threading.Lock()  # guards the sessions (read by other threads)
+        self.live: dict[str, int] = {}  # node -> its connections now
+        self.losses_pending = 0  # connections lost whose grace has not run out yet
+        self._secret, self._store = secret, store
+        self._lost_grace, self._on_lost = lost_grace, on_lost
+        # The held requests, by what they wait for: a write wakes only the levels it reaches.
+        self._waiting: dict[int, set[StoreConnection]] = {
+            ANY: set(),
+            MEMBERS: set(),
+            DECISIONS: set(),
+        }
+        self._steps: list[tuple[StoreConnection, Step, int]] = []
+        self._generation: dict[str, int] = {}
+
+    def _loop(self) -> FrameLoop[StoreConnection]:
+        assert self.loop is not None
+        return self.loop
+
+    # what the loop calls
+
+    def connection(self, sock: socket.socket) -> StoreConnection:
+        """A new connection, which may send its hello and nothing more."""
+        return StoreConnection(sock, HELLO_MAX)
+
+    def frame(self, conn: StoreConnection, payload: bytes) -> None:
+        """Take a hello, or a request once the hello was accepted."""
+        if not conn.open:
+            self._hello(conn, payload)
+        elif payload == b"B":
+            self._loop().end(conn, clean=True)
+        elif conn.busy:
+            raise ProtocolError("a request while another is answered")
+        elif payload == b"G":
+            self._loop().send(conn, self._reply_state())
+        elif payload[:1] == b"U":
+            try:
+                step = Step.from_wire(payload[1:])
+            except StepFormatError as exc:
+                raise ProtocolError(str(exc)) from None
+            conn.busy = True
+            if not self._steps:
+                self._loop().later(0.0, self._run_steps)
+            self._steps.append((conn, step, len(payload) - 1))
+        elif payload[:1] in (b"S", b"W", b"D", b"M") and len(payload) > SPEC.size:
+            self._request(conn, payload[:1], payload[1:])
+        else:
+            raise ProtocolError(f"unexpected request {payload[:1]!r} of {len(payload)} bytes")
+
+    def ended(self, conn: StoreConnection, clean: bool) -> None:
+        """A node's connection that ended without a goodbye is lost."""
+        if conn.wait is not None:
+            self._waiting[conn.wait.level].discard(conn)
+        conn.wait = None
+        if conn.open:  # before the close: a client that saw it gone finds the node gone
+            self._session_ended(conn.node, clean)
+
+    def stopped(self, failure: BaseException | None) -> None:
+        """The loop ended: no node is connected, nothing is held."""
+        with self.lock:
+            self.live.clear()
+        for held in self._waiting.values():
+            held.clear()
+        self._steps.clear()
+
+    # requests
+
+    def _hello(self, conn: StoreConnection, payload: bytes) -> None:
+        loop = self._loop()
+        try:
+            node = check_hello(payload, self._secret)
+        except AuthFailed:
+            loop.warn("auth", "The rendezvous store refused a client: authentication failed.")
+            loop.send(conn, REFUSED)
+            loop.finish(conn)
+            return
+        conn.node, conn.open, conn.limit = node, True, MAX_FRAME
+        loop.let_in(conn)
+        self._session_started(node)
+        loop.send(conn, ACCEPTED)
+
+    def _request(self, conn: StoreConnection, op: bytes, body: bytes) -> None:
+        kind, value = SPEC.unpack_from(body)
+        if kind not in (TOKEN_NONE, TOKEN_INT, TOKEN_ANY):
+            raise ProtocolError(f"token kind {kind}")
+        store = self._store
+        if op == b"S":
+            decisive = store.compare_and_set(kind, value, body[SPEC.size :])
+            current = store.current()
+            won = decisive is not None
+            state = current[0] if current else b""
+            self._loop().send(conn, b"r" + HEAD.pack(won, store.token) + state)
+            if won:
+                self._changed()
+        elif len(body) == SPEC.size + SECONDS.size:
+            (timeout,) = SECONDS.unpack_from(body, SPEC.size)
+            self._hold(conn, _Wait(kind, value, _LEVELS[op]), timeout)
+        else:
+            raise ProtocolError(f"a watch of {len(body)} bytes")
+
+    def _reply_state(self, level: int = ANY) -> bytes:
+        """The stored state as an ``s`` reply: whole to a plain watch or a get (the head's),
+        without the nodes' reports to a node's step or its decision or member watch."""
+        current = self._store.current(reports=level == ANY)
+        if current is None:
+            return b"s" + HEAD.pack(0, 0)
+        return b"s" + HEAD.pack(1, current[1]) + current[0]
+
+    def _hold(self, conn: StoreConnection, wait: _Wait, timeout: float) -> None:
+        """Answer ``conn`` once ``wait`` is settled, or after ``timeout`` seconds."""
+        timeout = min(WATCH_MAX, timeout) if timeout > 0 else 0.0  # NaN -> 0
+        if timeout <= 0 or self._store.settled(wait.kind, wait.value, level=wait.level):
+            conn.busy = False
+            self._loop().send(conn, self._reply_state(wait.level))
+            return
+        conn.busy, conn.wait = True, wait
+        self._waiting[wait.level].add(conn)
+        self._loop().later(timeout, self._release, conn, wait)
+
+    def _release(self, conn: StoreConnection, wait: _Wait) -> None:
+        if conn.wait is wait:
+            self._answer(conn)
+
+    def _answer(self, conn: StoreConnection) -> None:
+        level = ANY if conn.wait is None else conn.wait.level
+        self._waiting[level].discard(conn)
+        conn.wait, conn.busy = None, False
+        self._loop().send(conn, self._reply_state(level))
+
+    def _changed(self) -> None:
+        """After a write: answer every held request it settles. Only those of the levels the
+        write reached are looked at: while a round fills, each join is a write that settles
+        none of the other nodes' held joins, and looking at them all made a round O(nodes^2)."""
+        settled = self._store.settled
+        for level in self._store.reached():
+            for conn in [
+                c
+                for c in self._waiting[level]
+                if c.wait is not None and settled(c.wait.kind, c.wait.value, level=level)
+            ]:
+                self._answer(conn)
+
+    def _run_steps(self) -> None:
+        while self._steps:
+            batch, self._steps = self._steps[:BATCH], self._steps[BATCH:]
+            holds, decisive = self._store.run([(step, size) for _, step, size in batch])
+            if decisive is not None:
+                self._changed()
+            token = self._store.token
+            for (conn, _, _), hold in zip(batch, holds, strict=True):
+                if conn.sock.fileno() >= 0:
+                    # Its node waits: answer once that may have changed, or after ``hold``.
+                    self._hold(conn, _Wait(TOKEN_INT, token, DECISIONS), hold)
+
+    # sessions
+
+    def _session_started(self, node: str | None) -> None:
+        if node is None:
+            return
+        with self.lock:
+            self.live[node] = self.live.get(node, 0) + 1
+            self._generation[node] = self._generation.get(node, 0) + 1
+
+    def _session_ended(self, node: str | None, clean: bool) -> None:
+        if node is None:
+            return
+        with self.lock:
+            left = self.live.get(node, 0) - 1
+            if left > 0:
+                self.live[node] = left
+                return
+            self.live.pop(node, None)
+            generation = self._generation.get(node, 0)
+        if not clean and not self._loop().closed and self._on_lost is not None:
+            self.losses_pending += 1
+            self._loop().later(self._lost_grace, self._lost, node, generation)
+
+    def _lost(self, node: str, generation: int) -> None:
+        assert self._on_lost is not None
+        self.losses_pending -= 1
+        with self.lock:
+            if node in self.live or self._generation.get(node) != generation:
+                return
+        if self._loop().closed or (current := self._store.current()) is None:
+            return
+        try:
+            new = self._on_lost(node, current[0])
+        except Exception:
+            _log.exception("on_lost(%r) failed; the state is left as it was.", node)
+            return
+        if new is None:
+            return
+        if not isinstance(new, bytes) or len(new) > MAX_STATE:
+            _log.error(
+                "on_lost(%r) returned %s, not bytes of at most %d; the state is left as is.",
+                node,
+                type(new).__name__,
+                MAX_STATE,
+            )
+            return
+        self._store.write(new)
+        self._changed()

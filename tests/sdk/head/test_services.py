@@ -1,0 +1,123 @@
+"""The head's services for a head state, with no cluster: a made-up HeadState (injected) is
+written as its record, kept by the keeper, and asked through the real control server what
+attached handles ask."""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import clusterbook as cb
+from clusterbook.head.control import SOCKET_FILE, TOKEN_FILE, ControlClient, unix_dial
+from clusterbook.head.record import read_record
+from clusterbook.head.services import HeadServices, record_of
+from clusterbook.head.state import HeadState, HeadTerms, HeadTimes
+from clusterbook.launch.jobdir import make_run_dir
+from clusterbook.lifetime import Lifetime
+from clusterbook.nodes.commands import NodeRun
+from clusterbook.status import ClusterSnapshot, NodeStatus
+
+
+@dataclass
+class MadeUpHead:
+    """A head state with one node and no job, which notes what it is asked."""
+
+    run_dir: Path
+    id: str = "made-20260101-000000"
+    name: str = "made"
+    kind: str = "fake"
+    state: str = "running"
+    python: str = "/usr/bin/python3"
+    join_command: str | None = None
+    times: HeadTimes = field(default_factory=lambda: HeadTimes(created=1.0, started=2.0))
+    terms: HeadTerms = field(
+        default_factory=lambda: HeadTerms(Lifetime(life_span=3600.0), retention=60.0)
+    )
+    jobs: Sequence[Any] = ()
+    asked: list[tuple[str, object]] = field(default_factory=list)
+
+    def snapshot(self) -> ClusterSnapshot:
+        node = NodeStatus("n0", "localhost", 2, "ready")
+        return ClusterSnapshot(self.name, self.kind, self.state, (node,), (), None, "", 1.0)
+
+    def changed(self, *, record: bool = False) -> None:
+        self.asked.append(("changed", record))
+
+    def stop_for(self, reason: str) -> None:
+        self.asked.append(("stop_for", reason))
+
+    def mpirun(self, argv: Sequence[str], np: int | None = None, **job: Any) -> Any:
+        raise cb.ClusterStateError("made up: no jobs here")
+
+    def job(self, job_id: str | None = None) -> Any:
+        raise cb.ClusterStateError(f"made up: no job {job_id}")
+
+    def wait_ready(self, timeout: float = 60, *, progress: bool | None = None) -> None:
+        self.asked.append(("wait_ready", timeout))
+
+    def put(self, *paths: str | os.PathLike[str], progress: bool | None = None) -> None:
+        self.asked.append(("put", paths))
+
+    def gather(
+        self, directory: str | os.PathLike[str], *, progress: bool | None = None
+    ) -> list[Path]:
+        return [Path(directory) / "a"]
+
+    def node_runs(self, argv: Sequence[str], timeout: float = 60.0) -> list[NodeRun]:
+        return [NodeRun("n0", "localhost", 0, " ".join(argv), "", 0.1)]
+
+
+@pytest.fixture
+def head(tmp_path: Path) -> MadeUpHead:
+    run_dir = tmp_path / "made-20260101-000000"
+    make_run_dir(run_dir)
+    return MadeUpHead(run_dir)
+
+
+def test_the_record_is_made_of_the_head_state_alone(head: MadeUpHead) -> None:
+    state: HeadState = head  # what the services take (mypy checks the made-up one too)
+    record = record_of(state, None, reason="asked")
+    assert (record.id, record.name, record.kind, record.state) == (
+        head.id,
+        "made",
+        "fake",
+        "running",
+    )
+    assert (record.created, record.started, record.stop_reason) == (1.0, 2.0, "asked")
+    assert (record.life_span, record.retention, record.detached) == (3600.0, 60.0, False)
+    assert [n.name for n in record.nodes] == ["n0"]
+    assert record.address is None  # no control server before start()
+
+
+def test_the_services_answer_attached_handles_for_the_head_state(head: MadeUpHead) -> None:
+    services = HeadServices(head)
+    services.start(started=2.0)
+    try:
+        assert read_record(head.run_dir).address == str(head.run_dir / SOCKET_FILE)
+        sock = head.run_dir / SOCKET_FILE
+        client = ControlClient(unix_dial(sock), head.run_dir / TOKEN_FILE, where=str(sock))
+        try:
+            client.call("wait_ready", timeout=5)
+            rows = client.call("run_on_nodes", argv=["echo", "hi"], timeout=5)["rows"]
+            assert [r["stdout"] for r in rows] == ["echo hi"]
+            with pytest.raises(cb.ClusterStateError, match="has no job 7"):
+                client.call("cancel", job=7)
+            client.call("stop", reason="a handle asked")
+        finally:
+            client.close()
+        assert ("wait_ready", 5.0) in head.asked
+        assert ("changed", True) in head.asked  # the nodes read next come from the record
+        deadline = time.monotonic() + 10  # the stop runs on a thread of its own
+        while ("stop_for", "a handle asked") not in head.asked:
+            assert time.monotonic() < deadline, head.asked
+            time.sleep(0.05)
+    finally:
+        services.close()
+    record = read_record(head.run_dir)
+    assert (record.state, record.address) == ("stopped", None)
