@@ -14,10 +14,16 @@ from dataclasses import replace
 from clusterbook.errors import ClusterError
 from clusterbook.launch.logs import LAUNCHER_RANK
 from clusterbook.launch.logstore import LogStore
-from clusterbook.launch.result import JobResult, KeptProcess, RankFailure, failed_ranks
+from clusterbook.launch.result import (
+    AttemptInfo,
+    JobResult,
+    KeptProcess,
+    RankFailure,
+    failed_ranks,
+)
 from clusterbook.spec import NodeSpec
 
-__all__ = ["attempt_result", "name_kept", "ranks_first"]
+__all__ = ["attempt_result", "final_result", "name_kept", "ranks_first"]
 
 
 def attempt_result(
@@ -86,3 +92,31 @@ def name_kept(
 def ranks_first(kept: tuple[KeptProcess, ...]) -> tuple[KeptProcess, ...]:
     """``kept`` in the order a result shows them: ranks in rank order, then the others."""
     return tuple(sorted(kept, key=lambda k: (k.rank is None, k.rank or 0, k.host, k.pid)))
+
+
+def final_result(
+    last: JobResult,
+    *,
+    job_id: str,
+    duration: float,
+    why: str | None,
+    attempt: int,
+    attempts: tuple[AttemptInfo, ...],
+    restarts: int,
+    cancelled: bool,
+    deadline: bool,
+) -> JobResult:
+    """The job's result, from its last attempt's (number ``attempt``): the whole job's
+    duration, its attempts and restarts, why it stopped (a note), and cancelled or past its
+    deadline only if it did not succeed anyway."""
+    return replace(
+        last,
+        job_id=job_id,
+        duration=duration,
+        notes=(*last.notes, why) if why else last.notes,
+        attempt=attempt,
+        attempts=attempts,
+        restarts=restarts,
+        cancelled=last.cancelled or (cancelled and not last.ok),
+        deadline_exceeded=deadline and not last.ok,
+    )

@@ -7,23 +7,30 @@ attempt ends is decided by :func:`~clusterbook.launch.recovery.next_step`.
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import threading
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from clusterbook.errors import ClusterError, JobTimeoutError
 from clusterbook.launch.attempt import Attempt
 from clusterbook.launch.command import LaunchPlan
+from clusterbook.launch.ending import final_result
+from clusterbook.launch.jobdir import attempt_dir, write_result
 from clusterbook.launch.logs import LogRecord, records_frame
-from clusterbook.launch.recovery import NO_RECOVERY, Recovery, Stop, next_step, outcome, reason
+from clusterbook.launch.recovery import (
+    NO_RECOVERY,
+    Recovery,
+    Stop,
+    grown_restart,
+    next_step,
+    outcome,
+    reason,
+)
 from clusterbook.launch.result import AttemptInfo, JobResult
-from clusterbook.nodes.tasks.common import write_atomic
 from clusterbook.spec import validate_timeout
 
 if TYPE_CHECKING:
@@ -31,18 +38,13 @@ if TYPE_CHECKING:
 
     from clusterbook.launch.saved import SavedJob
 
-__all__ = ["Job", "attempt_dir"]
+__all__ = ["Job"]
 
 _log = logging.getLogger("clusterbook.job")
 
 # start(number, directory, restarts, restart): attempt ``number`` in ``directory``, the job
 # having been restarted ``restarts`` times (``restart``: this attempt is a restart).
 StartAttempt = Callable[[int, Path, int, bool], Attempt]
-
-
-def attempt_dir(directory: Path, number: int) -> Path:
-    """Where attempt ``number`` of the job in ``directory`` keeps its files."""
-    return directory if number == 1 else directory / f"attempt-{number}"
 
 
 class Job:
@@ -94,8 +96,6 @@ class Job:
             self._timer.daemon = True
             self._timer.start()
         threading.Thread(target=self._run, name=f"clusterbook-{job_id}-series", daemon=True).start()
-
-    # -- public API -----------------------------------------------------------------------
 
     @staticmethod
     def load(directory: str | os.PathLike[str]) -> SavedJob:
@@ -214,20 +214,12 @@ class Job:
         """With ``restart_on_join`` and a restart left: stop the current attempt because the
         nodes ``joined`` the cluster's round, for a restart on the larger one. Returns whether
         it did."""
-        policy = self.recovery
         with self._cond:
-            if (
-                not joined
-                or not policy.restart_on_join
-                or self._restarts >= policy.restarts
-                or self._joined is not None
-                or self._cancelled
-                or self._done.is_set()
-            ):
+            busy = self._joined is not None or self._cancelled or self._done.is_set()
+            why = grown_restart(self.recovery, joined, restarts=self._restarts, busy=busy)
+            if why is None:
                 return False
-            names = ", ".join(joined)
-            self._joined = f"node{'s' if len(joined) > 1 else ''} {names} joined"
-            current = self._attempts[-1]
+            self._joined, current = why, self._attempts[-1]
         threading.Thread(
             target=current.stop, args=("cancel",), name=f"clusterbook-{self.id}-grown"
         ).start()
@@ -318,16 +310,12 @@ class Job:
                     if self._joined is not None and kind == "cancelled" and not self._cancelled:
                         kind, words = "node-joined", self._joined  # stopped for a restart
                     self._joined = None
+                ranks = tuple(last.failed_ranks)
                 ended = AttemptInfo(
-                    attempt.number,
-                    kind,
-                    words,
-                    attempt.started,
-                    last.duration,
-                    tuple(last.failed_ranks),
+                    attempt.number, kind, words, attempt.started, last.duration, ranks
                 )
                 if attempt.number > 1:
-                    self._write(attempt.directory / "result.json", last)
+                    write_result(attempt.directory, last)
                 with self._cond:
                     self._ended.append(ended)
                     stopped = self._cancelled or self._deadline_passed
@@ -347,13 +335,8 @@ class Job:
                             self._deadline_passed = True
                     return
                 attempt.cleanup()  # what it kept (clean="none") goes before the next one
-                _log.info(
-                    "Job %s: %s; attempt %d in %g s.",
-                    self.id,
-                    ended.reason,
-                    step.attempt,
-                    step.delay,
-                )
+                said = (self.id, ended.reason, step.attempt, step.delay)
+                _log.info("Job %s: %s; attempt %d in %g s.", *said)
                 self._retry_at = time.monotonic() + step.delay
                 try:
                     if self._wake.wait(step.delay):
@@ -392,23 +375,19 @@ class Job:
             attempt.stop("cancel")
             last = attempt.wait() or JobResult(self.id, -1, {}, (), 0.0, attempt=attempt.number)
         with self._cond:
-            ended = tuple(self._ended)
-            cancelled = self._cancelled
-            deadline = self._deadline_passed
-        notes = (*last.notes, why) if why else last.notes
-        result = replace(
-            last,
-            job_id=self.id,
-            duration=time.monotonic() - self._t0,
-            notes=notes,
-            attempt=attempt.number,
-            attempts=ended,
-            restarts=self._restarts,
-            cancelled=last.cancelled or (cancelled and not last.ok),
-            deadline_exceeded=deadline and not last.ok,
-        )
+            result = final_result(
+                last,
+                job_id=self.id,
+                duration=time.monotonic() - self._t0,
+                why=why,
+                attempt=attempt.number,
+                attempts=tuple(self._ended),
+                restarts=self._restarts,
+                cancelled=self._cancelled,
+                deadline=self._deadline_passed,
+            )
         if attempt.store.write_error is None:
-            self._write(self.directory / "result.json", result)
+            write_result(self.directory, result)
         with self._cond:
             self._result = result
             self._done.set()
@@ -418,10 +397,3 @@ class Job:
                 self._on_done(result)
             except Exception:
                 _log.exception("A callback on the end of job %s failed.", self.id)
-
-    def _write(self, path: Path, result: JobResult) -> None:
-        # In one step: another process (an attached handle) may read it at any time.
-        try:
-            write_atomic(str(path), json.dumps(result.to_dict(), indent=2).encode(), 0o600)
-        except OSError as exc:
-            _log.warning("Could not write the result of job %s: %s", self.id, exc)

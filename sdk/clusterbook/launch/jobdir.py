@@ -7,6 +7,7 @@ when it starts: the hostfile its launcher reads and ``job.json``, what it runs (
 from __future__ import annotations
 
 import json
+import logging
 import re
 import time
 from collections.abc import Mapping
@@ -15,10 +16,35 @@ from pathlib import Path
 from clusterbook.errors import RunDirError
 from clusterbook.launch.command import LaunchCommand, LaunchPlan
 from clusterbook.launch.flavour import MPIFlavour
+from clusterbook.launch.result import JobResult
+from clusterbook.nodes.tasks.common import write_atomic
 
-__all__ = ["make_run_dir", "new_job_dir", "write_attempt_files"]
+__all__ = [
+    "attempt_dir",
+    "make_run_dir",
+    "new_job_dir",
+    "write_attempt_files",
+    "write_result",
+]
 
+_log = logging.getLogger("clusterbook.job")
 _JOB_RE = re.compile(r"job-\d{4,}")
+
+
+def attempt_dir(directory: Path, number: int) -> Path:
+    """Where attempt ``number`` of the job in ``directory`` keeps its files."""
+    return directory if number == 1 else directory / f"attempt-{number}"
+
+
+def write_result(directory: Path, result: JobResult) -> None:
+    """Write ``result`` to ``directory/result.json``, in one step (another process, an
+    attached handle, may read it at any time); a failure is logged, not raised: the job's end
+    must not wait on its disk."""
+    try:
+        data = json.dumps(result.to_dict(), indent=2).encode()
+        write_atomic(str(directory / "result.json"), data, 0o600)
+    except OSError as exc:
+        _log.warning("Could not write the result of job %s: %s", result.job_id, exc)
 
 
 def make_run_dir(run_dir: Path) -> None:

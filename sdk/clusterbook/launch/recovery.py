@@ -11,7 +11,7 @@ joins an elastic cluster). :func:`next_step` decides; the job does what it says.
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 from clusterbook.errors import ConfigError, NodeLostError
@@ -27,6 +27,7 @@ __all__ = [
     "Recovery",
     "Retry",
     "Stop",
+    "grown_restart",
     "next_step",
     "outcome",
     "reason",
@@ -263,3 +264,14 @@ def next_step(
             deadline=True,
         )
     return step
+
+
+def grown_restart(
+    policy: Recovery, joined: Sequence[str], *, restarts: int, busy: bool
+) -> str | None:
+    """Why a running attempt is stopped for a restart on a round that grew by the nodes
+    ``joined`` (``restart_on_join``, a restart left, the job not ``busy`` being cancelled,
+    restarted or ended), or None when it goes on."""
+    if not joined or not policy.restart_on_join or restarts >= policy.restarts or busy:
+        return None
+    return f"node{'s' if len(joined) > 1 else ''} {', '.join(joined)} joined"

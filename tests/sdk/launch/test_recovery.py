@@ -10,7 +10,8 @@ import pytest
 
 import clusterbook as cb
 from clusterbook.errors import ClusterStateError, NodeLostError
-from clusterbook.launch.job import Job, attempt_dir
+from clusterbook.launch.job import Job
+from clusterbook.launch.jobdir import attempt_dir
 from clusterbook.launch.logstore import LogStore
 from clusterbook.launch.nodes import remaining_nodes
 from clusterbook.launch.recovery import (
