@@ -197,9 +197,7 @@ def unix_dial(path: Path) -> Dial:
     def dial(deadline: float) -> socket.socket:
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         try:
-            sock.settimeout(max(0.001, deadline - time.monotonic()))
-            with socket_name(path) as name:
-                sock.connect(name)
+            _connect_unix(sock, path, deadline)
             uid = peer_uid(sock)
             if uid is not None and uid != os.geteuid():
                 raise ClusterStateError(
@@ -212,6 +210,24 @@ def unix_dial(path: Path) -> Dial:
         return sock
 
     return dial
+
+
+def _connect_unix(sock: socket.socket, path: Path, deadline: float) -> None:
+    """Connect ``sock`` to ``path`` by ``deadline``. A Unix socket whose backlog is full
+    answers EAGAIN at once rather than queueing the caller (as TCP would): a head busy
+    shedding a flood of idle connections is tried again, a little later each time."""
+    pause = 0.005
+    while True:
+        sock.settimeout(max(0.001, deadline - time.monotonic()))
+        try:
+            with socket_name(path) as name:
+                sock.connect(name)
+            return
+        except BlockingIOError:
+            if time.monotonic() + pause > deadline:
+                raise
+            time.sleep(pause)
+            pause = min(pause * 2, 0.2)
 
 
 # -- the client ----------------------------------------------------------------------------

@@ -337,3 +337,44 @@ def test_a_handle_asks_no_head_that_runs_on_another_machine(tmp_path) -> None:
     attached = cb.Cluster.attach(str(tmp_path))
     with pytest.raises(cb.ClusterStateError, match=r"head runs on elsewhere; it takes requests"):
         attached.run_on_nodes(["true"])
+
+
+def test_dialing_a_socket_whose_backlog_is_full_waits_for_room_instead_of_failing(
+    tmp_path,
+) -> None:
+    path = tmp_path / "control.sock"
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    listener.bind(str(path))
+    listener.listen(0)
+    queued = []
+    for _ in range(8):  # fill the backlog: a Unix socket then answers EAGAIN at once
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        sock.setblocking(False)
+        try:
+            sock.connect(str(path))
+        except BlockingIOError:
+            sock.close()
+            break
+        queued.append(sock)
+    else:
+        pytest.fail("the backlog never filled")
+    room = threading.Event()
+
+    def make_room() -> None:
+        room.wait(10)
+        for _ in queued:
+            listener.accept()[0].close()
+
+    helper = threading.Thread(target=make_room)
+    helper.start()
+    try:
+        threading.Timer(0.2, room.set).start()
+        sock = unix_dial(path)(time.monotonic() + 10)
+        sock.close()
+        assert room.is_set()  # it connected only once the backlog had room
+    finally:
+        room.set()
+        helper.join()
+        for sock in queued:
+            sock.close()
+        listener.close()
