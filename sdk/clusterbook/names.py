@@ -24,11 +24,11 @@ __all__ = [
 
 NAME_RULE = "1-63 letters, digits, '.', '-' or '_', starting with a letter or digit"
 JOB_ID_RULE = "'job-' and four digits or more, like job-0001"
-TAG_RULE = "1-200 letters, digits, '.', '-' or '_'"
+TAG_RULE = "1-200 letters, digits, '.', '-', '_' or ':'"
 
 _NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,62}")
 _JOB_ID_RE = re.compile(r"job-[0-9]{4,}")
-_TAG_RE = re.compile(r"[A-Za-z0-9_.-]{1,200}")
+_TAG_RE = re.compile(r"[A-Za-z0-9_.:-]{1,200}")
 
 
 def is_name(text: object) -> bool:

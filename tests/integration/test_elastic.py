@@ -246,14 +246,14 @@ def test_the_head_asks_agents_to_stop_a_jobs_processes(elastic, agents):
     cluster = elastic(1, 1, last_call=0.1)
     agents(cluster.join_command, "n0")
     cluster.wait_ready(timeout=60)
-    token = f"{cluster.id}-feedbeef"
+    token = f"{cluster.id}:feedbeef"
     stray = subprocess.Popen(  # a rank the launcher lost track of, tagged with its job
         [sys.executable, "-c", "import time; time.sleep(600)"],
         env={"CLUSTERBOOK_JOB": token, "PATH": "/usr/bin:/bin"},
     )
     bystander = subprocess.Popen(
         [sys.executable, "-c", "import time; time.sleep(600)"],
-        env={"CLUSTERBOOK_JOB": f"{cluster.id}-otherjob", "PATH": "/usr/bin:/bin"},
+        env={"CLUSTERBOOK_JOB": f"{cluster.id}:otherjob", "PATH": "/usr/bin:/bin"},
     )
     try:
         cluster._provider.reach.stop_job(token)

@@ -109,7 +109,7 @@ def test_mpirun_across_hosts_and_clean_stop(testbed, mpi_python, tmp_path):
         # cluster's agents; else (MPICH's venv here) the agent is a Python of its own.
         for pid in frame.pid:
             agent = psutil.Process(int(pid))
-            assert agent.environ()["CLUSTERBOOK_JOB"] == f"{cluster.id}-agents"
+            assert agent.environ()["CLUSTERBOOK_JOB"] == f"{cluster.id}:agents"
             if mpi_python == sys.executable:
                 assert agent.name() == AGENT_NAME
                 assert agent.cmdline()[0] == mpi_python

@@ -47,6 +47,7 @@ from clusterbook.engines.config import (
 )
 from clusterbook.engines.engineset import Controller, EngineSet
 from clusterbook.errors import ClusterError, ConfigError
+from clusterbook.nodes.tasks.common import process_tag
 from clusterbook.spec import validate_seconds
 from clusterbook.views.progress import Bar, bar, checked
 
@@ -225,7 +226,7 @@ def _spawn_controller(
         client_ip="127.0.0.1",
         heartbeat_ms=round(heartbeat * 1000),
     )
-    token = f"{cluster.id}-ipc-{secrets.token_hex(4)}"
+    token = process_tag(cluster.id, f"ipc-{secrets.token_hex(4)}")
     env = controller_env(*curve) if curve else {}
     return EngineSet(0, directory, Controller.spawn(argv, directory, token, env)), engine_info
 

@@ -31,6 +31,7 @@ from clusterbook.launch.recovery import NO_RECOVERY, Backoff, Recovery
 from clusterbook.launch.remote import RemoteLaunch
 from clusterbook.launch.result import JobResult, KeptProcess, ssh_refusals
 from clusterbook.launch.srun import launch_command
+from clusterbook.nodes.tasks.common import process_tag
 from clusterbook.spec import NodeSpec, validate_env, validate_np, validate_timeout
 
 __all__ = [
@@ -380,7 +381,7 @@ class _Attempts:
             remote=remote,
             inherited_env=self.base_env,
             launcher_args=request.launcher_args,
-            job_token=f"{self.cluster}-{secrets.token_hex(6)}",
+            job_token=process_tag(self.cluster, secrets.token_hex(6)),
             hook_dir=(remote and remote.hook_dir) or HOOK_DIR,
             abort_on_error=request.abort_on_error,
             master_port=_master_port(

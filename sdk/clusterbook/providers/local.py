@@ -25,6 +25,7 @@ from dataclasses import replace
 from clusterbook.errors import ClusterError
 from clusterbook.gpus import GPUS, GPUInfo, Slots, probe_gpus, slots_from_gpus
 from clusterbook.launch.guard import guard, kill_tagged
+from clusterbook.nodes.tasks.common import AGENTS, process_tag
 from clusterbook.providers.base import Provider, StartContext
 from clusterbook.providers.reach import LocalReach, NodeReach
 from clusterbook.providers.watch import AgentWatch, NodeWatch
@@ -153,7 +154,7 @@ class LocalAgentsProvider(Provider):
         self.head.start(ctx.cluster_id, ctx.changed)
         self._changed = ctx.changed
         # Tagged like a job's processes, so they die with us even if we are SIGKILLed.
-        self._token = f"{ctx.cluster_id}-agents"
+        self._token = process_tag(ctx.cluster_id, AGENTS)
         guard.watch(self._token)
         for node in self._spec:
             self._agents[node.name] = self._spawn(node)

@@ -140,7 +140,7 @@ def _shell():  # type: ignore[no-untyped-def]
 def _alive(cluster: cb.Cluster) -> list[int]:
     """Processes of the cluster's jobs and controllers (tagged with its name), not its
     node agents."""
-    agents = set(tagged([f"{cluster.id}-agents"]))
+    agents = set(tagged([f"{cluster.id}:agents"]))
     return [pid for pid in tagged([f"{cluster.id}-"], prefix=True) if pid not in agents]
 
 

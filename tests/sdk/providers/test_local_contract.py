@@ -30,7 +30,7 @@ class LocalCase(ProviderCase):
 
     def miss(self, provider: LocalAgentsProvider) -> str:  # type: ignore[override]
         """Stop (SIGSTOP) the agent of local-1: it stops heartbeating, and is lost."""
-        tag = f"{provider.head.settings.run_id}-agents"
+        tag = f"{provider.head.settings.run_id}:agents"
         for proc in psutil.process_iter(["cmdline"]):
             with contextlib.suppress(psutil.Error):
                 if "local-1" in (proc.info["cmdline"] or ()) and (

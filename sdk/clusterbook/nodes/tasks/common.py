@@ -19,7 +19,19 @@ JOB_ENV = "CLUSTERBOOK_JOB"
 CLUSTERS_DIR = ".clusterbook/clusters"
 #: The file of a cluster's state (``ready``, ``done``) that the worker serving a host waits on.
 STATUS_FILE = "status.json"
-AGENTS = "agents"  # a cluster's agents are tagged CLUSTER-agents; its jobs, CLUSTER-TOKEN
+#: Between a cluster's id and the word that names a group of its processes in their tag
+#: (``ID:agents``, ``ID:3f2a9c01d4e5``): no id holds it, so no cluster's tags start with
+#: another's prefix (with ``-``, the ids ``X`` and ``X-2`` would: stopping ``X`` would stop
+#: ``X-2``'s jobs).
+TAG_SEP = ":"
+AGENTS = "agents"  # a cluster's agents are tagged ID:agents; its jobs, ID:TOKEN
+
+
+def process_tag(cluster_id: str, word: str) -> str:
+    """The tag (``CLUSTERBOOK_JOB``) of cluster ``cluster_id``'s processes named ``word``."""
+    return cluster_id + TAG_SEP + word
+
+
 # The MPI launchers' daemons on a node: the parents of a job's ranks there.
 DAEMONS = ("prted", "hydra_pmi_proxy")
 #: Processes of a job that can stop or kill its ranks: launchers and their daemons.

@@ -10,6 +10,7 @@ import socket
 
 from .common import (
     STATUS_FILE,
+    TAG_SEP,
     Args,
     Reply,
     _inside,
@@ -95,7 +96,7 @@ def _remove_key_lines(tag: str | None) -> int:
 def cleanup(args: Args) -> Reply:
     cluster_id = args["cluster_id"]
     grace = float(args.get("grace", 2.0))
-    killed = kill_tagged([cluster_id + "-"], grace, prefix=True, daemons=True)
+    killed = kill_tagged([cluster_id + TAG_SEP], grace, prefix=True, daemons=True)
     removed = _remove_key_lines(args.get("tag"))
     directory = cluster_dir(cluster_id)
     _remove_put(directory)

@@ -9,7 +9,7 @@ import sys
 import time
 from collections.abc import Iterable
 
-from .common import AGENTS, DAEMONS, JOB_ENV, LAUNCHERS, Args, Reply, _rmtree
+from .common import AGENTS, DAEMONS, JOB_ENV, LAUNCHERS, TAG_SEP, Args, Reply, _rmtree, process_tag
 
 
 def tagged(
@@ -194,7 +194,11 @@ def stop_jobs(cluster_id: str, grace: float = 1.0) -> list[int]:
     """Stop every process of the cluster's jobs on this node (its MPI daemons too), but not
     its agents; return their pids."""
     return kill_tagged(
-        [cluster_id + "-"], grace, prefix=True, exclude=[f"{cluster_id}-{AGENTS}"], daemons=True
+        [cluster_id + TAG_SEP],
+        grace,
+        prefix=True,
+        exclude=[process_tag(cluster_id, AGENTS)],
+        daemons=True,
     )
 
 

@@ -36,7 +36,7 @@ from pathlib import Path
 from typing import Any
 
 from clusterbook.errors import ConfigError, LeaderLostError
-from clusterbook.nodes.tasks.common import AGENTS, STATUS_FILE, worker_dir
+from clusterbook.nodes.tasks.common import AGENTS, STATUS_FILE, process_tag, worker_dir
 from clusterbook.nodes.tasks.procs import tagged
 from clusterbook.providers.environment.detect import Detected, Runner, detect_environment
 from clusterbook.spec import validate_port, validate_seconds
@@ -226,7 +226,8 @@ def _wait_for_leader(status_file: Path, leader: str, lease: float, wait: float) 
     watch = Watch(time.monotonic())
     while True:
         status = _read_status(status_file)
-        running = status is not None and bool(tagged([f"{status.get('cluster')}-{AGENTS}"]))
+        agents = None if status is None else process_tag(str(status.get("cluster")), AGENTS)
+        running = agents is not None and bool(tagged([agents]))
         watch, done, lost = step(
             watch, status, running, time.monotonic(), lease=lease, wait=wait, leader=leader
         )

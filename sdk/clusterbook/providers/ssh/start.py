@@ -24,7 +24,7 @@ from clusterbook.gpus import Slots
 from clusterbook.launch.rankwrap import HOOK_DIR
 from clusterbook.launch.remote import RemoteLaunch
 from clusterbook.nodes.fanout import parallel
-from clusterbook.nodes.tasks.common import AGENTS, JOB_ENV
+from clusterbook.nodes.tasks.common import AGENTS, JOB_ENV, process_tag
 from clusterbook.paths import node_cluster_dir
 from clusterbook.providers.base import StartContext
 from clusterbook.providers.ssh.hosts import HEAD
@@ -55,7 +55,7 @@ Dial = Callable[[str, float], ParamikoShell]
 
 def agents_env(cluster_id: str) -> dict[str, str]:
     """The tag of the cluster's agents (and of the node sessions that fork them)."""
-    return {JOB_ENV: f"{cluster_id}-{AGENTS}"}
+    return {JOB_ENV: process_tag(cluster_id, AGENTS)}
 
 
 class Bootstrap:

@@ -107,7 +107,7 @@ def _log_lines(path: Path, count: int, until: str = "") -> list[str]:
 
 def test_a_session_with_the_tag_starts_python_m_as_a_fork_of_itself(home):
     (home / "cbforked.py").write_text(FORKED)
-    tag = {JOB_ENV: "c1-agents"}
+    tag = {JOB_ENV: "c1:agents"}
     session = Session(home, tag)
     pids = []
     try:
@@ -134,7 +134,7 @@ def test_a_session_with_the_tag_starts_python_m_as_a_fork_of_itself(home):
         assert os.readlink(agent / "fd" / "1") == str(log)
         assert (agent / "comm").read_text().strip() == "cb-agent"
         assert (agent / "cmdline").read_bytes().split(b"\0")[-2] == b"session"  # no new exec
-        assert b"CLUSTERBOOK_JOB=c1-agents" in (agent / "environ").read_bytes().split(b"\0")
+        assert b"CLUSTERBOOK_JOB=c1:agents" in (agent / "environ").read_bytes().split(b"\0")
         assert os.getsid(pid) == pid
         # The session keeps no child (the fork between them has exited and been waited for)
         # and goes on taking tasks.
@@ -142,7 +142,7 @@ def test_a_session_with_the_tag_starts_python_m_as_a_fork_of_itself(home):
             ["ps", "--ppid", str(session.proc.pid), "-o", "pid="], capture_output=True
         ).stdout.split()
         assert session_children == []
-        assert pid in tagged(["c1-agents"])
+        assert pid in tagged(["c1:agents"])
         # Without the tag in the session's environment (what the clean-up looks for), a new
         # process runs the command instead.
         spawn["env"] = {JOB_ENV: "c1-other"}

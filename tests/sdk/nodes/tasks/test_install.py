@@ -145,11 +145,15 @@ def test_cleanup_removes_only_this_clusters_lines_dir_and_processes(home):
     install({"cluster_id": "c2", "files": {}, "authorized_key": "k2 clusterbook:c2"})
     sleeper = subprocess.Popen(
         [sys.executable, "-c", "import time; time.sleep(60)"],
-        env={**os.environ, "CLUSTERBOOK_JOB": "c1-abc"},
+        env={**os.environ, "CLUSTERBOOK_JOB": "c1:abc"},
     )
     bystander = subprocess.Popen(
         [sys.executable, "-c", "import time; time.sleep(60)"],
-        env={**os.environ, "CLUSTERBOOK_JOB": "c10-abc"},  # another cluster, similar name
+        env={**os.environ, "CLUSTERBOOK_JOB": "c10:abc"},  # another cluster, similar name
+    )
+    numbered = subprocess.Popen(  # the cluster started in the same second: its id is c1-2
+        [sys.executable, "-c", "import time; time.sleep(60)"],
+        env={**os.environ, "CLUSTERBOOK_JOB": "c1-2:abc"},
     )
     try:
         time.sleep(0.2)
@@ -157,12 +161,13 @@ def test_cleanup_removes_only_this_clusters_lines_dir_and_processes(home):
         assert out["killed"] == [sleeper.pid]
         assert sleeper.wait(timeout=5) != 0
         assert bystander.poll() is None
+        assert numbered.poll() is None
         assert out["keys_removed"] == 1
         assert keys.read_text() == "k2 clusterbook:c2\n"
         assert stat.S_IMODE(keys.stat().st_mode) == 0o600
         assert not (home / ".clusterbook" / "clusters" / "c1").exists()
         assert (home / ".clusterbook" / "clusters" / "c2").exists()
     finally:
-        for p in (sleeper, bystander):
+        for p in (sleeper, bystander, numbered):
             p.kill()
             p.wait()

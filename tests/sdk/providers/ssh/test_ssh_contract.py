@@ -46,7 +46,7 @@ class SSHCase(ProviderCase):
     def miss(self, provider: SSHProvider) -> str:  # type: ignore[override]
         """Stop (SIGSTOP) the agent on the second host: it stops heartbeating, and is lost."""
         host = self.hosts[1]
-        tag = f"{provider.head.settings.run_id}-agents"
+        tag = f"{provider.head.settings.run_id}:agents"
         for pid in host.processes():
             with contextlib.suppress(psutil.Error):
                 proc = psutil.Process(pid)
