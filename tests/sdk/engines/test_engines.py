@@ -141,7 +141,7 @@ def _alive(cluster: cb.Cluster) -> list[int]:
     """Processes of the cluster's jobs and controllers (tagged with its name), not its
     node agents."""
     agents = set(tagged([f"{cluster.id}:agents"]))
-    return [pid for pid in tagged([f"{cluster.id}-"], prefix=True) if pid not in agents]
+    return [pid for pid in tagged([f"{cluster.id}:"], prefix=True) if pid not in agents]
 
 
 def _wait_none(cluster: cb.Cluster, timeout: float = 5.0) -> list[int]:
