@@ -63,12 +63,28 @@ def from_profile(
     except ProfileError:
         raise
     except ConfigError as exc:
-        keys = [k for k in spec if k != "kind" and _mentions(str(exc), k)]
-        raise _said_of(profile, exc, keys, overrides) from exc
+        raise _said_of(profile, exc, _culprits(spec, str(exc)), overrides) from exc
 
 
-def _mentions(text: str, key: str) -> bool:
-    return re.search(rf"(?<![A-Za-z0-9_]){re.escape(key)}(?![A-Za-z0-9_])", text) is not None
+def _culprits(spec: Mapping[str, Any], message: str) -> list[str]:
+    """The keys of ``spec`` that ``message`` is about: those it names (``workers must be...``),
+    else those whose value, or a part of it, it quotes (``variable name 'A B'``)."""
+    named = [
+        key
+        for key in spec
+        if key != "kind"
+        and re.search(rf"(?<![A-Za-z0-9_]){re.escape(key)}(?![A-Za-z0-9_])", message)
+    ]
+    return named or [key for key in spec if key != "kind" and _quotes(message, spec[key])]
+
+
+def _quotes(message: str, value: object) -> bool:
+    """Whether ``message`` quotes ``value`` (its repr) or a key or item of it."""
+    if isinstance(value, Mapping):
+        return any(_quotes(message, k) or _quotes(message, v) for k, v in value.items())
+    if isinstance(value, (list, tuple)):
+        return any(_quotes(message, v) for v in value)
+    return len(repr(value)) > 3 and repr(value) in message  # not 1, 0, '': quoted by chance
 
 
 def _said_of(

@@ -112,6 +112,15 @@ def test_a_bad_value_names_the_profile_the_file_the_key_and_the_fix(config: Path
         cb.Cluster.from_profile("later", config_dir=config)
 
 
+def test_a_bad_value_its_message_does_not_name_is_found_by_the_value(tmp_path: Path) -> None:
+    config = tmp_path / "config"
+    write(config, '[profiles.odd]\nkind = "local"\nenv = { "NO SPACES" = "1" }\n')
+    with pytest.raises(ProfileError) as caught:
+        cb.Cluster.from_profile("odd", config_dir=config)
+    assert "key 'env'): Environment variable name 'NO SPACES' is invalid" in str(caught.value)
+    assert "Fix env under [profiles.odd]" in str(caught.value)
+
+
 def test_a_bad_value_given_names_it_as_given(config: Path) -> None:
     with pytest.raises(ProfileError) as caught:
         cb.Cluster.from_profile("small", config_dir=config, idle_timeout="later")
