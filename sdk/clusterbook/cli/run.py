@@ -158,9 +158,7 @@ def _run(args: argparse.Namespace) -> int:
             raise ConfigError(f"--put {path!r}: there is no such file or directory here.")
     with _cluster(args) as cluster:
         if cluster.kind in ("slurm", "elastic"):  # nodes that join: --slurm, or a profile's
-            joining = cluster.join_command
-            said = f": {joining}" if joining else " from Slurm"
-            print(f"clusterbook: waiting for the nodes to join{said}", file=sys.stderr)
+            _say_waiting(cluster, args.slurm)
             cluster.wait_ready(timeout=args.ready_timeout)
         cluster.put(*args.put)
         how = recovery_args(args)
@@ -176,6 +174,17 @@ def _run(args: argparse.Namespace) -> int:
         print_failure(result, tracebacks)
         print(f"clusterbook: each rank's log is in {job.directory}", file=sys.stderr)
     return _exit_code(result)
+
+
+def _say_waiting(cluster: Cluster, slurm: int | None) -> None:
+    """That the job waits for nodes to join, from Slurm or with the command they join by."""
+    if slurm is not None:
+        said = f"{slurm} node(s) from Slurm"
+    elif cluster.kind == "slurm":
+        said = "the nodes of the Slurm job"
+    else:  # an elastic profile's nodes join when told how
+        said = f"the nodes to join: {cluster.join_command}"
+    print(f"clusterbook: waiting for {said}", file=sys.stderr)
 
 
 def _exit_code(result: JobResult) -> int:
