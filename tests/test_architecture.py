@@ -37,6 +37,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
         "clusterbook.gpus",
         "clusterbook.spec",
         "clusterbook.paths",
+        "clusterbook.config",
         "clusterbook.names",
         "clusterbook.events",
         "clusterbook.status",

@@ -7,6 +7,7 @@
 
 from __future__ import annotations
 
+import os
 from typing import TYPE_CHECKING, Any
 
 from clusterbook._lazy import lazy_names
@@ -26,6 +27,7 @@ from clusterbook.errors import (
     LauncherNotFoundError,
     LeaderLostError,
     NodeLostError,
+    ProfileError,
     ProgramNotFoundError,
     ReadyTimeoutError,
     RecordError,
@@ -36,6 +38,7 @@ from clusterbook.errors import (
     SSHError,
     SSHTimeoutError,
     UnknownClusterError,
+    UnknownProfileError,
     UnsafePathError,
     WorkerHostError,
 )
@@ -116,6 +119,7 @@ __all__ = [
     "NodeLostError",
     "NodeSpec",
     "NodeStatus",
+    "ProfileError",
     "ProgramNotFoundError",
     "RankFailure",
     "ReadyTimeoutError",
@@ -127,11 +131,13 @@ __all__ = [
     "SSHError",
     "SSHTimeoutError",
     "UnknownClusterError",
+    "UnknownProfileError",
     "UnsafePathError",
     "WorkerHostError",
     "clusters",
     "detect_environment",
     "load_ipython_extension",
+    "profiles",
     "prune",
     "run",
     "serve_worker",
@@ -146,6 +152,17 @@ def clusters() -> pd.DataFrame:
     from clusterbook.head.catalog import clusters_frame
 
     return clusters_frame()
+
+
+def profiles(config_dir: str | os.PathLike[str] | None = None) -> dict[str, dict[str, Any]]:
+    """The cluster profiles in ``profiles.toml`` of ``config_dir`` (default:
+    ``$CLUSTERBOOK_CONFIG``, else ``$XDG_CONFIG_HOME/clusterbook``, else
+    ``~/.config/clusterbook``): each profile's name and what it holds (``kind`` and its
+    options), in the file's order; none when there is no such file. ``Cluster.from_profile(name)``
+    makes the cluster of one."""
+    from clusterbook.config import read_profiles
+
+    return {name: dict(p.spec) for name, p in read_profiles(config_dir).by_name.items()}
 
 
 def prune(older_than: float | str | None = None, *, dry_run: bool = False) -> list[str]:

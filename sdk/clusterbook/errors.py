@@ -12,6 +12,9 @@ and what to do about it. Errors of third-party libraries are translated at the b
     │   ├── ProgramNotFoundError            the program (or script) of a job does not exist
     │   ├── EnvironmentNotFoundError        no scheduler or launcher around this process
     │   ├── WorkerHostError                 this host is a worker of the job, not its leader
+    │   ├── ProfileError                    a profile (``profile``, its file ``path``) that
+    │   │   │                               does not make a cluster
+    │   │   └── UnknownProfileError (also LookupError)  no profile by that name; ``known``
     │   └── UnsafePathError                 a path others could have changed: a shared
     │                                       directory, a link, a path out of its place
     ├── ClusterStateError                   the call does not fit the cluster's state
@@ -61,6 +64,7 @@ __all__ = [
     "LauncherNotFoundError",
     "LeaderLostError",
     "NodeLostError",
+    "ProfileError",
     "ProgramNotFoundError",
     "ReadyTimeoutError",
     "RecordError",
@@ -71,6 +75,7 @@ __all__ = [
     "SSHError",
     "SSHTimeoutError",
     "UnknownClusterError",
+    "UnknownProfileError",
     "UnsafePathError",
     "WorkerHostError",
 ]
@@ -100,6 +105,29 @@ class EnvironmentNotFoundError(ConfigError):
 class WorkerHostError(ConfigError):
     """``Cluster.from_environment`` on one of the job's workers: the cluster is built on its
     leader (SageMaker's first host, an MPIJob's launcher pod)."""
+
+
+class ProfileError(ConfigError):
+    """A cluster profile that does not make a cluster: a profiles file that is not TOML or not
+    laid out as profiles, or a profile with a key or value its kind does not take. ``profile``
+    names it (None: the file as a whole), ``path`` its file."""
+
+    def __init__(
+        self, message: str, *, path: os.PathLike[str] | str, profile: str | None = None
+    ) -> None:
+        super().__init__(message)
+        self.path = os.fspath(path)
+        self.profile = profile
+
+
+class UnknownProfileError(ProfileError, LookupError):
+    """No profile has the name asked for; ``known`` lists the names there are."""
+
+    def __init__(
+        self, message: str, *, path: os.PathLike[str] | str, profile: str, known: tuple[str, ...]
+    ) -> None:
+        super().__init__(message, path=path, profile=profile)
+        self.known = known
 
 
 class UnsafePathError(ConfigError):

@@ -218,7 +218,9 @@ def parse_mpirun_args(line: str) -> MpirunArgs:
 def _cluster_parser() -> _Parser:
     p = _Parser(prog="%cluster", description="Start, show or stop the notebook's cluster.")
     sub = p.add_subparsers(
-        dest="command", metavar="{local,ssh,slurm,env,attach,status,stop}", required=True
+        dest="command",
+        metavar="{local,ssh,slurm,env,profile,attach,status,stop}",
+        required=True,
     )
     local = sub.add_parser("local", help="a cluster on this machine")
     local.add_argument("--workers", type=_count("--workers"), default=1, metavar="N")
@@ -285,11 +287,19 @@ def _cluster_parser() -> _Parser:
         action="store_true",
         help="trust hosts not yet in known_hosts on first use (a changed key is still refused)",
     )
+    _add_profile(sub)
     attach = sub.add_parser("attach", help="a cluster another kernel or process runs")
     attach.add_argument("id", metavar="ID", help="its id (clusterbook ls), name or directory")
     sub.add_parser("status", help="show the cluster's nodes")
     sub.add_parser("stop", help="stop the cluster and every process of it")
     return p
+
+
+def _add_profile(sub: argparse._SubParsersAction[_Parser]) -> None:
+    profile = sub.add_parser(
+        "profile", help="the cluster of a profile in profiles.toml (clusterbook profiles)"
+    )
+    profile.add_argument("name", metavar="NAME", help="the profile's name")
 
 
 def parse_cluster_args(line: str) -> argparse.Namespace:

@@ -72,7 +72,7 @@ def _announce_attempt(attempt: int) -> None:
 
 @magics_class
 class ClusterMagics(Magics):
-    """``%cluster local|ssh|slurm|env|attach|status|stop`` and ``%%mpirun``.
+    """``%cluster local|ssh|slurm|env|profile|attach|status|stop`` and ``%%mpirun``.
 
     The current cluster is :attr:`cluster` (one per shell); starting a new one stops the old
     one, and the kernel's exit stops it.
@@ -97,7 +97,8 @@ class ClusterMagics(Magics):
         join as Slurm starts it), ``%cluster env [slurm|pbs|mpijob|sagemaker] [--slots N]
         [--via auto|srun|ssh] [--user U] [--identity F] [--port P]`` (the nodes of the
         allocation or training job the kernel runs in:
-        :meth:`clusterbook.Cluster.from_environment`), ``%cluster attach ID`` (a cluster
+        :meth:`clusterbook.Cluster.from_environment`), ``%cluster profile NAME`` (the cluster
+        of a profile: :meth:`clusterbook.Cluster.from_profile`), ``%cluster attach ID`` (a cluster
         another kernel or process runs: shown with its newest job's output),
         ``%cluster status``, ``%cluster stop``.
         """
@@ -147,6 +148,8 @@ class ClusterMagics(Magics):
                     host_keys="accept-new" if args.accept_new_host_keys else None,
                 )
             )
+        elif args.command == "profile":
+            self._start(lambda: cb.Cluster.from_profile(args.name))
         elif args.command == "attach":
             self._attach(args.id)
         elif args.command == "status":

@@ -7,17 +7,21 @@ import os
 import time
 
 from clusterbook.cli.live import print_live
+from clusterbook.cli.profiles import add_profile_option, profile_cluster
 
 __all__ = ["add_demo"]
 
 
 def add_demo(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     """Add ``demo`` to the ``clusterbook`` parser's subcommands."""
-    demo = sub.add_parser("demo", help="run an mpi4py allreduce on a local cluster")
-    demo.add_argument("--workers", type=int, default=2, help="nodes (default 2)")
-    demo.add_argument("--slots", type=int, default=2, help="slots per node (default 2)")
+    demo = sub.add_parser(
+        "demo", help="run an mpi4py allreduce on a local cluster (or a profile's)"
+    )
+    demo.add_argument("--workers", type=int, help="nodes (default 2)")
+    demo.add_argument("--slots", type=int, help="slots per node (default 2)")
     demo.add_argument("--mpi", choices=["openmpi", "mpich"], help="MPI flavour to use")
     demo.add_argument("--python", metavar="PATH", help="interpreter for the ranks (with mpi4py)")
+    add_profile_option(demo)
     demo.set_defaults(func=_demo)
 
 
@@ -25,9 +29,12 @@ def _demo(args: argparse.Namespace) -> int:
     from clusterbook.cluster.facade import Cluster
 
     t0 = time.perf_counter()
-    cluster = Cluster.local(
-        workers=args.workers, slots=args.slots, mpi=args.mpi, python=args.python
-    )
+    options = {"mpi": args.mpi, "python": args.python}
+    if args.profile is not None:  # --workers and --slots, where given, override the profile's
+        nodes = {"workers": args.workers, "slots": args.slots}
+        cluster = profile_cluster(args.profile, {**nodes, **options}, refused={})
+    else:
+        cluster = Cluster.local(workers=args.workers or 2, slots=args.slots or 2, **options)
     with cluster:
         cluster.wait_ready(timeout=60)
         started = time.perf_counter()

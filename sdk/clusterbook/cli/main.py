@@ -3,7 +3,8 @@ for every error. Each group of commands has a module of its own: ``run``
 (:mod:`clusterbook.cli.run`), ``demo`` (:mod:`~clusterbook.cli.demo`), ``cleanup``
 (:mod:`~clusterbook.cli.cleanup`), the commands about clusters elsewhere (``ls``, ``status``,
 ``logs``, ``exec``, ``stop``, ``prune``: :mod:`~clusterbook.cli.clusters`), ``export mpijob``
-(:mod:`~clusterbook.cli.export`) and ``worker join|serve`` (:mod:`~clusterbook.cli.worker`)."""
+(:mod:`~clusterbook.cli.export`), ``profiles`` (:mod:`~clusterbook.cli.profiles`) and ``worker
+join|serve`` (:mod:`~clusterbook.cli.worker`)."""
 
 from __future__ import annotations
 
@@ -112,6 +113,7 @@ def _add_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
     from clusterbook.cli.clusters import add_commands
     from clusterbook.cli.demo import add_demo
     from clusterbook.cli.export import add_export
+    from clusterbook.cli.profiles import add_profiles
     from clusterbook.cli.run import add_run
 
     add_demo(sub)
@@ -119,6 +121,7 @@ def _add_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
     add_cleanup(sub)
     add_commands(sub)
     add_export(sub)
+    add_profiles(sub)
 
 
 if __name__ == "__main__":

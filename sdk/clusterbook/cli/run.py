@@ -18,6 +18,7 @@ from clusterbook.cli.job import (
     recovery_args,
 )
 from clusterbook.cli.live import print_failure, print_live
+from clusterbook.cli.profiles import add_profile_option, profile_cluster
 from clusterbook.errors import ConfigError
 
 if TYPE_CHECKING:
@@ -37,12 +38,14 @@ def add_run(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         help="run a command as an MPI job",
         description="Run CMD as an MPI job of N ranks and exit with its exit code "
         "(124 when it timed out, 130 when interrupted).",
-        usage="clusterbook run -n N [--hosts H:S,... | --slurm N] [options] -- CMD [ARG ...]",
+        usage="clusterbook run -n N [--hosts H:S,... | --slurm N | --profile NAME] [options] "
+        "-- CMD [ARG ...]",
     )
     run.add_argument(
         "-n", "-np", "--np", type=int, required=True, metavar="N", help="number of ranks"
     )
     _node_options(run)
+    add_profile_option(run)
     add_ssh_options(run)
     _slurm_options(run)
     run.add_argument(
@@ -108,7 +111,8 @@ def _slurm_options(parser: argparse.ArgumentParser) -> None:
         type=float,
         default=3600.0,
         metavar="S",
-        help="with --slurm: seconds to wait for the job's nodes, queue included (default 3600)",
+        help="with --slurm (or a profile of nodes that join): seconds to wait for the nodes, "
+        "queue included (default 3600)",
     )
 
 
@@ -153,8 +157,8 @@ def _run(args: argparse.Namespace) -> int:
         if not os.path.exists(os.path.expanduser(path)):
             raise ConfigError(f"--put {path!r}: there is no such file or directory here.")
     with _cluster(args) as cluster:
-        if args.slurm is not None:
-            print(f"clusterbook: waiting for {args.slurm} node(s) from Slurm", file=sys.stderr)
+        if cluster.kind in ("slurm", "elastic"):  # nodes that join: --slurm, or a profile's
+            _say_waiting(cluster, args.slurm)
             cluster.wait_ready(timeout=args.ready_timeout)
         cluster.put(*args.put)
         how = recovery_args(args)
@@ -170,6 +174,17 @@ def _run(args: argparse.Namespace) -> int:
         print_failure(result, tracebacks)
         print(f"clusterbook: each rank's log is in {job.directory}", file=sys.stderr)
     return _exit_code(result)
+
+
+def _say_waiting(cluster: Cluster, slurm: int | None) -> None:
+    """That the job waits for nodes to join, from Slurm or with the command they join by."""
+    if slurm is not None:
+        said = f"{slurm} node(s) from Slurm"
+    elif cluster.kind == "slurm":
+        said = "the nodes of the Slurm job"
+    else:  # an elastic profile's nodes join when told how
+        said = f"the nodes to join: {cluster.join_command}"
+    print(f"clusterbook: waiting for {said}", file=sys.stderr)
 
 
 def _exit_code(result: JobResult) -> int:
@@ -207,8 +222,11 @@ def _cluster(args: argparse.Namespace) -> Cluster:
     options["forward_env"] = args.forward_env or None
     hosts = _hosts(args)
     slurm_only = [f"--{n}" for n in ("partition", "time", "account") if getattr(args, n)]
-    if slurm_only and args.slurm is None:
-        raise ConfigError(f"{', '.join(slurm_only)} go with --slurm N (nodes from Slurm).")
+    if slurm_only and args.slurm is None and args.profile is None:
+        raise ConfigError(
+            f"{', '.join(slurm_only)} go with --slurm N (nodes from Slurm), or a --profile "
+            "of kind slurm."
+        )
     ssh = {
         "user": args.user,
         "identity": args.identity,
@@ -221,6 +239,11 @@ def _cluster(args: argparse.Namespace) -> Cluster:
             "--via says how jobs start in an allocation or job found around this; with "
             "--hosts, --hostfile or --slurm they start with mpirun over ssh."
         )
+    if args.profile is not None:
+        given = {"--hosts": bool(args.hosts), "--hostfile": bool(args.hostfile)}
+        given.update({"--slurm": args.slurm is not None, "--via": args.via is not None})
+        nodes = {n: getattr(args, n) for n in ("slots", "partition", "time", "account")}
+        return profile_cluster(args.profile, {**options, **ssh, **nodes}, refused=given)
     # --slurm asks for new nodes: the allocation this may run in is not looked for.
     found = None if hosts or args.slurm is not None else find_environment()
     if args.slurm is not None:

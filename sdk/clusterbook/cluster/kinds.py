@@ -1,5 +1,6 @@
 """How a cluster of each kind is made: ``Cluster.local``, ``ssh``, ``elastic``, ``slurm``,
-``from_hostfile``, ``from_environment``, and ``attach`` for one another process runs.
+``from_hostfile``, ``from_environment``, ``from_profile``, and ``attach`` for one another
+process runs.
 
 :class:`ClusterKinds` holds these constructors for :class:`~clusterbook.cluster.facade.Cluster`,
 which inherits them: each says what its kind takes and turns it into a spec for
@@ -125,6 +126,32 @@ class ClusterKinds:
         slots of its lines added up, comments and blank lines skipped. A line of neither form
         is a :class:`ConfigError` naming the file, the line's number and the line."""
         return cls.ssh(read_hostfile(path), **args)
+
+    @classmethod
+    def from_profile(
+        cls,
+        profile: str,
+        /,
+        *,
+        config_dir: str | os.PathLike[str] | None = None,
+        **overrides: Any,
+    ) -> Self:
+        """The cluster of the profile called ``profile``: a table ``[profiles.NAME]`` of
+        ``profiles.toml`` in ``config_dir`` (default: ``$CLUSTERBOOK_CONFIG``, else
+        ``$XDG_CONFIG_HOME/clusterbook``, else ``~/.config/clusterbook``), which holds a
+        ``kind`` and its options as :meth:`from_spec` takes them (see
+        :mod:`clusterbook.config`).
+
+        ``overrides`` replace the profile's options of those names, whole (``env={...}``
+        replaces the profile's ``env``; ``name=`` names the cluster). A profile that is not
+        there is an :class:`~clusterbook.errors.UnknownProfileError` listing those there are;
+        a key or a value its kind does not take, a :class:`~clusterbook.errors.ProfileError`
+        naming the profile, the file and the key; a profiles file another user could have
+        written, an :class:`~clusterbook.errors.UnsafePathError` (it is not read)."""
+        from clusterbook.cluster.profile import from_profile
+        from clusterbook.config import find_profile
+
+        return from_profile(find_profile(profile, config_dir), overrides, cls.from_spec)
 
     @classmethod
     def from_environment(

@@ -30,7 +30,7 @@ from pathlib import Path
 
 from clusterbook.errors import UnsafePathError
 
-__all__ = ["Facts", "ancestor_problem", "check_run_dir", "own_problem"]
+__all__ = ["Facts", "ancestor_problem", "check_run_dir", "own_problem", "path_facts", "stat_facts"]
 
 _ELSEWHERE = "under a directory only you can write; none: one is made under your home"
 
@@ -86,17 +86,17 @@ def check_run_dir(run_dir: Path, root: Path | None = None) -> None:
     private to this user (see the module's docstring)."""
     uid = os.geteuid()
     real = Path(os.path.realpath(run_dir))
-    _check(_facts(real), uid, "directory", "run directory", run_dir)
+    _check(path_facts(real), uid, "directory", "run directory", run_dir)
     for ancestor in real.parents:
-        _check_ancestor(_facts(ancestor), uid, real)
+        _check_ancestor(path_facts(ancestor), uid, real)
     record = real / "cluster.json"
     if os.path.lexists(record):
-        _check(_facts(record), uid, "file", "record", Path(run_dir) / "cluster.json")
+        _check(path_facts(record), uid, "file", "record", Path(run_dir) / "cluster.json")
     if root is not None and os.path.lexists(root):
         real_root = Path(os.path.realpath(root))
-        _check(_facts(real_root), uid, "directory", "run root", root)
+        _check(path_facts(real_root), uid, "directory", "run root", root)
         for ancestor in real_root.parents:
-            _check_ancestor(_facts(ancestor), uid, real_root)
+            _check_ancestor(path_facts(ancestor), uid, real_root)
 
 
 def _check(facts: Facts, uid: int, kind: str, what: str, given: Path) -> None:
@@ -134,12 +134,17 @@ def _check_ancestor(facts: Facts, uid: int, below: Path) -> None:
     )
 
 
-def _facts(path: Path) -> Facts:
-    info = os.lstat(path)
+def path_facts(path: Path) -> Facts:
+    """The :class:`Facts` of ``path`` as ``lstat`` sees it (a link is a link)."""
+    return stat_facts(str(path), os.lstat(path))
+
+
+def stat_facts(path: str, info: os.stat_result) -> Facts:
+    """The :class:`Facts` of what ``info`` (``stat``, ``lstat`` or ``fstat``) says of ``path``."""
     # Only asked where it decides something: group-writable, and not writable by all anyway.
     shared = info.st_mode & stat.S_IWGRP and not info.st_mode & stat.S_IWOTH
     private = bool(shared) and _private_group(info.st_gid, info.st_uid)
-    return Facts(str(path), info.st_uid, info.st_mode, private)
+    return Facts(path, info.st_uid, info.st_mode, private)
 
 
 def _private_group(gid: int, uid: int) -> bool:

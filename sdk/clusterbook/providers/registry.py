@@ -23,6 +23,7 @@ __all__ = [
     "ProviderFactory",
     "make_provider",
     "provider_kinds",
+    "provider_parameters",
     "register_provider",
 ]
 
@@ -76,6 +77,15 @@ def _factory(kind: str) -> ProviderFactory:
         )
     loaded: ProviderFactory = found.load()
     return loaded
+
+
+def provider_parameters(kind: str) -> tuple[str, ...] | None:
+    """The arguments the provider of ``kind`` takes by name (None: any, where its factory
+    takes ``**kwargs``); an unknown kind is a :class:`ConfigError` listing the known ones."""
+    params = inspect.signature(_factory(kind)).parameters.values()
+    if any(p.kind is p.VAR_KEYWORD for p in params):
+        return None
+    return tuple(p.name for p in params if p.kind is not p.VAR_POSITIONAL)
 
 
 def make_provider(kind: object, args: Mapping[str, Any]) -> Provider:
