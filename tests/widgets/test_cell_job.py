@@ -149,3 +149,16 @@ def test_retries_notes_and_kept_processes_are_in_the_error() -> None:
     said = failure(res, {}, None).split("\n")
     assert said[:2] == ["job-0001 failed (2 attempts): rank 0 exited with code 1 on h.", "A note."]
     assert said[-1].startswith("Kept stopped for inspection (--clean none): rank 0 pid 101")
+
+
+def test_errors_that_differ_from_rank_to_rank_are_shown_three_at_most() -> None:
+    blocks = {
+        r: [("Traceback (most recent call last):", f"ValueError: rank {r}")] for r in range(6)
+    }
+    failed = tuple(RankFailure(r, "h", 1, blocks[r][0]) for r in range(6))
+    res = result(returncode=1, rank_exit_codes={r: 1 for r in range(6)}, failed=failed)
+    said = failure(res, blocks, None).split("\n")
+    assert said[1:] == [
+        *(line for r in range(3) for line in (f"Error on rank {r}:", *blocks[r][0])),
+        "3 other error(s), on ranks 3-5: in the job's logs (cluster.jobs[-1].logs()).",
+    ]

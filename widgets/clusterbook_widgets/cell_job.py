@@ -42,6 +42,8 @@ __all__ = [
 
 _LAST_LINES = 6  # of a failed rank that raised no Python error, in the cell's error
 _SILENT_SHOWN = 2  # ranks whose last lines the cell's error shows; the rest are named
+_ERRORS_SHOWN = 3  # distinct errors the ranks raised (ranks told apart in a message differ)
+_LOGS = "cluster.jobs[-1].logs()"
 _STACKS = "Where each rank was is in its stack above (most recent call first)."
 
 
@@ -185,8 +187,12 @@ def failure(
         said = [result.summary()]  # the launcher's or clusterbook's own words say why
     else:
         said = [_headline(result, stopped), *result.notes]
-        for group in group_errors(blocks):
+        groups = group_errors(blocks)
+        for group in groups[:_ERRORS_SHOWN]:
             said.extend(group.render())
+        if rest := groups[_ERRORS_SHOWN:]:
+            ranks = rank_list(r for group in rest for r in group.ranks)
+            said.append(f"{len(rest)} other error(s), on {ranks}: in the job's logs ({_LOGS}).")
         said.extend(_last_lines([f for f in result.failed if f.rank not in blocks]))
         if stopped is not None:
             said.append(_STACKS)
@@ -231,8 +237,7 @@ def _last_lines(silent: list[RankFailure]) -> list[str]:
         said.append(f"Rank {f.rank}'s last lines:")
         said.extend(f"    {line}" for line in f.last_lines[-_LAST_LINES:])
     if rest := [f.rank for f in silent[_SILENT_SHOWN:]]:
-        logs = "cluster.jobs[-1].logs()"
-        said.append(f"The output of {rank_list(rest)} is in the job's logs ({logs}).")
+        said.append(f"The output of {rank_list(rest)} is in the job's logs ({_LOGS}).")
     return said
 
 
