@@ -29,6 +29,8 @@ def test_mpirun_args_parsed() -> None:
     )
     assert parse_mpirun_args("--clean none").clean == "none"
     assert parse_mpirun_args("").clean == "all"
+    assert parse_mpirun_args("--no-raise").no_raise
+    assert not parse_mpirun_args("").no_raise
 
 
 @pytest.mark.parametrize(

@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import importlib.util
 import os
+import re
 import signal
 import threading
 import time
@@ -15,11 +16,13 @@ from pathlib import Path
 import psutil
 import pytest
 from IPython import get_ipython
+from IPython.core.error import UsageError
 from IPython.testing.globalipapp import start_ipython
 from IPython.utils.capture import capture_output
 
 import clusterbook as cb
 from clusterbook.nodes.tasks.program import ENTRY
+from clusterbook_widgets.cell_job import CellError
 from clusterbook_widgets.magics import ClusterMagics
 from tests.conftest import processes_mentioning, wait_gone
 
@@ -120,9 +123,8 @@ def test_mpirun_retries_a_failed_cell_and_says_so(ip, cluster: cb.Cluster) -> No
     assert job.result is not None
     assert job.result.ok
     assert [a.outcome for a in job.result.attempts] == ["failure", "ok"]
-    with capture_output() as out:
+    with pytest.raises(cb.ConfigError, match=r"The deadline \(1 s\) is shorter than one attempt"):
         ip.run_cell_magic("mpirun", "-n 1 --deadline 1 --timeout 5", "print(1)")
-    assert "%%mpirun: The deadline (1 s) is shorter than one attempt's timeout (5 s)" in out.stderr
 
 
 def test_mpirun_clean_none_keeps_a_failed_cells_ranks_until_the_cluster_stops(  # type: ignore[no-untyped-def]
@@ -130,16 +132,16 @@ def test_mpirun_clean_none_keeps_a_failed_cells_ranks_until_the_cluster_stops(  
 ) -> None:
     cell = "from mpi4py import MPI\nif MPI.COMM_WORLD.rank == 1:\n    raise RuntimeError('bad')\n"
     cell += "MPI.COMM_WORLD.Barrier()\n"
-    with capture_output() as out:
+    with capture_output(), pytest.raises(cb.JobFailedError) as raised:
         ip.run_cell_magic("mpirun", "-n 2 --clean none", cell)
     (job,) = cluster.jobs
     assert job.result is not None
+    assert raised.value.result == job.result
     kept = {k.rank: k.pid for k in job.result.kept if k.rank is not None}
     assert set(kept) == {0, 1}
-    assert f"kept stopped for inspection (--clean none): rank 0 pid {kept[0]}, rank 1 pid" in (
-        out.stderr
-    )
-    assert "RuntimeError: bad" in out.stderr
+    said = str(raised.value)
+    assert f"Kept stopped for inspection (--clean none): rank 0 pid {kept[0]}, rank 1 pid" in said
+    assert "RuntimeError: bad" in said
     assert all(psutil.Process(pid).status() == psutil.STATUS_STOPPED for pid in kept.values())
     magics.stop_cluster()
     assert not [pid for pid in kept.values() if _alive(pid)]
@@ -200,11 +202,13 @@ def test_functions_and_closures_defined_in_the_notebook_reach_every_rank(
 
 def test_a_function_is_not_pulled_back_and_the_rank_says_why(ip, cluster: cb.Cluster) -> None:  # type: ignore[no-untyped-def]
     ip.user_ns.pop("made", None)
-    with capture_output() as out:
+    with capture_output(), pytest.raises(cb.JobFailedError) as raised:
         ip.run_cell_magic("mpirun", "-n 1 --pull made", "made = lambda: 1\n")
-    assert "--pull made: rank 0's value cannot be sent back (PicklingError: " in out.stderr
-    assert "pull plain data" in out.stderr
-    assert "--pull made: not set, the job did not succeed." in out.stderr
+    said = str(raised.value)
+    assert said.startswith("job-0001 failed: rank 0 exited with code 1 on ")
+    assert "Rank 0's last lines:\n    --pull made: rank 0's value cannot be sent back (" in said
+    assert "pull plain data" in said
+    assert said.endswith("\n--pull made: not set, the job did not succeed.")
     assert "made" not in ip.user_ns
 
 
@@ -213,17 +217,20 @@ def test_a_value_that_cannot_be_sent_is_named(ip, magics: ClusterMagics) -> None
 
     ip.user_ns["lock"] = threading.Lock()
     ip.user_ns["fine"] = 1
-    with capture_output() as out:
+    with pytest.raises(CellError, match="--push lock: lock objects cannot be sent to the ranks"):
         ip.run_cell_magic("mpirun", "-n 1 --push fine,lock", "print(1)")
-    assert "--push lock: lock objects cannot be sent to the ranks" in out.stderr
     assert magics.cluster is None  # nothing was started for a cell that cannot run
 
 
 def test_push_of_an_undefined_name_says_so(ip, magics: ClusterMagics) -> None:  # type: ignore[no-untyped-def]
     ip.user_ns.pop("nothing_here", None)
-    with capture_output() as out:
-        ip.run_cell_magic("mpirun", "-n 1 --push nothing_here", "print(1)")
-    assert "--push: nothing_here not defined in the notebook" in out.stderr
+    ip.user_ns["fine"] = 1
+    with pytest.raises(UsageError) as raised:
+        ip.run_cell_magic("mpirun", "-n 1 --no-raise --push fine,nothing_here", "print(1)")
+    assert str(raised.value) == (
+        "%%mpirun: --push nothing_here: not defined in the notebook; define it first, or leave "
+        "it out of --push."
+    )
     assert magics.cluster is None  # nothing was started for a cell that cannot run
 
 
@@ -237,12 +244,34 @@ def test_pull_sets_the_ranks_values_in_rank_order(ip, cluster: cb.Cluster) -> No
     assert ip.user_ns["y"] == [{"rank": 0, "sq": 9}, {"rank": 1, "sq": 16}]
 
 
-def test_an_error_on_both_ranks_is_shown_once_with_its_ranks(ip, cluster: cb.Cluster) -> None:  # type: ignore[no-untyped-def]
+BOTH_FAIL = "from mpi4py import MPI\nMPI.COMM_WORLD.Barrier()\n"
+BOTH_FAIL += "def f():\n    raise ValueError('boom on purpose')\nf()\ny = 1\n"
+
+
+def test_a_failed_cell_raises_its_error_told_once_with_its_ranks(ip, cluster: cb.Cluster) -> None:  # type: ignore[no-untyped-def]
     ip.user_ns.pop("y", None)
-    cell = "from mpi4py import MPI\nMPI.COMM_WORLD.Barrier()\n"
-    cell += "def f():\n    raise ValueError('boom on purpose')\nf()\ny = 1\n"
+    with capture_output() as out, pytest.raises(cb.JobFailedError) as raised:
+        ip.run_cell_magic("mpirun", "-n 2 --pull y", BOTH_FAIL)
+    (job,) = cluster.jobs
+    assert raised.value.result == job.result
+    said = str(raised.value)
+    # The ranks that failed and where; the error once, with its ranks, and the cell's lines.
+    assert re.fullmatch(
+        r"job-0001 failed: ranks? [01](, 1)? exited with code 1 on \S+\.", said.split("\n")[0]
+    )
+    assert said.count("ValueError: boom on purpose") == 1, said
+    assert "\nError on ranks 0, 1:\nTraceback (most recent call last):\n" in said
+    assert '  File "<mpirun cell 1>", line 5, in <module>\n    f()\n' in said
+    assert said.endswith("\n--pull y: not set, the job did not succeed.")
+    assert "MPI_ABORT" not in said + out.stderr
+    assert "Traceback" not in out.stderr  # told in the error, not printed as well
+    assert "y" not in ip.user_ns
+
+
+def test_no_raise_prints_a_failed_cells_error_and_returns(ip, cluster: cb.Cluster) -> None:  # type: ignore[no-untyped-def]
+    ip.user_ns.pop("y", None)
     with capture_output() as out:
-        ip.run_cell_magic("mpirun", "-n 2 --pull y", cell)
+        ip.run_cell_magic("mpirun", "-n 2 --pull y --no-raise", BOTH_FAIL)
     err = out.stderr
     assert err.count("ValueError: boom on purpose") == 1, err
     assert err.count("Traceback (most recent call last):") == 1, err
@@ -258,17 +287,18 @@ def test_an_error_on_both_ranks_is_shown_once_with_its_ranks(ip, cluster: cb.Clu
 
 def test_timeout_shows_each_ranks_stack_and_stops(ip, cluster: cb.Cluster) -> None:  # type: ignore[no-untyped-def]
     cell = "import time\nprint('waiting', flush=True)\nwhile True:\n    time.sleep(0.1)\n"
-    t0 = time.monotonic()
-    with capture_output() as out:
+    with capture_output() as out, pytest.raises(cb.JobFailedError) as raised:
         ip.run_cell_magic("mpirun", "-n 2 --timeout 2", cell)
-    assert time.monotonic() - t0 < 15
     err = out.stderr
     for rank in (0, 1):
         assert f"[{rank}] Current thread 0x" in err, err
         assert f'[{rank}]   File "<mpirun cell 1>", line 4 in <module>' in err
     assert "most recent call first" in err
     assert "_clusterbook_cell" not in err  # the runner's own frames are not the user's
-    assert "%%mpirun: timed out after 2 s" in err
+    assert str(raised.value) == (
+        "job-0001: timed out after 2 s; the job was stopped.\n"
+        "Where each rank was is in its stack above (most recent call first)."
+    )
     (job,) = cluster.jobs
     assert job.result is not None
     assert job.result.timed_out
@@ -308,24 +338,33 @@ def test_interrupt_cancels_the_job_and_propagates(ip, cluster: cb.Cluster, tmp_p
         ("--frob", "unrecognized arguments: --frob"),
     ],
 )
-def test_bad_mpirun_arguments_print_usage_not_a_traceback(
+def test_bad_mpirun_arguments_raise_a_usage_error(
     ip, magics: ClusterMagics, line: str, said: str
 ) -> None:  # type: ignore[no-untyped-def]
-    with capture_output() as out:
-        result = ip.run_cell_magic("mpirun", line, "print('should not run')")
-    assert result is None
-    assert out.stderr.startswith("usage: %%mpirun [-h] [-n N]")
-    assert said in out.stderr
-    assert "Traceback" not in out.stderr + out.stdout
+    with capture_output() as out, pytest.raises(UsageError) as raised:
+        ip.run_cell_magic("mpirun", f"{line} --no-raise", "print('should not run')")
+    message, usage = str(raised.value).split("\nusage: ")
+    assert message.startswith("%%mpirun: ")
+    assert said in message
+    assert usage.startswith("%%mpirun [-h] [-n N]")
     assert "should not run" not in out.stdout
     assert magics.cluster is None
 
 
 def test_a_syntax_error_is_told_once_and_nothing_runs(ip, magics: ClusterMagics) -> None:  # type: ignore[no-untyped-def]
-    with capture_output() as out:
+    with pytest.raises(CellError) as raised:
         ip.run_cell_magic("mpirun", "-n 2", "x = (\n")
-    assert "SyntaxError" in out.stderr
-    assert "Traceback" not in out.stderr
+    assert str(raised.value) == (
+        "the cell is not valid Python, so no rank runs it:\n"
+        '  File "<mpirun cell>", line 1\n    x = (\n        ^\n'
+        "SyntaxError: '(' was never closed"
+    )
+    assert isinstance(raised.value.__cause__, SyntaxError)
+    assert magics.cluster is None
+    with capture_output() as out:  # --no-raise: printed, as it was
+        ip.run_cell_magic("mpirun", "-n 2 --no-raise", "x = (\n")
+    assert out.stderr.startswith("%%mpirun: the cell is not valid Python, so no rank runs it:")
+    assert out.stderr.rstrip().endswith("SyntaxError: '(' was never closed")
     assert magics.cluster is None
 
 
@@ -339,13 +378,13 @@ def test_mpirun_without_a_cluster_starts_a_local_one(ip, magics: ClusterMagics) 
     assert magics.cluster.state == "running"
 
 
-def test_too_many_ranks_is_a_message(ip, cluster: cb.Cluster) -> None:  # type: ignore[no-untyped-def]
-    with capture_output() as out:
+def test_too_many_ranks_raises_the_rule_in_the_magics_words(ip, cluster: cb.Cluster) -> None:  # type: ignore[no-untyped-def]
+    with pytest.raises(cb.ConfigError) as raised:
         ip.run_cell_magic("mpirun", "-n 3", "print(1)")
-    assert out.stderr.startswith("%%mpirun: -n 3 is more than the cluster's 2 slots")
-    assert "or pass --oversubscribe to run" in out.stderr  # the magic's options, not Python's
-    assert "=" not in out.stderr
-    assert "Traceback" not in out.stderr
+    said = str(raised.value)
+    assert said.startswith("-n 3 is more than the cluster's 2 slots")
+    assert "or pass --oversubscribe to run" in said  # the magic's options, not Python's
+    assert "=" not in said
     assert cluster.jobs == []
 
 
@@ -358,10 +397,9 @@ def test_cluster_local_status_stop(ip, magics: ClusterMagics) -> None:  # type: 
     assert out.stdout == f"Started {first!r}.\n"
     assert [n.slots for n in first.nodes] == [2]
 
-    with capture_output() as out:  # a bad new cluster leaves the current one alone
+    # A bad new cluster raises, and leaves the current one alone.
+    with pytest.raises(cb.ConfigError, match=r"^Host '-evil' starts with '-'"):
         ip.run_line_magic("cluster", "ssh -- -evil:2")
-    assert out.stderr.startswith("%cluster: Host '-evil' starts with '-'")
-    assert "Traceback" not in out.stderr
     assert magics.cluster is first
     assert first.state == "running"
 
@@ -405,12 +443,15 @@ def test_cluster_local_status_stop(ip, magics: ClusterMagics) -> None:  # type: 
         ("ssh", "HOST[:SLOTS]"),
     ],
 )
-def test_bad_cluster_arguments_print_usage(ip, magics: ClusterMagics, line: str, said: str) -> None:  # type: ignore[no-untyped-def]
-    with capture_output() as out:
+def test_bad_cluster_arguments_raise_a_usage_error(
+    ip, magics: ClusterMagics, line: str, said: str
+) -> None:  # type: ignore[no-untyped-def]
+    with pytest.raises(UsageError) as raised:
         ip.run_line_magic("cluster", line)
-    assert out.stderr.startswith("usage: %cluster")
-    assert said in out.stderr
-    assert "Traceback" not in out.stderr
+    message, usage = str(raised.value).split("\nusage: ")
+    assert message.startswith("%cluster")
+    assert usage.startswith("%cluster")
+    assert said in str(raised.value)
     assert magics.cluster is None
 
 
@@ -448,3 +489,36 @@ def test_cluster_attach_then_mpirun_goes_through_the_head(  # type: ignore[no-un
         assert [j.id for j in owner.jobs] == ["job-0001"]  # the head ran it, as its own job
     finally:
         owner.stop()
+
+
+ANSI = re.compile(r"\x1b\[[0-9;]*m")
+
+
+def test_a_magics_error_is_shown_as_its_message_and_the_users_own_keep_their_frames(
+    ip, magics: ClusterMagics
+) -> None:  # type: ignore[no-untyped-def]
+    with capture_output() as out:
+        run = ip.run_cell("%cluster ssh -- -evil:2")
+    assert isinstance(run.error_in_exec, cb.ConfigError)
+    shown = ANSI.sub("", out.stdout)
+    assert shown.startswith("ConfigError: Host '-evil' starts with '-', which ssh and mpirun")
+    assert "File " not in shown  # no frame of the magic's, nor of IPython's
+    assert "Traceback" not in shown
+    # The same type raised by the notebook's own code is shown with its frames.
+    with capture_output() as out:
+        run = ip.run_cell("import clusterbook as cb\nraise cb.ConfigError('mine')\n")
+    assert isinstance(run.error_in_exec, cb.ConfigError)
+    assert "Traceback (most recent call last)" in ANSI.sub("", out.stdout)
+
+
+def test_a_cluster_that_cannot_be_reached_raises_and_the_current_one_stays(
+    ip, magics: ClusterMagics
+) -> None:  # type: ignore[no-untyped-def]
+    with capture_output():
+        ip.run_line_magic("cluster", "local --workers 1 --slots 1")
+    first = magics.cluster
+    assert first is not None
+    with pytest.raises(cb.UnknownClusterError, match=r"^No cluster 'no-such-cluster' under "):
+        ip.run_line_magic("cluster", "attach no-such-cluster")
+    assert magics.cluster is first
+    assert first.state == "running"

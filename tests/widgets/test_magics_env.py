@@ -1,10 +1,10 @@
-"""``%cluster env``: the nodes of the system the kernel runs in, or a clear word why not."""
+"""``%cluster env``: the nodes of the system the kernel runs in, or an error saying why not."""
 
 from __future__ import annotations
 
 import pytest
-from IPython.utils.capture import capture_output
 
+import clusterbook as cb
 from clusterbook_widgets.magics import ClusterMagics
 from tests.widgets import test_magics
 
@@ -23,13 +23,13 @@ def test_env_via_srun_outside_slurm_says_so_as_the_magic_spells_it(
     nodefile = tmp_path / "nodefile"
     nodefile.write_text("cn01\ncn01\n")
     monkeypatch.setenv("PBS_NODEFILE", str(nodefile))
-    with capture_output() as out:
+    with pytest.raises(cb.ConfigError) as raised:
         ip.run_line_magic("cluster", "env --via srun")
-    assert out.stderr.startswith(
-        "%cluster: --via srun starts jobs as steps of a Slurm allocation, but the nodes are a "
-        "pbs job's"
+    said = str(raised.value)
+    assert said.startswith(
+        "--via srun starts jobs as steps of a Slurm allocation, but the nodes are a pbs job's"
     )
-    assert out.stderr.rstrip().endswith("use --via ssh.")
+    assert said.endswith("use --via ssh.")
     assert magics.cluster is None
 
 
@@ -39,11 +39,10 @@ def test_env_outside_any_system_says_what_it_looked_for(
     for name in SYSTEM_VARS:
         monkeypatch.delenv(name, raising=False)
     monkeypatch.setenv("CLUSTERBOOK_ENVIRONMENT", "none")
-    with capture_output() as out:
+    with pytest.raises(cb.EnvironmentNotFoundError) as raised:
         ip.run_line_magic("cluster", "env")
-    assert out.stderr.startswith("%cluster: No scheduler or launcher environment was found")
-    assert "SLURM_JOB_NODELIST" in out.stderr
-    assert "Traceback" not in out.stderr
+    assert str(raised.value).startswith("No scheduler or launcher environment was found")
+    assert "SLURM_JOB_NODELIST" in str(raised.value)
     assert magics.cluster is None
 
 
@@ -53,7 +52,6 @@ def test_env_on_a_sagemaker_worker_host_says_it_is_one(
     monkeypatch.delenv("CLUSTERBOOK_ENVIRONMENT", raising=False)
     monkeypatch.setenv("SM_HOSTS", '["algo-1", "algo-2"]')
     monkeypatch.setenv("SM_CURRENT_HOST", "algo-2")
-    with capture_output() as out:
+    with pytest.raises(cb.WorkerHostError, match=r"^This host \(algo-2\) is a worker of the sag"):
         ip.run_line_magic("cluster", "env sagemaker")
-    assert out.stderr.startswith("%cluster: This host (algo-2) is a worker of the sagemaker job")
     assert magics.cluster is None

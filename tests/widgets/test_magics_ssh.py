@@ -11,6 +11,7 @@ from IPython import get_ipython
 from IPython.testing.globalipapp import start_ipython
 from IPython.utils.capture import capture_output
 
+import clusterbook as cb
 from clusterbook_widgets.magics import ClusterMagics
 from tests.testbed import testbed as fake_hosts
 from tests.testbed import unshared
@@ -65,3 +66,32 @@ def test_push_and_pull_reach_nodes_without_a_shared_filesystem(  # type: ignore[
         magics.stop_cluster()
     # The nodes' copies of the cell and its values went with the cluster.
     assert [list(d.iterdir()) for d in seen.values()] == [[], []]
+
+
+FAILS_ON_NODE2 = """\
+import socket
+from mpi4py import MPI
+if MPI.COMM_WORLD.Get_rank() == 1:
+    raise RuntimeError(f'refused on {socket.gethostname()}')
+MPI.COMM_WORLD.Barrier()
+"""
+
+
+def test_a_cell_failing_on_a_node_raises_its_host_and_traceback(  # type: ignore[no-untyped-def]
+    ip, testbed, unshared_run_dir, openmpi_python
+) -> None:
+    run_dir, _ = unshared_run_dir
+    magics = ClusterMagics(ip)
+    ip.register_magics(magics)
+    magics.cluster = testbed.cluster(openmpi_python, run_dir, hosts=2).start()
+    try:
+        with capture_output() as out, pytest.raises(cb.JobFailedError) as raised:
+            ip.run_cell_magic("mpirun", "-n 2", FAILS_ON_NODE2)
+        said = str(raised.value).split("\n")
+        host = testbed.hosts[1].name
+        assert said[0] == f"job-0001 failed: rank 1 exited with code 1 on {host}.", said
+        assert said[1:3] == ["Error on rank 1:", "Traceback (most recent call last):"]
+        assert said[-1] == "RuntimeError: refused on node2"
+        assert "RuntimeError" not in out.stderr  # in the error alone
+    finally:
+        magics.stop_cluster()

@@ -117,7 +117,8 @@ def _identifiers(text: str) -> list[str]:
 
 @dataclass(frozen=True)
 class MpirunArgs:
-    """What ``%%mpirun`` was asked: ranks, time limit, variables to push and to pull."""
+    """What ``%%mpirun`` was asked: ranks, time limit, variables to push and to pull, and
+    whether a failed cell prints its error instead of raising it (``no_raise``)."""
 
     np: int | None = None
     timeout: float | None = None
@@ -130,6 +131,7 @@ class MpirunArgs:
     deadline: str | None = None
     restarts: int = 0
     clean: str = "all"
+    no_raise: bool = False
 
 
 def _mpirun_parser() -> _Parser:
@@ -191,6 +193,12 @@ def _mpirun_parser() -> _Parser:
         help="what is left of a failed cell's processes: none keeps them stopped for "
         "inspection until %%cluster stop (default: all, nothing left)",
     )
+    p.add_argument(
+        "--no-raise",
+        action="store_true",
+        help="when the job fails, print its error and return as a cell that succeeded "
+        "(default: raise it, so that Run All stops at this cell)",
+    )
     return p
 
 
@@ -212,6 +220,7 @@ def parse_mpirun_args(line: str) -> MpirunArgs:
         ns.deadline,
         ns.restarts,
         ns.clean,
+        ns.no_raise,
     )
 
 

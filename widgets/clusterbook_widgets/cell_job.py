@@ -2,8 +2,9 @@
 given, its private directory (the script, the values, the key its ranks sign theirs with),
 its output followed as it comes, what is said of its end, and the values it sends back.
 
-The magic (:mod:`clusterbook_widgets.magics`) parses, calls these in turn and prints what
-they say; the script is :mod:`clusterbook_widgets.mpirun_cell`'s, the check of pulled values
+The magic (:mod:`clusterbook_widgets.magics`) parses, calls these in turn and raises (or,
+with ``--no-raise``, prints) what they say; the script is
+:mod:`clusterbook_widgets.mpirun_cell`'s, the check of pulled values
 :mod:`clusterbook_widgets.pulled`'s.
 """
 
@@ -12,6 +13,7 @@ from __future__ import annotations
 import os
 import secrets
 import sys
+import traceback
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -20,15 +22,45 @@ import clusterbook as cb
 from clusterbook.cluster.handle import ClusterHandle, JobHandle
 from clusterbook.errors import ClusterError
 from clusterbook.launch import LiveText, LogRecord, failure_report, fold_live
+from clusterbook.launch.fold import group_errors, last_traceback, rank_list
+from clusterbook.launch.result import RankFailure
 from clusterbook_widgets.arguments import MpirunArgs
 from clusterbook_widgets.mpirun_cell import build_script
 from clusterbook_widgets.pulled import check_private_dirs, read_pulled
 
-__all__ = ["CellError", "ending", "follow", "launch", "pickled", "pulled", "pushed"]
+__all__ = [
+    "CellError",
+    "compiled",
+    "ending",
+    "failure",
+    "follow",
+    "launch",
+    "pickled",
+    "pulled",
+    "pushed",
+]
+
+_LAST_LINES = 6  # of a failed rank that raised no Python error, in the cell's error
+_SILENT_SHOWN = 2  # ranks whose last lines the cell's error shows; the rest are named
+_ERRORS_SHOWN = 3  # distinct errors the ranks raised (ranks told apart in a message differ)
+_LOGS = "cluster.jobs[-1].logs()"
+_STACKS = "Where each rank was is in its stack above (most recent call first)."
 
 
-class CellError(Exception):
-    """A problem with the cell's inputs, told to the user as a message."""
+class CellError(ClusterError):
+    """A cell cannot run, or its values cannot go or come back: it is not valid Python, a
+    ``--push`` name is not defined in the notebook or cannot be sent, a ``--pull`` value was
+    not set; the message says which and why."""
+
+
+def compiled(cell: str) -> None:
+    """Nothing, if ``cell`` is valid Python; else a :class:`CellError` saying where it is not
+    (the same error on every rank: told once, before anything starts)."""
+    try:
+        compile(cell, "<mpirun cell>", "exec")
+    except SyntaxError as exc:
+        told = "".join(traceback.format_exception_only(type(exc), exc)).rstrip()
+        raise CellError(f"the cell is not valid Python, so no rank runs it:\n{told}") from exc
 
 
 def pushed(namespace: Mapping[str, Any], names: Sequence[str]) -> bytes | None:
@@ -121,30 +153,111 @@ def follow(
 def ending(
     result: cb.JobResult, tracebacks: dict[int, list[tuple[str, ...]]], timeout: float | None
 ) -> list[str]:
-    """What is said of a cell's job once it has ended (pure): each error the ranks raised,
-    once with its ranks; a deadline or time limit that stopped it; its summary when nothing
-    else says why it failed; the processes kept stopped for inspection."""
+    """What is said of a cell's job once it has ended (pure), where the cell does not raise
+    it (``--no-raise``, or a job that succeeded): each error the ranks raised, once with its
+    ranks; a deadline or time limit that stopped it; its summary when nothing else says why
+    it failed; the processes kept stopped for inspection."""
     said = list(failure_report(tracebacks, result.failed))
-    if result.deadline_exceeded:
-        said.append(
-            f"%%mpirun: the deadline passed after {result.duration:.1f} s; the job was "
-            "stopped. Where each rank was is in its stack above (most recent call first)."
-        )
-    elif result.timed_out:
-        said.append(
-            f"%%mpirun: timed out after {timeout:g} s; the job was stopped. Where each "
-            "rank was is in its stack above (most recent call first)."
-        )
+    if (stopped := _stopped(result, timeout)) is not None:
+        said.append(f"%%mpirun: {stopped}; the job was stopped. {_STACKS}")
     elif not result.ok and not result.failed and not tracebacks:
         said.append(result.summary())
     if result.kept:
-        ranks = ", ".join(f"rank {k.rank} pid {k.pid}" for k in result.kept if k.rank is not None)
-        said.append(
-            f"%%mpirun: kept stopped for inspection (--clean none): {ranks or 'no rank'}, "
-            f"with {len(result.kept)} process(es) in all; %cluster stop ends them (or "
-            "cluster.jobs[-1].cleanup())."
-        )
+        said.append(f"%%mpirun: {_kept(result)}")
     return said
+
+
+def failure(
+    result: cb.JobResult,
+    tracebacks: dict[int, list[tuple[str, ...]]],
+    timeout: float | None,
+    *,
+    pull: str | None = None,
+) -> str:
+    """The message of the error a failed cell raises (pure), short enough to read at once: a
+    line of how its job ended (the ranks that failed with their exit codes and hosts, or what
+    stopped it); each error the ranks raised, once with its ranks; the last lines of a failed
+    rank that raised none; what stopped it, the processes kept, the ``pull`` name not set."""
+    blocks = {rank: list(b) for rank, b in tracebacks.items()}
+    for f in result.failed:
+        if f.rank not in blocks and (tb := last_traceback(f.last_lines)) is not None:
+            blocks[f.rank] = [tb]
+    stopped = _stopped(result, timeout)
+    if not result.failed and not blocks and stopped is None:
+        said = [result.summary()]  # the launcher's or clusterbook's own words say why
+    else:
+        said = [_headline(result, stopped), *result.notes]
+        groups = group_errors(blocks)
+        for group in groups[:_ERRORS_SHOWN]:
+            said.extend(group.render())
+        if rest := groups[_ERRORS_SHOWN:]:
+            ranks = rank_list(r for group in rest for r in group.ranks)
+            said.append(f"{len(rest)} other error(s), on {ranks}: in the job's logs ({_LOGS}).")
+        said.extend(_last_lines([f for f in result.failed if f.rank not in blocks]))
+        if stopped is not None:
+            said.append(_STACKS)
+    if result.kept:
+        kept = _kept(result)
+        said.append(kept[:1].upper() + kept[1:])
+    if pull is not None:
+        said.append(f"--pull {pull}: not set, the job did not succeed.")
+    return "\n".join(said)
+
+
+def _headline(result: cb.JobResult, stopped: str | None) -> str:
+    tries = f" ({len(result.attempts)} attempts)" if len(result.attempts) > 1 else ""
+    if stopped is not None:
+        return f"{result.job_id}{tries}: {stopped}; the job was stopped."
+    if not result.failed:
+        why = result.error or f"launcher exit code {result.returncode}"
+        return f"{result.job_id} failed{tries}: {why}."
+    by_code: dict[int, list[RankFailure]] = {}
+    for f in result.failed:
+        by_code.setdefault(f.exit_code, []).append(f)
+    each = [
+        f"{rank_list(f.rank for f in failed)} exited with code {code}{_on(failed)}"
+        for code, failed in by_code.items()
+    ]
+    return f"{result.job_id} failed{tries}: {'; '.join(each)}."
+
+
+def _on(failed: list[RankFailure]) -> str:
+    hosts = sorted({f.host for f in failed if f.host})
+    if not hosts:
+        return ""
+    return f" on {', '.join(hosts)}" if len(hosts) <= 3 else f" on {len(hosts)} hosts"
+
+
+def _last_lines(silent: list[RankFailure]) -> list[str]:
+    said: list[str] = []
+    for f in silent[:_SILENT_SHOWN]:
+        if not f.last_lines:
+            said.append(f"Rank {f.rank} wrote nothing.")
+            continue
+        said.append(f"Rank {f.rank}'s last lines:")
+        said.extend(f"    {line}" for line in f.last_lines[-_LAST_LINES:])
+    if rest := [f.rank for f in silent[_SILENT_SHOWN:]]:
+        said.append(f"The output of {rank_list(rest)} is in the job's logs ({_LOGS}).")
+    return said
+
+
+def _stopped(result: cb.JobResult, timeout: float | None) -> str | None:
+    """What stopped the job, where its deadline or time limit did (its ranks then showed
+    their stacks); None otherwise."""
+    if result.deadline_exceeded:
+        return f"the deadline passed after {result.duration:.1f} s"
+    if result.timed_out:
+        return f"timed out after {f'{timeout:g}' if timeout else f'{result.duration:.1f}'} s"
+    return None
+
+
+def _kept(result: cb.JobResult) -> str:
+    ranks = ", ".join(f"rank {k.rank} pid {k.pid}" for k in result.kept if k.rank is not None)
+    return (
+        f"kept stopped for inspection (--clean none): {ranks or 'no rank'}, with "
+        f"{len(result.kept)} process(es) in all; %cluster stop ends them (or "
+        "cluster.jobs[-1].cleanup())."
+    )
 
 
 def pulled(

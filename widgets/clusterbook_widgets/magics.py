@@ -4,30 +4,47 @@ Loaded on request (``%load_ext clusterbook``). The magics' arguments are parsed 
 :mod:`clusterbook_widgets.arguments`, and a cell runs as a job through
 :mod:`clusterbook_widgets.cell_job` (its directory, its output, what is said of its end, its
 values); this module keeps the notebook's cluster and tells the user.
+
+Errors are raised, so that "Run All", nbclient and papermill stop at the cell: bad arguments as
+IPython's ``UsageError``, everything else as the ``ClusterError`` it is (a failed cell's job as
+:class:`~clusterbook.JobFailedError`), shown by its message alone
+(:mod:`clusterbook_widgets.raised`). ``%%mpirun --no-raise`` prints a failed cell's error
+instead and returns.
 """
 
 from __future__ import annotations
 
 import functools
 import sys
-import traceback
+from argparse import Namespace
 from collections.abc import Callable
 from typing import Any, ParamSpec, TypeVar
 
+from IPython.core.error import UsageError
 from IPython.core.magic import Magics, cell_magic, line_magic, magics_class
 from IPython.display import display as _untyped_display
 
 import clusterbook as cb
 from clusterbook.cluster.handle import ClusterHandle
-from clusterbook.errors import ClusterError
+from clusterbook.errors import ClusterError, JobFailedError
 from clusterbook.wording import speaking
 from clusterbook_widgets.arguments import (
     ArgsError,
     HelpRequested,
+    MpirunArgs,
     parse_cluster_args,
     parse_mpirun_args,
 )
-from clusterbook_widgets.cell_job import CellError, ending, follow, launch, pulled, pushed
+from clusterbook_widgets.cell_job import (
+    compiled,
+    ending,
+    failure,
+    follow,
+    launch,
+    pulled,
+    pushed,
+)
+from clusterbook_widgets.raised import show_as_message
 
 __all__ = ["ClusterMagics"]
 
@@ -70,6 +87,11 @@ def _announce_attempt(attempt: int) -> None:
     _err(f"%%mpirun: attempt {attempt}")
 
 
+def _usage(exc: ArgsError) -> UsageError:
+    """The error bad magic arguments raise: what is wrong, then how to call the magic."""
+    return UsageError(f"{exc.message}\n{exc.usage.rstrip()}")
+
+
 @magics_class
 class ClusterMagics(Magics):
     """``%cluster local|ssh|slurm|env|profile|attach|status|stop`` and ``%%mpirun``.
@@ -100,7 +122,8 @@ class ClusterMagics(Magics):
         :meth:`clusterbook.Cluster.from_environment`), ``%cluster profile NAME`` (the cluster
         of a profile: :meth:`clusterbook.Cluster.from_profile`), ``%cluster attach ID`` (a cluster
         another kernel or process runs: shown with its newest job's output),
-        ``%cluster status``, ``%cluster stop``.
+        ``%cluster status``, ``%cluster stop``. Bad arguments raise IPython's ``UsageError``;
+        a cluster that cannot be made, started or reached raises its ``ClusterError``.
         """
         try:
             args = parse_cluster_args(line)
@@ -108,8 +131,14 @@ class ClusterMagics(Magics):
             print(h.text, end="")
             return
         except ArgsError as exc:
-            _err(f"{exc.usage}{exc.message}")
-            return
+            raise _usage(exc) from None
+        try:
+            self._cluster_command(args)
+        except ClusterError as exc:
+            show_as_message(exc)
+            raise
+
+    def _cluster_command(self, args: Namespace) -> None:
         if args.command == "local":
             self._start(lambda: cb.Cluster.local(args.workers, args.slots))
         elif args.command == "ssh":
@@ -123,7 +152,7 @@ class ClusterMagics(Magics):
                 )
             )
         elif args.command == "slurm":
-            started = self._start(
+            self._start(
                 lambda: cb.Cluster.slurm(
                     args.nodes,
                     args.slots,
@@ -133,8 +162,7 @@ class ClusterMagics(Magics):
                     min_nodes=args.min_nodes,
                 )
             )
-            if started is not None:
-                print("Its nodes join as Slurm starts the job: %cluster status shows them.")
+            print("Its nodes join as Slurm starts the job: %cluster status shows them.")
         elif args.command == "env":
             self._start(
                 lambda: cb.Cluster.from_environment(
@@ -158,11 +186,7 @@ class ClusterMagics(Magics):
             self._stop()
 
     def _attach(self, what: str) -> None:
-        try:
-            cluster = cb.Cluster.attach(what)
-        except ClusterError as exc:
-            _err(f"%cluster: {exc}")
-            return
+        cluster = cb.Cluster.attach(what)
         self._stop(quiet=True)
         self.cluster = cluster
         print(f"Attached to {cluster!r}.", flush=True)
@@ -176,20 +200,12 @@ class ClusterMagics(Magics):
             else:
                 display(LogViewer(jobs[-1]))
 
-    def _start(self, make: Callable[[], cb.Cluster]) -> cb.Cluster | None:
-        try:
-            cluster = make()  # bad input fails here, before the old cluster is stopped
-        except ClusterError as exc:
-            _err(f"%cluster: {exc}")
-            return None
+    def _start(self, make: Callable[[], cb.Cluster]) -> cb.Cluster:
+        cluster = make()  # bad input fails here, before the old cluster is stopped
         self._stop(quiet=True)
         try:
             cluster.start()
-        except ClusterError as exc:
-            cluster.stop()
-            _err(f"%cluster: {exc}")
-            return None
-        except BaseException:  # an interrupt while nodes come up: leave nothing behind
+        except BaseException:  # an error, or an interrupt while nodes come up: nothing left
             cluster.stop()
             raise
         self.cluster = cluster
@@ -237,13 +253,15 @@ class ClusterMagics(Magics):
 
         ``%%mpirun [-n N] [--timeout S] [--push a,b] [--pull NAME] [--oversubscribe]
         [--retries N] [--backoff S] [--retry-on WHAT,...] [--deadline S] [--restarts N]
-        [--clean {all,running,none}]``.
-        Each rank's output is shown as it comes, prefixed ``[rank]``; an error raised on
-        several ranks is shown once, with its ranks; a retry is announced as it starts.
-        ``--push`` gives every rank the notebook's values of a, b; ``--pull NAME`` sets NAME
-        in the notebook to the ranks' values of NAME, in rank order: plain data only, from
-        this cell's own ranks (the kernel runs no code that a node hands it; see
-        :mod:`clusterbook_widgets.pulled`). Interrupting the kernel stops every rank.
+        [--clean {all,running,none}] [--no-raise]``.
+        Each rank's output is shown as it comes, prefixed ``[rank]``; a retry is announced as
+        it starts. A cell whose job fails raises :class:`~clusterbook.JobFailedError`: its
+        ranks that failed and their hosts, each error they raised once with its ranks, the
+        last lines of a rank that raised none. ``--no-raise`` prints that and returns, as a
+        cell that succeeded does. ``--push`` gives every rank the notebook's values of a, b;
+        ``--pull NAME`` sets NAME in the notebook to the ranks' values of NAME, in rank order:
+        plain data only, from this cell's own ranks (the kernel runs no code that a node hands
+        it; see :mod:`clusterbook_widgets.pulled`). Interrupting the kernel stops every rank.
         """
         try:
             args = parse_mpirun_args(line)
@@ -251,39 +269,42 @@ class ClusterMagics(Magics):
             print(h.text, end="")
             return
         except ArgsError as exc:
-            _err(f"{exc.usage}{exc.message}")
-            return
+            raise _usage(exc) from None
+        assert self.shell is not None
+        if missing := [name for name in args.push if name not in self.shell.user_ns]:
+            raise UsageError(
+                f"%%mpirun: --push {', '.join(missing)}: not defined in the notebook; define "
+                f"{'it' if len(missing) == 1 else 'them'} first, or leave "
+                f"{'it' if len(missing) == 1 else 'them'} out of --push."
+            )
         try:
-            compile(cell, "<mpirun cell>", "exec")
-        except SyntaxError as exc:  # the same on every rank: say it once, start nothing
-            _err("".join(traceback.format_exception_only(type(exc), exc)).rstrip())
-            return
-        try:
-            assert self.shell is not None
-            values = pushed(self.shell.user_ns, args.push)
-            cluster = self._running() or self._start(lambda: cb.Cluster.local())
-        except (ClusterError, CellError) as exc:
+            self._run_cell(args, cell)
+        except ClusterError as exc:  # a CellError too
+            if not args.no_raise:
+                show_as_message(exc)
+                raise
             _err(f"%%mpirun: {exc}")
-            return
-        if cluster is None:
-            return
+
+    def _run_cell(self, args: MpirunArgs, cell: str) -> None:
+        """Run the cell's job; raise what went wrong (a failed job with ``--no-raise``
+        printed instead)."""
+        compiled(cell)
+        assert self.shell is not None
+        values = pushed(self.shell.user_ns, args.push)
+        cluster = self._running() or self._start(lambda: cb.Cluster.local())
         before = len(cluster.jobs)
         try:
-            try:
-                job, script, pull = launch(cluster, args, cell, values)
-            except (ClusterError, CellError) as exc:
-                _err(f"%%mpirun: {exc}")
-                return
+            job, script, pull = launch(cluster, args, cell, values)
             result, tracebacks = follow(job, str(script), _announce_attempt)
         except KeyboardInterrupt:  # wherever it came, the job it started is cancelled
             for started in cluster.jobs[before:]:
                 started.cancel()
                 _err(f"%%mpirun: interrupted; {started.id} was cancelled and every rank stopped.")
             raise
+        if not result.ok and not args.no_raise:
+            said = failure(result, tracebacks, args.timeout, pull=args.pull)
+            raise JobFailedError(said, result=result)
         for text in ending(result, tracebacks, args.timeout):
             _err(text)
         if args.pull is not None and pull is not None:
-            try:
-                self.shell.user_ns[args.pull] = pulled(cluster, args.pull, result, pull, job.np)
-            except CellError as exc:
-                _err(f"%%mpirun: {exc}")
+            self.shell.user_ns[args.pull] = pulled(cluster, args.pull, result, pull, job.np)
