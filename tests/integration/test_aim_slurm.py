@@ -12,6 +12,7 @@ import sys
 
 import pytest
 
+import clusterbook as cb
 from tests.integration.test_slurm import _left_on_nodes
 from tests.slurmbed import slurm as slurm_fixture
 from tests.slurmbed import slurmbed as slurmbed_fixture
@@ -70,4 +71,32 @@ def test_run_on_nodes_write_and_put_dest_in_an_allocation(slurm, tmp_path, openm
     assert (work / "placed" / "source.txt").read_text() == "from the head\n"
     assert "'nope' is not a node of the cluster" in report["refused"]
     assert ", ".join(report["names"]) in report["refused"]
+    assert _left_on_nodes(slurm) == {}
+
+
+def test_run_on_nodes_write_and_put_dest_on_a_slurm_clusters_agents(
+    slurm, tmp_path, openmpi_python, monkeypatch
+):
+    work = tmp_path / "work"
+    work.mkdir()
+    (work / "source.txt").write_text("from the head\n")
+    monkeypatch.chdir(work)
+    with cb.Cluster.slurm(nodes=2, python=openmpi_python, run_dir=tmp_path / "r") as cluster:
+        cluster.wait_ready(timeout=60)
+        first, second = (n.name for n in cluster.nodes)
+        runs = cluster.run_on_nodes(["hostname"], nodes=[second])
+        assert runs.node.tolist() == [second]
+        every = cluster.run_on_nodes(["hostname"]).set_index("node").stdout.str.strip()
+        assert sorted(every) == list(slurm.hosts)
+        assert runs.stdout.str.strip().tolist() == [every[second]]
+        cluster.write("conf/settings.txt", b"x = 1\n", nodes=second, mode=0o600)
+        written = work / "conf" / "settings.txt"
+        assert written.read_bytes() == b"x = 1\n"
+        assert written.stat().st_mode & 0o777 == 0o600
+        cluster.put("source.txt", dest="placed/")
+        assert (work / "placed" / "source.txt").read_text() == "from the head\n"
+        with pytest.raises(cb.ConfigError, match=f"'nope' is not a node.*{first}, {second}"):
+            cluster.run_on_nodes(["hostname"], nodes="nope")
+    # What put and write made on the agents' nodes went with the cluster.
+    assert sorted(os.listdir(work)) == ["source.txt"]
     assert _left_on_nodes(slurm) == {}
