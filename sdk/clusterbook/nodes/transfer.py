@@ -68,11 +68,13 @@ def send(
     bytes (``sending`` is told each piece's bytes once it is on its way). Returns how many
     files were sent."""
     files = {f.path: f for f in sent.files}
-    begin = {
+    begin: dict[str, Any] = {
         "cluster_id": cluster_id,
         "dirs": list(sent.dirs),
         "files": {f.path: [f.size, f.digest or None] for f in sent.files},
     }
+    if sent.relocated:  # the node checks its own home too: the head knows only its own
+        begin["guard"] = True
     told = call("put_begin", begin, 300)
     digests = digests or Digests()
     # Files the node has with the same size: sent if their sha256 differs from the node's.

@@ -107,6 +107,18 @@ def test_put_refuses_a_dest_that_leaves_the_jobs_directory_or_names_the_clusters
     assert not (tmp_path / "outside").exists()
 
 
+def test_put_refuses_a_dest_that_leads_to_the_users_ssh_files_through_a_link(
+    cluster: cb.Cluster, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    home = tmp_path / "home"
+    (home / ".ssh").mkdir(parents=True)
+    monkeypatch.setenv("HOME", str(home))
+    (tmp_path / "work" / "keys").symlink_to(home / ".ssh")
+    with pytest.raises(cb.ClusterError, match="among the cluster's own files on this node"):
+        cluster.write("keys/authorized_keys", b"ssh-ed25519 AAAA")
+    assert list((home / ".ssh").iterdir()) == []
+
+
 def test_put_refuses_a_dest_in_the_clusters_run_directory(
     cluster: cb.Cluster, tmp_path: Path
 ) -> None:
