@@ -36,7 +36,7 @@ from clusterbook.nodes.commands import NodeRun, run_everywhere
 from clusterbook.nodes.outgoing import Outgoing
 from clusterbook.nodes.transfer import uncounted
 from clusterbook.providers.base import Provider, StartContext
-from clusterbook.providers.reach import NodeReach
+from clusterbook.providers.reach import NodeReach, here_for
 from clusterbook.providers.watch import NodeWatch
 from clusterbook.spec import NodeSpec, validate_positive_int
 from clusterbook.status import NodeStatus
@@ -239,8 +239,10 @@ class FakeProvider(Provider):
     def remote(self) -> RemoteLaunch | None:
         return None
 
-    def run_on_nodes(self, argv: Sequence[str], timeout: float) -> list[NodeRun]:
-        return run_everywhere(self.nodes, {}, argv, timeout)
+    def run_on_nodes(
+        self, argv: Sequence[str], timeout: float, nodes: Collection[str] | None = None
+    ) -> list[NodeRun]:
+        return run_everywhere(self.nodes, {}, argv, timeout, only=nodes)
 
     def free_port(self, node: NodeSpec) -> int | None:
         return None
@@ -252,9 +254,14 @@ class FakeProvider(Provider):
         return ()
 
     def put(
-        self, sent: Outgoing, sending: Callable[[int], None] = uncounted
+        self,
+        sent: Outgoing,
+        sending: Callable[[int], None] = uncounted,
+        nodes: Collection[str] | None = None,
     ) -> dict[str, Exception]:
         self.calls.put.append(sent)
+        if sent.relocated:  # its nodes share this machine's files
+            return here_for(sent, sending, [n.name for n in self.nodes], nodes)
         sending(sum(f.size for f in sent.files))
         return {}
 

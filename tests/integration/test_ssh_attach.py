@@ -146,6 +146,13 @@ def test_a_cluster_on_another_machine_is_attached_over_ssh(bed, remote) -> None:
         assert cluster.jobs[0].result is not None
         runs = cluster.run_on_nodes(["hostname"])
         assert runs["stdout"].str.strip().tolist() == ["node1"]
+        only = cluster.nodes[0].name
+        assert cluster.run_on_nodes(["hostname"], nodes=[only]).node.tolist() == [only]
+        with pytest.raises(cb.ConfigError, match=f"'nope' is not a node.*its nodes are {only}"):
+            cluster.run_on_nodes(["hostname"], nodes=["nope"])
+        written = bed.directory / f"written-{name}.txt"  # node1 shares this directory
+        cluster.write(written, "over ssh\n", nodes=only, mode=0o600)
+        assert (written.read_text(), written.stat().st_mode & 0o777) == ("over ssh\n", 0o600)
         with pytest.raises(cb.ConfigError, match="give an absolute path on that machine"):
             cluster.put("train.py")  # a path of this machine's directory means nothing there
         assert served(host)  # the reader and the relay, while the handle is open

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import os
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -202,22 +202,65 @@ class Cluster(ClusterKinds):
             **options,
         )
 
-    def put(self, *paths: str | os.PathLike[str], progress: bool | None = None) -> None:
-        """Copy files and directories (with all they hold) from this machine to the same
-        absolute paths on every node that does not share its filesystem.
+    def put(
+        self,
+        *paths: str | os.PathLike[str],
+        progress: bool | None = None,
+        dest: str | os.PathLike[str] | None = None,
+    ) -> None:
+        """Copy files and directories (with all they hold) from this machine to every node:
+        to the same absolute paths, or under ``dest``.
+
+        ``dest`` is a path on the nodes: relative ones are taken from the directory the
+        cluster's jobs run in by default (this process's working directory; a detached
+        cluster's, where it was started) and may not leave it, absolute ones may not be in the
+        cluster's run directory, ``~/.clusterbook`` or ``~/.ssh`` (a
+        :class:`~clusterbook.errors.ConfigError` says so before anything is sent). One path
+        goes at ``dest`` (a directory's contents in it); several, or a ``dest`` ending in
+        ``/``, each go into ``dest`` under their own names.
 
         A file a node already has with the same bytes is left alone (a shared filesystem
-        costs nothing); the nodes' copies of what did not exist there before are removed by
-        :meth:`stop`. On a local cluster there is nothing to do.
+        costs nothing); one with other bytes is replaced whole (written beside it, then
+        renamed: never a part of a file); files there that ``put`` does not send stay. On
+        other machines, what did not exist there before is removed by :meth:`stop`; nodes
+        that share this machine's files (a local cluster's) get a ``dest`` written here, and
+        it stays. Without ``dest``, a local cluster has nothing to do.
         """
-        self._head.put(*paths, progress=progress)
+        self._head.put(*paths, progress=progress, dest=dest)
 
-    def run_on_nodes(self, argv: Sequence[str], timeout: float = 60.0) -> pd.DataFrame:
-        """Run ``argv`` on every node at once (each stopped after ``timeout`` seconds), for
-        set-up such as ``pip install``; one row per node: node, host, returncode (None: it
-        was stopped, or the node could not be asked), stdout, stderr (their last MiB),
-        duration."""
-        return self._head.run_on_nodes(argv, timeout)
+    def write(
+        self,
+        path: str | os.PathLike[str],
+        data: bytes | str,
+        nodes: str | Collection[str] | None = None,
+        *,
+        mode: int = 0o644,
+    ) -> None:
+        """Write ``data`` (bytes, or str as UTF-8) to the file ``path`` on every node, or on
+        those ``nodes`` names (as :attr:`nodes` and :meth:`status` name them).
+
+        ``path`` is checked as :meth:`put`'s ``dest`` is and must name a file. The file gets
+        ``mode`` (default ``0o644``; ``0o600`` for a secret) and is written atomically: into
+        a temporary file beside it, renamed over ``path`` only once whole, so a full disk
+        leaves what was there and no partial file. An existing file is replaced (one with the
+        same bytes is left as it is, mode included); missing directories are made (0700).
+        What did not exist before goes at :meth:`stop`, as with :meth:`put`.
+        """
+        self._head.write(path, data, nodes, mode=mode)
+
+    def run_on_nodes(
+        self,
+        argv: Sequence[str],
+        timeout: float = 60.0,
+        nodes: str | Collection[str] | None = None,
+    ) -> pd.DataFrame:
+        """Run ``argv`` on every node at once, or on those ``nodes`` names (a name or a list,
+        as :attr:`nodes` and :meth:`status` name them; another name is a
+        :class:`~clusterbook.errors.ConfigError` listing them), each stopped after
+        ``timeout`` seconds, for set-up such as ``pip install``; one row per node: node,
+        host, returncode (None: it was stopped, or the node could not be asked), stdout,
+        stderr (their last MiB), duration."""
+        return self._head.run_on_nodes(argv, timeout, nodes)
 
     def gather(
         self, directory: str | os.PathLike[str], *, progress: bool | None = None

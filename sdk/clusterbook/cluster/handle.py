@@ -12,7 +12,7 @@ checks that each class satisfies its protocol (mypy, strict).
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Collection, Iterator, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -96,13 +96,32 @@ class ClusterHandle(Protocol):
         self, argv: Sequence[str], np: int | None = None, **job: Unpack[JobArgs]
     ) -> JobHandle: ...
 
-    def put(self, *paths: str | os.PathLike[str], progress: bool | None = None) -> None: ...
+    def put(
+        self,
+        *paths: str | os.PathLike[str],
+        progress: bool | None = None,
+        dest: str | os.PathLike[str] | None = None,
+    ) -> None: ...
+
+    def write(
+        self,
+        path: str | os.PathLike[str],
+        data: bytes | str,
+        nodes: str | Collection[str] | None = None,
+        *,
+        mode: int = 0o644,
+    ) -> None: ...
 
     def gather(
         self, directory: str | os.PathLike[str], *, progress: bool | None = None
     ) -> list[Path]: ...
 
-    def run_on_nodes(self, argv: Sequence[str], timeout: float = 60.0) -> pd.DataFrame: ...
+    def run_on_nodes(
+        self,
+        argv: Sequence[str],
+        timeout: float = 60.0,
+        nodes: str | Collection[str] | None = None,
+    ) -> pd.DataFrame: ...
     def wait_ready(self, timeout: float = 60, *, progress: bool | None = None) -> None: ...
     def stop(self) -> None: ...
 

@@ -13,7 +13,6 @@ from __future__ import annotations
 import atexit
 import contextlib
 import logging
-import os
 import threading
 import time
 import weakref
@@ -23,6 +22,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from clusterbook.cluster.local_jobs import LocalJobs
+from clusterbook.cluster.on_nodes import NodeCalls
 from clusterbook.cluster.options import ClusterOptions
 from clusterbook.errors import ClusterStateError, ConfigError
 from clusterbook.events import Subscribers
@@ -34,8 +34,6 @@ from clusterbook.launch.flavour import Launcher, find_launcher
 from clusterbook.launch.job import Job
 from clusterbook.launch.jobstatus import job_status, with_running_jobs
 from clusterbook.lifetime import Lifetime
-from clusterbook.nodes.commands import NodeRun, runs_frame
-from clusterbook.nodes.transfer import gather_into, put_paths
 from clusterbook.paths import cluster_dir
 from clusterbook.providers.base import Provider, StartContext
 from clusterbook.spec import NodeSpec, validate_timeout
@@ -57,7 +55,7 @@ _UP = ("ready", "joined", "running")
 _log = logging.getLogger("clusterbook.cluster.facade")
 
 
-class LocalHead:
+class LocalHead(NodeCalls):
     """A cluster run by this process (see the module's docstring). ``spec`` is what a detached
     cluster's supervisor makes it again from; ``supervised``: this process is that supervisor."""
 
@@ -280,24 +278,6 @@ class LocalHead:
     def job(self, job_id: str | None = None) -> Job:
         """A job by id (``job-0001``), or the newest one."""
         return self._jobs.find(self.id, job_id)
-
-    def put(self, *paths: str | os.PathLike[str], progress: bool | None = None) -> None:
-        self._require_running("put")
-        put_paths(self.provider.reach.put, paths, progress)
-
-    def gather(
-        self, directory: str | os.PathLike[str], *, progress: bool | None = None
-    ) -> list[Path]:
-        self._require_running("gather")
-        return gather_into(self.provider.reach.gather, Path(directory), progress)
-
-    def node_runs(self, argv: Sequence[str], timeout: float = 60.0) -> list[NodeRun]:
-        """What :meth:`run_on_nodes` shows, one :class:`NodeRun` per node."""
-        self._require_running("run_on_nodes")
-        return self.provider.reach.run_on_nodes(argv, timeout)
-
-    def run_on_nodes(self, argv: Sequence[str], timeout: float = 60.0) -> pd.DataFrame:
-        return runs_frame(self.node_runs(argv, timeout))
 
     def engines(self, n: int | None = None, **how: Any) -> ipyparallel.Client:
         """Engines on the nodes (``Cluster.engines``: ``how`` is an ``EngineArgs``)."""

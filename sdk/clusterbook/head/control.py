@@ -30,8 +30,10 @@ Requests and replies (JSON objects)::
     {"op": "cancel", "job": ID}                                      -> {}
     {"op": "stop", "reason": TEXT|null}                              -> {}
     {"op": "wait_ready", "timeout": S}                               -> {}
-    {"op": "put", "paths": [...]} / {"op": "gather", "directory": D} -> {"paths": [...]}
-    {"op": "run_on_nodes", "argv": [...], "timeout": S}              -> {"rows": [...]}
+    {"op": "put", "paths": [...], "dest": D|null}                    -> {}
+    {"op": "write", "path": P, "data": BASE64, "nodes": [...]|null, "mode": M} -> {}
+    {"op": "gather", "directory": D}                                 -> {"paths": [...]}
+    {"op": "run_on_nodes", "argv": [...], "timeout": S, "nodes": [...]|null} -> {"rows": [...]}
 
 A request that fails with a :class:`~clusterbook.errors.ClusterError` answers
 ``{"error": {"type": NAME, "message": TEXT}}``; the client raises the same type again.

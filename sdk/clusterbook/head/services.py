@@ -10,6 +10,7 @@ as a :class:`~clusterbook.head.state.HeadState`.
 
 from __future__ import annotations
 
+import base64
 import logging
 import os
 import socket
@@ -221,7 +222,19 @@ def _handlers(head: HeadState) -> dict[str, Handler]:
         return {}
 
     def put(request: Mapping[str, Any]) -> Mapping[str, Any]:
-        head.put(*request.get("paths", ()), progress=False)
+        head.put(*request.get("paths", ()), progress=False, dest=request.get("dest"))
+        return {}
+
+    def write(request: Mapping[str, Any]) -> Mapping[str, Any]:
+        data = request.get("data")
+        if not isinstance(data, str):
+            raise ConfigError("write takes its data as base64 text.")
+        try:
+            decoded = base64.b64decode(data, validate=True)
+        except ValueError as exc:
+            raise ConfigError(f"write's data is not base64 ({exc}).") from exc
+        nodes, mode = request.get("nodes"), request.get("mode", 0o644)
+        head.write(str(request.get("path")), decoded, nodes, mode=mode)
         return {}
 
     def gather(request: Mapping[str, Any]) -> Mapping[str, Any]:
@@ -230,7 +243,7 @@ def _handlers(head: HeadState) -> dict[str, Handler]:
 
     def run_on_nodes(request: Mapping[str, Any]) -> Mapping[str, Any]:
         argv, timeout = request.get("argv"), float(request.get("timeout", 60))
-        runs = head.node_runs(argv, timeout)  # type: ignore[arg-type]
+        runs = head.node_runs(argv, timeout, request.get("nodes"))  # type: ignore[arg-type]
         return {"rows": [asdict(r) for r in runs]}
 
     return {
@@ -239,6 +252,7 @@ def _handlers(head: HeadState) -> dict[str, Handler]:
         "stop": stop,
         "wait_ready": wait_ready,
         "put": put,
+        "write": write,
         "gather": gather,
         "run_on_nodes": run_on_nodes,
     }

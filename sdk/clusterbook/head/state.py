@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Protocol
@@ -95,10 +95,29 @@ class HeadState(Protocol):
 
     def wait_ready(self, timeout: float = 60, *, progress: bool | None = None) -> None: ...
 
-    def put(self, *paths: str | os.PathLike[str], progress: bool | None = None) -> None: ...
+    def put(
+        self,
+        *paths: str | os.PathLike[str],
+        progress: bool | None = None,
+        dest: str | os.PathLike[str] | None = None,
+    ) -> None: ...
+
+    def write(
+        self,
+        path: str | os.PathLike[str],
+        data: bytes | str,
+        nodes: str | Collection[str] | None = None,
+        *,
+        mode: int = 0o644,
+    ) -> None: ...
 
     def gather(
         self, directory: str | os.PathLike[str], *, progress: bool | None = None
     ) -> list[Path]: ...
 
-    def node_runs(self, argv: Sequence[str], timeout: float = 60.0) -> list[NodeRun]: ...
+    def node_runs(
+        self,
+        argv: Sequence[str],
+        timeout: float = 60.0,
+        nodes: str | Collection[str] | None = None,
+    ) -> list[NodeRun]: ...

@@ -7,7 +7,7 @@ from __future__ import annotations
 import hashlib
 import os
 import threading
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -22,13 +22,20 @@ CHUNK = FRAME_DATA
 
 @dataclass(frozen=True, slots=True)
 class OutFile:
-    """A file to send: its absolute path (the same on the nodes), mode, size and sha256 (""
-    until a node has a file of that size there: see :func:`outgoing`)."""
+    """A file to send: its absolute path on the nodes, mode, size and sha256 (""
+    until a node has a file of that size there: see :func:`outgoing`), and where it is read
+    here when that is another path (``put(dest=)``, ``write()``; "": at ``path``)."""
 
     path: str
     mode: str
     size: int
     digest: str
+    source: str = ""
+
+    @property
+    def here(self) -> str:
+        """Where the file is read on this machine."""
+        return self.source or self.path
 
 
 @dataclass(frozen=True, slots=True)
@@ -38,34 +45,51 @@ class Outgoing:
     dirs: tuple[str, ...]
     files: tuple[OutFile, ...]
 
+    @property
+    def relocated(self) -> bool:
+        """Whether a file goes to another path than its own (then nodes that share this
+        machine's files need it too)."""
+        return any(f.source for f in self.files)
 
-def outgoing(paths: Iterable[str | os.PathLike[str]], *, digests: bool = True) -> Outgoing:
+
+def outgoing(
+    paths: Iterable[str | os.PathLike[str]],
+    *,
+    digests: bool = True,
+    place: Callable[[Path], str] | None = None,
+) -> Outgoing:
     """Files and directories to send, by absolute path; directories with all they hold
     (symbolic links to directories are not followed). Without ``digests``, the sha256 of a
-    file is left for :func:`send` to compute if a node has a file of its size."""
+    file is left for :func:`send` to compute if a node has a file of its size. ``place``:
+    the path on the nodes of each path given (default: its own)."""
     dirs: list[str] = []
     files: dict[str, OutFile] = {}
 
-    def add_file(path: Path) -> None:
+    def add_file(path: Path, there: str) -> None:
         info = path.stat()
         digest = sha256_of(str(path)) if digests else ""
-        files[str(path)] = OutFile(
-            str(path), format(info.st_mode & 0o777, "o"), info.st_size, digest
-        )
+        mode = format(info.st_mode & 0o777, "o")
+        source = str(path) if there != str(path) else ""
+        files[there] = OutFile(there, mode, info.st_size, digest, source)
 
     for given in paths:
         if not isinstance(given, (str, os.PathLike)):
             raise ConfigError(f"put() takes paths of files or directories, not {given!r}.")
         path = Path(given).expanduser().absolute()
+        there = str(path) if place is None else place(path)
+
+        def at(p: str, top: str = str(path), there: str = there) -> str:
+            return there + p[len(top) :]
+
         if path.is_file():
-            add_file(path)
+            add_file(path, there)
         elif path.is_dir():
             for top, subdirs, names in os.walk(path):
-                dirs.append(top)
+                dirs.append(at(top))
                 subdirs.sort()
                 for name in sorted(names):
                     if (Path(top) / name).is_file():
-                        add_file(Path(top) / name)
+                        add_file(Path(top) / name, at(os.path.join(top, name)))
         else:
             raise ConfigError(
                 f"put(): {str(given)!r} is not a file or directory on this machine ({path}); "
@@ -96,20 +120,20 @@ class Digests:
             return file.digest
         with self._lock:  # the others wait for it rather than read the file too
             if file.path not in self._known:
-                self._known[file.path] = sha256_of(file.path)
+                self._known[file.path] = sha256_of(file.here)
             return self._known[file.path]
 
 
 def pieces(file: OutFile, size: int = CHUNK) -> Iterator[tuple[int, bytes, bool]]:
     """``(offset, data, last)`` for each piece of ``file`` (one empty piece for an empty
     file). The file must still have the size it had in :func:`outgoing`."""
-    with open(file.path, "rb") as f:
+    with open(file.here, "rb") as f:
         offset = 0
         while True:
             data = f.read(size)
             last = offset + len(data) >= file.size
             if len(data) < size and not last:
-                raise ConfigError(f"put(): {file.path} shrank while it was being sent.")
+                raise ConfigError(f"put(): {file.here} shrank while it was being sent.")
             yield offset, data, last
             offset += len(data)
             if last:

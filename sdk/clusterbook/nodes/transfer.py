@@ -20,16 +20,18 @@ from __future__ import annotations
 
 import json
 import os
+import tempfile
 import threading
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from clusterbook.errors import ClusterError
+from clusterbook.errors import ClusterError, ConfigError
 from clusterbook.nodes.arrival import Arrival
 from clusterbook.nodes.call import Call
+from clusterbook.nodes.destination import placement, target
 from clusterbook.nodes.fanout import parallel
-from clusterbook.nodes.outgoing import Digests, Outgoing, outgoing, pieces
+from clusterbook.nodes.outgoing import Digests, OutFile, Outgoing, outgoing, pieces, sha256_of
 from clusterbook.nodes.tasks.files import FRAME, frame
 from clusterbook.views.progress import bar, checked
 
@@ -42,7 +44,12 @@ __all__ = [
     "send",
     "send_all",
     "uncounted",
+    "write_data",
 ]
+
+#: What a provider's ``put`` is: send an :class:`Outgoing`, telling a counter the bytes; the
+#: nodes it failed on, with why.
+Put = Callable[[Outgoing, Callable[[int], None]], Mapping[str, Exception]]
 
 
 def uncounted(amount: int) -> None:
@@ -61,11 +68,13 @@ def send(
     bytes (``sending`` is told each piece's bytes once it is on its way). Returns how many
     files were sent."""
     files = {f.path: f for f in sent.files}
-    begin = {
+    begin: dict[str, Any] = {
         "cluster_id": cluster_id,
         "dirs": list(sent.dirs),
         "files": {f.path: [f.size, f.digest or None] for f in sent.files},
     }
+    if sent.relocated:  # the node checks its own home too: the head knows only its own
+        begin["guard"] = True
     told = call("put_begin", begin, 300)
     digests = digests or Digests()
     # Files the node has with the same size: sent if their sha256 differs from the node's.
@@ -224,18 +233,64 @@ def fetch_all(
 
 
 def put_paths(
-    put: Callable[[Outgoing, Callable[[int], None]], Mapping[str, Exception]],
-    paths: Iterable[str | os.PathLike[str]],
+    put: Put,
+    paths: Sequence[str | os.PathLike[str]],
     progress: object = None,
+    dest: str | os.PathLike[str] | None = None,
+    *,
+    base: str = "",
+    own: Sequence[str] = (),
 ) -> None:
-    """``cluster.put(*paths)``: send them with ``put`` (a provider's), with a bar of the bytes
-    sent; raise naming the nodes it failed on."""
+    """``cluster.put(*paths, dest=dest)``: send them with ``put`` (a provider's), with a bar
+    of the bytes sent; raise naming the nodes it failed on. ``dest``: where they go on the
+    nodes (:mod:`clusterbook.nodes.destination`: relative to ``base``, never in ``own``);
+    None: their own paths."""
     progress = checked(progress)
-    sent = outgoing(paths, digests=False)
+    place = None
+    if dest is not None:
+        there = target(dest, base, own, "put")
+        given = [p for p in paths if isinstance(p, (str, os.PathLike))]
+        place = placement([Path(p).expanduser().absolute() for p in given], dest, there)
+    sent = outgoing(paths, digests=False, place=place)
     if sent.dirs or sent.files:
         with bar(progress, "put", unit="B", leave=True) as shown:
             failed = put(sent, shown.add)
         _raise_for("put", failed, "")
+
+
+def write_data(
+    put: Put,
+    path: str | os.PathLike[str],
+    data: bytes | str,
+    mode: int,
+    *,
+    base: str,
+    own: Sequence[str],
+) -> None:
+    """``cluster.write(path, data)``: put ``data`` (str: its UTF-8) at ``path`` (as
+    ``put``'s ``dest``, which it must name a file with) with ``mode``; raise naming the nodes
+    it failed on."""
+    if isinstance(data, str):
+        data = data.encode()
+    if not isinstance(data, (bytes, bytearray, memoryview)):
+        raise ConfigError(
+            f"write(data=...) takes bytes, or str (written as UTF-8), not {type(data).__name__}."
+        )
+    if isinstance(mode, bool) or not isinstance(mode, int) or not 0 <= mode <= 0o777:
+        raise ConfigError(
+            f"write(mode={mode!r}): give the file's permission bits, 0 to 0o777, like mode=0o644."
+        )
+    if isinstance(path, (str, os.PathLike)) and os.fspath(path).endswith(("/", os.sep)):
+        raise ConfigError(f"write({os.fspath(path)!r}): give the path of a file, not a directory.")
+    there = target(path, base, own, "write")
+    data = bytes(data)
+    with tempfile.TemporaryDirectory(prefix="clusterbook-write-") as private:  # 0700
+        source = os.path.join(private, "data")
+        with open(source, "wb") as f:
+            f.write(data)
+        file = OutFile(there, format(mode, "o"), len(data), sha256_of(source), source)
+        failed = put(Outgoing((), (file,)), uncounted)
+    _raise_for("write", failed, "")
 
 
 def gather_into(

@@ -10,18 +10,19 @@ files, its processes); an SSH cluster's sessions, a far agent's sshd and a Slurm
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from pathlib import Path
 from typing import Protocol
 
 from clusterbook.launch.remote import RemoteLaunch
 from clusterbook.launch.result import KeptProcess
 from clusterbook.nodes.commands import NodeRun, run_everywhere
+from clusterbook.nodes.here import put_here
 from clusterbook.nodes.outgoing import Outgoing
 from clusterbook.nodes.transfer import uncounted
 from clusterbook.spec import NodeSpec
 
-__all__ = ["LocalReach", "NodeReach"]
+__all__ = ["LocalReach", "NodeReach", "here_for"]
 
 
 class NodeReach(Protocol):
@@ -32,10 +33,16 @@ class NodeReach(Protocol):
         ...
 
     def put(
-        self, sent: Outgoing, sending: Callable[[int], None] = uncounted
+        self,
+        sent: Outgoing,
+        sending: Callable[[int], None] = uncounted,
+        nodes: Collection[str] | None = None,
     ) -> dict[str, Exception]:
-        """Copy ``sent`` to the nodes that do not share this machine's files, telling
-        ``sending`` the bytes as they go; return the nodes it failed on, with why."""
+        """Copy ``sent`` to the nodes (``nodes``: those of these names) that do not share
+        this machine's files, telling ``sending`` the bytes as they go; return the nodes it
+        failed on, with why. What goes to another path than its own (``sent.relocated``:
+        ``put(dest=)``, ``write()``) is written here too when a node shares this machine's
+        files (:func:`clusterbook.nodes.here.put_here`)."""
         ...
 
     def gather(
@@ -47,8 +54,11 @@ class NodeReach(Protocol):
         on."""
         ...
 
-    def run_on_nodes(self, argv: Sequence[str], timeout: float) -> list[NodeRun]:
-        """Run ``argv`` on every node at once (``timeout`` seconds each)."""
+    def run_on_nodes(
+        self, argv: Sequence[str], timeout: float, nodes: Collection[str] | None = None
+    ) -> list[NodeRun]:
+        """Run ``argv`` on every node at once (``timeout`` seconds each); ``nodes``: only on
+        the nodes of these names (the head checked they are the cluster's)."""
         ...
 
     def free_port(self, node: NodeSpec) -> int | None:
@@ -67,6 +77,24 @@ class NodeReach(Protocol):
         pid, by node name) has stopped itself; return them, ``host`` being the node's name.
         A failed job is kept so with ``clean="none"``, until :meth:`stop_job` ends it."""
         ...
+
+
+def here_for(
+    sent: Outgoing,
+    sending: Callable[[int], None],
+    here: Sequence[str],
+    nodes: Collection[str] | None,
+) -> dict[str, Exception]:
+    """Write what ``sent`` relocates on this machine, once, if one of the nodes ``here``
+    (those that share its files) is among ``nodes`` (None: all); the nodes it failed on."""
+    chosen = [n for n in here if nodes is None or n in nodes]
+    if not chosen or not sent.relocated:
+        return {}
+    try:
+        put_here(sent, sending)
+    except Exception as exc:
+        return dict.fromkeys(chosen, exc)
+    return {}
 
 
 def _nothing(token: str) -> None:
@@ -91,17 +119,22 @@ class LocalReach:
         return None
 
     def put(
-        self, sent: Outgoing, sending: Callable[[int], None] = uncounted
+        self,
+        sent: Outgoing,
+        sending: Callable[[int], None] = uncounted,
+        nodes: Collection[str] | None = None,
     ) -> dict[str, Exception]:
-        return {}
+        return here_for(sent, sending, [n.name for n in self._nodes()], nodes)
 
     def gather(
         self, directory: Path, skip: Sequence[str], receiving: Callable[[int], None] = uncounted
     ) -> tuple[list[Path], dict[str, Exception]]:
         return [], {}
 
-    def run_on_nodes(self, argv: Sequence[str], timeout: float) -> list[NodeRun]:
-        return run_everywhere(self._nodes(), {}, argv, timeout)
+    def run_on_nodes(
+        self, argv: Sequence[str], timeout: float, nodes: Collection[str] | None = None
+    ) -> list[NodeRun]:
+        return run_everywhere(self._nodes(), {}, argv, timeout, only=nodes)
 
     def free_port(self, node: NodeSpec) -> int | None:
         return None

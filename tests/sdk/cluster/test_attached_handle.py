@@ -111,3 +111,28 @@ def test_a_handles_wait_names_a_bad_timeout_and_takes_none_as_a_cluster_does(
         for waiting in (handle, cluster):
             with pytest.raises(cb.ConfigError, match="timeout must be a number of seconds"):
                 waiting.wait_ready("soon")  # type: ignore[arg-type]
+
+
+def test_a_handle_aims_at_nodes_and_paths_as_a_cluster_does(
+    cluster: cb.Cluster, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from clusterbook.cluster.remote.node_calls import WRITE_MAX
+
+    monkeypatch.chdir(tmp_path)  # where the head (this process) runs its jobs
+    (tmp_path / "src.txt").write_text("put\n")
+    with cb.Cluster.attach(cluster.run_dir) as handle:
+        runs = handle.run_on_nodes(["echo", "hi"], nodes="fake-0")
+        assert (runs.node.tolist(), runs.stdout.tolist()) == (["fake-0"], ["hi\n"])
+        with pytest.raises(cb.ConfigError, match=r"'fake-3' is not a node.*its nodes are fake-0"):
+            handle.run_on_nodes(["true"], nodes=["fake-3"])
+        handle.write("conf/a.txt", "written\n", nodes=["fake-0"], mode=0o600)
+        assert (tmp_path / "conf" / "a.txt").read_text() == "written\n"
+        assert (tmp_path / "conf" / "a.txt").stat().st_mode & 0o777 == 0o600
+        handle.put(tmp_path / "src.txt", dest="placed/")
+        assert (tmp_path / "placed" / "src.txt").read_text() == "put\n"
+        with pytest.raises(cb.ConfigError, match="a relative dest stays inside"):
+            handle.put(tmp_path / "src.txt", dest="../out")
+        with pytest.raises(cb.ConfigError, match=f"at most {WRITE_MAX} bytes"):
+            handle.write("big", b"x" * (WRITE_MAX + 1))
+        with pytest.raises(cb.ConfigError, match="takes bytes, or str"):
+            handle.write("x", 5)  # type: ignore[arg-type]

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -61,16 +61,36 @@ class MadeUpHead:
     def wait_ready(self, timeout: float = 60, *, progress: bool | None = None) -> None:
         self.asked.append(("wait_ready", timeout))
 
-    def put(self, *paths: str | os.PathLike[str], progress: bool | None = None) -> None:
-        self.asked.append(("put", paths))
+    def put(
+        self,
+        *paths: str | os.PathLike[str],
+        progress: bool | None = None,
+        dest: str | os.PathLike[str] | None = None,
+    ) -> None:
+        self.asked.append(("put", paths, dest))
+
+    def write(
+        self,
+        path: str | os.PathLike[str],
+        data: bytes | str,
+        nodes: str | Collection[str] | None = None,
+        *,
+        mode: int = 0o644,
+    ) -> None:
+        self.asked.append(("write", path, data, nodes, mode))
 
     def gather(
         self, directory: str | os.PathLike[str], *, progress: bool | None = None
     ) -> list[Path]:
         return [Path(directory) / "a"]
 
-    def node_runs(self, argv: Sequence[str], timeout: float = 60.0) -> list[NodeRun]:
-        return [NodeRun("n0", "localhost", 0, " ".join(argv), "", 0.1)]
+    def node_runs(
+        self,
+        argv: Sequence[str],
+        timeout: float = 60.0,
+        nodes: str | Collection[str] | None = None,
+    ) -> list[NodeRun]:
+        return [NodeRun(n, "localhost", 0, " ".join(argv), "", 0.1) for n in nodes or ["n0"]]
 
 
 @pytest.fixture
@@ -106,12 +126,20 @@ def test_the_services_answer_attached_handles_for_the_head_state(head: MadeUpHea
             client.call("wait_ready", timeout=5)
             rows = client.call("run_on_nodes", argv=["echo", "hi"], timeout=5)["rows"]
             assert [r["stdout"] for r in rows] == ["echo hi"]
+            rows = client.call("run_on_nodes", argv=["true"], timeout=5, nodes=["n1"])["rows"]
+            assert [r["node"] for r in rows] == ["n1"]
+            client.call("put", paths=["/a"], dest="data/")
+            client.call("write", path="conf.txt", data="AAE=", nodes=["n0"], mode=0o600)
+            with pytest.raises(cb.ConfigError, match="not base64"):
+                client.call("write", path="conf.txt", data="not base64!")
             with pytest.raises(cb.ClusterStateError, match="has no job 7"):
                 client.call("cancel", job=7)
             client.call("stop", reason="a handle asked")
         finally:
             client.close()
         assert ("wait_ready", 5.0) in head.asked
+        assert ("put", ("/a",), "data/") in head.asked
+        assert ("write", "conf.txt", b"\x00\x01", ["n0"], 0o600) in head.asked
         assert ("changed", True) in head.asked  # the nodes read next come from the record
         deadline = time.monotonic() + 10  # the stop runs on a thread of its own
         while ("stop_for", "a handle asked") not in head.asked:

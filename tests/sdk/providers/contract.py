@@ -277,6 +277,37 @@ class ProviderContract:
         assert failed == {}
         assert len(list(scratch.glob("made-*"))) == len(started.nodes)
 
+    def test_run_on_nodes_runs_on_the_nodes_named_only(
+        self, case: ProviderCase, started: Provider
+    ) -> None:
+        if not started.nodes:  # a batch job that never runs (FakeSlurm's): none to name
+            assert started.reach.run_on_nodes(["true"], 30.0, nodes=[]) == []
+            return
+        last = started.nodes[-1].name
+        runs = started.reach.run_on_nodes(["echo", "here"], 30.0, nodes=[last])
+        assert [(r.node, r.returncode, r.stdout) for r in runs] == [(last, 0, "here\n")]
+
+    def test_put_to_another_path_brings_the_file_there_on_the_nodes_named(
+        self, case: ProviderCase, started: Provider
+    ) -> None:
+        source = case.scratch / "source.txt"
+        source.write_text("to another path\n")
+        there = case.scratch / "placed" / "deeper" / "got.txt"
+        sent = outgoing([source], place=lambda _: str(there))
+        assert sent.relocated
+        assert started.reach.put(sent) == {}
+        runs = started.reach.run_on_nodes(["cat", str(there)], 30.0)
+        assert [r.stdout for r in runs] == ["to another path\n"] * len(started.nodes)
+        if not started.nodes:
+            return
+        first = started.nodes[0].name
+        other = case.scratch / "placed" / "one.txt"
+        assert (
+            started.reach.put(outgoing([source], place=lambda _: str(other)), nodes=[first]) == {}
+        )
+        runs = started.reach.run_on_nodes(["cat", str(other)], 30.0, nodes=[first])
+        assert [(r.node, r.stdout) for r in runs] == [(first, "to another path\n")]
+
     def test_free_port_is_a_port_or_none(self, case: ProviderCase, started: Provider) -> None:
         for node in started.nodes:
             port = started.reach.free_port(node)

@@ -23,14 +23,14 @@ import threading
 import time
 import weakref
 from collections.abc import Callable, Mapping, Sequence
-from pathlib import Path
 from typing import TYPE_CHECKING, Any, NoReturn
 
 from clusterbook.cluster import display
 from clusterbook.cluster.remote.dead_head import clean_after_dead_head
 from clusterbook.cluster.remote.held import Held
+from clusterbook.cluster.remote.node_calls import AttachedNodeCalls
 from clusterbook.cluster.remote.rundir import ClusterDir, LocalDir, open_dir
-from clusterbook.errors import ClusterError, ClusterStateError, ConfigError, RecordError
+from clusterbook.errors import ClusterError, ClusterStateError, RecordError
 from clusterbook.events import Subscribers
 from clusterbook.head.catalog import Found
 from clusterbook.head.record import STOP_FILE, ClusterRecord, head_state_of, snapshot_from
@@ -44,7 +44,6 @@ if TYPE_CHECKING:
     from typing_extensions import Unpack
 
     from clusterbook.launch.prepare import JobArgs
-    from clusterbook.nodes.commands import NodeRun
 
 __all__ = ["AttachedCluster"]
 
@@ -53,7 +52,7 @@ _POLL = 0.1
 _log = logging.getLogger("clusterbook.cluster.remote.attached")
 
 
-class AttachedCluster:
+class AttachedCluster(AttachedNodeCalls):
     """A cluster run by another process, seen and stopped through its directory."""
 
     def __init__(self, found: Found, where: ClusterDir | None = None) -> None:
@@ -212,49 +211,6 @@ class AttachedCluster:
         limit = validate_timeout(timeout)  # named here, as the head would name it
         if limit is not None:
             self._call("wait_ready", timeout=limit)
-
-    def put(self, *paths: str | os.PathLike[str], progress: bool | None = None) -> None:
-        """Copy files to every node, as ``Cluster.put`` (the head reads them: on its machine;
-        attached over ssh, give their absolute paths there)."""
-        self._call("put", paths=[self._head_path(p, "put") for p in paths])
-
-    def gather(
-        self, directory: str | os.PathLike[str], *, progress: bool | None = None
-    ) -> list[Path]:
-        """Move the files ranks wrote in ``directory`` to the head's machine, as
-        ``Cluster.gather`` (attached over ssh: an absolute path there)."""
-        answer = self._call("gather", directory=self._head_path(directory, "gather"))
-        return [Path(p) for p in answer["paths"]]
-
-    def _head_path(self, path: str | os.PathLike[str], op: str) -> str:
-        """``path`` as the head reads it: on this machine, its absolute path; on another, the
-        path as given, which must be absolute there (this machine's directory means nothing
-        there)."""
-        text = os.fspath(path)
-        if not self._dir.where:
-            return os.path.abspath(text)
-        if not os.path.isabs(text):
-            raise ConfigError(
-                f"{op}({text!r}): cluster {self.id}'s head runs on {self._dir.where}, and reads "
-                "the paths there; give an absolute path on that machine (copy files there "
-                "first, with scp or sftp)."
-            )
-        return text
-
-    def run_on_nodes(self, argv: Sequence[str], timeout: float = 60.0) -> pd.DataFrame:
-        """Run ``argv`` on every node, as ``Cluster.run_on_nodes``."""
-        from clusterbook.nodes.commands import runs_frame
-
-        return runs_frame(self.node_runs(argv, timeout))
-
-    def node_runs(self, argv: Sequence[str], timeout: float = 60.0) -> list[NodeRun]:
-        """What :meth:`run_on_nodes` shows, one :class:`NodeRun` per node."""
-        from clusterbook.nodes.commands import NodeRun
-
-        if isinstance(argv, str):
-            argv = [argv]  # the head refuses it with the message Cluster.run_on_nodes gives
-        answer = self._call("run_on_nodes", argv=list(argv), timeout=timeout)
-        return [NodeRun(**row) for row in answer["rows"]]
 
     def engines(self, n: int | None = None, **how: Any) -> NoReturn:
         """Refused with a :class:`ClusterStateError` that says why and what to use instead:

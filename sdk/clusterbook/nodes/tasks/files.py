@@ -29,7 +29,10 @@ def put_begin(args: Args) -> Reply:
     this node needs: those it lacks or has with other bytes. A file already there with the
     same bytes is left alone (a shared filesystem, or a node that is the head). A file given
     without its sha256 (None) that is here with its size is not in ``need``: its sha256 here
-    is in ``digests``, for the head to compare."""
+    is in ``digests``, for the head to compare. With ``guard`` (a put to another path than
+    the head's, or a write), none may be among this node's files of clusterbook or ssh."""
+    if args.get("guard"):
+        _refuse_own([*args.get("dirs", []), *args["files"]])
     created = []
     for path in args.get("dirs", []):
         created += _makedirs(path)
@@ -44,6 +47,21 @@ def put_begin(args: Args) -> Reply:
             need.append(path)
     _log_created(args["cluster_id"], created)
     return {"need": need, "digests": digests} if digests else {"need": need}
+
+
+def _refuse_own(paths: "list[str]") -> None:
+    """Raise naming the first of ``paths`` that is (or leads, through links, to) a file of
+    ``~/.clusterbook`` or ``~/.ssh`` here: the cluster's own, or what keeps it safe."""
+    home = os.path.expanduser("~")
+    own = [os.path.realpath(os.path.join(home, d)) for d in (".clusterbook", ".ssh")]
+    for path in paths:
+        real = os.path.realpath(path)
+        for top in own:
+            if real == top or real.startswith(top + "/"):
+                raise PermissionError(
+                    f"{path} is among the cluster's own files on this node ({top}); choose "
+                    "a path outside it"
+                )
 
 
 def _digest(path: str, size: int) -> str | None:

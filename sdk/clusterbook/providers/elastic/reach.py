@@ -17,7 +17,7 @@ from __future__ import annotations
 import getpass
 import shutil
 import threading
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -40,6 +40,7 @@ from clusterbook.providers.elastic.far import (
     known_hosts_text,
     ssh_config,
 )
+from clusterbook.providers.reach import here_for
 from clusterbook.rendezvous.head import RendezvousHead
 from clusterbook.spec import NodeSpec
 from clusterbook.ssh.hostkeys import Fingerprints
@@ -209,12 +210,24 @@ class FarReach:
     # -- files and commands ------------------------------------------------------------------
 
     def put(
-        self, sent: Outgoing, sending: Callable[[int], None] = uncounted
+        self,
+        sent: Outgoing,
+        sending: Callable[[int], None] = uncounted,
+        nodes: Collection[str] | None = None,
     ) -> dict[str, Exception]:
-        """Send ``sent`` to every node on another machine; return the nodes it failed on."""
+        """Send ``sent`` to every node (``nodes``: those of these names) on another machine,
+        and what goes to another path than its own here for those on this machine; return
+        the nodes it failed on."""
         callers, unreachable = self._callers()
         ctx = self._started()
-        return {**unreachable, **send_all(callers, ctx.cluster_id, sent, sending)}
+        here = [
+            n.name for n in self._nodes() if n.name not in callers and n.name not in unreachable
+        ]
+        if nodes is not None:
+            callers = {n: c for n, c in callers.items() if n in nodes}
+            unreachable = {n: e for n, e in unreachable.items() if n in nodes}
+        failed = here_for(sent, sending, here, nodes)
+        return {**unreachable, **failed, **send_all(callers, ctx.cluster_id, sent, sending)}
 
     def gather(
         self, directory: Path, skip: Sequence[str], receiving: Callable[[int], None] = uncounted
@@ -224,11 +237,13 @@ class FarReach:
         stored, failed = fetch_all(callers, directory, skip, receiving)
         return stored, {**unreachable, **failed}
 
-    def run_on_nodes(self, argv: Sequence[str], timeout: float) -> list[NodeRun]:
+    def run_on_nodes(
+        self, argv: Sequence[str], timeout: float, nodes: Collection[str] | None = None
+    ) -> list[NodeRun]:
         """Run ``argv`` on every node of the round: over the sshd of those on other machines
         (a node without one says why in its stderr), here for those on this machine."""
         callers, unreachable = self._callers()
-        return run_everywhere(self._nodes(), callers, argv, timeout, unreachable)
+        return run_everywhere(self._nodes(), callers, argv, timeout, unreachable, only=nodes)
 
     # -- sessions ----------------------------------------------------------------------------
 

@@ -22,7 +22,7 @@ import re
 import shutil
 import socket
 import subprocess
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -41,7 +41,7 @@ from clusterbook.nodes.tasks.program import ENTRY
 from clusterbook.nodes.transfer import uncounted
 from clusterbook.providers.base import Provider, StartContext
 from clusterbook.providers.elastic.far import head_address_towards
-from clusterbook.providers.reach import NodeReach
+from clusterbook.providers.reach import NodeReach, here_for
 from clusterbook.providers.slurm.commands import SlurmRunner, run_command
 from clusterbook.providers.ssh.hosts import parse_host_list
 from clusterbook.spec import NodeSpec
@@ -173,9 +173,14 @@ class SrunReach:
         return self._remote
 
     def put(
-        self, sent: Outgoing, sending: Callable[[int], None] = uncounted
+        self,
+        sent: Outgoing,
+        sending: Callable[[int], None] = uncounted,
+        nodes: Collection[str] | None = None,
     ) -> dict[str, Exception]:
-        return {}
+        """What goes to another path than its own is written here: the allocation's nodes
+        share this machine's files (as ``put`` of their own paths takes for granted)."""
+        return here_for(sent, sending, [n.name for n in self._nodes()], nodes)
 
     def gather(
         self, directory: Path, skip: Sequence[str], receiving: Callable[[int], None] = uncounted
@@ -198,8 +203,10 @@ class SrunReach:
         self._held.add(token)
         return hold_far(self._callers(), token, failing)
 
-    def run_on_nodes(self, argv: Sequence[str], timeout: float) -> list[NodeRun]:
-        return run_everywhere(self._nodes(), self._callers(), argv, timeout)
+    def run_on_nodes(
+        self, argv: Sequence[str], timeout: float, nodes: Collection[str] | None = None
+    ) -> list[NodeRun]:
+        return run_everywhere(self._nodes(), self._callers(), argv, timeout, only=nodes)
 
     def free_port(self, node: NodeSpec) -> int | None:
         if self._ctx is None:

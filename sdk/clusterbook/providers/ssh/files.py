@@ -30,14 +30,15 @@ def put(
     sent: Outgoing,
     sending: Callable[[int], None],
     wrapper: str | None,
+    hosts: Sequence[str] | None = None,
 ) -> dict[str, Exception]:
-    """Send ``sent`` to every node at once; return the nodes it failed on, with why. Big
-    ones go through the OpenSSH client (``wrapper``: the launcher's ssh; None: not started)."""
+    """Send ``sent`` to every node at once (``hosts``: to these); return the nodes it failed
+    on, with why. Big ones go through the OpenSSH client (``wrapper``: the launcher's ssh;
+    None: not started)."""
     big = sum(f.size for f in sent.files) >= BULK
+    to = list(sessions.conns) if hosts is None else [h for h in sessions.conns if h in hosts]
     callers = (
-        sessions.bulk_callers(sessions.conns, wrapper)
-        if big and wrapper is not None
-        else sessions.callers()
+        sessions.bulk_callers(to, wrapper) if big and wrapper is not None else sessions.callers(to)
     )
     return send_all(callers, cluster_id, sent, sending)
 

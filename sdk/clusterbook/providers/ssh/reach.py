@@ -9,7 +9,7 @@ the job there when its lease ends.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from pathlib import Path
 
 from clusterbook.errors import ClusterError
@@ -77,13 +77,18 @@ class SSHReach:
         return [h for h in conns if h not in lost]
 
     def put(
-        self, sent: Outgoing, sending: Callable[[int], None] = uncounted
+        self,
+        sent: Outgoing,
+        sending: Callable[[int], None] = uncounted,
+        nodes: Collection[str] | None = None,
     ) -> dict[str, Exception]:
-        """Send ``sent`` to every node at once; return the nodes it failed on, with why
-        (big transfers through OpenSSH's client: :mod:`clusterbook.providers.ssh.files`)."""
+        """Send ``sent`` to every node at once (``nodes``: those of these names); return the
+        nodes it failed on, with why (big transfers through OpenSSH's client:
+        :mod:`clusterbook.providers.ssh.files`)."""
         cluster_id = self._started()
         self.put_used = True
-        return files.put(self._sessions, cluster_id, sent, sending, self._wrapper())
+        hosts = None if nodes is None else [n.host for n in self._nodes() if n.name in nodes]
+        return files.put(self._sessions, cluster_id, sent, sending, self._wrapper(), hosts)
 
     def gather(
         self, directory: Path, skip: Sequence[str], receiving: Callable[[int], None] = uncounted
@@ -92,9 +97,12 @@ class SSHReach:
         arrived, and the nodes it failed on, with why."""
         return files.gather(self._sessions, directory, skip, receiving, self._wrapper())
 
-    def run_on_nodes(self, argv: Sequence[str], timeout: float) -> list[NodeRun]:
-        """Run ``argv`` on every node, in the sessions kept for them."""
-        return run_everywhere(self._nodes(), self._sessions.callers(), argv, timeout)
+    def run_on_nodes(
+        self, argv: Sequence[str], timeout: float, nodes: Collection[str] | None = None
+    ) -> list[NodeRun]:
+        """Run ``argv`` on every node (``nodes``: those of these names), in the sessions
+        kept for them."""
+        return run_everywhere(self._nodes(), self._sessions.callers(), argv, timeout, only=nodes)
 
     def free_port(self, node: NodeSpec) -> int | None:
         """Asked of the node, in its kept session."""

@@ -184,3 +184,25 @@ def test_put_files_names_a_file_it_cannot_write_and_stays_in_step(
         put_files(args, stream, io.BytesIO())
     assert stream.read() == b"next request\n"
     assert not good.exists()  # after the first failure the rest is read, not written
+
+
+def test_a_guarded_put_refuses_this_nodes_own_files_even_through_a_link(
+    home: Path, tmp_path: Path
+) -> None:
+    (home / ".ssh").mkdir()
+    target = tmp_path / "target"
+    target.mkdir()
+    (target / "keys").symlink_to(home / ".ssh")
+    for path in (home / ".ssh" / "authorized_keys", target / "keys" / "authorized_keys"):
+        files = {str(path): [4, _digest(b"evil")]}
+        with pytest.raises(PermissionError, match=r"among the cluster's own files on this node"):
+            put_begin({"cluster_id": "c1", "files": files, "guard": True})
+    inside = {"cluster_id": "c1", "dirs": [str(home / ".clusterbook" / "x")], "files": {}}
+    with pytest.raises(PermissionError, match=r"\.clusterbook"):
+        put_begin({**inside, "guard": True})
+    assert not (home / ".clusterbook" / "x").exists()
+    # A put of the head's own paths is not guarded: a user may send their ssh config.
+    files = {str(home / ".ssh" / "config"): [4, _digest(b"Host")]}
+    assert put_begin({"cluster_id": "c1", "files": files}) == {
+        "need": [str(home / ".ssh" / "config")]
+    }
