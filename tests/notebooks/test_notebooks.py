@@ -195,7 +195,7 @@ def check_magics(run: Any, runner: ModuleType) -> None:
         f"[{r}] rank {r}: [{r * r}, {r + 100}]" for r in range(4)
     ]
 
-    failing = runner.code_cell(nb, "%%mpirun -n 4\n")
+    failing = runner.code_cell(nb, "%%mpirun -n 4 --oversubscribe\n")
     told = runner.stream(failing, "stderr")
     assert told.count("Error on ranks 1, 3:") == 1, told
     assert told.count("ValueError: odd ranks refuse this data") == 1, told

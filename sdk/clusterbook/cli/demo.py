@@ -15,7 +15,11 @@ def add_demo(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     """Add ``demo`` to the ``clusterbook`` parser's subcommands."""
     demo = sub.add_parser("demo", help="run an mpi4py allreduce on a local cluster")
     demo.add_argument("--workers", type=int, default=2, help="nodes (default 2)")
-    demo.add_argument("--slots", type=int, default=2, help="slots per node (default 2)")
+    demo.add_argument(
+        "--slots",
+        type=int,
+        help="slots per node (default: the cores this process may use, shared among the nodes)",
+    )
     demo.add_argument("--mpi", choices=["openmpi", "mpich"], help="MPI flavour to use")
     demo.add_argument("--python", metavar="PATH", help="interpreter for the ranks (with mpi4py)")
     demo.set_defaults(func=_demo)
