@@ -38,7 +38,8 @@ and what to do about it. Errors of third-party libraries are translated at the b
         └── JobFailedError                  JobResult.check() on a failed job
 
 Warnings: :class:`CleanupWarning` when ``stop()`` could not clean a node (it says what may be
-left there).
+left there); :class:`OversubscriptionWarning` when a job puts more ranks on a host than it has
+cores, unasked (``oversubscribe=True`` asks).
 """
 
 from __future__ import annotations
@@ -65,6 +66,7 @@ __all__ = [
     "LeaderLostError",
     "NodeLostError",
     "ProfileError",
+    "OversubscriptionWarning",
     "ProgramNotFoundError",
     "ReadyTimeoutError",
     "RecordError",
@@ -326,3 +328,9 @@ class BootstrapError(SSHError):
 
 class CleanupWarning(UserWarning):
     """``stop()`` could not remove everything from some nodes; the message says what and where."""
+
+
+class OversubscriptionWarning(UserWarning):
+    """A job puts more ranks on a host than the cores this host may give them (its CPU
+    affinity and cgroup quota), without ``oversubscribe=True``: the ranks share cores and wait
+    for each other. The message names the hosts, their ranks and cores, and the fix."""

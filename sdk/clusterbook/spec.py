@@ -223,7 +223,9 @@ class NodeSpec:
     slots
         Number of ranks the node takes before it counts as oversubscribed.
     cores
-        Cores of the node when known; ranks above that many turn core binding off.
+        Cores of its host this node may use when known (its CPU affinity capped by its
+        cgroup CPU quota; nodes on one host share them); a job with more ranks on the host
+        runs without core binding, and warns unless it says ``oversubscribe=True``.
     gpus
         The node's GPUs (none until known): each rank there gets one of them in
         ``CUDA_VISIBLE_DEVICES``.

@@ -39,7 +39,7 @@ CELLS = [
     "%load_ext clusterbook",
     "%cluster local --workers 2 --slots 2",
     "%cluster status",
-    "%%mpirun -n 4 --timeout 60\n"
+    "%%mpirun -n 4 --timeout 60 --oversubscribe\n"
     "from mpi4py import MPI\n\n"
     'print(f"hello from rank {MPI.COMM_WORLD.Get_rank()}")',
     "from clusterbook_widgets import LogViewer, current_cluster\n\n"

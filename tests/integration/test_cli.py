@@ -10,6 +10,8 @@ from pathlib import Path
 
 import pytest
 
+from clusterbook.nodes.tasks.cpus import usable_cores_here
+
 pytestmark = pytest.mark.mpi
 
 CLI = [sys.executable, "-m", "clusterbook"]
@@ -25,13 +27,15 @@ def run(args: list[str], tmp_path: Path, timeout: float = 120) -> subprocess.Com
 def test_demo_runs_an_allreduce_on_every_rank(openmpi_python, tmp_path):
     proc = run(["demo"], tmp_path)
     assert proc.returncode == 0, proc.stderr
-    for rank in range(4):
+    # A rank per core this process may use, shared by the two nodes (a slot each at least).
+    n = max(2, usable_cores_here())
+    for rank in range(n):
         assert re.search(
-            rf"^\[{rank}\] rank {rank}/4 on \S+: allreduce\(rank\+1\) = 10 "
-            r"\(expected 10\)",
+            rf"^\[{rank}\] rank {rank}/{n} on \S+: allreduce\(rank\+1\) = {n * (n + 1) // 2} ",
             proc.stdout,
             re.M,
         ), proc.stdout
+    assert ("OversubscriptionWarning" in proc.stderr) == (usable_cores_here() < 2), proc.stderr
     assert "local-0" in proc.stdout
     assert "local-1" in proc.stdout
     assert re.search(r"cluster start [\d.]+ s, job [\d.]+ s, total [\d.]+ s", proc.stdout)
@@ -41,7 +45,9 @@ def test_demo_with_mpich(mpich_python, tmp_path):
     proc = run(["demo", "--python", mpich_python], tmp_path)
     assert proc.returncode == 0, proc.stderr
     assert "mpich" in proc.stdout
-    assert len(re.findall(r"allreduce\(rank\+1\) = 10 \(expected 10\)", proc.stdout)) == 4
+    n = max(2, usable_cores_here())
+    sums = re.findall(r"allreduce\(rank\+1\) = (\d+) \(expected (\d+)\)", proc.stdout)
+    assert sums == [(str(n * (n + 1) // 2),) * 2] * n, proc.stdout
 
 
 def test_demo_without_the_flavour_names_the_extra_to_install(tmp_path):

@@ -99,7 +99,10 @@ def test_agents_join_and_run_a_job(elastic, agents, program):
     assert (frame.heartbeat_age < 10).all()
     assert [n.name for n in cluster.nodes] == ["n0", "n1", "n2"]  # by rank
     job = cluster.mpirun(
-        ["python", "-c", "from mpi4py import MPI; print(MPI.COMM_WORLD.size)"], np=3, timeout=120
+        ["python", "-c", "from mpi4py import MPI; print(MPI.COMM_WORLD.size)"],
+        np=3,
+        oversubscribe=True,  # three nodes on this machine, which may have fewer cores
+        timeout=120,
     )
     assert job.wait().ok
     assert job.logs().line.tolist() == ["3"] * 3
@@ -326,7 +329,12 @@ def test_a_job_restarts_on_the_round_left_when_an_agent_is_killed(elastic, agent
     cluster = elastic(2, 3, last_call=0.3)
     procs = [agents(cluster.join_command, f"n{i}") for i in range(3)]
     cluster.wait_ready(timeout=60)
-    job = cluster.mpirun(["python", program("restarts.py", RESTARTS)], restarts=2, timeout=120)
+    job = cluster.mpirun(
+        ["python", program("restarts.py", RESTARTS)],
+        restarts=2,
+        oversubscribe=True,  # three nodes on this machine, which may have fewer cores
+        timeout=120,
+    )
     ranks_started(job, 3)
     procs[1].send_signal(signal.SIGKILL)
     result = job.wait(timeout=120)

@@ -45,7 +45,7 @@ def test_each_rank_gets_its_own_gpu_and_a_jobs_own_choice_stays(
     assert status["gpus"].tolist() == [2, 2]
     assert set(status["gpu_model"]) == {"NVIDIA A100-SXM4-40GB"}
     # Local rank i gets GPU i, numbered as nvidia-smi numbers them.
-    job = cluster.mpirun(["python", "-c", SHOW], np=4)
+    job = cluster.mpirun(["python", "-c", SHOW], np=4, oversubscribe=True)
     assert lines(job) == [[str(r), str(r), str(r), "PCI_BUS_ID"] for r in range(4)]
     # A job that sets CUDA_VISIBLE_DEVICES keeps it, and its device order too.
     mine = cluster.mpirun(["python", "-c", SHOW], np=2, env={"CUDA_VISIBLE_DEVICES": "3,2"})

@@ -55,7 +55,10 @@ comm.Barrier()
 
 def test_allreduce_on_four_ranks(mpi_python, make_cluster, program):
     cluster = make_cluster(mpi_python, workers=2, slots=2)
-    job = cluster.mpirun(["python", program("allreduce.py", ALLREDUCE)], np=4, timeout=120)
+    # Four ranks on every machine, cores or not.
+    job = cluster.mpirun(
+        ["python", program("allreduce.py", ALLREDUCE)], np=4, oversubscribe=True, timeout=120
+    )
     result = job.wait()
 
     assert result.ok, result.summary()
@@ -247,7 +250,7 @@ def test_status_shows_nodes_and_ranks(mpi_python, make_cluster, program):
     assert frame["memory"].tolist() == [psutil.virtual_memory().total] * 2
     assert all(0 < used < 100 for used in frame["memory_used"])
     assert all(load >= 0 for load in frame["load"])
-    job = cluster.mpirun(["python", program("s.py", HANGS)], np=3)
+    job = cluster.mpirun(["python", program("s.py", HANGS)], np=3, oversubscribe=True)
     next(iter(job.stream()))
     frame = cluster.status()
     assert frame.state.tolist() == ["running", "running"]

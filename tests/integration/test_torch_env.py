@@ -47,7 +47,7 @@ os._exit(0)
 @pytest.mark.mpi
 def test_real_launchers_give_every_rank_torch_variables(mpi_python, tmp_path):
     with cb.Cluster.local(2, 2, python=mpi_python, run_dir=tmp_path / "c") as cluster:
-        job = cluster.mpirun(["python", "-c", SHOW], np=4)
+        job = cluster.mpirun(["python", "-c", SHOW], np=4, oversubscribe=True)
         assert job.wait(60).ok
         rows = sorted(line.split() for line in job.logs()["line"])
         port = rows[0][7]

@@ -200,7 +200,7 @@ def check_magics(run: Any, runner: ModuleType) -> None:
 
     # The failing cell raised (tagged raises-exception, the tutorial went on): the ranks that
     # failed and their host, the error once with both its ranks, nothing printed besides.
-    failing = runner.code_cell(nb, "%%mpirun -n 4\n")
+    failing = runner.code_cell(nb, "%%mpirun -n 4 --oversubscribe\n")
     (error,) = [o for o in failing.outputs if o.output_type == "error"]
     assert error.ename == "JobFailedError"
     assert re.fullmatch(

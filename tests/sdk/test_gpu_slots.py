@@ -13,6 +13,7 @@ import clusterbook as cb
 from clusterbook.cli.main import main as cli_main
 from clusterbook.cluster.options import ClusterOptions
 from clusterbook.gpus import GPU, NO_GPUS, GPUInfo
+from clusterbook.nodes.tasks.cpus import usable_cores_here
 from clusterbook.providers.local import local_nodes
 from clusterbook.providers.ssh.hosts import parse_host_list, parse_hosts
 from clusterbook.providers.ssh.provider import SSHProvider
@@ -109,9 +110,8 @@ def test_gpus_on_a_machine_without_any_is_refused_with_the_fix(smi) -> None:
     said = str(info.value)
     assert "Node local-0 (this machine) has no GPU (nvidia-smi is not on PATH)" in said
     assert "slots='gpus', one slot per GPU, would give it none" in said
-    assert f"give slots as a number (slots={os.cpu_count()}), or run on a machine with GPUs" in (
-        said
-    )
+    cores = usable_cores_here()
+    assert f"give slots as a number (slots={cores}), or run on a machine with GPUs" in said
 
 
 def test_a_failing_nvidia_smi_is_named_in_the_refusal(smi) -> None:
@@ -134,7 +134,7 @@ def test_the_command_line_says_the_fix_with_its_own_options(smi, capsys) -> None
     assert cli_main(["run", "-n", "1", "--slots", "gpus", "--", "true"]) == 2
     err = capsys.readouterr().err
     assert "--slots gpus, one slot per GPU, would give it none" in err
-    assert f"(--slots {os.cpu_count()})" in err
+    assert f"(--slots {usable_cores_here()})" in err
     assert "slots=" not in err
     code = cli_main(
         ["worker", "join", "tcp://127.0.0.1:9/x", "--token-file", "/nonexistent", "--slots", "gpus"]

@@ -238,7 +238,8 @@ def _cluster_parser() -> _Parser:
         type=_slots,
         default=None,
         metavar="S",
-        help="ranks each node takes (default: its cores; 'gpus': one per GPU)",
+        help="ranks each node takes (default: the cores this process may use, shared among "
+        "the nodes; 'gpus': one per GPU)",
     )
     ssh = sub.add_parser("ssh", help="a cluster of SSH hosts")
     ssh.add_argument("hosts", nargs="+", metavar="HOST[:SLOTS]")

@@ -18,7 +18,11 @@ def add_demo(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         "demo", help="run an mpi4py allreduce on a local cluster (or a profile's)"
     )
     demo.add_argument("--workers", type=int, help="nodes (default 2)")
-    demo.add_argument("--slots", type=int, help="slots per node (default 2)")
+    demo.add_argument(
+        "--slots",
+        type=int,
+        help="slots per node (default: the cores this process may use, shared among the nodes)",
+    )
     demo.add_argument("--mpi", choices=["openmpi", "mpich"], help="MPI flavour to use")
     demo.add_argument("--python", metavar="PATH", help="interpreter for the ranks (with mpi4py)")
     add_profile_option(demo)
@@ -34,7 +38,7 @@ def _demo(args: argparse.Namespace) -> int:
         nodes = {"workers": args.workers, "slots": args.slots}
         cluster = profile_cluster(args.profile, {**nodes, **options}, refused={})
     else:
-        cluster = Cluster.local(workers=args.workers or 2, slots=args.slots or 2, **options)
+        cluster = Cluster.local(workers=args.workers or 2, slots=args.slots, **options)
     with cluster:
         cluster.wait_ready(timeout=60)
         started = time.perf_counter()

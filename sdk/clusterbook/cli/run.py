@@ -86,7 +86,8 @@ def _node_options(run: argparse.ArgumentParser) -> None:
         type=slots_arg,
         metavar="S",
         help="slots of each host given without its own (default 1), or of this machine "
-        "without --hosts (default: its cores); 'gpus': one per GPU of the node",
+        "without --hosts (default: the cores this process may use, its CPU affinity and cgroup "
+        "CPU quota); 'gpus': one per GPU of the node",
     )
 
 

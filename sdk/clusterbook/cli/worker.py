@@ -12,6 +12,7 @@ import sys
 from typing import TYPE_CHECKING
 
 from clusterbook.cli.hosts import slots_arg
+from clusterbook.nodes.tasks.cpus import usable_cores_here
 
 if TYPE_CHECKING:
     from clusterbook.ssh.sshd import Sshd
@@ -52,8 +53,9 @@ def _add_join(worker_sub: argparse._SubParsersAction[argparse.ArgumentParser]) -
     join.add_argument(
         "--slots",
         type=slots_arg,
-        default=os.cpu_count() or 1,
-        help="ranks this node takes (default: its cores; 'gpus': one per GPU it has)",
+        default=None,
+        help="ranks this node takes (default: the cores it may use, its CPU affinity and "
+        "cgroup CPU quota; 'gpus': one per GPU it has)",
     )
     join.add_argument("--node-id", help="this node's id (default: HOSTNAME-PID)")
     join.add_argument(
@@ -89,11 +91,11 @@ def _join(args: argparse.Namespace) -> int:
     from clusterbook.spec import validate_slots
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
-    asked = validate_slots(args.slots, "--slots")
+    cores = usable_cores_here()
+    asked = cores if args.slots is None else validate_slots(args.slots, "--slots")
     node_id = args.node_id or f"{socket.gethostname()}-{os.getpid()}"
     gpus = probe_gpus()
     if asked == GPUS:
-        cores = os.cpu_count() or 1
         slots = slots_from_gpus(
             gpus,
             node=node_id,

@@ -39,8 +39,10 @@ class ClusterKinds:
     def local(
         cls, workers: int = 1, slots: Slots | None = None, **options: Unpack[ClusterOptionsArgs]
     ) -> Self:
-        """A cluster of ``workers`` nodes on this machine, ``slots`` ranks each (default: its
-        cores) before a job counts as oversubscribed.
+        """A cluster of ``workers`` nodes on this machine, ``slots`` ranks each before a job
+        counts as oversubscribed (default: the cores this process may use, its CPU affinity
+        capped by its cgroup CPU quota, shared among the nodes, a remainder to the first, at
+        least one each).
 
         ``slots="gpus"`` gives each node one slot per GPU: the machine's GPUs (``nvidia-smi
         -L``, counted now) are shared out among the nodes, and a node left with none is a
@@ -72,7 +74,7 @@ class ClusterKinds:
         (``clusterbook worker join URL --token-file F``; also :attr:`join_command`).
         ``wait_ready()`` returns once a round completes: ``min_nodes`` joined and the last
         call passed, or ``max_nodes`` joined. Each node says its slots as it joins
-        (``--slots N``, default its cores; ``--slots gpus``: one per GPU it has).
+        (``--slots N``, default the cores it may use; ``--slots gpus``: one per GPU it has).
         """
         bounds = {"min_nodes": min_nodes, "max_nodes": max_nodes}
         return cls.from_spec({"kind": "elastic", **bounds, **args})

@@ -30,6 +30,7 @@ __all__ = [
     "build_command",
     "forwarded",
     "host_gpus",
+    "host_load",
     "host_ranks",
     "master_addr",
     "placement",
@@ -124,6 +125,15 @@ def binding(nodes: tuple[NodeSpec, ...], np: int) -> str:
     Binding more ranks than cores makes Open MPI refuse to start; an unknown core count is
     treated as too few.
     """
+    hosts = host_load(nodes, np).values()
+    fits = all(cores is not None and ranks <= cores for ranks, cores in hosts)
+    return "core" if fits else "none"
+
+
+def host_load(nodes: tuple[NodeSpec, ...], np: int) -> dict[str, tuple[int, int | None]]:
+    """The ranks ``np`` ranks put on each host of ``nodes`` (nodes on one host share its
+    cores) and the host's cores (its first node's; None when not known), in the nodes'
+    order."""
     per_node = [0] * len(nodes)
     for i in placement(nodes, np):
         per_node[i] += 1
@@ -131,8 +141,7 @@ def binding(nodes: tuple[NodeSpec, ...], np: int) -> str:
     for node, count in zip(nodes, per_node, strict=True):
         ranks, cores = hosts.get(node.host, (0, node.cores))
         hosts[node.host] = (ranks + count, cores)
-    fits = all(cores is not None and ranks <= cores for ranks, cores in hosts.values())
-    return "core" if fits else "none"
+    return hosts
 
 
 def render_hostfile(nodes: tuple[NodeSpec, ...], flavour: MPIFlavour) -> str:

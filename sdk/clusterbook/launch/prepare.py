@@ -19,6 +19,7 @@ from typing import TypedDict
 from clusterbook.errors import ConfigError, NodeLostError, RunDirError
 from clusterbook.launch.attempt import Attempt
 from clusterbook.launch.command import LaunchPlan, placement
+from clusterbook.launch.crowding import warn_crowded
 from clusterbook.launch.flavour import Launcher
 from clusterbook.launch.job import Job
 from clusterbook.launch.jobdir import new_job_dir
@@ -274,6 +275,8 @@ def prepare(
         cwd=request.cwd,
         local=remote is None,
     )
+    # Told once the job is sure to start: after the checks of what it was given.
+    warn_crowded(nodes, request.np, oversubscribe=request.oversubscribe)
     job_id, directory = new_job_dir(run_dir, jobs_so_far)
     attempts = _Attempts(
         request,

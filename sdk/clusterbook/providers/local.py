@@ -28,6 +28,7 @@ from clusterbook.errors import ClusterError
 from clusterbook.gpus import GPUS, GPUInfo, Slots, probe_gpus, slots_from_gpus
 from clusterbook.launch.guard import guard, kill_tagged
 from clusterbook.nodes.tasks.common import AGENTS, process_tag
+from clusterbook.nodes.tasks.cpus import usable_cores_here
 from clusterbook.providers.base import Provider, StartContext
 from clusterbook.providers.reach import LocalReach, NodeReach
 from clusterbook.providers.watch import AgentWatch, NodeWatch
@@ -37,7 +38,7 @@ from clusterbook.rendezvous.head import RendezvousHead
 from clusterbook.spec import HERE, NodeSpec, validate_positive_int, validate_slots
 from clusterbook.wording import spell_or
 
-__all__ = ["LocalAgentsProvider", "local_nodes", "restart_allowed"]
+__all__ = ["LocalAgentsProvider", "local_nodes", "restart_allowed", "share_cores"]
 
 _log = logging.getLogger("clusterbook.local")
 
@@ -56,15 +57,27 @@ def restart_allowed(ends: Sequence[float], now: float) -> bool:
     return sum(now - end < RESTART_WINDOW for end in ends) < MAX_ENDS
 
 
+def share_cores(cores: int, workers: int) -> list[int]:
+    """The slots of each of ``workers`` nodes that share ``cores`` cores: as many each, the
+    remainder to the first ones; at least one each (more workers than cores then have more
+    slots in all than cores, which a job that uses them is warned of)."""
+    return [max(1, cores // workers + (i < cores % workers)) for i in range(workers)]
+
+
 def local_nodes(
-    workers: int, slots: Slots | None, gpus: GPUInfo | None = None
+    workers: int,
+    slots: Slots | None,
+    gpus: GPUInfo | None = None,
+    cores: Callable[[], int] = usable_cores_here,
 ) -> tuple[NodeSpec, ...]:
-    """``workers`` nodes on this machine with ``slots`` slots each (default: one per core;
-    ``"gpus"``: one per GPU of the node). The machine's GPUs (``gpus``, else probed now) are
-    shared out among the nodes in order, so that no two nodes count the same GPU."""
+    """``workers`` nodes on this machine with ``slots`` slots each (default: the cores this
+    process may use, ``cores()``, shared out among them by :func:`share_cores`; ``"gpus"``:
+    one per GPU of the node). The machine's GPUs (``gpus``, else probed now) are shared out
+    among the nodes in order, so that no two nodes count the same GPU."""
     validate_positive_int(workers, "workers")
     asked = None if slots is None else validate_slots(slots)
-    cores = os.cpu_count() or 1
+    usable = cores()
+    shares = share_cores(usable, workers)
     if gpus is None:
         gpus = probe_gpus()
     nodes = []
@@ -72,11 +85,11 @@ def local_nodes(
         name, share = f"local-{i}", gpus.share(i, workers)
         if asked == GPUS:
             count = slots_from_gpus(
-                share, node=f"{name} (this machine)", asked=_spelled(GPUS), fix=_fix(gpus, cores)
+                share, node=f"{name} (this machine)", asked=_spelled(GPUS), fix=_fix(gpus, usable)
             )
         else:
-            count = cores if asked is None else asked
-        nodes.append(NodeSpec(name, HERE, count, cores=cores, gpus=share))
+            count = shares[i] if asked is None else asked
+        nodes.append(NodeSpec(name, HERE, count, cores=usable, gpus=share))
     return tuple(nodes)
 
 
@@ -130,8 +143,9 @@ class LocalAgentsProvider(Provider):
 
     @classmethod
     def from_spec(cls, workers: int = 1, slots: Slots | None = None) -> LocalAgentsProvider:
-        """``workers`` nodes on this machine, ``slots`` ranks each (default: its cores;
-        ``"gpus"``: one per GPU, the machine's GPUs shared out among the nodes)."""
+        """``workers`` nodes on this machine, ``slots`` ranks each (default: the cores this
+        process may use, shared out among them; ``"gpus"``: one per GPU, the machine's GPUs
+        shared out among the nodes)."""
         return cls(local_nodes(workers, slots))
 
     @property

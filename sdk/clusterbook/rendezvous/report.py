@@ -15,6 +15,7 @@ from dataclasses import asdict, dataclass, replace
 from typing import Any
 
 from clusterbook.gpus import NO_GPUS, GPUInfo, probe_gpus
+from clusterbook.nodes.tasks.cpus import usable_cores_here
 from clusterbook.nodes.tasks.probe import installed_mpi
 from clusterbook.rendezvous.host_facts import ipv4_addresses, memory
 
@@ -106,7 +107,7 @@ class NodeReport:
         """This node's report (no reverse DNS: addresses come from the interfaces); its
         GPUs are probed unless given."""
         addresses = tuple(a for a in ipv4_addresses() if not a.startswith("127."))
-        cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+        cores = usable_cores_here()
         return cls(
             hostname=socket.gethostname(),
             user=getpass.getuser(),

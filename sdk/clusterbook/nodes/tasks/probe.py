@@ -9,6 +9,7 @@ import socket
 import sys
 
 from .common import TYPE_CHECKING, Args, Reply
+from .cpus import usable_cores_here
 
 if TYPE_CHECKING:
     from typing import Any
@@ -20,9 +21,7 @@ def probe(args: Args) -> Reply:
         "home": os.path.expanduser("~"),
         "python": sys.executable,
         "python_version": ".".join(map(str, sys.version_info[:3])),
-        "cores": len(os.sched_getaffinity(0))
-        if hasattr(os, "sched_getaffinity")
-        else os.cpu_count(),
+        "cores": usable_cores_here(),
         "mpi4py": None,
         "mpi_library": None,
         "clusterbook": None,

@@ -18,7 +18,7 @@ from types import ModuleType
 
 #: The package's modules in the order they are joined: each imports only those before it
 #: (the package's ``__init__`` holds its docstring alone, and is neither sent nor run).
-MODULES = ("common", "probe", "procs", "files", "install", "commands")
+MODULES = ("common", "cpus", "probe", "procs", "files", "install", "commands")
 #: The module joined last, which holds ``main``: the program's entry.
 ENTRY_MODULE = "session"
 #: The package's directory, here: ``python [-S] ENTRY TASK [ARGS]`` runs the program from its
