@@ -1,0 +1,51 @@
+"""``cluster.map``'s bad input is named before any rank starts: no pool job is made."""
+
+from __future__ import annotations
+
+import threading
+from typing import Any
+
+import pytest
+
+import clusterbook as cb
+from clusterbook.errors import ConfigError
+from clusterbook.testing import FakeProvider
+
+
+@pytest.mark.parametrize(
+    ("kw", "named"),
+    [
+        ({"np": 2}, "cluster.submit(fn, item, np=...)"),
+        ({"max_running": 0}, "max_running must be a whole number of at least 1"),
+        ({"max_running": True}, "got True"),
+        ({"retries": -1}, "retries must be a whole number of at least 0"),
+        ({"ordered": "yes"}, "ordered must be True or False, got 'yes'"),
+        ({"progress": "loud"}, "progress"),
+    ],
+)
+def test_bad_options_are_named(kw: dict[str, Any], named: str) -> None:
+    cluster = cb.Cluster(FakeProvider(nodes=1))
+    with pytest.raises(ConfigError, match=None) as raised:
+        cluster.map(abs, [1], **kw)
+    assert named in str(raised.value)
+    assert cluster.jobs == []
+
+
+def test_a_function_that_cannot_be_pickled_is_named() -> None:
+    lock = threading.Lock()
+
+    def holds_a_lock(x: int) -> int:
+        with lock:
+            return x
+
+    cluster = cb.Cluster(FakeProvider(nodes=1))
+    with pytest.raises(ConfigError) as raised:
+        cluster.map(holds_a_lock, [1])
+    assert "holds_a_lock" in str(raised.value)
+    assert "cannot be pickled" in str(raised.value)
+    assert cluster.jobs == []
+
+
+def test_a_function_is_required() -> None:
+    with pytest.raises(ConfigError, match="takes a function first, got 3"):
+        cb.Cluster(FakeProvider(nodes=1)).map(3, [1])  # type: ignore[arg-type]
