@@ -155,6 +155,17 @@ class Pool:
         with self._cond:
             return len(self._ranks)
 
+    @property
+    def ranks(self) -> tuple[PoolRank, ...]:
+        """The ranks connected now, by rank."""
+        with self._cond:
+            return tuple(self._ranks)
+
+    @property
+    def port(self) -> int | None:
+        """The port the ranks connect to (None before :meth:`start`)."""
+        return self._listener.getsockname()[1] if self._listener is not None else None
+
     def start(self) -> None:
         """Start the job and wait for its ranks; :class:`PoolError` (everything stopped) if they
         do not all connect back within :attr:`start_timeout` seconds or the job ends first."""

@@ -2,8 +2,9 @@
 
 A thread per leased rank takes the next item from the sweep's :class:`Schedule`, sends it, and
 reports what came back; the decisions (what next, what a failure leads to) are the schedule's.
-When every rank of the pool has died (the launcher ends the whole job when one rank dies), the
-items they held are put back by the schedule's rule and a new pool starts; a pool that dies
+Once a rank of the pool has died, its pool takes no more items (the launcher ends the whole job
+when one rank dies): the items its ranks held are put back by the schedule's rule once they
+come back or are lost, and a new pool starts; a pool that dies
 :data:`RESTARTS` times in a row without an item done ends the sweep, naming why.
 """
 
@@ -146,22 +147,22 @@ def _drive(
     if not ranks:
         raise PoolError("The pool has no ranks (it was stopped as the sweep started).")
     cond = threading.Condition()
-    state = {"alive": len(ranks)}
+    broken = threading.Event()  # a rank has died: the launcher is ending the pool's job
 
     def serve(rank: PoolRank) -> None:
         try:
             while True:
                 with cond:
-                    task = _next(schedule, cond)
+                    task = _next(schedule, cond, broken)
                 if task is None:
                     return
                 if not _run_one(pool, rank, task, schedule, cond, key, function):
+                    broken.set()  # what is put back waits for a new pool: this one is ending
                     return
                 with cond:
                     shown.update(schedule.done, total=schedule.count)
         finally:
             with cond:
-                state["alive"] -= 1
                 cond.notify_all()
 
     threads = [
@@ -179,13 +180,15 @@ def _drive(
         raise
 
 
-def _next(schedule: Schedule, cond: threading.Condition) -> Task | None:
-    """The next task for a free rank (waiting while others may still put one back), or None."""
-    while True:
+def _next(schedule: Schedule, cond: threading.Condition, broken: threading.Event) -> Task | None:
+    """The next task for a free rank (waiting while others may still put one back), or None:
+    none left, or the pool is ending (a rank of it died)."""
+    while not broken.is_set():
         task = schedule.take()
         if task is not None or schedule.out == 0:
             return task
         cond.wait(1.0)
+    return None
 
 
 def _run_one(
