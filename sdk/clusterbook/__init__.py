@@ -20,12 +20,14 @@ from clusterbook.errors import (
     HostKeyChangedError,
     HostKeyUnknownError,
     HostNotFoundError,
+    ItemFailedError,
     JobError,
     JobFailedError,
     JobTimeoutError,
     LauncherNotFoundError,
     LeaderLostError,
     NodeLostError,
+    PoolError,
     ProgramNotFoundError,
     ReadyTimeoutError,
     RecordError,
@@ -35,6 +37,7 @@ from clusterbook.errors import (
     SSHConnectError,
     SSHError,
     SSHTimeoutError,
+    SweepFailedError,
     UnknownClusterError,
     UnsafePathError,
     WorkerHostError,
@@ -46,6 +49,7 @@ if TYPE_CHECKING:
 
     from clusterbook.cluster.ephemeral import run
     from clusterbook.cluster.facade import Cluster
+    from clusterbook.functions.results import SweepResult
     from clusterbook.gpus import GPUInfo
     from clusterbook.launch.flavour import Launcher, MPIFlavour
     from clusterbook.launch.job import Job
@@ -79,6 +83,7 @@ _LAZY = {
     "RankFailure": "clusterbook.launch.result",
     "run": "clusterbook.cluster.ephemeral",  # cb.run: start a cluster, one job, tear it down
     "serve_worker": "clusterbook.providers.environment.worker",  # a training job's worker host
+    "SweepResult": "clusterbook.functions.results",  # what cluster.map returns
 }
 
 
@@ -101,6 +106,7 @@ __all__ = [
     "HostKeyChangedError",
     "HostKeyUnknownError",
     "HostNotFoundError",
+    "ItemFailedError",
     "Job",
     "JobError",
     "JobFailedError",
@@ -116,6 +122,7 @@ __all__ = [
     "NodeLostError",
     "NodeSpec",
     "NodeStatus",
+    "PoolError",
     "ProgramNotFoundError",
     "RankFailure",
     "ReadyTimeoutError",
@@ -126,6 +133,8 @@ __all__ = [
     "SSHConnectError",
     "SSHError",
     "SSHTimeoutError",
+    "SweepFailedError",
+    "SweepResult",
     "UnknownClusterError",
     "UnsafePathError",
     "WorkerHostError",

@@ -4,14 +4,14 @@ runs at once, each connected back to the head over TLS.
 The pool starts at a cluster's first ``map`` and stays up for the next; it stops with the
 cluster (its stop hooks, ``on_stop``), after :data:`IDLE_TIMEOUT` seconds without a sweep, or
 when a sweep needs more ranks than it has (a new one starts). Its ranks run
-:mod:`clusterbook.functions.worker`, sent as source. They reach a listener of this process at
-the head's address towards their nodes; the job's environment carries the listener's
-addresses, the SHA-256 fingerprint of a certificate made for this pool alone, and a secret made
-for it alone, as the engines' connection file does (a rank's environment is its user's only).
-TLS proves the head to the ranks and hides the items and values on the way; the HMAC of a fresh
-nonce proves a rank to the head (:func:`~clusterbook.functions.worker.proof`). Nothing of an
-item goes through the logs or the job's files, and another user, who can connect, can neither
-take an item nor hand back a value.
+:mod:`clusterbook.functions.worker`, sent as source in the job's environment. They reach a
+listener of this process at the head's address towards their nodes; the job's environment
+carries the listener's addresses, the SHA-256 fingerprint of a certificate made for this pool
+alone, and a secret made for it alone, as the engines' connection information does (a rank's
+environment is its user's only). TLS proves the head to the ranks and hides the items and
+values on the way; the HMAC of a fresh nonce proves a rank to the head
+(:func:`~clusterbook.functions.worker.proof`). Nothing of an item goes through the logs or the
+job's files, and another user, who can connect, can neither take an item nor hand back a value.
 """
 
 from __future__ import annotations
@@ -32,10 +32,12 @@ from clusterbook.cluster.handle import ClusterHandle, JobHandle
 from clusterbook.errors import JobTimeoutError, PoolError
 from clusterbook.functions.schedule import idle_expired
 from clusterbook.functions.worker import (
+    BOOT,
     NONCE,
     POOL_ENV,
-    boot_source,
+    PROGRAM_ENV,
     loads,
+    packed_source,
     proof,
     recv_frame,
     send_frame,
@@ -188,9 +190,9 @@ class Pool:
         ).start()
         try:
             self.job = self.host.mpirun(
-                ["python", "-c", boot_source()],
+                ["python", "-c", BOOT, "clusterbook-pool"],
                 np=self.size,
-                env={POOL_ENV: _Hidden(json.dumps(info))},
+                env={POOL_ENV: _Hidden(json.dumps(info)), PROGRAM_ENV: packed_source()},
                 abort_on_error=False,  # a worker catches what an item raises
             )
             self._wait_for_ranks()

@@ -112,7 +112,7 @@ class SweepResult(Sequence[Any]):
         return self
 
     def __repr__(self) -> str:
-        text = f"SweepResult({len(self)} items"
+        text = f"SweepResult({len(self)} items: " + _SHORT.repr(self.values("<failed>"))
         if self.failed:
             text += f", {len(self.failed)} failed: " + ", ".join(
                 f"{i} ({e.exception.__class__.__name__ if e.exception else 'error'})"

@@ -3,7 +3,7 @@ to stop (or until the head goes).
 
 This module runs on every rank of a sweep's pool, in the ranks' interpreter, which may hold no
 clusterbook (only cloudpickle, to send back what a function returns): it imports the standard
-library only, and the head sends its source (:func:`boot_source`). The wire format lives here so
+library only, and the head sends its source (:data:`BOOT`). The wire format lives here so
 that both ends share it: frames of a 4-byte big-endian length and that many bytes, over TLS.
 
 The handshake: the rank dials one of the addresses it was given, completes TLS and compares the
@@ -190,16 +190,21 @@ def main() -> None:
         sock.close()
 
 
-def boot_source() -> str:
-    """A ``python -c`` program that runs this module's source (which no rank needs installed)."""
+#: The variable that carries this module's source, packed, to the ranks.
+PROGRAM_ENV = "CLUSTERBOOK_POOL_PROGRAM"
+#: What a pool rank runs (``python -c BOOT``): the program in :data:`PROGRAM_ENV`, which no
+#: rank needs installed; the command line stays short, so a job listing stays readable.
+BOOT = (
+    "import os,base64,zlib;_g={'__name__':'clusterbook_pool_worker'};"
+    f"exec(compile(zlib.decompress(base64.b64decode(os.environ.pop({PROGRAM_ENV!r}))),"
+    "'clusterbook-pool-worker','exec'),_g);_g['main']()"
+)
+
+
+def packed_source() -> str:
+    """This module's source, compressed and in base64: the value of :data:`PROGRAM_ENV`."""
     with open(__file__, "rb") as f:
-        packed = base64.b64encode(zlib.compress(f.read(), 9)).decode("ascii")
-    return (
-        "import base64,zlib;_s=zlib.decompress(base64.b64decode('"
-        + packed
-        + "'));_g={'__name__':'clusterbook_pool_worker'};"
-        "exec(compile(_s,'clusterbook-pool-worker','exec'),_g);_g['main']()"
-    )
+        return base64.b64encode(zlib.compress(f.read(), 9)).decode("ascii")
 
 
 if __name__ == "__main__":

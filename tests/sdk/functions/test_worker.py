@@ -6,10 +6,12 @@ from __future__ import annotations
 
 import ast
 import json
+import os
 import pickle
 import socket
 import sys
 import threading
+from base64 import b64decode
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -116,4 +118,18 @@ def test_the_ranks_program_imports_the_standard_library_only() -> None:
         if isinstance(node, ast.ImportFrom)
     }
     assert imported - {"cloudpickle"} <= set(sys.stdlib_module_names) | {"__future__"}
-    compile(worker.boot_source(), "boot", "exec")  # what python -c gets is one valid program
+    compile(worker.BOOT, "boot", "exec")  # what python -c gets is one valid program
+
+
+def test_the_boot_line_runs_the_program_it_is_given(tmp_path: Path) -> None:
+    import subprocess
+    import zlib
+    from base64 import b64encode
+
+    program = b64encode(zlib.compress(b"def main():\n    print('ran', __name__)\n")).decode()
+    env = {**os.environ, worker.PROGRAM_ENV: program}
+    done = subprocess.run(
+        [sys.executable, "-c", worker.BOOT], env=env, capture_output=True, text=True, timeout=60
+    )
+    assert done.stdout == "ran clusterbook_pool_worker\n", done.stderr
+    assert zlib.decompress(b64decode(worker.packed_source())) == Path(worker.__file__).read_bytes()
