@@ -61,6 +61,7 @@ class Schedule:
     def __init__(self, items: Iterable[Any], *, retries: int) -> None:
         self._items: Iterator[Any] = iter(items)
         self._exhausted = False
+        self._ahead: tuple[Any] | None = None  # an item read ahead by has_more()
         self._again: deque[Task] = deque()
         self._out: dict[int, Task] = {}
         self._raised: dict[int, int] = {}
@@ -75,18 +76,29 @@ class Schedule:
         """The next run to hand to a free rank, or None (nothing to hand out now)."""
         if self._again:
             task = self._again.popleft()
-        elif self._exhausted:
+        elif not self.has_more():
             return None
         else:
-            try:
-                item = next(self._items)
-            except StopIteration:
-                self._exhausted = True
-                return None
+            assert self._ahead is not None
+            (item,), self._ahead = self._ahead, None
             task = Task(self.count, 0, item)
             self.count += 1
         self._out[task.index] = task
         return task
+
+    def has_more(self) -> bool:
+        """Whether there is a run to hand out now (an item of the input is read ahead to
+        know, and handed out next)."""
+        if self._again or self._ahead is not None:
+            return True
+        if self._exhausted:
+            return False
+        try:
+            self._ahead = (next(self._items),)
+        except StopIteration:
+            self._exhausted = True
+            return False
+        return True
 
     def succeeded(self, task: Task, value: Any) -> None:
         """``task`` gave ``value``."""
@@ -134,7 +146,8 @@ class Schedule:
             self.finish_order.append(task.index)
         self._out.clear()
         self._again.clear()
-        for item in self._items:
+        ahead, self._ahead = self._ahead, None
+        for item in [*(ahead or ()), *self._items]:
             self.failures[self.count] = (item, failure, 0)
             self.finish_order.append(self.count)
             self.count += 1

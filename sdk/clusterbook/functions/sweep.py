@@ -104,11 +104,18 @@ def sweep(
     _checked(fn, np, max_running, retries, ordered)
     progress = checked(progress)
     slots = sum(node.slots for node in host.nodes)
+    if max_running is not None and 0 < slots < max_running:
+        raise ConfigError(
+            f"max_running={max_running} is more than the cluster's {slots} slots: the pool runs "
+            f"one item per slot; ask for at most {slots}, or give the cluster more slots."
+        )
     size = max_running if max_running is not None else max(slots, 1)
     function = _pickled_function(fn)
     key = hashlib.sha256(function).hexdigest()[:32]
     total = len(iterable) if hasattr(iterable, "__len__") else None  # type: ignore[arg-type]
     schedule = Schedule(iterable, retries=retries)
+    if not schedule.has_more():  # nothing to run: no pool to start
+        return result_of(schedule, ordered=ordered)
     with bar(progress, "map", total, "item") as shown:
         barren = 0
         while not schedule.finished:

@@ -49,3 +49,19 @@ def test_a_function_that_cannot_be_pickled_is_named() -> None:
 def test_a_function_is_required() -> None:
     with pytest.raises(ConfigError, match="takes a function first, got 3"):
         cb.Cluster(FakeProvider(nodes=1)).map(3, [1])  # type: ignore[arg-type]
+
+
+def test_an_empty_sweep_starts_nothing() -> None:
+    cluster = cb.Cluster(FakeProvider(nodes=1))  # not even started: no pool is needed
+    result = cluster.map(abs, [], progress=False)
+    assert len(result) == 0
+    assert result.ok
+    assert cluster.jobs == []
+
+
+def test_more_at_once_than_slots_is_named() -> None:
+    with cb.Cluster(FakeProvider(nodes=1)) as cluster:
+        slots = sum(n.slots for n in cluster.nodes)
+        with pytest.raises(ConfigError, match=f"max_running={slots + 1} is more than the clu"):
+            cluster.map(abs, [1], max_running=slots + 1)
+        assert cluster.jobs == []

@@ -30,6 +30,17 @@ def test_items_are_taken_lazily_one_per_free_rank() -> None:
     assert taken == [0, 1]  # an endless input: only what ranks hold has been read
 
 
+def test_has_more_reads_one_item_ahead_and_take_hands_it_out_first() -> None:
+    schedule = Schedule(iter("ab"), retries=0)
+    assert schedule.has_more()
+    first = schedule.take()
+    assert first is not None
+    assert (first.index, first.item) == (0, "a")
+    empty = Schedule(iter(()), retries=0)
+    assert not empty.has_more()
+    assert empty.finished
+
+
 def test_a_raising_item_runs_again_up_to_retries_then_fails_the_others_kept() -> None:
     schedule = Schedule(["a", "b"], retries=1)
     a, b = schedule.take(), schedule.take()
