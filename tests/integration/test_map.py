@@ -52,7 +52,8 @@ def test_a_sweep_of_50_items_goes_past_a_failing_one(make_cluster, mpi_python) -
     error = result.failed[13]
     assert error.input.x == 13
     assert "raised ValueError: thirteen is unlucky (13)" in str(error)
-    assert ", in f\n" in error.remote_traceback
+    assert f'{__file__}", line ' in error.remote_traceback  # placed back here, with its line
+    assert 'in f\n    raise ValueError(f"thirteen is unlucky ({p.x})")\n' in error.remote_traceback
     assert error.remote_traceback.endswith("ValueError: thirteen is unlucky (13)\n")
     assert isinstance(error.exception, ValueError)
     with pytest.raises(ItemFailedError):

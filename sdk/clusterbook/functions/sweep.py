@@ -14,12 +14,14 @@ import hashlib
 import pickle
 import threading
 from collections.abc import Callable, Iterable
+from dataclasses import replace
 from typing import Any
 
 from clusterbook.errors import ConfigError, PoolError
 from clusterbook.functions.pool import IDLE_TIMEOUT, Pool, PoolHost, PoolRank
 from clusterbook.functions.results import SweepResult, result_of
 from clusterbook.functions.schedule import Failure, Kind, Schedule, Task
+from clusterbook.functions.tracebacks import placed
 from clusterbook.functions.worker import loads
 from clusterbook.views.progress import Bar, bar, checked
 
@@ -139,6 +141,10 @@ def sweep(
                     )
                 )
         shown.update(schedule.done, total=schedule.count)
+    for index, (item, failure, runs) in schedule.failures.items():
+        if failure.traceback:  # the frames of fn at its place here, with their source lines
+            failure = replace(failure, traceback=placed(failure.traceback, fn))
+            schedule.failures[index] = (item, failure, runs)
     return result_of(schedule, ordered=ordered)
 
 
