@@ -111,7 +111,15 @@ def head_addresses(nodes: Sequence[NodeSpec]) -> list[str]:
     machine, the address on the route to each other node (asked of this machine's routes)."""
     found: list[str] = []
     for node in nodes:
-        addr = "127.0.0.1" if node.here else head_address_towards(socket.gethostbyname(node.host))
+        try:
+            addr = (
+                "127.0.0.1" if node.here else head_address_towards(socket.gethostbyname(node.host))
+            )
+        except OSError as exc:
+            raise PoolError(
+                f"No route from this machine to node {node.name} at {node.host!r} ({exc}): the "
+                "pool's ranks there could not connect back to it."
+            ) from exc
         if addr not in found:
             found.append(addr)
     return found or ["127.0.0.1"]

@@ -17,7 +17,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import replace
 from typing import Any
 
-from clusterbook.errors import ConfigError, PoolError
+from clusterbook.errors import ConfigError
 from clusterbook.functions.pool import IDLE_TIMEOUT, Pool, PoolHost, PoolRank
 from clusterbook.functions.results import SweepResult, result_of
 from clusterbook.functions.schedule import Failure, Kind, Schedule, Task
@@ -156,9 +156,8 @@ def _drive(
     function: bytes,
     shown: Bar,
 ) -> None:
-    """Run the schedule on ``ranks`` until it is finished or every one of them has gone."""
-    if not ranks:
-        raise PoolError("The pool has no ranks (it was stopped as the sweep started).")
+    """Run the schedule on ``ranks`` until it is finished or every one of them has gone (at
+    once when there are none: the pool stopped, idle, just as the sweep took it)."""
     cond = threading.Condition()
     broken = threading.Event()  # a rank has died: the launcher is ending the pool's job
 

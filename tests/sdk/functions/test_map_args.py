@@ -65,3 +65,13 @@ def test_more_at_once_than_slots_is_named() -> None:
         with pytest.raises(ConfigError, match=f"max_running={slots + 1} is more than the clu"):
             cluster.map(abs, [1], max_running=slots + 1)
         assert cluster.jobs == []
+
+
+def test_a_node_this_machine_has_no_route_to_is_named() -> None:
+    from clusterbook.errors import PoolError
+    from clusterbook.functions.pool import head_addresses
+    from clusterbook.spec import NodeSpec
+
+    assert head_addresses([NodeSpec("a", "localhost", 1)]) == ["127.0.0.1"]
+    with pytest.raises(PoolError, match=r"node far at 'no-such-host\.invalid'"):
+        head_addresses([NodeSpec("far", "no-such-host.invalid", 1)])
