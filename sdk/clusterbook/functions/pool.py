@@ -46,7 +46,16 @@ from clusterbook.providers.elastic.far import head_address_towards
 from clusterbook.rendezvous.backends._tls import make_certificate, server_context
 from clusterbook.spec import NodeSpec
 
-__all__ = ["IDLE_TIMEOUT", "START_TIMEOUT", "Pool", "PoolHost", "PoolRank", "head_addresses"]
+__all__ = [
+    "IDLE_TIMEOUT",
+    "KEEPALIVE",
+    "START_TIMEOUT",
+    "Pool",
+    "PoolHost",
+    "PoolRank",
+    "head_addresses",
+    "keep_alive",
+]
 
 #: Seconds a pool stays up without a sweep before it stops (its ranks free their slots).
 IDLE_TIMEOUT = 600.0
@@ -104,6 +113,25 @@ class PoolRank:
             socket.socket.shutdown(self.sock, socket.SHUT_RDWR)
         with contextlib.suppress(OSError):
             self.sock.close()
+
+
+#: How a rank's connection notices that its node went silent (no FIN: a cable pulled, a host
+#: frozen): TCP keep-alive probes after this many seconds idle, this often, this many times.
+#: The rank's kernel answers them however long its item runs.
+KEEPALIVE = (10, 5, 3)
+
+
+def keep_alive(sock: socket.socket, idle: int, interval: int, count: int) -> None:
+    """Have the kernel probe ``sock``'s peer: a read on it fails once the peer has been
+    silent for ``idle + interval * count`` seconds, instead of waiting forever."""
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
+    for name, value in (
+        ("TCP_KEEPIDLE", idle),
+        ("TCP_KEEPINTVL", interval),
+        ("TCP_KEEPCNT", count),
+    ):
+        if hasattr(socket, name):  # Linux; elsewhere the system's defaults
+            sock.setsockopt(socket.IPPROTO_TCP, getattr(socket, name), value)
 
 
 def head_addresses(nodes: Sequence[NodeSpec]) -> list[str]:
@@ -259,6 +287,7 @@ class Pool:
         try:
             conn.settimeout(_HANDSHAKE)
             conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            keep_alive(conn, *KEEPALIVE)
             sock = context.wrap_socket(conn, server_side=True)
             nonce = secrets.token_bytes(NONCE)
             send_frame(sock, nonce)

@@ -75,3 +75,18 @@ def test_a_node_this_machine_has_no_route_to_is_named() -> None:
     assert head_addresses([NodeSpec("a", "localhost", 1)]) == ["127.0.0.1"]
     with pytest.raises(PoolError, match=r"node far at 'no-such-host\.invalid'"):
         head_addresses([NodeSpec("far", "no-such-host.invalid", 1)])
+
+
+def test_a_ranks_connection_is_probed_so_a_silent_node_ends_the_wait() -> None:
+    import socket
+
+    from clusterbook.functions.pool import keep_alive
+
+    with (
+        socket.create_server(("127.0.0.1", 0)) as server,
+        socket.create_connection(server.getsockname()) as sock,
+    ):
+        keep_alive(sock, 7, 2, 4)
+        assert sock.getsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE) == 1
+        names = ("TCP_KEEPIDLE", "TCP_KEEPINTVL", "TCP_KEEPCNT")
+        assert [sock.getsockopt(socket.IPPROTO_TCP, getattr(socket, n)) for n in names] == [7, 2, 4]
