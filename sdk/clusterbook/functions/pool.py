@@ -62,6 +62,7 @@ IDLE_TIMEOUT = 600.0
 #: Seconds a pool's ranks have to connect back once its job has started.
 START_TIMEOUT = 120.0
 _HANDSHAKE = 10.0  # seconds a connection has to prove it is a rank of the pool
+_WATCH = 0.5  # seconds between looks at the pool's job and its idle time
 _HANDSHAKES = 64  # connections at most in their handshake at once: the rest wait to be accepted
 
 
@@ -235,7 +236,7 @@ class Pool:
         except BaseException:
             self.stop()
             raise
-        threading.Thread(target=self._watch_idle, name="clusterbook-pool-idle", daemon=True).start()
+        threading.Thread(target=self._watch, name="clusterbook-pool-watch", daemon=True).start()
 
     def _wait_for_ranks(self) -> None:
         deadline = self._clock() + self.start_timeout
@@ -333,14 +334,19 @@ class Pool:
                 self._ranks.remove(rank)
         rank.close(say_stop=False)
 
-    def _watch_idle(self) -> None:
+    def _watch(self) -> None:
+        """Stop the pool once it has been idle for its time, or once its job has ended (the
+        cluster failed it: a node lost; its ranks' connections may not say so for a while)."""
+        job = self.job
         while True:
             with self._cond:
                 if self._stopped:
                     return
                 if idle_expired(self._last_used, self._clock(), self.idle_timeout, self._busy):
                     break
-                self._cond.wait(min(self.idle_timeout, 5.0))
+                if job is not None and job.done:
+                    break
+                self._cond.wait(min(self.idle_timeout, _WATCH))
         self.stop()
 
     def stop(self) -> None:

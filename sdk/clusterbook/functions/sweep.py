@@ -17,7 +17,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import replace
 from typing import Any
 
-from clusterbook.errors import ConfigError
+from clusterbook.errors import ClusterError, ConfigError
 from clusterbook.functions.pool import IDLE_TIMEOUT, Pool, PoolHost, PoolRank
 from clusterbook.functions.results import SweepResult, result_of
 from clusterbook.functions.schedule import Failure, Kind, Schedule, Task
@@ -119,33 +119,45 @@ def sweep(
     if not schedule.has_more():  # nothing to run: no pool to start
         return result_of(schedule, ordered=ordered)
     with bar(progress, "map", total, "item") as shown:
-        barren = 0
-        while not schedule.finished:
-            pool = pool_for(host, size)
-            before = schedule.done
-            ranks = pool.lease(size)
-            try:
-                _drive(pool, ranks, schedule, key, function, shown)
-            finally:
-                pool.release()
-            if schedule.finished:
-                break
-            pool.stop()  # every rank gone: the next round starts a new pool
-            barren = barren + 1 if schedule.done == before else 0
-            if barren >= RESTARTS:
-                schedule.give_up(
-                    Failure(
-                        "lost",
-                        "PoolError",
-                        f"the pool's ranks died {barren} times in a row with no item done",
-                    )
-                )
+        _rounds(host, size, schedule, key, function, shown)
         shown.update(schedule.done, total=schedule.count)
     for index, (item, failure, runs) in schedule.failures.items():
         if failure.traceback:  # the frames of fn at its place here, with their source lines
             failure = replace(failure, traceback=placed(failure.traceback, fn))
             schedule.failures[index] = (item, failure, runs)
     return result_of(schedule, ordered=ordered)
+
+
+def _rounds(
+    host: PoolHost, size: int, schedule: Schedule, key: str, function: bytes, shown: Bar
+) -> None:
+    """Run ``schedule`` to its end on pools of ``host``: one, unless its ranks die. A pool that
+    cannot start fails the sweep at its first round (nothing has run: the error says why);
+    later (a node lost since, say), it ends the items left with that error, keeping the values
+    of the others."""
+    barren = 0
+    first = True
+    while not schedule.finished:
+        try:
+            pool = pool_for(host, size)
+        except ClusterError as exc:
+            if first:
+                raise
+            schedule.give_up(Failure("lost", type(exc).__name__, f"no new pool: {exc}"))
+            return
+        first = False
+        before = schedule.done
+        try:
+            _drive(pool, pool.lease(size), schedule, key, function, shown)
+        finally:
+            pool.release()
+        if schedule.finished:
+            return
+        pool.stop()  # every rank gone: the next round starts a new pool
+        barren = barren + 1 if schedule.done == before else 0
+        if barren >= RESTARTS:
+            reason = f"the pool's ranks died {barren} times in a row with no item done"
+            schedule.give_up(Failure("lost", "PoolError", reason))
 
 
 def _drive(
