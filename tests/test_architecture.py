@@ -55,6 +55,8 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("clusterbook.providers",),
     ("clusterbook.head",),
     ("clusterbook.cluster.handle",),
+    # Functions as jobs and sweeps: they work on any ClusterHandle.
+    ("clusterbook.functions",),
     ("clusterbook.engines", "clusterbook.export"),
     ("clusterbook.cluster",),
     ("clusterbook.cli",),

@@ -21,6 +21,7 @@ from clusterbook.errors import (
     HostKeyChangedError,
     HostKeyUnknownError,
     HostNotFoundError,
+    ItemFailedError,
     JobError,
     JobFailedError,
     JobTimeoutError,
@@ -28,6 +29,7 @@ from clusterbook.errors import (
     LeaderLostError,
     NodeLostError,
     OversubscriptionWarning,
+    PoolError,
     ProfileError,
     ProgramNotFoundError,
     ReadyTimeoutError,
@@ -38,6 +40,7 @@ from clusterbook.errors import (
     SSHConnectError,
     SSHError,
     SSHTimeoutError,
+    SweepFailedError,
     UnknownClusterError,
     UnknownProfileError,
     UnsafePathError,
@@ -50,6 +53,7 @@ if TYPE_CHECKING:
 
     from clusterbook.cluster.ephemeral import run
     from clusterbook.cluster.facade import Cluster
+    from clusterbook.functions.results import SweepResult
     from clusterbook.gpus import GPUInfo
     from clusterbook.launch.flavour import Launcher, MPIFlavour
     from clusterbook.launch.job import Job
@@ -83,6 +87,7 @@ _LAZY = {
     "RankFailure": "clusterbook.launch.result",
     "run": "clusterbook.cluster.ephemeral",  # cb.run: start a cluster, one job, tear it down
     "serve_worker": "clusterbook.providers.environment.worker",  # a training job's worker host
+    "SweepResult": "clusterbook.functions.results",  # what cluster.map returns
 }
 
 
@@ -105,6 +110,7 @@ __all__ = [
     "HostKeyChangedError",
     "HostKeyUnknownError",
     "HostNotFoundError",
+    "ItemFailedError",
     "Job",
     "JobError",
     "JobFailedError",
@@ -121,6 +127,7 @@ __all__ = [
     "NodeSpec",
     "NodeStatus",
     "OversubscriptionWarning",
+    "PoolError",
     "ProfileError",
     "ProgramNotFoundError",
     "RankFailure",
@@ -132,6 +139,8 @@ __all__ = [
     "SSHConnectError",
     "SSHError",
     "SSHTimeoutError",
+    "SweepFailedError",
+    "SweepResult",
     "UnknownClusterError",
     "UnknownProfileError",
     "UnsafePathError",

@@ -35,7 +35,11 @@ and what to do about it. Errors of third-party libraries are translated at the b
     │   └── BootstrapError                  some nodes could not join; ``problems`` by host
     └── JobError
         ├── JobTimeoutError (also TimeoutError) job.wait(timeout) returned before the job ended
-        └── JobFailedError                  JobResult.check() on a failed job
+        ├── JobFailedError                  JobResult.check() on a failed job
+        ├── ItemFailedError                 an item of cluster.map failed (``index``,
+        │                                   ``input``, ``remote_traceback``, ``rank``, ``host``)
+        ├── SweepFailedError                SweepResult.check(): some items failed (``failed``)
+        └── PoolError                       a sweep's pool of ranks could not start or stay up
 
 Warnings: :class:`CleanupWarning` when ``stop()`` could not clean a node (it says what may be
 left there); :class:`OversubscriptionWarning` when a job puts more ranks on a host than it has
@@ -59,6 +63,7 @@ __all__ = [
     "HostKeyChangedError",
     "HostKeyUnknownError",
     "HostNotFoundError",
+    "ItemFailedError",
     "JobError",
     "JobFailedError",
     "JobTimeoutError",
@@ -66,6 +71,7 @@ __all__ = [
     "LeaderLostError",
     "NodeLostError",
     "OversubscriptionWarning",
+    "PoolError",
     "ProfileError",
     "ProgramNotFoundError",
     "ReadyTimeoutError",
@@ -76,6 +82,7 @@ __all__ = [
     "SSHConnectError",
     "SSHError",
     "SSHTimeoutError",
+    "SweepFailedError",
     "UnknownClusterError",
     "UnknownProfileError",
     "UnsafePathError",
@@ -264,6 +271,50 @@ class JobFailedError(JobError):
     def __init__(self, message: str, *, result: FailedJob) -> None:
         super().__init__(message)
         self.result = result
+
+
+class ItemFailedError(JobError):
+    """An item of ``cluster.map`` gave no value: its function raised (``remote_traceback`` is
+    the traceback on the rank, ``exception`` the exception itself when it could be pickled), its
+    rank died under it, or it or its value cannot be pickled. ``index`` is its place in the
+    input, ``input`` the item, ``attempts`` how many times it ran, ``rank`` and ``host`` where
+    it last ran (None when unknown)."""
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        index: int,
+        input: object,
+        remote_traceback: str = "",
+        exception: BaseException | None = None,
+        attempts: int = 1,
+        rank: int | None = None,
+        host: str | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.index = index
+        self.input = input
+        self.remote_traceback = remote_traceback
+        self.exception = exception
+        self.attempts = attempts
+        self.rank = rank
+        self.host = host
+
+
+class SweepFailedError(JobError):
+    """Raised by ``SweepResult.check()`` when some items failed; ``failed`` maps each failed
+    item's index to its :class:`ItemFailedError` (the values of the others stay in the
+    result)."""
+
+    def __init__(self, message: str, *, failed: dict[int, ItemFailedError]) -> None:
+        super().__init__(message)
+        self.failed = failed
+
+
+class PoolError(JobError):
+    """A sweep's pool of ranks could not start (its job ended, or its ranks did not connect
+    back in time) or kept dying before it ran anything."""
 
 
 class SSHError(ClusterError):

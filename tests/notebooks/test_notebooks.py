@@ -288,12 +288,26 @@ def check_schedulers(run: Any, runner: ModuleType) -> None:
     assert manifest.startswith("apiVersion: kubeflow.org/v2beta1\nkind: MPIJob\n")
 
 
+def check_functions(run: Any, runner: ModuleType) -> None:
+    nb = run.nb
+    chart = runner.stream(runner.code_cell(nb, "def bars("))
+    rows = chart.splitlines()
+    assert len(rows) == 14
+    assert all(re.fullmatch(r" *\d+ \| #+ *\d\.\d{5}", row) for row in rows), chart
+    failed = runner.stream(runner.code_cell(nb, "print(inverses.values("))
+    assert failed.startswith("[0.25, 0.5, None, 1.0, 2.0]\nItem 2 (0) raised ZeroDivisionError")
+    assert "Remote traceback:" in failed
+    checked = runner.stream(runner.code_cell(nb, "try:\n    inverses.check()"))
+    assert checked.startswith("2 of 5 items failed (items 2, 4)") or "items failed" in checked
+
+
 CHECKS: dict[str, Callable[[Any, ModuleType], None]] = {
     "01-local-cluster.ipynb": check_local_cluster,
     "02-magics.ipynb": check_magics,
     "04-ssh-cluster.ipynb": check_ssh_cluster,
     "05-elastic.ipynb": check_elastic,
     "08-schedulers.ipynb": check_schedulers,
+    "09-functions.ipynb": check_functions,
 }
 
 
@@ -307,4 +321,4 @@ def test_the_readme_lists_every_tutorial_once_in_reading_order() -> None:
     listed = re.findall(r"^(\d+)\. `([^`]+\.ipynb)`: \S", section, re.MULTILINE)
     assert [name for _, name in listed] == NAMES
     assert [int(n) for n, _ in listed] == list(range(1, len(NAMES) + 1))
-    assert [name[:2] for name in NAMES] == [f"{i:02d}" for i in range(1, 9)]  # 01 to 08
+    assert [name[:2] for name in NAMES] == [f"{i:02d}" for i in range(1, 10)]  # 01 to 09

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import os
-from collections.abc import Callable, Collection, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -32,6 +32,7 @@ if TYPE_CHECKING:
     from clusterbook.cluster.remote.attached import AttachedCluster
     from clusterbook.engines import EngineArgs
     from clusterbook.export.mpijob import MPIJobArgs
+    from clusterbook.functions.results import SweepResult
     from clusterbook.launch.flavour import Launcher
     from clusterbook.launch.job import Job
     from clusterbook.launch.prepare import JobArgs
@@ -291,6 +292,27 @@ class Cluster(ClusterKinds):
         """Have :meth:`stop_engines` and :meth:`stop` call ``stop()``: for services that run
         beside the cluster's jobs (an engines' controller)."""
         self._local.on_stop(stop)
+
+    def map(
+        self,
+        fn: Callable[[Any], Any],
+        iterable: Iterable[Any],
+        *,
+        np: int = 1,
+        max_running: int | None = None,
+        retries: int = 0,
+        ordered: bool = True,
+        progress: bool | None = None,
+    ) -> SweepResult:
+        """Run ``fn(item)`` for every item, as many at once as ``max_running`` (default: every
+        slot), on a pool of ranks that stays up between sweeps (stopped with the cluster or
+        after 10 idle minutes); ``retries`` runs a failed item again. Returns a
+        :class:`~clusterbook.functions.results.SweepResult`: the values in input order (or as
+        they finished: ``ordered=False``), a failed item's ``ItemFailedError`` in its place."""
+        from clusterbook.functions.sweep import sweep
+
+        return sweep(self, fn, iterable, np=np, max_running=max_running, retries=retries,
+                     ordered=ordered, progress=progress)  # fmt: skip
 
     def stop_engines(self) -> None:
         """Stop every engine and controller :meth:`engines` started (``stop()`` does too)."""
