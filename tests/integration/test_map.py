@@ -31,7 +31,7 @@ def _wait(condition, timeout: float) -> bool:  # type: ignore[no-untyped-def]
 
 
 def test_a_sweep_of_50_items_goes_past_a_failing_one(make_cluster, mpi_python) -> None:  # type: ignore[no-untyped-def]
-    cluster = make_cluster(mpi_python, workers=2, slots=2)
+    cluster = make_cluster(mpi_python, workers=2, slots=1)
     scale = 3
 
     class Point:  # a class of the caller's, as a notebook defines them: sent by value
