@@ -54,6 +54,8 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("clusterbook.providers",),
     ("clusterbook.head",),
     ("clusterbook.cluster.handle",),
+    # Functions as jobs and an executor, on any cluster handle.
+    ("clusterbook.functions",),
     ("clusterbook.engines", "clusterbook.export"),
     ("clusterbook.cluster",),
     ("clusterbook.cli",),

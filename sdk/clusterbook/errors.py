@@ -12,6 +12,7 @@ and what to do about it. Errors of third-party libraries are translated at the b
     │   ├── ProgramNotFoundError            the program (or script) of a job does not exist
     │   ├── EnvironmentNotFoundError        no scheduler or launcher around this process
     │   ├── WorkerHostError                 this host is a worker of the job, not its leader
+    │   ├── SerializationError              a function, argument or value cannot be pickled
     │   └── UnsafePathError                 a path others could have changed: a shared
     │                                       directory, a link, a path out of its place
     ├── ClusterStateError                   the call does not fit the cluster's state
@@ -70,6 +71,7 @@ __all__ = [
     "SSHConnectError",
     "SSHError",
     "SSHTimeoutError",
+    "SerializationError",
     "UnknownClusterError",
     "UnsafePathError",
     "WorkerHostError",
@@ -100,6 +102,11 @@ class EnvironmentNotFoundError(ConfigError):
 class WorkerHostError(ConfigError):
     """``Cluster.from_environment`` on one of the job's workers: the cluster is built on its
     leader (SageMaker's first host, an MPIJob's launcher pod)."""
+
+
+class SerializationError(ConfigError):
+    """``Cluster.submit``: the function or an argument cannot be pickled to send it to the
+    ranks, or a rank's return value cannot be pickled to send it back; the message names it."""
 
 
 class UnsafePathError(ConfigError):

@@ -12,13 +12,14 @@ its value, the list of what each rank returned.
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import threading
 from collections.abc import Callable, Generator
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    import asyncio
+
     from clusterbook.launch.result import JobResult
 
 __all__ = ["JobFuture", "ValueReader"]
@@ -125,6 +126,8 @@ class JobFuture:
 
     def __await__(self) -> Generator[Any, None, Any]:
         """``await job``: the job's :meth:`result`, without blocking the event loop."""
+        import asyncio  # only where a loop runs: a rank's or an agent's process never needs it
+
         loop = asyncio.get_running_loop()
         waiter: asyncio.Future[Any] = loop.create_future()
 

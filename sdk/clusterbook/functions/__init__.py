@@ -1,0 +1,8 @@
+"""Functions as jobs: ``cluster.submit(fn, *args)`` runs a function on every rank and hands
+back what each returned; ``cluster.executor()`` is a ``concurrent.futures.Executor`` on a
+cluster.
+
+``payload`` pickles a call (what cannot be pickled is named), ``rank`` is the program each
+rank runs, ``values`` reads back what the ranks left, ``submit`` runs a call as a job of any
+:class:`~clusterbook.cluster.handle.ClusterHandle`, ``executor`` runs calls as futures.
+"""
