@@ -119,3 +119,12 @@ def test_the_light_reconstructors_rebuild_closures_and_their_cells() -> None:
     light = rank._Unpickler(io.BytesIO(data)).load()
     assert light() == 12
     assert light.__closure__ is not None
+
+
+@pytest.mark.parametrize("size", [0, 32, 64, 65, 200])
+def test_the_ranks_own_hmac_is_the_standard_one(size: int) -> None:
+    import hashlib
+    import hmac
+
+    key, message = os.urandom(size), os.urandom(1000)
+    assert rank._hmac_sha256(key, message) == hmac.new(key, message, hashlib.sha256).digest()
