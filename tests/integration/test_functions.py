@@ -17,6 +17,8 @@ import pytest
 
 import clusterbook as cb
 from clusterbook.functions.values import RemoteTraceback
+from tests.integration.test_elastic import agents as agents_fixture
+from tests.integration.test_elastic import elastic as elastic_fixture
 from tests.slurmbed import slurm as slurm_fixture
 from tests.slurmbed import slurmbed as slurmbed_fixture
 from tests.testbed import Testbed, unshared
@@ -27,6 +29,7 @@ pytestmark = pytest.mark.mpi
 # has no pytest to import this module with.
 cloudpickle.register_pickle_by_value(sys.modules[__name__])
 testbed, slurm, slurmbed = fake_hosts, slurm_fixture, slurmbed_fixture
+elastic, agents = elastic_fixture, agents_fixture
 
 
 def allreduce(offset: int) -> tuple[int, int, int]:
@@ -232,6 +235,11 @@ def test_a_detached_cluster_runs_functions_through_its_supervisor(openmpi_python
         with cluster.executor() as pool:
             assert list(pool.map(abs, [-1, -2])) == [1, 2]
 
+        async def main() -> object:
+            return await cluster.submit(lambda: "awaited", np=1)
+
+        assert asyncio.run(main()) == ["awaited"]  # a job read from its directory awaits too
+
 
 @pytest.mark.root
 @pytest.mark.sshd
@@ -264,3 +272,45 @@ def test_functions_on_a_slurm_cluster(slurm, openmpi_python, tmp_path):
         assert job.result(timeout=180) == [(0, 2, 1), (1, 2, 1)]
         with pytest.raises(cb.JobFailedError, match="raised ValueError"):
             cluster.submit(fails_on_rank_one, "x", np=2).result(timeout=180)
+
+
+def test_functions_on_an_elastic_cluster(elastic, agents):
+    cluster = elastic(2, 2, last_call=0.5)
+    for i in range(2):
+        agents(cluster.join_command, f"n{i}")
+    cluster.wait_ready(timeout=60)
+    job = cluster.submit(allreduce, 0, np=2, timeout=120)
+    assert job.result(timeout=180) == [(0, 2, 1), (1, 2, 1)]
+
+
+# Run inside a Slurm allocation: the cluster is the allocation, its jobs steps through srun.
+IN_ALLOCATION = """\
+import json, socket, sys
+import clusterbook as cb
+
+python, out = sys.argv[1], sys.argv[2]
+report = {}
+try:
+    with cb.Cluster.from_environment(python=python, run_dir=out + ".run") as cluster:
+        report["kind"] = cluster.kind
+        job = cluster.submit(lambda: socket.gethostname(), np=2, timeout=120)
+        report["hosts"] = job.result(timeout=180)
+except Exception as exc:
+    report["error"] = f"{type(exc).__name__}: {exc}"
+with open(out, "w") as f:
+    json.dump(report, f)
+"""
+
+
+@pytest.mark.slurm
+def test_functions_as_steps_of_a_slurm_allocation(slurm, openmpi_python, tmp_path):
+    import json
+
+    head, out = tmp_path / "head.py", tmp_path / "report.json"
+    head.write_text(IN_ALLOCATION)
+    env = {**os.environ, "SLURM_CONF": str(slurm.conf)}
+    argv = ["salloc", "-N2", "-n2", sys.executable, str(head), openmpi_python, str(out)]
+    done = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=200, check=False)
+    assert out.exists(), done.stdout + done.stderr
+    report = json.loads(out.read_text())
+    assert report == {"kind": "srun", "hosts": list(slurm.hosts)}
