@@ -239,6 +239,10 @@ def test_a_detached_cluster_runs_functions_through_its_supervisor(openmpi_python
             return await cluster.submit(lambda: "awaited", np=1)
 
         assert asyncio.run(main()) == ["awaited"]  # a job read from its directory awaits too
+        with cb.Cluster.attach(cluster.id) as handle:  # as another kernel would
+            assert handle.submit(lambda: "there", np=2).result(timeout=120) == ["there"] * 2
+            with handle.executor() as pool:
+                assert pool.submit(abs, -3).result(timeout=120) == 3
 
 
 @pytest.mark.root

@@ -19,8 +19,7 @@ from clusterbook.cluster import display
 from clusterbook.cluster.kinds import ClusterKinds
 from clusterbook.cluster.local_head import LocalHead
 from clusterbook.cluster.options import ClusterOptions, split_spec
-from clusterbook.functions import submit as functions
-from clusterbook.functions.executor import ClusterExecutor
+from clusterbook.functions.methods import FunctionMethods
 from clusterbook.paths import default_run_root
 from clusterbook.providers.base import Provider
 from clusterbook.spec import NodeSpec
@@ -43,7 +42,7 @@ if TYPE_CHECKING:
 __all__ = ["Cluster", "default_run_root"]
 
 
-class Cluster(ClusterKinds):
+class Cluster(ClusterKinds, FunctionMethods):
     """A set of nodes to run MPI jobs on.
 
     Make one with :meth:`local`, :meth:`ssh`, :meth:`elastic`, :meth:`slurm`,
@@ -167,28 +166,6 @@ class Cluster(ClusterKinds):
         cluster's supervisor runs the job: it is read from its directory (a :class:`SavedJob`).
         """
         return self._head.mpirun(argv, np, **job)
-
-    def submit(
-        self, fn: Callable[..., Any], /, *args: Any, np: int | None = None, **job: Unpack[JobArgs]
-    ) -> JobHandle:
-        """Run ``fn(*args)`` on ``np`` ranks (default: all slots) and return the running job:
-        ``job.result()`` is the list of what each rank returned, by rank.
-
-        ``fn`` and ``args`` travel pickled with cloudpickle (lambdas, closures and what a
-        notebook defines work; what cannot be pickled is a :class:`SerializationError` naming
-        it, before any rank starts); mpi4py is there for ``fn`` to use. The other arguments
-        are :meth:`mpirun`'s (``timeout``, ``retries``, ``env``, ...). A rank that raises
-        fails the job: ``result()`` raises :class:`JobFailedError` with the rank's traceback as
-        its cause (:mod:`clusterbook.functions.submit`).
-        """
-        return functions.submit(self, fn, *args, np=np, **job)
-
-    def executor(self, np: int = 1, **job: Any) -> ClusterExecutor:
-        """A ``concurrent.futures.Executor`` on the cluster: each ``submit(fn, *args)`` runs as
-        a job of ``np`` ranks, and its future's value is rank 0's return value; at most
-        ``max_running`` at once (default: as many as the slots hold). ``job``: the options of
-        :meth:`mpirun` for every job (:mod:`clusterbook.functions.executor`)."""
-        return ClusterExecutor(self, np, **job)
 
     def to_mpijob(
         self,

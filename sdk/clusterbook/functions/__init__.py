@@ -4,5 +4,6 @@ cluster.
 
 ``payload`` pickles a call (what cannot be pickled is named), ``rank`` is the program each
 rank runs, ``values`` reads back what the ranks left, ``submit`` runs a call as a job of any
-:class:`~clusterbook.cluster.handle.ClusterHandle`, ``executor`` runs calls as futures.
+:class:`~clusterbook.cluster.handle.ClusterHandle`, ``executor`` runs calls as futures, and
+``methods`` gives both to ``Cluster`` and to an attached handle.
 """
