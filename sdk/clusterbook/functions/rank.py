@@ -170,6 +170,11 @@ def main(argv: list[str]) -> int:
     folder = os.path.join(call_dir, "values")
     os.makedirs(folder, exist_ok=True)
     rank = rank_number()
+    # An earlier attempt's error (a retry running here now) is not this one's.
+    try:  # noqa: SIM105 - contextlib would cost every rank an import
+        os.unlink(os.path.join(folder, f"rank-{rank}.error"))
+    except FileNotFoundError:
+        pass
     sys.argv = argv[1:]
     sys.path[0] = ""  # import from the working directory, as the notebook does
     try:

@@ -128,3 +128,10 @@ def test_the_ranks_own_hmac_is_the_standard_one(size: int) -> None:
 
     key, message = os.urandom(size), os.urandom(1000)
     assert rank._hmac_sha256(key, message) == hmac.new(key, message, hashlib.sha256).digest()
+
+
+def test_an_earlier_attempts_error_goes_when_the_rank_runs_again(tmp_path: Path) -> None:
+    (tmp_path / "call" / "values").mkdir(parents=True)
+    (tmp_path / "call" / "values" / "rank-0.error").write_text("{}")
+    folder = run_rank(tmp_path, lambda: "again")
+    assert sorted(p.name for p in folder.iterdir()) == ["rank-0.value"]
