@@ -58,6 +58,14 @@ def test_a_function_runs_on_every_rank_and_its_values_come_back_by_rank(mpi_pyth
     assert job.logs().empty or "46" not in " ".join(job.logs()["line"])
 
 
+def test_values_are_read_after_the_cluster_stopped(openmpi_python, make_cluster):
+    cluster = make_cluster(openmpi_python)
+    job = cluster.submit(lambda: "kept", np=2)
+    job.wait(timeout=120)
+    cluster.stop()  # its nodes share this machine's files: the values are here
+    assert job.result() == ["kept", "kept"]
+
+
 def test_lambdas_and_closures_travel_by_value(mpi_python, make_cluster):
     cluster = make_cluster(mpi_python)
     scale = 3

@@ -23,7 +23,7 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from clusterbook.errors import ClusterError, ClusterStateError
+from clusterbook.errors import ClusterError, ClusterStateError, JobFailedError
 from clusterbook.functions import payload, rank
 from clusterbook.functions.values import code_files, read_values
 
@@ -98,18 +98,25 @@ class _Reader:
     def __call__(self, outcome: JobResult) -> list[Any]:
         values = self.folder / "values"
         values.mkdir(mode=0o700, exist_ok=True)
+        unreached: ClusterError | None = None
         try:
             self.cluster.gather(values, progress=False)
-        except ClusterError:
-            if outcome.ok:  # values are missing: say why
-                raise
-            # A failed job's nodes may be gone: its own result says what happened.
+        except ClusterError as exc:  # stopped since, say: the nodes sharing its files are read
+            unreached = exc
         kept = self.job_dir / "values"
         with contextlib.suppress(OSError):  # the job's directory elsewhere: read them here
             os.replace(values, kept)
             values = kept
             shutil.rmtree(self.folder, ignore_errors=True)
-        return read_values(values, outcome, self.key, self.files)
+        try:
+            return read_values(values, outcome, self.key, self.files)
+        except JobFailedError as exc:
+            if unreached is None or not outcome.ok:
+                raise
+            raise JobFailedError(
+                f"{exc} Its values could not be gathered from the nodes: {unreached}",
+                result=outcome,
+            ) from unreached
 
 
 def _call_dir(cluster: ClusterHandle) -> Path:
