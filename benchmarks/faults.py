@@ -101,7 +101,7 @@ def cut_once(bed: Testbed, work: Path, how: str) -> dict[str, float]:
         try:
             status = lambda: cluster.status().set_index("node")  # noqa: E731
             lost = wait_for(lambda: status().loc[node2.addr, "state"] == "lost", t0)
-            failed = wait_for(lambda: job.done, t0)
+            failed = wait_for(lambda: job.done(), t0)
             agent = wait_for(lambda: not job_processes(node2), t0)
         finally:
             node2.link_up() if how == "link down" else node2.pass_traffic()

@@ -129,7 +129,7 @@ def clusterbook_once(bed: Testbed, work: Path, run: int, kill: str) -> dict[str,
         try:
             deadline = time.monotonic() + STARTED_TIMEOUT
             while len(starts(job.logs().line, 0)) < 3:
-                if job.done:
+                if job.done():
                     raise RuntimeError(f"the job ended early: {job.wait().summary()}")
                 if time.monotonic() > deadline:
                     raise SideTimeout(f"timed out: 3 ranks not started in {STARTED_TIMEOUT:g} s")
@@ -137,7 +137,7 @@ def clusterbook_once(bed: Testbed, work: Path, run: int, kill: str) -> dict[str,
             killed = kill_node(node3) if kill == "node" else kill_agent(node3)
             deadline = time.monotonic() + RESTART_TIMEOUT["clusterbook"]
             while not (again := starts(job.logs().line, 1)):
-                if job.done:
+                if job.done():
                     ended = job.wait()
                     how = ", ".join(f"attempt {a.number} {a.outcome}" for a in ended.attempts)
                     raise RuntimeError(
@@ -151,7 +151,8 @@ def clusterbook_once(bed: Testbed, work: Path, run: int, kill: str) -> dict[str,
                     )
                 time.sleep(0.05)
         finally:
-            result = job.cancel()
+            job.cancel()
+            result = job.wait()
     first, second = result.attempts[0], result.attempts[1]
     if first.outcome != "node-lost":
         raise RuntimeError(f"attempt 1 ended {first.outcome}: {first.reason}")

@@ -55,7 +55,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("clusterbook.providers",),
     ("clusterbook.head",),
     ("clusterbook.cluster.handle",),
-    # Functions as jobs and sweeps: they work on any ClusterHandle.
+    # Functions as jobs, an executor and sweeps: they work on any ClusterHandle.
     ("clusterbook.functions",),
     ("clusterbook.engines", "clusterbook.export"),
     ("clusterbook.cluster",),

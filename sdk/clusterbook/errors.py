@@ -15,6 +15,7 @@ and what to do about it. Errors of third-party libraries are translated at the b
     │   ├── ProfileError                    a profile (``profile``, its file ``path``) that
     │   │   │                               does not make a cluster
     │   │   └── UnknownProfileError (also LookupError)  no profile by that name; ``known``
+    │   ├── SerializationError              a function, argument or value cannot be pickled
     │   └── UnsafePathError                 a path others could have changed: a shared
     │                                       directory, a link, a path out of its place
     ├── ClusterStateError                   the call does not fit the cluster's state
@@ -82,6 +83,7 @@ __all__ = [
     "SSHConnectError",
     "SSHError",
     "SSHTimeoutError",
+    "SerializationError",
     "SweepFailedError",
     "UnknownClusterError",
     "UnknownProfileError",
@@ -137,6 +139,11 @@ class UnknownProfileError(ProfileError, LookupError):
     ) -> None:
         super().__init__(message, path=path, profile=profile)
         self.known = known
+
+
+class SerializationError(ConfigError):
+    """``Cluster.submit``: the function or an argument cannot be pickled to send it to the
+    ranks, or a rank's return value cannot be pickled to send it back; the message names it."""
 
 
 class UnsafePathError(ConfigError):

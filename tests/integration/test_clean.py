@@ -117,7 +117,7 @@ def test_clean_none_keeps_the_ranks_stopped_until_cleanup(
     assert tagged(job.plan.job_token) == []
     assert [path for path in debris if os.path.exists(path)] == []
     job.cleanup()  # twice is nothing more
-    assert cb.Job.load(job.directory).result == result  # its file says what was kept
+    assert cb.Job.load(job.directory).outcome == result  # its file says what was kept
 
 
 def test_clean_none_keeps_the_others_when_a_program_just_exits(
@@ -201,7 +201,8 @@ def test_a_timeout_or_a_cancel_keeps_nothing(
     for _ in job.stream():
         break
     started = time.monotonic()
-    result = job.cancel()
+    assert job.cancel()
+    result = job.wait()
     assert result.cancelled
     assert result.kept == ()
     assert time.monotonic() - started < 10

@@ -179,7 +179,7 @@ def test_an_attached_handle_runs_and_cancels_jobs_through_the_head(openmpi_pytho
                 "c = cb.Cluster.attach(sys.argv[1])\n"
                 "job = c.mpirun(['python', '-c', 'import time; time.sleep(60)'], np=1)\n"
                 "print(job.id, flush=True)\n"
-                "print(job.cancel().cancelled)\n"
+                "print(job.cancel() and job.outcome.cancelled)\n"
                 "print(c.mpirun(['python', '-c', 'print(7 * 6)'], np=2).wait(60).ok)\n"
             ), cluster.id],
             capture_output=True, text=True, timeout=120,
@@ -188,8 +188,8 @@ def test_an_attached_handle_runs_and_cancels_jobs_through_the_head(openmpi_pytho
         assert other.stdout.split() == ["job-0001", "True", "True"]
         # The jobs are the head's own: it ran them, logged them, and knows how they ended.
         assert [j.id for j in cluster.jobs] == ["job-0001", "job-0002"]
-        assert cluster.jobs[0].result is not None
-        assert cluster.jobs[0].result.cancelled
+        assert cluster.jobs[0].outcome is not None
+        assert cluster.jobs[0].outcome.cancelled
         assert cluster.jobs[1].logs()["line"].tolist() == ["42", "42"]
 
 
@@ -235,7 +235,7 @@ def test_cb_run_interrupted_cancels_the_job_and_stops_the_cluster(openmpi_python
         "    cb.run(['python', '-c', 'import time; print(\"up\", flush=True); time.sleep(60)'],\n"
         "           np=2, cluster=c)\n"
         "except KeyboardInterrupt:\n"
-        "    print('interrupted', c.state, c.jobs[0].result.cancelled, flush=True)\n"
+        "    print('interrupted', c.state, c.jobs[0].outcome.cancelled, flush=True)\n"
     )
     proc = subprocess.Popen(
         [sys.executable, "-c", program, openmpi_python, str(tmp_path / "c")],

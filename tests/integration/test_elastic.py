@@ -394,6 +394,6 @@ def test_without_restart_on_join_a_joining_node_leaves_the_job_alone(elastic, ag
     ranks_started(job, 2)
     agents(cluster.join_command, "late")
     eventually(lambda: len(cluster.nodes) == 3, timeout=30)
-    assert not job.done
+    assert not job.done()
     assert job.attempt == 1
     job.cancel()

@@ -102,6 +102,7 @@ def test_a_killed_job_leaves_no_shared_memory_or_session_directory(
             break
     during = mpi_debris() - before
     assert during, "the job made no shared memory segment to check"
-    result = job.cancel()
+    assert job.cancel()
+    result = job.wait()
     assert result.cancelled
     assert mpi_debris() - before == set()

@@ -131,8 +131,8 @@ def test_stop_file_stops_the_cluster_within_a_second_and_cancels_its_job(openmpi
         # Acted on at the keeper's next tick (0.2 s: see the keeper's unit tests); no
         # wall-clock bound here, the job's SIGTERM grace comes on top and the CI is loaded.
         _wait(lambda: cluster.state == "stopped", 10)
-        assert job.result is not None
-        assert job.result.cancelled
+        assert job.outcome is not None
+        assert job.outcome.cancelled
         record = cb.Cluster.attach(str(tmp_path / "c")).record
         assert record.stop_reason == "its stop file appeared"
         assert not (tmp_path / "c" / "stop").exists()
@@ -169,8 +169,8 @@ def test_idle_timeout_waits_for_the_running_job(openmpi_python, tmp_path):
         ended = time.monotonic()
         _wait(lambda: cluster.state == "stopped", 10)
         assert time.monotonic() - ended >= 0.8
-        assert job.result is not None
-        assert job.result.ok
+        assert job.outcome is not None
+        assert job.outcome.ok
         assert cb.Cluster.attach(cluster.id).record.stop_reason == "idle for 1s (idle_timeout)"
     finally:
         cluster.stop()
@@ -271,8 +271,8 @@ def test_a_finished_job_is_loaded_from_its_files(mpi_python, tmp_path):
         job = cluster.mpirun(["python", "-c", program], np=2)
         result = job.wait(60)
     loaded = cb.Job.load(job.directory)
-    assert loaded.done
-    assert loaded.result == result
+    assert loaded.done()
+    assert loaded.outcome == result
     assert (loaded.id, loaded.np, loaded.argv) == (job.id, 2, job.argv)
     frame = loaded.logs()
     assert {(r, line) for r, line in zip(frame["rank"], frame["line"], strict=True) if r >= 0} >= {

@@ -136,7 +136,8 @@ def test_cancel_stops_every_process(mpi_python, make_cluster, program, tmp_path)
     job = cluster.mpirun(["python", script], np=2)
     first = next(iter(job.stream()))
     assert first.line == "started"
-    result = job.cancel()
+    assert job.cancel()
+    result = job.wait()
     assert result.cancelled
     assert not result.ok
     assert result.failed == ()  # ranks we stopped did not fail on their own
@@ -158,7 +159,7 @@ def test_stream_yields_records_while_the_job_runs(mpi_python, make_cluster, prog
     for record in job.stream():
         seen.append(record.line)
         if record.line == "waiting":
-            assert not job.done  # live: the job cannot end before the gate opens
+            assert not job.done()  # live: the job cannot end before the gate opens
             gate.touch()
     assert seen == ["waiting", "through"]
     assert job.wait().ok
@@ -234,7 +235,7 @@ def test_stop_leaves_no_process(mpi_python, tmp_path, program):
     from tests.conftest import processes_mentioning
 
     assert processes_mentioning(script) == []
-    assert all(job.result is not None and job.result.cancelled for job in jobs)
+    assert all(job.outcome is not None and job.outcome.cancelled for job in jobs)
     assert cluster.status().state.tolist() == ["left"]
     cluster.stop()  # idempotent
 

@@ -118,7 +118,7 @@ def test_the_pool_stops_with_the_cluster(make_cluster, openmpi_python) -> None: 
     cluster.stop()
     assert pool.stopped
     assert _wait(lambda: not any(psutil.pid_exists(p) for p in pids), 10)
-    assert cluster.jobs[0].done
+    assert cluster.jobs[0].done()
 
 
 def test_an_idle_pool_stops_and_a_later_sweep_starts_another(make_cluster, openmpi_python) -> None:  # type: ignore[no-untyped-def]

@@ -67,9 +67,9 @@ def test_a_job_that_fails_once_succeeds_on_its_retry_and_keeps_both_logs(
     assert (job.directory / "attempt-2" / "result.json").exists()
 
     saved = cb.Job.load(job.directory)  # the same, read from the directory
-    assert saved.result is not None
-    assert saved.result.attempt == 2
-    assert saved.result.attempts == result.attempts
+    assert saved.outcome is not None
+    assert saved.outcome.attempt == 2
+    assert saved.outcome.attempts == result.attempts
     saved_out = saved.logs().query("stream == 'stdout'")
     assert sorted(zip(saved_out.attempt, saved_out.line, strict=True)) == sorted(
         zip(out.attempt, out.line, strict=True)
@@ -111,7 +111,7 @@ def test_a_timeout_is_retried_only_when_asked(mpi_python, make_cluster, program)
     cluster = make_cluster(mpi_python, workers=1, slots=1)
     job = cluster.mpirun(["python", hangs], np=1, timeout=2, retries=1, backoff=0)
     assert job.wait(timeout=120).timed_out
-    assert [a.outcome for a in job.result.attempts] == ["timeout"]
+    assert [a.outcome for a in job.outcome.attempts] == ["timeout"]
 
     job = cluster.mpirun(
         ["python", hangs], np=1, timeout=2, retries=1, backoff=0, retry_on=["timeout"]
@@ -154,15 +154,16 @@ def test_cancel_during_the_delay_before_a_retry_ends_the_series(mpi_python, make
         ["python", program("fails.py", ALWAYS_FAILS)], np=2, retries=5, backoff=600
     )
     pause = threading.Event()
-    while job.retrying_in is None and not job.done:  # until the first attempt has failed
+    while job.retrying_in is None and not job.done():  # until the first attempt has failed
         pause.wait(0.05)
     assert job.retrying_in is not None
     assert job.retrying_in > 500
-    result = job.cancel()  # returns without waiting out the delay
+    assert job.cancel()  # returns without waiting out the delay
+    result = job.wait()
     assert result.cancelled
     assert not result.ok
     assert [a.number for a in result.attempts] == [1]
-    assert job.done
+    assert job.done()
     assert not (job.directory / "attempt-2").exists()
 
 

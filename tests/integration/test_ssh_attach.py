@@ -143,7 +143,7 @@ def test_a_cluster_on_another_machine_is_attached_over_ssh(bed, remote) -> None:
         lines = sorted(f"line {i} of rank {r} on node1" for i in range(3) for r in range(2))
         assert sorted(logs["line"]) == lines
         assert sorted(r.line for r in cluster.job().stream()) == lines
-        assert cluster.jobs[0].result is not None
+        assert cluster.jobs[0].outcome is not None
         runs = cluster.run_on_nodes(["hostname"])
         assert runs["stdout"].str.strip().tolist() == ["node1"]
         only = cluster.nodes[0].name

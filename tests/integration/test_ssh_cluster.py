@@ -143,8 +143,8 @@ def test_stop_kills_running_ranks_on_every_host(testbed, mpi_python, tmp_path):
             if len(seen) == len(testbed.hosts):
                 break
         assert seen == {h.name for h in testbed.hosts}
-    assert job.result is not None
-    assert job.result.cancelled
+    assert job.outcome is not None
+    assert job.outcome.cancelled
     assert stray_processes(testbed) == {}
 
 

@@ -407,5 +407,6 @@ def test_a_killed_job_leaves_no_mpi_debris_on_the_nodes(
         job = cluster.mpirun(["python", str(program)], np=4, timeout=120)
         started(job, 4)
         assert {p for p in mpi_debris() - before if "prted." in p}, "no daemon session to check"
-        assert job.cancel().cancelled
+        assert job.cancel()
+        assert job.cancelled()
         assert wait_for(lambda: not mpi_debris() - before, 5), mpi_debris() - before

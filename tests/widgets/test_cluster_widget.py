@@ -19,12 +19,16 @@ from tests.widgets.fakes import ManualScheduler
 class FakeJob:
     def __init__(self, job_id: str, done: bool = False) -> None:
         self.id = job_id
-        self.done = done
+        self.ended = done
         self.cancels = 0
 
-    def cancel(self) -> None:
+    def done(self) -> bool:
+        return self.ended
+
+    def cancel(self) -> bool:
         self.cancels += 1
-        self.done = True
+        self.ended = True
+        return True
 
 
 class FakeCluster:

@@ -103,9 +103,9 @@ def test_an_interrupt_as_the_job_starts_cancels_it_too(
     with capture_output() as out, pytest.raises(KeyboardInterrupt):
         ip.run_cell_magic("mpirun", "-n 2", cell)
     (job,) = cluster.jobs
-    assert job.done
-    assert job.result is not None
-    assert job.result.cancelled
+    assert job.done()
+    assert job.outcome is not None
+    assert job.outcome.cancelled
     assert "interrupted; job-0001 was cancelled" in out.stderr
     assert processes_mentioning(str(cluster.run_dir / "cells")) == []
 
@@ -120,9 +120,9 @@ def test_mpirun_retries_a_failed_cell_and_says_so(ip, cluster: cb.Cluster) -> No
     assert "[0] try 2 rank 0\n" in out.stdout
     assert "[1] try 2 rank 1\n" in out.stdout
     (job,) = cluster.jobs
-    assert job.result is not None
-    assert job.result.ok
-    assert [a.outcome for a in job.result.attempts] == ["failure", "ok"]
+    assert job.outcome is not None
+    assert job.outcome.ok
+    assert [a.outcome for a in job.outcome.attempts] == ["failure", "ok"]
     with pytest.raises(cb.ConfigError, match=r"The deadline \(1 s\) is shorter than one attempt"):
         ip.run_cell_magic("mpirun", "-n 1 --deadline 1 --timeout 5", "print(1)")
 
@@ -135,9 +135,9 @@ def test_mpirun_clean_none_keeps_a_failed_cells_ranks_until_the_cluster_stops(  
     with capture_output(), pytest.raises(cb.JobFailedError) as raised:
         ip.run_cell_magic("mpirun", "-n 2 --clean none", cell)
     (job,) = cluster.jobs
-    assert job.result is not None
-    assert raised.value.result == job.result
-    kept = {k.rank: k.pid for k in job.result.kept if k.rank is not None}
+    assert job.outcome is not None
+    assert raised.value.result == job.outcome
+    kept = {k.rank: k.pid for k in job.outcome.kept if k.rank is not None}
     assert set(kept) == {0, 1}
     said = str(raised.value)
     assert f"Kept stopped for inspection (--clean none): rank 0 pid {kept[0]}, rank 1 pid" in said
@@ -165,8 +165,8 @@ def test_mpirun_streams_every_rank_with_its_prefix(ip, cluster: cb.Cluster) -> N
     assert "[1] note 1\n" in out.stderr
     assert "note" not in out.stdout
     (job,) = cluster.jobs
-    assert job.result is not None
-    assert job.result.ok
+    assert job.outcome is not None
+    assert job.outcome.ok
     assert job.np == 2
     script = (cluster.run_dir / "cells" / "cell-0001" / "cell.py").read_text()
     assert repr("print('hello from', r)\n") in script  # the cell, in the cluster's run dir
@@ -281,8 +281,8 @@ def test_no_raise_prints_a_failed_cells_error_and_returns(ip, cluster: cb.Cluste
     assert "--pull y: not set, the job did not succeed." in err
     assert "y" not in ip.user_ns
     (job,) = cluster.jobs
-    assert job.result is not None
-    assert not job.result.ok
+    assert job.outcome is not None
+    assert not job.outcome.ok
 
 
 def test_timeout_shows_each_ranks_stack_and_stops(ip, cluster: cb.Cluster) -> None:  # type: ignore[no-untyped-def]
@@ -300,8 +300,8 @@ def test_timeout_shows_each_ranks_stack_and_stops(ip, cluster: cb.Cluster) -> No
         "Where each rank was is in its stack above (most recent call first)."
     )
     (job,) = cluster.jobs
-    assert job.result is not None
-    assert job.result.timed_out
+    assert job.outcome is not None
+    assert job.outcome.timed_out
     assert processes_mentioning(str(cluster.run_dir / "cells")) == []
 
 
@@ -322,9 +322,9 @@ def test_interrupt_cancels_the_job_and_propagates(ip, cluster: cb.Cluster, tmp_p
     assert time.monotonic() - t0 < 20
     assert started.exists()
     (job,) = cluster.jobs
-    assert job.done
-    assert job.result is not None
-    assert job.result.cancelled
+    assert job.done()
+    assert job.outcome is not None
+    assert job.outcome.cancelled
     assert "interrupted; job-0001 was cancelled" in out.stderr
     assert processes_mentioning(str(cluster.run_dir / "cells")) == []
 

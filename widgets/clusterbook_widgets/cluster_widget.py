@@ -37,7 +37,6 @@ class _Job(Protocol):
     @property
     def id(self) -> str: ...
 
-    @property
     def done(self) -> bool: ...
 
     def cancel(self) -> Any: ...
@@ -128,7 +127,7 @@ class ClusterWidget(widgets.VBox):
         """Cancel the newest running job (waits until it has ended); return its id, or None
         when no job is running."""
         for job in reversed(self._cluster.jobs):
-            if not job.done:
+            if not job.done():
                 self._say(f"Stopping {job.id}…")
                 job.cancel()
                 self._say(f"Stopped {job.id}.")

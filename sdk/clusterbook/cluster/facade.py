@@ -19,6 +19,7 @@ from clusterbook.cluster import display
 from clusterbook.cluster.kinds import ClusterKinds
 from clusterbook.cluster.local_head import LocalHead
 from clusterbook.cluster.options import ClusterOptions, split_spec
+from clusterbook.functions.methods import FunctionMethods
 from clusterbook.paths import default_run_root
 from clusterbook.providers.base import Provider
 from clusterbook.spec import NodeSpec
@@ -42,7 +43,7 @@ if TYPE_CHECKING:
 __all__ = ["Cluster", "default_run_root"]
 
 
-class Cluster(ClusterKinds):
+class Cluster(ClusterKinds, FunctionMethods):
     """A set of nodes to run MPI jobs on.
 
     Make one with :meth:`local`, :meth:`ssh`, :meth:`elastic`, :meth:`slurm`,

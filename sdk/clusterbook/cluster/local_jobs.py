@@ -130,6 +130,6 @@ class LocalJobs:
     def stop_all(self) -> None:
         """Cancel the jobs that run, and end what a failed one kept (``clean="none"``)."""
         for job in self.all():
-            if not job.done:
+            if not job.done():
                 job.cancel()
             job.cleanup()

@@ -112,7 +112,7 @@ class EngineSet:
             return
         self._stopped = True
         try:  # whatever happens here, cluster.stop() goes on with the rest
-            if self.job is not None and not self.job.done:
+            if self.job is not None and not self.job.done():
                 self.job.cancel()
             self._release(grace)
         except Exception:
@@ -134,7 +134,7 @@ class EngineSet:
     def check_alive(self) -> None:
         """Raise if the engines job or the controller ended before the engines were ready."""
         job, controller = self.job, self._controller
-        if job is not None and job.done:
+        if job is not None and job.done():
             result = job.wait()
             raise JobFailedError(
                 f"The ipyparallel engines ({job.id}) ended before they were all ready.\n"

@@ -244,8 +244,8 @@ class Pool:
         assert job is not None
         with self._cond:
             while len(self._ranks) < self.size:
-                if job.done:
-                    result = job.result
+                if job.done():
+                    result = job.outcome
                     said = result.summary() if result is not None else "it ended"
                     raise PoolError(
                         f"The pool's job {job.id} ended before its {self.size} ranks connected "
@@ -344,7 +344,7 @@ class Pool:
                     return
                 if idle_expired(self._last_used, self._clock(), self.idle_timeout, self._busy):
                     break
-                if job is not None and job.done:
+                if job is not None and job.done():
                     break
                 self._cond.wait(min(self.idle_timeout, _WATCH))
         self.stop()
@@ -363,7 +363,7 @@ class Pool:
         for rank in ranks:
             rank.close(say_stop=True)
         job = self.job
-        if job is not None and not job.done:
+        if job is not None and not job.done():
             try:
                 job.wait(timeout=5.0)
             except JobTimeoutError:

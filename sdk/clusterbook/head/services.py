@@ -170,12 +170,12 @@ def write_record_of(
 
 def _counts(jobs: Sequence[Job]) -> tuple[int, int]:
     """How many ``jobs`` run, and how many have ended."""
-    running = sum(not j.done for j in jobs)
+    running = sum(not j.done() for j in jobs)
     return running, len(jobs) - running
 
 
 def _entry(job: Job) -> JobEntry:
-    result, status = job.result, job_status(job)
+    result, status = job.outcome, job_status(job)
     return JobEntry(
         id=job.id,
         state=status.state,

@@ -19,6 +19,7 @@ from clusterbook.errors import ClusterError, JobTimeoutError
 from clusterbook.launch.attempt import Attempt
 from clusterbook.launch.command import LaunchPlan
 from clusterbook.launch.ending import final_result
+from clusterbook.launch.future import JobFuture
 from clusterbook.launch.jobdir import attempt_dir, write_result
 from clusterbook.launch.logs import LogRecord, records_frame
 from clusterbook.launch.recovery import (
@@ -47,13 +48,14 @@ _log = logging.getLogger("clusterbook.job")
 StartAttempt = Callable[[int, Path, int, bool], Attempt]
 
 
-class Job:
+class Job(JobFuture):
     """An MPI job started by ``cluster.mpirun``.
 
     Output of every rank is parsed into records as it arrives, appended to ``rank-N.log`` in
     the attempt's directory, kept in a bounded buffer (:meth:`logs`) and streamed
     (:meth:`stream`). A job with ``retries`` runs again after a failure (see
-    :class:`~clusterbook.launch.recovery.Recovery`); ``cancel()`` ends the whole series.
+    :class:`~clusterbook.launch.recovery.Recovery`); ``cancel()`` ends the whole series. A
+    future (:class:`~clusterbook.launch.future.JobFuture`): ``result()``, ``await job``, ...
     """
 
     def __init__(
@@ -68,6 +70,7 @@ class Job:
         on_done: Callable[[JobResult], None] | None = None,
         on_attempt: Callable[[int], None] | None = None,
     ) -> None:
+        self._init_future()
         self.id = job_id
         self.directory = directory
         self.argv = list(argv)
@@ -157,17 +160,13 @@ class Job:
         return self._current.pid
 
     @property
-    def done(self) -> bool:
-        return self._done.is_set()
-
-    @property
     def ranks_ended(self) -> int:
         """How many ranks of the current attempt have reported their exit so far."""
         return len(self._current.store.exit_codes)
 
     @property
-    def result(self) -> JobResult | None:
-        """The result once the job has ended (every attempt), else None."""
+    def outcome(self) -> JobResult | None:
+        """The :class:`JobResult` once the job has ended (every attempt), else None."""
         return self._result
 
     @property
@@ -196,10 +195,15 @@ class Job:
         assert self._result is not None
         return self._result
 
-    def cancel(self) -> JobResult:
-        """Stop every process of the job (SIGTERM, then SIGKILL after a grace period); no
-        retry follows, and a delay before one ends at once. What it kept stopped
-        (``clean="none"``) is ended too."""
+    def cancel(self) -> bool:
+        """As :meth:`JobFuture.cancel`; what the job kept (``clean="none"``) is ended too."""
+        if super().cancel():
+            return True
+        self.cleanup()
+        return False
+
+    def _request_cancel(self) -> None:
+        """Stop every process (SIGTERM, then SIGKILL after a grace); no retry follows."""
         with self._cond:
             self._cancelled = True
             current = self._attempts[-1]
@@ -207,8 +211,6 @@ class Job:
         current.stop("cancel")
         self._done.wait()
         self.cleanup()
-        assert self._result is not None
-        return self._result
 
     def restart_if_grown(self, joined: list[str]) -> bool:
         """With ``restart_on_join`` and a restart left: stop the current attempt because the
@@ -263,7 +265,7 @@ class Job:
             yield from attempt.store.stream(from_start=fresh)
             fresh = True
             with self._cond:
-                while len(self._attempts) <= index + 1 and not self.done:
+                while len(self._attempts) <= index + 1 and not self.done():
                     self._cond.wait()
                 if len(self._attempts) <= index + 1:
                     return
@@ -280,9 +282,8 @@ class Job:
         return page + (render_timeline(result.rank_times, result.rank_exit_codes) if result else "")
 
     def __repr__(self) -> str:
-        state = (
-            "running" if not self.done else ("ok" if self._result and self._result.ok else "failed")
-        )
+        result = self._result
+        state = "running" if result is None else ("ok" if result.ok else "failed")
         tried = f" attempt={self.attempt}" if self.attempt > 1 else ""
         return f"<Job {self.id} np={self.np} {state}{tried} argv={self.argv!r}>"
 

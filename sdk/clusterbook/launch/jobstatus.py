@@ -24,10 +24,9 @@ class RunningJob(Protocol):
     def np(self) -> int: ...
     @property
     def argv(self) -> list[str]: ...
-    @property
     def done(self) -> bool: ...
     @property
-    def result(self) -> JobResult | None: ...
+    def outcome(self) -> JobResult | None: ...
     @property
     def plan(self) -> LaunchPlan: ...
     @property
@@ -42,7 +41,7 @@ class RunningJob(Protocol):
 
 def job_status(job: RunningJob) -> JobStatus:
     """A job's snapshot."""
-    r = job.result
+    r = job.outcome
     if r is None:
         state = "running"
     elif r.ok:
@@ -75,7 +74,7 @@ def with_running_jobs(
     lost or gone stays so, whatever ran there)."""
     busy: dict[str, tuple[RunningJob, list[int]]] = {}
     for job in jobs:
-        if job.done:
+        if job.done():
             continue
         where = job.plan.nodes  # the nodes the job's current attempt was launched on
         for rank, i in enumerate(placement(where, job.np)):

@@ -147,7 +147,7 @@ def fail_on_lost_nodes(jobs: Sequence[Job], unreachable: Unreachable) -> None:
     """A running job with ranks on a node that was lost cannot finish: fail it, naming the
     node (its agent stops what runs there once it has lost the head for its lease)."""
     for job in jobs:
-        if job.done or job.error is not None:
+        if job.done() or job.error is not None:
             continue
         if (error := lost_node(job.plan.nodes, unreachable)) is not None:
             job.fail(error)
@@ -157,7 +157,7 @@ def restart_grown_jobs(jobs: Sequence[Job], nodes: Callable[[], tuple[NodeSpec, 
     """A running job with ``restart_on_join`` whose nodes are fewer than the cluster's round
     now (``nodes()``: nodes joined, none of its own lost) is restarted on the larger round.
     The round is read only when some job asked for that (this runs at every change)."""
-    asking = [j for j in jobs if not j.done and j.recovery.restart_on_join]
+    asking = [j for j in jobs if not j.done() and j.recovery.restart_on_join]
     if not asking:
         return
     now = [n.name for n in nodes()]

@@ -3,10 +3,10 @@
 A job's directory holds ``job.json`` (what it runs, written at its start), ``rank-N.log`` and
 ``launcher.log`` (every line as it arrived, see :mod:`clusterbook.launch.logs`), the same in
 ``attempt-2/``, ... for each retry, and, once it ended, ``result.json``. :class:`SavedJob`
-reads them: ``logs()``, ``result``, ``wait()`` and a live ``stream()`` that follows the files
-while the job runs. ``cb.Job.load(directory)`` makes one. The files are read through a
-:class:`~clusterbook.launch.files.Files`: this machine's, or (for a cluster attached over
-ssh) those of the machine its head runs on.
+reads them: ``logs()``, ``outcome``, ``wait()`` (a future, as ``Job``) and a live
+``stream()`` that follows the files while the job runs. ``cb.Job.load(directory)`` makes
+one. The files are read through a :class:`~clusterbook.launch.files.Files`: this machine's,
+or (for a cluster attached over ssh) those of the machine its head runs on.
 """
 
 from __future__ import annotations
@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any
 
 from clusterbook.errors import JobTimeoutError, RecordError
 from clusterbook.launch.files import LOCAL, Files
+from clusterbook.launch.future import JobFuture
 from clusterbook.launch.logs import LAUNCHER_RANK, LogRecord, parse_log_line, records_frame
 from clusterbook.launch.result import JobResult
 from clusterbook.spec import validate_timeout
@@ -33,7 +34,7 @@ __all__ = ["SavedJob"]
 _POLL = 0.1
 
 
-class SavedJob:
+class SavedJob(JobFuture):
     """A job read from its directory (see the module's docstring).
 
     ``cancel`` is what the cluster that runs it gives (an attached cluster's handle passes
@@ -48,6 +49,7 @@ class SavedJob:
         cancel: Callable[[str], object] | None = None,
         files: Files = LOCAL,
     ) -> None:
+        self._init_future()
         self.directory = Path(directory)
         self._fs = files
         info = _read_json(files, self.directory / "job.json", "a job's directory")
@@ -75,8 +77,9 @@ class SavedJob:
     # -- state ---------------------------------------------------------------------------
 
     @property
-    def result(self) -> JobResult | None:
-        """The result once the job has ended (its ``result.json`` is there), else None."""
+    def outcome(self) -> JobResult | None:
+        """The :class:`JobResult` once the job has ended (its ``result.json`` is there), else
+        None."""
         if self._result is None:
             data = _read_json(self._fs, self.directory / "result.json", "a job's result")
             if data is None:
@@ -87,20 +90,16 @@ class SavedJob:
         return self._result
 
     @property
-    def done(self) -> bool:
-        return self.result is not None
-
-    @property
     def ranks_ended(self) -> int:
         """How many ranks have ended (all once the job has; its files say no more before)."""
-        result = self.result
+        result = self.outcome
         return 0 if result is None else sum(c is not None for c in result.rank_exit_codes.values())
 
     def wait(self, timeout: float | None = None) -> JobResult:
         """Wait for the job's result (``timeout``: for this wait only, as ``Job.wait``)."""
         limit = validate_timeout(timeout)
         deadline = None if limit is None else time.monotonic() + limit
-        while (result := self.result) is None:
+        while (result := self.outcome) is None:
             if deadline is not None and time.monotonic() >= deadline:
                 raise JobTimeoutError(
                     f"Job {self.id} is still running after waiting {limit:g} s; wait longer, "
@@ -110,9 +109,10 @@ class SavedJob:
             time.sleep(_POLL)
         return result
 
-    def cancel(self) -> JobResult:
-        """Stop the job through the cluster that runs it, and wait for its end."""
-        if self.result is None:
+    def _request_cancel(self) -> None:
+        """``cancel()``: stop the job through the cluster that runs it, and wait for its
+        end."""
+        if self.outcome is None:
             if self._cancel is None:
                 from clusterbook.errors import ClusterStateError
 
@@ -121,7 +121,7 @@ class SavedJob:
                     "cluster: cb.Cluster.attach(ID).jobs[...].cancel(), or clusterbook stop ID."
                 )
             self._cancel(self.id)
-        return self.wait()
+        self.wait()
 
     # -- output --------------------------------------------------------------------------
 
@@ -132,7 +132,7 @@ class SavedJob:
 
     def records(self, rank: int | None = None) -> list[LogRecord]:
         """What :meth:`logs` holds, as :class:`LogRecord` values."""
-        self.result  # noqa: B018 - reads the hosts the result knows
+        self.outcome  # noqa: B018 - reads the hosts the result knows
         files = [f for f in self._files() if rank is None or f[0] == rank]
         per_file = self._read_new(files, {})
         return list(heapq.merge(*per_file, key=lambda rec: (rec.attempt, rec.time)))
@@ -144,7 +144,7 @@ class SavedJob:
         if not from_start:
             offsets = {path: self._fs.size(path) or 0 for _, path, _ in self._files()}
         while True:
-            ended = self.result is not None  # before reading: nothing written after is missed
+            ended = self.outcome is not None  # before reading: nothing written after is missed
             batch = [rec for recs in self._read_new(self._files(), offsets) for rec in recs]
             batch.sort(key=lambda rec: (rec.attempt, rec.time))
             yield from batch
@@ -192,7 +192,7 @@ class SavedJob:
         return found
 
     def __repr__(self) -> str:
-        result = self.result
+        result = self.outcome
         state = "running" if result is None else ("ok" if result.ok else "failed")
         where = f"{self._fs.where}:" if self._fs.where else ""
         return (

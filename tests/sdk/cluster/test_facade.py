@@ -146,7 +146,7 @@ def test_a_running_job_fails_naming_the_node_that_was_lost(make) -> None:
     fake = FakeProvider(nodes=2)
     cluster = make(fake).start()
     job = cluster.mpirun(["true"], np=2, env={"FAKE_MPIRUN_SLEEP": "60"})
-    assert not job.done
+    assert not job.done()
     fake.lose("fake-1")
     result = job.wait(timeout=30)
     assert isinstance(job.error, cb.NodeLostError)

@@ -62,7 +62,7 @@ def test_a_change_tells_only_and_the_providers_callback_runs_the_jobs_policy(mak
     head.changed(record=True)  # what a job's start or end, or a served request, calls
     assert fake.asked == asked  # the news asks the provider nothing of its nodes
     assert seen
-    assert not job.done
+    assert not job.done()
     fake.lose("fake-1")  # the provider's callback: head.nodes_changed
     assert isinstance(job.wait(timeout=30), cb.JobResult)
     assert isinstance(job.error, cb.NodeLostError)

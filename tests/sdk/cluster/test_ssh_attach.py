@@ -206,7 +206,7 @@ def test_a_job_read_through_the_service_is_the_job_read_here(run_dir) -> None:
     there = SavedJob(run_dir / "job-0001", files=RemoteFiles(Loopback(run_dir)))
     assert there.records() == here.records()
     assert [r.line for r in there.records()] == ["zero 0", "zero 1", "zero 2", "one", "again"]
-    assert there.result is None
+    assert there.outcome is None
     assert "(from me@login1:" in repr(there)
     with pytest.raises(cb.RecordError, match=r"me@login1:.*job-0002 is not a job's directory"):
         SavedJob(run_dir / "job-0002", files=RemoteFiles(Loopback(run_dir)))

@@ -193,8 +193,8 @@ def test_px_allreduce_on_mpi_engines_and_nothing_leaks(make_cluster, openmpi_pyt
     cluster.stop()
     assert _wait_none(cluster) == []
     assert list(security.glob("*.json")) == []  # the key does not outlive the controller
-    assert job.result is not None
-    assert job.result.cancelled
+    assert job.outcome is not None
+    assert job.outcome.cancelled
 
 
 def _process(pid: int):
@@ -305,7 +305,7 @@ def test_engines_not_ready_in_time_are_stopped(make_cluster, openmpi_python) -> 
     with pytest.raises(cb.ReadyTimeoutError, match=r"not ready after 0\.2 s"):
         cluster.engines(2, timeout=0.2)
     assert _wait_none(cluster) == []
-    assert cluster.jobs[0].done
+    assert cluster.jobs[0].done()
     with pytest.raises(cb.ConfigError, match="3"):  # more engines than slots
         cluster.engines(3)
     assert _wait_none(cluster) == []  # the controller started for them is gone too

@@ -101,3 +101,16 @@ def test_without_abort_nothing_is_marked() -> None:
     out = _rank("raise ValueError('boom')", hook="stacks")
     assert MARK not in out.stderr
     assert out.returncode == 1
+
+
+def test_the_hook_stays_light_and_still_runs_another_sitecustomize(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    # Every rank pays for what the hook imports: importlib.util (with contextlib and
+    # functools) only when there is another sitecustomize to run.
+    light = _rank("import sys; print('importlib.util' in sys.modules)")
+    assert light.stdout.split() == ["False"], light.stderr
+    (tmp_path / "sitecustomize.py").write_text("print('the other one ran')\n")
+    env = {**os.environ, "PYTHONPATH": f"{HOOK_DIR}:{tmp_path}", "CLUSTERBOOK_RANK_HOOK": "1"}
+    chained = subprocess.run(
+        [sys.executable, "-c", "pass"], env=env, capture_output=True, text=True, timeout=60
+    )
+    assert chained.stdout == "the other one ran\n", chained.stderr

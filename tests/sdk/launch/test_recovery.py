@@ -275,7 +275,8 @@ def test_cancel_in_the_delay_before_a_retry(tmp_path: Path) -> None:
     while job.retrying_in is None:
         pause.wait(0.01)
     assert 3500 < job.retrying_in <= 3600
-    result = job.cancel()
+    assert job.cancel()
+    result = job.wait()
     assert result.cancelled
     assert len(made) == 1  # the retry never started
     assert job.retrying_in is None

@@ -32,6 +32,7 @@ from clusterbook.cluster.remote.node_calls import AttachedNodeCalls
 from clusterbook.cluster.remote.rundir import ClusterDir, LocalDir, open_dir
 from clusterbook.errors import ClusterError, ClusterStateError, RecordError
 from clusterbook.events import Subscribers
+from clusterbook.functions.methods import FunctionMethods
 from clusterbook.head.catalog import Found
 from clusterbook.head.record import STOP_FILE, ClusterRecord, head_state_of, snapshot_from
 from clusterbook.launch.saved import SavedJob
@@ -52,7 +53,7 @@ _POLL = 0.1
 _log = logging.getLogger("clusterbook.cluster.remote.attached")
 
 
-class AttachedCluster(AttachedNodeCalls):
+class AttachedCluster(AttachedNodeCalls, FunctionMethods):
     """A cluster run by another process, seen and stopped through its directory."""
 
     def __init__(self, found: Found, where: ClusterDir | None = None) -> None:

@@ -1,0 +1,137 @@
+"""The program each rank of a function job runs (``clusterbook.functions.rank``), run as the
+ranks run it (a real Python, its file copied beside the call), with RANK set as the launcher's
+wrapper sets it."""
+
+from __future__ import annotations
+
+import json
+import os
+import pickle
+import shutil
+import subprocess
+import sys
+import threading
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from clusterbook.functions import payload, rank
+
+KEY = b"k" * 32
+
+
+def run_rank(tmp_path: Path, fn: Callable[..., Any], *args: Any, number: int = 0) -> Path:
+    """Run ``fn(*args)`` as rank ``number``; the folder of what it left."""
+    call = tmp_path / "call"
+    call.mkdir(exist_ok=True)
+    (call / "call.pkl").write_bytes(payload.envelope(payload.dumps(fn, args), KEY))
+    shutil.copy(rank.__file__, call / "rank.py")
+    env = {k: v for k, v in os.environ.items() if k not in ("OMPI_COMM_WORLD_RANK", "PMI_RANK")}
+    env["RANK"] = str(number)
+    subprocess.run(
+        [sys.executable, str(call / "rank.py"), str(call)],
+        env=env, cwd=tmp_path, capture_output=True, timeout=60, check=False,
+    )  # fmt: skip
+    return call / "values"
+
+
+def value(folder: Path, number: int) -> Any:
+    data = payload.verified(KEY, number, (folder / f"rank-{number}.value").read_bytes())
+    assert data is not None
+    return pickle.loads(data)  # noqa: S301 - made by the test
+
+
+def test_a_rank_signs_what_it_returned(tmp_path: Path) -> None:
+    offset = 5
+    folder = run_rank(tmp_path, lambda x: (x + offset, os.environ["RANK"]), 1, number=3)
+    assert value(folder, 3) == (6, "3")
+    assert sorted(p.name for p in folder.iterdir()) == ["rank-3.value"]  # nothing half-written
+
+
+class Box:
+    def __init__(self, inside: object) -> None:
+        self.inside = inside
+
+
+def test_classes_sent_by_value_come_back(tmp_path: Path) -> None:
+    import cloudpickle
+
+    cloudpickle.register_pickle_by_value(sys.modules[__name__])
+    try:
+        folder = run_rank(tmp_path, lambda: Box(Box(7)))
+    finally:
+        cloudpickle.unregister_pickle_by_value(sys.modules[__name__])
+    assert value(folder, 0).inside.inside == 7
+
+
+def test_a_raising_rank_leaves_its_traceback_and_exits_1(tmp_path: Path) -> None:
+    def raises(word: str) -> None:
+        raise KeyError(word)
+
+    folder = run_rank(tmp_path, raises, "gone", number=1)
+    record = json.loads((folder / "rank-1.error").read_text())
+    assert (record["rank"], record["kind"], record["type"]) == (1, "raised", "builtins.KeyError")
+    assert record["message"] == "'gone'"
+    assert "in raises" in record["traceback"]
+    assert "KeyError: 'gone'" in record["traceback"]
+    assert "rank.py" not in record["traceback"]  # the rank program's own frame is left out
+
+
+def test_a_value_that_cannot_be_pickled_is_named_with_its_type(tmp_path: Path) -> None:
+    folder = run_rank(tmp_path, threading.Lock)
+    record = json.loads((folder / "rank-0.error").read_text())
+    assert (record["kind"], record["value_type"]) == ("value", "_thread.lock")
+    assert "Rank 0 returned a _thread.lock, which cannot be pickled" in record["traceback"]
+
+
+@pytest.mark.parametrize(
+    "make",
+    [
+        lambda: lambda: 1,
+        lambda: lambda a=[1, 2]: sum(a),
+    ],
+)
+def test_the_light_reconstructors_rebuild_what_cloudpickle_would(make: Callable[[], Any]) -> None:
+    import io
+
+    import cloudpickle
+
+    fn = make()
+    data = cloudpickle.dumps(fn)
+    light = rank._Unpickler(io.BytesIO(data)).load()
+    assert light() == pickle.loads(data)() == fn()  # noqa: S301
+
+
+def test_the_light_reconstructors_rebuild_closures_and_their_cells() -> None:
+    import io
+
+    import cloudpickle
+
+    n = 3
+
+    def outer() -> Callable[[], int]:
+        inner = 4
+        return lambda: n * inner
+
+    data = cloudpickle.dumps(outer())
+    light = rank._Unpickler(io.BytesIO(data)).load()
+    assert light() == 12
+    assert light.__closure__ is not None
+
+
+@pytest.mark.parametrize("size", [0, 32, 64, 65, 200])
+def test_the_ranks_own_hmac_is_the_standard_one(size: int) -> None:
+    import hashlib
+    import hmac
+
+    key, message = os.urandom(size), os.urandom(1000)
+    assert rank._hmac_sha256(key, message) == hmac.new(key, message, hashlib.sha256).digest()
+
+
+def test_an_earlier_attempts_error_goes_when_the_rank_runs_again(tmp_path: Path) -> None:
+    (tmp_path / "call" / "values").mkdir(parents=True)
+    (tmp_path / "call" / "values" / "rank-0.error").write_text("{}")
+    folder = run_rank(tmp_path, lambda: "again")
+    assert sorted(p.name for p in folder.iterdir()) == ["rank-0.value"]
