@@ -48,7 +48,7 @@ def fails_on_rank_one(word: str) -> str:
 
 def test_a_function_runs_on_every_rank_and_its_values_come_back_by_rank(mpi_python, make_cluster):
     cluster = make_cluster(mpi_python, workers=2, slots=2)
-    job = cluster.submit(allreduce, 10, np=4)
+    job = cluster.submit(allreduce, 10, np=4, oversubscribe=True)  # 4 ranks, 2 cores
     assert job.result(timeout=120) == [(r, 4, 46) for r in range(4)]
     assert job.done()
     assert job.exception() is None

@@ -82,6 +82,13 @@ PYTHON_ONLY = {
     ("launch/recovery.py", "restart_on_join"),  # Python only
     # a "srun" cluster spec's own arguments (from_environment fills them in)
     *(("providers/slurm/srun.py", name) for name in ("job_id", "srun")),
+    # run_on_nodes(nodes=), put(dest=) and write(data=, mode=): Python calls only
+    ("nodes/commands.py", "nodes"),
+    ("nodes/destination.py", "dest"),
+    *(("nodes/transfer.py", name) for name in ("data", "mode")),
+    ("cluster/remote/node_calls.py", "data"),
+    # cluster.map(np=, max_running=): a Python call only
+    *(("functions/sweep.py", name) for name in ("np", "max_running")),
 }
 
 

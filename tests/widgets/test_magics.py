@@ -253,7 +253,7 @@ def test_a_failed_cell_raises_its_error_told_once_with_its_ranks(ip, cluster: cb
     with capture_output() as out, pytest.raises(cb.JobFailedError) as raised:
         ip.run_cell_magic("mpirun", "-n 2 --pull y", BOTH_FAIL)
     (job,) = cluster.jobs
-    assert raised.value.result == job.result
+    assert raised.value.result == job.outcome
     said = str(raised.value)
     # The ranks that failed and where; the error once, with its ranks, and the cell's lines.
     assert re.fullmatch(

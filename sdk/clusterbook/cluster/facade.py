@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import os
-from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -19,7 +19,7 @@ from clusterbook.cluster import display
 from clusterbook.cluster.kinds import ClusterKinds
 from clusterbook.cluster.local_head import LocalHead
 from clusterbook.cluster.options import ClusterOptions, split_spec
-from clusterbook.functions.methods import FunctionMethods
+from clusterbook.functions.methods import FunctionMethods, SweepMethods
 from clusterbook.paths import default_run_root
 from clusterbook.providers.base import Provider
 from clusterbook.spec import NodeSpec
@@ -33,7 +33,6 @@ if TYPE_CHECKING:
     from clusterbook.cluster.remote.attached import AttachedCluster
     from clusterbook.engines import EngineArgs
     from clusterbook.export.mpijob import MPIJobArgs
-    from clusterbook.functions.results import SweepResult
     from clusterbook.launch.flavour import Launcher
     from clusterbook.launch.job import Job
     from clusterbook.launch.prepare import JobArgs
@@ -43,7 +42,7 @@ if TYPE_CHECKING:
 __all__ = ["Cluster", "default_run_root"]
 
 
-class Cluster(ClusterKinds, FunctionMethods):
+class Cluster(ClusterKinds, FunctionMethods, SweepMethods):
     """A set of nodes to run MPI jobs on.
 
     Make one with :meth:`local`, :meth:`ssh`, :meth:`elastic`, :meth:`slurm`,
@@ -293,27 +292,6 @@ class Cluster(ClusterKinds, FunctionMethods):
         """Have :meth:`stop_engines` and :meth:`stop` call ``stop()``: for services that run
         beside the cluster's jobs (an engines' controller)."""
         self._local.on_stop(stop)
-
-    def map(
-        self,
-        fn: Callable[[Any], Any],
-        iterable: Iterable[Any],
-        *,
-        np: int = 1,
-        max_running: int | None = None,
-        retries: int = 0,
-        ordered: bool = True,
-        progress: bool | None = None,
-    ) -> SweepResult:
-        """Run ``fn(item)`` for every item, as many at once as ``max_running`` (default: every
-        slot), on a pool of ranks that stays up between sweeps (stopped with the cluster or
-        after 10 idle minutes); ``retries`` runs a failed item again. Returns a
-        :class:`~clusterbook.functions.results.SweepResult`: the values in input order (or as
-        they finished: ``ordered=False``), a failed item's ``ItemFailedError`` in its place."""
-        from clusterbook.functions.sweep import sweep
-
-        return sweep(self, fn, iterable, np=np, max_running=max_running, retries=retries,
-                     ordered=ordered, progress=progress)  # fmt: skip
 
     def stop_engines(self) -> None:
         """Stop every engine and controller :meth:`engines` started (``stop()`` does too)."""

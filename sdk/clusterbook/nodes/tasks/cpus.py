@@ -126,8 +126,9 @@ def cpu_quotas(
 
 def read_text(path: str) -> "str | None":
     """The text of ``path``, None when it cannot be read (no such cgroup file here)."""
+    # utf-8: the codec every interpreter has loaded at start (an agent imports nothing more).
     try:
-        with open(path, encoding="ascii", errors="replace") as f:
+        with open(path, encoding="utf-8", errors="replace") as f:
             return f.read()
     except OSError:
         return None
