@@ -522,3 +522,39 @@ def test_a_cluster_that_cannot_be_reached_raises_and_the_current_one_stays(
         ip.run_line_magic("cluster", "attach no-such-cluster")
     assert magics.cluster is first
     assert first.state == "running"
+
+
+def test_mpirun_does_not_run_the_cell_elsewhere_when_the_notebooks_cluster_stopped(
+    ip, magics: ClusterMagics
+) -> None:  # type: ignore[no-untyped-def]
+    with capture_output():
+        ip.run_line_magic("cluster", "local --workers 1 --slots 1")
+    first = magics.cluster
+    assert first is not None
+    first.stop()  # its time ran out, or another kernel stopped it
+    with pytest.raises(cb.ClusterStateError, match=f"cluster {first.name!r} is stopped"):
+        ip.run_cell_magic("mpirun", "-n 1", "print('where?')")
+    assert magics.cluster is first  # no other cluster was started in its place
+    with capture_output() as out:
+        ip.run_line_magic("cluster", "stop")
+        ip.run_cell_magic("mpirun", "-n 1", "print('here')")  # asked for: a local one
+    assert "[0] here\n" in out.stdout
+    assert magics.cluster is not first
+    assert magics.cluster.state == "running"
+
+
+def test_mpirun_does_not_run_the_cell_elsewhere_when_the_asked_cluster_did_not_start(
+    ip, magics: ClusterMagics, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:  # type: ignore[no-untyped-def]
+    config = tmp_path / "config"
+    config.mkdir(mode=0o700)
+    (config / "profiles.toml").write_text(  # nothing listens on port 1: start() fails
+        '[profiles.far]\nkind = "ssh"\nhosts = ["127.0.0.1"]\nport = 1\nconnect_timeout = 1\n'
+    )
+    monkeypatch.setenv("CLUSTERBOOK_CONFIG", str(config))
+    with pytest.raises(cb.ClusterError):
+        ip.run_line_magic("cluster", "profile far")
+    assert magics.cluster is None
+    with pytest.raises(cb.ClusterStateError, match="the last %cluster command asked for did not"):
+        ip.run_cell_magic("mpirun", "-n 1", "print('where?')")
+    assert magics.cluster is None

@@ -26,7 +26,7 @@ from IPython.display import display as _untyped_display
 
 import clusterbook as cb
 from clusterbook.cluster.handle import ClusterHandle
-from clusterbook.errors import ClusterError, JobFailedError
+from clusterbook.errors import ClusterError, ClusterStateError, JobFailedError
 from clusterbook.wording import speaking
 from clusterbook_widgets.arguments import (
     ArgsError,
@@ -103,6 +103,9 @@ class ClusterMagics(Magics):
     def __init__(self, shell: Any = None) -> None:
         super().__init__(shell)
         self.cluster: ClusterHandle | None = None
+        # Why the cluster the last %cluster command asked for did not start, if it did not:
+        # %%mpirun then says so rather than run the cell on a local cluster instead.
+        self._failed: str | None = None
 
     # -- %cluster -----------------------------------------------------------------------------
 
@@ -205,10 +208,12 @@ class ClusterMagics(Magics):
         self._stop(quiet=True)
         try:
             cluster.start()
-        except BaseException:  # an error, or an interrupt while nodes come up: nothing left
-            cluster.stop()
+        except BaseException as exc:  # an error, or an interrupt while nodes come up
+            cluster.stop()  # nothing left
+            said = str(exc).splitlines()
+            self._failed = f"{type(exc).__name__}: {said[0]}" if said else type(exc).__name__
             raise
-        self.cluster = cluster
+        self.cluster, self._failed = cluster, None
         print(f"Started {cluster!r}.", flush=True)
         return cluster
 
@@ -216,6 +221,25 @@ class ClusterMagics(Magics):
         if self.cluster is not None and self.cluster.state == "running":
             return self.cluster
         return None
+
+    def _default_cluster(self) -> ClusterHandle:
+        """A local cluster for a cell run before any ``%cluster``; but not in place of one the
+        notebook asked for that has stopped or did not start (the cell would run elsewhere)."""
+        fix = (
+            "start one with %cluster (local, ssh, slurm, env, profile or attach), or run "
+            "%cluster stop to let %%mpirun start a local cluster"
+        )
+        if self.cluster is not None:
+            raise ClusterStateError(
+                f"The notebook's cluster {self.cluster.name!r} is {self.cluster.state}, so the "
+                f"cell did not run; {fix}."
+            )
+        if self._failed is not None:
+            raise ClusterStateError(
+                f"The cluster the last %cluster command asked for did not start "
+                f"({self._failed}), so the cell did not run; {fix}."
+            )
+        return self._start(lambda: cb.Cluster.local())
 
     def _status(self) -> None:
         cluster = self._running()
@@ -230,7 +254,7 @@ class ClusterMagics(Magics):
             display(ClusterWidget(cluster))
 
     def _stop(self, *, quiet: bool = False) -> None:
-        cluster, self.cluster = self.cluster, None
+        cluster, self.cluster, self._failed = self.cluster, None, None
         if cluster is None or cluster.state == "stopped":
             if not quiet:
                 print("No cluster to stop.")
@@ -240,7 +264,7 @@ class ClusterMagics(Magics):
 
     def stop_cluster(self) -> None:
         """Stop the current cluster, if any (what ``%cluster stop`` does, silently)."""
-        cluster, self.cluster = self.cluster, None
+        cluster, self.cluster, self._failed = self.cluster, None, None
         if cluster is not None:
             cluster.stop()
 
@@ -291,7 +315,7 @@ class ClusterMagics(Magics):
         compiled(cell)
         assert self.shell is not None
         values = pushed(self.shell.user_ns, args.push)
-        cluster = self._running() or self._start(lambda: cb.Cluster.local())
+        cluster = self._running() or self._default_cluster()
         before = len(cluster.jobs)
         try:
             job, script, pull = launch(cluster, args, cell, values)
