@@ -238,7 +238,7 @@ def test_bad_settings_are_refused_like_torch():
         r"than or equal to the minimum number of nodes \(2\)\.",
     ):
         cb.Cluster.elastic(2, 1)
-    with pytest.raises(cb.ConfigError, match="last_call timeout must be a number of seconds > 0"):
+    with pytest.raises(cb.ConfigError, match="last_call must be a duration > 0"):
         cb.Cluster.elastic(1, 2, last_call=0)
 
 

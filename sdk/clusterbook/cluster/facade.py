@@ -19,6 +19,7 @@ from clusterbook.cluster import display
 from clusterbook.cluster.kinds import ClusterKinds
 from clusterbook.cluster.local_head import LocalHead
 from clusterbook.cluster.options import ClusterOptions, split_spec
+from clusterbook.durations import Duration
 from clusterbook.paths import default_run_root
 from clusterbook.providers.base import Provider
 from clusterbook.spec import NodeSpec
@@ -121,7 +122,7 @@ class Cluster(ClusterKinds):
     def __exit__(self, *exc: object) -> None:
         self.stop()
 
-    def wait_ready(self, timeout: float = 60, *, progress: bool | None = None) -> None:
+    def wait_ready(self, timeout: Duration = 60, *, progress: bool | None = None) -> None:
         """Return when every node is ready to run ranks; raise if that takes over ``timeout``.
 
         Nodes of local and SSH clusters are ready once ``start()`` returned, and again once
@@ -212,11 +213,11 @@ class Cluster(ClusterKinds):
         """
         self._head.put(*paths, progress=progress)
 
-    def run_on_nodes(self, argv: Sequence[str], timeout: float = 60.0) -> pd.DataFrame:
-        """Run ``argv`` on every node at once (each stopped after ``timeout`` seconds), for
-        set-up such as ``pip install``; one row per node: node, host, returncode (None: it
-        was stopped, or the node could not be asked), stdout, stderr (their last MiB),
-        duration."""
+    def run_on_nodes(self, argv: Sequence[str], timeout: Duration = 60.0) -> pd.DataFrame:
+        """Run ``argv`` on every node at once (each stopped after ``timeout``: seconds, a
+        ``timedelta`` or text like ``"30s"``), for set-up such as ``pip install``; one row per
+        node: node, host, returncode (None: it was stopped, or the node could not be asked),
+        stdout, stderr (their last MiB), duration."""
         return self._head.run_on_nodes(argv, timeout)
 
     def gather(

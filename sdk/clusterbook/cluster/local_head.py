@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Any
 
 from clusterbook.cluster.local_jobs import LocalJobs
 from clusterbook.cluster.options import ClusterOptions
+from clusterbook.durations import Duration, duration
 from clusterbook.errors import ClusterStateError, ConfigError
 from clusterbook.events import Subscribers
 from clusterbook.head import catalog
@@ -250,7 +251,7 @@ class LocalHead:
             _LIVE.discard(self)
         self.changed()
 
-    def wait_ready(self, timeout: float = 60, *, progress: bool | None = None) -> None:
+    def wait_ready(self, timeout: Duration = 60, *, progress: bool | None = None) -> None:
         limit = validate_timeout(timeout)
         self._require_running("wait_ready")
         if limit is None:
@@ -291,12 +292,12 @@ class LocalHead:
         self._require_running("gather")
         return gather_into(self.provider.reach.gather, Path(directory), progress)
 
-    def node_runs(self, argv: Sequence[str], timeout: float = 60.0) -> list[NodeRun]:
+    def node_runs(self, argv: Sequence[str], timeout: Duration = 60.0) -> list[NodeRun]:
         """What :meth:`run_on_nodes` shows, one :class:`NodeRun` per node."""
         self._require_running("run_on_nodes")
-        return self.provider.reach.run_on_nodes(argv, timeout)
+        return self.provider.reach.run_on_nodes(argv, duration(timeout, "timeout"))
 
-    def run_on_nodes(self, argv: Sequence[str], timeout: float = 60.0) -> pd.DataFrame:
+    def run_on_nodes(self, argv: Sequence[str], timeout: Duration = 60.0) -> pd.DataFrame:
         return runs_frame(self.node_runs(argv, timeout))
 
     def engines(self, n: int | None = None, **how: Any) -> ipyparallel.Client:
@@ -343,11 +344,8 @@ class LocalHead:
     def _problem(self) -> str | None:
         """What is wrong now: nodes lost for good first (what mpirun and wait_ready say too),
         else with the nodes (the provider's view), and with the head's services."""
-        found = (
-            self.provider.lost_for_good() or self.provider.watch.problem(),
-            self._services.problem,
-        )
-        return " ".join(p for p in found if p) or None
+        nodes = self.provider.lost_for_good() or self.provider.watch.problem()
+        return " ".join(p for p in (nodes, self._services.problem) if p) or None
 
     def status(self) -> pd.DataFrame:
         return nodes_frame(self.snapshot())

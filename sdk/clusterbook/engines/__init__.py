@@ -34,6 +34,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol, TypedDict
 
 from clusterbook.cluster.handle import ClusterHandle, JobHandle
+from clusterbook.durations import Duration
 from clusterbook.engines.config import (
     CONNECTION_ENV,
     ENGINES_LABEL,
@@ -62,7 +63,7 @@ __all__ = ["EngineArgs", "EngineHost", "EngineSet", "start_engines"]
 class EngineArgs(TypedDict, total=False):
     """What ``cluster.engines(n, ...)`` takes (see :func:`start_engines`)."""
 
-    timeout: float
+    timeout: Duration
     env: Mapping[str, str] | None
     encrypt: bool | None
     progress: bool | None
@@ -98,7 +99,7 @@ def start_engines(
     cluster: EngineHost,
     n: int | None = None,
     *,
-    timeout: float = 60.0,
+    timeout: Duration = 60.0,
     env: Mapping[str, str] | None = None,
     heartbeat: float = 0.05,
     head_addr: str | None = None,
@@ -114,7 +115,8 @@ def start_engines(
     n
         Number of engines (MPI ranks; default: every slot).
     timeout
-        Seconds to wait for the controller and all ``n`` engines; past it everything started
+        How long to wait for the controller and all ``n`` engines (a duration: seconds, a
+        ``datetime.timedelta`` or text like ``"2m"``); past it everything started
         is stopped and :class:`~clusterbook.ReadyTimeoutError` is raised.
     env
         Variables for the engines, as for ``cluster.mpirun``.
@@ -187,7 +189,7 @@ def _imported() -> tuple[Any, Any]:
     return ipyparallel, zmq
 
 
-def _checked(timeout: float, heartbeat: float, encrypt: bool | None) -> float:
+def _checked(timeout: object, heartbeat: float, encrypt: bool | None) -> float:
     """The seconds to wait for the engines; bad values are named before anything starts."""
     limit = validate_seconds(timeout, "timeout")
     assert limit is not None

@@ -19,6 +19,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from clusterbook.durations import Duration
 from clusterbook.errors import JobTimeoutError, RecordError
 from clusterbook.launch.files import LOCAL, Files
 from clusterbook.launch.logs import LAUNCHER_RANK, LogRecord, parse_log_line, records_frame
@@ -96,7 +97,7 @@ class SavedJob:
         result = self.result
         return 0 if result is None else sum(c is not None for c in result.rank_exit_codes.values())
 
-    def wait(self, timeout: float | None = None) -> JobResult:
+    def wait(self, timeout: Duration | None = None) -> JobResult:
         """Wait for the job's result (``timeout``: for this wait only, as ``Job.wait``)."""
         limit = validate_timeout(timeout)
         deadline = None if limit is None else time.monotonic() + limit

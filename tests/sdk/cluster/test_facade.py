@@ -237,7 +237,7 @@ def test_run_on_nodes_stops_what_runs_over_its_time_and_says_what_was_not_found(
     assert "no-such-program-xyz" in missing.stderr[0]
     with pytest.raises(cb.ConfigError, match="not the string"):
         cluster.run_on_nodes("hostname")  # type: ignore[arg-type]
-    with pytest.raises(cb.ConfigError, match="timeout must be a number of seconds"):
+    with pytest.raises(cb.ConfigError, match="timeout must be a duration"):
         cluster.run_on_nodes(["true"], timeout=0)
 
 

@@ -30,6 +30,7 @@ from clusterbook.cluster import display
 from clusterbook.cluster.remote.dead_head import clean_after_dead_head
 from clusterbook.cluster.remote.held import Held
 from clusterbook.cluster.remote.rundir import ClusterDir, LocalDir, open_dir
+from clusterbook.durations import Duration, duration
 from clusterbook.errors import ClusterError, ClusterStateError, ConfigError, RecordError
 from clusterbook.events import Subscribers
 from clusterbook.head.catalog import Found
@@ -78,7 +79,7 @@ class AttachedCluster:
         known_hosts: str | os.PathLike[str] | None = None,
         ssh_config: str | os.PathLike[str] | None = None,
         python: str | None = None,
-        connect_timeout: float = 10.0,
+        connect_timeout: Duration = 10.0,
     ) -> AttachedCluster:
         """A handle on cluster ``what`` (see ``Cluster.attach``); the keyword arguments say
         how an ``ssh://`` address is reached."""
@@ -207,7 +208,7 @@ class AttachedCluster:
         answer = self._call("mpirun", argv=list(argv), np=np, job=args)
         return self._saved(answer["id"], answer["directory"])
 
-    def wait_ready(self, timeout: float = 60, *, progress: bool | None = None) -> None:
+    def wait_ready(self, timeout: Duration = 60, *, progress: bool | None = None) -> None:
         """Return when the head says every node is ready (see ``Cluster.wait_ready``)."""
         limit = validate_timeout(timeout)  # named here, as the head would name it
         if limit is not None:
@@ -241,19 +242,19 @@ class AttachedCluster:
             )
         return text
 
-    def run_on_nodes(self, argv: Sequence[str], timeout: float = 60.0) -> pd.DataFrame:
+    def run_on_nodes(self, argv: Sequence[str], timeout: Duration = 60.0) -> pd.DataFrame:
         """Run ``argv`` on every node, as ``Cluster.run_on_nodes``."""
         from clusterbook.nodes.commands import runs_frame
 
         return runs_frame(self.node_runs(argv, timeout))
 
-    def node_runs(self, argv: Sequence[str], timeout: float = 60.0) -> list[NodeRun]:
+    def node_runs(self, argv: Sequence[str], timeout: Duration = 60.0) -> list[NodeRun]:
         """What :meth:`run_on_nodes` shows, one :class:`NodeRun` per node."""
         from clusterbook.nodes.commands import NodeRun
 
         if isinstance(argv, str):
             argv = [argv]  # the head refuses it with the message Cluster.run_on_nodes gives
-        answer = self._call("run_on_nodes", argv=list(argv), timeout=timeout)
+        answer = self._call("run_on_nodes", argv=list(argv), timeout=duration(timeout, "timeout"))
         return [NodeRun(**row) for row in answer["rows"]]
 
     def engines(self, n: int | None = None, **how: Any) -> NoReturn:
@@ -322,7 +323,7 @@ class AttachedCluster:
     # -- stopping ----------------------------------------------------------------------------
 
     def stop(
-        self, timeout: float = 30.0, *, reason: str | None = None, force: bool = False
+        self, timeout: Duration = 30.0, *, reason: str | None = None, force: bool = False
     ) -> None:
         """Stop the cluster: its head is asked to (or, when it takes no requests, finds the
         stop file within a second); a head that is gone leaves this process to stop what is
@@ -332,6 +333,7 @@ class AttachedCluster:
         ``force``: also when this machine cannot verify that the head runs (it ran on
         another machine; an older clusterbook wrote a record whose pid may be another
         process's now), stop what it left here and mark the record stopped."""
+        timeout = duration(timeout, "timeout")
         asked = reason or f"stopped by an attached handle (pid {os.getpid()})"
         if self._dir.stop_there(timeout, asked, force):  # on the head's machine, by its own
             self._held.close_client()
