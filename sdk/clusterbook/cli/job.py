@@ -23,9 +23,6 @@ __all__ = [
     "recovery_args",
 ]
 
-#: What a duration option's help says it takes.
-DURATION_HELP = "seconds or text like 90s, 30m, 1h30m"
-
 
 def duration_arg(option: str) -> Callable[[str], float]:
     """An argparse ``type`` for ``option``: seconds > 0 from ``90``, ``90s``, ``30m``,
