@@ -3,6 +3,7 @@ real launcher, driven from a real IPython shell with ``%%px``."""
 
 from __future__ import annotations
 
+import datetime
 import json
 import os
 import signal
@@ -19,7 +20,7 @@ from IPython.testing.globalipapp import start_ipython
 from IPython.utils.capture import capture_output
 
 import clusterbook as cb
-from clusterbook.engines import start_engines
+from clusterbook.engines import _checked, start_engines
 from clusterbook.engines.config import (
     CONNECTION_ENV,
     ENGINES_LABEL,
@@ -124,6 +125,10 @@ def test_bad_arguments_are_refused_before_anything_starts(tmp_path: Path) -> Non
             start_engines(cluster, 1, timeout=bad)  # type: ignore[arg-type]
     with pytest.raises(cb.ConfigError, match="heartbeat"):
         start_engines(cluster, 1, heartbeat=0)
+    with pytest.raises(cb.ConfigError, match=r"heartbeat must be between .* got '20s'"):
+        start_engines(cluster, 1, heartbeat="20s")
+    for fine in ("50ms", datetime.timedelta(milliseconds=50), 0.05):  # the seconds go on
+        assert _checked("2m", fine, None) == (120.0, 0.05)
     with pytest.raises(cb.ConfigError, match=r"progress must be True, False or None.*'yes'"):
         start_engines(cluster, 1, progress="yes")  # type: ignore[arg-type]
     assert not (tmp_path / "run").exists()
