@@ -184,7 +184,8 @@ def nodes_frame(snapshot: ClusterSnapshot) -> pd.DataFrame:
     ]
     frame: pd.DataFrame = pd.DataFrame(rows, columns=list(NODE_COLUMNS))
     for column in ("heartbeat_age", "time_left"):  # seconds, None: NaT
-        frame[column] = pd.to_timedelta(frame[column].astype("float64"), unit="s")
+        # To the microsecond, as float seconds carry it (not the float's noise in nanoseconds).
+        frame[column] = pd.to_timedelta(frame[column].astype("float64"), unit="s").dt.round("us")
     for column in ("memory_used_gib", "memory_gib"):  # bytes
         frame[column] = frame[column].astype("Float64") / GIB
     frame = frame.astype({k: v for k, v in NODE_DTYPES.items() if v != "category"})

@@ -85,6 +85,7 @@ def runs_frame(runs: Sequence[NodeRun]) -> pd.DataFrame:
 
     rows = [(r.node, r.host, r.returncode, r.stdout, r.stderr, r.duration) for r in runs]
     frame: pd.DataFrame = pd.DataFrame(rows, columns=list(COMMAND_COLUMNS))
-    frame["duration"] = pd.to_timedelta(frame["duration"].astype("float64"), unit="s")
+    seconds = frame["duration"].astype("float64")
+    frame["duration"] = pd.to_timedelta(seconds, unit="s").dt.round("us")  # not the float noise
     typed: pd.DataFrame = frame.astype(COMMAND_DTYPES)
     return typed
