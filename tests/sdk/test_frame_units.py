@@ -73,6 +73,15 @@ def test_a_command_on_the_nodes_says_how_long_it_took_as_a_timedelta() -> None:
     assert frame["duration"].tolist() == [pd.Timedelta(seconds=1.5), pd.Timedelta(0)]
 
 
+def test_durations_are_to_the_microsecond_float_seconds_carry() -> None:
+    # A clock's difference in float seconds: its digits past the microsecond are noise.
+    took = runs_frame([NodeRun("a", "h", 0, "", "", 0.0069239141)])["duration"][0]
+    assert took == pd.Timedelta(microseconds=6924)
+    node = NodeStatus("a", "h", 1, "joined", heartbeat_age=0.0069239141)
+    snapshot = ClusterSnapshot("c", "local", "running", (node,), (), None, "/tmp", 1.0)
+    assert nodes_frame(snapshot)["heartbeat_age"][0] == pd.Timedelta(microseconds=6924)
+
+
 def test_the_clusters_list_has_the_time_left_as_a_timedelta_and_what_stops_it(
     tmp_path: Path,
 ) -> None:
