@@ -1,6 +1,7 @@
 """Durations as people give them: the one parser of every time the user passes.
 
-A duration is a number of seconds (``90``, ``1.5``), a :class:`datetime.timedelta`, or text:
+A duration is a number of seconds (``90``, ``1.5``), a :class:`datetime.timedelta` (pandas'
+``Timedelta`` and numpy's ``timedelta64`` too: what a frame's duration column holds), or text:
 a bare number of seconds (``"90"``) or numbers with units, alone or together (``"90s"``,
 ``"30m"``, ``"1.5h"``, ``"1h30m"``, ``"1h 30m"``, ``"2d"``). The units are ``ms``, ``s``,
 ``m``, ``h``, ``d`` and ``w``; words (``"30 minutes"``) are refused with the short form
@@ -17,7 +18,7 @@ import datetime
 import math
 import numbers
 import re
-from typing import TypeAlias
+from typing import Any, TypeAlias
 
 from clusterbook.errors import ConfigError
 from clusterbook.wording import spell
@@ -125,8 +126,13 @@ def _seconds(value: object) -> tuple[float | None, str]:
     """The seconds ``value`` stands for (any sign), or None and why it stands for none."""
     if isinstance(value, bool):
         return None, "a bool is not a duration"
-    if isinstance(value, datetime.timedelta):
+    if isinstance(value, datetime.timedelta):  # pandas' Timedelta too
         return value.total_seconds(), ""
+    if type(value).__name__ == "timedelta64":  # numpy's, as a frame's .values hold them
+        if str(value) == "NaT":
+            return None, "it is NaT"
+        nanoseconds: Any = getattr(value, "astype")("timedelta64[ns]")  # noqa: B009
+        return int(nanoseconds) / 1e9, ""
     if isinstance(value, numbers.Real):
         try:
             seconds = float(value)

@@ -7,6 +7,8 @@ import datetime
 import math
 from fractions import Fraction
 
+import numpy as np
+import pandas as pd
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
@@ -48,6 +50,17 @@ def test_a_bad_duration_names_the_option_the_value_why_and_the_forms(bad: object
     assert message.startswith(f"deadline must be a duration > 0, got {bad!r} (")
     assert why in message
     assert FORMS in message
+
+
+def test_numpy_and_pandas_durations_are_seconds_too() -> None:
+    # What a frame's timedelta64 column hands back, as .values or as items.
+    column = pd.Series(pd.to_timedelta([2.5], unit="s"))
+    assert duration(column.values[0], "timeout") == 2.5
+    assert duration(column[0], "timeout") == 2.5
+    assert duration(np.timedelta64(90, "s"), "timeout") == 90.0
+    assert duration(np.int64(5), "timeout") == 5.0
+    with pytest.raises(cb.ConfigError, match=r"got np.timedelta64\('NaT'\) \(it is NaT\)"):
+        duration(np.timedelta64("NaT"), "timeout")
 
 
 def test_zero_is_allowed_only_where_the_option_says_so() -> None:
