@@ -632,7 +632,7 @@ def detection_trial(
         def victim() -> tuple[str, float]:
             """n1's state and heartbeat age in the head's status."""
             frame = cluster.status().set_index("node")
-            return frame.at["n1", "state"], frame.at["n1", "heartbeat_age"]
+            return frame.at["n1", "state"], frame.at["n1", "heartbeat_age"].total_seconds()
 
         state, age = victim()
         if state != "joined":

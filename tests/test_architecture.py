@@ -27,6 +27,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     # Values and words everything uses; the door to the Jupyter layer (entry points).
     (
         "clusterbook.errors",
+        "clusterbook.durations",
         "clusterbook.wording",
         "clusterbook.version",
         "clusterbook._lazy",

@@ -11,6 +11,7 @@ import os
 from typing import TYPE_CHECKING, Any
 
 from clusterbook._lazy import lazy_names
+from clusterbook.durations import Duration
 from clusterbook.errors import (
     BootstrapError,
     CleanupWarning,
@@ -106,6 +107,7 @@ __all__ = [
     "ClusterStateError",
     "ConfigError",
     "Detected",
+    "Duration",
     "EnvironmentNotFoundError",
     "GPUInfo",
     "HostKeyChangedError",
@@ -178,14 +180,14 @@ def profiles(config_dir: str | os.PathLike[str] | None = None) -> dict[str, dict
     return {name: dict(p.spec) for name, p in read_profiles(config_dir).by_name.items()}
 
 
-def prune(older_than: float | str | None = None, *, dry_run: bool = False) -> list[str]:
+def prune(older_than: Duration | None = None, *, dry_run: bool = False) -> list[str]:
     """Remove the directories of clusters stopped, and of jobs ended, more than
     ``older_than`` ago (``"7d"``; default: each cluster's own ``retention``); never a live
     cluster's or a running job's. Returns what was removed (``dry_run``: what would be)."""
+    from clusterbook.durations import optional_duration
     from clusterbook.head.catalog import prune as prune_dirs
-    from clusterbook.lifetime import parse_duration
 
-    keep = parse_duration(older_than, "older_than")
+    keep = optional_duration(older_than, "older_than")
     return [str(r.path) for r in prune_dirs(older_than=keep, dry_run=dry_run)]
 
 

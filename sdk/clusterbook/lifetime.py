@@ -9,11 +9,9 @@ A warning comes :data:`WARN_BEFORE` seconds before a timed stop.
 
 from __future__ import annotations
 
-import math
-import re
 from dataclasses import dataclass
 
-from clusterbook.errors import ConfigError
+from clusterbook.durations import optional_duration
 
 __all__ = [
     "DETACHED_LIFE_SPAN",
@@ -22,42 +20,12 @@ __all__ = [
     "Lifetime",
     "decide",
     "format_duration",
-    "parse_duration",
 ]
 
 #: Seconds before a timed stop at which a warning is logged.
 WARN_BEFORE = 60.0
 #: The life span of a detached cluster that was given none: 12 hours.
 DETACHED_LIFE_SPAN = 12 * 3600.0
-
-_UNITS = {"s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0, "w": 604800.0}
-_PART = re.compile(r"(\d+(?:\.\d*)?|\.\d+)\s*([smhdw])")
-
-
-def parse_duration(value: object, name: str) -> float | None:
-    """Seconds from ``value``: a number of seconds, or text like ``"90"``, ``"30m"``,
-    ``"2h"``, ``"1h30m"``, ``"7d"``; None stays None. ``name`` is the option, for errors."""
-    if value is None:
-        return None
-    seconds: float | None = None
-    if isinstance(value, bool):
-        seconds = None
-    elif isinstance(value, (int, float)):
-        seconds = float(value)
-    elif isinstance(value, str):
-        text = value.strip().lower()
-        try:
-            seconds = float(text)
-        except ValueError:
-            parts = list(_PART.finditer(text))
-            if parts and "".join(m.group(0) for m in parts) == text.replace(" ", ""):
-                seconds = sum(float(m.group(1)) * _UNITS[m.group(2)] for m in parts)
-    if seconds is None or not math.isfinite(seconds) or seconds <= 0:
-        raise ConfigError(
-            f"{name}={value!r} is not a duration; give seconds (a positive number) or text "
-            "like '90s', '30m', '2h', '1h30m' or '7d'."
-        )
-    return seconds
 
 
 def format_duration(seconds: float) -> str:
@@ -82,7 +50,8 @@ class Lifetime:
     @classmethod
     def make(cls, life_span: object = None, idle_timeout: object = None) -> Lifetime:
         return cls(
-            parse_duration(life_span, "life_span"), parse_duration(idle_timeout, "idle_timeout")
+            optional_duration(life_span, "life_span"),
+            optional_duration(idle_timeout, "idle_timeout"),
         )
 
     def deadline(self, started: float, idle_since: float | None) -> tuple[float, str] | None:

@@ -6,12 +6,12 @@ the rule and the fix, so that bad input never surfaces as a traceback from deep 
 
 from __future__ import annotations
 
-import math
 import os
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+from clusterbook.durations import duration, optional_duration
 from clusterbook.errors import ConfigError
 from clusterbook.gpus import GPUS, NO_GPUS, GPUInfo, Slots
 from clusterbook.wording import spell
@@ -284,22 +284,11 @@ def validate_port(value: object, name: str = "port", *, free: str | None = None)
 def validate_seconds(
     value: object, name: str = "timeout", *, optional: bool = False, zero: bool = False
 ) -> float | None:
-    """``value`` as float seconds: a finite number > 0 (>= 0 with ``zero``; None too, meaning
-    no limit, with ``optional``). The one check of every duration clusterbook is given."""
-    if value is None and optional:
-        return None
-    seconds = math.nan
-    if isinstance(value, (int, float)) and not isinstance(value, bool):
-        try:
-            seconds = float(value)
-        except OverflowError:  # an int too big for a float
-            seconds = math.inf
-    if not (math.isfinite(seconds) and (seconds > 0 or (zero and seconds == 0))):
-        rule = ">= 0" if zero else "> 0"
-        more = "; use None for no limit" if optional else ""
-        alone = " or None" if optional else ""
-        raise ConfigError(f"{name} must be a number of seconds {rule}{alone}, got {value!r}{more}.")
-    return seconds
+    """``value`` as float seconds (:mod:`clusterbook.durations`: seconds, a timedelta or text
+    like ``"30m"``): > 0 (>= 0 with ``zero``; None too, meaning no limit, with ``optional``)."""
+    if optional:
+        return optional_duration(value, name, zero=zero)
+    return duration(value, name, zero=zero)
 
 
 def validate_timeout(timeout: object, name: str = "timeout") -> float | None:

@@ -113,8 +113,8 @@ NODE_COLUMNS = (
     "round",
     "heartbeat_age",
     "load",
-    "memory_used",
-    "memory",
+    "memory_used_gib",
+    "memory_gib",
     "pid",
     "time_left",
 )
@@ -137,25 +137,28 @@ NODE_DTYPES = {
     "restarts": "Int64",
     "last_reason": "string",  # why its attempt before ended (<NA>: the first)
     "round": "Int64",
-    "heartbeat_age": "Float64",
+    "heartbeat_age": "timedelta64[ns]",  # NaT: no heartbeat (yet, or any more)
     "load": "Float64",
-    "memory_used": "Float64",
-    "memory": "Int64",
+    "memory_used_gib": "Float64",  # GiB in use on the node (2**30 bytes)
+    "memory_gib": "Float64",  # the node's memory, GiB
     "pid": "Int64",
-    "time_left": "timedelta64[s]",  # until the cluster stops by itself (NaT: it will not)
+    "time_left": "timedelta64[ns]",  # until the cluster stops by itself (NaT: it will not)
 }
+
+#: Bytes in a GiB: the unit of the memory columns (as the widget and the HTML show memory).
+GIB = 2**30
 
 
 def nodes_frame(snapshot: ClusterSnapshot) -> pd.DataFrame:
     """One row per node: node, host, slots, gpus (0 without) and gpu_model (``<NA>``
     without), state (categorical, :data:`NODE_STATES`), ranks (of the running job), job, and
     the running job's attempt, restarts and last_reason (why its attempt before ended), and
-    for nodes with an agent round, heartbeat age (s), load, memory used (%), memory (bytes)
-    and pid (``<NA>`` elsewhere), and the time left before the cluster stops by itself
-    (``life_span``, ``idle_timeout``; NaT if it will not); dtypes :data:`NODE_DTYPES`."""
+    for nodes with an agent round, heartbeat age (a timedelta), load, memory in use and in all
+    (GiB) and pid (``<NA>``, ``NaT`` elsewhere), and the time left before the cluster stops by
+    itself (``life_span``, ``idle_timeout``; NaT if it will not); dtypes :data:`NODE_DTYPES`."""
     import pandas as pd
 
-    left = None if snapshot.time_left is None else pd.Timedelta(round(snapshot.time_left[0]), "s")
+    left = None if snapshot.time_left is None else round(snapshot.time_left[0])
     rows = [
         (
             n.name,
@@ -172,7 +175,7 @@ def nodes_frame(snapshot: ClusterSnapshot) -> pd.DataFrame:
             n.round,
             n.heartbeat_age,
             n.load,
-            n.memory_used,
+            None if n.memory is None or n.memory_used is None else n.memory_used / 100 * n.memory,
             n.memory,
             n.pid,
             left,
@@ -180,6 +183,11 @@ def nodes_frame(snapshot: ClusterSnapshot) -> pd.DataFrame:
         for n in snapshot.nodes
     ]
     frame: pd.DataFrame = pd.DataFrame(rows, columns=list(NODE_COLUMNS))
+    for column in ("heartbeat_age", "time_left"):  # seconds, None: NaT
+        # To the microsecond, as float seconds carry it (not the float's noise in nanoseconds).
+        frame[column] = pd.to_timedelta(frame[column].astype("float64"), unit="s").dt.round("us")
+    for column in ("memory_used_gib", "memory_gib"):  # bytes
+        frame[column] = frame[column].astype("Float64") / GIB
     frame = frame.astype({k: v for k, v in NODE_DTYPES.items() if v != "category"})
     frame["state"] = pd.Categorical(frame["state"], categories=NODE_STATES)
     return frame

@@ -4,6 +4,7 @@ head's control server, and ephemeral clusters (cb.run)."""
 
 from __future__ import annotations
 
+import datetime
 import os
 import signal
 import stat
@@ -141,6 +142,24 @@ def test_a_detached_cluster_from_this_process_runs_jobs_and_has_a_day_long_life(
     assert cb.Cluster.attach(cluster.id).state == "stopped"
     assert cb.Cluster.attach(cluster.id).record.stop_reason == "stop() was called"
     assert not (Path(cluster.run_dir) / "token").exists()
+
+
+def test_a_detached_cluster_takes_durations_as_timedeltas_and_text(openmpi_python, tmp_path):
+    # Its supervisor makes it again from its arguments: a timedelta travels as its seconds.
+    cluster = cb.Cluster.local(
+        1, 1, python=openmpi_python, detached=True, life_span=datetime.timedelta(hours=2),
+        idle_timeout=datetime.timedelta(minutes=30), retention="1d",
+    )  # fmt: skip
+    try:
+        cluster.start()
+        record = cluster.attach(cluster.id).record
+        assert (record.life_span, record.idle_timeout) == (7200.0, 1800.0)
+        cluster.wait_ready("30s")
+        job = cluster.mpirun(["true"], np=1, timeout=datetime.timedelta(minutes=5), deadline="1h")
+        assert job.wait(datetime.timedelta(minutes=1)).ok
+    finally:
+        cluster.stop()
+    assert cluster.state == "stopped"
 
 
 def test_a_detached_cluster_has_one_name_whichever_process_reads_it(openmpi_python, tmp_path):

@@ -10,6 +10,7 @@ import sys
 import time
 from collections.abc import Callable, Iterator
 
+import pandas as pd
 import pytest
 
 import clusterbook as cb
@@ -96,7 +97,7 @@ def test_agents_join_and_run_a_job(elastic, agents, program):
     assert frame.node.tolist() == ["n0", "n1", "n2"]
     assert frame.state.tolist() == ["joined"] * 3
     assert frame["round"].tolist() == [0, 0, 0]
-    assert (frame.heartbeat_age < 10).all()
+    assert (frame.heartbeat_age < pd.Timedelta(seconds=10)).all()
     assert [n.name for n in cluster.nodes] == ["n0", "n1", "n2"]  # by rank
     job = cluster.mpirun(
         ["python", "-c", "from mpi4py import MPI; print(MPI.COMM_WORLD.size)"],
@@ -241,7 +242,7 @@ def test_bad_settings_are_refused_like_torch():
         r"than or equal to the minimum number of nodes \(2\)\.",
     ):
         cb.Cluster.elastic(2, 1)
-    with pytest.raises(cb.ConfigError, match="last_call timeout must be a number of seconds > 0"):
+    with pytest.raises(cb.ConfigError, match="last_call must be a duration > 0"):
         cb.Cluster.elastic(1, 2, last_call=0)
 
 

@@ -318,7 +318,7 @@ def test_prune_from_the_cli_removes_exactly_the_finished_runs(
         assert (live.run_dir / "cluster.json").exists()
         bad = cli("prune", "--older-than", "soon")
         assert bad.returncode == 2
-        assert "--older-than='soon' is not a duration" in bad.stderr
+        assert "--older-than must be a duration > 0, got 'soon'" in bad.stderr
     finally:
         live.stop()
 

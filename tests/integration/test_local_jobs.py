@@ -248,8 +248,9 @@ def test_status_shows_nodes_and_ranks(mpi_python, make_cluster, program):
     # What the agents report: load, memory in use and the machine's memory.
     import psutil
 
-    assert frame["memory"].tolist() == [psutil.virtual_memory().total] * 2
-    assert all(0 < used < 100 for used in frame["memory_used"])
+    total = psutil.virtual_memory().total / 2**30
+    assert frame["memory_gib"].tolist() == [total] * 2
+    assert all(0 < used < total for used in frame["memory_used_gib"])
     assert all(load >= 0 for load in frame["load"])
     job = cluster.mpirun(["python", program("s.py", HANGS)], np=3, oversubscribe=True)
     next(iter(job.stream()))

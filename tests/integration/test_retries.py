@@ -177,8 +177,8 @@ def test_bad_recovery_arguments_are_refused_before_anything_runs(
         ({"restarts": -1}, "Restarts -1 is negative"),
         ({"retries": 1.5}, "Retries 1.5 is not a whole number"),
         ({"retry_on": ["failures"]}, "'failures' is not an ending"),
-        ({"backoff": "soon"}, "Backoff 'soon' is not a delay"),
-        ({"deadline": -3}, "deadline=-3 is not a duration"),
+        ({"backoff": "soon"}, "backoff must be a duration >= 0, got 'soon'"),
+        ({"deadline": -3}, "deadline must be a duration > 0, got -3"),
         ({"deadline": 10, "timeout": 60}, "shorter than one attempt's timeout"),
     ]
     for args, message in cases:

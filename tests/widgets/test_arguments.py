@@ -43,8 +43,8 @@ def test_mpirun_args_parsed() -> None:
         ("--pull 1bad", "'1bad' is not a Python variable name"),
         ("--pull class", "'class' is not a Python variable name"),
         ("--push a,,b", "'' is not a Python variable name"),
-        ("--timeout 0", "timeout must be a number of seconds > 0, got '0'"),
-        ("--timeout nan", "timeout must be a number of seconds > 0, got 'nan'"),
+        ("--timeout 0", "timeout must be a duration > 0, got '0'"),
+        ("--timeout nan", "timeout must be a duration > 0, got 'nan'"),
         ("--frob", "unrecognized arguments: --frob"),
         ("--time 3", "unrecognized arguments: --time 3"),  # no abbreviations
         ("-n '2", "No closing quotation"),
@@ -58,7 +58,7 @@ def test_bad_mpirun_args_say_what_and_how(line: str, said: str) -> None:
         parse_mpirun_args(line)
     assert info.value.message.startswith("%%mpirun: ")
     assert said in info.value.message
-    assert info.value.usage.startswith("usage: %%mpirun [-h] [-n N] [--timeout S]")
+    assert info.value.usage.startswith("usage: %%mpirun [-h] [-n N] [--timeout D]")
 
 
 def test_mpirun_help_is_text_not_an_exit() -> None:

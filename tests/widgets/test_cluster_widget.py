@@ -3,6 +3,7 @@ HTML read; and what a notebook is given to display for a real cluster."""
 
 from __future__ import annotations
 
+import datetime
 import itertools
 from collections.abc import Callable
 from dataclasses import replace
@@ -197,6 +198,17 @@ def test_polls_refresh_uptime_until_the_cluster_stops():
     clock.advance(0.1)
     assert ">stopped<" in widget.header_html.value
     assert clock.pending == 0  # a stopped cluster is not polled any more
+    widget.close()
+
+
+@pytest.mark.parametrize("refresh", [2, datetime.timedelta(seconds=2), "2s", "2000ms"])
+def test_the_refresh_is_a_duration_in_any_form(refresh: object) -> None:
+    widget, cluster, clock = make_widget(refresh=refresh)
+    calls = cluster.snapshot_calls
+    clock.advance(1.9)
+    assert cluster.snapshot_calls == calls  # not yet
+    clock.advance(0.1)
+    assert cluster.snapshot_calls == calls + 1
     widget.close()
 
 

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import datetime
 import itertools
 import threading
 import time
@@ -116,6 +117,11 @@ def test_a_failing_call_does_not_stop_later_ones(caplog: pytest.LogCaptureFixtur
     clock.advance(0.1)
     assert seen == [1, 2]
     assert "throttled clusterbook update failed" in caplog.text
+
+
+@pytest.mark.parametrize("interval", [0.25, datetime.timedelta(milliseconds=250), "250ms"])
+def test_the_interval_is_a_duration_in_any_form(interval: object) -> None:
+    assert Throttle(interval, print).interval == 0.25  # type: ignore[arg-type]
 
 
 def test_throttle_validates_its_arguments():

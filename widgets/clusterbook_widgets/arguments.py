@@ -6,13 +6,12 @@ from __future__ import annotations
 
 import argparse
 import keyword
-import math
 import shlex
 from dataclasses import dataclass
 
+from clusterbook.durations import duration
 from clusterbook.errors import ConfigError
 from clusterbook.launch import CLEAN
-from clusterbook.spec import validate_seconds
 
 __all__ = [
     "ArgsError",
@@ -91,18 +90,11 @@ def _slots(text: str) -> int | str:
 
 
 def _seconds(text: str) -> float:
+    """A duration as the magic's options take it: ``90``, ``30m``, ``1h30m``."""
     try:
-        value = float(text)
-    except ValueError:
-        value = math.nan
-    try:
-        seconds = validate_seconds(value, "timeout")
-    except ConfigError:
-        raise argparse.ArgumentTypeError(
-            f"timeout must be a number of seconds > 0, got {text!r}"
-        ) from None
-    assert seconds is not None
-    return seconds
+        return duration(text, "timeout")
+    except ConfigError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def _identifier(text: str) -> str:
@@ -141,7 +133,12 @@ def _mpirun_parser() -> _Parser:
         "started if there is none), showing each rank's output as it comes.",
     )
     p.add_argument("-n", "--np", type=_count("-n"), metavar="N", help="number of ranks")
-    p.add_argument("--timeout", type=_seconds, metavar="S", help="stop the job after S seconds")
+    p.add_argument(
+        "--timeout",
+        type=_seconds,
+        metavar="D",
+        help="stop the job after D (seconds or text like 90s, 30m, 1h30m)",
+    )
     p.add_argument(
         "--push",
         type=_identifiers,
@@ -169,7 +166,9 @@ def _mpirun_parser() -> _Parser:
         help="run the cell again after a failure, up to N times",
     )
     p.add_argument(
-        "--backoff", metavar="S", help="seconds before the first retry, doubled after each one"
+        "--backoff",
+        metavar="D",
+        help="how long before the first retry, doubled after each one (like 5 or 30s)",
     )
     p.add_argument(
         "--retry-on",
@@ -177,7 +176,9 @@ def _mpirun_parser() -> _Parser:
         help="of failure, node-lost, timeout (default: the first two)",
     )
     p.add_argument(
-        "--deadline", metavar="S", help="stop the job and its retries after S seconds (or 2h)"
+        "--deadline",
+        metavar="D",
+        help="stop the job and its retries after D together (seconds or text like 2h)",
     )
     p.add_argument(
         "--restarts",

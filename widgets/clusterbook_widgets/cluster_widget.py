@@ -18,7 +18,7 @@ from typing import Any, Protocol
 
 import ipywidgets as widgets
 
-from clusterbook.spec import validate_seconds
+from clusterbook.durations import Duration, optional_duration
 from clusterbook.status import ClusterSnapshot
 from clusterbook.views.html import (
     render_header,
@@ -78,13 +78,13 @@ class ClusterWidget(widgets.VBox):
         self,
         cluster: _Cluster,
         *,
-        interval: float = 0.1,
-        refresh: float | None = 1.0,
+        interval: Duration = 0.1,
+        refresh: Duration | None = 1.0,
         min_nodes: int | None = None,
         max_nodes: int | None = None,
         scheduler: Scheduler | None = None,
     ) -> None:
-        validate_seconds(refresh, "refresh", optional=True)
+        refresh = optional_duration(refresh, "refresh")  # seconds from here on
         self.header_html = widgets.HTML()
         self.progress_html = widgets.HTML()
         self.nodes_html = widgets.HTML()

@@ -22,6 +22,7 @@ from typing import Any, Protocol
 
 import ipywidgets as widgets
 
+from clusterbook.durations import Duration
 from clusterbook.launch import LAUNCHER_RANK, LogRecord, read_log_file
 from clusterbook.spec import validate_positive_int
 from clusterbook.views.lines import render_lines
@@ -93,7 +94,7 @@ class LogViewer(widgets.VBox):
         max_lines: int = 2000,
         *,
         page_size: int = 500,
-        interval: float = 0.1,
+        interval: Duration = 0.1,
         scheduler: Scheduler | None = None,
     ) -> None:
         for name, value in (("max_lines", max_lines), ("page_size", page_size)):

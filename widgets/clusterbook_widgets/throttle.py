@@ -17,7 +17,7 @@ import time
 from collections.abc import Callable
 from typing import Generic, Protocol, TypeVar
 
-from clusterbook.spec import validate_seconds
+from clusterbook.durations import Duration, duration
 
 __all__ = ["Scheduler", "ThreadScheduler", "Throttle"]
 
@@ -71,15 +71,15 @@ class Throttle(Generic[T]):
 
     def __init__(
         self,
-        interval: float = 0.1,
+        interval: Duration = 0.1,
         call: Callable[[T], None] | None = None,
         *,
         scheduler: Scheduler | None = None,
     ) -> None:
-        validate_seconds(interval, "interval", zero=True)
+        seconds = duration(interval, "interval", zero=True)
         if not callable(call):
             raise TypeError(f"call must be callable, got {call!r}")
-        self.interval = float(interval)
+        self.interval = seconds
         self._call = call
         self._scheduler: Scheduler = scheduler or ThreadScheduler()
         self._lock = threading.Lock()

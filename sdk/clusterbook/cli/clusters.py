@@ -12,7 +12,9 @@ from collections.abc import Iterable, Sequence
 from datetime import datetime
 from typing import TYPE_CHECKING
 
-from clusterbook.lifetime import format_duration, parse_duration
+from clusterbook.cli.job import duration_arg
+from clusterbook.durations import optional_duration
+from clusterbook.lifetime import format_duration
 
 if TYPE_CHECKING:
     from clusterbook.cluster.remote.attached import AttachedCluster
@@ -59,9 +61,7 @@ def add_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> No
         "token file, ask the head through its stop file.",
     )
     _cluster_arg(stop)
-    stop.add_argument(
-        "--timeout", type=float, default=30.0, metavar="S", help="seconds to wait (default 30)"
-    )
+    _timeout_option(stop, 30, "how long to wait")
     stop.add_argument(
         "--force",
         action="store_true",
@@ -76,12 +76,10 @@ def add_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> No
         help="run a command on every node of a cluster",
         description="Run CMD on every node of cluster ID at once (through its head), print "
         "each node's output behind its name, and exit 0 if it succeeded everywhere, else 1.",
-        usage="clusterbook exec ID [--timeout S] -- CMD [ARG ...]",
+        usage="clusterbook exec ID [--timeout D] -- CMD [ARG ...]",
     )
     _cluster_arg(run_there)
-    run_there.add_argument(
-        "--timeout", type=float, default=60.0, metavar="S", help="stop it after S s (60)"
-    )
+    _timeout_option(run_there, 60, "stop it after D")
     # After '--' (the ID comes first, so a remainder would swallow --timeout).
     run_there.add_argument("cmd", nargs="*", metavar="CMD", help="the command, after --")
     run_there.set_defaults(func=_exec)
@@ -98,6 +96,16 @@ def add_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> No
         "--dry-run", action="store_true", help="print what would be removed; remove nothing"
     )
     prune.set_defaults(func=_prune)
+
+
+def _timeout_option(parser: argparse.ArgumentParser, default: float, what: str) -> None:
+    parser.add_argument(
+        "--timeout",
+        type=duration_arg("--timeout"),
+        default=float(default),
+        metavar="D",
+        help=f"{what} (default {default:g}s; seconds or text like 90s, 2m)",
+    )
 
 
 def _cluster_arg(parser: argparse.ArgumentParser) -> None:
@@ -285,7 +293,7 @@ def _exec(args: argparse.Namespace) -> int:
 def _prune(args: argparse.Namespace) -> int:
     from clusterbook.head.catalog import prune
 
-    keep = parse_duration(args.older_than, "--older-than")
+    keep = optional_duration(args.older_than, "--older-than")
     removals = prune(older_than=keep, dry_run=args.dry_run)
     verb = "would remove" if args.dry_run else "removed"
     for removal in removals:

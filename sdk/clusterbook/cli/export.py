@@ -10,6 +10,7 @@ from clusterbook.cli.job import (
     add_env_option,
     add_recovery_options,
     command,
+    duration_arg,
     env_args,
     recovery_args,
 )
@@ -52,7 +53,10 @@ def add_export(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     )
     mpijob.add_argument("--namespace", metavar="NS", help="its namespace (default: kubectl's)")
     mpijob.add_argument(
-        "--timeout", type=float, metavar="S", help="stop each attempt after S seconds"
+        "--timeout",
+        type=duration_arg("--timeout"),
+        metavar="D",
+        help="stop each attempt after D (seconds or text like 90s, 30m)",
     )
     add_recovery_options(mpijob)
     mpijob.add_argument("--wdir", metavar="DIR", help="the ranks' working directory in the image")

@@ -1,18 +1,40 @@
 """What ``clusterbook run`` and ``clusterbook export mpijob`` both take of a job: its command
 after ``--``, ``--env``, and the recovery options (``--retries``, ``--backoff``,
-``--retry-on``, ``--deadline``, ``--restarts``)."""
+``--retry-on``, ``--deadline``, ``--restarts``); and how every command reads a duration."""
 
 from __future__ import annotations
 
 import argparse
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
+from clusterbook.durations import duration
 from clusterbook.errors import ConfigError
 
 if TYPE_CHECKING:
     from clusterbook.launch.prepare import JobArgs
 
-__all__ = ["add_env_option", "add_recovery_options", "command", "env_args", "recovery_args"]
+__all__ = [
+    "add_env_option",
+    "add_recovery_options",
+    "command",
+    "duration_arg",
+    "env_args",
+    "recovery_args",
+]
+
+
+def duration_arg(option: str) -> Callable[[str], float]:
+    """An argparse ``type`` for ``option``: seconds > 0 from ``90``, ``90s``, ``30m``,
+    ``1h30m`` (:func:`clusterbook.durations.duration`), or a usage error naming it."""
+
+    def parse(text: str) -> float:
+        try:
+            return duration(text, option)
+        except ConfigError as exc:
+            raise argparse.ArgumentTypeError(str(exc)) from None
+
+    return parse
 
 
 def command(cmd: list[str], example: str) -> list[str]:
@@ -56,8 +78,9 @@ def add_recovery_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--backoff",
         default="1",
-        metavar="S",
-        help="seconds before the first retry, doubled after each one up to 60 (default 1)",
+        metavar="D",
+        help="how long before the first retry, doubled after each one up to 60s (default 1s; "
+        "seconds or text like 30s, 2m)",
     )
     parser.add_argument(
         "--retry-on",
@@ -66,8 +89,8 @@ def add_recovery_options(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--deadline",
-        metavar="S",
-        help="stop the job and its retries after S seconds together (or a duration like 2h)",
+        metavar="D",
+        help="stop the job and its retries after D together (seconds or text like 2h, 1h30m)",
     )
     parser.add_argument(
         "--restarts",

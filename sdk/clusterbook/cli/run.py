@@ -14,6 +14,7 @@ from clusterbook.cli.job import (
     add_env_option,
     add_recovery_options,
     command,
+    duration_arg,
     env_args,
     recovery_args,
 )
@@ -109,17 +110,22 @@ def _slurm_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--account", metavar="A", help="the Slurm account (with --slurm)")
     parser.add_argument(
         "--ready-timeout",
-        type=float,
+        type=duration_arg("--ready-timeout"),
         default=3600.0,
-        metavar="S",
-        help="with --slurm (or a profile of nodes that join): seconds to wait for the nodes, "
-        "queue included (default 3600)",
+        metavar="D",
+        help="with --slurm (or a profile of nodes that join): how long to wait for the nodes, "
+        "queue included (default 1h; seconds or text like 90s, 30m)",
     )
 
 
 def _job_options(run: argparse.ArgumentParser) -> None:
     """How the job runs: its limits, recovery, environment, launcher and files."""
-    run.add_argument("--timeout", type=float, metavar="S", help="stop the job after S seconds")
+    run.add_argument(
+        "--timeout",
+        type=duration_arg("--timeout"),
+        metavar="D",
+        help="stop the job after D (seconds or text like 90s, 30m, 1h30m)",
+    )
     add_recovery_options(run)
     run.add_argument(
         "--wdir", "-wdir", metavar="DIR", help="the ranks' working directory (default: this one)"

@@ -12,6 +12,7 @@ import sys
 from typing import TYPE_CHECKING
 
 from clusterbook.cli.hosts import slots_arg
+from clusterbook.cli.job import duration_arg
 from clusterbook.nodes.tasks.cpus import usable_cores_here
 
 if TYPE_CHECKING:
@@ -60,10 +61,11 @@ def _add_join(worker_sub: argparse._SubParsersAction[argparse.ArgumentParser]) -
     join.add_argument("--node-id", help="this node's id (default: HOSTNAME-PID)")
     join.add_argument(
         "--lease",
-        type=float,
+        type=duration_arg("--lease"),
         default=10.0,
-        help="seconds without the head before stopping the cluster's jobs here and exiting "
-        "(default 10)",
+        metavar="D",
+        help="how long without the head before stopping the cluster's jobs here and exiting "
+        "(default 10s; seconds or text like 30s, 2m)",
     )
     join.add_argument(
         "--clean-on-lost",
@@ -175,19 +177,19 @@ def _add_serve(worker_sub: argparse._SubParsersAction[argparse.ArgumentParser]) 
     )
     serve.add_argument(
         "--lease",
-        type=float,
+        type=duration_arg("--lease"),
         default=DEFAULT_LEASE,
-        metavar="S",
-        help="seconds to wait for the leader's word once its cluster's agent here stopped "
-        f"(default {DEFAULT_LEASE:g})",
+        metavar="D",
+        help="how long to wait for the leader's word once its cluster's agent here stopped "
+        f"(default {DEFAULT_LEASE:g}s)",
     )
     serve.add_argument(
         "--wait",
-        type=float,
+        type=duration_arg("--wait"),
         default=DEFAULT_WAIT,
-        metavar="S",
-        help=f"seconds to wait for the leader's cluster to reach this host "
-        f"(default {DEFAULT_WAIT:g})",
+        metavar="D",
+        help=f"how long to wait for the leader's cluster to reach this host "
+        f"(default {DEFAULT_WAIT:g}s)",
     )
     serve.set_defaults(func=_serve)
 

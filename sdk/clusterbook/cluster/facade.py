@@ -19,6 +19,7 @@ from clusterbook.cluster import display
 from clusterbook.cluster.kinds import ClusterKinds
 from clusterbook.cluster.local_head import LocalHead
 from clusterbook.cluster.options import ClusterOptions, split_spec
+from clusterbook.durations import Duration
 from clusterbook.functions.methods import FunctionMethods, SweepMethods
 from clusterbook.paths import default_run_root
 from clusterbook.providers.base import Provider
@@ -122,7 +123,7 @@ class Cluster(ClusterKinds, FunctionMethods, SweepMethods):
     def __exit__(self, *exc: object) -> None:
         self.stop()
 
-    def wait_ready(self, timeout: float = 60, *, progress: bool | None = None) -> None:
+    def wait_ready(self, timeout: Duration = 60, *, progress: bool | None = None) -> None:
         """Return when every node is ready to run ranks; raise if that takes over ``timeout``.
 
         Nodes of local and SSH clusters are ready once ``start()`` returned, and again once
@@ -252,15 +253,15 @@ class Cluster(ClusterKinds, FunctionMethods, SweepMethods):
     def run_on_nodes(
         self,
         argv: Sequence[str],
-        timeout: float = 60.0,
+        timeout: Duration = 60.0,
         nodes: str | Collection[str] | None = None,
     ) -> pd.DataFrame:
         """Run ``argv`` on every node at once, or on those ``nodes`` names (a name or a list,
         as :attr:`nodes` and :meth:`status` name them; another name is a
         :class:`~clusterbook.errors.ConfigError` listing them), each stopped after
-        ``timeout`` seconds, for set-up such as ``pip install``; one row per node: node,
-        host, returncode (None: it was stopped, or the node could not be asked), stdout,
-        stderr (their last MiB), duration."""
+        ``timeout`` (seconds, a ``timedelta`` or text like ``"30s"``), for set-up such as
+        ``pip install``; one row per node: node, host, returncode (None: it was stopped, or
+        the node could not be asked), stdout, stderr (their last MiB), duration."""
         return self._head.run_on_nodes(argv, timeout, nodes)
 
     def gather(

@@ -14,6 +14,7 @@ import shutil
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
+from clusterbook.durations import Duration
 from clusterbook.gpus import Slots
 from clusterbook.spec import read_hostfile
 
@@ -85,7 +86,7 @@ class ClusterKinds:
         nodes: int = 2,
         slots: int | None = None,
         partition: str | None = None,
-        time: str | float | None = "1:00:00",
+        time: Duration | None = "1:00:00",
         account: str | None = None,
         sbatch_args: Sequence[str] = (),
         min_nodes: int | None = None,
@@ -205,7 +206,7 @@ class ClusterKinds:
         known_hosts: str | os.PathLike[str] | None = None,
         ssh_config: str | os.PathLike[str] | None = None,
         python: str | None = None,
-        connect_timeout: float = 10.0,
+        connect_timeout: Duration = 10.0,
     ) -> AttachedCluster:
         """A handle on a cluster another kernel or process runs (or ran): ``what`` is its id
         (``clusterbook ls``, ``cb.clusters()``), its name (the newest of that name) or its

@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Any
 from clusterbook.cluster.local_jobs import LocalJobs
 from clusterbook.cluster.on_nodes import NodeCalls
 from clusterbook.cluster.options import ClusterOptions
+from clusterbook.durations import Duration
 from clusterbook.errors import ClusterStateError, ConfigError
 from clusterbook.events import Subscribers
 from clusterbook.head import catalog
@@ -248,7 +249,7 @@ class LocalHead(NodeCalls):
             _LIVE.discard(self)
         self.changed()
 
-    def wait_ready(self, timeout: float = 60, *, progress: bool | None = None) -> None:
+    def wait_ready(self, timeout: Duration = 60, *, progress: bool | None = None) -> None:
         limit = validate_timeout(timeout)
         self._require_running("wait_ready")
         if limit is None:
@@ -323,11 +324,8 @@ class LocalHead(NodeCalls):
     def _problem(self) -> str | None:
         """What is wrong now: nodes lost for good first (what mpirun and wait_ready say too),
         else with the nodes (the provider's view), and with the head's services."""
-        found = (
-            self.provider.lost_for_good() or self.provider.watch.problem(),
-            self._services.problem,
-        )
-        return " ".join(p for p in found if p) or None
+        nodes = self.provider.lost_for_good() or self.provider.watch.problem()
+        return " ".join(p for p in (nodes, self._services.problem) if p) or None
 
     def status(self) -> pd.DataFrame:
         return nodes_frame(self.snapshot())

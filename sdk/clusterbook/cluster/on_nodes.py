@@ -10,6 +10,7 @@ from collections.abc import Callable, Collection, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Protocol
 
+from clusterbook.durations import Duration, duration
 from clusterbook.nodes.commands import NodeRun, chosen_nodes, runs_frame
 from clusterbook.nodes.destination import own_files
 from clusterbook.nodes.outgoing import Outgoing
@@ -37,7 +38,7 @@ class _Head(Protocol):
     def nodes(self) -> tuple[NodeSpec, ...]: ...
     def _require_running(self, what: str) -> None: ...
     def node_runs(
-        self, argv: Sequence[str], timeout: float = 60.0, nodes: Nodes = None
+        self, argv: Sequence[str], timeout: Duration = 60.0, nodes: Nodes = None
     ) -> list[NodeRun]: ...
 
 
@@ -83,16 +84,17 @@ class NodeCalls:
         return gather_into(self.provider.reach.gather, Path(directory), progress)
 
     def node_runs(
-        self: _Head, argv: Sequence[str], timeout: float = 60.0, nodes: Nodes = None
+        self: _Head, argv: Sequence[str], timeout: Duration = 60.0, nodes: Nodes = None
     ) -> list[NodeRun]:
         """What :meth:`run_on_nodes` shows, one :class:`NodeRun` per node."""
         self._require_running("run_on_nodes")
         names = chosen_nodes(self.nodes, nodes, "run_on_nodes")
+        timeout = duration(timeout, "timeout")
         if names is None:  # as a provider written before nodes= was there is asked
             return self.provider.reach.run_on_nodes(argv, timeout)
         return self.provider.reach.run_on_nodes(argv, timeout, nodes=names)
 
     def run_on_nodes(
-        self: _Head, argv: Sequence[str], timeout: float = 60.0, nodes: Nodes = None
+        self: _Head, argv: Sequence[str], timeout: Duration = 60.0, nodes: Nodes = None
     ) -> pd.DataFrame:
         return runs_frame(self.node_runs(argv, timeout, nodes))

@@ -15,10 +15,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypedDict
 
+from clusterbook.durations import Duration, optional_duration
 from clusterbook.errors import ConfigError
 from clusterbook.head.mirror import is_url
 from clusterbook.launch.flavour import MPIFlavour
-from clusterbook.lifetime import DETACHED_LIFE_SPAN, parse_duration
+from clusterbook.lifetime import DETACHED_LIFE_SPAN
 from clusterbook.names import NAME_RULE, is_name
 from clusterbook.paths import default_run_root
 from clusterbook.spec import CLUSTER_OPTIONS, validate_env, validate_forward_env
@@ -39,7 +40,9 @@ __all__ = [
 
 
 class ClusterOptionsArgs(TypedDict, total=False):
-    """The keyword arguments every cluster constructor takes (see :class:`ClusterOptions`)."""
+    """The keyword arguments every cluster constructor takes (see :class:`ClusterOptions`).
+    Durations, here and in each kind's arguments, are seconds, a ``datetime.timedelta`` or
+    text like ``"90s"``, ``"30m"``, ``"1h30m"`` (:mod:`clusterbook.durations`)."""
 
     name: str | None
     run_dir: str | os.PathLike[str] | None
@@ -48,9 +51,9 @@ class ClusterOptionsArgs(TypedDict, total=False):
     mpi: MPIFlavour | str | None
     env: Mapping[str, str] | None
     forward_env: Sequence[str] | None
-    life_span: float | str | None
-    idle_timeout: float | str | None
-    retention: float | str | None
+    life_span: Duration | None
+    idle_timeout: Duration | None
+    retention: Duration | None
     detached: bool
     ephemeral: bool
     work_dir: str | os.PathLike[str] | None
@@ -92,7 +95,7 @@ class SSHArgs(ClusterOptionsArgs, total=False):
     known_hosts: str | os.PathLike[str] | None
     host_keys: str | HostKeyPolicy | Mapping[str, str] | None
     port: int | None
-    connect_timeout: float
+    connect_timeout: Duration
     node_python: Mapping[str, str] | None
     ssh_config: str | os.PathLike[str] | None
     passphrase: str | None
@@ -104,9 +107,9 @@ class ElasticArgs(ClusterOptionsArgs, total=False):
     listen, port
         Where the rendezvous store listens (default 127.0.0.1, any free port).
     last_call
-        Seconds to wait for more nodes once ``min_nodes`` joined (1).
+        How long to wait for more nodes once ``min_nodes`` joined (1 s).
     join_timeout
-        Seconds a node waits for a round to complete (600).
+        How long a node waits for a round to complete (600 s).
     keep_alive_interval, keep_alive_max_attempt
         Nodes heartbeat every ``keep_alive_interval`` seconds (1) and are dropped after
         ``keep_alive_max_attempt`` missed beats (3), or at once when their connection drops.
@@ -114,9 +117,9 @@ class ElasticArgs(ClusterOptionsArgs, total=False):
 
     listen: str
     port: int
-    last_call: float
-    join_timeout: float
-    keep_alive_interval: float
+    last_call: Duration
+    join_timeout: Duration
+    keep_alive_interval: Duration
     keep_alive_max_attempt: int
 
 
@@ -133,17 +136,17 @@ class SlurmArgs(ClusterOptionsArgs, total=False):
         ``runner(argv, env, timeout) -> subprocess.CompletedProcess``; default: here, with
         ``subprocess``. Tests inject :class:`clusterbook.testing.FakeSlurm`.
     poll_interval
-        Seconds between two ``squeue`` of the job while nodes are still to come (0.5).
+        How long between two ``squeue`` of the job while nodes are still to come (0.5 s).
     """
 
     listen: str
     port: int
-    last_call: float
-    join_timeout: float
-    keep_alive_interval: float
+    last_call: Duration
+    join_timeout: Duration
+    keep_alive_interval: Duration
     keep_alive_max_attempt: int
     runner: SlurmRunner
-    poll_interval: float
+    poll_interval: Duration
 
 
 @dataclass(frozen=True, slots=True)
@@ -273,8 +276,8 @@ class ClusterOptions:
             env=validate_env(given.get("env")),  # type: ignore[arg-type]
             forward_env=validate_forward_env(given.get("forward_env")),
             life_span=_life_span(given.get("life_span"), detached),
-            idle_timeout=parse_duration(given.get("idle_timeout"), "idle_timeout"),
-            retention=parse_duration(given.get("retention"), "retention"),
+            idle_timeout=optional_duration(given.get("idle_timeout"), "idle_timeout"),
+            retention=optional_duration(given.get("retention"), "retention"),
             detached=detached,
             ephemeral=ephemeral,
             work_dir=mirror,
@@ -299,7 +302,7 @@ def split_spec(spec: Mapping[str, Any]) -> tuple[Provider, ClusterOptions, dict[
 
 def _life_span(given: object, detached: bool) -> float | None:
     """The life span asked for; a detached cluster's default (nothing runs forever)."""
-    life_span = parse_duration(given, "life_span")
+    life_span = optional_duration(given, "life_span")
     return DETACHED_LIFE_SPAN if life_span is None and detached else life_span
 
 

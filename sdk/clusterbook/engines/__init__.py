@@ -34,6 +34,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol, TypedDict
 
 from clusterbook.cluster.handle import ClusterHandle, JobHandle
+from clusterbook.durations import Duration, duration
 from clusterbook.engines.config import (
     CONNECTION_ENV,
     ENGINES_LABEL,
@@ -48,7 +49,6 @@ from clusterbook.engines.config import (
 from clusterbook.engines.engineset import Controller, EngineSet
 from clusterbook.errors import ClusterError, ConfigError
 from clusterbook.nodes.tasks.common import process_tag
-from clusterbook.spec import validate_seconds
 from clusterbook.views.progress import Bar, bar, checked
 
 if TYPE_CHECKING:
@@ -63,7 +63,7 @@ __all__ = ["EngineArgs", "EngineHost", "EngineSet", "start_engines"]
 class EngineArgs(TypedDict, total=False):
     """What ``cluster.engines(n, ...)`` takes (see :func:`start_engines`)."""
 
-    timeout: float
+    timeout: Duration
     env: Mapping[str, str] | None
     encrypt: bool | None
     progress: bool | None
@@ -99,9 +99,9 @@ def start_engines(
     cluster: EngineHost,
     n: int | None = None,
     *,
-    timeout: float = 60.0,
+    timeout: Duration = 60.0,
     env: Mapping[str, str] | None = None,
-    heartbeat: float = 0.05,
+    heartbeat: Duration = 0.05,
     head_addr: str | None = None,
     encrypt: bool | None = None,
     progress: bool | None = None,
@@ -115,7 +115,8 @@ def start_engines(
     n
         Number of engines (MPI ranks; default: every slot).
     timeout
-        Seconds to wait for the controller and all ``n`` engines; past it everything started
+        How long to wait for the controller and all ``n`` engines (a duration: seconds, a
+        ``datetime.timedelta`` or text like ``"2m"``); past it everything started
         is stopped and :class:`~clusterbook.ReadyTimeoutError` is raised.
     env
         Variables for the engines, as for ``cluster.mpirun``.
@@ -139,7 +140,7 @@ def start_engines(
         ``%%px`` are pointed at its engines.
     """
     ipyparallel, zmq = _imported()
-    limit = _checked(timeout, heartbeat, encrypt)
+    limit, heartbeat = _checked(timeout, heartbeat, encrypt)
     progress = checked(progress)  # a bad value is named before anything starts
     deadline = time.monotonic() + limit
     # CurveZMQ when the traffic crosses the nodes' network: encrypted, not only signed.
@@ -188,15 +189,15 @@ def _imported() -> tuple[Any, Any]:
     return ipyparallel, zmq
 
 
-def _checked(timeout: float, heartbeat: float, encrypt: bool | None) -> float:
-    """The seconds to wait for the engines; bad values are named before anything starts."""
-    limit = validate_seconds(timeout, "timeout")
-    assert limit is not None
-    if not 0.01 <= (validate_seconds(heartbeat, "heartbeat") or 0) <= 10:
+def _checked(timeout: object, heartbeat: object, encrypt: bool | None) -> tuple[float, float]:
+    """The seconds to wait for the engines and between heartbeats; bad values are named
+    before anything starts."""
+    limit, beat = duration(timeout, "timeout"), duration(heartbeat, "heartbeat")
+    if not 0.01 <= beat <= 10:
         raise ConfigError(f"heartbeat must be between 0.01 and 10 seconds, got {heartbeat!r}.")
     if encrypt is not None and not isinstance(encrypt, bool):  # 1 == True, but is not one
         raise ConfigError(f"encrypt must be True, False or None (automatic), got {encrypt!r}.")
-    return limit
+    return limit, beat
 
 
 def _spawn_controller(

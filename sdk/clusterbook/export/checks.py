@@ -10,10 +10,10 @@ import posixpath
 import re
 from collections.abc import Mapping
 
+from clusterbook.durations import optional_duration
 from clusterbook.errors import ConfigError
 from clusterbook.launch.flavour import MPIFlavour
 from clusterbook.launch.recovery import Backoff
-from clusterbook.lifetime import parse_duration
 from clusterbook.wording import spell
 
 __all__ = [
@@ -208,13 +208,7 @@ def check_cwd(cwd: object) -> str | None:
 
 
 def check_retention(value: object) -> int | None:
-    try:
-        seconds = parse_duration(value, "retention")
-    except ConfigError:
-        raise ConfigError(
-            f"Retention {value!r} is not a duration; give how long the finished job is kept, "
-            f"like {spell('retention', '7d')} or {spell('retention', 3600)} (seconds)."
-        ) from None
+    seconds = optional_duration(value, "retention")  # how long the finished job is kept
     if seconds is None:
         return None
     if seconds > _INT32:

@@ -14,6 +14,7 @@ import math
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any, TypedDict
 
+from clusterbook.durations import Duration
 from clusterbook.errors import ConfigError
 from clusterbook.export.checks import (
     MPI_IMPLEMENTATIONS,
@@ -107,14 +108,14 @@ class MPIJobArgs(TypedDict, total=False):
     slots_per_worker: int
     mpi: MPIFlavour | str
     retries: int
-    backoff: float | str | Backoff
+    backoff: Duration | Backoff
     retry_on: Sequence[str] | str | None
-    deadline: float | str | None
+    deadline: Duration | None
     restarts: int
-    timeout: float | None
+    timeout: Duration | None
     env: Mapping[str, str] | None
     cwd: str | None
-    retention: float | str | None
+    retention: Duration | None
     clean: str | None
     resources: Mapping[str, Mapping[str, str | float]] | None
     ssh_auth_mount_path: str
@@ -131,14 +132,14 @@ def render_mpijob(
     slots_per_worker: int = 1,
     mpi: MPIFlavour | str = MPIFlavour.OPENMPI,
     retries: int = 0,
-    backoff: float | str | Backoff = 1.0,
+    backoff: Duration | Backoff = 1.0,
     retry_on: Sequence[str] | str | None = None,
-    deadline: float | str | None = None,
+    deadline: Duration | None = None,
     restarts: int = 0,
-    timeout: float | None = None,
+    timeout: Duration | None = None,
     env: Mapping[str, str] | None = None,
     cwd: str | None = None,
-    retention: float | str | None = None,
+    retention: Duration | None = None,
     clean: str | None = "running",
     resources: Mapping[str, Mapping[str, str | float]] | None = None,
     ssh_auth_mount_path: str = SSH_AUTH_MOUNT_PATH,
@@ -261,7 +262,7 @@ def _metadata(name: str, namespace: str | None) -> dict[str, Any]:
 
 
 def _run_policy(
-    recovery: Recovery, retention: float | str | None, clean: str | None
+    recovery: Recovery, retention: Duration | None, clean: str | None
 ) -> dict[str, Any]:
     """``runPolicy``: the launcher is never run again (clusterbook retries), the job's
     deadline with a grace, how long it is kept and which pods go when it ends."""

@@ -172,7 +172,8 @@ CLUSTER_DTYPES = {
     "running_jobs": "Int64",
     "created": "datetime64[us, UTC]",
     "stopped": "datetime64[us, UTC]",
-    "time_left": "string",
+    "time_left": "timedelta64[ns]",  # NaT: it will not stop by itself
+    "stops_by": "string",  # what stops it then: life_span or idle_timeout
     "detached": "boolean",
     "directory": "string",
     "problem": "string",
@@ -191,6 +192,7 @@ def clusters_frame(root: Path | None = None, *, now: float | None = None) -> pd.
     for column in ("created", "stopped"):
         seconds = frame[column].astype("float64")
         frame[column] = pd.to_datetime(seconds, unit="s", utc=True).astype("datetime64[us, UTC]")
+    frame["time_left"] = pd.to_timedelta(frame["time_left"].astype("float64"), unit="s")
     others = {k: v for k, v in CLUSTER_DTYPES.items() if k not in ("created", "stopped")}
     typed: pd.DataFrame = frame.astype(others)
     return typed
@@ -201,9 +203,9 @@ def _row(found: Found, now: float) -> tuple[object, ...]:
     if r is None:
         problem = str(found.error) if found.error else None
         return (found.id, None, None, "damaged", None, None, None, None, None, None, None, None,
-                str(found.path), problem)  # fmt: skip
+                None, str(found.path), problem)  # fmt: skip
     running = sum(j.state == "running" for j in r.jobs)
-    left = time_left(r, now)
+    left = snapshot_from(r, now=now, stale=False).time_left
     problem = "its head is gone; clusterbook stop cleans what is left" if found.stale else r.problem
     return (
         r.id,
@@ -216,7 +218,8 @@ def _row(found: Found, now: float) -> tuple[object, ...]:
         running,
         r.created,
         r.stopped,
-        left,
+        None if left is None else round(left[0]),
+        None if left is None else left[1],
         r.detached,
         str(found.path),
         problem,

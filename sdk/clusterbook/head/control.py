@@ -42,6 +42,7 @@ A request that fails with a :class:`~clusterbook.errors.ClusterError` answers
 from __future__ import annotations
 
 import contextlib
+import datetime
 import hashlib
 import hmac
 import json
@@ -253,7 +254,7 @@ class ControlClient:
         """Send request ``op`` and return its answer; raise the error the head answered
         with, or :class:`ClusterStateError` when the head cannot be reached or does not
         prove it is the cluster's."""
-        payload = json.dumps({"op": op, **args}).encode()
+        payload = json.dumps({"op": op, **args}, default=_seconds).encode()
         with self._lock:
             try:
                 chan = self._connect()
@@ -357,3 +358,11 @@ def rebuilt_error(error: Mapping[str, Any]) -> ClusterError:
     exc = kind.__new__(kind)
     Exception.__init__(exc, message)
     return exc
+
+
+def _seconds(value: object) -> float:
+    """A request's duration given as a timedelta (a job's ``timeout``, ``deadline``), as the
+    seconds the head reads; anything else JSON cannot carry is refused as ``json`` does."""
+    if isinstance(value, datetime.timedelta):
+        return value.total_seconds()
+    raise TypeError(f"Object of type {type(value).__name__} is not JSON serializable")

@@ -13,6 +13,7 @@ is the cluster layer's (a head made again from the spec); what starts it, and ho
 
 from __future__ import annotations
 
+import datetime
 import json
 import os
 import subprocess
@@ -80,6 +81,8 @@ def launch_supervisor(spec: Mapping[str, Any], cluster_id: str, run_dir: Path) -
 def _plain(value: object) -> object:
     if isinstance(value, os.PathLike):
         return os.fspath(value)
+    if isinstance(value, datetime.timedelta):  # a duration, as the seconds it stands for
+        return value.total_seconds()
     raise TypeError(f"{value!r} ({type(value).__name__}) is not one")
 
 

@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     import asyncio
 
+    from clusterbook.durations import Duration
     from clusterbook.launch.result import JobResult
 
 __all__ = ["JobFuture", "ValueReader"]
@@ -54,7 +55,7 @@ class JobFuture:
         """The job's :class:`JobResult` once it has ended (every attempt), else None."""
         raise NotImplementedError
 
-    def wait(self, timeout: float | None = None) -> JobResult:
+    def wait(self, timeout: Duration | None = None) -> JobResult:
         raise NotImplementedError
 
     def _request_cancel(self) -> None:
@@ -93,7 +94,7 @@ class JobFuture:
         self._request_cancel()
         return True
 
-    def result(self, timeout: float | None = None) -> Any:
+    def result(self, timeout: Duration | None = None) -> Any:
         """Wait for the job (``timeout``: for this wait only, as ``wait``) and return its
         value: for a function job (``Cluster.submit``) the list of what each rank returned, by
         rank; for an argv job its :class:`JobResult`. A job that did not succeed raises
@@ -104,7 +105,7 @@ class JobFuture:
             raise value
         return value
 
-    def exception(self, timeout: float | None = None) -> BaseException | None:
+    def exception(self, timeout: Duration | None = None) -> BaseException | None:
         """Wait for the job as :meth:`result` does and return the error it would raise, or
         None for a job that succeeded."""
         ok, value = self._settle(timeout)
@@ -140,7 +141,7 @@ class JobFuture:
 
     # -- internals -------------------------------------------------------------------------
 
-    def _settle(self, timeout: float | None) -> tuple[bool, Any]:
+    def _settle(self, timeout: Duration | None) -> tuple[bool, Any]:
         """(True, value) or (False, the error :meth:`result` raises), read once."""
         outcome = self.wait(timeout)
         with self._future_lock:

@@ -15,6 +15,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from clusterbook.durations import Duration
 from clusterbook.errors import ClusterError, JobTimeoutError
 from clusterbook.launch.attempt import Attempt
 from clusterbook.launch.command import LaunchPlan
@@ -174,7 +175,7 @@ class Job(JobFuture):
         """Why clusterbook stopped the current attempt itself (see :meth:`fail`), if it did."""
         return self._current.error
 
-    def wait(self, timeout: float | None = None) -> JobResult:
+    def wait(self, timeout: Duration | None = None) -> JobResult:
         """Wait for the job to end and return its :class:`JobResult`.
 
         ``timeout`` bounds this wait only: when it passes, :class:`JobTimeoutError` is raised

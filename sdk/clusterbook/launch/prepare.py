@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TypedDict
 
+from clusterbook.durations import Duration
 from clusterbook.errors import ConfigError, NodeLostError, RunDirError
 from clusterbook.launch.attempt import Attempt
 from clusterbook.launch.command import LaunchPlan, placement
@@ -47,14 +48,16 @@ _log = logging.getLogger("clusterbook.job")
 
 
 class JobArgs(TypedDict, total=False):
-    """What ``cluster.mpirun(argv, np, ...)`` takes besides the program and its ranks.
+    """What ``cluster.mpirun(argv, np, ...)`` takes besides the program and its ranks. Its
+    durations (``timeout``, ``backoff``, ``deadline``) are seconds, a ``datetime.timedelta``
+    or text like ``"90s"``, ``"30m"``, ``"1h30m"`` (:mod:`clusterbook.durations`).
 
     env
         Variables for the ranks, passed byte for byte.
     cwd
         Working directory of the ranks (default: the current one).
     timeout
-        Seconds after which the job is stopped; Python ranks first dump their stacks.
+        How long until the job is stopped; Python ranks first dump their stacks.
     oversubscribe
         Allow more ranks than slots.
     launcher_args
@@ -67,13 +70,13 @@ class JobArgs(TypedDict, total=False):
         Run the job again after a failure, up to this many times (default 0), each attempt
         with its own logs (``job.logs()``'s ``attempt`` column).
     backoff
-        Seconds before the first retry, doubled after each one up to 60 s (default 1), or a
+        How long before the first retry, doubled after each one up to 60 s (default 1), or a
         ``cb.Backoff(first, factor, limit)``.
     retry_on
         Which endings are retried: ``"failure"`` (a rank failed), ``"node-lost"``,
         ``"timeout"`` (default: ``{"failure", "node-lost"}``).
     deadline
-        Seconds (or ``"2h"``) the job and all its retries may take together; at it the job is
+        How long (like ``"2h"``) the job and all its retries may take together; at it the job is
         stopped as at a timeout (Python ranks dump their stacks).
     restarts
         When a node the job runs on is lost, relaunch it at once on the nodes that are left,
@@ -106,14 +109,14 @@ class JobArgs(TypedDict, total=False):
 
     env: Mapping[str, str] | None
     cwd: str | os.PathLike[str] | None
-    timeout: float | None
+    timeout: Duration | None
     oversubscribe: bool
     launcher_args: Sequence[str]
     abort_on_error: bool
     retries: int
-    backoff: float | str | Backoff
+    backoff: Duration | Backoff
     retry_on: Sequence[str] | str | None
-    deadline: float | str | None
+    deadline: Duration | None
     restarts: int
     restart_on_join: bool
     clean: str
@@ -144,14 +147,14 @@ class JobRequest:
         slots: int,
         env: Mapping[str, str] | None = None,
         cwd: str | os.PathLike[str] | None = None,
-        timeout: float | None = None,
+        timeout: Duration | None = None,
         oversubscribe: bool = False,
         launcher_args: Sequence[str] = (),
         abort_on_error: bool = True,
         retries: int = 0,
-        backoff: float | str | Backoff = 1.0,
+        backoff: Duration | Backoff = 1.0,
         retry_on: Sequence[str] | str | None = None,
-        deadline: float | str | None = None,
+        deadline: Duration | None = None,
         restarts: int = 0,
         restart_on_join: bool = False,
         clean: str = "all",

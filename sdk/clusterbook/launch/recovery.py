@@ -14,9 +14,9 @@ import math
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
+from clusterbook.durations import optional_duration
 from clusterbook.errors import ConfigError, NodeLostError
 from clusterbook.launch.result import JobResult
-from clusterbook.lifetime import parse_duration
 from clusterbook.wording import spell
 
 __all__ = [
@@ -42,16 +42,6 @@ DEFAULT_RETRY_ON = frozenset({"failure", "node-lost"})
 _LIMIT = 60.0
 
 
-def _is_zero(value: object) -> bool:
-    """``0``, ``0.0``, ``"0"``, ``"0s"``: no delay (a duration otherwise is more than 0)."""
-    if isinstance(value, str):
-        try:
-            return float(value.strip().lower().removesuffix("s")) == 0
-        except ValueError:
-            return False
-    return not isinstance(value, bool) and value == 0
-
-
 @dataclass(frozen=True, slots=True)
 class Backoff:
     """The delay before each retry: ``first`` seconds, times ``factor`` after each one, at
@@ -72,16 +62,10 @@ class Backoff:
         if isinstance(value, Backoff):
             backoff = value
         else:
-            try:
-                first = 0.0 if _is_zero(value) else parse_duration(value, "backoff")
-                if first is None:
-                    return cls()
-            except ConfigError:
-                raise ConfigError(
-                    f"Backoff {value!r} is not a delay; give the seconds before the first retry "
-                    f"(it doubles after each one), like {spell('backoff', 5)} or "
-                    f"{spell('backoff', '30s')}."
-                ) from None
+            # How long before the first retry (it doubles after each one).
+            first = optional_duration(value, "backoff", zero=True)
+            if first is None:
+                return cls()
             backoff = cls(first=first, limit=max(first, _LIMIT))
         for name in ("first", "factor", "limit"):
             number = getattr(backoff, name)
@@ -114,7 +98,7 @@ class Recovery:
         retries: int = 0,
         backoff: object = 1.0,
         retry_on: Iterable[str] | str | None = None,
-        deadline: float | str | None = None,
+        deadline: object = None,
         timeout: float | None = None,
         restarts: int = 0,
         restart_on_join: bool = False,
@@ -148,7 +132,7 @@ class Recovery:
                     f"{spell(name, example)}."
                 )
         chosen = DEFAULT_RETRY_ON if retry_on is None else _retry_on(retry_on)
-        limit = parse_duration(deadline, "deadline")
+        limit = optional_duration(deadline, "deadline")
         if limit is not None and timeout is not None and limit < timeout:
             raise ConfigError(
                 f"The deadline ({limit:g} s) is shorter than one attempt's timeout "

@@ -19,6 +19,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from clusterbook.durations import Duration
 from clusterbook.errors import JobTimeoutError, RecordError
 from clusterbook.launch.files import LOCAL, Files
 from clusterbook.launch.future import JobFuture
@@ -95,7 +96,7 @@ class SavedJob(JobFuture):
         result = self.outcome
         return 0 if result is None else sum(c is not None for c in result.rank_exit_codes.values())
 
-    def wait(self, timeout: float | None = None) -> JobResult:
+    def wait(self, timeout: Duration | None = None) -> JobResult:
         """Wait for the job's result (``timeout``: for this wait only, as ``Job.wait``)."""
         limit = validate_timeout(timeout)
         deadline = None if limit is None else time.monotonic() + limit

@@ -27,7 +27,7 @@ COMMAND_DTYPES = {
     "returncode": "Int64",
     "stdout": "string",
     "stderr": "string",
-    "duration": "float64",
+    "duration": "timedelta64[ns]",
 }
 
 
@@ -113,10 +113,13 @@ def _first(nodes: Sequence[NodeSpec]) -> str:
 
 
 def runs_frame(runs: Sequence[NodeRun]) -> pd.DataFrame:
-    """One row per node: node, host, returncode (nullable Int64), stdout, stderr, duration."""
+    """One row per node: node, host, returncode (nullable Int64), stdout, stderr, duration
+    (a timedelta)."""
     import pandas as pd
 
     rows = [(r.node, r.host, r.returncode, r.stdout, r.stderr, r.duration) for r in runs]
     frame: pd.DataFrame = pd.DataFrame(rows, columns=list(COMMAND_COLUMNS))
+    seconds = frame["duration"].astype("float64")
+    frame["duration"] = pd.to_timedelta(seconds, unit="s").dt.round("us")  # not the float noise
     typed: pd.DataFrame = frame.astype(COMMAND_DTYPES)
     return typed

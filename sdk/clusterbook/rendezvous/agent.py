@@ -21,6 +21,7 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
+from clusterbook.durations import duration
 from clusterbook.nodes.tasks import common, install, procs
 from clusterbook.rendezvous.api import (
     RendezvousBackend,
@@ -32,7 +33,6 @@ from clusterbook.rendezvous.handler import RendezvousHandler
 from clusterbook.rendezvous.registry import BackendFactory, backend_for, join_url, parse_join_url
 from clusterbook.rendezvous.report import NodeReport
 from clusterbook.rendezvous.state import RendezvousState, decode
-from clusterbook.spec import validate_seconds
 
 __all__ = [
     "AGENT_IMPORTS",
@@ -134,7 +134,7 @@ class Agent:
 
     def __post_init__(self) -> None:
         self.store_url, self.settings = parse_join_url(self.url)
-        validate_seconds(self.lease, "The lease")
+        self.lease = duration(self.lease, "The lease")  # seconds, whatever form was given
         self.stop_event = threading.Event()
         self._facts = self.facts or NodeReport.here(self.slots)
         self._store_lost = False

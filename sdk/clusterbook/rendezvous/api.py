@@ -167,7 +167,8 @@ class RendezvousTimeout:
 
     def __post_init__(self) -> None:
         for name in ("join", "last_call", "close", "heartbeat"):
-            _positive(getattr(self, name), f"{name} timeout")
+            # Kept as seconds, whatever form of duration was given ("30s", a timedelta).
+            object.__setattr__(self, name, _positive(getattr(self, name), f"{name} timeout"))
 
 
 @dataclass(frozen=True, slots=True)
@@ -203,7 +204,8 @@ class RendezvousSettings:
                 f"The maximum number of nodes ({self.max_nodes}) must be greater than or equal "
                 f"to the minimum number of nodes ({self.min_nodes})."
             )
-        _positive(self.keep_alive_interval, "keep-alive interval")
+        interval = _positive(self.keep_alive_interval, "keep-alive interval")
+        object.__setattr__(self, "keep_alive_interval", interval)
         attempts = self.keep_alive_max_attempt
         if isinstance(attempts, bool) or not isinstance(attempts, int) or attempts < 1:
             raise ConfigError(

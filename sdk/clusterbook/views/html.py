@@ -62,11 +62,16 @@ def _bytes(value: float) -> str:
 
 
 def _memory(node: NodeStatus) -> str:
-    """``37% of 23.5 GiB``, or what is known of it."""
+    """``8.8 GiB of 23.5 GiB (37%)``, as ``status()`` has it in ``memory_used_gib`` and
+    ``memory_gib``; or what is known of it."""
     if node.memory_used is None and node.memory is None:
         return "—"
-    used = "?" if node.memory_used is None else f"{node.memory_used:.0f}%"
-    return escaped(used if node.memory is None else f"{used} of {_bytes(node.memory)}")
+    if node.memory is None:
+        return escaped(f"{node.memory_used:.0f}%")
+    if node.memory_used is None:
+        return escaped(f"? of {_bytes(node.memory)}")
+    used = _bytes(node.memory_used / 100 * node.memory)
+    return escaped(f"{used} of {_bytes(node.memory)} ({node.memory_used:.0f}%)")
 
 
 # -- cluster ---------------------------------------------------------------------------------

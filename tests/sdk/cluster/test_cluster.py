@@ -66,7 +66,7 @@ def test_stop_runs_on_error_inside_with(cluster):
         ({"argv": ["true"], "np": 5}, cb.ConfigError, "np=5 is more than the cluster's 4 slots"),
         ({"argv": ["true"], "env": {"BAD-NAME": "1"}}, cb.ConfigError, "'BAD-NAME' is invalid"),
         ({"argv": ["true"], "env": {"N": 1}}, cb.ConfigError, "pass a string, like N='1'"),
-        ({"argv": ["true"], "timeout": 0}, cb.ConfigError, "timeout must be a number of seconds"),
+        ({"argv": ["true"], "timeout": 0}, cb.ConfigError, "timeout must be a duration"),
         ({"argv": ["true"], "timeout": -5}, cb.ConfigError, "got -5"),
         ({"argv": ["true"], "cwd": "/no/such/dir"}, cb.ConfigError, "'/no/such/dir' is not a dir"),
         (

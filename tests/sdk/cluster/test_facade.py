@@ -8,6 +8,7 @@ from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
 
+import pandas as pd
 import pytest
 
 import clusterbook as cb
@@ -222,7 +223,7 @@ def test_run_on_nodes_gives_a_row_per_node_with_code_output_and_time(make) -> No
     assert str(frame.returncode.dtype) == "Int64"
     assert frame.stdout.tolist() == ["out\n", "out\n"]
     assert frame.stderr.tolist() == ["err\n", "err\n"]
-    assert (frame.duration >= 0).all()
+    assert (frame.duration >= pd.Timedelta(0)).all()
 
 
 def test_run_on_nodes_stops_what_runs_over_its_time_and_says_what_was_not_found(make) -> None:
@@ -231,13 +232,13 @@ def test_run_on_nodes_stops_what_runs_over_its_time_and_says_what_was_not_found(
     assert slow.returncode.isna().all()
     assert slow.stdout[0] == "started\n"
     assert "ran over its 0.5 s" in slow.stderr[0]
-    assert slow.duration[0] < 10
+    assert slow.duration[0] < pd.Timedelta(seconds=10)
     missing = cluster.run_on_nodes(["no-such-program-xyz"])
     assert missing.returncode.tolist() == [127]
     assert "no-such-program-xyz" in missing.stderr[0]
     with pytest.raises(cb.ConfigError, match="not the string"):
         cluster.run_on_nodes("hostname")  # type: ignore[arg-type]
-    with pytest.raises(cb.ConfigError, match="timeout must be a number of seconds"):
+    with pytest.raises(cb.ConfigError, match="timeout must be a duration"):
         cluster.run_on_nodes(["true"], timeout=0)
 
 

@@ -3,6 +3,7 @@ real launcher, driven from a real IPython shell with ``%%px``."""
 
 from __future__ import annotations
 
+import datetime
 import json
 import os
 import signal
@@ -19,7 +20,7 @@ from IPython.testing.globalipapp import start_ipython
 from IPython.utils.capture import capture_output
 
 import clusterbook as cb
-from clusterbook.engines import start_engines
+from clusterbook.engines import _checked, start_engines
 from clusterbook.engines.config import (
     CONNECTION_ENV,
     ENGINES_LABEL,
@@ -119,11 +120,15 @@ def test_bad_arguments_are_refused_before_anything_starts(tmp_path: Path) -> Non
     cluster = cb.Cluster.local(1, 1, run_dir=tmp_path / "run")
     with pytest.raises(cb.ClusterStateError, match="not started"):
         cluster.engines(1)
-    for bad in (0, -1, float("nan"), None, "5", True):
-        with pytest.raises(cb.ConfigError, match="timeout must be a number of seconds > 0"):
+    for bad in (0, -1, float("nan"), None, "soon", True):
+        with pytest.raises(cb.ConfigError, match="timeout must be a duration > 0"):
             start_engines(cluster, 1, timeout=bad)  # type: ignore[arg-type]
     with pytest.raises(cb.ConfigError, match="heartbeat"):
         start_engines(cluster, 1, heartbeat=0)
+    with pytest.raises(cb.ConfigError, match=r"heartbeat must be between .* got '20s'"):
+        start_engines(cluster, 1, heartbeat="20s")
+    for fine in ("50ms", datetime.timedelta(milliseconds=50), 0.05):  # the seconds go on
+        assert _checked("2m", fine, None) == (120.0, 0.05)
     with pytest.raises(cb.ConfigError, match=r"progress must be True, False or None.*'yes'"):
         start_engines(cluster, 1, progress="yes")  # type: ignore[arg-type]
     assert not (tmp_path / "run").exists()

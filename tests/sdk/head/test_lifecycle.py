@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 
 import clusterbook as cb
+from clusterbook.durations import optional_duration
 from clusterbook.head import catalog
 from clusterbook.head.keeper import Keeper
 from clusterbook.head.record import (
@@ -27,7 +28,7 @@ from clusterbook.head.record import (
     write_atomic,
     write_record,
 )
-from clusterbook.lifetime import Lifetime, decide, format_duration, parse_duration
+from clusterbook.lifetime import Lifetime, decide, format_duration
 from clusterbook.status import NodeStatus
 
 # -- durations -----------------------------------------------------------------------------
@@ -39,13 +40,15 @@ from clusterbook.status import NodeStatus
      ("1h30m", 5400.0), ("7d", 604800.0), (" 2H ", 7200.0), ("1w", 604800.0), (None, None)],
 )  # fmt: skip
 def test_durations_are_seconds_or_text(given: object, seconds: float | None) -> None:
-    assert parse_duration(given, "life_span") == seconds
+    assert optional_duration(given, "life_span") == seconds
 
 
 @pytest.mark.parametrize("bad", ["", "soon", "2x", "-5", 0, -1, "h", True, float("inf"), "1h 2"])
 def test_a_bad_duration_names_the_option_and_the_forms(bad: object) -> None:
-    with pytest.raises(cb.ConfigError, match=r"life_span=.* is not a duration; give seconds"):
-        parse_duration(bad, "life_span")
+    with pytest.raises(
+        cb.ConfigError, match=r"life_span must be a duration > 0, got .*; give seconds"
+    ):
+        optional_duration(bad, "life_span")
 
 
 def test_durations_read_as_a_person_says_them() -> None:
@@ -59,7 +62,7 @@ def test_cluster_options_take_durations_and_refuse_bad_ones() -> None:
     assert (c._options.life_span, c._options.idle_timeout, c._options.retention) == (
         7200.0, 1800.0, 604800.0,
     )  # fmt: skip
-    with pytest.raises(cb.ConfigError, match="idle_timeout='later'"):
+    with pytest.raises(cb.ConfigError, match="idle_timeout must be a duration > 0, got 'later'"):
         cb.Cluster.local(workers=1, idle_timeout="later")
 
 

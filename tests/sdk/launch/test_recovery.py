@@ -73,11 +73,11 @@ def test_recovery_defaults_retry_nothing() -> None:
         ({"retries": "3"}, "Retries '3' is not a whole number"),
         ({"retry_on": "oops"}, "'oops' is not an ending a job can retry; choose among 'failure'"),
         ({"retry_on": []}, "nothing is not an ending"),
-        ({"backoff": -1}, "Backoff -1 is not a delay"),
+        ({"backoff": -1}, "backoff must be a duration >= 0, got -1 .it is negative."),
         ({"backoff": Backoff(1, 0.5)}, "factor 0.5 would shorten the delays"),
         ({"backoff": Backoff(float("nan"))}, "first nan must be a finite number"),
-        ({"deadline": "soon"}, "deadline='soon' is not a duration"),
-        ({"deadline": 0}, "deadline=0 is not a duration"),
+        ({"deadline": "soon"}, "deadline must be a duration > 0, got 'soon'"),
+        ({"deadline": 0}, "deadline must be a duration > 0, got 0"),
         ({"deadline": "1m", "timeout": 120}, r"shorter than one attempt's timeout \(120 s\)"),
     ],
 )
@@ -91,7 +91,13 @@ def test_bad_recovery_arguments_name_the_value_and_the_fix(
 def test_errors_name_the_flags_on_the_command_line() -> None:
     with speaking("cli"), pytest.raises(cb.ConfigError, match="like --retries 3"):
         Recovery.make(retries=-1)
-    with speaking("magics"), pytest.raises(cb.ConfigError, match="like --backoff 5"):
+    with (
+        speaking("magics"),
+        pytest.raises(
+            cb.ConfigError,
+            match=r"^--backoff must be a duration >= 0, got .later.*like --backoff 30m\.$",
+        ),
+    ):
         Recovery.make(backoff="later")
 
 

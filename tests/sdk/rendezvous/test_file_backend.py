@@ -3,6 +3,7 @@ threads, whole states for readers, locations and errors."""
 
 from __future__ import annotations
 
+import datetime
 import json
 import os
 import subprocess
@@ -337,6 +338,13 @@ def test_bad_settings(tmp_path: Path) -> None:
         FileBackend(tmp_path, timeout=0)
     with pytest.raises(ConfigError, match="poll interval"):
         FileBackend(tmp_path, poll_interval=float("nan"))
+
+
+def test_settings_given_as_durations_are_read_as_seconds(tmp_path: Path) -> None:
+    store = FileBackend(tmp_path, timeout="1m", poll_interval=datetime.timedelta(milliseconds=20))
+    assert store.watch(None, 0.05) is None  # nothing stored: polled every 20 ms until then
+    with pytest.raises(ConfigError, match=r"The lock timeout must be a duration > 0, got '1 min'"):
+        FileBackend(tmp_path, timeout="1 min")
 
 
 def test_watch_polls_cheaply_until_the_timeout(tmp_path: Path) -> None:

@@ -5,6 +5,7 @@ on, and the end of the loop told to its service."""
 
 from __future__ import annotations
 
+import datetime
 import errno
 import logging
 import socket
@@ -63,6 +64,11 @@ def test_bad_limits_are_config_errors_naming_the_value(
     with pytest.raises(ConfigError, match=named) as info:
         Limits(**kwargs)
     assert f"got {shown}" in str(info.value)
+
+
+def test_limits_given_as_durations_keep_their_seconds() -> None:
+    limits = Limits(handshake="5s", patience=datetime.timedelta(0), backoff=("50ms", "1s"))
+    assert (limits.handshake, limits.patience, limits.backoff) == (5.0, 0.0, (0.05, 1.0))
 
 
 # -- a real loop -------------------------------------------------------------------------------

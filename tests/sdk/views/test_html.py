@@ -150,7 +150,7 @@ def test_node_table_shows_slots_ranks_heartbeat_load_and_memory():
     assert cells[4] == "0,1 (job-0002)"
     assert cells[5] == "0.2 s ago"
     assert cells[6] == "1.50"
-    assert cells[7] == "37% of 23.5 GiB"
+    assert cells[7] == "8.8 GiB of 23.5 GiB (37%)"
 
 
 def test_memory_shows_what_is_known_of_it():

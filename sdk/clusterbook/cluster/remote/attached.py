@@ -30,6 +30,7 @@ from clusterbook.cluster.remote.dead_head import clean_after_dead_head
 from clusterbook.cluster.remote.held import Held
 from clusterbook.cluster.remote.node_calls import AttachedNodeCalls
 from clusterbook.cluster.remote.rundir import ClusterDir, LocalDir, open_dir
+from clusterbook.durations import Duration, duration
 from clusterbook.errors import ClusterError, ClusterStateError, RecordError
 from clusterbook.events import Subscribers
 from clusterbook.functions.methods import FunctionMethods
@@ -78,7 +79,7 @@ class AttachedCluster(AttachedNodeCalls, FunctionMethods):
         known_hosts: str | os.PathLike[str] | None = None,
         ssh_config: str | os.PathLike[str] | None = None,
         python: str | None = None,
-        connect_timeout: float = 10.0,
+        connect_timeout: Duration = 10.0,
     ) -> AttachedCluster:
         """A handle on cluster ``what`` (see ``Cluster.attach``); the keyword arguments say
         how an ``ssh://`` address is reached."""
@@ -207,7 +208,7 @@ class AttachedCluster(AttachedNodeCalls, FunctionMethods):
         answer = self._call("mpirun", argv=list(argv), np=np, job=args)
         return self._saved(answer["id"], answer["directory"])
 
-    def wait_ready(self, timeout: float = 60, *, progress: bool | None = None) -> None:
+    def wait_ready(self, timeout: Duration = 60, *, progress: bool | None = None) -> None:
         """Return when the head says every node is ready (see ``Cluster.wait_ready``)."""
         limit = validate_timeout(timeout)  # named here, as the head would name it
         if limit is not None:
@@ -279,7 +280,7 @@ class AttachedCluster(AttachedNodeCalls, FunctionMethods):
     # -- stopping ----------------------------------------------------------------------------
 
     def stop(
-        self, timeout: float = 30.0, *, reason: str | None = None, force: bool = False
+        self, timeout: Duration = 30.0, *, reason: str | None = None, force: bool = False
     ) -> None:
         """Stop the cluster: its head is asked to (or, when it takes no requests, finds the
         stop file within a second); a head that is gone leaves this process to stop what is
@@ -289,6 +290,7 @@ class AttachedCluster(AttachedNodeCalls, FunctionMethods):
         ``force``: also when this machine cannot verify that the head runs (it ran on
         another machine; an older clusterbook wrote a record whose pid may be another
         process's now), stop what it left here and mark the record stopped."""
+        timeout = duration(timeout, "timeout")
         asked = reason or f"stopped by an attached handle (pid {os.getpid()})"
         if self._dir.stop_there(timeout, asked, force):  # on the head's machine, by its own
             self._held.close_client()

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
 from clusterbook.cluster.remote.rundir import ClusterDir
+from clusterbook.durations import Duration, duration
 from clusterbook.errors import ConfigError
 
 if TYPE_CHECKING:
@@ -40,7 +41,7 @@ class _Handle(Protocol):
         self, op: str, *, reply_within: float | None = None, **args: Any
     ) -> dict[str, Any]: ...
     def node_runs(
-        self, argv: Sequence[str], timeout: float = 60.0, nodes: Nodes = None
+        self, argv: Sequence[str], timeout: Duration = 60.0, nodes: Nodes = None
     ) -> list[NodeRun]: ...
 
 
@@ -102,7 +103,7 @@ class AttachedNodeCalls:
         return [Path(p) for p in answer["paths"]]
 
     def run_on_nodes(
-        self: _Handle, argv: Sequence[str], timeout: float = 60.0, nodes: Nodes = None
+        self: _Handle, argv: Sequence[str], timeout: Duration = 60.0, nodes: Nodes = None
     ) -> pd.DataFrame:
         """Run ``argv`` on every node (or those ``nodes`` names), as ``Cluster.run_on_nodes``."""
         from clusterbook.nodes.commands import runs_frame
@@ -110,7 +111,7 @@ class AttachedNodeCalls:
         return runs_frame(self.node_runs(argv, timeout, nodes))
 
     def node_runs(
-        self: _Handle, argv: Sequence[str], timeout: float = 60.0, nodes: Nodes = None
+        self: _Handle, argv: Sequence[str], timeout: Duration = 60.0, nodes: Nodes = None
     ) -> list[NodeRun]:
         """What :meth:`run_on_nodes` shows, one :class:`NodeRun` per node."""
         from clusterbook.nodes.commands import NodeRun
@@ -119,7 +120,9 @@ class AttachedNodeCalls:
             argv = [argv]  # the head refuses it with the message Cluster.run_on_nodes gives
         names = [nodes] if isinstance(nodes, str) else nodes
         asked = None if names is None else list(names)
-        answer = self._call("run_on_nodes", argv=list(argv), timeout=timeout, nodes=asked)
+        answer = self._call(
+            "run_on_nodes", argv=list(argv), timeout=duration(timeout, "timeout"), nodes=asked
+        )
         return [NodeRun(**row) for row in answer["rows"]]
 
 

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Protocol
 
 from clusterbook.cluster.remote.address import is_ssh_address
+from clusterbook.durations import Duration
 from clusterbook.errors import ClusterStateError, ConfigError
 from clusterbook.fs.private import check_run_dir
 from clusterbook.fs.safe import touch
@@ -133,7 +134,7 @@ def open_dir(
     known_hosts: str | os.PathLike[str] | None = None,
     ssh_config: str | os.PathLike[str] | None = None,
     python: str | None = None,
-    connect_timeout: float = 10.0,
+    connect_timeout: Duration = 10.0,
 ) -> tuple[Found, ClusterDir]:
     """The cluster ``what`` names (an id, a name, a directory, or an ``ssh://`` address: see
     ``Cluster.attach``) and its directory, checked: this user's alone. The keyword arguments

@@ -32,6 +32,7 @@ from typing import Any
 from clusterbook.cluster.remote.address import SSHAddress, parse_host, parse_ssh_address
 from clusterbook.cluster.remote.dirwire import VERSION, pack, unpack
 from clusterbook.cluster.remote.sshfiles import RemoteFiles
+from clusterbook.durations import Duration
 from clusterbook.errors import ClusterError, ClusterStateError, ConfigError, RecordError, SSHError
 from clusterbook.head.catalog import Found
 from clusterbook.head.control import SOCKET_FILE, ControlClient, rebuilt_error
@@ -89,7 +90,7 @@ class SSHDir:
         known_hosts: str | os.PathLike[str] | None = None,
         ssh_config: str | os.PathLike[str] | None = None,
         python: str | None = None,
-        connect_timeout: float = 10.0,
+        connect_timeout: Duration = 10.0,
     ) -> tuple[Found, SSHDir]:
         """Connect to the machine address ``text`` names and find its cluster there."""
         address = parse_ssh_address(text)
@@ -273,7 +274,7 @@ def remote_clusters(
     known_hosts: str | os.PathLike[str] | None = None,
     ssh_config: str | os.PathLike[str] | None = None,
     python: str | None = None,
-    connect_timeout: float = 10.0,
+    connect_timeout: Duration = 10.0,
 ) -> list[Found]:
     """The clusters of the user ``host`` (``[user@]host[:port]``) logs in as, as
     :func:`~clusterbook.head.catalog.scan` finds them there: running ones first."""
@@ -309,7 +310,7 @@ def _login(
     identity: str | os.PathLike[str] | None,
     known_hosts: str | os.PathLike[str] | None,
     ssh_config: str | os.PathLike[str] | None,
-    timeout: float,
+    timeout: object,
 ) -> Login:
     return Login(
         address.host,

@@ -16,6 +16,7 @@ import socket
 import warnings
 from pathlib import Path
 
+from clusterbook.durations import Duration, duration
 from clusterbook.errors import CleanupWarning
 from clusterbook.providers.base import Provider, StartContext
 from clusterbook.providers.elastic.far import networks_here, round_nodes
@@ -63,9 +64,9 @@ class ElasticProvider(Provider):
         *,
         listen: str = "127.0.0.1",
         port: int = 0,
-        last_call: float = 1.0,
-        join_timeout: float = 600.0,
-        keep_alive_interval: float = 1.0,
+        last_call: Duration = 1.0,
+        join_timeout: Duration = 600.0,
+        keep_alive_interval: Duration = 1.0,
         keep_alive_max_attempt: int = 3,
         announce: bool = True,
     ) -> None:
@@ -74,8 +75,11 @@ class ElasticProvider(Provider):
             run_id="pending",
             min_nodes=min_nodes,
             max_nodes=max_nodes,
-            timeout=RendezvousTimeout(join=join_timeout, last_call=last_call),
-            keep_alive_interval=keep_alive_interval,
+            timeout=RendezvousTimeout(
+                join=duration(join_timeout, "join_timeout"),
+                last_call=duration(last_call, "last_call"),
+            ),
+            keep_alive_interval=duration(keep_alive_interval, "keep_alive_interval"),
             keep_alive_max_attempt=keep_alive_max_attempt,
         )
         self.head = RendezvousHead(settings, listen=listen, port=port)

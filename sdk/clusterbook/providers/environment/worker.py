@@ -35,11 +35,12 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
+from clusterbook.durations import Duration, duration
 from clusterbook.errors import ConfigError, LeaderLostError
 from clusterbook.nodes.tasks.common import AGENTS, STATUS_FILE, process_tag, worker_dir
 from clusterbook.nodes.tasks.procs import tagged
 from clusterbook.providers.environment.detect import Detected, Runner, detect_environment
-from clusterbook.spec import validate_port, validate_seconds
+from clusterbook.spec import validate_port
 from clusterbook.wording import spell
 
 __all__ = [
@@ -148,8 +149,8 @@ def step(
 def serve_worker(
     *,
     port: int | None = None,
-    lease: float = DEFAULT_LEASE,
-    wait: float = DEFAULT_WAIT,
+    lease: Duration = DEFAULT_LEASE,
+    wait: Duration = DEFAULT_WAIT,
     on_ready: Callable[[str], None] | None = None,
     kind: str | None = None,
     environ: Mapping[str, str] | None = None,
@@ -165,9 +166,10 @@ def serve_worker(
         sshd's port; default: the one the leader's clusterbook uses for the job (22 in a
         SageMaker job, 2222 in an MPIJob).
     lease
-        Seconds to wait for the leader's word once its cluster's agent here stopped.
+        How long to wait for the leader's word once its cluster's agent here stopped (a
+        duration: seconds, a ``datetime.timedelta`` or text like ``"30s"``).
     wait
-        Seconds to wait for the leader's cluster to reach this host.
+        How long to wait for the leader's cluster to reach this host (a duration).
     on_ready
         Told, once sshd answers, what this host serves (default: logged).
     kind, environ, root, runner
@@ -185,8 +187,8 @@ def serve_worker(
     from clusterbook.ssh.hostkeys import fingerprint
     from clusterbook.ssh.sshd import start_sshd
 
-    lease = _seconds(lease, "lease")
-    wait = _seconds(wait, "wait")
+    lease = duration(lease, "lease")
+    wait = duration(wait, "wait")
     found = detect_environment(kind, environ=environ, root=root, runner=runner)
     if found.role != "worker":
         raise ConfigError(
@@ -248,9 +250,3 @@ def _read_status(path: Path) -> dict[str, Any] | None:
     except (OSError, ValueError):  # written by rename: whole or absent
         return None
     return status if isinstance(status, dict) else None
-
-
-def _seconds(value: float, name: str) -> float:
-    seconds = validate_seconds(value, name)
-    assert seconds is not None  # None is refused unless optional
-    return seconds

@@ -14,8 +14,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from clusterbook.durations import optional_duration
 from clusterbook.errors import ConfigError
-from clusterbook.lifetime import parse_duration
 from clusterbook.spec import validate_host, validate_positive_int
 from clusterbook.wording import spell_or
 
@@ -53,8 +53,8 @@ ACTIVE_STATES = frozenset(
 )
 
 _FORMATS = (
-    "'MM', 'MM:SS', 'HH:MM:SS', 'D-HH', 'D-HH:MM', 'D-HH:MM:SS' (Slurm's), seconds, or text "
-    "like '30m' or '2h'"
+    "'MM', 'MM:SS', 'HH:MM:SS', 'D-HH', 'D-HH:MM', 'D-HH:MM:SS' (Slurm's), seconds, a "
+    "datetime.timedelta, or text like '30m', '2h' or '1h30m'"
 )
 _SLURM_TIME = re.compile(r"(?:(\d+)-)?(\d+)(?::(\d+))?(?::(\d+))?")
 
@@ -77,7 +77,7 @@ def parse_time(value: object) -> tuple[str, float | None]:
         if not re.fullmatch(r"[0-9.smhdw ]+", text.lower()):
             raise ConfigError(f"{_time(value)} is not a time limit; give {_FORMATS}.")
     try:
-        seconds = parse_duration(value, "time")
+        seconds = optional_duration(value, "time")
     except ConfigError:
         raise ConfigError(f"{_time(value)} is not a time limit; give {_FORMATS}.") from None
     assert seconds is not None

@@ -26,6 +26,7 @@ import warnings
 from collections.abc import Sequence
 from pathlib import Path
 
+from clusterbook.durations import Duration, duration
 from clusterbook.errors import CleanupWarning, ClusterError, ConfigError
 from clusterbook.launch.remote import SrunStep
 from clusterbook.paths import cluster_dir
@@ -61,19 +62,19 @@ class SlurmProvider(Provider):
         nodes: int = 2,
         slots: int | None = None,
         partition: str | None = None,
-        time: str | float | None = "1:00:00",
+        time: Duration | None = "1:00:00",
         account: str | None = None,
         sbatch_args: Sequence[str] = (),
         min_nodes: int | None = None,
         *,
         listen: str | None = None,
         port: int = 0,
-        last_call: float = 1.0,
-        join_timeout: float = 600.0,
-        keep_alive_interval: float = 1.0,
+        last_call: Duration = 1.0,
+        join_timeout: Duration = 600.0,
+        keep_alive_interval: Duration = 1.0,
         keep_alive_max_attempt: int = 3,
         runner: SlurmRunner | None = None,
-        poll_interval: float = 0.5,
+        poll_interval: Duration = 0.5,
     ) -> None:
         self.job = BatchJob.make(
             nodes,
@@ -89,15 +90,19 @@ class SlurmProvider(Provider):
             run_id="pending",
             min_nodes=self.job.min_nodes or self.job.nodes,
             max_nodes=self.job.nodes,
-            timeout=RendezvousTimeout(join=join_timeout, last_call=last_call),
-            keep_alive_interval=keep_alive_interval,
+            timeout=RendezvousTimeout(
+                join=duration(join_timeout, "join_timeout"),
+                last_call=duration(last_call, "last_call"),
+            ),
+            keep_alive_interval=duration(keep_alive_interval, "keep_alive_interval"),
             keep_alive_max_attempt=keep_alive_max_attempt,
         )
         # It listens where the nodes reach it: only known at start (Slurm is asked).
         self.head = RendezvousHead(settings, port=port)
         self._listen = listen
         self.slurm = SlurmCommands(runner)
-        self.follow = JobWatch(AgentWatch(self.head), self.job, self.slurm, poll_interval)
+        poll = duration(poll_interval, "poll_interval")
+        self.follow = JobWatch(AgentWatch(self.head), self.job, self.slurm, poll)
         self.steps = StepCheck(self.slurm.run)
         self.far = FarReach(self.head, lambda: self.nodes, self._step)
         self._ctx: StartContext | None = None

@@ -37,7 +37,7 @@ class JobWatch:
         self.agents = agents
         self.job = job
         self._slurm = slurm
-        self._poll = poll
+        self.poll = poll  # seconds between two squeue while nodes are missing
         self.job_id: int | None = None
         self.output: Path | None = None
         self.state: JobState | None = None
@@ -61,7 +61,7 @@ class JobWatch:
 
     def _follow(self, job_id: int, changed: Callable[[], None]) -> None:
         last = self.state
-        while not self._watching.wait(self._poll if self.missing() else 4 * self._poll):
+        while not self._watching.wait(self.poll if self.missing() else 4 * self.poll):
             try:
                 state = self._slurm.state(job_id)
             except ClusterError as exc:

@@ -17,6 +17,7 @@ import time
 import warnings
 from collections.abc import Mapping, Sequence
 
+from clusterbook.durations import Duration
 from clusterbook.errors import CleanupWarning, ConfigError
 from clusterbook.gpus import GPUS
 from clusterbook.nodes.fanout import parallel
@@ -56,7 +57,7 @@ class SSHProvider(Provider):
         known_hosts: str | os.PathLike[str] | None = None,
         host_keys: str | HostKeyPolicy | dict[str, str] | None = None,
         port: int | None = None,
-        connect_timeout: float = 30.0,
+        connect_timeout: Duration = 30.0,
         node_python: Mapping[str, str] | None = None,
         ssh_config: str | os.PathLike[str] | None = None,
         passphrase: str | None = None,

@@ -27,6 +27,7 @@ from contextlib import contextmanager, suppress
 from pathlib import Path
 from urllib.parse import unquote, urlsplit
 
+from clusterbook.durations import duration
 from clusterbook.errors import ConfigError
 from clusterbook.rendezvous.api import (
     RendezvousBackend,
@@ -34,7 +35,6 @@ from clusterbook.rendezvous.api import (
     RendezvousStateError,
     Token,
 )
-from clusterbook.spec import validate_seconds
 
 __all__ = ["FileBackend"]
 
@@ -86,10 +86,8 @@ class FileBackend(RendezvousBackend):
         self, path: str | os.PathLike[str], *, timeout: float = 30.0, poll_interval: float = 0.02
     ) -> None:
         self._dir = _location(path)
-        for name, value in (("lock timeout", timeout), ("poll interval", poll_interval)):
-            validate_seconds(value, f"The {name}")
-        self._timeout = float(timeout)
-        self._poll = float(poll_interval)
+        self._timeout = duration(timeout, "The lock timeout")
+        self._poll = duration(poll_interval, "The poll interval")
         self._state_path = self._dir / "state"
         self._lock_path = self._dir / "lock"
         self._ready = False

@@ -28,9 +28,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Generic, Protocol, TypeVar
 
+from clusterbook.durations import duration
 from clusterbook.errors import ConfigError
 from clusterbook.rendezvous.backends.wire import shutdown
-from clusterbook.spec import validate_seconds
 
 __all__ = ["LISTENER", "Entrant", "Gate", "Limits", "Quiet", "next_pause", "wait_for_room"]
 
@@ -50,8 +50,10 @@ class Limits:
     backoff: tuple[float, float] = (0.05, 1.0)  # first and longest pause of accept
 
     def __post_init__(self) -> None:
-        validate_seconds(self.handshake, "Limits.handshake")
-        validate_seconds(self.patience, "Limits.patience", zero=True)
+        # Kept as seconds, whatever form of duration was given ("5s", a timedelta).
+        object.__setattr__(self, "handshake", duration(self.handshake, "Limits.handshake"))
+        patience = duration(self.patience, "Limits.patience", zero=True)
+        object.__setattr__(self, "patience", patience)
         for name in ("pending", "connections"):
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
@@ -63,12 +65,13 @@ class Limits:
             raise ConfigError(
                 f"Limits.backoff must be (first, longest) pause in seconds, got {backoff!r}."
             )
-        first = validate_seconds(backoff[0], "Limits.backoff's first pause")
-        longest = validate_seconds(backoff[1], "Limits.backoff's longest pause")
-        if first is not None and longest is not None and longest < first:
+        first = duration(backoff[0], "Limits.backoff's first pause")
+        longest = duration(backoff[1], "Limits.backoff's longest pause")
+        if longest < first:
             raise ConfigError(
                 f"Limits.backoff's longest pause must be at least its first, got {backoff!r}."
             )
+        object.__setattr__(self, "backoff", (first, longest))
 
 
 def next_pause(pause: float, limits: Limits) -> float:

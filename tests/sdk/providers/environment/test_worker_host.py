@@ -95,7 +95,7 @@ def test_the_leader_host_is_told_to_build_the_cluster(tmp_path: Path) -> None:
     env = {**SAGEMAKER, "SM_CURRENT_HOST": "algo-1"}
     with pytest.raises(cb.ConfigError, match=r"This host \(algo-1\) leads the sagemaker job"):
         cb.serve_worker(environ=env, root=tmp_path)
-    with pytest.raises(cb.ConfigError, match="lease must be a number of seconds > 0, got 0"):
+    with pytest.raises(cb.ConfigError, match="lease must be a duration > 0, got 0"):
         cb.serve_worker(environ=SAGEMAKER, root=tmp_path, lease=0)
     with pytest.raises(cb.EnvironmentNotFoundError):
         cb.serve_worker(environ={}, root=tmp_path)
