@@ -115,10 +115,10 @@ def _ready_timeout(wait: Callable[[], None]) -> float:
     return float(found.group(1))
 
 
-def _wait_timeout(job: cb.Job | SavedJob, value: object) -> float:
+def _wait_timeout(job: cb.Job | SavedJob, value: object, how: str = "wait") -> float:
     try:
         with pytest.raises(cb.JobTimeoutError) as info:
-            job.wait(value)
+            getattr(job, how)(value)
     finally:
         job.cancel()
     return info.value.timeout
@@ -246,6 +246,17 @@ CASES: dict[str, Case] = {
     "Job.wait.timeout": Case(SHORT, lambda v, e: _wait_timeout(e.slow_job(), v)),
     "SavedJob.wait.timeout": Case(
         SHORT, lambda v, e: _wait_timeout(e.handle().job(e.slow_job().id), v)
+    ),
+    # The future's waits: result() and exception() wait as wait() does.
+    "Job.result.timeout": Case(SHORT, lambda v, e: _wait_timeout(e.slow_job(), v, "result")),
+    "Job.exception.timeout": Case(
+        SHORT, lambda v, e: _wait_timeout(e.slow_job(), v, "exception")
+    ),
+    "SavedJob.result.timeout": Case(
+        SHORT, lambda v, e: _wait_timeout(e.handle().job(e.slow_job().id), v, "result")
+    ),
+    "SavedJob.exception.timeout": Case(
+        SHORT, lambda v, e: _wait_timeout(e.handle().job(e.slow_job().id), v, "exception")
     ),
     "AttachedCluster.stop.timeout": Case(
         LONG,

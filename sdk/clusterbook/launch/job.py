@@ -278,9 +278,8 @@ class Job(JobFuture):
         from clusterbook.launch.jobstatus import job_status
         from clusterbook.views.html import render_job, render_timeline
 
-        page = render_job(job_status(self), self._records()[-20:])
-        result = self._result
-        return page + (render_timeline(result.rank_times, result.rank_exit_codes) if result else "")
+        page, r = render_job(job_status(self), self._records()[-20:]), self._result
+        return page + (render_timeline(r.rank_times, r.rank_exit_codes) if r else "")
 
     def __repr__(self) -> str:
         result = self._result

@@ -108,7 +108,7 @@ def test_a_bad_value_names_the_profile_the_file_the_key_and_the_fix(config: Path
         f"Profile 'zero' ({path}, key 'workers'): workers must be >= 1, got 0. Fix workers "
         f"under [profiles.zero] in {path}, or override it in the call."
     )
-    with pytest.raises(ProfileError, match=r"key 'life_span'\): life_span='soon' is not a"):
+    with pytest.raises(ProfileError, match=r"key 'life_span'\): life_span must be a duration > 0, got 'soon'"):
         cb.Cluster.from_profile("later", config_dir=config)
 
 
@@ -124,7 +124,8 @@ def test_a_bad_value_its_message_does_not_name_is_found_by_the_value(tmp_path: P
 def test_a_bad_value_given_names_it_as_given(config: Path) -> None:
     with pytest.raises(ProfileError) as caught:
         cb.Cluster.from_profile("small", config_dir=config, idle_timeout="later")
-    assert "key 'idle_timeout'): idle_timeout='later' is not a duration" in str(caught.value)
+    assert "key 'idle_timeout'): idle_timeout must be a duration" in str(caught.value)
+    assert "got 'later'" in str(caught.value)
     assert "Fix the value given for idle_timeout (it overrides the profile's)." in str(caught.value)
 
 
