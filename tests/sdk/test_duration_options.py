@@ -249,9 +249,7 @@ CASES: dict[str, Case] = {
     ),
     # The future's waits: result() and exception() wait as wait() does.
     "Job.result.timeout": Case(SHORT, lambda v, e: _wait_timeout(e.slow_job(), v, "result")),
-    "Job.exception.timeout": Case(
-        SHORT, lambda v, e: _wait_timeout(e.slow_job(), v, "exception")
-    ),
+    "Job.exception.timeout": Case(SHORT, lambda v, e: _wait_timeout(e.slow_job(), v, "exception")),
     "SavedJob.result.timeout": Case(
         SHORT, lambda v, e: _wait_timeout(e.handle().job(e.slow_job().id), v, "result")
     ),

@@ -108,7 +108,8 @@ def test_a_bad_value_names_the_profile_the_file_the_key_and_the_fix(config: Path
         f"Profile 'zero' ({path}, key 'workers'): workers must be >= 1, got 0. Fix workers "
         f"under [profiles.zero] in {path}, or override it in the call."
     )
-    with pytest.raises(ProfileError, match=r"key 'life_span'\): life_span must be a duration > 0, got 'soon'"):
+    said = r"key 'life_span'\): life_span must be a duration > 0, got 'soon'"
+    with pytest.raises(ProfileError, match=said):
         cb.Cluster.from_profile("later", config_dir=config)
 
 
