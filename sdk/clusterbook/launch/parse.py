@@ -346,7 +346,7 @@ class LabelParser:
         self._going_on: int | None = None  # the rank of a piece that goes on, if one does
 
     def feed_batches(self, data: bytes) -> list[Batch]:
-        """Add bytes; return the lines they complete, a batch per run of one rank's lines."""
+        """Add bytes; return the lines they complete, a batch per rank, each in order."""
         return self._batches(self._splitter.feed_lines(data).pieces())
 
     def flush_batches(self) -> list[Batch]:
@@ -354,9 +354,9 @@ class LabelParser:
         return self._batches(self._splitter.flush())
 
     def _batches(self, pieces: list[Piece]) -> list[Batch]:
-        out: list[Batch] = []
-        rank: int | None = None
-        run: list[Piece] = []
+        # A batch per rank (in the order ranks first appear), not per run of its lines:
+        # ranks printing line by line alternate, and each batch costs the store a write.
+        runs: dict[int | None, list[Piece]] = {}
         for text, partial in pieces:
             if self._going_on is not None:
                 owner: int | None = self._going_on
@@ -365,11 +365,8 @@ class LabelParser:
             else:
                 owner = None
             self._going_on = owner if partial and owner is not None else None
-            if run and owner != rank:
-                out.append(Batch(rank, self._stream, as_lines(run)))
-                run = []
-            rank = owner
+            run = runs.get(owner)
+            if run is None:
+                run = runs[owner] = []
             run.append(Piece(text, partial))
-        if run:
-            out.append(Batch(rank, self._stream, as_lines(run)))
-        return out
+        return [Batch(rank, self._stream, as_lines(run)) for rank, run in runs.items()]
