@@ -107,8 +107,9 @@ class LineSplitter:
         if end >= 0:
             complete = bytes(self._buf) + data[:end] if self._buf else data[:end]
             self._buf = bytearray(data[end + 1 :])
-            raws = complete.split(b"\n")
-            if len(complete) <= self._max or max(map(len, raws)) <= self._max:
+            # Split in bytes only to measure the lines when the whole may hold a long one.
+            raws = complete.split(b"\n") if len(complete) > self._max else []
+            if not raws or max(map(len, raws)) <= self._max:
                 # A newline is never inside a UTF-8 character: decoding the whole and
                 # splitting it gives what decoding each line would.
                 text = complete.decode("utf-8", errors="replace")
