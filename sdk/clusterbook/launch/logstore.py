@@ -5,7 +5,8 @@ live readers (:class:`LogStore`), and the bound the buffers of a cluster's jobs 
 Files (see :mod:`clusterbook.launch.logs` for their lines) are flushed as lines arrive, so a
 dead kernel or a killed rank leaves every line that arrived readable. Lines that arrived
 together are stored together: one time (when they arrived), one write, one wake-up of the
-readers. When a file cannot be written (a full disk), the store stops writing, keeps what comes
+readers, one entry in the buffer (:mod:`clusterbook.launch.logbuffer`; their records are made
+when read). When a file cannot be written (a full disk), the store stops writing, keeps what comes
 in memory (bounded) and tells its listener, which stops the job with that error.
 """
 
@@ -19,6 +20,7 @@ from pathlib import Path
 from typing import IO
 
 from clusterbook.errors import RunDirError
+from clusterbook.launch.logbuffer import RecordBuffer, records_of
 from clusterbook.launch.logs import LAUNCHER_RANK, LogRecord, format_log_lines, read_log_file
 from clusterbook.launch.rankwrap import MARK, parse_marker
 
@@ -100,11 +102,9 @@ class LogStore:
         self._launcher_host = launcher_host
         self.attempt = attempt
         self._clock = clock
-        self._records: deque[LogRecord] = deque()
+        self._buffer = RecordBuffer(max_records, max_bytes)
         self._max_records = max_records
         self._max_bytes = max_bytes
-        self._bytes = 0
-        self._seq = 0  # number of records ever added
         self._tails: dict[int, deque[str]] = {}
         self._tail_lines = tail_lines
         self._files: dict[int, IO[str]] = {}
@@ -184,28 +184,14 @@ class LogStore:
     def _store(self, rank: int, stream: str, texts: list[str], partial: frozenset[int]) -> None:
         now = self._clock()
         host = self._launcher_host if rank == LAUNCHER_RANK else self.hosts.get(rank, "?")
-        attempt = self.attempt
-        if partial:
-            records = [
-                LogRecord(now, rank, host, stream, t, i in partial, attempt)
-                for i, t in enumerate(texts)
-            ]
-        else:
-            records = [LogRecord(now, rank, host, stream, t, False, attempt) for t in texts]
-        size = sum(map(len, texts))
         failed = None
         with self._cond:
             if self._closed:
                 return
             if self.write_error is None:
                 failed = self._write(rank, stream, now, texts, partial)
-            self._records.extend(records)
-            self._bytes += size
-            while len(self._records) > self._max_records or (
-                self._bytes > self._max_bytes and len(self._records) > 1
-            ):
-                self._bytes -= len(self._records.popleft().line)
-            self._seq += len(records)
+            # Kept as the batch it is: its records are made when read (see logbuffer).
+            self._buffer.add(now, rank, host, stream, texts, partial, self.attempt)
             tail = self._tails.get(rank)
             if tail is None:
                 tail = self._tails[rank] = deque(maxlen=self._tail_lines)
@@ -274,7 +260,7 @@ class LogStore:
     @property
     def held(self) -> tuple[int, int]:
         """Records and characters the buffer holds now."""
-        return len(self._records), self._bytes
+        return self._buffer.count, self._buffer.size
 
     def release(self) -> None:
         """Let go of the buffer of an ended job: :meth:`records` reads the files instead."""
@@ -282,16 +268,15 @@ class LogStore:
             if not self._closed:
                 return
             self._released = True
-            self._records = deque()
-            self._bytes = 0
+            self._buffer.clear()
 
     def records(self) -> list[LogRecord]:
         """The records still in the buffer, oldest first (once the buffer was let go, the
         newest the buffer would hold, read from the files)."""
         with self._cond:
-            if not self._released:
-                return list(self._records)
-        return self._from_files()
+            released = self._released
+            batches = self._buffer.since(0)
+        return self._from_files() if released else records_of(batches)
 
     def _from_files(self) -> list[LogRecord]:
         found: list[LogRecord] = []
@@ -333,20 +318,19 @@ class LogStore:
         """
         with self._cond:
             released = self._released
-            cursor = self._seq - (len(self._records) if from_start else 0)
+            cursor = self._buffer.seq - (self._buffer.count if from_start else 0)
         if released:  # an ended job's, from its files
             if from_start:
                 yield from self._from_files()
             return
         while True:
             with self._cond:
-                while cursor >= self._seq and not self._closed:
+                while cursor >= self._buffer.seq and not self._closed:
                     self._cond.wait()
-                first = self._seq - len(self._records)
-                cursor = max(cursor, first)
-                batch = [self._records[i - first] for i in range(cursor, self._seq)]
-                cursor = self._seq
+                batches = self._buffer.since(cursor)  # from the oldest kept, if it moved on
+                cursor = self._buffer.seq
                 done = self._closed
+            batch = records_of(batches)  # made outside the lock: the writer goes on
             yield from batch
             if done and not batch:
                 return

@@ -107,8 +107,9 @@ class LineSplitter:
         if end >= 0:
             complete = bytes(self._buf) + data[:end] if self._buf else data[:end]
             self._buf = bytearray(data[end + 1 :])
-            raws = complete.split(b"\n")
-            if len(complete) <= self._max or max(map(len, raws)) <= self._max:
+            # Split in bytes only to measure the lines when the whole may hold a long one.
+            raws = complete.split(b"\n") if len(complete) > self._max else []
+            if not raws or max(map(len, raws)) <= self._max:
                 # A newline is never inside a UTF-8 character: decoding the whole and
                 # splitting it gives what decoding each line would.
                 text = complete.decode("utf-8", errors="replace")
@@ -180,6 +181,10 @@ _LONGEST_TAG = 40
 _RULE = b"-" * 74 + b"\n"
 
 
+#: The chunks of each rank (its stream, its bytes) a read gave, not yet split into lines.
+_Held = dict[int | None, tuple[str | None, list[bytes]]]
+
+
 class OmpiChunkParser:
     """Parse Open MPI's ``--output tag:raw`` stream: each chunk of a rank's output comes
     behind a tag, cut anywhere (mid-line, mid-character); chunks of different ranks
@@ -219,37 +224,40 @@ class OmpiChunkParser:
 
     def _parse(self, buf: bytes, *, final: bool) -> list[Batch]:
         out: list[Batch] = []
+        # Each rank's chunks in this read, joined before they are split: mpirun writes a
+        # chunk per read of a rank's pipe (a few lines when ranks print line by line), and
+        # a batch per chunk would cost the store a write and a wake-up per few lines.
+        held: _Held = {}
         pos = 0
         last_tag = -1
         for m in _TAG.finditer(buf):
             if m.start() > pos:
-                self._emit(buf[pos : m.start()], out)
+                self._emit(buf[pos : m.start()], out, held)
             self._end_aside(out)
             self._target = (int(m.group(2)), _stream(m.group(3)))
             self._chunk_start = True
             pos, last_tag = m.end(), m.start()
         hold = 0 if final else _tag_start_at_end(buf, pos)
         rest = buf[pos : len(buf) - hold]
-        if not final and last_tag >= 0 and self._undecided(rest):
+        if not final and last_tag >= 0 and self._undecided(rest, out, held):
             # Whether this chunk is a help message decides where it goes: wait for more.
             self._pending = buf[last_tag:]
+            self._drain_all(out, held)
             return out
         if rest:
-            self._emit(rest, out)
+            self._emit(rest, out, held)
         if hold:
             self._pending = buf[len(buf) - hold :]
+        self._drain_all(out, held)
         return out
 
-    def _undecided(self, chunk: bytes) -> bool:
+    def _undecided(self, chunk: bytes, out: list[Batch], held: _Held) -> bool:
         """A chunk too short yet to tell whether it is a help message inside a line."""
+        if not (self._chunk_start and len(chunk) < len(_RULE) and _RULE.startswith(chunk)):
+            return False
+        self._drain(self._target[0], out, held)
         splitter = self._lines.get(self._target)
-        return (
-            self._chunk_start
-            and len(chunk) < len(_RULE)
-            and _RULE.startswith(chunk)
-            and splitter is not None
-            and splitter.holding
-        )
+        return splitter is not None and splitter.holding
 
     def _splitter(self, target: tuple[int | None, str | None]) -> LineSplitter:
         splitter = self._lines.get(target)
@@ -257,18 +265,42 @@ class OmpiChunkParser:
             splitter = self._lines[target] = LineSplitter(self._max)
         return splitter
 
-    def _emit(self, raw: bytes, out: list[Batch]) -> None:
+    def _emit(self, raw: bytes, out: list[Batch], held: _Held) -> None:
         target = self._target
-        splitter = self._splitter(target)
+        rank, stream = target
         if self._chunk_start:
             self._chunk_start = False
-            if raw.startswith(_RULE) and splitter.holding:
-                self._aside = LineSplitter(self._max)
+            if raw.startswith(_RULE):
+                self._drain(rank, out, held)  # whether a line is open needs all its bytes
+                if self._splitter(target).holding:
+                    self._aside = LineSplitter(self._max)
         if self._aside is not None:
-            splitter = self._aside
-        lines = splitter.feed_lines(raw)
+            lines = self._aside.feed_lines(raw)
+            if lines.texts:
+                out.append(Batch(*target, lines))
+            return
+        chunks = held.get(rank)
+        if chunks is not None and chunks[0] == stream:
+            chunks[1].append(raw)
+            return
+        if chunks is not None:  # the rank's other stream: its bytes first, in order
+            self._drain(rank, out, held)
+        held[rank] = (stream, [raw])
+
+    def _drain(self, rank: int | None, out: list[Batch], held: _Held) -> None:
+        """Split the bytes ``held`` for ``rank`` into lines, as one batch."""
+        chunks = held.pop(rank, None)
+        if chunks is None:
+            return
+        stream, raws = chunks
+        data = raws[0] if len(raws) == 1 else b"".join(raws)
+        lines = self._splitter((rank, stream)).feed_lines(data)
         if lines.texts:
-            out.append(Batch(*target, lines))
+            out.append(Batch(rank, stream, lines))
+
+    def _drain_all(self, out: list[Batch], held: _Held) -> None:
+        for rank in list(held):
+            self._drain(rank, out, held)
 
     def _end_aside(self, out: list[Batch]) -> None:
         """The end of a help message's chunk: its lines are out (and a last one without
@@ -315,7 +347,7 @@ class LabelParser:
         self._going_on: int | None = None  # the rank of a piece that goes on, if one does
 
     def feed_batches(self, data: bytes) -> list[Batch]:
-        """Add bytes; return the lines they complete, a batch per run of one rank's lines."""
+        """Add bytes; return the lines they complete, a batch per rank, each in order."""
         return self._batches(self._splitter.feed_lines(data).pieces())
 
     def flush_batches(self) -> list[Batch]:
@@ -323,9 +355,9 @@ class LabelParser:
         return self._batches(self._splitter.flush())
 
     def _batches(self, pieces: list[Piece]) -> list[Batch]:
-        out: list[Batch] = []
-        rank: int | None = None
-        run: list[Piece] = []
+        # A batch per rank (in the order ranks first appear), not per run of its lines:
+        # ranks printing line by line alternate, and each batch costs the store a write.
+        runs: dict[int | None, list[Piece]] = {}
         for text, partial in pieces:
             if self._going_on is not None:
                 owner: int | None = self._going_on
@@ -334,11 +366,8 @@ class LabelParser:
             else:
                 owner = None
             self._going_on = owner if partial and owner is not None else None
-            if run and owner != rank:
-                out.append(Batch(rank, self._stream, as_lines(run)))
-                run = []
-            rank = owner
+            run = runs.get(owner)
+            if run is None:
+                run = runs[owner] = []
             run.append(Piece(text, partial))
-        if run:
-            out.append(Batch(rank, self._stream, as_lines(run)))
-        return out
+        return [Batch(rank, self._stream, as_lines(run)) for rank, run in runs.items()]

@@ -23,6 +23,15 @@ def run(parser: LineSplitter | OmpiChunkParser, chunks: Iterable[bytes]) -> list
     return out
 
 
+def per_rank(out: list[TaggedLine]) -> dict[int | None, list[TaggedLine]]:
+    """Each rank's lines (both streams), in order: what the parser keeps in order. Lines of
+    different ranks that one read completes come a rank at a time."""
+    ranks: dict[int | None, list[TaggedLine]] = {}
+    for line in out:
+        ranks.setdefault(line.rank, []).append(line)
+    return ranks
+
+
 def texts(pieces: list[Piece]) -> list[str]:
     return [p.text for p in pieces]
 
@@ -88,17 +97,57 @@ SPLIT_EXPECTED = ["first", "second \u00e9", "", "\ufffdx", "last no newline"]
 
 
 def test_ompi_sample_fed_at_once() -> None:
-    assert run(OmpiChunkParser(), [OMPI_SAMPLE]) == OMPI_EXPECTED
+    out = run(OmpiChunkParser(), [OMPI_SAMPLE])
+    assert per_rank(out) == per_rank(OMPI_EXPECTED)
+    assert sorted(out, key=str) == sorted(OMPI_EXPECTED, key=str)
 
 
 def test_ompi_split_at_every_position_matches_whole() -> None:
     for cut in range(len(OMPI_SAMPLE) + 1):
         chunks = [OMPI_SAMPLE[:cut], OMPI_SAMPLE[cut:]]
-        assert run(OmpiChunkParser(), chunks) == OMPI_EXPECTED, f"split at {cut}"
+        out = run(OmpiChunkParser(), chunks)
+        assert per_rank(out) == per_rank(OMPI_EXPECTED), f"split at {cut}"
 
 
 def test_ompi_byte_by_byte_matches_whole() -> None:
     assert run(OmpiChunkParser(), bytewise(OMPI_SAMPLE)) == OMPI_EXPECTED
+
+
+def test_ompi_a_read_of_interleaved_chunks_is_one_batch_a_rank() -> None:
+    # Ranks that print line by line: mpirun writes a chunk of a line or two per read of a
+    # rank's pipe, the ranks' chunks alternating. What one read gives is a batch per rank
+    # (one write to its file, one wake-up of the readers), its lines in order.
+    data = b"".join(
+        b"[1,%d]<stdout>: line %d of %d\n" % (rank, i, rank) for i in range(100) for rank in (0, 1)
+    )
+    batches = OmpiChunkParser().feed_batches(data)
+    assert [(b.rank, b.stream) for b in batches] == [(0, "stdout"), (1, "stdout")]
+    for rank, batch in enumerate(batches):
+        assert batch.lines.texts == [f"line {i} of {rank}" for i in range(100)]
+
+
+def test_ompi_batch_boundaries_keep_lines_whole_and_in_order() -> None:
+    # Lines cut across reads anywhere, a rank's streams interleaved, a line longer than a
+    # read, a rank ending mid-line: each rank's lines come whole and in order.
+    long = b"x" * 5000
+    data = (
+        b"".join(
+            b"[1,%d]<%s>: %s %d\n" % (rank, stream, long if i == 7 else b"line", i)
+            for i in range(40)
+            for rank, stream in ((0, b"stdout"), (1, b"stdout"), (1, b"stderr"), (2, b"stdout"))
+        )
+        + b"[1,2]<stdout>: cut off"
+    )
+    expected = run(OmpiChunkParser(), bytewise(data))
+    for size in (1, 7, 64, 1000, 4096, 65536):
+        chunks = [data[i : i + size] for i in range(0, len(data), size)]
+        out = run(OmpiChunkParser(), chunks)
+        assert per_rank(out) == per_rank(expected), size
+    assert per_rank(expected)[2][-1] == T(2, "stdout", "cut off")
+    assert per_rank(expected)[1][14:16] == [
+        T(1, "stdout", "x" * 5000 + " 7"),
+        T(1, "stderr", "x" * 5000 + " 7"),
+    ]
 
 
 def test_ompi_chunks_of_one_line_from_two_ranks_are_joined_per_rank() -> None:
@@ -204,12 +253,14 @@ def test_ompi_tag_details() -> None:
         b"[1,0]<stdout>: \n"
         b"[1,0]<stddiag>: diag\n"
     )
-    assert run(OmpiChunkParser(), [data]) == [
-        T(12, "stdout", "big job id"),
-        T(0, "stdout", "  indented"),  # only the one separator space is dropped
-        T(0, "stdout", ""),
-        T(0, "stderr", "diag"),  # stddiag is reported as stderr
-    ]
+    assert per_rank(run(OmpiChunkParser(), [data])) == per_rank(
+        [
+            T(12, "stdout", "big job id"),
+            T(0, "stdout", "  indented"),  # only the one separator space is dropped
+            T(0, "stdout", ""),
+            T(0, "stderr", "diag"),  # stddiag is reported as stderr
+        ]
+    )
 
 
 def test_ompi_crlf_line_endings() -> None:
@@ -421,8 +472,8 @@ def test_ompi_any_chunking_gives_same_lines_and_loses_nothing(
 ) -> None:
     data, written = sample
     whole = run(OmpiChunkParser(max_line=max_line), [data])
-    assert run(OmpiChunkParser(max_line=max_line), chunked(data, cuts)) == whole
-    assert run(OmpiChunkParser(max_line=max_line), bytewise(data)) == whole
+    assert per_rank(run(OmpiChunkParser(max_line=max_line), chunked(data, cuts))) == per_rank(whole)
+    assert per_rank(run(OmpiChunkParser(max_line=max_line), bytewise(data))) == per_rank(whole)
     for line in whole:
         assert len(line.text) <= max_line
         assert "\x00" not in line.text
@@ -455,8 +506,8 @@ def test_ompi_help_messages_anywhere_any_chunking_gives_same_lines(
 ) -> None:
     data = b"".join(_tag(*target) + chunk for target, chunk in chunks)
     whole = run(OmpiChunkParser(), [data])
-    assert run(OmpiChunkParser(), chunked(data, cuts)) == whole
-    assert run(OmpiChunkParser(), bytewise(data)) == whole
+    assert per_rank(run(OmpiChunkParser(), chunked(data, cuts))) == per_rank(whole)
+    assert per_rank(run(OmpiChunkParser(), bytewise(data))) == per_rank(whole)
     # A help message comes out as its own lines, whatever the rank had begun.
     helps = sum(chunk == HELP for _, chunk in chunks)
     assert sum(line.text == "help text" for line in whole) == helps

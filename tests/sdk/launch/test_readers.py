@@ -52,6 +52,40 @@ def test_open_mpis_tagged_output_is_each_ranks(store: LogStore) -> None:
     ]
 
 
+def test_open_mpis_chunks_written_line_by_line_reach_the_files_whole_and_in_order(
+    tmp_path: Path, store: LogStore
+) -> None:
+    # Two ranks printing line by line, as mpirun passes them on: a small write per chunk,
+    # chunks cut mid-line, a line longer than a read (64 KiB), rank 1 ending mid-line.
+    long = "y" * 100_000
+    expected = {
+        0: [f"rank 0 line {i}" for i in range(3000)],
+        1: [*(f"rank 1 line {i}" for i in range(2999)), long, "rank 1 ends mid-line"],
+    }
+    read, write = os.pipe()
+
+    def writer() -> None:
+        with os.fdopen(write, "wb") as pipe:
+            for i in range(3000):
+                for rank in (0, 1):
+                    line = (expected[rank][i] + "\n").encode()
+                    if rank == 1 and i == 2999:
+                        line = long.encode() + b"\nrank 1 ends mid-line"
+                    for cut in range(0, len(line), 9):
+                        pipe.write(b"[1,%d]<stdout>: " % rank + line[cut : cut + 9])
+                    pipe.flush()
+
+    thread = threading.Thread(target=writer, daemon=True)
+    thread.start()
+    read_batches(OmpiChunkParser(), os.fdopen(read, "rb", buffering=0), store)
+    thread.join(timeout=30)
+    store.close()
+    for rank in (0, 1):
+        with open(tmp_path / f"rank-{rank}.log", encoding="utf-8") as f:
+            assert [raw.rstrip("\n").split(" ", 2)[2] for raw in f] == expected[rank]
+        assert [r.line for r in store.records() if r.rank == rank] == expected[rank]
+
+
 def test_sruns_labelled_lines_are_each_ranks_and_its_own_the_launchers(store: LogStore) -> None:
     data = b"0: a\n1: b\nsrun: error: task 1 failed\n"
     read_batches(LabelParser("stderr"), piped(data), store)

@@ -117,6 +117,21 @@ def test_label_parser_gives_each_rank_its_lines() -> None:
     ]
 
 
+def test_label_parser_gives_a_read_of_interleaved_ranks_a_batch_a_rank() -> None:
+    # Ranks that print line by line alternate: one read is one batch per rank (one write
+    # to its file), each rank's lines in order, a line cut across reads whole.
+    data = b"".join(b"%d: line %d\n" % (rank, i) for i in range(50) for rank in (0, 1, 0))
+    got = feed(LabelParser("stdout"), data[:333], data[333:])
+    per_rank: dict[int | None, list[str]] = {}
+    for rank, texts, _ in got:
+        per_rank.setdefault(rank, []).extend(texts)
+    assert len(got) == 4  # two reads, two ranks
+    assert per_rank == {
+        0: [f"line {i}" for i in range(50) for _ in (0, 1)],
+        1: [f"line {i}" for i in range(50)],
+    }
+
+
 def test_label_parser_keeps_the_pieces_of_a_long_line_with_its_rank() -> None:
     parser = LabelParser("stderr", max_line=8)
     # 23 bytes: pieces of at most 8, only the first with the label; "2: " in the middle of
