@@ -190,3 +190,26 @@ def test_nothing_of_an_item_goes_through_the_logs(make_cluster, openmpi_python) 
         text = path.read_bytes()
         assert secret.encode() not in text
         assert secret.upper().encode() not in text
+
+
+def test_items_of_several_ranks_each_run_as_jobs_and_a_failing_one_is_named(
+    make_cluster, openmpi_python
+) -> None:  # type: ignore[no-untyped-def]
+    cluster = make_cluster(openmpi_python, workers=2, slots=1)
+
+    def world(x: int) -> tuple[int, int, int]:
+        from mpi4py import MPI
+
+        comm = MPI.COMM_WORLD
+        if x == 3 and comm.rank == 1:
+            raise RuntimeError(f"rank 1 refuses {x}")
+        return x, comm.size, comm.allreduce(comm.rank)  # rank 0's value is the item's
+
+    result = cluster.map(world, range(5), np=2, progress=False)
+    assert set(result.failed) == {3}
+    assert result.values() == [(0, 2, 1), (1, 2, 1), (2, 2, 1), None, (4, 2, 1)]
+    error = result.failed[3]
+    assert error.input == 3
+    assert "rank 1 refuses 3" in str(error)
+    assert "RuntimeError: rank 1 refuses 3" in error.remote_traceback
+    assert len(cluster.jobs) == 5  # an MPI job an item, no pool

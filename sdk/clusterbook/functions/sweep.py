@@ -60,11 +60,8 @@ def _forget(cluster: str, pool: Pool) -> None:
 def _checked(fn: object, np: object, max_running: object, retries: object, ordered: object) -> None:
     if not callable(fn):
         raise ConfigError(f"cluster.map takes a function first, got {fn!r}.")
-    if np != 1:
-        raise ConfigError(
-            f"cluster.map runs each item on one rank of its pool (np=1), got np={np!r}; for "
-            "items of several ranks each, call cluster.submit(fn, item, np=...) in a loop."
-        )
+    if isinstance(np, bool) or not isinstance(np, int) or np < 1:
+        raise ConfigError(f"np must be a whole number of ranks of at least 1, got {np!r}.")
     if max_running is not None and (
         isinstance(max_running, bool) or not isinstance(max_running, int) or max_running < 1
     ):
@@ -112,7 +109,12 @@ def sweep(
             f"one item per slot; ask for at most {slots}, or give the cluster more slots."
         )
     size = max_running if max_running is not None else max(slots, 1)
-    function = _pickled_function(fn)
+    function = _pickled_function(fn)  # one that cannot be sent is said before anything runs
+    if np > 1:  # an MPI job an item: as many at once as the ranks allowed hold
+        from clusterbook.functions.sweep_jobs import job_sweep
+
+        return job_sweep(host, fn, iterable, np=np, lanes=max(1, size // np), retries=retries,
+                         ordered=ordered, progress=progress)  # fmt: skip
     key = hashlib.sha256(function).hexdigest()[:32]
     total = len(iterable) if hasattr(iterable, "__len__") else None  # type: ignore[arg-type]
     schedule = Schedule(iterable, retries=retries)

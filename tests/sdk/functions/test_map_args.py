@@ -15,7 +15,8 @@ from clusterbook.testing import FakeProvider
 @pytest.mark.parametrize(
     ("kw", "named"),
     [
-        ({"np": 2}, "cluster.submit(fn, item, np=...)"),
+        ({"np": 0}, "np must be a whole number of ranks of at least 1, got 0"),
+        ({"np": "2"}, "got '2'"),
         ({"max_running": 0}, "max_running must be a whole number of at least 1"),
         ({"max_running": True}, "got True"),
         ({"retries": -1}, "retries must be a whole number of at least 0"),
