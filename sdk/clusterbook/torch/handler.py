@@ -1,8 +1,9 @@
 """``torchrun --rdzv-backend=clusterbook``: torch's ``RendezvousHandler`` contract on
 clusterbook's rendezvous.
 
-torchrun loads this module through the ``torchrun.handlers`` entry point (:func:`creator`);
-it imports torch, so nothing else of clusterbook imports it. Each torchrun agent joins the
+torchrun loads this module when it makes a handler (the ``torchrun.handlers`` entry point is
+:func:`clusterbook.torch.handlers`); it imports torch, so nothing else of clusterbook imports
+it. Each torchrun agent joins the
 rendezvous of a running cluster (``--rdzv-endpoint``, see :mod:`.endpoint`) as a node of its
 own, reporting what its machine is as ``clusterbook worker join`` does, so the cluster's status
 shows it. Its connection to the cluster's store tells the head at once when the agent dies.
@@ -23,6 +24,7 @@ from __future__ import annotations
 import itertools
 import os
 import socket
+import time
 from collections.abc import Callable
 from datetime import timedelta
 from typing import Any
@@ -34,13 +36,14 @@ from torch.distributed.elastic.rendezvous import api as torch_api
 from clusterbook.nodes.tasks.cpus import usable_cores_here
 from clusterbook.rendezvous import api
 from clusterbook.rendezvous.handler import RendezvousHandler as Handler
+from clusterbook.rendezvous.ops import sanitize
 from clusterbook.rendezvous.registry import BackendFactory, backend_for, parse_join_url
 from clusterbook.rendezvous.report import NodeReport
-from clusterbook.rendezvous.state import decode
+from clusterbook.rendezvous.state import RendezvousState, decode
 from clusterbook.torch.conf import parse_conf
 from clusterbook.torch.endpoint import resolve
 
-__all__ = ["BACKEND", "ClusterbookHandler", "create_handler", "creator"]
+__all__ = ["BACKEND", "ClusterbookHandler", "create_handler"]
 
 BACKEND = "clusterbook"
 #: Where a node's report says where its torch store listens (``ADDR:PORT``).
@@ -104,10 +107,15 @@ class ClusterbookHandler(torch_api.RendezvousHandler):
         self._backend = backend
         self._addr = local_addr
         self._report = report
-        self._server: TCPStore | None = None  # the agents' store, if this node is rank 0
+        self._server: TCPStore | None = None  # the agents' store here (theirs if rank 0)
         self._workers: TCPStore | None = None  # the workers' store of this round, if rank 0
         self._rdzv = Handler(backend, settings, node, info=self._info)
         self._round: tuple[int, frozenset[str]] | None = None
+
+    @property
+    def node(self) -> str:
+        """This agent's node id in the cluster (``HOST-PID``): its name in status."""
+        return self._rdzv.node
 
     def get_backend(self) -> str:
         return BACKEND
@@ -151,10 +159,9 @@ class ClusterbookHandler(torch_api.RendezvousHandler):
         # The workers' store: a new one each round (rank 0's agent hosts it, as torch's c10d
         # handler does), so that no key of the last round's workers (their process group's
         # addresses) misleads the next, which a change of members restarts with the same
-        # TORCHELASTIC_RESTART_COUNT, hence the same prefix. Its address goes through the
-        # round's store, as torch's handlers say it.
-        # (Made before the last one goes: never the same port.) Without use_agent_store, the
-        # workers' rank 0 hosts one, on a port free here.
+        # TORCHELASTIC_RESTART_COUNT, hence the same prefix. It is made before the last one
+        # goes (never the same port), and its address goes through the round's store, as
+        # torch's handlers say it. Without use_agent_store, the workers' rank 0 hosts one.
         workers = None
         if rank == 0 and self.use_agent_store:
             workers = TCPStore(
@@ -200,16 +207,19 @@ class ClusterbookHandler(torch_api.RendezvousHandler):
     def num_nodes_waiting(self) -> int:
         """Nodes waiting for the next round; at least 1 once this node's round lost a node
         (its connection dropped or its heartbeat expired): torch's agent then restarts its
-        workers on a new round at once, without waiting for them to fail."""
+        workers on a new round at once, without waiting for them to fail. torch asks every
+        monitor interval (0.1 s): the state is read without the nodes' reports, which are
+        most of its bytes (a watch of the members that returns at once)."""
         try:
-            waiting = self._rdzv.num_nodes_waiting()
+            current = self._backend.watch_members(None, 0.0)
+            state = decode(current[0]) if current is not None else RendezvousState()
         except api.RendezvousError as exc:
             raise _torch_error(exc) from exc
-        state = self._rdzv.state()
+        state = sanitize(state, self._rdzv.settings, time.time())
         now = (state.round, frozenset(state.participants))
         if self._round is not None and state.complete and now != self._round:
-            return max(waiting, 1)
-        return waiting
+            return max(len(state.wait_list), 1)
+        return len(state.wait_list)
 
     def shutdown(self) -> bool:
         left = self._rdzv.shutdown()
@@ -253,8 +263,3 @@ def _address_of(store_url: str) -> str:
     except ConfigError:  # a store that is no host's (file://): as torch's handlers say
         return socket.getfqdn()
     return address_towards(host, port)
-
-
-def creator() -> Callable[[torch_api.RendezvousParameters], torch_api.RendezvousHandler]:
-    """The ``torchrun.handlers`` entry point: torch calls it for the handler's creator."""
-    return create_handler

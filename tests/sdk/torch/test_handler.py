@@ -5,6 +5,7 @@ torch store, a lost agent is a node waiting, and the cluster's status shows them
 from __future__ import annotations
 
 import shlex
+import subprocess
 import sys
 import threading
 from collections.abc import Callable, Iterator
@@ -61,6 +62,21 @@ def rendezvous(*handlers: Any) -> list[Any]:
         return list(pool.map(lambda h: h.next_rendezvous(), handlers))
 
 
+def test_torch_finds_the_handler_whichever_is_imported_first():
+    # torch reads the entry points as its registry is imported, which the handler's module
+    # itself may be doing: the entry point must not need that module loaded.
+    code = (
+        "import clusterbook.torch.handler\n"
+        "from torch.distributed.elastic.rendezvous import api, registry\n"
+        "print(sorted(api.rendezvous_handler_registry._registry))\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=120
+    )
+    assert "'clusterbook'" in out.stdout, out.stderr
+    assert "Exception while registering" not in out.stderr
+
+
 def test_two_agents_form_a_round_and_share_rank_0s_store(cluster, handlers):
     a, b = handlers(cluster.id), handlers(join_url(cluster), last_call_timeout="0.2")
     assert (a.get_backend(), a.get_run_id(), a.use_agent_store) == ("clusterbook", "job-1", True)
@@ -75,7 +91,7 @@ def test_two_agents_form_a_round_and_share_rank_0s_store(cluster, handlers):
     assert first.bootstrap_store_info == other.bootstrap_store_info
     assert first.bootstrap_store_info.master_addr == "127.0.0.1"
     frame = cluster.status()
-    assert sorted(frame.node) == sorted(h._rdzv.node for h in (a, b))
+    assert sorted(frame.node) == sorted(h.node for h in (a, b))
     assert set(frame.state) == {"joined"}
     assert (a.num_nodes_waiting(), a.is_closed()) == (0, False)
 
