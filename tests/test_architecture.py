@@ -54,7 +54,8 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("clusterbook.views",),
     ("clusterbook.nodes",),
     ("clusterbook.providers",),
-    ("clusterbook.head",),
+    # What a running head serves; torchrun's handler, which finds a cluster as the CLI does.
+    ("clusterbook.head", "clusterbook.torch"),
     ("clusterbook.cluster.handle",),
     # Functions as jobs, an executor and sweeps: they work on any ClusterHandle.
     ("clusterbook.functions",),

@@ -81,6 +81,35 @@ def test_a_ddp_step_with_gloo_across_two_fake_hosts(testbed, tmp_path, openmpi_p
     ]
 
 
+STORE = DDP.replace(
+    'dist.init_process_group("gloo")  # env://: MASTER_ADDR, MASTER_PORT, RANK, WORLD_SIZE',
+    "import clusterbook.torch\n"
+    "rank, world = int(os.environ['RANK']), int(os.environ['WORLD_SIZE'])\n"
+    'dist.init_process_group("gloo", store=clusterbook.torch.store(), rank=rank, '
+    "world_size=world)",
+)
+
+
+@pytest.mark.root
+@pytest.mark.sshd
+@pytest.mark.mpi
+def test_a_ddp_step_with_the_store_clusterbook_gives(testbed, tmp_path, openmpi_python):
+    require(find_spec("torch") is not None, "torch is not installed (scripts/test.sh installs it)")
+    assert STORE != DDP
+    script = tmp_path / "ddp.py"
+    script.write_text(STORE)
+    cluster = testbed.cluster(openmpi_python, tmp_path / "run", hosts=2, slots=1)
+    with cluster:
+        job = cluster.mpirun(["python", str(script)], np=2, env={"GLOO_SOCKET_IFNAME": "eth0"})
+        result = job.wait(180)
+        lines = sorted(job.logs()["line"])
+        assert result.ok, (result.summary(), lines)
+    assert [re.sub(r"\s+", " ", line) for line in lines if line.startswith("rank ")] == [
+        "rank 0/2 node 0 grad 1.5",
+        "rank 1/2 node 1 grad 1.5",
+    ]
+
+
 @pytest.mark.root
 @pytest.mark.sshd
 @pytest.mark.mpi

@@ -54,6 +54,11 @@ def test_core_imports_no_jupyter_module():
     assert _loaded_after(CHECK, (*NOTEBOOK_MODULES, "clusterbook_widgets")) == []
 
 
+def test_torch_is_imported_only_by_what_uses_it():
+    # torch is optional: clusterbook.torch imports it when a store or a handler is made.
+    assert _loaded_after(CHECK + "import clusterbook.torch\n", ("torch",)) == []
+
+
 BARS = """\
 import sys
 import clusterbook as cb
