@@ -17,7 +17,7 @@ from typing import Any, Protocol
 
 from clusterbook.rendezvous.api import RendezvousStateError
 
-__all__ = ["Draft", "RendezvousState", "StateView", "decode", "encode"]
+__all__ = ["Draft", "Observed", "RendezvousState", "StateView", "decode", "encode", "from_data"]
 
 _VERSION = 1
 
@@ -62,6 +62,31 @@ class RendezvousState:
     _oldest: tuple[tuple[float, str], ...] | None = field(
         default=None, init=False, repr=False, compare=False
     )
+    # Rank 0's node ("" for none), found once per state: every node's answer names it.
+    _leader: str | None = field(default=None, init=False, repr=False, compare=False)
+
+    @property
+    def joined(self) -> int:
+        """How many nodes are participants of the current round."""
+        return len(self.participants)
+
+    @property
+    def waiting(self) -> int:
+        """How many nodes wait for the next round."""
+        return len(self.wait_list)
+
+    def leader(self) -> str | None:
+        """The node of rank 0 of a complete round (None if the round is not complete, or its
+        rank 0 left)."""
+        if not self.complete:
+            return None
+        found = self._leader
+        if found is None:
+            # Ranks follow the sorted ids, and so does the order of the participants once the
+            # round completed: rank 0 comes first unless it left.
+            found = next((n for n, r in self.participants.items() if r == 0), "")
+            object.__setattr__(self, "_leader", found)
+        return found or None
 
     def oldest(self) -> tuple[tuple[float, str], ...]:
         """The two oldest heartbeats, ``(time, node)`` oldest first (fewer if fewer nodes)."""
@@ -113,6 +138,26 @@ class StateView(Protocol):
     @property
     def last_heartbeats(self) -> Mapping[str, float]: ...
 
+    @property
+    def joined(self) -> int:
+        """How many nodes are participants (``participants`` may name only some of them)."""
+        ...
+
+    @property
+    def waiting(self) -> int:
+        """How many nodes are in the wait list (``wait_list`` may name only some of them)."""
+        ...
+
+
+class Observed(StateView, Protocol):
+    """What a node observes of a state and decides on: a :class:`RendezvousState`, or the
+    node's own view of it (:class:`~.view.NodeView`)."""
+
+    @property
+    def stop_jobs(self) -> tuple[str, ...]: ...
+
+    def oldest(self) -> tuple[tuple[float, str], ...]: ...
+
 
 @dataclass(slots=True, eq=False)
 class Draft:
@@ -132,6 +177,16 @@ class Draft:
     node_info: dict[str, dict[str, Any]]
     stop_jobs: tuple[str, ...]
     floor: float = math.inf
+
+    @property
+    def joined(self) -> int:
+        """How many nodes are participants of the current round."""
+        return len(self.participants)
+
+    @property
+    def waiting(self) -> int:
+        """How many nodes wait for the next round."""
+        return len(self.wait_list)
 
     def beat(self, node: str, now: float) -> None:
         """Record a heartbeat of ``node`` at ``now``."""
@@ -188,6 +243,14 @@ def decode(blob: bytes) -> RendezvousState:
     """Decode what :func:`encode` made; raise :class:`RendezvousStateError` on anything else."""
     try:
         data: Any = json.loads(blob)
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise _corrupt(exc) from exc
+    return from_data(data)
+
+
+def from_data(data: Any) -> RendezvousState:
+    """The state of decoded JSON ``data`` (see :func:`decode`)."""
+    try:
         if not isinstance(data, dict) or data.get("v") != _VERSION:
             raise ValueError(
                 f"unknown format {data.get('v') if isinstance(data, dict) else data!r}"
@@ -203,12 +266,16 @@ def decode(blob: bytes) -> RendezvousState:
             node_info={str(k): _dict(v) for k, v in _dict(data.get("node_info", {})).items()},
             stop_jobs=tuple(str(t) for t in _list(data.get("stop_jobs", []))),
         )
-    except (ValueError, KeyError, TypeError, UnicodeDecodeError) as exc:
-        raise RendezvousStateError(
-            f"The rendezvous state in the store is corrupt ({exc}); it was not written by this "
-            "version of clusterbook. Start a new rendezvous (a new run id) or clear the store."
-        ) from exc
+    except (ValueError, KeyError, TypeError) as exc:
+        raise _corrupt(exc) from exc
     return state
+
+
+def _corrupt(exc: Exception) -> RendezvousStateError:
+    return RendezvousStateError(
+        f"The rendezvous state in the store is corrupt ({exc}); it was not written by this "
+        "version of clusterbook. Start a new rendezvous (a new run id) or clear the store."
+    )
 
 
 # JSON object keys are always strings; the checks below look at the values only, in one pass

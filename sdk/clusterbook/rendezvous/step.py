@@ -115,10 +115,11 @@ class Step:
 
     def run_on(self, draft: Draft) -> bool:
         """Run this step on ``draft``, in place; whether it wrote anything (dropping dead
-        nodes alone is no write). A store runs the steps that come together on one draft."""
+        nodes counts: the store keeps them dropped, so that the views it answers, which
+        cannot drop them, are without them). A store runs the steps that come together on one
+        draft."""
         node, settings, now = self.node, self.settings, self.now
-        expire(draft, settings, now)
-        wrote = False
+        wrote = expire(draft, settings, now)
         for operation in self.operations:
             decide = DECISIONS[operation]
             for _ in range(_MAX_ACTIONS):

@@ -10,7 +10,8 @@ a decision watch waits for, and of the last write that changed more than heartbe
 (:func:`~clusterbook.rendezvous.ops.members_may_change`), which is what a member watch waits
 for: a heartbeat wakes only the plain watches. The steps that arrive
 together run as one batch (:meth:`StateStore.run`): on one draft of the state, stored as one
-write, encoded once when first read.
+write, encoded once when first read. A node's own requests are answered with its view of the
+state (:meth:`StateStore.view`), whose size does not grow with the cluster.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from clusterbook.rendezvous.backends.wire import MAX_STATE, TOKEN_INT, TOKEN_NON
 from clusterbook.rendezvous.ops import decisions_may_change, members_may_change
 from clusterbook.rendezvous.state import RendezvousState, decode, encode
 from clusterbook.rendezvous.step import Step
+from clusterbook.rendezvous.view import encode_view, view_of
 
 __all__ = ["ANY", "DECISIONS", "MEMBERS", "StateStore"]
 
@@ -71,6 +73,16 @@ class StateStore:
         if self._view is None:
             self._view = encode(replace(decoded, node_info={}))
         return self._view, self.token
+
+    def view(self, node: str) -> tuple[bytes, Token] | None:
+        """``node``'s view of the stored state (:func:`~clusterbook.rendezvous.view.view_of`)
+        and its token: what a node's own requests are answered, in a size that does not grow
+        with the cluster. A stored blob that is not a rendezvous state is answered as it is."""
+        if self.token == 0:
+            return None
+        if self._decoded is None:
+            return self.current()
+        return encode_view(view_of(self._decoded, node)), self.token
 
     def matches(self, kind: int, value: int) -> bool:
         """Whether the token ``kind, value`` (see :func:`.wire.token_spec`) is the stored one."""
