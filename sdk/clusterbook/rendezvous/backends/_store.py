@@ -16,6 +16,7 @@ state (:meth:`StateStore.view`), whose size does not grow with the cluster.
 
 from __future__ import annotations
 
+import json
 import logging
 from collections.abc import Sequence
 from dataclasses import replace
@@ -31,9 +32,19 @@ __all__ = ["ANY", "DECISIONS", "MEMBERS", "StateStore"]
 
 _log = logging.getLogger("clusterbook.rendezvous.backends.tcp")
 
-_GROWTH = 256
-"""Bytes a step may add to the encoded state besides four copies of its own wire size (its
-node id in up to four places, and its report): a bound that spares encoding every write."""
+_GROWTH = 64
+"""Bytes a step may add to the encoded state besides its own wire size (which holds its report
+and its node id once, and its settings and times, which the state does not hold) and three
+more copies of its node id (it may be in up to four places): numbers and punctuation. A bound
+that spares encoding the state at every write."""
+_RANK_DIGITS = 7
+"""What completing a round may add per participant: its rank's digits (up to 7: ranks below
+10 million), in place of the 0 it had."""
+
+
+def _growth(step: Step, size: int) -> int:
+    """A bound of the bytes ``step`` (``size`` bytes on the wire) adds to the encoded state."""
+    return size + 3 * len(json.dumps(step.node)) + _GROWTH
 
 
 ANY, MEMBERS, DECISIONS = 0, 1, 2
@@ -160,7 +171,9 @@ class StateStore:
         state = base
         if wrote:
             new = draft.freeze()
-            bound = self._size + sum(4 * size + _GROWTH for _, size in steps)
+            bound = self._size + sum(_growth(step, size) for step, size in steps)
+            if new.complete and not base.complete:
+                bound += _RANK_DIGITS * len(new.participants)
             decisive = self._store(new, bound, steps)
             if decisive is not None:
                 state = new
@@ -197,7 +210,10 @@ class StateStore:
                 failed.add(i)
                 continue
             if new is not None:
-                stored = self._store(new, self._size + 4 * size + _GROWTH, [(step, size)])
+                bound = self._size + _growth(step, size)
+                if new.complete and not state.complete:
+                    bound += _RANK_DIGITS * len(new.participants)
+                stored = self._store(new, bound, [(step, size)])
                 if stored is not None:
                     state = new
                     decisive = bool(decisive) or stored
