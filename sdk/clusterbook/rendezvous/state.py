@@ -111,6 +111,7 @@ class RendezvousState:
             node_info=dict(self.node_info),
             stop_jobs=self.stop_jobs,
             floor=oldest[0][0] if oldest else math.inf,
+            oldest=oldest,
         )
 
 
@@ -177,6 +178,9 @@ class Draft:
     node_info: dict[str, dict[str, Any]]
     stop_jobs: tuple[str, ...]
     floor: float = math.inf
+    # The two oldest heartbeats, kept as beats are written (None: not known any more, as when
+    # one of them beat again); checked on freezing, since removals do not keep it.
+    oldest: tuple[tuple[float, str], ...] | None = None
 
     @property
     def joined(self) -> int:
@@ -193,11 +197,15 @@ class Draft:
         self.last_heartbeats[node] = now
         if now < self.floor:
             self.floor = now
+        pair = self.oldest
+        if pair is not None:
+            mine = any(who == node for _, who in pair)
+            self.oldest = None if mine else tuple(sorted((*pair, (now, node)))[:2])
 
     def freeze(self) -> RendezvousState:
         """The state this draft now holds. Its containers move into the state: the draft must
         not be changed afterwards."""
-        return RendezvousState(
+        state = RendezvousState(
             round=self.round,
             complete=self.complete,
             deadline=self.deadline,
@@ -208,14 +216,26 @@ class Draft:
             node_info=self.node_info,
             stop_jobs=self.stop_jobs,
         )
+        pair, beats = self.oldest, self.last_heartbeats
+        # Still the two oldest if both are there with those times (a node removed, or beating
+        # again, was one of them otherwise); one or none only if there are no more beats.
+        if (
+            pair is not None
+            and len(pair) == min(2, len(beats))
+            and all(beats.get(who) == t for t, who in pair)
+        ):
+            object.__setattr__(state, "_oldest", pair)
+        return state
 
 
 def _two_oldest(beats: Mapping[str, float]) -> tuple[tuple[float, str], ...]:
     first: tuple[float, str] | None = None
     second: tuple[float, str] | None = None
+    # (time, node) pairs compare by time, then node: the same two whatever the order of the
+    # beats (a draft keeps them as it writes, :meth:`Draft.beat`).
     for node, t in beats.items():
-        if second is None or t < second[0]:
-            if first is None or t < first[0]:
+        if second is None or (t, node) < second:
+            if first is None or (t, node) < first:
                 first, second = (t, node), first
             else:
                 second = (t, node)

@@ -173,10 +173,7 @@ class Step:
     def from_wire(cls, blob: bytes) -> Step:
         """Decode what :meth:`to_wire` made; raise :class:`StepFormatError` on anything else."""
         try:
-            data = json.loads(blob)
-            if not isinstance(data, dict) or data.get("v") != _VERSION:
-                raise ValueError("unknown step format")
-            settings = _settings(data["settings"])
+            data, settings = _parse(blob)
             node, info, ops = data["node"], data["info"], data["ops"]
             if not isinstance(node, str) or not node:
                 raise ValueError(f"node id {node!r}")
@@ -195,6 +192,31 @@ class Step:
             )
         except (ValueError, KeyError, TypeError, UnicodeDecodeError) as exc:  # ConfigError too
             raise StepFormatError(f"malformed rendezvous step: {exc}") from None
+
+
+_MARK = b',"settings":'
+_SETTINGS_TEXT: dict[bytes, RendezvousSettings] = {}
+
+
+def _parse(blob: bytes) -> tuple[dict[str, Any], RendezvousSettings]:
+    """A step's JSON object and its settings. Every node of a rendezvous sends the same
+    settings, last (:meth:`Step.to_wire`): once seen, their text is looked up, not parsed and
+    checked again (a JSON string cannot hold the mark's bare quotes, so the last mark is the
+    object's own key; with duplicate keys, the last counts, as in ``json.loads``)."""
+    at = blob.rfind(_MARK)
+    text = blob[at + len(_MARK) : -1] if at > 0 and blob.endswith(b"}") else b""
+    known = _SETTINGS_TEXT.get(text) if text else None
+    data = json.loads(blob if known is None else blob[:at] + b"}")
+    if not isinstance(data, dict) or data.get("v") != _VERSION:
+        raise ValueError("unknown step format")
+    if known is not None:
+        return data, known
+    settings = _settings(data["settings"])
+    if text and _settings(json.loads(text)) is settings:  # the text is those settings'
+        if len(_SETTINGS_TEXT) >= 64:
+            _SETTINGS_TEXT.clear()
+        _SETTINGS_TEXT[text] = settings
+    return data, settings
 
 
 _SETTINGS: dict[tuple[Any, ...], RendezvousSettings] = {}

@@ -22,6 +22,7 @@ from __future__ import annotations
 import json
 from collections.abc import Mapping, Set
 from dataclasses import dataclass
+from json.encoder import encode_basestring_ascii
 from typing import Any
 
 from clusterbook.rendezvous.api import RendezvousSettings, RendezvousStateError
@@ -133,7 +134,7 @@ def view_of(state: RendezvousState, node: str) -> NodeView:
 def encode_view(view: NodeView) -> bytes:
     """The view as compact JSON bytes (told apart from a state by its ``view`` key). Written
     out by hand: the store encodes one per answer, and ``json.dumps`` of a dict costs twice."""
-    text = _dumps
+    text = _text
     oldest = ",".join(f"[{_number(t)},{text(n)}]" for t, n in view.oldest_beats)
     return (
         f'{{"view":{_VERSION},"node":{text(view.node)},"round":{view.round},'
@@ -141,14 +142,18 @@ def encode_view(view: NodeView) -> bytes:
         f'"closed":{_flag_json(view.closed)},"joined":{view.joined},"waiting":{view.waiting},'
         f'"rank":{"null" if view.rank is None else view.rank},'
         f'"listed":{_flag_json(view.listed)},"beat":{_number(view.beat)},"oldest":[{oldest}],'
-        f'"stop_jobs":{text(list(view.stop_jobs))},'
+        f'"stop_jobs":{_texts(view.stop_jobs)},'
         f'"leader":{text(view.leader)},"leader_host":{text(view.leader_host)},'
-        f'"leader_addresses":{text(list(view.leader_addresses))}}}'
+        f'"leader_addresses":{_texts(view.leader_addresses)}}}'
     ).encode()
 
 
-def _dumps(value: object) -> str:
-    return json.dumps(value, separators=(",", ":"))
+def _text(value: str | None) -> str:
+    return "null" if value is None else encode_basestring_ascii(value)
+
+
+def _texts(values: tuple[str, ...]) -> str:
+    return f"[{','.join(map(encode_basestring_ascii, values))}]"
 
 
 def _number(value: float | None) -> str:
@@ -172,7 +177,7 @@ def decode_answer(blob: bytes) -> RendezvousState | NodeView:
         if data["view"] != _VERSION:
             raise ValueError(f"unknown view format {data['view']!r}")
         return NodeView(
-            node=_text(data["node"]),
+            node=_string(data["node"]),
             round=_whole(data["round"]),
             complete=_flag(data["complete"]),
             deadline=None if data["deadline"] is None else _time(data["deadline"]),
@@ -182,11 +187,11 @@ def decode_answer(blob: bytes) -> RendezvousState | NodeView:
             rank=None if data["rank"] is None else _whole(data["rank"]),
             listed=_flag(data["listed"]),
             beat=None if data["beat"] is None else _time(data["beat"]),
-            oldest_beats=tuple((_time(t), _text(n)) for t, n in data["oldest"]),
-            stop_jobs=tuple(_text(t) for t in data["stop_jobs"]),
-            leader=None if data["leader"] is None else _text(data["leader"]),
-            leader_host=None if data["leader_host"] is None else _text(data["leader_host"]),
-            leader_addresses=tuple(_text(a) for a in data["leader_addresses"]),
+            oldest_beats=tuple((_time(t), _string(n)) for t, n in data["oldest"]),
+            stop_jobs=tuple(_string(t) for t in data["stop_jobs"]),
+            leader=None if data["leader"] is None else _string(data["leader"]),
+            leader_host=None if data["leader_host"] is None else _string(data["leader_host"]),
+            leader_addresses=tuple(_string(a) for a in data["leader_addresses"]),
         )
     except (ValueError, KeyError, TypeError) as exc:
         raise RendezvousStateError(
@@ -207,7 +212,7 @@ def fresh(observed: Observation, settings: RendezvousSettings, now: float) -> Ob
     return observed
 
 
-def _text(value: object) -> str:
+def _string(value: object) -> str:
     if not isinstance(value, str):
         raise TypeError(f"expected a string, got {value!r}")
     return value

@@ -226,3 +226,18 @@ def test_a_step_that_finds_a_dead_node_stores_its_removal() -> None:
     new = make(JOIN, now=T0 + 100.0, deadline=T0 + 160.0).run(old)  # a waits: no write of its own
     assert new is not None
     assert (new.participants, set(new.last_heartbeats)) == ({"a": 0}, {"a"})
+
+
+@PROPERTY_SETTINGS
+@given(
+    state=states(),
+    steps=st.lists(st.tuples(OPS, st.sampled_from(NAMES), st.floats(-5.0, 5.0)), max_size=4),
+)
+def test_the_oldest_heartbeats_a_draft_keeps_are_the_states_own(state, steps) -> None:
+    # A store's draft keeps the two oldest heartbeats as it writes, instead of finding them
+    # in every new state (O(nodes) per write): they must be what a scan of the state finds.
+    draft = state.draft()
+    for ops, node, shift in steps:
+        make(*ops, node=node, now=T0 + shift, deadline=T0 + 60.0).run_on(draft)
+    new = draft.freeze()
+    assert new.oldest() == decode(encode(new)).oldest()  # decoded: found by a scan
