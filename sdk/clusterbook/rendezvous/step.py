@@ -43,7 +43,7 @@ from clusterbook.rendezvous.ops import (
 )
 from clusterbook.rendezvous.state import Draft, RendezvousState, StateView, decode, encode
 
-__all__ = ["DECISIONS", "WAKE_SLACK", "Operation", "Step", "StepFormatError"]
+__all__ = ["DECISIONS", "WAKE_SLACK", "Operation", "Step", "StepFormatError", "settings_size"]
 
 WAKE_SLACK = 0.005
 """Added to every wait until a wake-up time: decisions compare times strictly, so wake a hair
@@ -234,6 +234,11 @@ _SETTINGS_KEYS = (
 
 
 _SETTINGS_JSON: dict[int, tuple[RendezvousSettings, str]] = {}
+
+
+def settings_size(s: RendezvousSettings) -> int:
+    """The bytes of ``s`` in a step on the wire."""
+    return len(_settings_json(s))
 
 
 def _settings_json(s: RendezvousSettings) -> str:

@@ -20,7 +20,7 @@ node then asks the store again with a step, which drops the node there for good.
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping, Set
+from collections.abc import Callable, Mapping, Set
 from dataclasses import dataclass
 from json.encoder import encode_basestring_ascii
 from typing import Any
@@ -29,7 +29,15 @@ from clusterbook.rendezvous.api import RendezvousSettings, RendezvousStateError
 from clusterbook.rendezvous.ops import sanitize
 from clusterbook.rendezvous.state import RendezvousState, decode, from_data
 
-__all__ = ["NodeView", "Observation", "decode_answer", "encode_view", "fresh", "view_of"]
+__all__ = [
+    "NodeView",
+    "Observation",
+    "decode_answer",
+    "encode_view",
+    "fresh",
+    "view_of",
+    "views_of",
+]
 
 _VERSION = 1
 _ADDRESSES = 8
@@ -132,19 +140,42 @@ def view_of(state: RendezvousState, node: str) -> NodeView:
 
 
 def encode_view(view: NodeView) -> bytes:
-    """The view as compact JSON bytes (told apart from a state by its ``view`` key). Written
-    out by hand: the store encodes one per answer, and ``json.dumps`` of a dict costs twice."""
+    """The view as compact JSON bytes (told apart from a state by its ``view`` key)."""
+    return _own(view.node, view.rank, view.listed, view.beat, _shared(view))
+
+
+def views_of(state: RendezvousState) -> Callable[[str], bytes]:
+    """An encoder of the views of ``state`` (``encode_view(view_of(state, node))`` for a node):
+    what every node's view shares is encoded once, the node's own place each time. A store
+    that answers every node after a write makes one per state."""
+    shared = _shared(view_of(state, ""))
+    participants, wait_list, beats = state.participants, state.wait_list, state.last_heartbeats
+
+    def encode(node: str) -> bytes:
+        return _own(node, participants.get(node), node in wait_list, beats.get(node), shared)
+
+    return encode
+
+
+def _shared(view: NodeView) -> str:
+    """What the views of one state share, as JSON object members. Written out by hand: a store
+    encodes a view per answer, and ``json.dumps`` of a dict costs twice as much."""
     text = _text
     oldest = ",".join(f"[{_number(t)},{text(n)}]" for t, n in view.oldest_beats)
     return (
-        f'{{"view":{_VERSION},"node":{text(view.node)},"round":{view.round},'
-        f'"complete":{_flag_json(view.complete)},"deadline":{_number(view.deadline)},'
-        f'"closed":{_flag_json(view.closed)},"joined":{view.joined},"waiting":{view.waiting},'
-        f'"rank":{"null" if view.rank is None else view.rank},'
-        f'"listed":{_flag_json(view.listed)},"beat":{_number(view.beat)},"oldest":[{oldest}],'
+        f'"view":{_VERSION},"round":{view.round},"complete":{_flag_json(view.complete)},'
+        f'"deadline":{_number(view.deadline)},"closed":{_flag_json(view.closed)},'
+        f'"joined":{view.joined},"waiting":{view.waiting},"oldest":[{oldest}],'
         f'"stop_jobs":{_texts(view.stop_jobs)},'
         f'"leader":{text(view.leader)},"leader_host":{text(view.leader_host)},'
-        f'"leader_addresses":{_texts(view.leader_addresses)}}}'
+        f'"leader_addresses":{_texts(view.leader_addresses)}'
+    )
+
+
+def _own(node: str, rank: int | None, listed: bool, beat: float | None, shared: str) -> bytes:
+    return (
+        f'{{"node":{encode_basestring_ascii(node)},"rank":{"null" if rank is None else rank},'
+        f'"listed":{_flag_json(listed)},"beat":{_number(beat)},{shared}}}'
     ).encode()
 
 

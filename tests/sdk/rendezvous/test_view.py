@@ -8,7 +8,14 @@ import pytest
 from clusterbook.rendezvous.api import RendezvousSettings, RendezvousStateError
 from clusterbook.rendezvous.ops import join_action, world_size
 from clusterbook.rendezvous.state import RendezvousState, encode
-from clusterbook.rendezvous.view import NodeView, decode_answer, encode_view, fresh, view_of
+from clusterbook.rendezvous.view import (
+    NodeView,
+    decode_answer,
+    encode_view,
+    fresh,
+    view_of,
+    views_of,
+)
 
 T0 = 1_700_000_000.0
 S = RendezvousSettings("view", 2, 100_000, keep_alive_interval=1.0, keep_alive_max_attempt=3)
@@ -91,3 +98,11 @@ def test_a_view_in_which_a_node_expired_is_not_decided_on() -> None:
     dropped = fresh(state, S, T0 + S.dead_after + 0.5)  # a state drops it itself
     assert dropped is not None
     assert dropped.joined == 1
+
+
+def test_the_views_a_store_encodes_per_state_are_each_nodes_own() -> None:
+    state = complete_round(6, waiting=2)
+    encode = views_of(state)
+    for node in ("node-000000", "node-000005", "late-000001", "stranger", 'quo"te\u00e9'):
+        assert encode(node) == encode_view(view_of(state, node))
+        assert decode_answer(encode(node)) == view_of(state, node)

@@ -18,15 +18,15 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import replace
 
 from clusterbook.rendezvous.api import RendezvousStateError, Token
 from clusterbook.rendezvous.backends.wire import MAX_STATE, TOKEN_INT, TOKEN_NONE
 from clusterbook.rendezvous.ops import decisions_may_change, members_may_change
 from clusterbook.rendezvous.state import RendezvousState, decode, encode
-from clusterbook.rendezvous.step import Step
-from clusterbook.rendezvous.view import encode_view, view_of
+from clusterbook.rendezvous.step import Step, settings_size
+from clusterbook.rendezvous.view import views_of
 
 __all__ = ["ANY", "DECISIONS", "MEMBERS", "StateStore"]
 
@@ -43,8 +43,9 @@ _RANK_DIGITS = 7
 
 
 def _growth(step: Step, size: int) -> int:
-    """A bound of the bytes ``step`` (``size`` bytes on the wire) adds to the encoded state."""
-    return size + 3 * len(json.dumps(step.node)) + _GROWTH
+    """A bound of the bytes ``step`` (``size`` bytes on the wire, of which its settings, which
+    the state does not hold) adds to the encoded state."""
+    return size - settings_size(step.settings) + 3 * len(json.dumps(step.node)) + _GROWTH
 
 
 ANY, MEMBERS, DECISIONS = 0, 1, 2
@@ -65,6 +66,7 @@ class StateStore:
         self._blob: bytes | None = None
         self._view: bytes | None = None  # the state without the reports, once asked for
         self._decoded: RendezvousState | None = None  # None: nothing stored, or not a state
+        self._views: Callable[[str], bytes] | None = None  # views of it, once asked for
         self._size = 0  # the blob's size, or a bound of it while it is not encoded
 
     def current(self, *, reports: bool = True) -> tuple[bytes, Token] | None:
@@ -93,7 +95,9 @@ class StateStore:
             return None
         if self._decoded is None:
             return self.current()
-        return encode_view(view_of(self._decoded, node)), self.token
+        if self._views is None:  # a write answers every node that waits: encoded once per state
+            self._views = views_of(self._decoded)
+        return self._views(node), self.token
 
     def matches(self, kind: int, value: int) -> bool:
         """Whether the token ``kind, value`` (see :func:`.wire.token_spec`) is the stored one."""
@@ -132,7 +136,7 @@ class StateStore:
             except RendezvousStateError:
                 decoded = None  # not a rendezvous state: every write of it is decisive
         before = self._decoded
-        self._blob, self._decoded, self._view = state, decoded, None
+        self._blob, self._decoded, self._view, self._views = state, decoded, None, None
         self.token += 1
         if before is None or decoded is None or decisions_may_change(before, decoded):
             self.decisive = self.eventful = self.token
