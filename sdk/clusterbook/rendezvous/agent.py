@@ -32,7 +32,7 @@ from clusterbook.rendezvous.api import (
 from clusterbook.rendezvous.handler import RendezvousHandler
 from clusterbook.rendezvous.registry import BackendFactory, backend_for, join_url, parse_join_url
 from clusterbook.rendezvous.report import NodeReport
-from clusterbook.rendezvous.state import RendezvousState, decode
+from clusterbook.rendezvous.view import Observation, decode_answer
 
 __all__ = [
     "AGENT_IMPORTS",
@@ -214,7 +214,7 @@ class Agent:
                 info.world_size,
                 info.round,
             )
-            outcome = self._follow(handler, backend, info.round, set(info.participants))
+            outcome = self._follow(handler, backend, info.round, info.world_size)
             if outcome is not None:
                 return outcome
         return EXIT_CLOSED
@@ -224,12 +224,12 @@ class Agent:
         handler: RendezvousHandler,
         backend: RendezvousBackend,
         round_: int,
-        members: set[str],
+        members: int,
     ) -> int | None:
         """Watch the state until this node must join again (None) or exit (a code), and
         heartbeat whenever one is due."""
         # From the state the join ended on: the first watch waits for what comes after it.
-        state: RendezvousState | None
+        state: Observation | None
         state, token = handler.observed()
         last_ok = time.monotonic()
         beat_at = last_ok + handler.heartbeat_due()
@@ -264,7 +264,7 @@ class Agent:
                 continue
             token = current[1]
             try:
-                state = decode(current[0])
+                state = decode_answer(current[0])
             except RendezvousError:
                 continue
         return EXIT_CLOSED
@@ -281,16 +281,20 @@ class Agent:
                     daemon=True,
                 ).start()
 
-    def _must_rejoin(self, state: RendezvousState, round_: int, members: set[str]) -> bool:
+    def _must_rejoin(self, state: Observation, round_: int, members: int) -> bool:
+        """Whether to join again, from the state or this node's view of it; ``members``: how
+        many nodes the round had when it completed."""
         me = self.node_id
         if me not in state.participants and me not in state.wait_list:
             return True  # dropped (paused too long, say): join again
         if state.round != round_:
             return True
-        room = len(state.participants) < self.settings.max_nodes
-        if state.complete and state.wait_list and room:
+        room = state.joined < self.settings.max_nodes
+        if state.complete and state.waiting and room:
             return True  # newcomers wait for a new round that has room for them
-        return state.complete and set(state.participants) != members  # someone was lost
+        # Someone was lost: a complete round only ever loses participants (newcomers wait),
+        # so fewer than it had means another set.
+        return state.complete and state.joined != members
 
     def _wait_for_store(self, backend: RendezvousBackend, exc: Exception) -> bool:
         deadline = time.monotonic() + self.lease

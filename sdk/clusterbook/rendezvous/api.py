@@ -24,9 +24,12 @@ way torch elastic's dynamic rendezvous keeps its state:
   again on the newer state); a backend may run the change on its side instead (the TCP store
   does so for rendezvous steps: one round trip, however many nodes write at once).
 - What ``update`` of a rendezvous step, ``watch_decisions`` and ``watch_members`` return may
-  leave out the nodes' reports (``node_info``), which only the head reads and which are most of
-  a state's bytes (the TCP store does so); ``get_state`` and ``watch`` return the state whole.
-  A compare-and-set starts from ``get_state``, never from such an answer.
+  be, instead of the state, the node's view of it (:mod:`~clusterbook.rendezvous.view`: its
+  rank, the counts, the round, where rank 0 is; a step's node, or the node the client is of),
+  whose size does not grow with the cluster (the TCP store does so), or the state without the
+  nodes' reports (``node_info``), which only the head reads; ``get_state`` and ``watch``
+  return the state whole. A compare-and-set starts from ``get_state``, never from such an
+  answer.
 
 Errors are :class:`RendezvousError` subclasses: a store that cannot be reached raises
 :class:`RendezvousConnectionError` within its timeout; a state that does not decode raises

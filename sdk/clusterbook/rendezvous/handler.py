@@ -2,16 +2,15 @@
 
 One handler per node. :meth:`RendezvousHandler.next_rendezvous` leaves the node's previous round
 (if any), then joins the next. Each operation sends a :class:`~.step.Step` to the store
-(``backend.update``), which applies the decisions atomically and returns the state after them
-(the TCP store on its side, in one round trip; other stores by a compare-and-set loop). The
-handler then decides on that state itself: done, an error, another step, or, when there is
-nothing to do but wait, a block in ``backend.watch_decisions`` until a change that matters or
-the next moment a decision could change by time alone (the end of the last call, a heartbeat
-due, a node expiring, the join deadline); the TCP store holds the answer to a join step until
-then, so a waiting node needs no watch of its own. Once the round is complete the handler's
-heartbeat thread (started with it, :mod:`.beats`) heartbeats every ``keep_alive_interval``
-seconds until the next call, :meth:`shutdown`, or the process ends; a handler made with
-``beat_thread=False`` has none, and its caller beats (:meth:`RendezvousHandler.heartbeat`).
+(``backend.update``), which applies the decisions atomically and returns the state after them,
+or the node's view of it (:mod:`.view`; the TCP store, on its side, in one round trip; other
+stores by a compare-and-set loop). The handler decides on that itself: done, an error, another
+step, or, when there is nothing to do but wait, a block in ``backend.watch_decisions`` until a
+change that matters or the next moment a decision could change by time alone (the end of the
+last call, a heartbeat due, a node expiring, the join deadline); the TCP store holds the answer
+to a join step until then. Once the round is complete the handler's heartbeat thread
+(:mod:`.beats`) beats every ``keep_alive_interval`` seconds until the next call,
+:meth:`shutdown`, or the process ends; with ``beat_thread=False``, the caller beats.
 """
 
 from __future__ import annotations
@@ -19,9 +18,8 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from dataclasses import dataclass
-from types import MappingProxyType
 from typing import Any
 
 from clusterbook.errors import ConfigError
@@ -37,6 +35,7 @@ from clusterbook.rendezvous.beats import Heartbeats
 from clusterbook.rendezvous.ops import Action, next_wakeup, sanitize, world_size
 from clusterbook.rendezvous.state import RendezvousState, decode
 from clusterbook.rendezvous.step import DECISIONS, WAKE_SLACK, Operation, Step
+from clusterbook.rendezvous.view import NodeView, Observation, decode_answer, fresh, view_of
 from clusterbook.wording import spell_or
 
 __all__ = ["RendezvousHandler", "RendezvousInfo"]
@@ -46,19 +45,21 @@ _log = logging.getLogger("clusterbook.rendezvous")
 _WATCH_CAP = 1.0
 """Longest single wait for the store (a watch, or a held join step): a bound on how stale a
 waiter's clock view gets."""
-_REPORTING = frozenset({Operation.JOIN, Operation.KEEP_ALIVE})
-"""The operations whose writes carry the node's own report (``info``)."""
+_REPORTING = frozenset({Operation.JOIN, Operation.KEEP_ALIVE})  # writes with the node's report
 
 
 @dataclass(frozen=True, slots=True)
 class RendezvousInfo:
-    """This node's place in a complete round."""
+    """This node's place in a complete round, and where rank 0 is: its node (``leader``, None
+    if it left the round already), and its hostname and first few addresses as it reported
+    them (None and empty if it reported none)."""
 
     rank: int
     world_size: int
     round: int
-    participants: Mapping[str, int]
-    """Node id -> rank of every participant of the round (read-only)."""
+    leader: str | None
+    leader_host: str | None = None
+    leader_addresses: tuple[str, ...] = ()
 
 
 class RendezvousHandler:
@@ -77,8 +78,9 @@ class RendezvousHandler:
     monotonic
         A monotonic clock for this node's own timeouts (join, close, heartbeat).
     on_change
-        Called with each new state this handler observes, outside its locks, from whichever
-        thread observed it (the caller's or the heartbeat thread). Exceptions are logged.
+        Called with each new state (or view of it: :data:`Observation`) this handler observes,
+        outside its locks, from whichever thread observed it (the caller's or the heartbeat
+        thread). Exceptions are logged.
     beat_thread
         Heartbeat from a thread of the handler's own while a round holds the node (default).
         False: the caller beats, with :meth:`heartbeat` when :meth:`heartbeat_due` says (an
@@ -93,7 +95,7 @@ class RendezvousHandler:
         *,
         clock: Callable[[], float] = time.time,
         monotonic: Callable[[], float] = time.monotonic,
-        on_change: Callable[[RendezvousState], None] | None = None,
+        on_change: Callable[[Observation], None] | None = None,
         info: Callable[[], dict[str, Any]] | None = None,
         beat_thread: bool = True,
     ) -> None:
@@ -107,7 +109,7 @@ class RendezvousHandler:
         self._on_change = on_change
         self._info = info
         self._lock = threading.Lock()  # guards the last observed state and token
-        self._state = RendezvousState()
+        self._state: Observation = RendezvousState()
         self._token: Token | None = None
         # Started now, idle until a round is complete (see .beats).
         self._beats = (
@@ -145,18 +147,21 @@ class RendezvousHandler:
         state = self._run(Operation.JOIN, deadline, self._join_timeout, leave_first=True)
         if self._beats is not None:
             self._beats.start()
+        view = state if isinstance(state, NodeView) else view_of(state, self._node)
         return RendezvousInfo(
             rank=state.participants[self._node],
             world_size=world_size(state),
             round=state.round,
-            participants=MappingProxyType(dict(state.participants)),
+            leader=view.leader,
+            leader_host=view.leader_host,
+            leader_addresses=view.leader_addresses,
         )
 
     def set_closed(self) -> None:
         """Close the rendezvous for good: no node may join it any more."""
         close = self._settings.timeout.close
 
-        def timeout(_: RendezvousState) -> RendezvousTimeoutError:
+        def timeout(_: Observation) -> RendezvousTimeoutError:
             return RendezvousTimeoutError(
                 f"Node {self._node!r} could not close the rendezvous {self._settings.run_id!r} "
                 f"within the close timeout of {close:g} s: the store kept changing under it or "
@@ -173,14 +178,15 @@ class RendezvousHandler:
         """How many live nodes wait for the next round (reads the store)."""
         return len(self._read().wait_list)
 
-    def state(self) -> RendezvousState:
-        """The last state this handler observed (dead nodes already removed); no I/O."""
+    def state(self) -> Observation:
+        """The last state this handler observed (dead nodes already removed), or this node's
+        view of it; no I/O."""
         with self._lock:
             return self._state
 
-    def observed(self) -> tuple[RendezvousState, Token | None]:
-        """The last state this handler observed and its fencing token (None before any); no
-        I/O. A watch from that token wakes at the first change after it."""
+    def observed(self) -> tuple[Observation, Token | None]:
+        """The last state (or view) this handler observed and its fencing token (None before
+        any); no I/O. A watch from that token wakes at the first change after it."""
         with self._lock:
             return self._state, self._token
 
@@ -214,10 +220,10 @@ class RendezvousHandler:
         self,
         op: Operation,
         deadline: float,
-        on_timeout: Callable[[RendezvousState], RendezvousTimeoutError],
+        on_timeout: Callable[[Observation], RendezvousTimeoutError],
         *,
         leave_first: bool = False,
-    ) -> RendezvousState:
+    ) -> Observation:
         """Run ``op`` until it says FINISH (after leaving the rendezvous, if ``leave_first``);
         ``deadline`` is on the monotonic clock."""
         settings, node, decide = self._settings, self._node, DECISIONS[op]
@@ -226,7 +232,10 @@ class RendezvousHandler:
         while True:
             now = self._clock()
             wall_deadline = self._wall_deadline(now, deadline)
-            state = sanitize(raw, settings, now)
+            state = fresh(raw, settings, now)
+            if state is None:  # a view in which a node expired: a step drops it in the store
+                raw, token = self._step((op,), deadline)
+                continue
             self._observe(state, token)
             if now <= wall_deadline:
                 in_time = state
@@ -251,7 +260,7 @@ class RendezvousHandler:
 
     def _step(
         self, ops: tuple[Operation, ...], deadline: float
-    ) -> tuple[RendezvousState, Token | None]:
+    ) -> tuple[Observation, Token | None]:
         """Send one step of ``ops`` to the store; the state after it (kept: no re-read)."""
         now = self._clock()
         info = None
@@ -269,19 +278,21 @@ class RendezvousHandler:
         return now + (deadline - self._monotonic())
 
     def _read(self) -> RendezvousState:
-        raw, token = self._decode(self._backend.get_state())
+        current = self._backend.get_state()  # the state whole, whatever the store
+        raw = RendezvousState() if current is None else decode(current[0])
+        token = None if current is None else current[1]
         state = sanitize(raw, self._settings, self._clock())
         self._observe(state, token)
         return state
 
     @staticmethod
-    def _decode(current: tuple[bytes, Token] | None) -> tuple[RendezvousState, Token | None]:
+    def _decode(current: tuple[bytes, Token] | None) -> tuple[Observation, Token | None]:
         if current is None:
             return RendezvousState(), None
         blob, token = current
-        return decode(blob), token
+        return decode_answer(blob), token
 
-    def _observe(self, state: RendezvousState, token: Token | None) -> None:
+    def _observe(self, state: Observation, token: Token | None) -> None:
         with self._lock:
             if token is not None and self._token is not None and token < self._token:
                 return  # an older state than one already seen (another thread raced ahead)
@@ -295,10 +306,12 @@ class RendezvousHandler:
 
     # --- error messages -----------------------------------------------------------------------
 
-    def _join_timeout(self, state: RendezvousState) -> RendezvousTimeoutError:
+    def _join_timeout(self, state: Observation) -> RendezvousTimeoutError:
         settings, node = self._settings, self._node
-        joined = sorted(state.participants)
-        names = ", ".join(repr(n) for n in joined) or "none"
+        count = state.joined
+        names = ", ".join(repr(n) for n in sorted(state.participants)) or "none"
+        if isinstance(state, NodeView):  # it names only this node
+            names = "this one" if node in state.participants else "not this one"
         longer = spell_or(
             "join_timeout", 2 * settings.timeout.join, "the join timeout where the cluster is made"
         )
@@ -306,19 +319,19 @@ class RendezvousHandler:
             return RendezvousTimeoutError(
                 f"Node {node!r} waited {settings.timeout.join:g} s (the join timeout) for the "
                 f"next round of the rendezvous {settings.run_id!r}, but round {state.round} "
-                f"kept running with {len(joined)} node(s) ({names}) and never ended. Stop that "
+                f"kept running with {count} node(s) ({names}) and never ended. Stop that "
                 f"round's nodes, or raise {longer}."
             )
         return RendezvousTimeoutError(
             f"The rendezvous {settings.run_id!r} did not complete within the join timeout of "
-            f"{settings.timeout.join:g} s: {len(joined)} node(s) joined round {state.round} "
+            f"{settings.timeout.join:g} s: {count} node(s) joined round {state.round} "
             f"({names}) but it needs at least {settings.min_nodes}. Start more nodes, lower "
-            f"{spell_or('min_nodes', len(joined) or 1, 'its minimum of nodes')}, or raise "
+            f"{spell_or('min_nodes', count or 1, 'its minimum of nodes')}, or raise "
             f"{longer}."
         )
 
     def _leave_timeout(
-        self, state: RendezvousState, name: str, seconds: float
+        self, state: Observation, name: str, seconds: float
     ) -> RendezvousTimeoutError:
         return RendezvousTimeoutError(
             f"Node {self._node!r} could not leave round {state.round} of the rendezvous "
@@ -372,14 +385,14 @@ class RendezvousHandler:
             return self._heartbeat_delay(state)
         return settings.keep_alive_interval
 
-    def _heartbeat_delay(self, state: RendezvousState) -> float:
+    def _heartbeat_delay(self, state: Observation) -> float:
         interval = self._settings.keep_alive_interval
         last = state.last_heartbeats.get(self._node)
         if last is None:
             return interval
         return min(interval, max(last + interval - self._clock(), 0.0) + WAKE_SLACK)
 
-    def _heartbeat_timeout(self, _: RendezvousState) -> RendezvousTimeoutError:
+    def _heartbeat_timeout(self, _: Observation) -> RendezvousTimeoutError:
         return RendezvousTimeoutError(
             f"Node {self._node!r} could not write its heartbeat within "
             f"{self._settings.timeout.heartbeat:g} s."

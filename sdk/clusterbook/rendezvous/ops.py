@@ -26,7 +26,7 @@ from dataclasses import replace
 from typing import Any
 
 from clusterbook.rendezvous.api import RendezvousSettings
-from clusterbook.rendezvous.state import Draft, RendezvousState, StateView
+from clusterbook.rendezvous.state import Draft, Observed, RendezvousState, StateView
 
 __all__ = [
     "MUTATING_ACTIONS",
@@ -125,12 +125,12 @@ def join_action(
             return Action.ADD_TO_WAIT_LIST
     elif is_participant:
         if (
-            len(state.participants) >= settings.min_nodes
+            state.joined >= settings.min_nodes
             and state.deadline is not None
             and state.deadline < now
         ):
             return Action.MARK_RENDEZVOUS_COMPLETE
-    elif len(state.participants) < settings.max_nodes:
+    elif state.joined < settings.max_nodes:
         return Action.ADD_TO_PARTICIPANTS
     elif node not in state.wait_list:
         return Action.ADD_TO_WAIT_LIST
@@ -324,7 +324,7 @@ def _remove_nodes(draft: Draft, nodes: set[str], settings: RendezvousSettings) -
 
 
 def next_wakeup(
-    state: RendezvousState, node: str, settings: RendezvousSettings, now: float, deadline: float
+    state: Observed, node: str, settings: RendezvousSettings, now: float, deadline: float
 ) -> float:
     """The earliest wall time at which a decision of ``node`` could change without any write.
 
@@ -396,4 +396,4 @@ def rank_of(state: StateView, node: str) -> int | None:
 
 def world_size(state: StateView) -> int:
     """The number of participants of the current round."""
-    return len(state.participants)
+    return state.joined

@@ -17,7 +17,7 @@ from typing import Any, Protocol
 
 from clusterbook.rendezvous.api import RendezvousStateError
 
-__all__ = ["Draft", "RendezvousState", "StateView", "decode", "encode"]
+__all__ = ["Draft", "Observed", "RendezvousState", "StateView", "decode", "encode", "from_data"]
 
 _VERSION = 1
 
@@ -62,6 +62,31 @@ class RendezvousState:
     _oldest: tuple[tuple[float, str], ...] | None = field(
         default=None, init=False, repr=False, compare=False
     )
+    # Rank 0's node ("" for none), found once per state: every node's answer names it.
+    _leader: str | None = field(default=None, init=False, repr=False, compare=False)
+
+    @property
+    def joined(self) -> int:
+        """How many nodes are participants of the current round."""
+        return len(self.participants)
+
+    @property
+    def waiting(self) -> int:
+        """How many nodes wait for the next round."""
+        return len(self.wait_list)
+
+    def leader(self) -> str | None:
+        """The node of rank 0 of a complete round (None if the round is not complete, or its
+        rank 0 left)."""
+        if not self.complete:
+            return None
+        found = self._leader
+        if found is None:
+            # Ranks follow the sorted ids, and so does the order of the participants once the
+            # round completed: rank 0 comes first unless it left.
+            found = next((n for n, r in self.participants.items() if r == 0), "")
+            object.__setattr__(self, "_leader", found)
+        return found or None
 
     def oldest(self) -> tuple[tuple[float, str], ...]:
         """The two oldest heartbeats, ``(time, node)`` oldest first (fewer if fewer nodes)."""
@@ -86,6 +111,7 @@ class RendezvousState:
             node_info=dict(self.node_info),
             stop_jobs=self.stop_jobs,
             floor=oldest[0][0] if oldest else math.inf,
+            oldest=oldest,
         )
 
 
@@ -113,6 +139,26 @@ class StateView(Protocol):
     @property
     def last_heartbeats(self) -> Mapping[str, float]: ...
 
+    @property
+    def joined(self) -> int:
+        """How many nodes are participants (``participants`` may name only some of them)."""
+        ...
+
+    @property
+    def waiting(self) -> int:
+        """How many nodes are in the wait list (``wait_list`` may name only some of them)."""
+        ...
+
+
+class Observed(StateView, Protocol):
+    """What a node observes of a state and decides on: a :class:`RendezvousState`, or the
+    node's own view of it (:class:`~.view.NodeView`)."""
+
+    @property
+    def stop_jobs(self) -> tuple[str, ...]: ...
+
+    def oldest(self) -> tuple[tuple[float, str], ...]: ...
+
 
 @dataclass(slots=True, eq=False)
 class Draft:
@@ -132,17 +178,34 @@ class Draft:
     node_info: dict[str, dict[str, Any]]
     stop_jobs: tuple[str, ...]
     floor: float = math.inf
+    # The two oldest heartbeats, kept as beats are written (None: not known any more, as when
+    # one of them beat again); checked on freezing, since removals do not keep it.
+    oldest: tuple[tuple[float, str], ...] | None = None
+
+    @property
+    def joined(self) -> int:
+        """How many nodes are participants of the current round."""
+        return len(self.participants)
+
+    @property
+    def waiting(self) -> int:
+        """How many nodes wait for the next round."""
+        return len(self.wait_list)
 
     def beat(self, node: str, now: float) -> None:
         """Record a heartbeat of ``node`` at ``now``."""
         self.last_heartbeats[node] = now
         if now < self.floor:
             self.floor = now
+        pair = self.oldest
+        if pair is not None:
+            mine = any(who == node for _, who in pair)
+            self.oldest = None if mine else tuple(sorted((*pair, (now, node)))[:2])
 
     def freeze(self) -> RendezvousState:
         """The state this draft now holds. Its containers move into the state: the draft must
         not be changed afterwards."""
-        return RendezvousState(
+        state = RendezvousState(
             round=self.round,
             complete=self.complete,
             deadline=self.deadline,
@@ -153,14 +216,26 @@ class Draft:
             node_info=self.node_info,
             stop_jobs=self.stop_jobs,
         )
+        pair, beats = self.oldest, self.last_heartbeats
+        # Still the two oldest if both are there with those times (a node removed, or beating
+        # again, was one of them otherwise); one or none only if there are no more beats.
+        if (
+            pair is not None
+            and len(pair) == min(2, len(beats))
+            and all(beats.get(who) == t for t, who in pair)
+        ):
+            object.__setattr__(state, "_oldest", pair)
+        return state
 
 
 def _two_oldest(beats: Mapping[str, float]) -> tuple[tuple[float, str], ...]:
     first: tuple[float, str] | None = None
     second: tuple[float, str] | None = None
+    # (time, node) pairs compare by time, then node: the same two whatever the order of the
+    # beats (a draft keeps them as it writes, :meth:`Draft.beat`).
     for node, t in beats.items():
-        if second is None or t < second[0]:
-            if first is None or t < first[0]:
+        if second is None or (t, node) < second:
+            if first is None or (t, node) < first:
                 first, second = (t, node), first
             else:
                 second = (t, node)
@@ -188,6 +263,14 @@ def decode(blob: bytes) -> RendezvousState:
     """Decode what :func:`encode` made; raise :class:`RendezvousStateError` on anything else."""
     try:
         data: Any = json.loads(blob)
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise _corrupt(exc) from exc
+    return from_data(data)
+
+
+def from_data(data: Any) -> RendezvousState:
+    """The state of decoded JSON ``data`` (see :func:`decode`)."""
+    try:
         if not isinstance(data, dict) or data.get("v") != _VERSION:
             raise ValueError(
                 f"unknown format {data.get('v') if isinstance(data, dict) else data!r}"
@@ -203,12 +286,16 @@ def decode(blob: bytes) -> RendezvousState:
             node_info={str(k): _dict(v) for k, v in _dict(data.get("node_info", {})).items()},
             stop_jobs=tuple(str(t) for t in _list(data.get("stop_jobs", []))),
         )
-    except (ValueError, KeyError, TypeError, UnicodeDecodeError) as exc:
-        raise RendezvousStateError(
-            f"The rendezvous state in the store is corrupt ({exc}); it was not written by this "
-            "version of clusterbook. Start a new rendezvous (a new run id) or clear the store."
-        ) from exc
+    except (ValueError, KeyError, TypeError) as exc:
+        raise _corrupt(exc) from exc
     return state
+
+
+def _corrupt(exc: Exception) -> RendezvousStateError:
+    return RendezvousStateError(
+        f"The rendezvous state in the store is corrupt ({exc}); it was not written by this "
+        "version of clusterbook. Start a new rendezvous (a new run id) or clear the store."
+    )
 
 
 # JSON object keys are always strings; the checks below look at the values only, in one pass

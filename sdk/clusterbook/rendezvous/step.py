@@ -43,7 +43,7 @@ from clusterbook.rendezvous.ops import (
 )
 from clusterbook.rendezvous.state import Draft, RendezvousState, StateView, decode, encode
 
-__all__ = ["DECISIONS", "WAKE_SLACK", "Operation", "Step", "StepFormatError"]
+__all__ = ["DECISIONS", "WAKE_SLACK", "Operation", "Step", "StepFormatError", "settings_size"]
 
 WAKE_SLACK = 0.005
 """Added to every wait until a wake-up time: decisions compare times strictly, so wake a hair
@@ -115,10 +115,11 @@ class Step:
 
     def run_on(self, draft: Draft) -> bool:
         """Run this step on ``draft``, in place; whether it wrote anything (dropping dead
-        nodes alone is no write). A store runs the steps that come together on one draft."""
+        nodes counts: the store keeps them dropped, so that the views it answers, which
+        cannot drop them, are without them). A store runs the steps that come together on one
+        draft."""
         node, settings, now = self.node, self.settings, self.now
-        expire(draft, settings, now)
-        wrote = False
+        wrote = expire(draft, settings, now)
         for operation in self.operations:
             decide = DECISIONS[operation]
             for _ in range(_MAX_ACTIONS):
@@ -172,10 +173,7 @@ class Step:
     def from_wire(cls, blob: bytes) -> Step:
         """Decode what :meth:`to_wire` made; raise :class:`StepFormatError` on anything else."""
         try:
-            data = json.loads(blob)
-            if not isinstance(data, dict) or data.get("v") != _VERSION:
-                raise ValueError("unknown step format")
-            settings = _settings(data["settings"])
+            data, settings = _parse(blob)
             node, info, ops = data["node"], data["info"], data["ops"]
             if not isinstance(node, str) or not node:
                 raise ValueError(f"node id {node!r}")
@@ -196,6 +194,31 @@ class Step:
             raise StepFormatError(f"malformed rendezvous step: {exc}") from None
 
 
+_MARK = b',"settings":'
+_SETTINGS_TEXT: dict[bytes, RendezvousSettings] = {}
+
+
+def _parse(blob: bytes) -> tuple[dict[str, Any], RendezvousSettings]:
+    """A step's JSON object and its settings. Every node of a rendezvous sends the same
+    settings, last (:meth:`Step.to_wire`): once seen, their text is looked up, not parsed and
+    checked again (a JSON string cannot hold the mark's bare quotes, so the last mark is the
+    object's own key; with duplicate keys, the last counts, as in ``json.loads``)."""
+    at = blob.rfind(_MARK)
+    text = blob[at + len(_MARK) : -1] if at > 0 and blob.endswith(b"}") else b""
+    known = _SETTINGS_TEXT.get(text) if text else None
+    data = json.loads(blob if known is None else blob[:at] + b"}")
+    if not isinstance(data, dict) or data.get("v") != _VERSION:
+        raise ValueError("unknown step format")
+    if known is not None:
+        return data, known
+    settings = _settings(data["settings"])
+    if text and _settings(json.loads(text)) is settings:  # the text is those settings'
+        if len(_SETTINGS_TEXT) >= 64:
+            _SETTINGS_TEXT.clear()
+        _SETTINGS_TEXT[text] = settings
+    return data, settings
+
+
 _SETTINGS: dict[tuple[Any, ...], RendezvousSettings] = {}
 _SETTINGS_KEYS = (
     "run_id",
@@ -211,6 +234,11 @@ _SETTINGS_KEYS = (
 
 
 _SETTINGS_JSON: dict[int, tuple[RendezvousSettings, str]] = {}
+
+
+def settings_size(s: RendezvousSettings) -> int:
+    """The bytes of ``s`` in a step on the wire."""
+    return len(_settings_json(s))
 
 
 def _settings_json(s: RendezvousSettings) -> str:

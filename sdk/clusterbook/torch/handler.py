@@ -36,10 +36,10 @@ from torch.distributed.elastic.rendezvous import api as torch_api
 from clusterbook.nodes.tasks.cpus import usable_cores_here
 from clusterbook.rendezvous import api
 from clusterbook.rendezvous.handler import RendezvousHandler as Handler
-from clusterbook.rendezvous.ops import sanitize
 from clusterbook.rendezvous.registry import BackendFactory, backend_for, parse_join_url
 from clusterbook.rendezvous.report import NodeReport
 from clusterbook.rendezvous.state import RendezvousState, decode
+from clusterbook.rendezvous.view import decode_answer, fresh
 from clusterbook.torch.conf import parse_conf
 from clusterbook.torch.endpoint import resolve
 
@@ -110,7 +110,7 @@ class ClusterbookHandler(torch_api.RendezvousHandler):
         self._server: TCPStore | None = None  # the agents' store here (theirs if rank 0)
         self._workers: TCPStore | None = None  # the workers' store of this round, if rank 0
         self._rdzv = Handler(backend, settings, node, info=self._info)
-        self._round: tuple[int, frozenset[str]] | None = None
+        self._round: tuple[int, int] | None = None
 
     @property
     def node(self) -> str:
@@ -142,9 +142,15 @@ class ClusterbookHandler(torch_api.RendezvousHandler):
             got = self._rdzv.next_rendezvous()
         except api.RendezvousError as exc:
             raise _torch_error(exc) from exc
-        self._round = (got.round, frozenset(got.participants))
-        first = next(node for node, rank in got.participants.items() if rank == 0)
-        where = self._store_of(first, got.round)
+        # A complete round only ever loses members (newcomers wait): its size says whether
+        # it is still the same round of the same nodes.
+        self._round = (got.round, got.world_size)
+        if got.leader is None:
+            raise torch_api.RendezvousStateError(
+                f"Round {got.round} completed without a rank 0 to name: it left at once; "
+                "torchrun starts a new round."
+            )
+        where = self._store_of(got.leader, got.round)
         addr, _, port = where.rpartition(":")
         base: Store = self._server
         if got.rank != 0:
@@ -208,18 +214,20 @@ class ClusterbookHandler(torch_api.RendezvousHandler):
         """Nodes waiting for the next round; at least 1 once this node's round lost a node
         (its connection dropped or its heartbeat expired): torch's agent then restarts its
         workers on a new round at once, without waiting for them to fail. torch asks every
-        monitor interval (0.1 s): the state is read without the nodes' reports, which are
-        most of its bytes (a watch of the members that returns at once)."""
+        monitor interval (0.1 s): this node's view of the state is read (its size does not grow
+        with the cluster: a watch of the members that returns at once)."""
         try:
             current = self._backend.watch_members(None, 0.0)
-            state = decode(current[0]) if current is not None else RendezvousState()
+            observed = decode_answer(current[0]) if current is not None else RendezvousState()
         except api.RendezvousError as exc:
             raise _torch_error(exc) from exc
-        state = sanitize(state, self._rdzv.settings, time.time())
-        now = (state.round, frozenset(state.participants))
+        state = fresh(observed, self._rdzv.settings, time.time())
+        if state is None:  # a member's heartbeat expired: the round lost it
+            return max(observed.waiting, 1) if self._round is not None else observed.waiting
+        now = (state.round, state.joined)
         if self._round is not None and state.complete and now != self._round:
-            return max(len(state.wait_list), 1)
-        return len(state.wait_list)
+            return max(state.waiting, 1)
+        return state.waiting
 
     def shutdown(self) -> bool:
         left = self._rdzv.shutdown()

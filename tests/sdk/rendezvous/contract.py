@@ -23,6 +23,7 @@ from clusterbook.rendezvous.api import (
 from clusterbook.rendezvous.ops import MUTATING_ACTIONS, Action, apply, sanitize, with_info
 from clusterbook.rendezvous.state import RendezvousState, decode, encode
 from clusterbook.rendezvous.step import DECISIONS, Operation, Step
+from clusterbook.rendezvous.view import NodeView, decode_answer, view_of
 
 T0 = 1_700_000_000.0
 SETTINGS = RendezvousSettings(
@@ -81,10 +82,11 @@ def by_hand(
     state: RendezvousState, ops: tuple[Operation, ...], node: str, info: dict | None
 ) -> RendezvousState | None:
     """What a node's handler wrote by compare-and-set, one decision at a time: drop the dead,
-    decide, apply, until the decision changes nothing (None: it never wrote)."""
+    decide, apply, until the decision changes nothing (None: it never wrote; dropping a dead
+    node is a write)."""
     now, deadline = T0, T0 + 60.0
     current = sanitize(state, SETTINGS, now)
-    wrote = False
+    wrote = current is not state
     for op in ops:
         while (action := DECISIONS[op](current, node, SETTINGS, now, deadline)) in (
             MUTATING_ACTIONS
@@ -201,8 +203,9 @@ class BackendContract:
 
     def test_stale_token_never_wins_after_an_update(self, backend: RendezvousBackend) -> None:
         _, t1, _ = backend.set_state(encode(RendezvousState()))
-        state, t2 = backend.update(join_step("n"))
+        _, t2 = backend.update(join_step("n"))
         assert t2 > t1
+        state = backend.get_state()[0]  # whole: the update's answer may be the node's view
         assert backend.set_state(b"stale", t1) == (state, t2, False)
         assert backend.set_state(b"stale", None) == (state, t2, False)
         assert backend.get_state() == (state, t2)
@@ -224,12 +227,12 @@ class BackendContract:
             else:
                 assert after is not None
                 assert after[1] == stored[1]
-                assert _as_answered(decode(after[0]), decode(stored[0]))
+                assert _as_answered(after[0], decode(stored[0]), node)
         else:
             assert after is not None
             assert stored is not None
             assert decode(stored[0]) == expected  # what the store holds: that state, whole
-            assert _as_answered(decode(after[0]), expected)
+            assert _as_answered(after[0], expected, node)
             assert stored[1] == after[1]
             assert before is None or after[1] > before[1]
 
@@ -241,7 +244,7 @@ class BackendContract:
         def join(client: RendezvousBackend, names: list[str]) -> None:
             for name in names:
                 current = client.update(join_step(name, settings=wide))
-                if current is None or name not in decode(current[0]).participants:
+                if current is None or name not in decode_answer(current[0]).participants:
                     missing.append(name)
 
         threads = [threading.Thread(target=join, args=item) for item in nodes.items()]
@@ -263,8 +266,11 @@ class BackendContract:
         time.sleep(0.1)
         left = a.update(join_step("b", (EXIT,)))
         waiter.join(timeout=30)
-        assert got == [left]
-        assert set(decode(got[0][0]).participants) == {"a"}
+        assert got[0] is not None
+        assert left is not None
+        assert got[0][1] == left[1]  # woken by that write
+        assert _as_answered(got[0][0], decode(b.get_state()[0]), getattr(b, "node", None))
+        assert decode_answer(got[0][0]).joined == 1
 
     def test_member_watch_wakes_when_jobs_are_to_stop(self, backend_pair) -> None:
         a, b = backend_pair
@@ -276,16 +282,59 @@ class BackendContract:
         stopping = replace(STARTS["last call"], stop_jobs=("job-1",))
         state, after, _ = a.set_state(encode(stopping), token)
         waiter.join(timeout=30)
-        assert got == [(state, after)]
+        assert got[0] is not None
+        assert got[0][1] == after
+        assert _as_answered(got[0][0], decode(state), getattr(b, "node", None))
+        assert decode_answer(got[0][0]).stop_jobs == ("job-1",)
+
+    def test_a_node_learns_its_place_and_rank_0_from_its_answer(
+        self, backend: RendezvousBackend
+    ) -> None:
+        # What a node reads of the answer to its step: its rank, the world size, the round and
+        # where rank 0 is; from a store that answers views, in bytes that do not grow with N.
+        sizes = {}
+        for n in (3, 3_000):
+            names = [f"n-{i:05d}" for i in range(n)]
+            state = RendezvousState(
+                round=5,
+                complete=True,
+                participants={name: rank for rank, name in enumerate(names)},
+                last_heartbeats=dict.fromkeys(names, T0),
+                node_info={names[0]: {"hostname": "first", "addresses": ["10.1.0.1"]}},
+            )
+            current = backend.get_state()
+            backend.set_state(encode(state), None if current is None else current[1])
+            after = backend.update(join_step(names[2], (KEEP_ALIVE,)))
+            assert after is not None
+            answer = decode_answer(after[0])
+            view = answer if isinstance(answer, NodeView) else view_of(answer, names[2])
+            assert (view.rank, view.joined, view.round) == (2, n, 5)
+            assert (view.leader, view.leader_host, view.leader_addresses) == (
+                names[0],
+                "first",
+                ("10.1.0.1",),
+            )
+            sizes[n] = len(after[0]) if isinstance(answer, NodeView) else None
+        if self.answers_views:
+            assert sizes[3] is not None
+            assert sizes[3_000] is not None
+            assert sizes[3_000] - sizes[3] <= 8, sizes  # the digits of the counts
+
+    answers_views = False
+    """Whether the store answers a node's steps with its view (:mod:`.view`)."""
 
     def test_close_is_idempotent(self, backend: RendezvousBackend) -> None:
         backend.close()
         backend.close()
 
 
-def _as_answered(answer: RendezvousState, state: RendezvousState) -> bool:
-    """Whether ``answer`` is ``state`` as a store may answer a node's step or its decision or
-    member watch: whole, or without the nodes' reports (only the head reads them)."""
+def _as_answered(blob: bytes, state: RendezvousState, node: str | None) -> bool:
+    """Whether ``blob`` is ``state`` as a store may answer a node's step or its decision or
+    member watch: whole, without the nodes' reports (only the head reads them), or as the
+    node's view of it."""
+    answer = decode_answer(blob)
+    if isinstance(answer, NodeView):
+        return node is not None and answer == view_of(state, node)
     return answer in (state, replace(state, node_info={}))
 
 

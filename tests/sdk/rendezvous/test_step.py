@@ -100,7 +100,7 @@ def test_leaving_and_joining_in_one_step() -> None:
 
 
 def test_a_step_that_cannot_leave_in_time_does_not_join() -> None:
-    old = RendezvousState(participants={"a": 0}, last_heartbeats={"a": T0})
+    old = RendezvousState(participants={"a": 0}, last_heartbeats={"a": T0 + 100.0})
     late = make(EXIT, JOIN, now=T0 + 100.0, deadline=T0 + 1.0)  # past the rollback period
     assert late.run(old) is None
 
@@ -216,3 +216,28 @@ def test_which_writes_wake_waiters_and_members(change: dict, decides: bool, memb
     after = replace(BASE, **change)
     assert decisions_may_change(BASE, after) is decides
     assert members_may_change(BASE, after) is members
+
+
+def test_a_step_that_finds_a_dead_node_stores_its_removal() -> None:
+    # The views a store answers cannot drop a dead node as a whole state can: the store must.
+    old = RendezvousState(
+        participants={"a": 0, "x": 0}, last_heartbeats={"a": T0 + 100.0, "x": T0 + 90.0}
+    )
+    new = make(JOIN, now=T0 + 100.0, deadline=T0 + 160.0).run(old)  # a waits: no write of its own
+    assert new is not None
+    assert (new.participants, set(new.last_heartbeats)) == ({"a": 0}, {"a"})
+
+
+@PROPERTY_SETTINGS
+@given(
+    state=states(),
+    steps=st.lists(st.tuples(OPS, st.sampled_from(NAMES), st.floats(-5.0, 5.0)), max_size=4),
+)
+def test_the_oldest_heartbeats_a_draft_keeps_are_the_states_own(state, steps) -> None:
+    # A store's draft keeps the two oldest heartbeats as it writes, instead of finding them
+    # in every new state (O(nodes) per write): they must be what a scan of the state finds.
+    draft = state.draft()
+    for ops, node, shift in steps:
+        make(*ops, node=node, now=T0 + shift, deadline=T0 + 60.0).run_on(draft)
+    new = draft.freeze()
+    assert new.oldest() == decode(encode(new)).oldest()  # decoded: found by a scan

@@ -102,6 +102,8 @@ class Later:
 
 
 class TestTcpBackend(RemoteBackendContract):
+    answers_views = True
+
     @pytest.fixture
     def backend(self, make_server, make_client):
         return make_client(make_server().url)

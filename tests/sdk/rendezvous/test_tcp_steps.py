@@ -17,6 +17,7 @@ from clusterbook.rendezvous.backends.tcp_server import StoreServer
 from clusterbook.rendezvous.handler import RendezvousHandler
 from clusterbook.rendezvous.state import RendezvousState, decode, encode
 from clusterbook.rendezvous.step import Operation, Step
+from clusterbook.rendezvous.view import NodeView, decode_answer
 from tests.sdk.rendezvous.test_tcp_backend import (
     Later,
     LostLog,
@@ -51,8 +52,17 @@ def step(node: str, s: RendezvousSettings, *ops: Operation, **kw: object) -> Ste
 
 
 def state_of(current: tuple[bytes, int] | None) -> RendezvousState:
+    """The state of a whole answer (a get, a plain watch)."""
     assert current is not None
     return decode(current[0])
+
+
+def view_of_answer(current: tuple[bytes, int] | None) -> NodeView:
+    """A node's view, as the store answers the node's steps and decision and member watches."""
+    assert current is not None
+    answer = decode_answer(current[0])
+    assert isinstance(answer, NodeView), answer
+    return answer
 
 
 # --- one request per step -------------------------------------------------------------------------
@@ -73,12 +83,11 @@ def test_a_step_runs_on_the_store_in_one_request(make_server, make_client, secre
     client = NoCompareAndSet(server.url, secret, node="n")
     try:
         s = settings(2, 3)
-        state = state_of(client.update(step("n", s, EXIT, JOIN, info={"slots": 2})))
-        assert state.participants == {"n": 0}
-        # The answer leaves the nodes' reports out (only the head reads them); the store has it.
-        assert state.node_info == {}
+        view = view_of_answer(client.update(step("n", s, EXIT, JOIN, info={"slots": 2})))
+        assert (view.node, view.rank, view.joined) == ("n", 0, 1)
+        # The answer is the node's view: the nodes' reports are in the store, for the head.
         assert state_of(make_client(server.url).get_state()).node_info == {"n": {"slots": 2}}
-        assert state_of(client.update(step("m", s))).deadline is not None
+        assert view_of_answer(client.update(step("m", s))).deadline is not None
     finally:
         client.close()
 
@@ -88,14 +97,14 @@ def test_racing_joins_each_get_in_with_their_one_request(make_server, make_clien
     s = settings(1, 100)
     clients = [make_client(server.url, node=f"n{i}") for i in range(8)]
     start = threading.Barrier(len(clients))
-    seen: dict[str, RendezvousState] = {}
+    seen: dict[str, NodeView] = {}
 
     def join(client: TcpBackend) -> None:
         node = client.node
         assert node is not None
         start.wait()
         for i in range(5):  # no retry: each answer holds the join it answers
-            seen[f"{node}.{i}"] = state_of(client.update(step(f"{node}.{i}", s)))
+            seen[f"{node}.{i}"] = view_of_answer(client.update(step(f"{node}.{i}", s)))
 
     threads = [threading.Thread(target=join, args=(c,)) for c in clients]
     for t in threads:
@@ -130,9 +139,12 @@ def test_a_waiting_join_is_answered_once_the_round_completes(make_server, make_c
     a, b = make_client(server.url, node="a"), make_client(server.url, node="b")
     held = Later(lambda: a.update(step("a", s, wait=120.0)))
     assert held.running_after(0.3)  # waiting for the other node, not answered yet
-    done = state_of(b.update(step("b", s, wait=120.0)))
-    assert done.complete
-    assert held.get() == b.get_state()
+    done = view_of_answer(b.update(step("b", s, wait=120.0)))
+    assert (done.complete, done.rank) == (True, 1)
+    answer = held.get()
+    assert answer is not None
+    assert answer[1] == b.get_state()[1]
+    assert view_of_answer(answer).rank == 0
 
 
 def joined(client: TcpBackend) -> int:
@@ -166,9 +178,9 @@ def test_a_join_looks_only_at_the_held_requests_it_may_settle(make_server, make_
         held.append(Later(lambda c=c: c.update(step(c.node, s, wait=120.0))))
         wait_for(lambda: joined(observer) == len(held))
     assert all(h.running_after(0) for h in held)
-    done = state_of(clients[-1].update(step(clients[-1].node, s, wait=120.0)))
+    done = view_of_answer(clients[-1].update(step(clients[-1].node, s, wait=120.0)))
     assert done.complete
-    assert all(state_of(h.get()).complete for h in held)
+    assert all(view_of_answer(h.get()).complete for h in held)
     # Each join's own look when it is held, and one look at each held join when the last one
     # completes the round: 2n. Looking at every held join after every join: n^2 / 2 more.
     assert store.looks <= 2 * n, store.looks
@@ -178,16 +190,16 @@ def test_a_held_join_is_answered_when_the_last_call_ends(make_server, make_clien
     server = make_server()
     s = settings(1, 2, last_call=0.3)
     a = make_client(server.url, node="a")
-    state = state_of(Later(lambda: a.update(step("a", s, wait=120.0))).get())
+    state = view_of_answer(Later(lambda: a.update(step("a", s, wait=120.0))).get())
     assert state.deadline is not None
     assert not state.complete  # the node completes it itself, once it sees the time is up
-    assert state_of(a.update(step("a", s))).complete
+    assert view_of_answer(a.update(step("a", s))).complete
 
 
 def test_a_step_without_wait_is_answered_at_once(make_server, make_client) -> None:
     server = make_server()
     a = make_client(server.url, node="a")
-    assert state_of(a.update(step("a", settings(2, 2)))).participants == {"a": 0}
+    assert view_of_answer(a.update(step("a", settings(2, 2)))).participants == {"a": 0}
 
 
 def test_a_node_that_dies_while_its_join_is_held_is_lost(make_server, make_client) -> None:
@@ -222,8 +234,12 @@ def test_decision_watch_sleeps_through_heartbeats_and_reports(make_server, make_
     assert b.watch(token, 0.0)[1] == beat + 1  # a plain watch sees every change
     assert woken.running_after(0.3)  # the decision watch sleeps on
     left = b.update(step("b", s, EXIT))
-    assert woken.get() == left
-    assert set(state_of(left).participants) == {"a"}
+    answer = woken.get()
+    assert answer is not None
+    assert left is not None
+    assert answer[1] == left[1]
+    assert set(state_of(answer).participants) == {"a"}  # a client of no node: the state
+    assert (view_of_answer(left).joined, view_of_answer(left).rank) == (1, None)
 
 
 @pytest.mark.parametrize("event", ["last call starts", "round completes", "closed"])
@@ -238,8 +254,9 @@ def test_decision_watch_wakes_on_what_decides(make_server, make_client, event: s
     assert woken.running_after(0.2)
     ops = (Operation.CLOSE,) if event == "closed" else (JOIN,)
     after = b.update(step("b", s, *ops))
-    state = state_of(woken.get())
-    assert woken.result == after
+    state = view_of_answer(woken.get())
+    assert after is not None
+    assert woken.result[1] == after[1]
     assert {
         "last call starts": state.deadline is not None,
         "round completes": state.complete,
@@ -260,7 +277,7 @@ def test_decision_watch_sleeps_while_others_join_before_the_last_call(
     other.update(step("c", s))
     assert woken.running_after(0.3)
     other.update(step("d", s))  # the fourth: the round completes
-    assert state_of(woken.get()).complete
+    assert view_of_answer(woken.get()).complete
 
 
 # --- member watches (what an agent follows its round with) ----------------------------------------
@@ -302,11 +319,12 @@ def test_member_watch_wakes_on_what_agents_follow(make_server, make_client, even
     ops = {"a newcomer waits": (JOIN,), "a node leaves": (EXIT,), "closed": (Operation.CLOSE,)}
     node = "c" if event == "a newcomer waits" else "b"
     after = make_client(server.url, node=node).update(step(node, s, *ops[event]))
-    state = state_of(woken.get())
-    assert woken.result == after
+    state = view_of_answer(woken.get())
+    assert after is not None
+    assert woken.result[1] == after[1]
     assert {
-        "a newcomer waits": state.wait_list == {"c"},
-        "a node leaves": set(state.participants) == {"a"},
+        "a newcomer waits": state.waiting == 1,
+        "a node leaves": state.joined == 1,
         "closed": state.closed,
     }[event]
 
@@ -362,5 +380,50 @@ def test_a_step_that_would_grow_the_state_over_the_limit_is_not_stored(
     refused = b.update(step("b", s, info=big))
     assert refused is not None
     assert refused[1] == token
-    assert set(state_of(refused).participants) == {"a"}
-    assert state_of(b.update(step("b", s, info={"small": 1}))).participants.keys() == {"a", "b"}
+    assert (view_of_answer(refused).joined, view_of_answer(refused).rank) == (1, None)
+    assert view_of_answer(b.update(step("b", s, info={"small": 1}))).joined == 2
+
+
+# --- nodes that expire while others wait ----------------------------------------------------------
+
+
+class CountingSteps(TcpBackend):
+    """Counts the steps its node sends."""
+
+    def __init__(self, *args: object, **kw: object) -> None:
+        super().__init__(*args, **kw)  # type: ignore[arg-type]
+        self.steps = 0
+
+    def update(self, change):
+        self.steps += 1
+        return super().update(change)
+
+
+def test_a_waiting_node_has_the_store_drop_a_node_that_expired(make_server, secret) -> None:
+    # Its view cannot drop the dead node as a whole state could: one step has the store do it.
+    server = make_server()
+    s = RendezvousSettings(
+        "steps",
+        3,
+        3,
+        timeout=RendezvousTimeout(join=600.0, last_call=600.0),
+        keep_alive_interval=5.0,
+        keep_alive_max_attempt=1,
+    )
+    other = TcpBackend(server.url, secret)
+    now = time.time()
+    other.update(Step((JOIN,), "x", s, now - 4.7, now + 600.0))  # x expires in 0.3 s
+    client = CountingSteps(server.url, secret, node="a")
+    handler = RendezvousHandler(client, s, "a")
+    joining = Later(handler.next_rendezvous)
+    try:
+        wait_for(lambda: set(state_of(other.get_state()).participants) == {"a"})
+        assert client.steps <= 3, client.steps  # its join, then the step that dropped x
+        for node in ("b", "c"):
+            other.update(step(node, s))
+        info = joining.get()
+        assert (info.rank, info.world_size, info.leader) == (0, 3, "a")
+    finally:
+        handler.shutdown()
+        client.close()
+        other.close()

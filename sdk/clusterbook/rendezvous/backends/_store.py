@@ -10,28 +10,42 @@ a decision watch waits for, and of the last write that changed more than heartbe
 (:func:`~clusterbook.rendezvous.ops.members_may_change`), which is what a member watch waits
 for: a heartbeat wakes only the plain watches. The steps that arrive
 together run as one batch (:meth:`StateStore.run`): on one draft of the state, stored as one
-write, encoded once when first read.
+write, encoded once when first read. A node's own requests are answered with its view of the
+state (:meth:`StateStore.view`), whose size does not grow with the cluster.
 """
 
 from __future__ import annotations
 
+import json
 import logging
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import replace
 
 from clusterbook.rendezvous.api import RendezvousStateError, Token
 from clusterbook.rendezvous.backends.wire import MAX_STATE, TOKEN_INT, TOKEN_NONE
 from clusterbook.rendezvous.ops import decisions_may_change, members_may_change
 from clusterbook.rendezvous.state import RendezvousState, decode, encode
-from clusterbook.rendezvous.step import Step
+from clusterbook.rendezvous.step import Step, settings_size
+from clusterbook.rendezvous.view import views_of
 
 __all__ = ["ANY", "DECISIONS", "MEMBERS", "StateStore"]
 
 _log = logging.getLogger("clusterbook.rendezvous.backends.tcp")
 
-_GROWTH = 256
-"""Bytes a step may add to the encoded state besides four copies of its own wire size (its
-node id in up to four places, and its report): a bound that spares encoding every write."""
+_GROWTH = 64
+"""Bytes a step may add to the encoded state besides its own wire size (which holds its report
+and its node id once, and its settings and times, which the state does not hold) and three
+more copies of its node id (it may be in up to four places): numbers and punctuation. A bound
+that spares encoding the state at every write."""
+_RANK_DIGITS = 7
+"""What completing a round may add per participant: its rank's digits (up to 7: ranks below
+10 million), in place of the 0 it had."""
+
+
+def _growth(step: Step, size: int) -> int:
+    """A bound of the bytes ``step`` (``size`` bytes on the wire, of which its settings, which
+    the state does not hold) adds to the encoded state."""
+    return size - settings_size(step.settings) + 3 * len(json.dumps(step.node)) + _GROWTH
 
 
 ANY, MEMBERS, DECISIONS = 0, 1, 2
@@ -52,6 +66,7 @@ class StateStore:
         self._blob: bytes | None = None
         self._view: bytes | None = None  # the state without the reports, once asked for
         self._decoded: RendezvousState | None = None  # None: nothing stored, or not a state
+        self._views: Callable[[str], bytes] | None = None  # views of it, once asked for
         self._size = 0  # the blob's size, or a bound of it while it is not encoded
 
     def current(self, *, reports: bool = True) -> tuple[bytes, Token] | None:
@@ -71,6 +86,18 @@ class StateStore:
         if self._view is None:
             self._view = encode(replace(decoded, node_info={}))
         return self._view, self.token
+
+    def view(self, node: str) -> tuple[bytes, Token] | None:
+        """``node``'s view of the stored state (:func:`~clusterbook.rendezvous.view.view_of`)
+        and its token: what a node's own requests are answered, in a size that does not grow
+        with the cluster. A stored blob that is not a rendezvous state is answered as it is."""
+        if self.token == 0:
+            return None
+        if self._decoded is None:
+            return self.current()
+        if self._views is None:  # a write answers every node that waits: encoded once per state
+            self._views = views_of(self._decoded)
+        return self._views(node), self.token
 
     def matches(self, kind: int, value: int) -> bool:
         """Whether the token ``kind, value`` (see :func:`.wire.token_spec`) is the stored one."""
@@ -109,7 +136,7 @@ class StateStore:
             except RendezvousStateError:
                 decoded = None  # not a rendezvous state: every write of it is decisive
         before = self._decoded
-        self._blob, self._decoded, self._view = state, decoded, None
+        self._blob, self._decoded, self._view, self._views = state, decoded, None, None
         self.token += 1
         if before is None or decoded is None or decisions_may_change(before, decoded):
             self.decisive = self.eventful = self.token
@@ -148,7 +175,9 @@ class StateStore:
         state = base
         if wrote:
             new = draft.freeze()
-            bound = self._size + sum(4 * size + _GROWTH for _, size in steps)
+            bound = self._size + sum(_growth(step, size) for step, size in steps)
+            if new.complete and not base.complete:
+                bound += _RANK_DIGITS * len(new.participants)
             decisive = self._store(new, bound, steps)
             if decisive is not None:
                 state = new
@@ -185,7 +214,10 @@ class StateStore:
                 failed.add(i)
                 continue
             if new is not None:
-                stored = self._store(new, self._size + 4 * size + _GROWTH, [(step, size)])
+                bound = self._size + _growth(step, size)
+                if new.complete and not state.complete:
+                    bound += _RANK_DIGITS * len(new.participants)
+                stored = self._store(new, bound, [(step, size)])
                 if stored is not None:
                     state = new
                     decisive = bool(decisive) or stored

@@ -56,6 +56,7 @@ class _Wait:
     kind: int
     value: int
     level: int  # _store.ANY, MEMBERS or DECISIONS
+    node: str | None = None  # answered with this node's view of the state (None: the state)
 
 
 @dataclass(eq=False)
@@ -176,14 +177,24 @@ class StoreProtocol:
                 self._changed()
         elif len(body) == SPEC.size + SECONDS.size:
             (timeout,) = SECONDS.unpack_from(body, SPEC.size)
-            self._hold(conn, _Wait(kind, value, _LEVELS[op]), timeout)
+            level = _LEVELS[op]
+            node = None if level == ANY else conn.node
+            self._hold(conn, _Wait(kind, value, level, node), timeout)
         else:
             raise ProtocolError(f"a watch of {len(body)} bytes")
 
-    def _reply_state(self, level: int = ANY) -> bytes:
-        """The stored state as an ``s`` reply: whole to a plain watch or a get (the head's),
-        without the nodes' reports to a node's step or its decision or member watch."""
-        current = self._store.current(reports=level == ANY)
+    def _reply_state(self, wait: _Wait | None = None) -> bytes:
+        """The stored state as an ``s`` reply: whole to a plain watch or a get (the head's);
+        to a node's step or its decision or member watch, the node's view of it (whose size
+        does not grow with the cluster), or without the nodes' reports to a client that
+        named no node."""
+        store = self._store
+        if wait is None or wait.level == ANY:
+            current = store.current()
+        elif wait.node is not None:
+            current = store.view(wait.node)
+        else:
+            current = store.current(reports=False)
         if current is None:
             return b"s" + HEAD.pack(0, 0)
         return b"s" + HEAD.pack(1, current[1]) + current[0]
@@ -193,7 +204,7 @@ class StoreProtocol:
         timeout = min(WATCH_MAX, timeout) if timeout > 0 else 0.0  # NaN -> 0
         if timeout <= 0 or self._store.settled(wait.kind, wait.value, level=wait.level):
             conn.busy = False
-            self._loop().send(conn, self._reply_state(wait.level))
+            self._loop().send(conn, self._reply_state(wait))
             return
         conn.busy, conn.wait = True, wait
         self._waiting[wait.level].add(conn)
@@ -204,10 +215,10 @@ class StoreProtocol:
             self._answer(conn)
 
     def _answer(self, conn: StoreConnection) -> None:
-        level = ANY if conn.wait is None else conn.wait.level
-        self._waiting[level].discard(conn)
+        wait = conn.wait
+        self._waiting[ANY if wait is None else wait.level].discard(conn)
         conn.wait, conn.busy = None, False
-        self._loop().send(conn, self._reply_state(level))
+        self._loop().send(conn, self._reply_state(wait))
 
     def _changed(self) -> None:
         """After a write: answer every held request it settles. Only those of the levels the
@@ -229,10 +240,10 @@ class StoreProtocol:
             if decisive is not None:
                 self._changed()
             token = self._store.token
-            for (conn, _, _), hold in zip(batch, holds, strict=True):
+            for (conn, step, _), hold in zip(batch, holds, strict=True):
                 if conn.sock.fileno() >= 0:
                     # Its node waits: answer once that may have changed, or after ``hold``.
-                    self._hold(conn, _Wait(TOKEN_INT, token, DECISIONS), hold)
+                    self._hold(conn, _Wait(TOKEN_INT, token, DECISIONS, step.node), hold)
 
     # sessions
 
