@@ -5,7 +5,8 @@ times. The figure is the seconds from the SIGKILL that takes node3 down to the w
 timestamp (``time.time()``; every process is on this machine, one clock) that the first rank
 of the relaunched job prints as its first statement:
 
-- **clusterbook**: an SSH cluster of node1..node3 (1 slot each) runs
+- **clusterbook**: an SSH cluster of node1..node3 (1 slot each; launching warm, and, for
+  information, cold: ``launch="cold"``) runs
   ``cluster.mpirun(["python", PROG], restarts=1)``; PROG prints its start time and
   ``CLUSTERBOOK_RESTART``, then sleeps. Killed on node3: every process in its network
   namespace but the sshd daemon (the clusterbook agent, its ``prted``, the rank, and the ssh
@@ -121,10 +122,13 @@ def kill_agent(host: FakeHost) -> float:
     return at
 
 
-def clusterbook_once(bed: Testbed, work: Path, run: int, kill: str) -> dict[str, float]:
+def clusterbook_once(
+    bed: Testbed, work: Path, run: int, kill: str, launch: str = "warm"
+) -> dict[str, float]:
     node3 = bed.hosts[2]
     prog = work / "cb_prog.py"
-    with bed.cluster(sys.executable, work / f"cb-run-{run}", hosts=3) as cluster:
+    run_dir = work / f"cb-{launch}-run-{run}"
+    with bed.cluster(sys.executable, run_dir, hosts=3, launch=launch) as cluster:
         job = cluster.mpirun(["python", str(prog)], restarts=1, timeout=300)
         try:
             deadline = time.monotonic() + STARTED_TIMEOUT
@@ -259,6 +263,9 @@ def main() -> int:
     (work / "torch_prog.py").write_text(TORCH_PROG)
     sides: dict[str, Callable[[Testbed, Path, int], dict[str, float]]] = {
         "clusterbook": functools.partial(clusterbook_once, kill=args.kill),
+        "clusterbook cold (info)": functools.partial(
+            clusterbook_once, kill=args.kill, launch="cold"
+        ),
         "torchrun": torchrun_once,
     }
     figures: dict[str, list[float]] = {side: [] for side in sides}
@@ -296,7 +303,7 @@ def main() -> int:
         )
         + (
             f"  torchrun/clusterbook {medians['torchrun'] / medians['clusterbook']:.1f}x"
-            if len(medians) == 2
+            if "torchrun" in medians and "clusterbook" in medians
             else ""
         )
     )
