@@ -5,7 +5,8 @@ times. The figure is the seconds from the SIGKILL that takes node3 down to the w
 timestamp (``time.time()``; every process is on this machine, one clock) that the first rank
 of the relaunched job prints as its first statement:
 
-- **clusterbook**: an SSH cluster of node1..node3 (1 slot each) runs
+- **clusterbook**: an SSH cluster of node1..node3 (1 slot each; launching warm, and, for
+  information, cold: ``launch="cold"``) runs
   ``cluster.mpirun(["python", PROG], restarts=1)``; PROG prints its start time and
   ``CLUSTERBOOK_RESTART``, then sleeps. Killed on node3: every process in its network
   namespace but the sshd daemon (the clusterbook agent, its ``prted``, the rank, and the ssh
@@ -91,7 +92,13 @@ RESTART_TIMEOUT = {"clusterbook": 60.0, "torchrun": 150.0}
 GOAL_SECONDS, GOAL_RATIO = 2.0, 10.0
 BACKEND_RATIO = 3.0  # torchrun + clusterbook backend against torchrun tuned
 TUNED = "last_call_timeout=1,keep_alive_interval=1,keep_alive_max_attempt=3"
-SIDES = ("clusterbook", "torchrun", "torchrun tuned", "torchrun + clusterbook backend")
+SIDES = (
+    "clusterbook",
+    "clusterbook cold (info)",
+    "torchrun",
+    "torchrun tuned",
+    "torchrun + clusterbook backend",
+)
 
 
 class SideTimeout(TimeoutError):
@@ -138,10 +145,13 @@ def kill_agent(host: FakeHost) -> float:
     return at
 
 
-def clusterbook_once(bed: Testbed, work: Path, run: int, kill: str) -> dict[str, float]:
+def clusterbook_once(
+    bed: Testbed, work: Path, run: int, kill: str, launch: str = "warm"
+) -> dict[str, float]:
     node3 = bed.hosts[2]
     prog = work / "cb_prog.py"
-    with bed.cluster(sys.executable, work / f"cb-run-{run}", hosts=3) as cluster:
+    run_dir = work / f"cb-{launch}-run-{run}"
+    with bed.cluster(sys.executable, run_dir, hosts=3, launch=launch) as cluster:
         job = cluster.mpirun(["python", str(prog)], restarts=1, timeout=300)
         try:
             deadline = time.monotonic() + STARTED_TIMEOUT
@@ -307,6 +317,9 @@ def main() -> int:
     (work / "torch_prog.py").write_text(TORCH_PROG)
     every: dict[str, Callable[[Testbed, Path, int], dict[str, float]]] = {
         "clusterbook": functools.partial(clusterbook_once, kill=args.kill),
+        "clusterbook cold (info)": functools.partial(
+            clusterbook_once, kill=args.kill, launch="cold"
+        ),
         "torchrun": torchrun_once,
         "torchrun tuned": functools.partial(torchrun_once, tuned=True),
         "torchrun + clusterbook backend": functools.partial(torchrun_once, clusterbook=True),

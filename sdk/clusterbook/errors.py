@@ -42,7 +42,8 @@ and what to do about it. Errors of third-party libraries are translated at the b
         ├── SweepFailedError                SweepResult.check(): some items failed (``failed``)
         └── PoolError                       a sweep's pool of ranks could not start or stay up
 
-Warnings: :class:`CleanupWarning` when ``stop()`` could not clean a node (it says what may be
+Warnings: :class:`ColdLaunchWarning` when a warm launch falls back to a cold one on some nodes;
+:class:`CleanupWarning` when ``stop()`` could not clean a node (it says what may be
 left there); :class:`OversubscriptionWarning` when a job puts more ranks on a host than it has
 cores, unasked (``oversubscribe=True`` asks).
 """
@@ -58,6 +59,7 @@ __all__ = [
     "CleanupWarning",
     "ClusterError",
     "ClusterStateError",
+    "ColdLaunchWarning",
     "ConfigError",
     "EnvironmentNotFoundError",
     "FailedJob",
@@ -386,6 +388,12 @@ class BootstrapError(SSHError):
 
 class CleanupWarning(UserWarning):
     """``stop()`` could not remove everything from some nodes; the message says what and where."""
+
+
+class ColdLaunchWarning(UserWarning):
+    """A job on a cluster that launches warm (``launch="warm"``) starts MPI's daemons on some
+    nodes over a new ssh login instead, as a cold launch does: the message names the nodes and
+    why (the connection kept to them ended, or could not be made)."""
 
 
 class OversubscriptionWarning(UserWarning):

@@ -187,7 +187,9 @@ def test_node_to_node_ssh_refuses_a_changed_key(testbed, mpi_python, tmp_path):
     script = tmp_path / "allreduce.py"
     script.write_text(HOSTNAME_ALLREDUCE)
     victim = testbed.hosts[2]
-    cluster = ssh_cluster(testbed, mpi_python, tmp_path, env={"TRICKY": "x"})
+    # A cold launch logs in to every node for each job (a warm one runs over the connection
+    # checked at start: tests/integration/test_warm_launch.py).
+    cluster = ssh_cluster(testbed, mpi_python, tmp_path, env={"TRICKY": "x"}, launch="cold")
     cluster.start()
     try:
         # After bootstrap, a key rotated by a restart of its sshd (the node's agent stays

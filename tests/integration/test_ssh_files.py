@@ -350,11 +350,13 @@ def test_a_40_mib_file_goes_and_comes_back_whole(
 
 def _ssh_clients(wrapper: str) -> list[psutil.Process]:
     """The ssh clients here that run with the cluster's options (its ssh wrapper's: its key
-    and known_hosts are in the cluster's directory, named by the cluster's id)."""
+    and known_hosts are in the cluster's directory, named by the cluster's id), but the
+    master connections of warm launches (``ssh -M``)."""
     key = f"/{Path(wrapper).parent.name}/id_ed25519"
     found = []
     for p in psutil.process_iter(["name", "cmdline"]):
-        if p.info["name"] == "ssh" and any(key in a for a in p.info["cmdline"] or ()):
+        argv = p.info["cmdline"] or []
+        if p.info["name"] == "ssh" and argv[1:2] != ["-M"] and any(key in a for a in argv):
             found.append(p)
     return found
 

@@ -88,6 +88,11 @@ class SSHArgs(ClusterOptionsArgs, total=False):
         ``{"node2": "/opt/venv/bin/python"}`` (its MPI launcher must be beside it). Jobs then
         run through a per-cluster link to each node's own environment, which needs the same
         home directory on every node.
+    launch
+        How jobs start MPI's daemons on the nodes: ``"warm"`` (default) over an ssh
+        connection the cluster keeps to each node from its start to its stop (no key exchange
+        or login per node per job; where it has ended, a job logs in anew, with a
+        :class:`~clusterbook.ColdLaunchWarning`), ``"cold"`` over a new ssh login each time.
     """
 
     user: str | None
@@ -99,6 +104,7 @@ class SSHArgs(ClusterOptionsArgs, total=False):
     node_python: Mapping[str, str] | None
     ssh_config: str | os.PathLike[str] | None
     passphrase: str | None
+    launch: str
 
 
 class ElasticArgs(ClusterOptionsArgs, total=False):

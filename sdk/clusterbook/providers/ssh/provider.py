@@ -16,15 +16,19 @@ import os
 import time
 import warnings
 from collections.abc import Mapping, Sequence
+from dataclasses import replace
+from pathlib import Path
 
 from clusterbook.durations import Duration
 from clusterbook.errors import CleanupWarning, ConfigError
 from clusterbook.gpus import GPUS
+from clusterbook.launch.remote import RemoteLaunch
 from clusterbook.nodes.fanout import parallel
 from clusterbook.paths import cluster_dir
 from clusterbook.providers.base import Provider, StartContext
 from clusterbook.providers.reach import NodeReach
 from clusterbook.providers.ssh.hosts import HEAD, host_node, parse_host_list, targets
+from clusterbook.providers.ssh.masters import LAUNCHES, ControlMasters, warn_cold
 from clusterbook.providers.ssh.reach import SSHReach
 from clusterbook.providers.ssh.release import release
 from clusterbook.providers.ssh.sessions import Sessions
@@ -37,6 +41,7 @@ from clusterbook.spec import NodeSpec, validate_timeout
 from clusterbook.ssh.credentials import Credentials, prompt_where_asked
 from clusterbook.ssh.envlink import validate_node_python
 from clusterbook.ssh.hostkeys import HostKeyPolicy, make_policy
+from clusterbook.ssh.launcher_ssh import ssh_wrapper
 from clusterbook.ssh.node_session import NodeSession
 from clusterbook.ssh.paramiko_transport import Tunnels
 
@@ -61,7 +66,15 @@ class SSHProvider(Provider):
         node_python: Mapping[str, str] | None = None,
         ssh_config: str | os.PathLike[str] | None = None,
         passphrase: str | None = None,
+        launch: str = "warm",
     ) -> None:
+        if launch not in LAUNCHES:
+            raise ConfigError(
+                f"launch={launch!r} is not a way to launch jobs: it is 'warm' (MPI's daemons "
+                "start over the ssh connection the cluster keeps to each node) or 'cold' (a "
+                "new ssh login per node per job)."
+            )
+        self._launch = launch
         entries = parse_host_list(hosts)
         self._asked = dict(entries)  # "gpus" slots are counted at start()
         self._nodes = tuple(host_node(host, slots) for host, slots in entries)
@@ -159,7 +172,27 @@ class SSHProvider(Provider):
             head.close()
         self.sessions.keep(probing)
         assert boot.remote is not None
-        self._reach.open(ctx.cluster_id, boot.remote)
+        remote = boot.remote
+        if self._launch == "warm" and remote.srun is None:
+            remote = self._warm(head_dir, remote)
+        self._reach.open(ctx.cluster_id, remote)
+
+    def _warm(self, head_dir: Path, remote: RemoteLaunch) -> RemoteLaunch:
+        """The launcher's way to the nodes over a master connection to each (kept until the
+        stop): its ssh options and MPICH's wrapper use them. A master that does not come up is
+        a warning; jobs log in to that node anew."""
+        hosts = [n.host for n in self._nodes]
+        masters = self._reach.masters = ControlMasters(remote.ssh_args, hosts)
+        failed = masters.start(self.connect_timeout)
+        if failed:
+            warn_cold(failed, stacklevel=4)
+        args = (*masters.options(), *remote.ssh_args)
+        wrapper = head_dir / "ssh-warm"
+        fd = os.open(wrapper, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o700)
+        with os.fdopen(fd, "w") as f:
+            f.write(ssh_wrapper(args))
+        self._reach.cold_wrapper = remote.ssh_wrapper
+        return replace(remote, ssh_args=args, ssh_wrapper=str(wrapper))
 
     def _open_keys(self) -> None:
         """Open the keys here, in the caller's thread: a passphrase is asked once."""
@@ -207,6 +240,6 @@ class SSHProvider(Provider):
                 stacklevel=3,
             )
         put_used = self._reach.put_used
-        self._reach.close()
+        self._reach.close()  # and the master connections of warm launches
         self.stop_problems = release(ctx, self.sessions, put_used=put_used, unprobed=self._unprobed)
         self._ctx = None

@@ -21,6 +21,7 @@ from clusterbook.nodes.fanout import parallel
 from clusterbook.nodes.outgoing import Outgoing
 from clusterbook.nodes.transfer import uncounted
 from clusterbook.providers.ssh import files
+from clusterbook.providers.ssh.masters import ControlMasters, warn_cold
 from clusterbook.providers.ssh.sessions import Sessions
 from clusterbook.providers.watch import NodeWatch
 from clusterbook.spec import NodeSpec
@@ -42,6 +43,8 @@ class SSHReach:
         self._remote: RemoteLaunch | None = None
         self._held: set[str] = set()  # jobs kept stopped on the nodes (clean="none")
         self.put_used = False  # then stop() first removes what put() made, on every node
+        self.masters: ControlMasters | None = None  # the warm launches' connections
+        self.cold_wrapper: str | None = None  # big files go over ssh logins of their own
 
     def open(self, cluster_id: str, remote: RemoteLaunch) -> None:
         """The nodes are reached from now on, the launcher by ``remote``."""
@@ -50,8 +53,25 @@ class SSHReach:
     def close(self) -> None:
         """The nodes are released: nothing is asked of them any more."""
         self._cluster_id, self._remote = None, None
+        masters, self.masters, self.cold_wrapper = self.masters, None, None
+        if masters is not None:
+            masters.stop()
 
     def remote(self) -> RemoteLaunch | None:
+        """How the launcher reaches the nodes. Launching warm, a master connection that
+        ended (to a node not lost) is said in a :class:`~clusterbook.ColdLaunchWarning` and
+        started again, for 5 s at most: the job logs in to that node anew if it is not up
+        by then."""
+        masters = self.masters
+        if masters is not None and self._cluster_id is not None:
+            lost = set(self._watch.unreachable(list(self._sessions.conns), lost_only=True))
+            ended = {h: how for h, how in masters.dead().items() if h not in lost}
+            if ended:
+                again = masters.start(min(5.0, self._sessions.connect_timeout), list(ended))
+                said = {
+                    h: f"{how}; started again: {again.get(h, 'up')}" for h, how in ended.items()
+                }
+                warn_cold(said, stacklevel=3)
         return self._remote
 
     def stop_job(self, token: str) -> None:
@@ -117,4 +137,8 @@ class SSHReach:
 
     def _wrapper(self) -> str | None:
         remote = self._remote
-        return None if remote is None else remote.ssh_wrapper
+        if remote is None:
+            return None
+        # Not over the warm launches' masters: one ssh process per node would then carry the
+        # bytes of every transfer and job start to it.
+        return self.cold_wrapper or remote.ssh_wrapper

@@ -45,6 +45,8 @@ def test_bad_ssh_options_are_refused():
         cb.Cluster.ssh(["node1"], connect_timeout=0)
     with pytest.raises(cb.ConfigError, match="Cluster name"):
         cb.Cluster.ssh(["node1"], name="../etc")
+    with pytest.raises(cb.ConfigError, match="launch='hot' is not a way to launch jobs"):
+        cb.Cluster.ssh(["node1"], launch="hot")  # type: ignore[arg-type]
 
 
 def test_ssh_cluster_repr_and_status_before_start():

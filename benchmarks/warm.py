@@ -1,0 +1,167 @@
+"""First output and job end of ``cluster.mpirun`` on a local cluster, on an SSH cluster of fake
+hosts (warm and cold launches), and of bare ``mpirun --host`` over the same ssh.
+
+An mpi4py hello on 2 ranks a host (the local cluster: as many workers, 2 slots each), every
+side once a round, round after round, medians after a warm-up round. First output: from the
+call to the first rank record the head has (``job.stream()``; bare: the first
+line on mpirun's stdout); job end: until ``wait()`` returns (bare: mpirun's exit).
+
+- **local**: ``Cluster.local(workers=HOSTS, slots=2)``.
+- **ssh warm** / **ssh cold**: an SSH cluster of the testbed's hosts, ``launch="warm"``
+  (MPI's daemons started over the ssh connection the cluster keeps open to each node) and
+  ``launch="cold"`` (a new ssh login per node per job).
+- **bare**: ``mpirun --host H1:2,H2:2 --prefix VENV`` with the testbed's key and known_hosts, the
+  same tuning (``OMPI_MCA_btl=^ofi``), a new ssh login per node per job; **bare, ssh
+  ControlMaster**: the same with an OpenSSH master connection per host kept between jobs.
+
+Goal: ssh warm <= 1.3x local, first output and job end (medians).
+
+    python benchmarks/warm.py [--repeat 8] [--hosts 2]     (as root: fake hosts)
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import clusterbook as cb
+from clusterbook.launch.command import OPENMPI_TUNING
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests.testbed: the fake hosts
+from tests.testbed import Testbed, make_testbed
+
+HELLO = """\
+from mpi4py import MPI
+
+comm = MPI.COMM_WORLD
+print(f"hello from rank {comm.Get_rank()} of {comm.Get_size()}", flush=True)
+comm.Barrier()
+"""
+TIMEOUT = 60.0
+GOAL = 1.3
+
+
+def cluster_once(cluster: cb.Cluster, hello: Path, np: int) -> tuple[float, float]:
+    """Seconds to the first line the head has, and to the job's end."""
+    start = time.perf_counter()
+    job = cluster.mpirun(["python", str(hello)], np=np, cwd=hello.parent, oversubscribe=True)
+    first = None
+    for record in job.stream():  # live: the first rank line as soon as the head has it
+        if record.line.startswith("hello"):
+            first = time.perf_counter() - start
+            break
+    result = job.wait(timeout=TIMEOUT)
+    end = time.perf_counter() - start
+    if not result.ok:
+        sys.exit(f"clusterbook job failed: {result.summary()}")
+    return (end if first is None else first), end
+
+
+def bare_once(argv: list[str], env: dict[str, str], cwd: Path) -> tuple[float, float]:
+    """Seconds to mpirun's first line on stdout, and to its exit."""
+    start = time.perf_counter()
+    proc = subprocess.Popen(argv, env=env, cwd=cwd, stdout=subprocess.PIPE, text=True)
+    assert proc.stdout is not None
+    first = proc.stdout.readline()
+    at = time.perf_counter() - start
+    rest = proc.stdout.read()
+    code = proc.wait(timeout=TIMEOUT)
+    end = time.perf_counter() - start
+    if code != 0 or "hello" not in first:
+        sys.exit(f"bare mpirun failed ({code}): {first}{rest}")
+    return at, end
+
+
+def bare_argv(bed: Testbed, hosts: int, hello: Path, control: Path | None) -> list[str]:
+    venv = Path(sys.executable).parent.parent
+    ssh = [o for o in bed.ssh_options() if o not in ("-F", "none")]
+    if control is not None:
+        ssh += ["-o", "ControlMaster=auto", "-o", f"ControlPath={control}/%C"]
+        ssh += ["-o", "ControlPersist=60"]
+    host_list = ",".join(f"{h.addr}:2" for h in bed.hosts[:hosts])
+    argv = [str(venv / "bin" / "mpirun"), "--allow-run-as-root", "--host", host_list]
+    argv += ["-n", str(2 * hosts), "--prefix", str(venv), "--bind-to", "none"]
+    argv += ["--prtemca", "plm_ssh_args", " ".join(ssh)]
+    return [*argv, sys.executable, str(hello)]
+
+
+def table(times: dict[str, list[tuple[float, float]]], load: list[float]) -> None:
+    print(f"\n{len(next(iter(times.values())))} runs each; load average at the rounds' starts:")
+    print("  " + " ".join(f"{x:.2f}" for x in load))
+    print(f"  {'':36} {'first output':>12} {'job end':>9}  (ms, medians)")
+    local = [statistics.median(t[i] for t in times["local"]) for i in (0, 1)]
+    for label, runs in times.items():
+        first = statistics.median(t[0] for t in runs) * 1000
+        end = statistics.median(t[1] for t in runs) * 1000
+        ratio = f"{first / local[0] / 1000:5.2f}x {end / local[1] / 1000:5.2f}x of local"
+        print(f"  {label:36} {first:12.0f} {end:9.0f}  {ratio}")
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--repeat", type=int, default=8)
+    parser.add_argument("--hosts", type=int, default=2)
+    args = parser.parse_args()
+    if os.geteuid() != 0:
+        print("fake hosts need root", file=sys.stderr)
+        return 2
+    env = {**OPENMPI_TUNING, **os.environ}
+    print(f"clusterbook {cb.__version__}, {os.cpu_count()} CPUs, {args.hosts} hosts x 2 slots")
+    with tempfile.TemporaryDirectory() as scratch, contextlib.ExitStack() as stack:
+        work = Path(scratch)
+        hello = work / "hello.py"
+        hello.write_text(HELLO)
+        bed = make_testbed(args.hosts, work / "bed")
+        stack.callback(bed.close)
+        control = work / "cm"
+        control.mkdir(mode=0o700)
+        stack.callback(
+            lambda: [
+                subprocess.run(
+                    ["ssh", "-o", f"ControlPath={control}/%C", "-O", "exit", h.addr],
+                    capture_output=True,
+                    timeout=10,
+                    check=False,
+                )
+                for h in bed.hosts
+            ]
+        )
+        local = stack.enter_context(
+            cb.Cluster.local(
+                workers=args.hosts, slots=2, python=sys.executable, run_dir=work / "local"
+            )
+        )
+        np = 2 * args.hosts
+        sides: dict[str, Callable[[], tuple[float, float]]] = {
+            "local": lambda: cluster_once(local, hello, np),
+        }
+        for how in ("warm", "cold"):
+            ssh = stack.enter_context(
+                bed.cluster(sys.executable, work / how, hosts=args.hosts, slots=2, launch=how)
+            )
+            sides[f"ssh {how}"] = lambda c=ssh: cluster_once(c, hello, np)  # type: ignore[misc]
+        plain, mastered = (bare_argv(bed, args.hosts, hello, c) for c in (None, control))
+        sides["bare mpirun --host"] = lambda: bare_once(plain, env, work)
+        sides["bare mpirun --host, ssh ControlMaster"] = lambda: bare_once(mastered, env, work)
+        times: dict[str, list[tuple[float, float]]] = {label: [] for label in sides}
+        load = []
+        for round_ in range(args.repeat + 1):
+            load.append(os.getloadavg()[0])
+            for label, side in sides.items():
+                result = side()
+                if round_:
+                    times[label].append(result)
+        table(times, load[1:])
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,167 @@
+"""Warm launches: one OpenSSH master connection per node, kept by the head, that the MPI
+launcher's ssh reuses (OpenSSH's ControlMaster), so a job pays no key exchange and no login
+per node: the same daemons (``prted``, ``hydra_pmi_proxy``) started the same way, over a
+connection that is already up.
+
+The launcher's ssh gets ``ControlMaster=no`` and the masters' ``ControlPath``: where a master
+is up, its ssh runs the command over it; where none is (never started, died, killed), ssh logs
+in anew, as a cold launch does, so a job never waits on a dead master. :meth:`ControlMasters.
+dead` says which masters ended, for the head to warn and start them again before a job.
+
+The masters carry a job token that the head's guard watches (:mod:`clusterbook.launch.guard`):
+they die with the head, even by SIGKILL. Their sockets live in a private directory of their
+own, short enough for a Unix socket's path.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import secrets
+import shutil
+import subprocess
+import tempfile
+import threading
+import time
+import warnings
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+
+from clusterbook.errors import ColdLaunchWarning
+from clusterbook.launch.guard import guard
+from clusterbook.nodes.tasks.common import JOB_ENV
+
+__all__ = ["LAUNCHES", "ControlMasters", "warn_cold"]
+
+#: How an SSH cluster's jobs start MPI's daemons on the nodes (``launch=``).
+LAUNCHES = ("warm", "cold")
+
+#: ssh appends 17 characters to a master's socket path while it binds it, and a Unix socket's
+#: path has 108 bytes at most: the sockets' directory stays in the system's temp directory.
+_PREFIX = "cbm-"
+
+
+class ControlMasters:
+    """A master connection to each of ``hosts`` (the names the launcher's ssh is given), made
+    with ``ssh_args`` (the launcher's own options: key, known_hosts, users, ports, config)."""
+
+    def __init__(self, ssh_args: Sequence[str], hosts: Sequence[str]) -> None:
+        self._ssh_args = list(ssh_args)
+        self._hosts = list(hosts)
+        self._dir = Path(tempfile.mkdtemp(prefix=_PREFIX))  # 0700: the sockets are ours
+        self._token = f"cbm-{secrets.token_hex(8)}"
+        self._procs: dict[str, subprocess.Popen[bytes]] = {}
+        self._lock = threading.Lock()
+        self._closed = False
+
+    @property
+    def directory(self) -> Path:
+        return self._dir
+
+    def options(self) -> list[str]:
+        """The launcher's ssh options that use the masters (first: ssh keeps the first
+        value it is given of an option)."""
+        return ["-o", "ControlMaster=no", "-o", f"ControlPath={self._dir}/%C"]
+
+    def start(self, timeout: float, hosts: Sequence[str] | None = None) -> dict[str, str]:
+        """Start the masters (``hosts``: those only) and wait until each is up or ended, at
+        most ``timeout`` seconds; return the hosts whose master is not up, with why."""
+        guard.watch(self._token)
+        wanted = self._hosts if hosts is None else list(hosts)
+        before = set(self._sockets())
+        with self._lock:
+            if self._closed:
+                return {h: "the cluster is stopping" for h in wanted}
+            for host in wanted:
+                ended = self._procs.get(host)
+                if ended is not None and ended.stderr is not None:
+                    ended.stderr.close()
+                self._procs[host] = self._spawn(host)
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            up = len(set(self._sockets()) - before)
+            if up >= len(wanted) or all(self._procs[h].poll() is not None for h in wanted):
+                break
+            time.sleep(0.01)
+        return {h: why for h, why in self.dead().items() if h in wanted}
+
+    def _spawn(self, host: str) -> subprocess.Popen[bytes]:
+        argv = ["ssh", "-M", "-N", "-o", "ControlMaster=yes", "-o", "ControlPersist=no"]
+        # Silent for 3 s, a node is given up as its agent is (1 s x 3): the jobs using the
+        # master see their daemon there end, instead of waiting on a connection that is gone.
+        argv += ["-o", f"ControlPath={self._dir}/%C", "-o", "ServerAliveInterval=1"]
+        argv += ["-o", "ServerAliveCountMax=3"]
+        argv += [*self._ssh_args, host]
+        return subprocess.Popen(
+            argv,
+            env={**os.environ, JOB_ENV: self._token},
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            start_new_session=True,  # a Ctrl-C in the notebook is the head's to handle
+        )
+
+    def _sockets(self) -> list[str]:
+        with contextlib.suppress(OSError):
+            return [p.name for p in self._dir.iterdir() if "." not in p.name]
+        return []
+
+    def dead(self) -> dict[str, str]:
+        """The hosts whose master has ended, with how."""
+        with self._lock:
+            procs = dict(self._procs)
+        return {h: _ended(p) for h, p in procs.items() if p.poll() is not None}
+
+    def revive(self, timeout: float) -> dict[str, str]:
+        """Start again the masters that ended; return those that ended, with how they did."""
+        dead = self.dead()
+        if dead:
+            self.start(timeout, list(dead))
+        return dead
+
+    def stop(self) -> None:
+        """End every master and remove their sockets."""
+        with self._lock:
+            self._closed = True
+            procs, self._procs = dict(self._procs), {}
+        for proc in procs.values():
+            if proc.poll() is None:
+                proc.terminate()
+        for proc in procs.values():
+            try:
+                proc.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait(timeout=5)
+            if proc.stderr is not None:
+                proc.stderr.close()
+        guard.release(self._token)
+        shutil.rmtree(self._dir, ignore_errors=True)
+
+
+def _ended(proc: subprocess.Popen[bytes]) -> str:
+    code = proc.returncode
+    how = f"killed by signal {-code}" if code is not None and code < 0 else f"exit {code}"
+    said = b""
+    if proc.stderr is not None and code is not None:
+        with contextlib.suppress(OSError, ValueError):
+            said = proc.stderr.read(4096)
+    text = said.decode(errors="replace").strip().splitlines()
+    return f"{how}: {text[-1]}" if text else how
+
+
+def warn_cold(failed: Mapping[str, str], *, stacklevel: int) -> None:
+    """Say which master connections were not up (``failed``: node and how), and what jobs
+    do on those nodes."""
+    why = "; ".join(f"{host}: {how}" for host, how in sorted(failed.items()))
+    one = len(failed) == 1
+    warnings.warn(
+        ColdLaunchWarning(
+            f"The ssh connection kept to {'node' if one else 'nodes'} "
+            f"{', '.join(sorted(failed))} for warm launches was not up ({why}). Where it is "
+            f"not up now, a job starts MPI's daemons over a new ssh login, as launch='cold' "
+            f"does (slower, the same job), and the connection is started again for the next "
+            f"one."
+        ),
+        stacklevel=stacklevel,
+    )
