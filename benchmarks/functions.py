@@ -6,7 +6,12 @@ taking turns; medians over the repeats, and where clusterbook's time goes (one j
 the call pickled and written, the launch, the wait, the values gathered and read). Goal:
 clusterbook/bare (median) <= 1.2.
 
-    python benchmarks/functions.py [--part submit] [--repeat 20] [--warmup 3]
+Part ``map``: ``cluster.map`` over 200 tiny items on 4 slots against ipyparallel's
+``load_balanced_view().map_sync`` on 4 engines of the same cluster, and against one ``mpirun``
+per item (``benchmarks/sweeps.py``). Goals: <= 1.5x ipyparallel, >= 20x faster than an mpirun
+an item.
+
+    python benchmarks/functions.py [--part submit|map] [--repeat 20] [--warmup 3] [--map-repeat 7]
 
 The exit status is 1 when a part misses its goal. Each part is one function (``PARTS``).
 """
@@ -113,7 +118,20 @@ def part_submit(args: argparse.Namespace, tmp: Path) -> bool:
     return ratio <= SUBMIT_GOAL
 
 
-PARTS: dict[str, Callable[[argparse.Namespace, Path], bool]] = {"submit": part_submit}
+def part_map(args: argparse.Namespace, tmp: Path) -> bool:
+    """(b) ``cluster.map`` over many tiny items on 4 slots against ipyparallel's
+    ``load_balanced_view().map_sync`` on 4 engines of the same cluster, and against one
+    ``mpirun`` per item (``benchmarks/sweeps.py``, which also runs alone)."""
+    import sweeps  # beside this script
+
+    print(f"\nPart map: {args.items} tiny items, {args.map_repeat} rounds")
+    return sweeps.run(args.map_repeat, args.items, args.sample)
+
+
+PARTS: dict[str, Callable[[argparse.Namespace, Path], bool]] = {
+    "submit": part_submit,
+    "map": part_map,
+}
 
 
 def main() -> int:
@@ -122,6 +140,9 @@ def main() -> int:
     parser.add_argument("--repeat", type=int, default=20)
     parser.add_argument("--warmup", type=int, default=3)
     parser.add_argument("--python", default=sys.executable, help="the ranks' interpreter")
+    parser.add_argument("--map-repeat", type=int, default=7, help="rounds of part map (7)")
+    parser.add_argument("--items", type=int, default=200, help="items a sweep, part map (200)")
+    parser.add_argument("--sample", type=int, default=20, help="mpirun starts a round, part map")
     args = parser.parse_args()
     print(f"clusterbook {cb.__version__}, Python {sys.version.split()[0]}, {os.cpu_count()} CPUs")
     ok = True

@@ -137,11 +137,17 @@ def main() -> int:
     args = parser.parse_args()
     if min(args.repeat, args.items, args.sample) < 1:
         parser.error("--repeat, --items and --sample must be >= 1")
+    return 0 if run(args.repeat, args.items, args.sample) else 1
+
+
+def run(repeat: int, items: int, sample: int) -> bool:
+    """The three variants side by side (see the module docstring); whether the goals are met
+    (also ``benchmarks/functions.py --part map``)."""
     import ipyparallel
 
     started = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="cb-sweeps-") as tmp:
-        bench = Sweeps(Path(tmp), args.items, args.sample)
+        bench = Sweeps(Path(tmp), items, sample)
         launcher = bench.cluster.launcher
         print(
             f"clusterbook {cb.__version__}, ipyparallel {ipyparallel.__version__}, "
@@ -151,16 +157,16 @@ def main() -> int:
         times: dict[str, list[float]] = {label: [] for label in bench.variants()}
         try:
             runs = bench.variants()
-            for round_ in range(1 + args.repeat):
+            for round_ in range(1 + repeat):
                 for label in rotate(list(runs), round_):
                     elapsed = runs[label]()
                     if round_ >= 1:
                         times[label].append(elapsed)
         finally:
             bench.close()
-        ok = report(times, bench.first, args.items, args.sample)
+        ok = report(times, bench.first, items, sample)
     print(f"\ntotal {time.perf_counter() - started:.1f} s, load {os.getloadavg()[0]:.1f}")
-    return 0 if ok else 1
+    return ok
 
 
 if __name__ == "__main__":

@@ -391,12 +391,10 @@ class CleanupWarning(UserWarning):
 
 
 class ColdLaunchWarning(UserWarning):
-    """A job on a cluster that launches warm (``launch="warm"``) starts MPI's daemons on some
-    nodes over a new ssh login instead, as a cold launch does: the message names the nodes and
-    why (the connection kept to them ended, or could not be made)."""
+    """A warm cluster's job (``launch="warm"``) logs in to some nodes anew, as a cold launch
+    does: the message names them and why (their kept connection ended or could not be made)."""
 
 
 class OversubscriptionWarning(UserWarning):
-    """A job puts more ranks on a host than the cores this host may give them (its CPU
-    affinity and cgroup quota), without ``oversubscribe=True``: the ranks share cores and wait
-    for each other. The message names the hosts, their ranks and cores, and the fix."""
+    """A job puts more ranks on a host than the cores it may use (CPU affinity, cgroup quota),
+    without ``oversubscribe=True``: the message names the hosts, ranks, cores and the fix."""

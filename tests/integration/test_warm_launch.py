@@ -93,7 +93,8 @@ def test_warm_jobs_log_in_to_no_node(testbed, mpi_python, tmp_path):
                 slow = slow_job.wait(60)
                 cancelled_job = cluster.mpirun(["python", str(sleeper)], np=4)
                 assert any(r.line == "started" for r in cancelled_job.stream())
-                cancelled = cancelled_job.cancel()
+                assert cancelled_job.cancel()  # it was running: cancel() stopped it
+                cancelled = cancelled_job.outcome
         finally:
             for host in hosts:
                 host.resume_sshd()

@@ -89,6 +89,11 @@ PYTHON_ONLY = {
     ("cluster/remote/node_calls.py", "data"),
     # cluster.map(np=, max_running=): a Python call only
     *(("functions/sweep.py", name) for name in ("np", "max_running")),
+    # Cluster.ssh(launch=): Python only
+    ("providers/ssh/masters.py", "launch"),
+    ("providers/ssh/provider.py", "launch"),
+    # torchrun's --rdzv-conf keys, spelt as torchrun takes them
+    *(("torch/conf.py", name) for name in ("keep_alive_interval", "keep_alive_max_attempt")),
 }
 
 
