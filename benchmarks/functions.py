@@ -122,10 +122,13 @@ def part_map(args: argparse.Namespace, tmp: Path) -> bool:
     """(b) ``cluster.map`` over many tiny items on 4 slots against ipyparallel's
     ``load_balanced_view().map_sync`` on 4 engines of the same cluster, and against one
     ``mpirun`` per item (``benchmarks/sweeps.py``, which also runs alone)."""
-    import sweeps  # beside this script
-
-    print(f"\nPart map: {args.items} tiny items, {args.map_repeat} rounds")
-    return sweeps.run(args.map_repeat, args.items, args.sample)
+    print(f"\nPart map: {args.items} tiny items, {args.map_repeat} rounds", flush=True)
+    # Run as a script of its own, so that its function is __main__'s and travels by value
+    # (to clusterbook's pool and to ipyparallel's engines alike).
+    script = Path(__file__).with_name("sweeps.py")
+    argv = [sys.executable, str(script), "--repeat", str(args.map_repeat)]
+    argv += ["--items", str(args.items), "--sample", str(args.sample)]
+    return subprocess.run(argv, check=False).returncode == 0
 
 
 PARTS: dict[str, Callable[[argparse.Namespace, Path], bool]] = {

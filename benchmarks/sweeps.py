@@ -39,11 +39,6 @@ GOAL_MPIRUN = 20.0  # one mpirun per item's time over map's, at least
 TIMEOUT = 120.0
 TINY = "x = 1\nx + 1\n"
 
-if __name__ != "__main__":  # imported by functions.py: tiny() still travels by value
-    import cloudpickle  # type: ignore[import-untyped]
-
-    cloudpickle.register_pickle_by_value(sys.modules[__name__])
-
 os.environ.setdefault("OMPI_ALLOW_RUN_AS_ROOT", "1")
 os.environ.setdefault("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1")
 
