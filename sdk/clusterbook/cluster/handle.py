@@ -14,9 +14,10 @@ from __future__ import annotations
 import os
 from collections.abc import Callable, Collection, Generator, Iterator, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 from clusterbook.durations import Duration
+from clusterbook.errors import ClusterStateError
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -30,7 +31,7 @@ if TYPE_CHECKING:
     from clusterbook.spec import NodeSpec
     from clusterbook.status import ClusterSnapshot
 
-__all__ = ["ClusterHandle", "Head", "JobHandle"]
+__all__ = ["ClusterHandle", "Head", "JobHandle", "job_by_id"]
 
 
 class JobHandle(Protocol):
@@ -160,3 +161,20 @@ class Head(ClusterHandle, Protocol):
     def engines(self, n: int | None = None, **how: Any) -> Any:
         """ipyparallel engines on the cluster (``Cluster.engines``), or why there are none."""
         ...
+
+
+J = TypeVar("J", bound=JobHandle)
+
+
+def job_by_id(jobs: Sequence[J], cluster_id: str, job_id: str | None = None) -> J:
+    """Job ``job_id`` (``job-0001``) of cluster ``cluster_id``'s ``jobs``, or the newest one;
+    a :class:`ClusterStateError` naming the jobs there are when it is none of them."""
+    if not jobs:
+        raise ClusterStateError(f"Cluster {cluster_id} has run no job yet.")
+    if job_id is None:
+        return jobs[-1]
+    for job in jobs:
+        if job.id == job_id:
+            return job
+    known = ", ".join(j.id for j in jobs)
+    raise ClusterStateError(f"Cluster {cluster_id} has no job {job_id!r}; its jobs: {known}.")

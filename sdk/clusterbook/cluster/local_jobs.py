@@ -12,7 +12,7 @@ import threading
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
 
-from clusterbook.errors import ClusterStateError
+from clusterbook.cluster.handle import job_by_id
 from clusterbook.launch.job import Job
 from clusterbook.launch.logstore import LogBudget
 from clusterbook.launch.nodes import (
@@ -107,16 +107,7 @@ class LocalJobs:
 
     def find(self, cluster_id: str, job_id: str | None = None) -> Job:
         """A job by id (``job-0001``), or the newest one."""
-        jobs = self.all()
-        if not jobs:
-            raise ClusterStateError(f"Cluster {cluster_id} has run no job yet.")
-        if job_id is None:
-            return jobs[-1]
-        for job in jobs:
-            if job.id == job_id:
-                return job
-        known = ", ".join(j.id for j in jobs)
-        raise ClusterStateError(f"Cluster {cluster_id} has no job {job_id!r}; its jobs: {known}.")
+        return job_by_id(self.all(), cluster_id, job_id)
 
     def nodes_changed(self) -> None:
         """The jobs' policy, when the nodes changed: a running job with ranks on a node that

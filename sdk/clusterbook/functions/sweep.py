@@ -17,7 +17,8 @@ from collections.abc import Callable, Iterable
 from dataclasses import replace
 from typing import Any
 
-from clusterbook.errors import ClusterError, ConfigError
+from clusterbook.errors import ClusterError, ConfigError, SerializationError
+from clusterbook.functions.payload import dumps_value
 from clusterbook.functions.pool import IDLE_TIMEOUT, Pool, PoolHost, PoolRank
 from clusterbook.functions.results import SweepResult, result_of
 from clusterbook.functions.schedule import Failure, Kind, Schedule, Task
@@ -76,16 +77,15 @@ def _checked(fn: object, np: object, max_running: object, retries: object, order
 
 
 def _pickled_function(fn: Callable[[Any], Any]) -> bytes:
-    import cloudpickle  # type: ignore[import-untyped]  # (no type information)
-
     try:
-        return bytes(cloudpickle.dumps(fn, protocol=pickle.HIGHEST_PROTOCOL))
-    except Exception as exc:
-        raise ConfigError(
+        return dumps_value(fn)
+    except SerializationError as exc:
+        cause = exc.__cause__
+        raise SerializationError(
             f"cluster.map cannot send {getattr(fn, '__qualname__', fn)!r} to the ranks: it "
-            f"cannot be pickled ({type(exc).__name__}: {exc}). Define what it uses inside it, "
-            "or at a notebook's top level, rather than holding locks, files or sockets."
-        ) from exc
+            f"cannot be pickled ({type(cause).__name__}: {cause}). Define what it uses inside "
+            "it, or at a notebook's top level, rather than holding locks, files or sockets."
+        ) from cause
 
 
 def sweep(
@@ -227,11 +227,10 @@ def _run_one(
     function: bytes,
 ) -> bool:
     """Run ``task`` on ``rank`` and tell the schedule; False when the rank has gone."""
-    import cloudpickle
-
     try:
-        argument = bytes(cloudpickle.dumps(task.item, protocol=pickle.HIGHEST_PROTOCOL))
-    except Exception as exc:
+        argument = dumps_value(task.item)
+    except SerializationError as error:
+        exc = error.__cause__
         failure = Failure("unpicklable", type(exc).__name__, f"the item cannot be pickled: {exc}")
         with cond:
             schedule.failed(task, failure)

@@ -26,6 +26,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, NoReturn
 
 from clusterbook.cluster import display
+from clusterbook.cluster.handle import job_by_id
 from clusterbook.cluster.remote.dead_head import clean_after_dead_head
 from clusterbook.cluster.remote.held import Held
 from clusterbook.cluster.remote.node_calls import AttachedNodeCalls
@@ -236,16 +237,7 @@ class AttachedCluster(AttachedNodeCalls, FunctionMethods):
 
     def job(self, job_id: str | None = None) -> SavedJob:
         """A job by id (``job-0001``), or the newest one."""
-        jobs = self.jobs
-        if not jobs:
-            raise ClusterStateError(f"Cluster {self.id} has run no job yet.")
-        if job_id is None:
-            return jobs[-1]
-        for job in jobs:
-            if job.id == job_id:
-                return job
-        known = ", ".join(j.id for j in jobs)
-        raise ClusterStateError(f"Cluster {self.id} has no job {job_id!r}; its jobs: {known}.")
+        return job_by_id(self.jobs, self.id, job_id)
 
     def subscribe(self, callback: Callable[[ClusterSnapshot], None]) -> Callable[[], None]:
         """Call ``callback(snapshot)`` whenever the head rewrites the record (polled)."""
