@@ -32,6 +32,8 @@ LAYERS: tuple[tuple[str, ...], ...] = (
         "clusterbook.version",
         "clusterbook._lazy",
         "clusterbook.jupyter",
+        # Waits that let a notebook's widgets act while a cell blocks (through ``jupyter``).
+        "clusterbook.waiting",
     ),
     (
         "clusterbook.lifetime",

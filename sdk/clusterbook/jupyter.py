@@ -10,11 +10,15 @@ A package that brings clusterbook to notebooks registers, in that entry point gr
               while a notebook watches this process; None otherwise
 ``prompt``    () -> a prompt (``getpass``'s signature) while a notebook can answer it;
               None otherwise
+``busy``      () -> a pump (no arguments: handles the widget clicks that came meanwhile)
+              while this thread runs a notebook's cell and can handle them; None
+              otherwise (:mod:`clusterbook.waiting` runs it while a wait blocks)
 ============= ============================================================================
 
-clusterbook's own Jupyter layer, ``clusterbook_widgets``, registers all four, and it alone
+clusterbook's own Jupyter layer, ``clusterbook_widgets``, registers all five, and it alone
 answers whether a notebook watches. Without a Jupyter layer, clusters show as their repr and
-static HTML, bars are terminal bars, and passphrases are asked in a terminal only.
+static HTML, bars are terminal bars, passphrases are asked in a terminal only, and waits
+handle no clicks while they block.
 """
 
 from __future__ import annotations
@@ -23,11 +27,22 @@ import functools
 from collections.abc import Callable
 from typing import Any
 
-__all__ = ["ENTRY_POINTS", "Prompt", "hook", "notebook_bars", "notebook_prompt"]
+__all__ = [
+    "ENTRY_POINTS",
+    "Prompt",
+    "Pump",
+    "hook",
+    "notebook_bars",
+    "notebook_prompt",
+    "notebook_pump",
+]
 
 ENTRY_POINTS = "clusterbook.jupyter"
 
 Prompt = Callable[[str], str]
+
+#: Handles the widget clicks that came while a cell waits; returns once none is left.
+Pump = Callable[[], None]
 
 
 @functools.cache
@@ -57,4 +72,11 @@ def notebook_bars() -> Callable[[dict[str, Any]], Any] | None:
 def notebook_prompt() -> Prompt | None:
     """The Jupyter layer's prompt while a notebook can answer it; None otherwise."""
     ask = hook("prompt")
+    return None if ask is None else ask()
+
+
+def notebook_pump() -> Pump | None:
+    """The Jupyter layer's pump while this thread runs a notebook's cell and can handle its
+    widget clicks; None otherwise (a terminal, a script, another thread, no Jupyter layer)."""
+    ask = hook("busy")
     return None if ask is None else ask()

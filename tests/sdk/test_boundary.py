@@ -77,6 +77,25 @@ def test_bars_drawn_outside_a_notebook_import_no_notebook_module():
     assert _loaded_after(BARS, NOTEBOOK_MODULES) == []
 
 
+WAITS = """\
+import sys
+import threading
+from clusterbook.waiting import each, pause, wait_until
+
+done = threading.Event()
+done.set()
+assert wait_until(done.wait, 1.0)
+pause(0.01)
+assert list(each([1, 2])) == [1, 2]
+"""
+
+
+def test_waits_outside_a_notebook_import_no_notebook_module():
+    # A job's wait asks the Jupyter layer for a pump (it may load to answer); outside a
+    # notebook's kernel the answer, none, costs none of the notebook's modules.
+    assert _loaded_after(WAITS, NOTEBOOK_MODULES) == []
+
+
 def test_importing_the_core_does_not_import_pandas():
     # pandas costs ~0.3 s; the CLI and rank-side imports should not pay it up front.
     code = "import sys, clusterbook; print('pandas' in sys.modules)"

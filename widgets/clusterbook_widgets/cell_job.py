@@ -24,6 +24,7 @@ from clusterbook.errors import ClusterError
 from clusterbook.launch import LiveText, LogRecord, failure_report, fold_live
 from clusterbook.launch.fold import group_errors, last_traceback, rank_list
 from clusterbook.launch.result import RankFailure
+from clusterbook.waiting import each
 from clusterbook_widgets.arguments import MpirunArgs
 from clusterbook_widgets.mpirun_cell import build_script
 from clusterbook_widgets.pulled import check_private_dirs, read_pulled
@@ -134,7 +135,8 @@ def follow(
 ) -> tuple[cb.JobResult, dict[int, list[tuple[str, ...]]]]:
     """Print the job's output as it comes (``on_attempt`` hears of each retry as it starts);
     its result once it has ended (an interrupt is the caller's to handle: it cancels the
-    job)."""
+    job). The widgets' buttons act meanwhile (:func:`clusterbook.waiting.each`): their
+    **Stop job** ends this job, and with it the cell."""
     launcher = Path(job.launcher).name
     live = LiveText()
 
@@ -145,7 +147,7 @@ def follow(
         print(live.render(record, prefix), file=out, end="", flush=True)
 
     tracebacks = fold_live(
-        job.stream(), emit, continues=live.continues, runner=script, on_attempt=on_attempt
+        each(job.stream()), emit, continues=live.continues, runner=script, on_attempt=on_attempt
     )
     return job.wait(), tracebacks
 

@@ -34,6 +34,7 @@ from clusterbook.launch.recovery import (
 )
 from clusterbook.launch.result import AttemptInfo, JobResult
 from clusterbook.spec import validate_timeout
+from clusterbook.waiting import wait_until
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -135,8 +136,7 @@ class Job(JobFuture):
 
     @property
     def retrying_in(self) -> float | None:
-        """Seconds until the next attempt starts, while the job waits before a retry; else
-        None."""
+        """Seconds until the next attempt starts while the job waits before a retry, or None."""
         at = self._retry_at
         return None if at is None else max(0.0, at - time.monotonic())
 
@@ -180,11 +180,11 @@ class Job(JobFuture):
 
         ``timeout`` bounds this wait only: when it passes, :class:`JobTimeoutError` is raised
         and the job goes on (use the job's own ``timeout=`` to stop it). An interrupt
-        (Ctrl-C, a notebook's stop button) cancels the job before it propagates.
-        """
+        (Ctrl-C, a notebook's stop button) cancels the job before it propagates; in a
+        notebook, its widgets' buttons act meanwhile (:mod:`clusterbook.waiting`)."""
         limit = validate_timeout(timeout)
         try:
-            if not self._done.wait(limit):
+            if not wait_until(self._done.wait, limit):
                 raise JobTimeoutError(
                     f"Job {self.id} is still running after waiting {limit:g} s; wait longer, "
                     "or call job.cancel() to stop it.",

@@ -26,6 +26,7 @@ from clusterbook.launch.future import JobFuture
 from clusterbook.launch.logs import LAUNCHER_RANK, LogRecord, parse_log_line, records_frame
 from clusterbook.launch.result import JobResult
 from clusterbook.spec import validate_timeout
+from clusterbook.waiting import pause
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -107,7 +108,7 @@ class SavedJob(JobFuture):
                     "or cancel it.",
                     timeout=limit or 0.0,
                 )
-            time.sleep(_POLL)
+            pause(_POLL)  # in a notebook, the widgets' buttons act meanwhile
         return result
 
     def _request_cancel(self) -> None:

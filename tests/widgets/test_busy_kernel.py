@@ -1,0 +1,209 @@
+"""Widget clicks act while a cell blocks in ``job.wait()``: a real ipykernel, a real local
+cluster and Open MPI job, the clicks sent as JupyterLab sends them (comm messages on the
+shell channel) while the cell runs."""
+
+from __future__ import annotations
+
+import ast
+import queue
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from jupyter_client.blocking.client import BlockingKernelClient
+from jupyter_client.manager import KernelManager, start_new_kernel
+
+from tests.conftest import wait_gone
+from tests.notebooks.runner import kernel_env
+
+pytestmark = pytest.mark.mpi
+
+_REPLY = 120.0  # seconds any one answer of the kernel may take at most
+
+SETUP = """\
+import sys
+import clusterbook as cb
+import ipywidgets as w
+from clusterbook_widgets import ClusterWidget
+
+cluster = cb.Cluster.local(1, 2, python=sys.executable, run_dir={run!r}).start()
+# Longer than the clicks take; short enough that a wait holding them fails the test soon.
+SLEEP = ["python", "-c", "import time; time.sleep(30)"]
+job = cluster.mpirun(SLEEP, np=1)
+widget = ClusterWidget(cluster, refresh=None)
+order = []
+"""
+
+WAIT = """\
+order.append("waiting")
+result = job.wait()
+order.append(("ended", result.cancelled))
+print("after the wait")
+"""
+
+
+class Kernel:
+    """A kernel of the test venv and a client of it."""
+
+    def __init__(self, manager: KernelManager, client: BlockingKernelClient) -> None:
+        self.manager, self.client = manager, client
+        self.iopub: list[dict[str, Any]] = []
+
+    def run(self, code: str) -> dict[str, Any]:
+        """Run ``code`` and return its reply once it has ended (fail if it raised)."""
+        reply = self.reply(self.client.execute(code))
+        assert reply["content"]["status"] == "ok", reply["content"]
+        return reply
+
+    def reply(self, msg_id: str) -> dict[str, Any]:
+        """The shell's reply to ``msg_id`` (replies to others before it are dropped)."""
+        while True:
+            reply = self.client.get_shell_msg(timeout=_REPLY)
+            if reply["parent_header"].get("msg_id") == msg_id:
+                return reply
+
+    def value(self, expression: str) -> Any:
+        """The value of ``expression`` in the kernel, from its repr."""
+        reply = self.reply(self.client.execute("", user_expressions={"v": expression}))
+        shown = reply["content"]["user_expressions"]["v"]
+        assert shown["status"] == "ok", shown
+        return ast.literal_eval(shown["data"]["text/plain"])
+
+    def click(self, comm_id: str) -> None:
+        """Click the button of ``comm_id`` as a browser does: a comm message on the shell
+        channel."""
+        data = {"method": "custom", "content": {"event": "click"}}
+        msg = self.client.session.msg("comm_msg", {"comm_id": comm_id, "data": data})
+        self.client.shell_channel.send(msg)
+
+    def outputs_of(self, msg_id: str) -> list[dict[str, Any]]:
+        """The IOPub messages answering ``msg_id`` so far (stream, error, status, ...)."""
+        while True:
+            try:
+                self.iopub.append(self.client.get_iopub_msg(timeout=0.5))
+            except queue.Empty:
+                break
+        return [m for m in self.iopub if m["parent_header"].get("msg_id") == msg_id]
+
+
+@pytest.fixture
+def kernel(tmp_path: Path, openmpi_python: str) -> Iterator[Kernel]:
+    home = tmp_path / "home"
+    home.mkdir()
+    manager, client = start_new_kernel(
+        kernel_name="python3", env=kernel_env(home), cwd=str(tmp_path), startup_timeout=_REPLY
+    )
+    try:
+        yield Kernel(manager, client)
+    finally:
+        client.stop_channels()
+        manager.shutdown_kernel(now=False)  # the kernel's end stops its cluster
+        left = wait_gone(str(tmp_path), timeout=15)
+        for p in left:
+            p.kill()
+        assert not left, f"processes outlived the kernel: {[p.info for p in left]}"
+
+
+def _waiting(kernel: Kernel) -> str:
+    """Start the cell that waits for the job; return its msg_id once it runs."""
+    waiting = kernel.client.execute(WAIT)
+    deadline = time.monotonic() + _REPLY
+    # A question sent now would wait behind the cell: watch what it says instead.
+    while not any(
+        m["msg_type"] == "status" and m["content"]["execution_state"] == "busy"
+        for m in kernel.outputs_of(waiting)
+    ):
+        assert time.monotonic() < deadline, "the waiting cell never started"
+    return waiting
+
+
+def test_stop_job_acts_while_a_cell_waits_for_the_job(kernel: Kernel, tmp_path: Path) -> None:
+    kernel.run(SETUP.format(run=str(tmp_path / "run")))
+    stop_job = kernel.value("widget.stop_job_button.comm.comm_id")
+    waiting = _waiting(kernel)
+    after = kernel.client.execute('order.append("next cell")')  # sent before the click
+    kernel.click(stop_job)
+    assert kernel.reply(waiting)["content"]["status"] == "ok"
+    assert kernel.reply(after)["content"]["status"] == "ok"
+    # The click ended the job while the cell waited; the cell sent before it ran after.
+    assert kernel.value("order") == ["waiting", ("ended", True), "next cell"]
+    assert kernel.value("job.outcome.cancelled") is True
+    # What the cell printed after the click is the cell's, not the click's.
+    printed = [m for m in kernel.outputs_of(waiting) if m["msg_type"] == "stream"]
+    assert "after the wait\n" in "".join(m["content"]["text"] for m in printed)
+    kernel.run("cluster.stop()")
+
+
+def test_stop_cluster_acts_while_a_cell_waits_for_a_job(kernel: Kernel, tmp_path: Path) -> None:
+    kernel.run(SETUP.format(run=str(tmp_path / "run")))
+    stop_cluster = kernel.value("widget.stop_cluster_button.comm.comm_id")
+    waiting = _waiting(kernel)
+    kernel.click(stop_cluster)
+    assert kernel.reply(waiting)["content"]["status"] == "ok"
+    assert kernel.value("order") == ["waiting", ("ended", True)]
+    assert kernel.value("cluster.snapshot().state") == "stopped"
+
+
+def test_a_failing_click_and_a_wait_inside_a_click_leave_the_wait_working(
+    kernel: Kernel, tmp_path: Path
+) -> None:
+    kernel.run(SETUP.format(run=str(tmp_path / "run")))
+    kernel.run(
+        "inner = cluster.mpirun(SLEEP, np=1)\n"
+        "bad, nested, stop_inner, stop_outer = (w.Button() for _ in range(4))\n"
+        "bad.on_click(lambda _: 1 / 0)\n"
+        "def wait_inner(_):\n"
+        '    order.append("inner waiting")\n'
+        '    order.append(("inner ended", inner.wait().cancelled))\n'
+        "nested.on_click(wait_inner)\n"
+        "stop_inner.on_click(lambda _: inner.cancel())\n"
+        "stop_outer.on_click(lambda _: job.cancel())\n"
+        "ids = [b.comm.comm_id for b in (bad, nested, stop_inner, stop_outer)]\n"
+    )
+    ids = kernel.value("ids")
+    waiting = _waiting(kernel)
+    for comm_id in ids:  # in this order, while the cell waits
+        kernel.click(comm_id)
+    assert kernel.reply(waiting)["content"]["status"] == "ok"
+    assert kernel.value("order") == [
+        "waiting",
+        "inner waiting",
+        ("inner ended", True),
+        ("ended", True),
+    ]
+    kernel.run("cluster.stop()")
+
+
+MPIRUN_SETUP = """\
+%load_ext clusterbook
+%cluster local --workers 1 --slots 2
+from clusterbook_widgets import ClusterWidget, current_cluster
+widget = ClusterWidget(current_cluster(), refresh=None)
+"""
+
+MPIRUN = """\
+%%mpirun -n 1
+import time
+print("rank started", flush=True)
+time.sleep(30)
+"""
+
+
+def test_stop_job_ends_a_running_mpirun_cell_cancelled(kernel: Kernel) -> None:
+    kernel.run(MPIRUN_SETUP)
+    stop_job = kernel.value("widget.stop_job_button.comm.comm_id")
+    cell = kernel.client.execute(MPIRUN)
+    deadline = time.monotonic() + _REPLY
+    while "rank started" not in "".join(
+        m["content"].get("text", "") for m in kernel.outputs_of(cell) if m["msg_type"] == "stream"
+    ):
+        assert time.monotonic() < deadline, "the cell's rank never started"
+    kernel.click(stop_job)
+    reply = kernel.reply(cell)
+    assert reply["content"]["status"] == "error"
+    assert reply["content"]["ename"] == "JobFailedError"
+    assert "cancelled" in reply["content"]["evalue"]
+    assert kernel.value("current_cluster().jobs[-1].outcome.cancelled") is True
+    kernel.run("%cluster stop")
