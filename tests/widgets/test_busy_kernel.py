@@ -28,7 +28,7 @@ import clusterbook as cb
 import ipywidgets as w
 from clusterbook_widgets import ClusterWidget
 
-cluster = cb.Cluster.local(1, 2, python=sys.executable, run_dir={run!r}).start()
+cluster = cb.Cluster.local(1, 2, python=sys.executable, run_dir={run!r}{options}).start()
 # Longer than the clicks take; short enough that a wait holding them fails the test soon.
 SLEEP = ["python", "-c", "import time; time.sleep(30)"]
 job = cluster.mpirun(SLEEP, np=1)
@@ -72,9 +72,12 @@ class Kernel:
         return ast.literal_eval(shown["data"]["text/plain"])
 
     def click(self, comm_id: str) -> None:
-        """Click the button of ``comm_id`` as a browser does: a comm message on the shell
-        channel."""
-        data = {"method": "custom", "content": {"event": "click"}}
+        """Click the button of ``comm_id`` as a browser does."""
+        self.send(comm_id, {"method": "custom", "content": {"event": "click"}})
+
+    def send(self, comm_id: str, data: dict[str, Any]) -> None:
+        """Send ``data`` to the widget of ``comm_id`` as a browser does: a comm message on
+        the shell channel."""
         msg = self.client.session.msg("comm_msg", {"comm_id": comm_id, "data": data})
         self.client.shell_channel.send(msg)
 
@@ -119,16 +122,24 @@ def _waiting(kernel: Kernel) -> str:
     return waiting
 
 
-def test_stop_job_acts_while_a_cell_waits_for_the_job(kernel: Kernel, tmp_path: Path) -> None:
-    kernel.run(SETUP.format(run=str(tmp_path / "run")))
+def test_stop_job_and_follow_act_while_a_cell_waits_for_the_job(
+    kernel: Kernel, tmp_path: Path
+) -> None:
+    kernel.run(SETUP.format(run=str(tmp_path / "run"), options=""))
+    kernel.run("from clusterbook_widgets import LogViewer\nviewer = LogViewer(job)")
     stop_job = kernel.value("widget.stop_job_button.comm.comm_id")
+    follow = kernel.value("viewer.follow_toggle.comm.comm_id")
     waiting = _waiting(kernel)
-    after = kernel.client.execute('order.append("next cell")')  # sent before the click
+    after = kernel.client.execute(
+        'order.append(("next cell", viewer.follow_toggle.value))'
+    )  # sent before the clicks
+    kernel.send(follow, {"method": "update", "state": {"value": False}, "buffer_paths": []})
     kernel.click(stop_job)
     assert kernel.reply(waiting)["content"]["status"] == "ok"
     assert kernel.reply(after)["content"]["status"] == "ok"
-    # The click ended the job while the cell waited; the cell sent before it ran after.
-    assert kernel.value("order") == ["waiting", ("ended", True), "next cell"]
+    # The clicks acted while the cell waited (Follow off, the job cancelled); the cell sent
+    # before them ran after it.
+    assert kernel.value("order") == ["waiting", ("ended", True), ("next cell", False)]
     assert kernel.value("job.outcome.cancelled") is True
     # What the cell printed after the click is the cell's, not the click's.
     printed = [m for m in kernel.outputs_of(waiting) if m["msg_type"] == "stream"]
@@ -137,7 +148,7 @@ def test_stop_job_acts_while_a_cell_waits_for_the_job(kernel: Kernel, tmp_path: 
 
 
 def test_stop_cluster_acts_while_a_cell_waits_for_a_job(kernel: Kernel, tmp_path: Path) -> None:
-    kernel.run(SETUP.format(run=str(tmp_path / "run")))
+    kernel.run(SETUP.format(run=str(tmp_path / "run"), options=""))
     stop_cluster = kernel.value("widget.stop_cluster_button.comm.comm_id")
     waiting = _waiting(kernel)
     kernel.click(stop_cluster)
@@ -146,10 +157,26 @@ def test_stop_cluster_acts_while_a_cell_waits_for_a_job(kernel: Kernel, tmp_path
     assert kernel.value("cluster.snapshot().state") == "stopped"
 
 
+def test_stop_job_acts_while_a_cell_waits_for_a_job_of_a_detached_cluster(
+    kernel: Kernel, tmp_path: Path
+) -> None:
+    # A job of a cluster run by another process is waited for by polling its files.
+    kernel.run(SETUP.format(run=str(tmp_path / "run"), options=", detached=True"))
+    assert kernel.value("type(job).__name__") == "SavedJob"
+    stop_job = kernel.value("widget.stop_job_button.comm.comm_id")
+    waiting = _waiting(kernel)
+    kernel.click(stop_job)
+    try:
+        assert kernel.reply(waiting)["content"]["status"] == "ok"
+        assert kernel.value("order") == ["waiting", ("ended", True)]
+    finally:
+        kernel.run("cluster.stop()")
+
+
 def test_a_failing_click_and_a_wait_inside_a_click_leave_the_wait_working(
     kernel: Kernel, tmp_path: Path
 ) -> None:
-    kernel.run(SETUP.format(run=str(tmp_path / "run")))
+    kernel.run(SETUP.format(run=str(tmp_path / "run"), options=""))
     kernel.run(
         "inner = cluster.mpirun(SLEEP, np=1)\n"
         "bad, nested, stop_inner, stop_outer = (w.Button() for _ in range(4))\n"
