@@ -101,6 +101,21 @@ def test_an_interrupt_while_a_click_is_handled_reaches_the_wait() -> None:
         Pump(Interrupted([("comm_msg", "click")]))()
 
 
+def test_an_interrupt_before_a_message_is_passed_on_gives_it_back_to_the_kernel() -> None:
+    class Interrupted(FakeInbox):
+        def kind(self, message: tuple[str, str]) -> str:
+            if message[1] == "click 2":
+                raise KeyboardInterrupt
+            return message[0]
+
+    inbox = Interrupted([("comm_msg", "click 1"), ("comm_msg", "click 2"), ("comm_msg", "3")])
+    with pytest.raises(KeyboardInterrupt):
+        Pump(inbox)()
+    assert inbox.handled == ["click 1"]
+    assert inbox.deferred == ["click 2"]  # not lost: the kernel handles it after the cell
+    assert inbox.messages == [("comm_msg", "3")]  # not taken
+
+
 def test_no_pump_outside_a_notebook_kernel() -> None:
     assert busy() is None  # pytest runs no kernel
 

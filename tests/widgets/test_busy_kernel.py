@@ -38,6 +38,7 @@ order = []
 
 WAIT = """\
 order.append("waiting")
+print("waiting", flush=True)
 result = job.wait()
 order.append(("ended", result.cancelled))
 print("after the wait")
@@ -109,16 +110,19 @@ def kernel(tmp_path: Path, openmpi_python: str) -> Iterator[Kernel]:
         assert not left, f"processes outlived the kernel: {[p.info for p in left]}"
 
 
-def _waiting(kernel: Kernel) -> str:
-    """Start the cell that waits for the job; return its msg_id once it runs."""
-    waiting = kernel.client.execute(WAIT)
+def _waiting(kernel: Kernel, code: str = WAIT) -> str:
+    """Start ``code``, a cell that waits; return its msg_id once it says "waiting".
+
+    A click sent before the cell runs its code may be read by the kernel already, to be
+    handled after the cell (as any message the kernel read before the cell blocked): the
+    clicks of these tests come once the cell waits, as a person's do."""
+    waiting = kernel.client.execute(code)
     deadline = time.monotonic() + _REPLY
-    # A question sent now would wait behind the cell: watch what it says instead.
-    while not any(
-        m["msg_type"] == "status" and m["content"]["execution_state"] == "busy"
-        for m in kernel.outputs_of(waiting)
+    # A question sent now would wait behind the cell: watch what it prints instead.
+    while "waiting" not in "".join(
+        m["content"]["text"] for m in kernel.outputs_of(waiting) if m["msg_type"] == "stream"
     ):
-        assert time.monotonic() < deadline, "the waiting cell never started"
+        assert time.monotonic() < deadline, "the waiting cell never started to wait"
     return waiting
 
 
@@ -171,6 +175,27 @@ def test_stop_job_acts_while_a_cell_waits_for_a_job_of_a_detached_cluster(
         assert kernel.value("order") == ["waiting", ("ended", True)]
     finally:
         kernel.run("cluster.stop()")
+
+
+def test_stop_job_acts_while_a_cell_waits_for_a_function_s_result(
+    kernel: Kernel, tmp_path: Path
+) -> None:
+    kernel.run(SETUP.format(run=str(tmp_path / "run"), options=""))
+    kernel.run("import time\njob.cancel()\nfuture = cluster.submit(time.sleep, 30, np=1)\n")
+    stop_job = kernel.value("widget.stop_job_button.comm.comm_id")
+    waiting = _waiting(
+        kernel,
+        'order.append("waiting")\n'
+        'print("waiting", flush=True)\n'
+        "try:\n"
+        "    future.result()\n"
+        "except cb.JobFailedError:\n"
+        '    order.append(("raised", future.cancelled()))\n',
+    )
+    kernel.click(stop_job)
+    assert kernel.reply(waiting)["content"]["status"] == "ok"
+    assert kernel.value("order") == ["waiting", ("raised", True)]
+    kernel.run("cluster.stop()")
 
 
 def test_a_failing_click_and_a_wait_inside_a_click_leave_the_wait_working(

@@ -64,17 +64,27 @@ class Pump:
             message = self.inbox.receive()
             if message is None:
                 return
+            taken = False  # handled (or begun) or deferred: the kernel will not lose it
             try:
-                kind = self.inbox.kind(message)
-            except Exception:
-                kind = ""  # the kernel's own handling says what is wrong with it
-            if kind not in COMM_TYPES:
-                self.inbox.defer(message)
-                continue
-            try:
-                self.inbox.handle(message)
-            except Exception:
-                _log.exception("clusterbook could not handle a %s while a cell waited", kind)
+                try:
+                    kind = self.inbox.kind(message)
+                except Exception:
+                    kind = ""  # the kernel's own handling says what is wrong with it
+                if kind not in COMM_TYPES:
+                    taken = True
+                    self.inbox.defer(message)
+                    continue
+                taken = True
+                try:
+                    self.inbox.handle(message)
+                except Exception:
+                    _log.exception("clusterbook could not handle a %s while a cell waited", kind)
+            except BaseException:
+                # An interrupt between taking a message and passing it on: the kernel gets it
+                # back, as if it had never been taken.
+                if not taken:
+                    self.inbox.defer(message)
+                raise
 
 
 class KernelInbox:
