@@ -117,13 +117,18 @@ def _waiting(kernel: Kernel, code: str = WAIT) -> str:
     handled after the cell (as any message the kernel read before the cell blocked): the
     clicks of these tests come once the cell waits, as a person's do."""
     waiting = kernel.client.execute(code)
-    deadline = time.monotonic() + _REPLY
-    # A question sent now would wait behind the cell: watch what it prints instead.
-    while "waiting" not in "".join(
-        m["content"]["text"] for m in kernel.outputs_of(waiting) if m["msg_type"] == "stream"
-    ):
-        assert time.monotonic() < deadline, "the waiting cell never started to wait"
+    _until_printed(kernel, waiting, "waiting")
     return waiting
+
+
+def _until_printed(kernel: Kernel, msg_id: str, text: str) -> None:
+    """Return once the cell of ``msg_id`` has printed ``text`` (a question sent to the kernel
+    would wait behind the cell: this watches what it prints instead)."""
+    deadline = time.monotonic() + _REPLY
+    while text not in "".join(
+        m["content"]["text"] for m in kernel.outputs_of(msg_id) if m["msg_type"] == "stream"
+    ):
+        assert time.monotonic() < deadline, f"the cell never printed {text!r}"
 
 
 def test_stop_job_and_follow_act_while_a_cell_waits_for_the_job(
@@ -247,15 +252,25 @@ def test_stop_job_ends_a_running_mpirun_cell_cancelled(kernel: Kernel) -> None:
     kernel.run(MPIRUN_SETUP)
     stop_job = kernel.value("widget.stop_job_button.comm.comm_id")
     cell = kernel.client.execute(MPIRUN)
-    deadline = time.monotonic() + _REPLY
-    while "rank started" not in "".join(
-        m["content"].get("text", "") for m in kernel.outputs_of(cell) if m["msg_type"] == "stream"
-    ):
-        assert time.monotonic() < deadline, "the cell's rank never started"
+    _until_printed(kernel, cell, "rank started")
     kernel.click(stop_job)
     reply = kernel.reply(cell)
     assert reply["content"]["status"] == "error"
     assert reply["content"]["ename"] == "JobFailedError"
     assert "cancelled" in reply["content"]["evalue"]
+    assert kernel.value("current_cluster().jobs[-1].outcome.cancelled") is True
+    kernel.run("%cluster stop")
+
+
+def test_an_interrupt_still_stops_a_mpirun_cell_that_handles_clicks(kernel: Kernel) -> None:
+    # The cell waits for its job's lines in short steps, handling clicks in between: the
+    # kernel's interrupt reaches it wherever it is, and cancels the job as before.
+    kernel.run(MPIRUN_SETUP)
+    cell = kernel.client.execute(MPIRUN)
+    _until_printed(kernel, cell, "rank started")
+    kernel.manager.interrupt_kernel()
+    reply = kernel.reply(cell)
+    assert reply["content"]["status"] == "error"
+    assert reply["content"]["ename"] == "KeyboardInterrupt"
     assert kernel.value("current_cluster().jobs[-1].outcome.cancelled") is True
     kernel.run("%cluster stop")
