@@ -10,7 +10,10 @@ the plain wait of before), taking turns:
   sends it) to the moment its handler runs in the kernel, while a cell waits (without the
   pump the click waits for the cell: the wait's end, at ``--hold`` seconds);
 - CPU: the kernel's main thread's CPU time over a wait of ``--hold`` seconds with nothing to
-  handle, per second of wait.
+  handle, per second of wait;
+- items: the time per item of :func:`clusterbook.waiting.each` (how ``%%mpirun`` reads its
+  job's lines) over 100,000 items that are all there already, its worst case: with the pump,
+  a thread takes them and hands them over.
 
     python benchmarks/busy_wait.py [--repeat 20] [--hold 3]
 
@@ -36,7 +39,7 @@ from jupyter_client.manager import start_new_kernel
 SETUP = """\
 import threading, time
 import ipywidgets as w
-from clusterbook.waiting import wait_until
+from clusterbook.waiting import each, wait_until
 button = w.Button()
 clicked = []
 button.on_click(lambda _: clicked.append(time.monotonic()))
@@ -48,6 +51,10 @@ def end_after(delay, pump):
     threading.Timer(delay, fire).start()
     wait_until(done.wait, None, **({} if pump else {"pump": None}))
     return time.monotonic() - marks["set"]
+def per_item(pump, n=100_000):
+    t = time.perf_counter()
+    assert sum(1 for _ in each(iter(range(n)), **({} if pump else {"pump": None}))) == n
+    return (time.perf_counter() - t) / n
 def hold(seconds, pump):
     cpu = time.thread_time()
     wait_until(threading.Event().wait, seconds, **({} if pump else {"pump": None}))
@@ -99,9 +106,11 @@ def main() -> int:
         ends: dict[bool, list[float]] = {True: [], False: []}
         clicks: dict[bool, list[float]] = {True: [], False: []}
         cpu: dict[bool, list[float]] = {True: [], False: []}
+        items: dict[bool, list[float]] = {True: [], False: []}
         for _ in range(args.repeat):
             for pump in (True, False):
                 ends[pump].append(_value(client, "", f"end_after(0.2, {pump})"))
+                items[pump].append(_value(client, "", f"per_item({pump})"))
         for _ in range(max(3, args.repeat // 4)):
             for pump in (True, False):
                 clicks[pump].append(_click_latency(client, comm_id, args.hold, pump))
@@ -115,6 +124,7 @@ def main() -> int:
         ("end after the event", ends, "ms", 1e3),
         ("click to handler", clicks, "ms", 1e3),
         ("main thread CPU", cpu, "% of a core", 1e2),
+        ("each(), per item", items, "us", 1e6),
     ):
         for pump in (True, False):
             values = [v * scale for v in table[pump]]

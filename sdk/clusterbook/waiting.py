@@ -13,10 +13,12 @@ was.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import queue
 import threading
 import time
+from collections import deque
 from collections.abc import Callable, Iterable, Iterator
 from typing import TypeVar, cast
 
@@ -30,6 +32,9 @@ T = TypeVar("T")
 
 #: Seconds between two looks at the notebook's clicks: a click acts within this.
 PUMP_INTERVAL = 0.05
+
+#: Items :func:`each` takes at once when they are there already.
+_BATCH = 1000
 
 #: ready(seconds): wait at most that long (None: without bound) for the thing; whether it came.
 Ready = Callable[[float | None], bool]
@@ -127,7 +132,7 @@ def each(
             box.put(("error", exc))
 
     threading.Thread(target=take, name="clusterbook-each", daemon=True).start()
-    got: list[tuple[str, object]] = []
+    got: deque[tuple[str, object]] = deque()
 
     def ready(seconds: float | None) -> bool:
         try:
@@ -138,8 +143,13 @@ def each(
 
     try:
         while True:
-            wait_until(ready, None, pump=found, interval=interval)
-            kind, value = got.pop()
+            if not got:
+                wait_until(ready, None, pump=found, interval=interval)
+                # What came meanwhile, at once: a wait per item would cost a fast stream.
+                with contextlib.suppress(queue.Empty):
+                    while len(got) < _BATCH:
+                        got.append(box.get_nowait())
+            kind, value = got.popleft()
             if kind == "end":
                 return
             if kind == "error":
