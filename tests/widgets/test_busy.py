@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from clusterbook_widgets.busy import Pump, busy, kernel_inbox
+from clusterbook_widgets.busy import KernelInbox, Pump, busy, kernel_inbox
 
 
 class FakeInbox:
@@ -152,3 +152,78 @@ def test_no_pump_on_a_thread_that_does_not_run_the_main_shell() -> None:
     channel.parent_thread = threading.current_thread()
     channel.manager = types.SimpleNamespace()  # no socket pair: another kernel's insides
     assert kernel_inbox(kernel) is None
+
+
+class FakeSession:
+    """What KernelInbox asks of jupyter_client's Session, over messages that are dicts."""
+
+    def __init__(self) -> None:
+        self.read: list[tuple[str, bool]] = []  # (msg_id, content): how each was read
+
+    def feed_identities(self, message: dict[str, Any], copy: bool) -> tuple[list[bytes], Any]:
+        return [b"client"], message
+
+    def deserialize(self, message: dict[str, Any], content: bool, copy: bool) -> dict[str, Any]:
+        self.read.append((message["header"]["msg_id"], content))
+        return message
+
+
+class FakeKernel:
+    """An ipykernel 7 kernel as KernelInbox sees it: its session, handlers, parent and
+    shell_main; what happened, in order, in ``said``."""
+
+    def __init__(self) -> None:
+        self.session = FakeSession()
+        self.parent: tuple[Any, dict[str, Any]] = (b"cell ident", {"header": {"msg_id": "cell"}})
+        self.said: list[Any] = []
+        self.shell_handlers = {"comm_msg": self.comm_msg}
+
+    @property
+    def _parent_ident(self) -> dict[str, Any]:
+        return {"shell": self.parent[0]}
+
+    def get_parent(self, channel: str) -> dict[str, Any]:
+        return self.parent[1]
+
+    def set_parent(self, ident: Any, parent: dict[str, Any], channel: str) -> None:
+        self.parent = (ident, parent)
+
+    def comm_msg(self, stream: Any, idents: Any, msg: dict[str, Any]) -> None:
+        self.said.append(("handled", msg["header"]["msg_id"], self.parent[1]["header"]["msg_id"]))
+        if msg["header"]["msg_id"] == "bad":
+            raise RuntimeError("the handler failed")
+
+    async def shell_main(self, subshell_id: str | None, message: Any) -> None:
+        raise AssertionError("run by the loop only")
+
+
+class FakeLoop:
+    def __init__(self, kernel: FakeKernel) -> None:
+        self.kernel = kernel
+
+    def add_callback(self, callback: Any, *args: Any) -> None:
+        self.kernel.said.append(("later", callback.__name__, args[0], args[1]["header"]["msg_id"]))
+
+
+def _message(kind: str, msg_id: str) -> dict[str, Any]:
+    return {"header": {"msg_type": kind, "msg_id": msg_id}}
+
+
+def test_the_kernel_inbox_handles_a_click_under_its_parent_and_gives_the_cell_s_back() -> None:
+    kernel = FakeKernel()
+    stream = types.SimpleNamespace(socket=None, io_loop=FakeLoop(kernel))
+    inbox = KernelInbox(kernel, stream)
+    click = _message("comm_msg", "click")
+    assert inbox.kind(click) == "comm_msg"
+    inbox.handle(click)
+    with pytest.raises(RuntimeError):
+        inbox.handle(_message("comm_msg", "bad"))
+    inbox.defer(_message("execute_request", "next cell"))
+    assert kernel.said == [
+        ("handled", "click", "click"),  # what the handler sends answers the click
+        ("handled", "bad", "bad"),
+        ("later", "shell_main", None, "next cell"),  # the main shell's, after the cell
+    ]
+    assert kernel.parent == (b"cell ident", {"header": {"msg_id": "cell"}})  # the cell's again
+    # A look at a message's type does not count as reading it: the kernel reads it later.
+    assert kernel.session.read[0] == ("click", False)
