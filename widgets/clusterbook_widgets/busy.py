@@ -7,7 +7,9 @@ every click until it ends. While clusterbook's own waits block
 meanwhile from the kernel's queue: the comm messages (``comm_open``, ``comm_msg``,
 ``comm_close``: what widgets send) are handled at once, as ipykernel itself handles them
 beside a running async cell; every other message is handed back to the kernel's own
-handling, in the order it came, to run once the cell has ended, as it would have.
+handling, in the order it came, to run once the cell has ended, as it would have. (What the
+kernel read before the cell blocked, as the cell started, is the kernel's already: a click
+sent in that instant waits for the cell.)
 
 :func:`kernel_inbox` reaches the main shell's queue of ipykernel 7 (the version this was
 written against: 7.4); where the kernel lacks what it needs (another ipykernel, a subshell's
@@ -52,8 +54,8 @@ class Inbox(Protocol):
 
 class Pump:
     """Handles the widget messages of ``inbox`` now and defers every other (see the
-    module). A message that cannot be read or whose handling fails is logged; the pump goes
-    on with the next."""
+    module). A message whose type cannot be read is deferred (the kernel's own handling says
+    what is wrong with it); one whose handling fails is logged, and the pump goes on."""
 
     def __init__(self, inbox: Inbox, *, at_most: int = _AT_MOST) -> None:
         self.inbox = inbox
