@@ -69,6 +69,8 @@ LAYERS: tuple[tuple[str, ...], ...] = (
         "clusterbook._demo_rank",
     ),
     ("clusterbook_widgets",),
+    # Jupyter Server's side of the JupyterLab extension: REST over the clusters of this user.
+    ("clusterbook_widgets.lab",),
 )
 
 #: Imports that point up on purpose: (importer, imported) -> why.
