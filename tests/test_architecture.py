@@ -42,6 +42,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
         "clusterbook.names",
         "clusterbook.events",
         "clusterbook.status",
+        "clusterbook.resources",
         "clusterbook.fs",
         # The same work on every node at once, and the call that runs a node task: plain
         # threads and a Protocol, which every layer that asks nodes for something takes.
@@ -66,6 +67,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
         "clusterbook",
         "clusterbook.__main__",
         "clusterbook.testing",
+        "clusterbook.gpu_fakes",
         "clusterbook._demo_rank",
     ),
     ("clusterbook_widgets",),
