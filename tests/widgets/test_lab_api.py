@@ -74,6 +74,10 @@ def test_every_route_answers_with_the_token_only_and_leaks_no_secret(
     assert mine["time_left_text"].endswith("(life_span)")
     assert mine["directory"].endswith(cluster_id)
 
+    history = call(f"clusters/{cluster_id}/resources?window=60")
+    assert history["interval"] > 0
+    (node,) = history["nodes"].values()
+    assert set(node) >= {"t", "cpu", "memory_used_gib", "memory_gib", "gpu"}
     jobs = call(f"clusters/{cluster_id}/jobs")
     assert [j["id"] for j in jobs] == ["job-0001"]
     deadline = time.monotonic() + 30

@@ -114,6 +114,9 @@ class _Counted:
     def stop(self, timeout: float = 30.0) -> None:
         self.handle.stop(timeout=timeout)
 
+    def resource_history(self, window: float | None = None) -> dict[str, Any]:
+        return self.handle.resource_history(window)  # type: ignore[no-any-return]
+
     def close(self) -> None:
         self.closed = True
         self.handle.close()
@@ -139,7 +142,7 @@ def test_a_running_cluster_is_attached_once_and_let_go_when_it_stops(
         assert sys.executable == openmpi_python
         for _ in range(5):  # a sidebar polling
             assert service.clusters()[0]["id"] == cluster_id
-            service.handle(cluster_id)
+            assert list(service.resources(cluster_id, 60)["nodes"]) == ["local-0"]
         assert len(attached) == 1
         assert service.stop(cluster_id)["state"] == "stopped"
         assert attached[0].closed  # let go of once the cluster stopped

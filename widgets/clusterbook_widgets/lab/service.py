@@ -39,6 +39,8 @@ class Handle(Protocol):
 
     def stop(self, timeout: float = 30.0) -> None: ...
 
+    def resource_history(self, window: float | None = None) -> dict[str, Any]: ...
+
     def close(self) -> None: ...
 
 
@@ -176,14 +178,7 @@ class ClusterService:
                 f"window={window}: give a number of seconds above 0, or none for the whole "
                 "history the head keeps."
             )
-        handle = self.handle(cluster_id)
-        history = getattr(handle, "resource_history", None)
-        if history is None:
-            raise ClusterStateError(
-                f"Cluster {cluster_id}'s handle keeps no resource history; upgrade clusterbook."
-            )
-        answer: dict[str, Any] = history(window)
-        return answer
+        return self.handle(cluster_id).resource_history(window)
 
     # -- profiles --------------------------------------------------------------------------
 
