@@ -104,7 +104,7 @@ export class LogPanel extends Widget {
       return;
     }
     this.jobSelect.replaceChildren(
-      ...jobs.map(j => el('option', { value: j.id }, `${j.id} (${j.state}) ${j.label ?? j.argv.join(' ')}`.slice(0, 120)))
+      ...jobs.map(j => el('option', { value: j.id }, `${j.id} (${j.state}) ${j.label ?? j.argv.join(' ')}`.slice(0, 80)))
     );
     const chosen = this.job && jobs.some(j => j.id === this.job) ? this.job : jobs.length ? jobs[0].id : null;
     if (chosen) {

@@ -58,6 +58,12 @@ export function sparkline(series: ISeries, max: number, start: number, end: numb
     line.setAttribute('points', points);
     svg.appendChild(line);
   }
+  const value = document.createElementNS(SVG_NS, 'text');
+  value.setAttribute('class', 'cb-Plot-value');
+  value.setAttribute('x', '3');
+  value.setAttribute('y', '11');
+  value.textContent = said;
+  svg.appendChild(value);
   const title = document.createElementNS(SVG_NS, 'title');
   title.textContent = `${label}: ${said}`;
   svg.appendChild(title);

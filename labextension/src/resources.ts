@@ -3,7 +3,7 @@
 import { Message } from '@lumino/messaging';
 import { Widget } from '@lumino/widgets';
 
-import { IHistory, requestAPI } from './api';
+import { ApiError, IHistory, requestAPI } from './api';
 import { ISeries, combine, sparkline } from './plot';
 import { Poller, el } from './poll';
 
@@ -53,6 +53,9 @@ export class ResourcePanel extends Widget {
       history = await requestAPI<IHistory>(`clusters/${encodeURIComponent(this.clusterId)}/resources?window=${WINDOW}`);
     } catch (error) {
       this.state.textContent = `No resource history: ${(error as Error).message}`;
+      if (error instanceof ApiError && (error.status === 404 || error.status === 409)) {
+        this.poller.stop(); // the cluster is gone or stopped: its history went with its head
+      }
       return;
     }
     this.draw(history);
@@ -60,12 +63,21 @@ export class ResourcePanel extends Widget {
 
   draw(history: IHistory): void {
     const names = Object.keys(history.nodes).sort();
-    let end = 0;
+    // The time axis spans what the history holds, up to the window: a young cluster's few
+    // points fill the plot rather than its last pixels.
+    let end = -Infinity;
+    let first = Infinity;
     for (const name of names) {
       const t = history.nodes[name].t;
-      end = Math.max(end, t.length ? t[t.length - 1] : 0);
+      if (t.length) {
+        end = Math.max(end, t[t.length - 1]);
+        first = Math.min(first, t[0]);
+      }
     }
-    const start = end - WINDOW;
+    if (!isFinite(end)) {
+      end = first = 0;
+    }
+    const start = Math.max(first, end - WINDOW);
     const header = el('div', { class: 'cb-Resources-row cb-Resources-head', role: 'row' });
     for (const text of ['node', 'CPU %', 'memory GiB', 'GPU %']) {
       header.appendChild(el('span', { class: 'cb-Resources-cell', role: 'columnheader' }, text));
