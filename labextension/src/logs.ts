@@ -3,7 +3,7 @@
 import { Message } from '@lumino/messaging';
 import { Widget } from '@lumino/widgets';
 
-import { IJob, ILine, ILogPage, requestAPI } from './api';
+import { ApiError, IJob, ILine, ILogPage, requestAPI } from './api';
 import { Poller, el } from './poll';
 
 /** Lines kept in the page (the job's files keep them all). */
@@ -137,9 +137,18 @@ export class LogPanel extends Widget {
     if (!job) {
       return;
     }
-    const page = await requestAPI<ILogPage>(
-      `clusters/${encodeURIComponent(this.clusterId)}/jobs/${encodeURIComponent(job)}/logs?after=${this.next}`
-    );
+    let page: ILogPage;
+    try {
+      page = await requestAPI<ILogPage>(
+        `clusters/${encodeURIComponent(this.clusterId)}/jobs/${encodeURIComponent(job)}/logs?after=${this.next}`
+      );
+    } catch (error) {
+      this.state.textContent = `Cannot read the job's lines: ${(error as Error).message}`;
+      if (error instanceof ApiError && error.status === 404) {
+        this.poller.stop(); // the cluster or the job is gone
+      }
+      return;
+    }
     if (job !== this.job) {
       return; // another job was chosen meanwhile
     }

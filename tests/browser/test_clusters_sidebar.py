@@ -48,6 +48,10 @@ def lab(tmp_path: Path) -> Iterator[tuple[Lab, dict[str, str]]]:
     home.mkdir()
     root.mkdir()
     quiet_home(home)
+    config = home / ".config" / "clusterbook"  # a profile, for the New button
+    config.mkdir(parents=True, mode=0o700)
+    (config / "profiles.toml").write_text('[profiles.tiny]\nkind = "local"\nworkers = 1\n')
+    (config / "profiles.toml").chmod(0o600)
     cell = {"cell_type": "code", "id": "c0", "metadata": {}, "source": "x = 1",
             "outputs": [], "execution_count": None}  # fmt: skip
     kernelspec = {"display_name": "Python 3 (ipykernel)", "language": "python", "name": "python3"}
@@ -115,8 +119,13 @@ def _check(page: Any, server: Lab, env: dict[str, str]) -> None:
     expect(inserted.locator("table.cb-nodes tbody tr")).to_have_count(1, timeout=60_000)
     expect(inserted.locator(".jp-OutputArea")).to_contain_text("local-0")
 
-    # Logs: the running job's lines, more as they come, then rank 1's only.
-    row.locator(".cb-Action-logs").click()
+    # Logs, from the keyboard (the row redraws every second and keeps the focus): the
+    # running job's lines, more as they come, then rank 1's only.
+    row.locator(".cb-Action-logs").focus()
+    page.wait_for_timeout(1_500)
+    focused = page.evaluate("() => document.activeElement.dataset.actionKey")
+    assert focused == f"Logs:{cluster_id}"
+    page.keyboard.press("Enter")
     logs = page.locator(".cb-Logs")
     lines = logs.locator(".cb-Logs-output .cb-Line")
     expect(lines.filter(has_text="tick 0 of rank 1")).to_have_count(1)
@@ -155,6 +164,14 @@ def _check(page: Any, server: Lab, env: dict[str, str]) -> None:
     dark = _fill(page)
     assert dark["frame"] == dark["theme"] != light["frame"], (light, dark)
     screenshot(page, "jupyterlab-resources-dark.png")
+
+    # New: a detached cluster of the profile, in the running group.
+    new = sidebar.locator(".cb-New")
+    expect(new.locator("select")).to_have_value("tiny")
+    new.locator("button").click()
+    running = sidebar.locator(".cb-Group").first.locator(".cb-Cluster")
+    expect(running).to_have_count(2, timeout=60_000)
+    expect(sidebar.locator(".cb-Sidebar-status")).to_contain_text("Started ")
 
     # Stop: asked first, then the row moves to the stopped ones and says so.
     row.locator(".cb-Action-stop").click()
