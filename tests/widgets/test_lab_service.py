@@ -13,6 +13,7 @@ from clusterbook.errors import (
     ClusterError,
     ClusterStateError,
     ConfigError,
+    RecordError,
     UnknownClusterError,
     UnknownProfileError,
 )
@@ -84,6 +85,7 @@ def test_a_reader_behind_the_kept_window_is_told_what_it_missed() -> None:
         (UnknownClusterError("x", known=()), 404),
         (UnknownJobError("x"), 404),
         (UnknownProfileError("x", path="p", profile="q", known=()), 404),
+        (RecordError("x", path="p"), 404),
         (ClusterStateError("x"), 409),
         (ConfigError("x"), 400),
         (ClusterError("x"), 500),

@@ -13,7 +13,8 @@ request that is not a GET.
 =========================================================  ===================================
 
 An error answers JSON ``{"message": ..., "error": NAME}``: 404 for an unknown cluster, job or
-profile, 409 for a cluster that is not running, 400 for bad input, 500 for the rest.
+profile (or a job whose files are gone), 409 for a cluster that is not running, 400 for bad
+input, 500 for the rest.
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ import tornado.web
 from jupyter_server.base.handlers import APIHandler
 from jupyter_server.utils import url_path_join
 
-from clusterbook.errors import ClusterError, ClusterStateError, ConfigError
+from clusterbook.errors import ClusterError, ClusterStateError, ConfigError, RecordError
 from clusterbook_widgets.lab.service import ClusterService
 
 __all__ = ["PREFIX", "handlers", "status_of"]
@@ -40,7 +41,7 @@ _JOB = r"(?P<job>[^/]+)"
 
 def status_of(exc: ClusterError) -> int:
     """The HTTP status that answers ``exc`` (pure)."""
-    if isinstance(exc, LookupError):  # no such cluster, job or profile
+    if isinstance(exc, (LookupError, RecordError)):  # no such cluster, job, profile or files
         return 404
     if isinstance(exc, ClusterStateError):
         return 409
