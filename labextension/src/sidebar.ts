@@ -78,9 +78,17 @@ export class ClusterSidebar extends Widget {
       this.status.textContent = `Cannot list the clusters: ${(error as Error).message}`;
       return;
     }
-    const text = JSON.stringify(clusters);
+    // Rows are drawn again only when more than the time left changed: an element replaced
+    // under a click that is under way would lose the click.
+    const text = JSON.stringify(clusters.map(c => ({ ...c, time_left: null, time_left_text: null })));
     if (text === this.shown) {
-      return; // nothing changed: the DOM (and the focus in it) stays
+      for (const cluster of clusters) {
+        const left = this.list.querySelector(`[data-cluster-id="${CSS.escape(cluster.id)}"] .cb-Fact-left`);
+        if (left) {
+          left.textContent = leftText(cluster);
+        }
+      }
+      return;
     }
     this.shown = text;
     this.render(clusters);
@@ -190,7 +198,7 @@ export class ClusterSidebar extends Widget {
     facts.appendChild(el('span', { class: 'cb-Fact cb-Fact-nodes' }, `${cluster.nodes_ready}/${cluster.nodes ?? 0} nodes ready`));
     facts.appendChild(el('span', { class: 'cb-Fact cb-Fact-jobs' }, `${cluster.running_jobs ?? 0} job(s) running`));
     if (cluster.running) {
-      facts.appendChild(el('span', { class: 'cb-Fact cb-Fact-left' }, cluster.time_left_text ? `${cluster.time_left_text} left` : 'no time limit'));
+      facts.appendChild(el('span', { class: 'cb-Fact cb-Fact-left' }, leftText(cluster)));
     }
     item.appendChild(facts);
     item.appendChild(el('div', { class: 'cb-Cluster-id' }, cluster.id));
@@ -219,4 +227,8 @@ export class ClusterSidebar extends Widget {
     item.appendChild(actions);
     return item;
   }
+}
+
+function leftText(cluster: ICluster): string {
+  return cluster.time_left_text ? `${cluster.time_left_text} left` : 'no time limit';
 }

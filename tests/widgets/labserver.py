@@ -7,13 +7,15 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import secrets
 import signal
 import subprocess
 import sys
 import textwrap
+import time
 import urllib.error
 import urllib.request
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from http.cookiejar import CookieJar
 from pathlib import Path
@@ -36,7 +38,7 @@ STARTER = textwrap.dedent("""\
     """)
 
 
-def start_detached(env: Mapping[str, str], name: str, argv: list[str] = ()) -> str:  # type: ignore[assignment]
+def start_detached(env: Mapping[str, str], name: str, argv: Sequence[str] = ()) -> str:
     """Start a detached cluster (and a 2-rank job of ``argv``) in another process; its id."""
     done = subprocess.run(
         [sys.executable, "-c", STARTER, sys.executable, name, *argv],
@@ -111,9 +113,6 @@ def _status(server: Server) -> int | None:
 def jupyter_server(env: Mapping[str, str], root: Path, log_path: Path) -> Iterator[Server]:
     """``jupyter server`` with this checkout's extension, killed at the end if it does not
     shut down."""
-    import secrets
-    import time
-
     port, token = free_port(), secrets.token_hex(16)
     url = f"http://127.0.0.1:{port}"
     argv = [sys.executable, "-m", "jupyter_server", "--no-browser", "--ip=127.0.0.1",
