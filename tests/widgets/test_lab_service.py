@@ -154,3 +154,19 @@ def test_a_running_cluster_is_attached_once_and_let_go_when_it_stops(
     finally:
         service.close()
         stop_all(env)
+
+
+def test_a_damaged_record_is_listed_as_such_and_asked_nothing(tmp_path: Path) -> None:
+    broken = tmp_path / "broken-20260101-000000"
+    broken.mkdir()
+    (broken / "cluster.json").write_text("{not json")
+    service = ClusterService(root=tmp_path, attach=_never)
+    (listed,) = service.clusters()
+    assert (listed["id"], listed["state"], listed["running"]) == (broken.name, "damaged", False)
+    assert listed["problem"]
+    with pytest.raises(UnknownClusterError, match="broken"):
+        service.stop(broken.name)
+
+
+def _never(directory: str) -> Handle:
+    raise AssertionError(f"attached to {directory}")
