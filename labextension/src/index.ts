@@ -1,6 +1,6 @@
 // clusterbook's JupyterLab extension: the Clusters sidebar, its log panels and its
 // resources pane, over the clusters API of clusterbook_widgets.lab.
-import { ILabShell, JupyterFrontEnd, JupyterFrontEndPlugin } from '@jupyterlab/application';
+import { JupyterFrontEnd, JupyterFrontEndPlugin } from '@jupyterlab/application';
 import { ICommandPalette, MainAreaWidget, showDialog, Dialog } from '@jupyterlab/apputils';
 import { INotebookTracker, NotebookPanel } from '@jupyterlab/notebook';
 import { LabIcon } from '@jupyterlab/ui-components';
@@ -48,7 +48,7 @@ const plugin: JupyterFrontEndPlugin<void> = {
   id: 'clusterbook-labextension:plugin',
   description: "The Clusters sidebar: every cluster of the user, with Attach, Stop, Logs, New and a resources pane.",
   autoStart: true,
-  optional: [INotebookTracker, ICommandPalette, ILabShell],
+  optional: [INotebookTracker, ICommandPalette],
   activate: (app: JupyterFrontEnd, tracker: INotebookTracker | null, palette: ICommandPalette | null) => {
     const open = (widget: LogPanel | ResourcePanel): void => {
       const existing = [...app.shell.widgets('main')].find(w => w.id === `${widget.id}-area`);
