@@ -6,7 +6,7 @@
 #   VENV  the venv whose JupyterLab builds and loads it (default: .venv)
 set -euo pipefail
 cd "$(dirname "$0")/.."
-VENV=${VENV:-.venv}
+VENV=$(cd "${VENV:-.venv}" && pwd)
 command -v node >/dev/null && command -v npm >/dev/null || {
   echo "labextension: Node.js and npm are needed to build the JupyterLab extension" \
     "(apt-get install nodejs npm, or Node.js 20 from nodejs.org)" >&2
@@ -18,7 +18,7 @@ here=$PWD
   # The lock file pins every package: the same tree on every machine, and quick.
   npm ci --no-audit --no-fund --loglevel=error
   npx tsc
-  PATH="$here/$VENV/bin:$PATH" jupyter labextension build . >/dev/null
+  PATH="$VENV/bin:$PATH" jupyter labextension build . >/dev/null
 )
 built="$here/labextension/build/clusterbook-labextension"
 dest="$VENV/share/jupyter/labextensions/clusterbook-labextension"
