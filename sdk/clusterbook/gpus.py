@@ -30,10 +30,12 @@ __all__ = [
     "GPU",
     "GPUS",
     "NO_GPUS",
+    "UTILIZATION_QUERY",
     "GPUInfo",
     "Slots",
     "gpu_info",
     "parse_nvidia_smi",
+    "parse_utilization",
     "probe_gpus",
     "slots_from_gpus",
     "visible_gpus",
@@ -155,6 +157,27 @@ def parse_nvidia_smi(text: str) -> tuple[GPU, ...]:
             index, model, uuid = match.groups()
             found.append(GPU(int(index), model.strip(), uuid or ""))
     return tuple(found)
+
+
+#: The arguments that make ``nvidia-smi`` print each GPU's index and use now (percent).
+UTILIZATION_QUERY: Final = ("--query-gpu=index,utilization.gpu", "--format=csv,noheader,nounits")
+
+
+def parse_utilization(text: str, gpus: GPUInfo) -> float | None:
+    """The mean use (percent) of ``gpus`` in what ``nvidia-smi`` printed for
+    :data:`UTILIZATION_QUERY` (``"0, 37"`` a line); None when it names none of them or
+    cannot tell (``[N/A]``)."""
+    wanted = {d.index for d in gpus.devices}
+    found = []
+    for line in text.splitlines():
+        index, _, value = line.partition(",")
+        try:
+            gpu, used = int(index), float(value)
+        except ValueError:
+            continue
+        if gpu in wanted and 0 <= used <= 100:
+            found.append(used)
+    return sum(found) / len(found) if found else None
 
 
 def visible_gpus(devices: tuple[GPU, ...], cuda_visible_devices: str | None) -> tuple[GPU, ...]:

@@ -25,11 +25,14 @@ import json
 import shlex
 import subprocess
 import threading
+import time
 from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from clusterbook.errors import ClusterError, ReadyTimeoutError
+from clusterbook.gpu_fakes import fake_nvidia_smi
 from clusterbook.launch.remote import RemoteLaunch
 from clusterbook.launch.result import KeptProcess
 from clusterbook.nodes.commands import NodeRun, run_everywhere
@@ -38,47 +41,13 @@ from clusterbook.nodes.transfer import uncounted
 from clusterbook.providers.base import Provider, StartContext
 from clusterbook.providers.reach import NodeReach, here_for
 from clusterbook.providers.watch import NodeWatch
+from clusterbook.resources import ResourceHistory
 from clusterbook.spec import NodeSpec, validate_positive_int
 from clusterbook.status import NodeStatus
 
 __all__ = ["FakeProvider", "FakeSlurm", "fake_nvidia_smi"]
 
-#: What nvidia-smi says on a machine whose driver is not loaded (its exit code is 9).
-NO_DRIVER = (
-    "NVIDIA-SMI has failed because it couldn't communicate with the NVIDIA driver. Make sure "
-    "that the latest NVIDIA driver is installed and running."
-)
-
-
-def fake_nvidia_smi(
-    directory: str | Path,
-    gpus: int | Sequence[str] = 2,
-    *,
-    exit_code: int = 0,
-    delay: float = 0.0,
-) -> Path:
-    """Write a stand-in ``nvidia-smi`` into ``directory`` and return the directory (put it
-    first on ``PATH``). ``nvidia-smi -L`` then lists ``gpus`` GPUs (a number of
-    ``NVIDIA A100-SXM4-40GB``, or the models, in order) with made-up UUIDs, after ``delay``
-    seconds; with a nonzero ``exit_code`` it says what nvidia-smi says without a driver and
-    exits with that code instead."""
-    models = ["NVIDIA A100-SXM4-40GB"] * gpus if isinstance(gpus, int) else list(gpus)
-    listing = "".join(
-        f"GPU {i}: {model} (UUID: GPU-{i:08x}-fake-4000-8000-{i:012x})\n"
-        for i, model in enumerate(models)
-    )
-    said = f"printf %s {shlex.quote(NO_DRIVER + chr(10))}; exit {exit_code}"
-    script = (
-        "#!/bin/sh\n"
-        '[ "$1" = -L ] || { echo "fake nvidia-smi: only -L" >&2; exit 2; }\n'
-        + (f"sleep {delay:g}\n" if delay else "")
-        + (f"{said}\n" if exit_code else f"printf %s {shlex.quote(listing)}\n")
-    )
-    path = Path(directory)
-    path.mkdir(parents=True, exist_ok=True)
-    (path / "nvidia-smi").write_text(script)
-    (path / "nvidia-smi").chmod(0o755)
-    return path
+_USAGE = ("cpu", "memory_used_gib", "memory_gib", "gpu")
 
 
 @dataclass
@@ -110,6 +79,8 @@ class FakeProvider(Provider):
         ``(min_nodes, max_nodes)`` to report, as an elastic provider does.
     gather_files
         ``{name: bytes}``: what the nodes hand over to ``gather()`` (then they have no more).
+    report_interval, clock
+        Seconds between a node's reports, and the wall clock of :meth:`report_usage`.
     """
 
     kind = "fake"
@@ -123,6 +94,8 @@ class FakeProvider(Provider):
         ready: bool = True,
         bounds: tuple[int, int] | None = None,
         gather_files: dict[str, bytes] | None = None,
+        report_interval: float = 1.0,
+        clock: Callable[[], float] = time.time,
     ) -> None:
         if isinstance(nodes, int):
             count = validate_positive_int(nodes, "nodes")
@@ -137,6 +110,8 @@ class FakeProvider(Provider):
         self._ctx: StartContext | None = None
         self.problem_text: str | None = None
         self.calls = _Calls()
+        self._clock, self._names = clock, {n.name for n in self._nodes}
+        self.history = ResourceHistory(report_interval, clock=clock)
 
     # -- what a test does ---------------------------------------------------------------
 
@@ -163,6 +138,19 @@ class FakeProvider(Provider):
     def report_problem(self, text: str | None) -> None:
         """What :meth:`problem` says from now on."""
         self.problem_text = text
+        self._tell()
+
+    def report_usage(
+        self, usage: Mapping[str, Mapping[str, float | None]], t: float | None = None
+    ) -> None:
+        """Nodes reported their use at ``t`` (now, by the clock, if None), as agents do with
+        each heartbeat: ``{node: {"cpu": %, "memory_used_gib": GiB, "memory_gib": GiB,
+        "gpu": %}}`` (a key left out: not known). The cluster is told once."""
+        when = self._clock() if t is None else t
+        for node, values in usage.items():
+            if node not in self._names:
+                raise KeyError(node)
+            self.history.add(node, when, **{k: values.get(k) for k in _USAGE})
         self._tell()
 
     def _tell(self) -> None:
@@ -233,6 +221,9 @@ class FakeProvider(Provider):
 
     def unreachable(self, names: Collection[str], *, lost_only: bool = False) -> dict[str, str]:
         return {n: why for n, why in self._lost.items() if n in names}
+
+    def resource_history(self, window: object = None) -> dict[str, Any]:
+        return self.history.answer(window)
 
     # -- the reach ----------------------------------------------------------------------
 

@@ -23,6 +23,7 @@ from clusterbook.durations import Duration
 from clusterbook.functions.methods import FunctionMethods, SweepMethods
 from clusterbook.paths import default_run_root
 from clusterbook.providers.base import Provider
+from clusterbook.resources import ResourceFrames
 from clusterbook.spec import NodeSpec
 
 if TYPE_CHECKING:
@@ -43,7 +44,7 @@ if TYPE_CHECKING:
 __all__ = ["Cluster", "default_run_root"]
 
 
-class Cluster(ClusterKinds, FunctionMethods, SweepMethods):
+class Cluster(ClusterKinds, FunctionMethods, SweepMethods, ResourceFrames):
     """A set of nodes to run MPI jobs on.
 
     Make one with :meth:`local`, :meth:`ssh`, :meth:`elastic`, :meth:`slurm`,
@@ -320,6 +321,11 @@ class Cluster(ClusterKinds, FunctionMethods, SweepMethods):
         """One row per node: node, host, slots, gpus, gpu_model, state, ranks, job, ...
         (:func:`~clusterbook.status.nodes_frame`)."""
         return self._head.status()
+
+    def resource_history(self, window: Duration | None = None) -> dict[str, Any]:
+        """Each node's CPU, memory and GPU use over the last ``window`` (None: all kept, the
+        last 10 minutes), JSON-ready (:mod:`clusterbook.resources`); ``resources()``: a frame."""
+        return self._head.resource_history(window)
 
     def __repr__(self) -> str:
         return repr(self._head)

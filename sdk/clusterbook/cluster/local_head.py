@@ -37,6 +37,7 @@ from clusterbook.launch.jobstatus import job_status, with_running_jobs
 from clusterbook.lifetime import Lifetime
 from clusterbook.paths import cluster_dir
 from clusterbook.providers.base import Provider, StartContext
+from clusterbook.resources import ResourceFrames
 from clusterbook.spec import NodeSpec, validate_timeout
 from clusterbook.status import ClusterSnapshot, nodes_frame, snapshot_of
 from clusterbook.views.progress import NodeWatch, bar, checked
@@ -56,7 +57,7 @@ _UP = ("ready", "joined", "running")
 _log = logging.getLogger("clusterbook.cluster.facade")
 
 
-class LocalHead(NodeCalls):
+class LocalHead(NodeCalls, ResourceFrames):
     """A cluster run by this process (see the module's docstring). ``spec`` is what a detached
     cluster's supervisor makes it again from; ``supervised``: this process is that supervisor."""
 
@@ -329,6 +330,9 @@ class LocalHead(NodeCalls):
 
     def status(self) -> pd.DataFrame:
         return nodes_frame(self.snapshot())
+
+    def resource_history(self, window: Duration | None = None) -> dict[str, Any]:
+        return self.provider.watch.resource_history(window)
 
     def subscribe(self, callback: Callable[[ClusterSnapshot], None]) -> Callable[[], None]:
         return self._subscribers.subscribe(callback)

@@ -47,6 +47,7 @@ __all__ = [
     "prunable",
     "prune",
     "prune_quietly",
+    "row",
     "scan",
     "time_left",
     "unlink",
@@ -187,7 +188,7 @@ def clusters_frame(root: Path | None = None, *, now: float | None = None) -> pd.
     import pandas as pd
 
     now = time.time() if now is None else now
-    rows = [_row(f, now) for f in ordered(list(scan(root)))]
+    rows = [row(f, now) for f in ordered(list(scan(root)))]
     frame = pd.DataFrame(rows, columns=list(CLUSTER_DTYPES))
     for column in ("created", "stopped"):
         seconds = frame[column].astype("float64")
@@ -198,32 +199,35 @@ def clusters_frame(root: Path | None = None, *, now: float | None = None) -> pd.
     return typed
 
 
-def _row(found: Found, now: float) -> tuple[object, ...]:
+def row(found: Found, now: float) -> dict[str, object]:
+    """A cluster as :func:`clusters_frame` lists it: a value for each column of
+    :data:`CLUSTER_DTYPES` (times in epoch seconds, ``time_left`` in whole seconds)."""
     r = found.record
     if r is None:
         problem = str(found.error) if found.error else None
-        return (found.id, None, None, "damaged", None, None, None, None, None, None, None, None,
-                None, str(found.path), problem)  # fmt: skip
+        values: dict[str, object] = dict.fromkeys(CLUSTER_DTYPES)
+        values.update(id=found.id, state="damaged", directory=str(found.path), problem=problem)
+        return values
     running = sum(j.state == "running" for j in r.jobs)
     left = snapshot_from(r, now=now, stale=False).time_left
     problem = "its head is gone; clusterbook stop cleans what is left" if found.stale else r.problem
-    return (
-        r.id,
-        r.name,
-        r.kind,
-        found.state,
-        len(r.nodes),
-        sum(n.slots for n in r.nodes),
-        len(r.jobs),
-        running,
-        r.created,
-        r.stopped,
-        None if left is None else round(left[0]),
-        None if left is None else left[1],
-        r.detached,
-        str(found.path),
-        problem,
-    )
+    return {
+        "id": r.id,
+        "name": r.name,
+        "kind": r.kind,
+        "state": found.state,
+        "nodes": len(r.nodes),
+        "slots": sum(n.slots for n in r.nodes),
+        "jobs": len(r.jobs),
+        "running_jobs": running,
+        "created": r.created,
+        "stopped": r.stopped,
+        "time_left": None if left is None else round(left[0]),
+        "stops_by": None if left is None else left[1],
+        "detached": r.detached,
+        "directory": str(found.path),
+        "problem": problem,
+    }
 
 
 def time_left(record: ClusterRecord, now: float) -> str | None:

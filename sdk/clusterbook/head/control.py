@@ -34,6 +34,7 @@ Requests and replies (JSON objects)::
     {"op": "write", "path": P, "data": BASE64, "nodes": [...]|null, "mode": M} -> {}
     {"op": "gather", "directory": D}                                 -> {"paths": [...]}
     {"op": "run_on_nodes", "argv": [...], "timeout": S, "nodes": [...]|null} -> {"rows": [...]}
+    {"op": "resource_history", "window": S|null}  -> {"interval": S, "nodes": {...}}
 
 A request that fails with a :class:`~clusterbook.errors.ClusterError` answers
 ``{"error": {"type": NAME, "message": TEXT}}``; the client raises the same type again.

@@ -246,6 +246,9 @@ def _handlers(head: HeadState) -> dict[str, Handler]:
         runs = head.node_runs(argv, timeout, request.get("nodes"))  # type: ignore[arg-type]
         return {"rows": [asdict(r) for r in runs]}
 
+    def resource_history(request: Mapping[str, Any]) -> Mapping[str, Any]:
+        return head.resource_history(request.get("window"))
+
     return {
         "mpirun": mpirun,
         "cancel": cancel,
@@ -255,6 +258,7 @@ def _handlers(head: HeadState) -> dict[str, Handler]:
         "write": write,
         "gather": gather,
         "run_on_nodes": run_on_nodes,
+        "resource_history": resource_history,
     }
 
 

@@ -14,7 +14,7 @@ import time
 from collections.abc import Collection, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from clusterbook.lifetime import Lifetime
 
@@ -114,6 +114,8 @@ class HeadState(Protocol):
     def gather(
         self, directory: str | os.PathLike[str], *, progress: bool | None = None
     ) -> list[Path]: ...
+
+    def resource_history(self, window: float | None = None) -> dict[str, Any]: ...
 
     def node_runs(
         self,

@@ -147,12 +147,18 @@ class SavedJob(JobFuture):
             offsets = {path: self._fs.size(path) or 0 for _, path, _ in self._files()}
         while True:
             ended = self.outcome is not None  # before reading: nothing written after is missed
-            batch = [rec for recs in self._read_new(self._files(), offsets) for rec in recs]
-            batch.sort(key=lambda rec: (rec.attempt, rec.time))
-            yield from batch
+            yield from self.read_new(offsets)
             if ended:
                 return
             time.sleep(_POLL)
+
+    def read_new(self, offsets: dict[Path, int]) -> list[LogRecord]:
+        """The records the files got since ``offsets`` (a file's path: how many of its bytes
+        were read; it moves past what is returned), in the order they arrived: one look of
+        :meth:`stream`, for a reader that looks when it likes."""
+        batch = [rec for recs in self._read_new(self._files(), offsets) for rec in recs]
+        batch.sort(key=lambda rec: (rec.attempt, rec.time))
+        return batch
 
     def _read_new(
         self, files: list[tuple[int, Path, int]], offsets: dict[Path, int]

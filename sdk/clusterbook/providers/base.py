@@ -41,6 +41,8 @@ member                  default     what it must do
 ``wait_ready(t)``       return once jobs can run; ``ReadyTimeoutError`` saying who is missing
                         after ``t``
 ``problem()``           what is wrong with the provider's view of the nodes (in status)
+``resource_history(w)`` each node's CPU, memory and GPU use over the last ``w`` seconds, from
+                        its agent's reports (:mod:`clusterbook.resources`; none without agents)
 ======================  ==========================================================================
 
 ``reach`` (:class:`~clusterbook.providers.reach.NodeReach`):

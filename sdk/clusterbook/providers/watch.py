@@ -12,10 +12,11 @@ from __future__ import annotations
 
 from collections.abc import Callable, Collection, Sequence
 from dataclasses import replace
-from typing import Protocol
+from typing import Any, Protocol
 
 from clusterbook.errors import ReadyTimeoutError
 from clusterbook.rendezvous.head import RendezvousHead
+from clusterbook.resources import empty_answer
 from clusterbook.spec import NodeSpec
 from clusterbook.status import NodeStatus
 
@@ -42,6 +43,12 @@ class NodeWatch(Protocol):
 
     def problem(self) -> str | None:
         """What is wrong with the view of the nodes now (shown in status), if anything."""
+        ...
+
+    def resource_history(self, window: object = None) -> dict[str, Any]:
+        """Each node's CPU, memory and GPU use over the last ``window`` seconds (a duration;
+        None: all that is kept), as :meth:`clusterbook.resources.ResourceHistory.answer`
+        gives it: no node where nothing reports."""
         ...
 
 
@@ -80,6 +87,10 @@ class FixedWatch:
 
     def problem(self) -> str | None:
         return None
+
+    def resource_history(self, window: object = None) -> dict[str, Any]:
+        """None of its nodes reports its use: no agent runs there."""
+        return empty_answer(1.0)
 
 
 class AgentWatch:
@@ -150,6 +161,10 @@ class AgentWatch:
 
     def problem(self) -> str | None:
         return None if self._ended is not None else self.head.problem()
+
+    def resource_history(self, window: object = None) -> dict[str, Any]:
+        """What the agents reported (after the end too: the history of a stopped cluster)."""
+        return self.head.history.answer(window)
 
     def end(self) -> None:
         """The cluster stops: from now on, show the nodes as they are now, each lost if it

@@ -30,6 +30,7 @@ from clusterbook.rendezvous.api import (
     RendezvousError,
 )
 from clusterbook.rendezvous.handler import RendezvousHandler
+from clusterbook.rendezvous.host_facts import UsageMeter
 from clusterbook.rendezvous.registry import BackendFactory, backend_for, join_url, parse_join_url
 from clusterbook.rendezvous.report import NodeReport
 from clusterbook.rendezvous.view import Observation, decode_answer
@@ -137,12 +138,13 @@ class Agent:
         self.lease = duration(self.lease, "The lease")  # seconds, whatever form was given
         self.stop_event = threading.Event()
         self._facts = self.facts or NodeReport.here(self.slots)
+        self._meter = UsageMeter(self._facts.gpus)
         self._store_lost = False
         self._stopped: set[str] = set()
 
     def report(self) -> dict[str, Any]:
-        """Facts plus the current load: sent at join and with every heartbeat."""
-        return self._facts.with_load().to_json()
+        """Facts plus the current load and use: sent at join and with every heartbeat."""
+        return self._facts.with_load(self._meter).to_json()
 
     def run(self) -> int:
         # One connection for it all: the joins, the watch between them and the heartbeats, which
@@ -164,6 +166,7 @@ class Agent:
             if not self._store_lost:  # leave cleanly, so the others need not wait for expiry
                 handler.shutdown()
             backend.close()
+            self._meter.close()
         return code
 
     def release(self) -> dict[str, Any]:

@@ -44,6 +44,7 @@ from clusterbook.rendezvous.registry import join_url
 from clusterbook.rendezvous.report import NodeReport
 from clusterbook.rendezvous.state import RendezvousState, decode, encode
 from clusterbook.rendezvous.step import WAKE_SLACK
+from clusterbook.resources import ResourceHistory
 from clusterbook.status import NodeStatus
 
 __all__ = ["RendezvousHead", "watch_wait"]
@@ -91,6 +92,8 @@ class RendezvousHead:
         self._observed = 0  # states observed so far
         self._dropped: dict[str, int] = {}  # node -> states observed when the store dropped it
         self._given_up: set[str] = set()  # as last told
+        # Each node's use as its reports said it, one sample per heartbeat.
+        self.history = ResourceHistory(settings.keep_alive_interval)
         self._server: StoreServer | None = None
         self._watcher: TcpBackend | None = None
         self._writer: TcpBackend | None = None
@@ -255,7 +258,9 @@ class RendezvousHead:
         with self._cond:
             self._observed += 1
             before = set(self._state.last_heartbeats)
-            self._heard.update(state.last_heartbeats)
+            beats = state.last_heartbeats
+            fresh = [n for n, t in beats.items() if self._heard.get(n) != t]
+            self._heard.update(beats)
             for node, report in state.node_info.items():
                 self._seen[node] = NodeReport.from_json(report)
                 # Back, unless this state was read just before the store dropped the node (as
@@ -269,6 +274,9 @@ class RendezvousHead:
                     self._gone[node] = "lost" if dead else "left"
             self._state = state
             self._cond.notify_all()
+            for node in fresh:  # a heartbeat (or join) since the state before: a sample
+                if node in state.node_info:
+                    self.history.add(node, beats[node], **self._seen[node].usage())
         self._tell()
 
     # -- what the cluster asks ----------------------------------------------------------

@@ -1,17 +1,26 @@
-"""This machine's IPv4 addresses and memory, as an agent reports them.
+"""This machine's IPv4 addresses, memory and use, as an agent reports them.
 
 On Linux they are read from the kernel itself: the addresses with one netlink request (what
-``getifaddrs(3)`` does), the memory from ``/proc/meminfo``. That costs well under a millisecond,
-where importing psutil costs about 20 ms of CPU, and every node's agent reports them at every
-bootstrap. Elsewhere psutil answers.
+``getifaddrs(3)`` does), the memory from ``/proc/meminfo``, the CPU time from ``/proc/stat``.
+That costs well under a millisecond, where importing psutil costs about 20 ms of CPU, and every
+node's agent reports them at every bootstrap. Elsewhere psutil answers. A :class:`UsageMeter`
+says how busy the CPU and the GPUs were since its last reading: what an agent's heartbeat
+carries (the GPUs' through ``nvidia-smi``, only on a node that has some).
 """
 
 from __future__ import annotations
 
+import contextlib
+import shutil
 import socket
 import struct
+import subprocess
+import time
+from collections.abc import Callable
 
-__all__ = ["ipv4_addresses", "memory"]
+from clusterbook.gpus import NO_GPUS, UTILIZATION_QUERY, GPUInfo, parse_utilization
+
+__all__ = ["UsageMeter", "cpu_times", "ipv4_addresses", "memory"]
 
 # netlink(7), rtnetlink(7)
 _NLMSG = struct.Struct("=IHHII")  # length, type, flags, sequence, port id
@@ -114,3 +123,92 @@ def memory(meminfo: str = _MEMINFO) -> tuple[int, float]:
         vm = psutil.virtual_memory()
         return int(vm.total), float(vm.percent)
     return total, round((total - available) / total * 100, 1)
+
+
+_STAT = "/proc/stat"
+_GPU_EVERY = 1.0  # seconds between two runs of nvidia-smi at most
+_GPU_LIMIT = 10.0  # seconds a run may take before it is killed (and the use is unknown)
+
+
+def cpu_times(stat: str = _STAT) -> tuple[float, float] | None:
+    """This machine's CPU time so far, busy and in all (in the kernel's ticks), from the
+    ``cpu`` line of ``stat``; None where that cannot be read."""
+    try:
+        with open(stat, "rb") as f:
+            fields = f.readline().split()
+    except OSError:
+        return None
+    if len(fields) < 5 or fields[0] != b"cpu":
+        return None
+    ticks = [int(v) for v in fields[1:9]]  # user nice system idle iowait irq softirq steal
+    total = float(sum(ticks))
+    return total - ticks[3] - (ticks[4] if len(ticks) > 4 else 0), total
+
+
+class UsageMeter:
+    """How busy this machine's CPU and ``gpus`` are: :meth:`cpu` the percent of all cores
+    busy since its last call (None the first time), :meth:`gpu` the mean use of the GPUs
+    (percent) as ``nvidia-smi`` said last. ``nvidia-smi`` runs in the background, one run
+    at a time and once a second at most, so that a reading never waits on it: each call
+    takes the answer of the run before and starts the next. Without GPUs, or without
+    ``nvidia-smi``, nothing runs and :meth:`gpu` is None."""
+
+    def __init__(
+        self,
+        gpus: GPUInfo = NO_GPUS,
+        *,
+        stat: str = _STAT,
+        nvidia_smi: str | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self._gpus = gpus
+        self._stat = stat
+        self._clock = clock
+        self._last_cpu = cpu_times(stat)
+        self._smi = (nvidia_smi or shutil.which("nvidia-smi")) if gpus.count else None
+        self._run: subprocess.Popen[str] | None = None
+        self._started = -_GPU_EVERY
+        self._gpu: float | None = None
+
+    def cpu(self) -> float | None:
+        now, before = cpu_times(self._stat), self._last_cpu
+        self._last_cpu = now
+        if now is None or before is None or now[1] <= before[1]:
+            return None
+        busy = (now[0] - before[0]) / (now[1] - before[1]) * 100
+        return min(100.0, max(0.0, busy))
+
+    def gpu(self) -> float | None:
+        if self._smi is None:
+            return None
+        now, run = self._clock(), self._run
+        if run is not None and run.poll() is not None:
+            out, _ = run.communicate()
+            self._gpu = parse_utilization(out, self._gpus) if run.returncode == 0 else None
+            self._run = run = None
+        elif run is not None and now - self._started > _GPU_LIMIT:
+            self.close()
+            self._gpu = None
+        if self._run is None and now - self._started >= _GPU_EVERY:
+            self._started = now
+            try:
+                self._run = subprocess.Popen(
+                    [self._smi, *UTILIZATION_QUERY],
+                    stdin=subprocess.DEVNULL,
+                    stdout=subprocess.PIPE,
+                    stderr=subprocess.DEVNULL,
+                    text=True,
+                )
+            except OSError:
+                self._smi = None  # gone, or not runnable: no GPU use to tell
+        return self._gpu
+
+    def close(self) -> None:
+        """Stop a run of ``nvidia-smi`` still going."""
+        run, self._run = self._run, None
+        if run is not None:
+            with contextlib.suppress(OSError):
+                run.kill()
+            run.wait()
+            if run.stdout is not None:
+                run.stdout.close()

@@ -17,7 +17,8 @@ from typing import Any
 from clusterbook.gpus import NO_GPUS, GPUInfo, probe_gpus
 from clusterbook.nodes.tasks.cpus import usable_cores_here
 from clusterbook.nodes.tasks.probe import installed_mpi
-from clusterbook.rendezvous.host_facts import ipv4_addresses, memory
+from clusterbook.rendezvous.host_facts import UsageMeter, ipv4_addresses, memory
+from clusterbook.status import GIB
 
 __all__ = ["NodeReport"]
 
@@ -75,6 +76,9 @@ class NodeReport:
         The host key (``"ssh-ed25519 AAAA..."``) and port of the sshd the agent started, if any.
     load, memory_used
         1-minute load average and memory in use (percent), sent with every heartbeat.
+    cpu, gpu_used
+        The percent of all cores busy since the report before, and the mean use of its GPUs
+        (percent; None without GPUs or ``nvidia-smi``), sent with every heartbeat.
     gpus
         The node's GPUs (``nvidia-smi -L``, see :mod:`clusterbook.gpus`).
     """
@@ -94,6 +98,8 @@ class NodeReport:
     load: float | None = None
     memory_used: float | None = None
     gpus: GPUInfo = NO_GPUS
+    cpu: float | None = None
+    gpu_used: float | None = None
 
     @classmethod
     def here(
@@ -124,10 +130,19 @@ class NodeReport:
             gpus=probe_gpus() if gpus is None else gpus,
         )
 
-    def with_load(self) -> NodeReport:
-        """This report with the node's load and memory in use now (for a heartbeat)."""
+    def with_load(self, meter: UsageMeter | None = None) -> NodeReport:
+        """This report with the node's load and memory in use now (for a heartbeat), and the
+        CPU and GPU use since ``meter``'s reading before, if given."""
         load = os.getloadavg()[0] if hasattr(os, "getloadavg") else None
-        return replace(self, load=load, memory_used=memory()[1])
+        cpu, gpu = (meter.cpu(), meter.gpu()) if meter is not None else (None, None)
+        return replace(self, load=load, memory_used=memory()[1], cpu=cpu, gpu_used=gpu)
+
+    def usage(self) -> dict[str, float | None]:
+        """What a :class:`~clusterbook.resources.ResourceHistory` keeps of this report: CPU
+        (percent), memory in use and in all (GiB), GPU (percent)."""
+        total = None if self.memory is None else self.memory / GIB
+        used = None if total is None or self.memory_used is None else self.memory_used / 100 * total
+        return {"cpu": self.cpu, "memory_used_gib": used, "memory_gib": total, "gpu": self.gpu_used}
 
     def to_json(self) -> dict[str, Any]:
         data = asdict(self)
@@ -159,4 +174,6 @@ class NodeReport:
             load=_float(data.get("load")),
             memory_used=_float(data.get("memory_used")),
             gpus=GPUInfo.from_json(data.get("gpus")),
+            cpu=_float(data.get("cpu")),
+            gpu_used=_float(data.get("gpu_used")),
         )

@@ -36,6 +36,7 @@ from torch.distributed.elastic.rendezvous import api as torch_api
 from clusterbook.nodes.tasks.cpus import usable_cores_here
 from clusterbook.rendezvous import api
 from clusterbook.rendezvous.handler import RendezvousHandler as Handler
+from clusterbook.rendezvous.host_facts import UsageMeter
 from clusterbook.rendezvous.registry import BackendFactory, backend_for, parse_join_url
 from clusterbook.rendezvous.report import NodeReport
 from clusterbook.rendezvous.state import RendezvousState, decode
@@ -252,13 +253,14 @@ def create_handler(
     backend = backends(store_url, secret, node=node, timeout=5.0)
     addr = params.local_addr or _address_of(store_url)
     facts = NodeReport.here(usable_cores_here())
+    meter = UsageMeter(facts.gpus)  # a run of nvidia-smi left at exit ends by itself
     return ClusterbookHandler(
         params.run_id,
         backend,
         conf.settings,
         node,
         addr,
-        lambda: facts.with_load().to_json(),
+        lambda: facts.with_load(meter).to_json(),
     )
 
 

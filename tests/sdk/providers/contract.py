@@ -13,6 +13,7 @@ failed.
 from __future__ import annotations
 
 import itertools
+import json
 import os
 import sys
 import time
@@ -307,6 +308,16 @@ class ProviderContract:
         )
         runs = started.reach.run_on_nodes(["cat", str(other)], 30.0, nodes=[first])
         assert [(r.node, r.stdout) for r in runs] == [(first, "to another path\n")]
+
+    def test_the_resource_history_names_its_nodes_and_is_json(
+        self, case: ProviderCase, started: Provider
+    ) -> None:
+        answer = started.watch.resource_history()
+        assert answer["interval"] > 0
+        assert set(answer["nodes"]) <= {s.name for s in started.watch.node_statuses()}
+        for series in answer["nodes"].values():
+            assert len({len(series[k]) for k in ("t", "cpu", "memory_used_gib", "gpu")}) == 1
+        assert json.loads(json.dumps(answer)) == answer
 
     def test_free_port_is_a_port_or_none(self, case: ProviderCase, started: Provider) -> None:
         for node in started.nodes:

@@ -6,12 +6,15 @@ from __future__ import annotations
 import socket
 import subprocess
 import sys
+import time
 
 import psutil
 import pytest
 
+from clusterbook.gpus import GPU, NO_GPUS, GPUInfo
 from clusterbook.rendezvous import host_facts
 from clusterbook.rendezvous.report import NodeReport
+from clusterbook.testing import fake_nvidia_smi
 
 
 @pytest.mark.skipif(not hasattr(socket, "AF_NETLINK"), reason="Linux's netlink")
@@ -58,8 +61,13 @@ def test_a_report_and_its_heartbeats_do_not_import_psutil() -> None:
     code = (
         "import sys\n"
         "from clusterbook.rendezvous.report import NodeReport\n"
-        "r = NodeReport.here(1).with_load()\n"
+        "from clusterbook.rendezvous.host_facts import UsageMeter\n"
+        "meter = UsageMeter()\n"
+        "r = NodeReport.here(1).with_load(meter)\n"
         "assert r.memory and r.memory_used is not None and r.addresses, r\n"
+        "import time; time.sleep(0.05)  # a few of the kernel's ticks\n"
+        "r = NodeReport.here(1).with_load(meter)\n"
+        "assert r.cpu is not None and r.gpu_used is None, r\n"
         "print('psutil' in sys.modules)\n"
     )
     out = subprocess.run(
@@ -75,3 +83,71 @@ def test_a_report_names_the_mpi_installed_beside_its_python() -> None:
     if found is None:
         pytest.skip("no MPI distribution in this environment")
     assert NodeReport.here(1).mpi == found
+
+
+STAT = "cpu  {user} 0 {system} {idle} {iowait} 0 0 0 0 0\ncpu0 1 2 3 4 5 6 7 8 9 10\n"
+
+
+def test_the_cpu_use_is_the_busy_share_of_the_ticks_since_the_reading_before(tmp_path) -> None:
+    stat = tmp_path / "stat"
+    stat.write_text(STAT.format(user=100, system=50, idle=800, iowait=50))
+    assert host_facts.cpu_times(str(stat)) == (150.0, 1000.0)
+    meter = host_facts.UsageMeter(stat=str(stat))
+    assert meter.cpu() is None  # nothing passed since the meter was made
+    stat.write_text(STAT.format(user=160, system=70, idle=860, iowait=60))  # 80 of 150 busy
+    assert meter.cpu() == pytest.approx(80 / 150 * 100)
+    stat.write_text("intr 1 2 3\n")
+    assert meter.cpu() is None
+    assert host_facts.cpu_times(str(tmp_path / "none")) is None
+
+
+def test_the_cpu_use_here_is_what_psutil_sees() -> None:
+    meter = host_facts.UsageMeter()
+    psutil.cpu_percent(None)
+    sum(range(3_000_000))  # something to measure
+    ours, theirs = meter.cpu(), psutil.cpu_percent(None)
+    assert ours is not None
+    assert abs(ours - theirs) < 25  # the two reads are moments apart, on a shared machine
+
+
+def gpus_of(count: int) -> GPUInfo:
+    return GPUInfo(tuple(GPU(i, "NVIDIA A100-SXM4-40GB") for i in range(count)))
+
+
+def test_the_gpu_use_comes_from_nvidia_smi_in_the_background_once_a_second(tmp_path) -> None:
+    where = fake_nvidia_smi(tmp_path / "smi", 4, utilization=[10, 20, 30, 70])
+    clock = [100.0]
+    mine = GPUInfo(gpus_of(4).devices[2:])  # GPUs 2 and 3 of the machine
+    meter = host_facts.UsageMeter(
+        mine, nvidia_smi=str(where / "nvidia-smi"), clock=lambda: clock[0]
+    )
+    assert meter.gpu() is None  # the first run started: nothing said yet
+    deadline = time.monotonic() + 10
+    while meter.gpu() is None:  # the same run, read once it ended; no second one starts
+        assert time.monotonic() < deadline
+        time.sleep(0.02)
+    assert meter.gpu() == 50.0  # the mean of its own two
+    meter.close()
+
+
+def test_without_gpus_or_without_nvidia_smi_nothing_runs(tmp_path) -> None:
+    ran = tmp_path / "ran"
+    smi = tmp_path / "nvidia-smi"
+    smi.write_text(f"#!/bin/sh\necho run >> {ran}\necho '0, 50'\n")
+    smi.chmod(0o755)
+    meter = host_facts.UsageMeter(NO_GPUS, nvidia_smi=str(smi))
+    assert [meter.gpu() for _ in range(3)] == [None] * 3
+    missing = host_facts.UsageMeter(gpus_of(1), nvidia_smi=str(tmp_path / "absent"))
+    assert [missing.gpu() for _ in range(3)] == [None] * 3
+    time.sleep(0.2)
+    assert not ran.exists()
+
+
+def test_a_report_carries_its_use_and_reads_it_back() -> None:
+    report = NodeReport(memory=8 * 2**30, memory_used=25.0, cpu=12.5, gpu_used=40.0)
+    back = NodeReport.from_json(report.to_json())
+    assert (back.cpu, back.gpu_used) == (12.5, 40.0)
+    assert back.usage() == {"cpu": 12.5, "memory_used_gib": 2.0, "memory_gib": 8.0, "gpu": 40.0}
+    old = NodeReport.from_json({"hostname": "h", "cpu": "busy"})  # an older agent, or tampered
+    assert (old.cpu, old.gpu_used) == (None, None)
+    assert old.usage() == {"cpu": None, "memory_used_gib": None, "memory_gib": None, "gpu": None}

@@ -31,13 +31,14 @@ from clusterbook.cluster.remote.dead_head import clean_after_dead_head
 from clusterbook.cluster.remote.held import Held
 from clusterbook.cluster.remote.node_calls import AttachedNodeCalls
 from clusterbook.cluster.remote.rundir import ClusterDir, LocalDir, open_dir
-from clusterbook.durations import Duration, duration
+from clusterbook.durations import Duration, duration, optional_duration
 from clusterbook.errors import ClusterError, ClusterStateError, RecordError
 from clusterbook.events import Subscribers
 from clusterbook.functions.methods import FunctionMethods
 from clusterbook.head.catalog import Found
 from clusterbook.head.record import STOP_FILE, ClusterRecord, head_state_of, snapshot_from
 from clusterbook.launch.saved import SavedJob
+from clusterbook.resources import ResourceFrames, empty_answer
 from clusterbook.spec import NodeSpec, validate_timeout
 from clusterbook.status import ClusterSnapshot, nodes_frame
 from clusterbook.wording import spell
@@ -55,7 +56,7 @@ _POLL = 0.1
 _log = logging.getLogger("clusterbook.cluster.remote.attached")
 
 
-class AttachedCluster(AttachedNodeCalls, FunctionMethods):
+class AttachedCluster(AttachedNodeCalls, FunctionMethods, ResourceFrames):
     """A cluster run by another process, seen and stopped through its directory."""
 
     def __init__(self, found: Found, where: ClusterDir | None = None) -> None:
@@ -147,6 +148,15 @@ class AttachedCluster(AttachedNodeCalls, FunctionMethods):
     def status(self) -> pd.DataFrame:
         """One row per node, as the head last wrote it (columns as ``Cluster.status()``)."""
         return nodes_frame(self.snapshot())
+
+    def resource_history(self, window: Duration | None = None) -> dict[str, Any]:
+        """Each node's use as its head keeps it (``Cluster.resource_history``), asked of the
+        head; none once the cluster stopped (the history went with its head)."""
+        seconds = optional_duration(window, "window")  # refused here, as it was written
+        record = self.refresh()
+        if not record.live or self._stale:
+            return empty_answer(1.0)
+        return self._call("resource_history", window=seconds)
 
     @property
     def jobs(self) -> list[SavedJob]:

@@ -13,6 +13,7 @@ import threading
 import time
 from collections.abc import Callable, Collection
 from pathlib import Path
+from typing import Any
 
 from clusterbook.errors import ClusterError, ClusterStateError, ReadyTimeoutError
 from clusterbook.providers.slurm.batch import BatchJob, JobState
@@ -126,6 +127,9 @@ class JobWatch:
 
     def unreachable(self, names: Collection[str], *, lost_only: bool = False) -> dict[str, str]:
         return self.agents.unreachable(names, lost_only=lost_only)
+
+    def resource_history(self, window: object = None) -> dict[str, Any]:
+        return self.agents.resource_history(window)
 
     def wait_ready(self, timeout: float) -> None:
         deadline = time.monotonic() + timeout

@@ -1,0 +1,253 @@
+"""A bounded history of each node's CPU, memory and GPU use, and its table form.
+
+The head keeps one :class:`ResourceHistory` of the reports its nodes' agents already send
+with every heartbeat (:class:`~clusterbook.rendezvous.report.NodeReport`): no process of its
+own on any node. It holds the last :data:`HISTORY_SPAN` seconds, a sample per node per report
+interval at most, so its size is bounded by the nodes reporting now, whatever the cluster's
+age. Its answer (:meth:`ResourceHistory.answer`) is JSON-ready, the same from a cluster of
+this process and through the control channel of an attached handle::
+
+    {"interval": 1.0,                       # seconds between two samples of the answer
+     "nodes": {"node1": {"t": [unix seconds, ...],
+                         "cpu": [percent, ...],                # of the node's cores
+                         "memory_used_gib": [GiB, ...],
+                         "memory_gib": GiB or None,            # the node's memory
+                         "gpu": [percent or None, ...]}}}      # mean of its GPUs; None: none
+
+An answer holds at most :data:`ANSWER_SAMPLES` samples, all nodes together: a longer one is
+downsampled (:func:`downsample`: consecutive samples averaged), and its ``interval`` says so.
+Everything here is pure but for the lock: the clock is injected.
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+import time
+from collections import deque
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from clusterbook.durations import Duration, optional_duration
+
+if TYPE_CHECKING:
+    import pandas as pd
+
+__all__ = [
+    "ANSWER_SAMPLES",
+    "HISTORY_SPAN",
+    "RESOURCE_DTYPES",
+    "ResourceFrames",
+    "ResourceHistory",
+    "Sample",
+    "downsample",
+    "empty_answer",
+    "resources_frame",
+]
+
+#: Seconds of history the head keeps: the last 10 minutes.
+HISTORY_SPAN = 600.0
+#: Samples one answer holds at most, all nodes together (1,024 nodes: ~146 each, ~4 MB JSON).
+ANSWER_SAMPLES = 150_000
+_MIN_POINTS = 30  # a node's series is never downsampled below this many points
+_PRUNE_EVERY = 30.0  # seconds between sweeps for nodes that stopped reporting
+
+
+@dataclass(frozen=True, slots=True)
+class Sample:
+    """One report of a node: when (``t``, unix seconds), its CPU use (percent of its cores),
+    memory in use (GiB) and GPU use (percent, the mean of its GPUs); None where unknown."""
+
+    t: float
+    cpu: float | None
+    memory_used_gib: float | None
+    gpu: float | None
+
+
+def _mean(values: Iterable[float | None]) -> float | None:
+    known = [v for v in values if v is not None]
+    return sum(known) / len(known) if known else None
+
+
+def downsample(samples: Sequence[Sample], every: int) -> list[Sample]:
+    """``samples`` (oldest first) with each run of ``every`` consecutive ones made one: the
+    mean of its known values (None where none is known), at the time of its last. The runs
+    end at the newest sample, so the newest value is always in a run of its own size."""
+    if every <= 1:
+        return list(samples)
+    out = []
+    start = len(samples) % every
+    runs = ([samples[:start]] if start else []) + [
+        samples[i : i + every] for i in range(start, len(samples), every)
+    ]
+    for run in runs:
+        out.append(
+            Sample(
+                run[-1].t,
+                _mean(s.cpu for s in run),
+                _mean(s.memory_used_gib for s in run),
+                _mean(s.gpu for s in run),
+            )
+        )
+    return out
+
+
+def empty_answer(interval: float) -> dict[str, Any]:
+    """The answer of a cluster whose nodes report nothing (no agents, or not started)."""
+    return {"interval": interval, "nodes": {}}
+
+
+def _round(value: float | None, digits: int) -> float | None:
+    return None if value is None else round(value, digits)
+
+
+class ResourceHistory:
+    """The last ``span`` seconds of every node's reports, a sample per ``interval`` seconds
+    at most (the agents' report interval): a node reporting more often has its newer report
+    replace the sample of the same interval. ``clock``: wall time (unix seconds), what the
+    reports' times are measured against; ``budget``: the samples an answer holds at most.
+    Safe to use from any thread."""
+
+    def __init__(
+        self,
+        interval: float,
+        span: float = HISTORY_SPAN,
+        *,
+        clock: Callable[[], float] = time.time,
+        budget: int = ANSWER_SAMPLES,
+    ) -> None:
+        if not interval > 0 or not span >= interval:
+            raise ValueError(f"interval {interval!r} and span {span!r}: 0 < interval <= span")
+        self.interval = interval
+        self.span = span
+        self._clock = clock
+        self._budget = budget
+        self._keep = math.ceil(span / interval) + 1
+        self._lock = threading.Lock()
+        self._series: dict[str, deque[Sample]] = {}
+        self._memory: dict[str, float | None] = {}
+        self._pruned = clock()
+        self.version = 0  # counts changes: an unchanged version, an unchanged history
+
+    def add(
+        self,
+        node: str,
+        t: float,
+        *,
+        cpu: float | None,
+        memory_used_gib: float | None,
+        memory_gib: float | None,
+        gpu: float | None,
+    ) -> None:
+        """Node ``node`` reported at ``t``: its CPU (percent), memory in use and in all (GiB)
+        and GPU (percent)."""
+        sample = Sample(t, cpu, memory_used_gib, gpu)
+        with self._lock:
+            series = self._series.get(node)
+            if series is None:
+                series = self._series[node] = deque(maxlen=self._keep)
+            if series and t <= series[-1].t:
+                return  # the same report seen again (or an older one): nothing new
+            if series and t - series[-1].t < self.interval / 2:
+                series[-1] = sample  # reports closer than the interval: the newer one
+            else:
+                series.append(sample)
+            self._memory[node] = memory_gib
+            self.version += 1
+            now = self._clock()
+            if now - self._pruned >= _PRUNE_EVERY:
+                self._prune(now)
+
+    def _prune(self, now: float) -> None:
+        """Drop what is older than the span (held lock); a node left with nothing goes."""
+        self._pruned = now
+        oldest = now - self.span
+        for node in list(self._series):
+            series = self._series[node]
+            while series and series[0].t < oldest:
+                series.popleft()
+            if not series:
+                del self._series[node]
+                self._memory.pop(node, None)
+
+    def nodes(self) -> list[str]:
+        """The nodes with samples, in the order they first reported."""
+        with self._lock:
+            return list(self._series)
+
+    def answer(self, window: object = None) -> dict[str, Any]:
+        """The samples of the last ``window`` seconds (a duration; None or more than the span:
+        the span), JSON-ready (see the module's docstring); a ``window`` that is no duration
+        is a :class:`~clusterbook.ConfigError` naming it."""
+        seconds = optional_duration(window, "window")
+        seconds = self.span if seconds is None else min(seconds, self.span)
+        now = self._clock()
+        with self._lock:
+            self._prune(now)
+            since = now - seconds
+            picked = {
+                node: [s for s in series if s.t >= since] for node, series in self._series.items()
+            }
+            memory = dict(self._memory)
+        picked = {node: samples for node, samples in picked.items() if samples}
+        longest = max((len(s) for s in picked.values()), default=0)
+        points = max(_MIN_POINTS, self._budget // max(1, len(picked)))
+        every = max(1, math.ceil(longest / points))
+        nodes = {}
+        for node, samples in picked.items():
+            kept = downsample(samples, every)
+            nodes[node] = {
+                "t": [round(s.t, 3) for s in kept],
+                "cpu": [_round(s.cpu, 1) for s in kept],
+                "memory_used_gib": [_round(s.memory_used_gib, 3) for s in kept],
+                "memory_gib": _round(memory.get(node), 3),
+                "gpu": [_round(s.gpu, 1) for s in kept],
+            }
+        return {"interval": self.interval * every, "nodes": nodes}
+
+
+#: The dtype of every column of :func:`resources_frame`, whatever the rows (none too).
+RESOURCE_DTYPES = {
+    "time": "datetime64[us, UTC]",
+    "node": "string",
+    "cpu_percent": "Float64",  # of the node's cores
+    "memory_used_gib": "Float64",  # GiB in use (2**30 bytes)
+    "memory_gib": "Float64",  # the node's memory, GiB
+    "gpu_percent": "Float64",  # the mean of the node's GPUs (<NA>: none, or not known)
+}
+
+
+def resources_frame(answer: Mapping[str, Any]) -> pd.DataFrame:
+    """One row per node and sample of a history's ``answer``, oldest first within each node:
+    time (UTC), node, cpu_percent, memory_used_gib, memory_gib and gpu_percent; dtypes
+    :data:`RESOURCE_DTYPES` (``<NA>`` where a value is not known)."""
+    import pandas as pd
+
+    rows = []
+    for node, series in dict(answer.get("nodes") or {}).items():
+        total = series.get("memory_gib")
+        for t, cpu, used, gpu in zip(
+            series["t"], series["cpu"], series["memory_used_gib"], series["gpu"], strict=True
+        ):
+            rows.append((t, node, cpu, used, total, gpu))
+    frame = pd.DataFrame(rows, columns=list(RESOURCE_DTYPES))
+    frame["time"] = pd.to_datetime(frame["time"].astype("float64"), unit="s", utc=True)
+    for column in ("cpu_percent", "memory_used_gib", "memory_gib", "gpu_percent"):
+        frame[column] = frame[column].astype("float64")
+    typed: pd.DataFrame = frame.astype(RESOURCE_DTYPES)
+    return typed
+
+
+class ResourceFrames:
+    """:meth:`resources`, for a cluster that answers ``resource_history(window)``."""
+
+    def resource_history(self, window: Duration | None = None) -> dict[str, Any]:
+        raise NotImplementedError
+
+    def resources(self, window: Duration | None = None) -> pd.DataFrame:
+        """Each node's CPU, memory and GPU use over the last ``window`` (a duration; None:
+        all that is kept, the last 10 minutes), a row per node and report: time (UTC), node,
+        cpu_percent, memory_used_gib, memory_gib, gpu_percent (``<NA>`` without GPUs)
+        (:func:`resources_frame`)."""
+        return resources_frame(self.resource_history(window))
