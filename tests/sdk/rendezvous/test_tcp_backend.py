@@ -30,7 +30,7 @@ from clusterbook.rendezvous.backends.tcp import (
     write_secret,
 )
 from clusterbook.rendezvous.backends.tcp_server import StoreServer
-from tests.sdk.rendezvous.contract import RemoteBackendContract
+from tests.sdk.rendezvous.contract import SETTINGS, RemoteBackendContract
 
 WAIT = 30.0  # generous bound for "eventually"
 NOBODY = "sha256:" + "0" * 64  # the fingerprint of no certificate: for addresses with no store
@@ -1060,3 +1060,25 @@ def test_a_client_waits_for_its_answer_instead_of_reading_before_it_came(
     for _ in range(50):
         assert client.get_state() == (b"y" * 100, 2)
     assert _ClientSSLSocket.empty - before <= 5  # not one failed read per call
+
+
+def test_a_node_reads_a_state_larger_than_a_frame_whole_when_it_must(
+    make_server, make_client
+) -> None:
+    from clusterbook.rendezvous.handler import RendezvousHandler
+    from clusterbook.rendezvous.state import RendezvousState, encode
+
+    server: StoreServer = make_server()
+    big = RendezvousState(wait_list={"late"}, node_info={"far": {"user": "u" * MAX_FRAME}})
+    head = server.local_client(timeout=WAIT)
+    try:
+        head.update(lambda blob: encode(big))
+    finally:
+        head.close()
+    node = make_client(server.url, node="me", timeout=WAIT)
+    handler = RendezvousHandler(node, SETTINGS, "me", beat_thread=False)
+    try:
+        assert handler.is_closed() is False  # the state whole: read in parts
+        assert handler.num_nodes_waiting() == 1
+    finally:
+        handler.shutdown()
