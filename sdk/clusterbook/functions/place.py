@@ -37,7 +37,7 @@ __all__ = [
 ]
 
 #: The files a call folder holds, besides ``values/``.
-CALL_FILES = ("call.pkl", "rank.py")
+CALL_FILES = ("call.pkl", "rank.py", "rank.pyc")
 _PREFIX = "call-"
 
 

@@ -5,7 +5,8 @@ The call is pickled here (:mod:`clusterbook.functions.payload`: what cannot be p
 named before any rank starts) into a private folder of the cluster's run directory,
 ``RUN_DIR/functions/call-XXXX/``, with the rank program beside it
 (:mod:`clusterbook.functions.rank`); ``put`` brings the folder to nodes that do not share this
-filesystem, and the job runs ``python rank.py FOLDER`` on every rank, with every option
+filesystem, and the job runs the rank program (``python -c rank.LOADER FOLDER/rank.py FOLDER``:
+from its bytecode, ``rank.pyc``, in the same Python) on every rank, with every option
 ``mpirun`` takes. Once the job has ended, the first ``result()`` gathers ``values/`` from the
 nodes, moves it into the job's directory (``JOB_DIR/values/rank-N.value``) and reads it
 (:mod:`clusterbook.functions.values`). It works on any
@@ -16,8 +17,10 @@ here or over ssh (where the folder is made and read through the handle's connect
 
 from __future__ import annotations
 
+import marshal
 import secrets
 from collections.abc import Callable, Mapping
+from importlib.util import MAGIC_NUMBER
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -35,7 +38,7 @@ if TYPE_CHECKING:
 
 __all__ = ["start", "submit"]
 
-_RANK_SOURCE: bytes | None = None
+_RANK_PROGRAM: tuple[bytes, bytes] | None = None
 
 
 def submit(
@@ -65,13 +68,15 @@ def start(
     _check_running(cluster)
     place = place_of(cluster)
     key = secrets.token_bytes(32)  # the ranks sign their values with it
-    folder = place.create({"call.pkl": payload.envelope(call, key), "rank.py": _rank_source()})
+    source, bytecode = rank_program()
+    program = {"call.pkl": payload.envelope(call, key), "rank.py": source, "rank.pyc": bytecode}
+    folder = place.create(program)
     try:
         cluster.put(folder, progress=False)  # nodes that do not share this filesystem
         options: JobArgs = {**job}
         # Lines as they are printed, as in a notebook; the job's own env has the last word.
         options["env"] = {"PYTHONUNBUFFERED": "1", **(job.get("env") or {})}
-        argv = ["python", str(folder / "rank.py"), str(folder)]
+        argv = ["python", "-c", rank.LOADER, str(folder / "rank.py"), str(folder)]
         started = cluster.mpirun(argv, np, **options)
     except BaseException:
         place.discard(folder)  # nothing ran: nothing to keep
@@ -122,8 +127,12 @@ def _check_running(cluster: ClusterHandle) -> None:
         )
 
 
-def _rank_source() -> bytes:
-    global _RANK_SOURCE
-    if _RANK_SOURCE is None:
-        _RANK_SOURCE = Path(rank.__file__).read_bytes()
-    return _RANK_SOURCE
+def rank_program() -> tuple[bytes, bytes]:
+    """The rank program's source, and its bytecode in a .pyc file's layout (this Python's
+    magic number; no date or size: the loader checks the magic number only)."""
+    global _RANK_PROGRAM
+    if _RANK_PROGRAM is None:
+        source = Path(rank.__file__).read_bytes()
+        code = compile(source, "rank.py", "exec", dont_inherit=True)
+        _RANK_PROGRAM = source, MAGIC_NUMBER + bytes(12) + marshal.dumps(code)
+    return _RANK_PROGRAM

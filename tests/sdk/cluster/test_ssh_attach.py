@@ -245,7 +245,7 @@ def test_a_call_folder_is_made_written_and_read_back_through_the_service(run_dir
 def test_the_service_writes_nothing_but_a_call_folders_files(run_dir, tmp_path) -> None:
     there = Loopback(run_dir)
     folder = Path(there.ask("call_new")[0]["folder"])
-    with pytest.raises(cb.ClusterError, match=r"holds call.pkl, rank.py, not '../token'"):
+    with pytest.raises(cb.ClusterError, match=r"holds call.pkl, rank.py, rank.pyc, not '../token'"):
         there.ask("call_add", folder=str(folder), name="../token", data=b"x")
     for elsewhere in (tmp_path, run_dir, run_dir / "job-0001", folder / ".." / ".." / "c-2"):
         with pytest.raises(cb.ClusterError, match="is not a call folder of the cluster"):

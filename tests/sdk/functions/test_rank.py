@@ -18,6 +18,7 @@ from typing import Any
 import pytest
 
 from clusterbook.functions import payload, rank
+from clusterbook.functions.submit import rank_program
 
 KEY = b"k" * 32
 
@@ -135,3 +136,33 @@ def test_an_earlier_attempts_error_goes_when_the_rank_runs_again(tmp_path: Path)
     (tmp_path / "call" / "values" / "rank-0.error").write_text("{}")
     folder = run_rank(tmp_path, lambda: "again")
     assert sorted(p.name for p in folder.iterdir()) == ["rank-0.value"]
+
+
+def run_loaded(
+    tmp_path: Path, source: bytes, bytecode: bytes
+) -> subprocess.CompletedProcess[bytes]:
+    """Run a call of ``lambda: 42`` as the head starts a rank: ``python -c LOADER rank.py``."""
+    call = tmp_path / "call"
+    call.mkdir()
+    (call / "call.pkl").write_bytes(payload.envelope(payload.dumps(lambda: 42), KEY))
+    (call / "rank.py").write_bytes(source)
+    (call / "rank.pyc").write_bytes(bytecode)
+    env = {k: v for k, v in os.environ.items() if k not in ("OMPI_COMM_WORLD_RANK", "PMI_RANK")}
+    return subprocess.run(
+        [sys.executable, "-c", rank.LOADER, str(call / "rank.py"), str(call)],
+        env={**env, "RANK": "0"}, cwd=tmp_path, capture_output=True, timeout=60, check=False,
+    )  # fmt: skip
+
+
+def test_a_rank_runs_from_the_bytecode_the_head_compiled(tmp_path: Path) -> None:
+    _, bytecode = rank_program()
+    ran = run_loaded(tmp_path, b"raise SystemExit(3)\n", bytecode)  # the source is not read
+    assert ran.returncode == 0, ran.stderr
+    assert value(tmp_path / "call" / "values", 0) == 42
+
+
+def test_bytecode_of_another_python_is_left_for_the_source(tmp_path: Path) -> None:
+    source, bytecode = rank_program()
+    ran = run_loaded(tmp_path, source, b"\x00\x00\r\n" + bytecode[4:])  # another magic number
+    assert ran.returncode == 0, ran.stderr
+    assert value(tmp_path / "call" / "values", 0) == 42
