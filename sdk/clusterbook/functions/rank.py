@@ -11,18 +11,16 @@ imports): it runs in the cluster's Python, which need not have clusterbook; the 
 this file next to the call (``python -m clusterbook.functions.rank`` runs it as well).
 """
 
+import marshal
 import os
 import sys
 
-try:  # the C pickler alone: the pickle module's own imports (re, struct, ...) cost a rank
-    import _pickle as pickle
-except ImportError:  # another Python than CPython
-    import pickle  # type: ignore[no-redef]
 TYPE_CHECKING = False  # not typing's: importing typing costs a rank more than the rest
 if TYPE_CHECKING:
     from typing import Any
 
-MAGIC = b"CBVALUE1\n"  # payload.MAGIC
+MAGIC = b"CBVALUE2\n"  # payload.MAGIC
+CODE = b"CBCODE1\n"  # payload.CODE: a call of plain code, in marshal's format
 # How a rank starts this program (``python -c LOADER PATH_OF_THIS_FILE CALL_DIR``): from the
 # bytecode the head compiled beside it (``rank.pyc``, a .pyc file's layout) when it is this
 # Python's (its magic number), else from the source. Compiling this file took a rank ~2-4 ms.
@@ -105,19 +103,37 @@ _LIGHT = {
 }
 
 
-class _Unpickler(pickle.Unpickler):
-    def find_class(self, module: str, name: str) -> object:
-        if module == "cloudpickle.cloudpickle" and name in _LIGHT:
-            return _LIGHT[name]
-        return super().find_class(module, name)
+def _pickle() -> "Any":
+    """The C pickler alone (the pickle module's own imports, re, struct, ..., cost a rank more),
+    imported only for a call or a value that needs it: with functools, ~3 ms of a rank."""
+    try:
+        import _pickle as pickle
+    except ImportError:  # another Python than CPython
+        import pickle  # type: ignore[no-redef]
+    return pickle
 
 
 def _load_call(data: bytes, light: bool) -> "Any":
+    if data.startswith(CODE):  # a function of plain code: no pickle at all (payload.as_code)
+        parts = marshal.loads(data[len(CODE) :])  # noqa: S302 - the head's, in a private folder
+        code, name, qualname, module, defaults, kwdefaults, args, kwargs = parts
+        function: Any = type(rank_number)  # types.FunctionType, without importing types
+        fn = function(code, {"__builtins__": __builtins__, "__name__": module}, name, defaults)
+        fn.__qualname__, fn.__kwdefaults__, fn.__module__ = qualname, kwdefaults, module
+        return fn, args, kwargs
     import io
 
+    pickle = _pickle()
     if light:
-        return _Unpickler(io.BytesIO(data)).load()
-    return pickle.loads(data)  # noqa: S301 - the head's, in a private folder
+
+        class Unpickler(pickle.Unpickler):  # type: ignore[misc,name-defined]
+            def find_class(self, module: str, name: str) -> object:
+                if module == "cloudpickle.cloudpickle" and name in _LIGHT:
+                    return _LIGHT[name]
+                return super().find_class(module, name)
+
+        return Unpickler(io.BytesIO(data)).load()
+    return pickle.loads(data)  # the head's, in a private folder
 
 
 def _hmac_sha256(key: bytes, message: bytes) -> bytes:
@@ -166,13 +182,19 @@ def _fail(
     return 1
 
 
-def _dumps(value: object) -> bytes:
+def _dumps(value: "Any") -> bytes:
+    """``value`` as its file holds it: ``M`` and marshal's bytes when marshal takes it (plain
+    data of builtin types: no pickle to import), else ``P`` and a pickle."""
     try:
-        return pickle.dumps(value, protocol=5)
+        return b"M" + marshal.dumps(value)
+    except ValueError:  # a type marshal does not know, or too deep
+        pass
+    try:
+        return b"P" + bytes(_pickle().dumps(value, protocol=5))
     except Exception:
         import cloudpickle  # type: ignore[import-untyped]  # by value: a lambda, or a class of the function's own
 
-        return bytes(cloudpickle.dumps(value, protocol=5))
+        return b"P" + bytes(cloudpickle.dumps(value, protocol=5))
 
 
 def main(argv: list[str]) -> int:
@@ -189,7 +211,7 @@ def main(argv: list[str]) -> int:
     sys.path[0] = ""  # import from the working directory, as the notebook does
     try:
         with open(os.path.join(call_dir, "call.pkl"), "rb") as f:
-            python, key, light, blob = pickle.load(f)  # noqa: S301 - the head's, in a private folder
+            python, key, light, blob = marshal.loads(f.read())  # noqa: S302 - payload.envelope
         if tuple(python) != tuple(sys.version_info[:2]):
             raise RuntimeError(
                 f"the call was pickled by Python {python[0]}.{python[1]}, and this rank runs "

@@ -41,7 +41,7 @@ def run_rank(tmp_path: Path, fn: Callable[..., Any], *args: Any, number: int = 0
 def value(folder: Path, number: int) -> Any:
     data = payload.verified(KEY, number, (folder / f"rank-{number}.value").read_bytes())
     assert data is not None
-    return pickle.loads(data)  # noqa: S301 - made by the test
+    return payload.load_value(data)
 
 
 def test_a_rank_signs_what_it_returned(tmp_path: Path) -> None:
@@ -95,19 +95,15 @@ def test_a_value_that_cannot_be_pickled_is_named_with_its_type(tmp_path: Path) -
     ],
 )
 def test_the_light_reconstructors_rebuild_what_cloudpickle_would(make: Callable[[], Any]) -> None:
-    import io
-
     import cloudpickle
 
     fn = make()
     data = cloudpickle.dumps(fn)
-    light = rank._Unpickler(io.BytesIO(data)).load()
+    light = rank._load_call(data, light=True)
     assert light() == pickle.loads(data)() == fn()  # noqa: S301
 
 
 def test_the_light_reconstructors_rebuild_closures_and_their_cells() -> None:
-    import io
-
     import cloudpickle
 
     n = 3
@@ -117,7 +113,7 @@ def test_the_light_reconstructors_rebuild_closures_and_their_cells() -> None:
         return lambda: n * inner
 
     data = cloudpickle.dumps(outer())
-    light = rank._Unpickler(io.BytesIO(data)).load()
+    light = rank._load_call(data, light=True)
     assert light() == 12
     assert light.__closure__ is not None
 
@@ -166,3 +162,24 @@ def test_bytecode_of_another_python_is_left_for_the_source(tmp_path: Path) -> No
     ran = run_loaded(tmp_path, source, b"\x00\x00\r\n" + bytecode[4:])  # another magic number
     assert ran.returncode == 0, ran.stderr
     assert value(tmp_path / "call" / "values", 0) == 42
+
+
+def test_a_function_of_plain_code_runs_without_pickle(tmp_path: Path) -> None:
+    def pickle_free(x: int, scale: int = 2) -> tuple[int, bool]:
+        import sys
+
+        return x * scale, sys.modules.keys().isdisjoint({"_pickle", "pickle", "functools"})
+
+    folder = run_rank(tmp_path, pickle_free, 21)
+    data = payload.verified(KEY, 0, (folder / "rank-0.value").read_bytes())
+    assert data is not None
+    assert data[:1] == b"M"  # plain data comes back in marshal's format
+    assert payload.load_value(data) == (42, True)
+
+
+def test_a_value_marshal_does_not_take_comes_back_pickled(tmp_path: Path) -> None:
+    folder = run_rank(tmp_path, lambda: Path("/x"))
+    data = payload.verified(KEY, 0, (folder / "rank-0.value").read_bytes())
+    assert data is not None
+    assert data[:1] == b"P"
+    assert payload.load_value(data) == Path("/x")
