@@ -256,13 +256,13 @@ def test_a_detached_cluster_runs_functions_through_its_supervisor(openmpi_python
 @pytest.mark.root
 @pytest.mark.sshd
 def test_functions_on_ssh_hosts_that_share_no_files_with_the_head(
-    testbed: Testbed, openmpi_python, tmp_path
+    testbed: Testbed, mpi_python, tmp_path
 ):
     run_dir = tmp_path / "run"
     hosts = testbed.hosts[:2]
     with (
         unshared(hosts, run_dir, tmp_path) as seen,
-        testbed.cluster(openmpi_python, run_dir, hosts=2) as cluster,
+        testbed.cluster(mpi_python, run_dir, hosts=2) as cluster,
     ):
         job = cluster.submit(lambda: __import__("socket").gethostname(), np=2, timeout=120)
         assert sorted(job.result(timeout=120)) == ["node1", "node2"]

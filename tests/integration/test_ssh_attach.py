@@ -165,6 +165,38 @@ def test_a_cluster_on_another_machine_is_attached_over_ssh(bed, remote) -> None:
     assert none_served(host) == []
 
 
+def test_functions_run_on_a_cluster_on_another_machine(bed, remote) -> None:
+    host, name = remote
+    address = f"ssh://root@{host.addr}/{name}"
+    scale = 10  # a closure's value travels with the function
+    big = b"x" * (9 << 20)  # more than one message of the connection holds
+
+    def where(x: int, data: bytes) -> tuple[str, int, int, int]:
+        import os
+        import socket
+
+        return socket.gethostname(), int(os.environ["OMPI_COMM_WORLD_RANK"]), x * scale, len(data)
+
+    def fail() -> None:
+        raise ValueError("no luck on the far side")
+
+    with cb.Cluster.attach(address, **reach(bed, python=PYTHON)) as cluster:
+        cluster.wait_ready(60)
+        job = cluster.submit(where, 4, big, np=2)
+        assert job.result(timeout=120) == [("node1", r, 40, len(big)) for r in range(2)]
+        kept = on_head(bed, job.directory) / "values"
+        assert sorted(p.name for p in kept.iterdir()) == ["rank-0.value", "rank-1.value"]
+        assert list((on_head(bed, cluster.run_dir) / "functions").iterdir()) == []
+        with pytest.raises(cb.JobFailedError, match="raised ValueError: no luck") as raised:
+            cluster.submit(fail, np=1).result(timeout=60)
+        assert "no luck on the far side" in raised.value.__cause__.text
+        with cluster.executor() as pool:
+            futures = [pool.submit(lambda i: i * i, i) for i in range(3)]
+            assert [f.result(timeout=60) for f in futures] == [0, 1, 4]
+        assert not Path(cluster.run_dir).exists()  # all of it on the head's machine
+    assert none_served(host) == []
+
+
 def test_the_commands_reach_a_cluster_on_another_machine(bed, remote) -> None:
     host, name = remote
     address = f"ssh://root@{host.addr}/{name}"

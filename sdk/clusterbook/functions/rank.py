@@ -1,4 +1,5 @@
-"""The program every rank of a function job runs: ``python rank.py CALL_DIR``.
+"""The program every rank of a function job runs: ``python rank.py CALL_DIR``, or as the head
+starts it, from its bytecode (:data:`LOADER`).
 
 It reads the call (``CALL_DIR/call.pkl``, :mod:`clusterbook.functions.payload`), runs it, and
 leaves what it returned in ``CALL_DIR/values/rank-N.value`` (a pickle, signed with the call's
@@ -10,21 +11,25 @@ imports): it runs in the cluster's Python, which need not have clusterbook; the 
 this file next to the call (``python -m clusterbook.functions.rank`` runs it as well).
 """
 
-from __future__ import annotations
-
+import marshal
 import os
 import sys
-import types
 
-try:  # the C pickler alone: the pickle module's own imports (re, struct, ...) cost a rank
-    import _pickle as pickle
-except ImportError:  # another Python than CPython
-    import pickle  # type: ignore[no-redef]
 TYPE_CHECKING = False  # not typing's: importing typing costs a rank more than the rest
 if TYPE_CHECKING:
     from typing import Any
 
-MAGIC = b"CBVALUE1\n"  # payload.MAGIC
+MAGIC = b"CBVALUE2\n"  # payload.MAGIC
+CODE = b"CBCODE1\n"  # payload.CODE: a call of plain code, in marshal's format
+# How a rank starts this program (``python -c LOADER PATH_OF_THIS_FILE CALL_DIR``): from the
+# bytecode the head compiled beside it (``rank.pyc``, a .pyc file's layout) when it is this
+# Python's (its magic number), else from the source. Compiling this file took a rank ~2-4 ms.
+LOADER = (
+    "import sys,marshal,_frozen_importlib_external as e;p=sys.argv[1];del sys.argv[0];"
+    "q=p+'c';d=open(q,'rb').read() if __import__('os').path.exists(q) else b'';"
+    "exec(marshal.loads(d[16:]) if d[:4]==e.MAGIC_NUMBER "
+    "else compile(open(p,'rb').read(),p,'exec'))"
+)
 _RANK_VARIABLES = ("OMPI_COMM_WORLD_RANK", "PMI_RANK", "SLURM_PROCID", "RANK")
 
 
@@ -39,12 +44,15 @@ def rank_number() -> int:
     return int(MPI.COMM_WORLD.Get_rank())
 
 
-def _make_function(code: Any, globals: Any, name: Any, argdefs: Any, closure: Any) -> Any:
+def _make_function(
+    code: "Any", globals: "Any", name: "Any", argdefs: "Any", closure: "Any"
+) -> "Any":
     globals["__builtins__"] = __builtins__
-    return types.FunctionType(code, globals, name, argdefs, closure)
+    function: Any = type(rank_number)  # types.FunctionType, without importing types
+    return function(code, globals, name, argdefs, closure)
 
 
-def _function_setstate(obj: Any, state: Any) -> None:
+def _function_setstate(obj: "Any", state: "Any") -> None:
     state, slotstate = state
     obj.__dict__.update(state)
     obj_globals = slotstate.pop("__globals__")
@@ -63,21 +71,21 @@ def _function_setstate(obj: Any, state: Any) -> None:
         setattr(obj, k, v)
 
 
-def _make_empty_cell() -> Any:
+def _make_empty_cell() -> "Any":
     if False:
         cell: Any = None  # makes the lambda's closure hold an empty cell
     closure: Any = (lambda: cell).__closure__
     return closure[0]
 
 
-def _make_cell(*value: Any) -> Any:
+def _make_cell(*value: "Any") -> "Any":
     cell = _make_empty_cell()
     if value:
         cell.cell_contents = value[0]
     return cell
 
 
-def _subimport(name: str) -> Any:
+def _subimport(name: str) -> "Any":
     __import__(name)
     return sys.modules[name]
 
@@ -88,26 +96,44 @@ def _subimport(name: str) -> Any:
 _LIGHT = {
     "_make_function": _make_function,
     "_function_setstate": _function_setstate,
-    "_builtin_type": lambda name: getattr(types, name),
+    "_builtin_type": lambda name: getattr(__import__("types"), name),
     "_make_empty_cell": _make_empty_cell,
     "_make_cell": _make_cell,
     "subimport": _subimport,
 }
 
 
-class _Unpickler(pickle.Unpickler):
-    def find_class(self, module: str, name: str) -> object:
-        if module == "cloudpickle.cloudpickle" and name in _LIGHT:
-            return _LIGHT[name]
-        return super().find_class(module, name)
+def _pickle() -> "Any":
+    """The C pickler alone (the pickle module's own imports, re, struct, ..., cost a rank more),
+    imported only for a call or a value that needs it: with functools, ~3 ms of a rank."""
+    try:
+        import _pickle as pickle
+    except ImportError:  # another Python than CPython
+        import pickle  # type: ignore[no-redef]
+    return pickle
 
 
-def _load_call(data: bytes, light: bool) -> Any:
+def _load_call(data: bytes, light: bool) -> "Any":
+    if data.startswith(CODE):  # a function of plain code: no pickle at all (payload.as_code)
+        parts = marshal.loads(data[len(CODE) :])  # noqa: S302 - the head's, in a private folder
+        code, name, qualname, module, defaults, kwdefaults, args, kwargs = parts
+        function: Any = type(rank_number)  # types.FunctionType, without importing types
+        fn = function(code, {"__builtins__": __builtins__, "__name__": module}, name, defaults)
+        fn.__qualname__, fn.__kwdefaults__, fn.__module__ = qualname, kwdefaults, module
+        return fn, args, kwargs
     import io
 
+    pickle = _pickle()
     if light:
-        return _Unpickler(io.BytesIO(data)).load()
-    return pickle.loads(data)  # noqa: S301 - the head's, in a private folder
+
+        class Unpickler(pickle.Unpickler):  # type: ignore[misc,name-defined]
+            def find_class(self, module: str, name: str) -> object:
+                if module == "cloudpickle.cloudpickle" and name in _LIGHT:
+                    return _LIGHT[name]
+                return super().find_class(module, name)
+
+        return Unpickler(io.BytesIO(data)).load()
+    return pickle.loads(data)  # the head's, in a private folder
 
 
 def _hmac_sha256(key: bytes, message: bytes) -> bytes:
@@ -156,13 +182,19 @@ def _fail(
     return 1
 
 
-def _dumps(value: object) -> bytes:
+def _dumps(value: "Any") -> bytes:
+    """``value`` as its file holds it: ``M`` and marshal's bytes when marshal takes it (plain
+    data of builtin types: no pickle to import), else ``P`` and a pickle."""
     try:
-        return pickle.dumps(value, protocol=5)
+        return b"M" + marshal.dumps(value)
+    except ValueError:  # a type marshal does not know, or too deep
+        pass
+    try:
+        return b"P" + bytes(_pickle().dumps(value, protocol=5))
     except Exception:
         import cloudpickle  # type: ignore[import-untyped]  # by value: a lambda, or a class of the function's own
 
-        return bytes(cloudpickle.dumps(value, protocol=5))
+        return b"P" + bytes(cloudpickle.dumps(value, protocol=5))
 
 
 def main(argv: list[str]) -> int:
@@ -179,7 +211,7 @@ def main(argv: list[str]) -> int:
     sys.path[0] = ""  # import from the working directory, as the notebook does
     try:
         with open(os.path.join(call_dir, "call.pkl"), "rb") as f:
-            python, key, light, blob = pickle.load(f)  # noqa: S301 - the head's, in a private folder
+            python, key, light, blob = marshal.loads(f.read())  # noqa: S302 - payload.envelope
         if tuple(python) != tuple(sys.version_info[:2]):
             raise RuntimeError(
                 f"the call was pickled by Python {python[0]}.{python[1]}, and this rank runs "

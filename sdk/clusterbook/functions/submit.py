@@ -5,26 +5,28 @@ The call is pickled here (:mod:`clusterbook.functions.payload`: what cannot be p
 named before any rank starts) into a private folder of the cluster's run directory,
 ``RUN_DIR/functions/call-XXXX/``, with the rank program beside it
 (:mod:`clusterbook.functions.rank`); ``put`` brings the folder to nodes that do not share this
-filesystem, and the job runs ``python rank.py FOLDER`` on every rank, with every option
+filesystem, and the job runs the rank program (``python -c rank.LOADER FOLDER/rank.py FOLDER``:
+from its bytecode, ``rank.pyc``, in the same Python) on every rank, with every option
 ``mpirun`` takes. Once the job has ended, the first ``result()`` gathers ``values/`` from the
 nodes, moves it into the job's directory (``JOB_DIR/values/rank-N.value``) and reads it
 (:mod:`clusterbook.functions.values`). It works on any
-:class:`~clusterbook.cluster.handle.ClusterHandle`: a cluster of this process, or one attached.
+:class:`~clusterbook.cluster.handle.ClusterHandle`: a cluster of this process, or one attached,
+here or over ssh (where the folder is made and read through the handle's connection:
+:mod:`clusterbook.functions.place`).
 """
 
 from __future__ import annotations
 
-import contextlib
-import os
+import marshal
 import secrets
-import shutil
-import tempfile
 from collections.abc import Callable, Mapping
+from importlib.util import MAGIC_NUMBER
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from clusterbook.errors import ClusterError, ClusterStateError, JobFailedError
 from clusterbook.functions import payload, rank
+from clusterbook.functions.place import CallPlace, place_of
 from clusterbook.functions.values import code_files, read_values
 
 if TYPE_CHECKING:
@@ -36,7 +38,7 @@ if TYPE_CHECKING:
 
 __all__ = ["start", "submit"]
 
-_RANK_SOURCE: bytes | None = None
+_RANK_PROGRAM: tuple[bytes, bytes] | None = None
 
 
 def submit(
@@ -63,21 +65,24 @@ def start(
     ``result()`` is the list of the ranks' values (``files``: where the function's code was
     defined, :func:`~clusterbook.functions.values.code_files`, for a raising rank's
     traceback)."""
-    folder = _call_dir(cluster)
+    _check_running(cluster)
+    place = place_of(cluster)
     key = secrets.token_bytes(32)  # the ranks sign their values with it
+    source, bytecode = rank_program()
+    program = {"call.pkl": payload.envelope(call, key), "rank.py": source, "rank.pyc": bytecode}
+    folder = place.create(program)
     try:
-        _write(folder / "call.pkl", payload.envelope(call, key))
-        _write(folder / "rank.py", _rank_source())
         cluster.put(folder, progress=False)  # nodes that do not share this filesystem
         options: JobArgs = {**job}
         # Lines as they are printed, as in a notebook; the job's own env has the last word.
         options["env"] = {"PYTHONUNBUFFERED": "1", **(job.get("env") or {})}
-        argv = ["python", str(folder / "rank.py"), str(folder)]
+        argv = ["python", "-c", rank.LOADER, str(folder / "rank.py"), str(folder)]
         started = cluster.mpirun(argv, np, **options)
     except BaseException:
-        shutil.rmtree(folder, ignore_errors=True)  # nothing ran: nothing to keep
+        place.discard(folder)  # nothing ran: nothing to keep
         raise
-    started.bind_value(_Reader(cluster, folder, started.directory, key, files or {}))
+    reader = _Reader(cluster, place, folder, started.directory, key, files or {})
+    started.bind_value(reader)
     return started
 
 
@@ -87,29 +92,24 @@ class _Reader:
     def __init__(
         self,
         cluster: ClusterHandle,
+        place: CallPlace,
         folder: Path,
         job_dir: Path,
         key: bytes,
         files: Mapping[str, str],
     ) -> None:
-        self.cluster, self.folder, self.job_dir = cluster, folder, job_dir
+        self.cluster, self.place, self.folder, self.job_dir = cluster, place, folder, job_dir
         self.key, self.files = key, files
 
     def __call__(self, outcome: JobResult) -> list[Any]:
-        values = self.folder / "values"
-        values.mkdir(mode=0o700, exist_ok=True)
         unreached: ClusterError | None = None
         try:
-            self.cluster.gather(values, progress=False)
+            self.cluster.gather(self.folder / "values", progress=False)
         except ClusterError as exc:  # stopped since, say: the nodes sharing its files are read
             unreached = exc
-        kept = self.job_dir / "values"
-        with contextlib.suppress(OSError):  # the job's directory elsewhere: read them here
-            os.replace(values, kept)
-            values = kept
-            shutil.rmtree(self.folder, ignore_errors=True)
         try:
-            return read_values(values, outcome, self.key, self.files)
+            with self.place.values(self.folder, self.job_dir) as values:
+                return read_values(values, outcome, self.key, self.files)
         except JobFailedError as exc:
             if unreached is None or not outcome.ok:
                 raise
@@ -119,33 +119,20 @@ class _Reader:
             ) from unreached
 
 
-def _call_dir(cluster: ClusterHandle) -> Path:
-    """A new private folder for one call, under the cluster's run directory."""
-    run_dir = cluster.run_dir
+def _check_running(cluster: ClusterHandle) -> None:
     if cluster.state != "running":
         raise ClusterStateError(
             f"Cluster {cluster.name} is {cluster.state}: submit() runs functions on a running "
             "cluster; start() it first (or use it as a context manager)."
         )
-    if not run_dir.is_dir():
-        raise ClusterStateError(
-            f"submit() writes the call into cluster {cluster.name}'s run directory, {run_dir}, "
-            "which is not on this machine (a cluster attached over ssh): submit from the "
-            "machine its head runs on, or run a script there with mpirun()."
-        )
-    functions = run_dir / "functions"
-    functions.mkdir(mode=0o700, exist_ok=True)
-    return Path(tempfile.mkdtemp(prefix="call-", dir=functions))  # 0700, a name of its own
 
 
-def _rank_source() -> bytes:
-    global _RANK_SOURCE
-    if _RANK_SOURCE is None:
-        _RANK_SOURCE = Path(rank.__file__).read_bytes()
-    return _RANK_SOURCE
-
-
-def _write(path: Path, data: bytes) -> None:
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
-    with os.fdopen(fd, "wb") as f:
-        f.write(data)
+def rank_program() -> tuple[bytes, bytes]:
+    """The rank program's source, and its bytecode in a .pyc file's layout (this Python's
+    magic number; no date or size: the loader checks the magic number only)."""
+    global _RANK_PROGRAM
+    if _RANK_PROGRAM is None:
+        source = Path(rank.__file__).read_bytes()
+        code = compile(source, "rank.py", "exec", dont_inherit=True)
+        _RANK_PROGRAM = source, MAGIC_NUMBER + bytes(12) + marshal.dumps(code)
+    return _RANK_PROGRAM

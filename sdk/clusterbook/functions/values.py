@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import json
 import linecache
-import pickle
 import re
 import types
 from collections.abc import Mapping
@@ -19,7 +18,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from clusterbook.errors import JobFailedError, SerializationError
-from clusterbook.functions.payload import verified
+from clusterbook.functions.payload import load_value, verified
 
 if TYPE_CHECKING:
     from clusterbook.launch.result import JobResult
@@ -106,7 +105,7 @@ def read_values(
                 result=outcome,
             )
         try:
-            values.append(pickle.loads(pickled))  # noqa: S301
+            values.append(load_value(pickled))
         except Exception as exc:
             raise SerializationError(
                 f"Job {outcome.job_id}: rank {rank}'s return value cannot be read here "

@@ -50,6 +50,9 @@ class HeadServices:
         self.mirror: Mirror | None = None  # copies at work_dir=URL
         self.control: ControlServer | None = None
         self.keeper: Keeper | None = None
+        # The entries of jobs that have ended, which do not change: the record is written at
+        # every job's start and end, and remaking each entry made that O(jobs) status reads.
+        self.ended: dict[str, JobEntry] = {}
 
     @property
     def problem(self) -> str | None:
@@ -141,7 +144,7 @@ def record_of(
         python=head.python,
         launcher=snap.launcher,
         nodes=snap.nodes,
-        jobs=tuple(_entry(job) for job in head.jobs),
+        jobs=_entries(head.jobs, services.ended if services is not None else {}),
         problem=snap.problem,
         min_nodes=snap.min_nodes,
         max_nodes=snap.max_nodes,
@@ -172,6 +175,21 @@ def _counts(jobs: Sequence[Job]) -> tuple[int, int]:
     """How many ``jobs`` run, and how many have ended."""
     running = sum(not j.done() for j in jobs)
     return running, len(jobs) - running
+
+
+def _entries(jobs: Sequence[Job], ended: dict[str, JobEntry]) -> tuple[JobEntry, ...]:
+    """The record's entries of ``jobs``: those that have ended from ``ended``, where the new
+    ones are kept."""
+    out = []
+    for job in jobs:
+        entry = ended.get(job.id)
+        if entry is None or entry.directory != str(job.directory):  # not that job's
+            done = job.outcome is not None  # before its status: what is read then is final
+            entry = _entry(job)
+            if done:
+                ended[job.id] = entry
+        out.append(entry)
+    return tuple(out)
 
 
 def _entry(job: Job) -> JobEntry:

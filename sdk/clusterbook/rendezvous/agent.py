@@ -303,7 +303,7 @@ class Agent:
         deadline = time.monotonic() + self.lease
         while time.monotonic() < deadline and not self.stop_event.is_set():
             try:
-                backend.get_state()
+                backend.watch_members(None, 0.0)  # the node's view: small at any size
                 return True
             except RendezvousConnectionError:
                 self.stop_event.wait(0.2)

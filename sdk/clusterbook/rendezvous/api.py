@@ -18,6 +18,10 @@ way torch elastic's dynamic rendezvous keeps its state:
 - ``watch_members(token, timeout)`` may sleep through writes that change only heartbeats and
   reports (:func:`~.ops.members_may_change`): what an agent following its round waits with, so
   that the nodes' heartbeats do not wake every node. Waking on every change is allowed here too.
+- ``read_state(token, timeout)`` waits as ``watch`` does and returns the state whole, which it
+  may read in parts (each of the one state it returns, never a mix of two): how the head reads
+  a state larger than one message of the store (the TCP store's frames hold 16 MB; its states
+  up to 256 MB). The default is ``watch``.
 - ``update(change)`` applies a :data:`StateChange` (a pure function of the stored state)
   atomically and returns the stored ``(state, token)`` after it; a write gets a new token. The
   default is a compare-and-set loop (read, change, write unless another write came first, else
@@ -112,6 +116,11 @@ class RendezvousBackend(ABC):
             if current_token != token or left <= 0:
                 return current
             time.sleep(min(0.02, left))
+
+    def read_state(self, token: Token | None, timeout: float) -> tuple[bytes, Token] | None:
+        """Like :meth:`watch`, whatever the size of the state: a backend whose messages are
+        bounded reads it in parts, all of one state. This default is :meth:`watch`."""
+        return self.watch(token, timeout)
 
     def watch_decisions(self, token: Token | None, timeout: float) -> tuple[bytes, Token] | None:
         """Like :meth:`watch`, but may sleep through writes that change no rendezvous decision.

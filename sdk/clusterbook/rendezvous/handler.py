@@ -278,7 +278,7 @@ class RendezvousHandler:
         return now + (deadline - self._monotonic())
 
     def _read(self) -> RendezvousState:
-        current = self._backend.get_state()  # the state whole, whatever the store
+        current = self._backend.read_state(None, 0.0)  # whole, whatever the store and size
         raw = RendezvousState() if current is None else decode(current[0])
         token = None if current is None else current[1]
         state = sanitize(raw, self._settings, self._clock())

@@ -195,7 +195,9 @@ class RendezvousHead:
             try:
                 with self._cond:
                     state = self._state
-                current = self._watcher.watch(token, watch_wait(state, self._settings, time.time()))
+                # The whole state, in parts: with the nodes' reports it outgrows one frame.
+                wait = watch_wait(state, self._settings, time.time())
+                current = self._watcher.read_state(token, wait)
                 if current is not None and current[1] != token:
                     token = current[1]
                     self._observe(decode(current[0]))

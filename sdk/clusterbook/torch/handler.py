@@ -185,7 +185,7 @@ class ClusterbookHandler(torch_api.RendezvousHandler):
         if node == self._rdzv.node and self._server is not None:
             return f"{self._addr}:{self._server.port}"
         try:
-            current = self._backend.get_state()
+            current = self._backend.read_state(None, 0.0)  # whole: it may outgrow a frame
             reports = decode(current[0]).node_info if current is not None else {}
         except api.RendezvousError as exc:
             raise _torch_error(exc) from exc

@@ -17,6 +17,7 @@ from clusterbook.cluster.remote import dirservice
 from clusterbook.cluster.remote.address import SSHAddress, parse_host, parse_ssh_address
 from clusterbook.cluster.remote.dirwire import READ_LIMIT, VERSION, pack, unpack
 from clusterbook.cluster.remote.rundir import LocalDir
+from clusterbook.cluster.remote.sshcalls import SSHCalls
 from clusterbook.cluster.remote.sshfiles import RemoteFiles
 from clusterbook.head.record import ClusterRecord, write_record
 from clusterbook.launch.saved import SavedJob
@@ -180,10 +181,14 @@ class Loopback:
         self.service = dirservice.Service(LocalDir(directory))
         self.reads = 0
 
-    def ask(self, op: str, *, wait: float = 30.0, **args: Any) -> tuple[dict[str, Any], bytes]:
+    def ask(
+        self, op: str, *, wait: float = 30.0, data: bytes = b"", **args: Any
+    ) -> tuple[dict[str, Any], bytes]:
         self.reads += op == "read"
-        reply, data = self.service.answer(unpack(pack({"op": op, **args})[4:])[0])
-        return unpack(pack(reply, data)[4:])
+        reply, answered = self.service.answer(*unpack(pack({"op": op, **args}, data)[4:]))
+        if "error" in reply:
+            raise cb.ClusterError(reply["error"]["message"])
+        return unpack(pack(reply, answered)[4:])
 
 
 def test_a_file_larger_than_an_answer_is_read_in_as_many_as_it_takes(run_dir) -> None:
@@ -210,3 +215,40 @@ def test_a_job_read_through_the_service_is_the_job_read_here(run_dir) -> None:
     assert "(from me@login1:" in repr(there)
     with pytest.raises(cb.RecordError, match=r"me@login1:.*job-0002 is not a job's directory"):
         SavedJob(run_dir / "job-0002", files=RemoteFiles(Loopback(run_dir)))
+
+
+# -- a function job's call folder made and read through the service -------------------------
+
+
+def test_a_call_folder_is_made_written_and_read_back_through_the_service(run_dir) -> None:
+    there = Loopback(run_dir)
+    calls = SSHCalls(there, RemoteFiles(there))
+    call = os.urandom(READ_LIMIT + 5)  # more than one message holds
+    folder = calls.create({"call.pkl": call, "rank.py": b"print()"})
+    assert folder.parent == run_dir / "functions"
+    assert (folder / "call.pkl").read_bytes() == call
+    assert (folder / "call.pkl").stat().st_mode & 0o777 == 0o600
+    (folder / "values" / "rank-0.value").write_bytes(b"signed")  # as the ranks leave it
+    job = run_dir / "job-0001"
+    with calls.values(folder, job) as here:
+        assert not here.is_relative_to(run_dir)  # a copy of this machine's
+        assert sorted(p.name for p in here.iterdir()) == ["rank-0.value"]
+        assert (here / "rank-0.value").read_bytes() == b"signed"
+    assert not here.exists()
+    assert (job / "values" / "rank-0.value").read_bytes() == b"signed"  # kept with the job
+    assert not folder.exists()
+    dropped = calls.create({"rank.py": b""})
+    calls.discard(dropped)
+    assert not dropped.exists()
+
+
+def test_the_service_writes_nothing_but_a_call_folders_files(run_dir, tmp_path) -> None:
+    there = Loopback(run_dir)
+    folder = Path(there.ask("call_new")[0]["folder"])
+    with pytest.raises(cb.ClusterError, match=r"holds call.pkl, rank.py, rank.pyc, not '../token'"):
+        there.ask("call_add", folder=str(folder), name="../token", data=b"x")
+    for elsewhere in (tmp_path, run_dir, run_dir / "job-0001", folder / ".." / ".." / "c-2"):
+        with pytest.raises(cb.ClusterError, match="is not a call folder of the cluster"):
+            there.ask("call_drop", folder=str(elsewhere))
+    assert run_dir.is_dir()
+    assert (run_dir / "job-0001").is_dir()

@@ -18,6 +18,7 @@ from typing import Any
 import pytest
 
 from clusterbook.functions import payload, rank
+from clusterbook.functions.submit import rank_program
 
 KEY = b"k" * 32
 
@@ -40,7 +41,7 @@ def run_rank(tmp_path: Path, fn: Callable[..., Any], *args: Any, number: int = 0
 def value(folder: Path, number: int) -> Any:
     data = payload.verified(KEY, number, (folder / f"rank-{number}.value").read_bytes())
     assert data is not None
-    return pickle.loads(data)  # noqa: S301 - made by the test
+    return payload.load_value(data)
 
 
 def test_a_rank_signs_what_it_returned(tmp_path: Path) -> None:
@@ -94,19 +95,15 @@ def test_a_value_that_cannot_be_pickled_is_named_with_its_type(tmp_path: Path) -
     ],
 )
 def test_the_light_reconstructors_rebuild_what_cloudpickle_would(make: Callable[[], Any]) -> None:
-    import io
-
     import cloudpickle
 
     fn = make()
     data = cloudpickle.dumps(fn)
-    light = rank._Unpickler(io.BytesIO(data)).load()
+    light = rank._load_call(data, light=True)
     assert light() == pickle.loads(data)() == fn()  # noqa: S301
 
 
 def test_the_light_reconstructors_rebuild_closures_and_their_cells() -> None:
-    import io
-
     import cloudpickle
 
     n = 3
@@ -116,7 +113,7 @@ def test_the_light_reconstructors_rebuild_closures_and_their_cells() -> None:
         return lambda: n * inner
 
     data = cloudpickle.dumps(outer())
-    light = rank._Unpickler(io.BytesIO(data)).load()
+    light = rank._load_call(data, light=True)
     assert light() == 12
     assert light.__closure__ is not None
 
@@ -135,3 +132,54 @@ def test_an_earlier_attempts_error_goes_when_the_rank_runs_again(tmp_path: Path)
     (tmp_path / "call" / "values" / "rank-0.error").write_text("{}")
     folder = run_rank(tmp_path, lambda: "again")
     assert sorted(p.name for p in folder.iterdir()) == ["rank-0.value"]
+
+
+def run_loaded(
+    tmp_path: Path, source: bytes, bytecode: bytes
+) -> subprocess.CompletedProcess[bytes]:
+    """Run a call of ``lambda: 42`` as the head starts a rank: ``python -c LOADER rank.py``."""
+    call = tmp_path / "call"
+    call.mkdir()
+    (call / "call.pkl").write_bytes(payload.envelope(payload.dumps(lambda: 42), KEY))
+    (call / "rank.py").write_bytes(source)
+    (call / "rank.pyc").write_bytes(bytecode)
+    env = {k: v for k, v in os.environ.items() if k not in ("OMPI_COMM_WORLD_RANK", "PMI_RANK")}
+    return subprocess.run(
+        [sys.executable, "-c", rank.LOADER, str(call / "rank.py"), str(call)],
+        env={**env, "RANK": "0"}, cwd=tmp_path, capture_output=True, timeout=60, check=False,
+    )  # fmt: skip
+
+
+def test_a_rank_runs_from_the_bytecode_the_head_compiled(tmp_path: Path) -> None:
+    _, bytecode = rank_program()
+    ran = run_loaded(tmp_path, b"raise SystemExit(3)\n", bytecode)  # the source is not read
+    assert ran.returncode == 0, ran.stderr
+    assert value(tmp_path / "call" / "values", 0) == 42
+
+
+def test_bytecode_of_another_python_is_left_for_the_source(tmp_path: Path) -> None:
+    source, bytecode = rank_program()
+    ran = run_loaded(tmp_path, source, b"\x00\x00\r\n" + bytecode[4:])  # another magic number
+    assert ran.returncode == 0, ran.stderr
+    assert value(tmp_path / "call" / "values", 0) == 42
+
+
+def test_a_function_of_plain_code_runs_without_pickle(tmp_path: Path) -> None:
+    def pickle_free(x: int, scale: int = 2) -> tuple[int, bool]:
+        import sys
+
+        return x * scale, sys.modules.keys().isdisjoint({"_pickle", "pickle", "functools"})
+
+    folder = run_rank(tmp_path, pickle_free, 21)
+    data = payload.verified(KEY, 0, (folder / "rank-0.value").read_bytes())
+    assert data is not None
+    assert data[:1] == b"M"  # plain data comes back in marshal's format
+    assert payload.load_value(data) == (42, True)
+
+
+def test_a_value_marshal_does_not_take_comes_back_pickled(tmp_path: Path) -> None:
+    folder = run_rank(tmp_path, lambda: Path("/x"))
+    data = payload.verified(KEY, 0, (folder / "rank-0.value").read_bytes())
+    assert data is not None
+    assert data[:1] == b"P"
+    assert payload.load_value(data) == Path("/x")

@@ -33,7 +33,8 @@ FAILED = outcome(returncode=1, rank_exit_codes={0: 0, 1: 1}, failed=(RankFailure
 
 def leave(folder: Path, rank: int, value: object, key: bytes = KEY) -> None:
     folder.mkdir(exist_ok=True)
-    (folder / f"rank-{rank}.value").write_bytes(payload.signed(key, rank, pickle.dumps(value)))
+    data = b"P" + pickle.dumps(value)
+    (folder / f"rank-{rank}.value").write_bytes(payload.signed(key, rank, data))
 
 
 def test_values_come_by_rank(tmp_path: Path) -> None:

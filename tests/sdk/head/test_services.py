@@ -9,6 +9,7 @@ import time
 from collections.abc import Collection, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -156,3 +157,42 @@ def test_the_services_answer_attached_handles_for_the_head_state(head: MadeUpHea
         services.close()
     record = read_record(head.run_dir)
     assert (record.state, record.address) == ("stopped", None)
+
+
+@dataclass
+class MadeUpJob:
+    """What the record reads of a job; counts how often its status is read."""
+
+    id: str
+    directory: Path
+    outcome: Any = None
+    np: int = 2
+    argv: tuple[str, ...] = ("prog",)
+    started: float = 1.0
+    plan: Any = field(default_factory=lambda: SimpleNamespace(job_token=None))
+    last_reason: str | None = None
+    restarts: int = 0
+    label: str | None = None
+    reads: int = 0
+
+    @property
+    def attempt(self) -> int:
+        self.reads += 1
+        return 1
+
+
+def test_an_ended_jobs_entry_is_made_once_for_every_record(head: MadeUpHead) -> None:
+    ok = SimpleNamespace(ok=True, returncode=0, duration=2.0, failed_ranks=())
+    done = MadeUpJob("job-0001", head.run_dir / "job-0001", outcome=ok)
+    running = MadeUpJob("job-0002", head.run_dir / "job-0002")
+    head.jobs = (done, running)
+    services = HeadServices(head)
+    first, second = record_of(head, services), record_of(head, services)
+    assert [(j.id, j.state, j.ended) for j in second.jobs] == [
+        ("job-0001", "succeeded", 3.0),
+        ("job-0002", "running", None),
+    ]
+    assert second.jobs[0] is first.jobs[0]
+    assert (done.reads, running.reads) == (1, 2)  # a running job's, at every record
+    running.outcome = ok  # it ended: its entry says so from then on
+    assert record_of(head, services).jobs[1].state == "succeeded"

@@ -189,6 +189,20 @@ class BackendContract:
         waiter.join(timeout=10)
         assert got == [(b"two", t2)]
 
+    def test_read_state_answers_the_state_whole_as_watch_does(self, backend_pair) -> None:
+        a, b = backend_pair
+        assert b.read_state(None, 0.0) is None
+        _, token, _ = a.set_state(b"one")
+        assert b.read_state(None, 5.0) == (b"one", token)
+        assert b.read_state(token, 0.2) == (b"one", token)  # no change: at its timeout
+        got = []
+        waiter = threading.Thread(target=lambda: got.append(b.read_state(token, 10.0)))
+        waiter.start()
+        time.sleep(0.1)
+        _, t2, _ = a.set_state(b"two", token)
+        waiter.join(timeout=10)
+        assert got == [(b"two", t2)]
+
     # --- update and rendezvous steps ------------------------------------------------------------
 
     def test_update_writes_what_the_change_returns_with_a_new_token(

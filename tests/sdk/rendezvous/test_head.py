@@ -1,14 +1,21 @@
 """The head's follower: how long it may watch the store before it must look at the nodes'
-heartbeats itself (a pure function of the state it holds and the time)."""
+heartbeats itself (a pure function of the state it holds and the time), and a state larger
+than one frame of the store, read in parts."""
 
 from __future__ import annotations
+
+import os
+import threading
+import time
 
 import pytest
 
 from clusterbook.rendezvous.api import RendezvousSettings
-from clusterbook.rendezvous.head import watch_wait
+from clusterbook.rendezvous.backends.tcp import TcpBackend
+from clusterbook.rendezvous.head import RendezvousHead, watch_wait
+from clusterbook.rendezvous.registry import parse_join_url
 from clusterbook.rendezvous.state import RendezvousState
-from clusterbook.rendezvous.step import WAKE_SLACK
+from clusterbook.rendezvous.step import WAKE_SLACK, Operation, Step
 
 NOW = 1_700_000_000.0
 S = RendezvousSettings("run", 1, 3, keep_alive_interval=1.0, keep_alive_max_attempt=3)
@@ -31,3 +38,35 @@ def test_the_follower_watches_a_second_at_most() -> None:
 def test_an_overdue_node_the_head_cannot_drop_costs_no_spin() -> None:
     # (a corrupt state in the store: the follower keeps the last good one, already overdue)
     assert watch_wait(beats(a=10.0), S, NOW) == 0.05
+
+
+def test_the_head_follows_a_state_larger_than_a_frame() -> None:
+    """Nodes whose reports make the state larger than one frame of the store: the head reads it
+    in parts, and sees every node and its report."""
+    settings = RendezvousSettings("big", 3, 3, keep_alive_interval=60.0)
+    head = RendezvousHead(settings)
+    seen = threading.Event()
+    head.start(f"big-{os.getpid()}", seen.set)
+    nodes: list[TcpBackend] = []
+    try:
+        assert head.join_url is not None
+        assert head.secret is not None
+        store_url, joined = parse_join_url(head.join_url)
+        pad = "u" * (7 << 20)  # three of these: a state of 21 MB
+        for name in ("n1", "n2", "n3"):
+            node = TcpBackend(store_url, head.secret, node=name, timeout=30.0)
+            nodes.append(node)
+            now = time.time()
+            step = Step((Operation.JOIN,), name, joined, now, now + 60.0, {"user": pad}, 0.0)
+            node.update(step)
+        deadline = time.monotonic() + 30.0
+        while len(head.participants()) < 3 and time.monotonic() < deadline:
+            seen.wait(0.5)
+            seen.clear()
+        assert sorted(name for name, _ in head.participants()) == ["n1", "n2", "n3"]
+        assert all(report.user == pad for _, report in head.participants())
+        assert head.problem() is None
+    finally:
+        for node in nodes:
+            node.close()
+        head.close()

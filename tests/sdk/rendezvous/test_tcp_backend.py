@@ -23,14 +23,14 @@ from clusterbook.rendezvous.api import RendezvousConnectionError
 from clusterbook.rendezvous.backends import _tls, tcp, wire
 from clusterbook.rendezvous.backends.tcp import (
     MAX_FRAME,
-    MAX_STATE,
+    MAX_WHOLE,
     TcpBackend,
     parse_url,
     read_secret,
     write_secret,
 )
 from clusterbook.rendezvous.backends.tcp_server import StoreServer
-from tests.sdk.rendezvous.contract import RemoteBackendContract
+from tests.sdk.rendezvous.contract import SETTINGS, RemoteBackendContract
 
 WAIT = 30.0  # generous bound for "eventually"
 NOBODY = "sha256:" + "0" * 64  # the fingerprint of no certificate: for addresses with no store
@@ -357,19 +357,76 @@ class Proxy:
 def test_state_over_the_limit_is_refused_before_sending(make_server, make_client) -> None:
     client = make_client(make_server().url)
     _, token, _ = client.set_state(b"small")
-    with pytest.raises(ConfigError, match=str(MAX_STATE)):
-        client.set_state(b"x" * (MAX_STATE + 1), token)
+    with pytest.raises(ConfigError, match=f"carries at most {MAX_WHOLE} bytes"):
+        client.set_state(b"x" * (MAX_WHOLE + 1), token)
     assert client.get_state() == (b"small", token)
 
 
 def test_state_at_the_limit_round_trips(make_server, make_client) -> None:
     url = make_server().url
     a, b = make_client(url, timeout=WAIT), make_client(url, timeout=WAIT)
-    big = bytes(range(256)) * (MAX_STATE // 256) + b"\x07" * (MAX_STATE % 256)
-    assert len(big) == MAX_STATE
+    big = bytes(range(256)) * (MAX_WHOLE // 256) + b"\x07" * (MAX_WHOLE % 256)
+    assert len(big) == MAX_WHOLE
     _, token, won = a.set_state(big)
     assert won
     assert b.get_state() == (big, token)
+    assert b.read_state(None, 0.0) == (big, token)
+
+
+def test_a_state_larger_than_a_frame_is_written_by_the_head_and_read_in_parts(
+    make_server, make_client, caplog
+) -> None:
+    server: StoreServer = make_server()
+    head = server.local_client(timeout=WAIT)
+    try:
+        big = os.urandom(MAX_FRAME + wire.PART_SIZE // 2)  # two frames' worth, three parts
+        state, token = head.update(lambda blob: big)  # on the store's side: no frame holds it
+        assert (state, head.read_state(None, 0.0)) == (big, (big, token))
+    finally:
+        head.close()
+    node = make_client(server.url, timeout=WAIT)
+    assert node.read_state(None, 0.0) == (big, token)  # over TLS, in parts
+    assert node.read_state(token - 1, 5.0) == (big, token)
+    with caplog.at_level(logging.WARNING), pytest.raises(RendezvousConnectionError):
+        node.get_state()  # whole, it would be a frame over the limit
+    assert "read it with read_state()" in caplog.text
+    assert node.read_state(None, 0.0) == (big, token)  # the next call connects again
+
+
+def test_a_read_in_parts_is_of_one_state_whatever_is_written_meanwhile(
+    make_server, make_client, secret
+) -> None:
+    server: StoreServer = make_server()
+    head = server.local_client(timeout=WAIT)
+    old = b"a" * (wire.PART_SIZE + 10)
+    try:
+        _, token = head.update(lambda blob: old)
+        chan = raw_session(server, secret)
+        with chan.sock:
+            chan.send(b"R" + wire.token_spec(None) + wire.SECONDS.pack(0.0))
+            first = chan.recv(time.monotonic() + WAIT)
+            _, new_token = head.update(lambda blob: b"b" * len(old))  # between the parts
+            chan.send(b"N" + wire.PART.pack(len(first) - 1 - wire.HEAD.size - wire.PART.size))
+            second = chan.recv(time.monotonic() + WAIT)
+    finally:
+        head.close()
+    assert new_token > token
+    for reply in (first, second):
+        has, said = wire.HEAD.unpack_from(reply, 1)
+        (total,) = wire.PART.unpack_from(reply, 1 + wire.HEAD.size)
+        assert (reply[:1], has, said, total) == (b"p", 1, token, len(old))
+    parts = [r[1 + wire.HEAD.size + wire.PART.size :] for r in (first, second)]
+    assert b"".join(parts) == old
+    assert_serves(server, secret)
+
+
+def test_a_part_of_no_read_ends_the_connection(make_server, secret) -> None:
+    server = make_server()
+    chan = raw_session(server, secret)
+    chan.send(b"N" + wire.PART.pack(5))
+    assert closed_by_peer(chan.sock)
+    chan.sock.close()
+    assert_serves(server, secret)
 
 
 def test_frames_over_the_limit_are_refused(make_server, secret) -> None:
@@ -1003,3 +1060,25 @@ def test_a_client_waits_for_its_answer_instead_of_reading_before_it_came(
     for _ in range(50):
         assert client.get_state() == (b"y" * 100, 2)
     assert _ClientSSLSocket.empty - before <= 5  # not one failed read per call
+
+
+def test_a_node_reads_a_state_larger_than_a_frame_whole_when_it_must(
+    make_server, make_client
+) -> None:
+    from clusterbook.rendezvous.handler import RendezvousHandler
+    from clusterbook.rendezvous.state import RendezvousState, encode
+
+    server: StoreServer = make_server()
+    big = RendezvousState(wait_list={"late"}, node_info={"far": {"user": "u" * MAX_FRAME}})
+    head = server.local_client(timeout=WAIT)
+    try:
+        head.update(lambda blob: encode(big))
+    finally:
+        head.close()
+    node = make_client(server.url, node="me", timeout=WAIT)
+    handler = RendezvousHandler(node, SETTINGS, "me", beat_thread=False)
+    try:
+        assert handler.is_closed() is False  # the state whole: read in parts
+        assert handler.num_nodes_waiting() == 1
+    finally:
+        handler.shutdown()

@@ -12,7 +12,7 @@ import pytest
 
 from clusterbook.rendezvous.api import RendezvousSettings, RendezvousTimeout
 from clusterbook.rendezvous.backends._store import StateStore
-from clusterbook.rendezvous.backends.tcp import MAX_STATE, TcpBackend
+from clusterbook.rendezvous.backends.tcp import TcpBackend
 from clusterbook.rendezvous.backends.tcp_server import StoreServer
 from clusterbook.rendezvous.handler import RendezvousHandler
 from clusterbook.rendezvous.state import RendezvousState, decode, encode
@@ -372,9 +372,10 @@ def test_malformed_steps_drop_the_connection_and_the_store_goes_on(
 def test_a_step_that_would_grow_the_state_over_the_limit_is_not_stored(
     make_server, make_client
 ) -> None:
-    server: StoreServer = make_server()
+    limit = 4 << 20  # a store of 4 MB, as one of MAX_STATE refuses a state over its own
+    server: StoreServer = make_server(store=StateStore(limit=limit))
     s = settings(1, 3)
-    big = {"blob": "x" * (MAX_STATE // 2 + 1024)}
+    big = {"blob": "x" * (limit // 2 + 1024)}
     a, b = make_client(server.url, node="a"), make_client(server.url, node="b")
     _, token = a.update(step("a", s, info=big))
     refused = b.update(step("b", s, info=big))

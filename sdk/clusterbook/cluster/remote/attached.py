@@ -35,6 +35,7 @@ from clusterbook.durations import Duration, duration, optional_duration
 from clusterbook.errors import ClusterError, ClusterStateError, RecordError
 from clusterbook.events import Subscribers
 from clusterbook.functions.methods import FunctionMethods
+from clusterbook.functions.place import CallPlace
 from clusterbook.head.catalog import Found
 from clusterbook.head.record import STOP_FILE, ClusterRecord, head_state_of, snapshot_from
 from clusterbook.launch.saved import SavedJob
@@ -218,6 +219,11 @@ class AttachedCluster(AttachedNodeCalls, FunctionMethods, ResourceFrames):
             args[key] = value
         answer = self._call("mpirun", argv=list(argv), np=np, job=args)
         return self._saved(answer["id"], answer["directory"])
+
+    def call_place(self) -> CallPlace:
+        """Where function jobs keep their calls: the head's run directory, here or through
+        the ssh connection (:mod:`clusterbook.functions.place`)."""
+        return self._dir.call_place()
 
     def wait_ready(self, timeout: Duration = 60, *, progress: bool | None = None) -> None:
         """Return when the head says every node is ready (see ``Cluster.wait_ready``)."""

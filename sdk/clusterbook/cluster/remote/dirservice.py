@@ -95,8 +95,8 @@ def serve(what: str, rfile: IO[bytes], wfile: IO[bytes]) -> int:
     _send(wfile, first)
     while (payload := _receive(rfile)) is not None:
         try:
-            request, _ = unpack(payload)
-            reply, data = service.answer(request)
+            request, sent = unpack(payload)
+            reply, data = service.answer(request, sent)
         except ClusterError as exc:
             reply, data = error_reply(exc), b""
         except ProtocolError as exc:
@@ -136,8 +136,10 @@ class Service:
         record, stale = self._here.read()
         return {"record": _plain(record), "stale": stale}
 
-    def answer(self, request: Mapping[str, Any]) -> tuple[dict[str, Any], bytes]:
+    def answer(self, request: Mapping[str, Any], sent: bytes = b"") -> tuple[dict[str, Any], bytes]:
         op = request.get("op")
+        if isinstance(op, str) and op.startswith("call_"):
+            return self._call_folder(op, request, sent), b""
         if op == "record":
             return self.record(), b""
         if op == "read":
@@ -177,6 +179,24 @@ class Service:
                 chunks.append(data)
                 left -= len(data)
         return {"sizes": sizes, "complete": complete}, b"".join(chunks)
+
+    def _call_folder(self, op: str, request: Mapping[str, Any], sent: bytes) -> dict[str, Any]:
+        """A function job's call folder (:mod:`clusterbook.functions.place`), made, written,
+        dropped or settled here for a handle on another machine."""
+        from clusterbook.functions import place
+
+        if op == "call_new":
+            return {"folder": str(place.new_call_dir(self.path))}
+        folder = place.check_call_dir(self.path, Path(str(request.get("folder"))))
+        if op == "call_add":
+            place.add_file(folder, str(request.get("name")), sent)
+            return {}
+        if op == "call_drop":
+            place.LocalCalls(self.path).discard(folder)
+            return {}
+        if op == "call_done":
+            return {"values": str(place.settle(folder, self._inside(request.get("job_dir"))))}
+        raise ClusterError(f"The cluster's machine does not know request {op!r}.")
 
     def _inside(self, path: object) -> Path:
         """``path``, once it is sure to be in the cluster's directory."""

@@ -12,12 +12,18 @@ payload) whose payload is a JSON object, a newline, and raw bytes (a file's, for
     -> {"op": "secret"}                                  <- {"secret": HEX}
     -> {"op": "stop_file"}                               <- {}
     -> {"op": "stop", "timeout": S, "reason": TEXT}      <- {}
+    -> {"op": "call_new"}                                <- {"folder": P}
+    -> {"op": "call_add", "folder": P, "name": N} + bytes <- {}
+    -> {"op": "call_drop", "folder": P}                  <- {}
+    -> {"op": "call_done", "folder": P, "job_dir": J}    <- {"values": P}
 
 The program's first message, before any request, says what it found: ``{"version",
 "directory", "host", "record", "stale"}`` (or, listing, ``{"version", "clusters": [...]}``),
 or ``{"error": ...}`` as :func:`~clusterbook.head.control.error_reply` writes it, then it ends.
 A read answers at most :data:`READ_LIMIT` bytes; ``complete`` says which files were read to
-their end. Paths must be in the cluster's directory.
+their end. Paths must be in the cluster's directory. The ``call_`` requests make a function
+job's call folder under ``functions/`` (:mod:`clusterbook.functions.place`), append bytes to
+one of its files, remove it, or move its values into the job's directory ``J``.
 """
 
 from __future__ import annotations

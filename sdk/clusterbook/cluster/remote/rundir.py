@@ -20,6 +20,7 @@ from clusterbook.durations import Duration
 from clusterbook.errors import ClusterStateError, ConfigError
 from clusterbook.fs.private import check_run_dir
 from clusterbook.fs.safe import touch
+from clusterbook.functions.place import CallPlace, LocalCalls
 from clusterbook.head.catalog import Found, find
 from clusterbook.head.control import SOCKET_FILE, TOKEN_FILE, ControlClient, unix_dial
 from clusterbook.head.record import STOP_FILE, ClusterRecord, is_stale, read_record
@@ -72,6 +73,10 @@ class ClusterDir(Protocol):
         return True; False where that machine is this one: the caller does it."""
         ...
 
+    def call_place(self) -> CallPlace:
+        """Where function jobs keep their calls (:mod:`clusterbook.functions.place`)."""
+        ...
+
     def close(self) -> None:
         """Let go of what reaches the directory (nothing is left running for it)."""
         ...
@@ -122,6 +127,9 @@ class LocalDir:
 
     def stop_there(self, timeout: float, reason: str, force: bool = False) -> bool:
         return False
+
+    def call_place(self) -> CallPlace:
+        return LocalCalls(self._path)
 
     def close(self) -> None:
         pass

@@ -34,6 +34,7 @@ from clusterbook.cluster.remote.dirwire import VERSION, pack, unpack
 from clusterbook.cluster.remote.sshfiles import RemoteFiles
 from clusterbook.durations import Duration
 from clusterbook.errors import ClusterError, ClusterStateError, ConfigError, RecordError, SSHError
+from clusterbook.functions.place import CallPlace
 from clusterbook.head.catalog import Found
 from clusterbook.head.control import SOCKET_FILE, ControlClient, rebuilt_error
 from clusterbook.head.record import ClusterRecord
@@ -139,6 +140,11 @@ class SSHDir:
         self.ask("stop", wait=timeout + _WAIT, timeout=timeout, reason=reason, force=force)
         return True
 
+    def call_place(self) -> CallPlace:
+        from clusterbook.cluster.remote.sshcalls import SSHCalls
+
+        return SSHCalls(self, self.files)
+
     def close(self) -> None:
         with self._lock:
             self._closed = True
@@ -147,13 +153,15 @@ class SSHDir:
 
     # -- requests -----------------------------------------------------------------------------
 
-    def ask(self, op: str, *, wait: float = _WAIT, **args: Any) -> tuple[dict[str, Any], bytes]:
-        """Send request ``op`` to the service there; its answer and bytes, or the error it
-        answered with; :class:`ClusterStateError` when the connection is lost."""
+    def ask(
+        self, op: str, *, wait: float = _WAIT, data: bytes = b"", **args: Any
+    ) -> tuple[dict[str, Any], bytes]:
+        """Send request ``op`` (with ``data``) to the service there; its answer and bytes, or
+        the error it answered with; :class:`ClusterStateError` when the connection is lost."""
         with self._lock:
             link = self._linked()
             try:
-                link.service.send(pack({"op": op, **args}), wait)
+                link.service.send(pack({"op": op, **args}, data), wait)
                 message, data = _receive(link.service, wait)
             except (SSHError, _Ended, ProtocolError) as exc:
                 why = _why(exc, link)

@@ -12,14 +12,17 @@ __all__ = ["Asker", "RemoteFiles"]
 
 
 class Asker(Protocol):
-    """What :class:`RemoteFiles` reads through: an :class:`SSHDir`."""
+    """What :class:`RemoteFiles` (and a function job's call folder there) goes through: an
+    :class:`SSHDir`."""
 
     @property
     def where(self) -> str: ...
 
-    def ask(self, op: str, *, wait: float = ..., **args: Any) -> tuple[dict[str, Any], bytes]:
-        """The answer to request ``op`` (see :mod:`clusterbook.cluster.remote.dirwire`) and its
-        bytes."""
+    def ask(
+        self, op: str, *, wait: float = ..., data: bytes = ..., **args: Any
+    ) -> tuple[dict[str, Any], bytes]:
+        """The answer to request ``op`` (with ``data``; see
+        :mod:`clusterbook.cluster.remote.dirwire`) and its bytes."""
         ...
 
 

@@ -57,7 +57,8 @@ class StateStore:
     """The blob and its token; the tokens of the last writes that may change what members
     follow and a decision."""
 
-    def __init__(self) -> None:
+    def __init__(self, limit: int = MAX_STATE) -> None:
+        self.limit = limit  # the largest state stored, in bytes
         self.token: Token = 0  # 0: nothing stored yet
         self.decisive: Token = 0  # the token of the last write that may change a decision
         self.eventful: Token = 0  # ... that changed more than heartbeats and reports
@@ -186,16 +187,16 @@ class StateStore:
     def _store(
         self, new: RendezvousState, bound: int, steps: Sequence[tuple[Step, int]]
     ) -> bool | None:
-        if bound <= MAX_STATE:
+        if bound <= self.limit:
             return self.write(None, new, bound)
         blob = encode(new)  # near the limit, the exact size decides
-        if len(blob) > MAX_STATE:
+        if len(blob) > self.limit:
             _log.error(
                 "Rendezvous steps of %s made a state of %d bytes, over the store's limit of %d; "
                 "it is not stored.",
                 ", ".join(sorted({repr(step.node) for step, _ in steps})),
                 len(blob),
-                MAX_STATE,
+                self.limit,
             )
             return None
         return self.write(blob, new)

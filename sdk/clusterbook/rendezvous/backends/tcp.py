@@ -36,6 +36,7 @@ from clusterbook.rendezvous.backends.wire import (
     MAX_FRAME,
     MAX_NODE,
     MAX_STATE,
+    MAX_WHOLE,
     SECONDS,
     WATCH_MAX,
     AuthFailed,
@@ -44,11 +45,13 @@ from clusterbook.rendezvous.backends.wire import (
     ProtocolError,
     check_seconds,
     check_secret,
+    next_part,
     open_channel,
     read_secret,
     shutdown,
     token_spec,
     tune,
+    unpack_part,
     write_secret,
 )
 from clusterbook.rendezvous.step import Step
@@ -57,6 +60,7 @@ __all__ = [
     "FINGERPRINT_PREFIX",
     "MAX_FRAME",
     "MAX_STATE",
+    "MAX_WHOLE",
     "Certificate",
     "TcpBackend",
     "parse_url",
@@ -89,11 +93,15 @@ class TcpBackend(RendezvousBackend):
         node: str | None = None,
         timeout: float = 5.0,
         dial: Callable[[float], socket.socket] | None = None,
+        apply: Callable[[StateChange, float], tuple[bytes, Token] | None] | None = None,
     ) -> None:
         self._host, self._port, fingerprint = parse_store_url(url)
         # How to reach the store without the network: StoreServer.local_client's, for the
         # server's own process (a connected socket by the deadline; no TLS on it).
         self._dial = dial
+        # How the server's own process changes the state there (StoreServer.local_client's):
+        # a change of a state larger than a frame cannot go by compare-and-set.
+        self._apply = apply
         self._secret = check_secret(secret)
         if node is not None and (
             not isinstance(node, str) or not node or len(node.encode("utf-8")) > MAX_NODE
@@ -133,10 +141,10 @@ class TcpBackend(RendezvousBackend):
     def set_state(self, state: bytes, token: Token | None = None) -> tuple[bytes, Token, bool]:
         if not isinstance(state, bytes):
             raise TypeError(f"state must be bytes, got {type(state).__name__}")
-        if len(state) > MAX_STATE:
+        if len(state) > MAX_WHOLE:
             raise ConfigError(
-                f"The rendezvous state is {len(state)} bytes; the store holds at most "
-                f"{MAX_STATE} bytes."
+                f"The rendezvous state is {len(state)} bytes; one write to the store carries at "
+                f"most {MAX_WHOLE} bytes (larger states are written by steps, on the store's side)."
             )
         request = b"S" + token_spec(token) + state
         result: tuple[bytes, Token, bool] = self._call(
@@ -149,6 +157,8 @@ class TcpBackend(RendezvousBackend):
         atomically, in one round trip (whose answer the store holds while the step leaves the
         node waiting, up to ``step.wait``); any other change goes by compare-and-set."""
         if not isinstance(change, Step):
+            if self._apply is not None:
+                return self._apply(change, self._timeout)
             return super().update(change)
         request = b"U" + change.to_wire()
         if len(request) > MAX_FRAME:
@@ -162,21 +172,43 @@ class TcpBackend(RendezvousBackend):
         return after
 
     def watch(self, token: Token | None, timeout: float) -> tuple[bytes, Token] | None:
-        return self._watch(b"W", token, timeout)
+        current: tuple[bytes, Token] | None = self._watch(b"W", token, timeout)
+        return current
+
+    def read_state(self, token: Token | None, timeout: float) -> tuple[bytes, Token] | None:
+        """A watch (``R``) whose answer comes in parts, each of the one state it answered (a
+        call of another thread between two parts breaks the read off: it is read again)."""
+        for attempt in (1, 2, 3):
+            first = self._watch(b"R", token, timeout)
+            if first is None:
+                return None
+            total, state, read = first
+            parts = [state]
+            try:
+                while (got := sum(map(len, parts))) < total:
+                    parts.append(self._call(next_part(got), b"p", idempotent=False)[1])
+            except RendezvousConnectionError:
+                if attempt == 3:
+                    raise
+                continue
+            return b"".join(parts), read
+        raise AssertionError("unreachable")  # pragma: no cover
 
     def watch_decisions(self, token: Token | None, timeout: float) -> tuple[bytes, Token] | None:
-        return self._watch(b"D", token, timeout)
+        current: tuple[bytes, Token] | None = self._watch(b"D", token, timeout)
+        return current
 
     def watch_members(self, token: Token | None, timeout: float) -> tuple[bytes, Token] | None:
-        return self._watch(b"M", token, timeout)
+        current: tuple[bytes, Token] | None = self._watch(b"M", token, timeout)
+        return current
 
-    def _watch(self, op: bytes, token: Token | None, timeout: float) -> tuple[bytes, Token] | None:
+    def _watch(self, op: bytes, token: Token | None, timeout: float) -> Any:
         wait = min(WATCH_MAX, float(timeout)) if timeout > 0 else 0.0  # NaN -> 0
         spec = token_spec(token)
-        current: tuple[bytes, Token] | None = self._call(
-            lambda left: op + spec + SECONDS.pack(left), b"s", idempotent=True, wait=wait
+        kind = b"p" if op == b"R" else b"s"
+        return self._call(
+            lambda left: op + spec + SECONDS.pack(left), kind, idempotent=True, wait=wait
         )
-        return current
 
     def close(self) -> None:
         """Say goodbye and close the connection. Safe to call more than once."""
@@ -358,6 +390,8 @@ def _decode(reply: bytes, kind: bytes) -> Any:
         raise ProtocolError(f"unexpected reply {reply[:1]!r}")
     flag, token = HEAD.unpack_from(reply, 1)
     state = reply[1 + HEAD.size :]
+    if kind == b"p":  # a part: the whole state's length, and the part's bytes
+        return (*unpack_part(state), token) if flag else None
     if kind == b"r":
         return state, token, bool(flag)
     return (state, token) if flag else None

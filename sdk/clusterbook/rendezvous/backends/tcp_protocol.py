@@ -17,6 +17,7 @@ import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from clusterbook.rendezvous.api import RendezvousStateError
 from clusterbook.rendezvous.backends._store import ANY, DECISIONS, MEMBERS, StateStore
 from clusterbook.rendezvous.backends.tcp_loop import Connection, FrameLoop
 from clusterbook.rendezvous.backends.wire import (
@@ -25,6 +26,9 @@ from clusterbook.rendezvous.backends.wire import (
     HELLO_MAX,
     MAX_FRAME,
     MAX_STATE,
+    MAX_WHOLE,
+    PART,
+    PART_SIZE,
     REFUSED,
     SECONDS,
     SPEC,
@@ -46,7 +50,7 @@ _log = logging.getLogger("clusterbook.rendezvous.backends.tcp")
 BATCH = 1024
 """The most rendezvous steps the server runs as one write (those read in one pass of its loop,
 in this many at a time)."""
-_LEVELS = {b"W": ANY, b"M": MEMBERS, b"D": DECISIONS}  # what each watch waits for
+_LEVELS = {b"W": ANY, b"M": MEMBERS, b"D": DECISIONS, b"R": ANY}  # what each watch waits for
 
 
 @dataclass(eq=False)
@@ -57,6 +61,7 @@ class _Wait:
     value: int
     level: int  # _store.ANY, MEMBERS or DECISIONS
     node: str | None = None  # answered with this node's view of the state (None: the state)
+    parts: bool = False  # answered in parts (``R``)
 
 
 @dataclass(eq=False)
@@ -67,6 +72,7 @@ class StoreConnection(Connection):
     open: bool = False  # its hello was accepted
     busy: bool = False  # a request is being answered (a step in the batch, or a wait)
     wait: _Wait | None = None
+    reading: tuple[bytes, int] | None = None  # the state an ``R`` answers in parts, its token
 
 
 class StoreProtocol:
@@ -110,12 +116,19 @@ class StoreProtocol:
         """Take a hello, or a request once the hello was accepted."""
         if not conn.open:
             self._hello(conn, payload)
-        elif payload == b"B":
+            return
+        if payload == b"B":
             self._loop().end(conn, clean=True)
-        elif conn.busy:
+            return
+        if conn.busy:
             raise ProtocolError("a request while another is answered")
-        elif payload == b"G":
-            self._loop().send(conn, self._reply_state())
+        if payload[:1] == b"N" and len(payload) == 1 + PART.size:
+            (offset,) = PART.unpack_from(payload, 1)
+            self._loop().send(conn, self._part(conn, offset))
+            return
+        conn.reading = None  # a read in parts ends with any other request
+        if payload == b"G":
+            self._send(conn, self._reply_state())
         elif payload[:1] == b"U":
             try:
                 step = Step.from_wire(payload[1:])
@@ -125,7 +138,7 @@ class StoreProtocol:
             if not self._steps:
                 self._loop().later(0.0, self._run_steps)
             self._steps.append((conn, step, len(payload) - 1))
-        elif payload[:1] in (b"S", b"W", b"D", b"M") and len(payload) > SPEC.size:
+        elif payload[:1] in (b"S", b"W", b"D", b"M", b"R") and len(payload) > SPEC.size:
             self._request(conn, payload[:1], payload[1:])
         else:
             raise ProtocolError(f"unexpected request {payload[:1]!r} of {len(payload)} bytes")
@@ -172,14 +185,14 @@ class StoreProtocol:
             current = store.current()
             won = decisive is not None
             state = current[0] if current else b""
-            self._loop().send(conn, b"r" + HEAD.pack(won, store.token) + state)
+            self._send(conn, b"r" + HEAD.pack(won, store.token) + state)
             if won:
                 self._changed()
         elif len(body) == SPEC.size + SECONDS.size:
             (timeout,) = SECONDS.unpack_from(body, SPEC.size)
             level = _LEVELS[op]
             node = None if level == ANY else conn.node
-            self._hold(conn, _Wait(kind, value, level, node), timeout)
+            self._hold(conn, _Wait(kind, value, level, node, parts=op == b"R"), timeout)
         else:
             raise ProtocolError(f"a watch of {len(body)} bytes")
 
@@ -199,12 +212,69 @@ class StoreProtocol:
             return b"s" + HEAD.pack(0, 0)
         return b"s" + HEAD.pack(1, current[1]) + current[0]
 
+    def _answer_wait(self, conn: StoreConnection, wait: _Wait | None) -> None:
+        """Answer a held request: the state (or a view), or the first part of it."""
+        if wait is None or not wait.parts:
+            self._send(conn, self._reply_state(wait))
+            return
+        current = self._store.current()
+        conn.reading = None if current is None else current
+        self._loop().send(conn, self._part(conn, 0))
+
+    def _part(self, conn: StoreConnection, offset: int) -> bytes:
+        """The part of the state ``conn`` reads that begins at ``offset``, as a ``p`` reply."""
+        reading = conn.reading
+        if reading is None:
+            if offset:
+                raise ProtocolError("a part of no read in parts")
+            return b"p" + HEAD.pack(0, 0) + PART.pack(0)
+        state, token = reading
+        if offset > len(state):
+            raise ProtocolError(f"a part at {offset} of a state of {len(state)} bytes")
+        part = state[offset : offset + PART_SIZE]
+        if offset + len(part) >= len(state):
+            conn.reading = None  # the last part: nothing more to keep
+        return b"p" + HEAD.pack(1, token) + PART.pack(len(state)) + part
+
+    def _send(self, conn: StoreConnection, reply: bytes) -> None:
+        """Send ``reply``, or end ``conn`` when it is over a frame (a state read whole that
+        grew larger than one: only a read in parts takes it)."""
+        loop = self._loop()
+        if len(reply) <= MAX_FRAME:
+            loop.send(conn, reply)
+            return
+        loop.warn(
+            "whole",
+            "The rendezvous state is %d bytes, over the %d one answer holds (MAX_WHOLE): a "
+            "client that read it whole was disconnected; read it with read_state().",
+            len(reply) - 1 - HEAD.size,
+            MAX_WHOLE,
+        )
+        loop.end(conn)
+
+    def apply(self, change: Callable[[bytes | None], bytes | None]) -> tuple[bytes, int] | None:
+        """Run ``change`` on the stored state here (on the loop's thread) and store what it
+        returns: a change of this process's, whatever the size of the state."""
+        current = self._store.current()
+        new = change(None if current is None else current[0])
+        if new is None:
+            return current
+        if not isinstance(new, bytes) or len(new) > MAX_STATE:
+            size = len(new) if isinstance(new, bytes) else 0
+            raise RendezvousStateError(
+                f"A change of the rendezvous state made {type(new).__name__} of {size} bytes; "
+                f"the store holds bytes, at most {MAX_STATE} of them. Nothing was written."
+            )
+        self._store.write(new)
+        self._changed()
+        return self._store.current()
+
     def _hold(self, conn: StoreConnection, wait: _Wait, timeout: float) -> None:
         """Answer ``conn`` once ``wait`` is settled, or after ``timeout`` seconds."""
         timeout = min(WATCH_MAX, timeout) if timeout > 0 else 0.0  # NaN -> 0
         if timeout <= 0 or self._store.settled(wait.kind, wait.value, level=wait.level):
             conn.busy = False
-            self._loop().send(conn, self._reply_state(wait))
+            self._answer_wait(conn, wait)
             return
         conn.busy, conn.wait = True, wait
         self._waiting[wait.level].add(conn)
@@ -218,7 +288,7 @@ class StoreProtocol:
         wait = conn.wait
         self._waiting[ANY if wait is None else wait.level].discard(conn)
         conn.wait, conn.busy = None, False
-        self._loop().send(conn, self._reply_state(wait))
+        self._answer_wait(conn, wait)
 
     def _changed(self) -> None:
         """After a write: answer every held request it settles. Only those of the levels the

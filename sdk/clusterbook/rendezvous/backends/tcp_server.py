@@ -19,6 +19,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from clusterbook.errors import ClusterStateError, ConfigError
+from clusterbook.rendezvous.api import RendezvousConnectionError, StateChange, Token
 from clusterbook.rendezvous.backends._store import StateStore
 from clusterbook.rendezvous.backends._tls import Certificate, make_certificate, server_context
 from clusterbook.rendezvous.backends.tcp_gate import Limits
@@ -202,7 +203,35 @@ class StoreServer:
         said as on any connection."""
         from clusterbook.rendezvous.backends.tcp import TcpBackend
 
-        return TcpBackend(self.url, self._secret, timeout=timeout, dial=self._local_socket)
+        return TcpBackend(
+            self.url, self._secret, timeout=timeout, dial=self._local_socket, apply=self._apply
+        )
+
+    def _apply(self, change: StateChange, timeout: float) -> tuple[bytes, Token] | None:
+        """Run ``change`` on the store's thread, as a step runs there: one write, whatever the
+        size of the state (a compare-and-set carries one frame)."""
+        done = threading.Event()
+        answer: list[tuple[bytes, Token] | None] = []
+        failure: list[BaseException] = []
+
+        def run() -> None:
+            try:
+                answer.append(self._protocol.apply(change))
+            except BaseException as exc:  # handed to the caller, whatever it is
+                failure.append(exc)
+            finally:
+                done.set()
+
+        loop = self._loop
+        if loop is None or not loop.submit(run):
+            raise RendezvousConnectionError("The rendezvous store server is closed.")
+        if not done.wait(timeout):
+            raise RendezvousConnectionError(
+                f"The rendezvous store server did not apply a change within {timeout:g} s."
+            )
+        if failure:
+            raise failure[0]
+        return answer[0]
 
     def _local_socket(self, deadline: float) -> socket.socket:
         ours, theirs = socket.socketpair()

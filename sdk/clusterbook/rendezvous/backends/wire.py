@@ -29,6 +29,8 @@ Requests (client payloads) and their replies (:data:`HEAD` is ``has:u8 token:i64
     W spec timeout:f64  long-poll watch                       -> s has:u8 token:i64 state
     D spec timeout:f64  long-poll watch for decisions         -> s has:u8 token:i64 state
     M spec timeout:f64  long-poll watch for members           -> s has:u8 token:i64 state
+    R spec timeout:f64  long-poll watch, read in parts         -> p has:u8 token:i64 total:u64 part
+    N offset:u64        the next part of that read            -> p has:u8 token:i64 total:u64 part
     B                   goodbye: the server closes the connection without calling on_lost
 
 One request at a time per connection: the next goes once the reply came (a goodbye may come
@@ -43,6 +45,12 @@ writes that change no rendezvous decision (heartbeats, reports; see
 :func:`~clusterbook.rendezvous.ops.decisions_may_change`); ``M`` sleeps through writes that
 change only heartbeats and reports (:func:`~clusterbook.rendezvous.ops.members_may_change`).
 A watch waits :data:`WATCH_MAX` seconds at most.
+
+``R`` waits like ``W`` and answers the state in parts of at most :data:`PART_SIZE` bytes: the
+first with the answer, each next one to an ``N`` that names its offset, all of the one state
+the answer was (the server keeps it for the connection until its last part went, or the next
+request): how the head reads a state larger than a frame (:data:`MAX_WHOLE`). A ``G``, ``S``
+or ``W`` whose answer would be larger ends the connection, saying so in the server's log.
 
 Connection loss: when a connection that announced a node id ends without a goodbye (the process
 died, the machine vanished, the network broke), the server waits ``lost_grace`` seconds; unless
@@ -67,6 +75,7 @@ import ssl
 import struct
 import threading
 import time
+from collections.abc import Callable
 
 from clusterbook.errors import ConfigError
 from clusterbook.rendezvous.backends._secret import check_secret, read_secret, write_secret
@@ -82,6 +91,9 @@ __all__ = [
     "MAX_NODE",
     "MAX_SECRET",
     "MAX_STATE",
+    "MAX_WHOLE",
+    "PART",
+    "PART_SIZE",
     "REFUSED",
     "SECONDS",
     "SPEC",
@@ -97,11 +109,13 @@ __all__ = [
     "check_seconds",
     "check_secret",
     "hello",
+    "next_part",
     "open_channel",
     "read_secret",
     "shutdown",
     "token_spec",
     "tune",
+    "unpack_part",
     "write_secret",
 ]
 
@@ -118,8 +132,16 @@ HEAD = struct.Struct(">Bq")
 SECONDS = struct.Struct(">d")
 """A watch's timeout, in seconds."""
 
-MAX_STATE = MAX_FRAME - 1 - HEAD.size
-"""The largest state the store holds, in bytes."""
+MAX_WHOLE = MAX_FRAME - 1 - HEAD.size
+"""The largest state one frame carries (a compare-and-set, a get, a watch), in bytes."""
+MAX_STATE = 256 * 1024 * 1024
+"""The largest state the store holds, in bytes: more than a frame carries, so a state this
+large is read in parts (``R`` and ``N``) and changed on the store's side (steps, and the
+head's own changes)."""
+PART = struct.Struct(">Q")
+"""A part's offset in the state, or the state's whole length."""
+PART_SIZE = 8 * 1024 * 1024
+"""The most bytes of the state one part carries."""
 
 MAGIC = b"CBRDZV4\n"
 """How a hello begins: the protocol and its version."""
@@ -161,6 +183,20 @@ def check_seconds(value: object, name: str, *, zero: bool = False) -> float:
     seconds = validate_seconds(value, f"The {name}", zero=zero)
     assert seconds is not None
     return seconds
+
+
+def next_part(offset: int) -> Callable[[float], bytes]:
+    """The request (``N``) of the part of a read in parts that begins at ``offset``."""
+    request = b"N" + PART.pack(offset)
+    return lambda _left: request
+
+
+def unpack_part(payload: bytes) -> tuple[int, bytes]:
+    """The whole state's length and the part's bytes, from a ``p`` reply after its head."""
+    if len(payload) < PART.size:
+        raise ProtocolError("a part without its state's length")
+    (total,) = PART.unpack_from(payload)
+    return total, payload[PART.size :]
 
 
 # --- the hello ------------------------------------------------------------------------------------
