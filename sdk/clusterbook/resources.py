@@ -12,7 +12,9 @@ this process and through the control channel of an attached handle::
                          "cpu": [percent, ...],                # of the node's cores
                          "memory_used_gib": [GiB, ...],
                          "memory_gib": GiB or None,            # the node's memory
-                         "gpu": [percent or None, ...]}}}      # mean of its GPUs; None: none
+                         "gpu": [percent or None, ...]}},      # mean of its GPUs; None: none
+     "cluster": {"t": [...], "cpu": [...], "memory_used_gib": [...], "memory_gib": GiB,
+                 "gpu": [...]}}                # mean CPU and GPU, memory summed
 
 An answer holds at most :data:`ANSWER_SAMPLES` samples, all nodes together: a longer one is
 downsampled (:func:`downsample`: consecutive samples averaged), and its ``interval`` says so.
@@ -25,11 +27,12 @@ import math
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypedDict
 
 from clusterbook.durations import Duration, optional_duration
+from clusterbook.errors import ConfigError
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -38,6 +41,8 @@ __all__ = [
     "ANSWER_SAMPLES",
     "HISTORY_SPAN",
     "RESOURCE_DTYPES",
+    "SILENT_AFTER",
+    "Only",
     "ResourceFrames",
     "ResourceHistory",
     "Sample",
@@ -52,6 +57,8 @@ HISTORY_SPAN = 600.0
 ANSWER_SAMPLES = 150_000
 _MIN_POINTS = 30  # a node's series is never downsampled below this many points
 _PRUNE_EVERY = 30.0  # seconds between sweeps for nodes that stopped reporting
+#: Report intervals after which a silent node no longer counts in the cluster's sum.
+SILENT_AFTER = 3
 
 
 @dataclass(frozen=True, slots=True)
@@ -95,17 +102,42 @@ def downsample(samples: Sequence[Sample], every: int) -> list[Sample]:
 
 def empty_answer(interval: float) -> dict[str, Any]:
     """The answer of a cluster whose nodes report nothing (no agents, or not started)."""
-    return {"interval": interval, "nodes": {}}
+    return {"interval": interval, "nodes": {}, "cluster": _series((), None)}
 
 
 def _round(value: float | None, digits: int) -> float | None:
     return None if value is None else round(value, digits)
 
 
+def _series(samples: Sequence[Sample], memory: float | None) -> dict[str, Any]:
+    """Samples as the answer's JSON has them: a list per value, rounded to what is read."""
+    return {
+        "t": [round(s.t, 3) for s in samples],
+        "cpu": [_round(s.cpu, 1) for s in samples],
+        "memory_used_gib": [_round(s.memory_used_gib, 3) for s in samples],
+        "memory_gib": _round(memory, 3),
+        "gpu": [_round(s.gpu, 1) for s in samples],
+    }
+
+
+def _since(series: Sequence[Sample], since: float) -> list[Sample]:
+    """The samples of ``series`` (oldest first) at or after ``since``, read from the newest
+    back: a short window costs its own length, not the history's."""
+    out = []
+    for sample in reversed(series):
+        if sample.t < since:
+            break
+        out.append(sample)
+    out.reverse()
+    return out
+
+
 class ResourceHistory:
     """The last ``span`` seconds of every node's reports, a sample per ``interval`` seconds
     at most (the agents' report interval): a node reporting more often has its newer report
-    replace the sample of the same interval. ``clock``: wall time (unix seconds), what the
+    replace the sample of the same interval. Beside them, the cluster's: once an interval,
+    the mean CPU and GPU use and the sum of the memory of the nodes that reported within the
+    last :data:`SILENT_AFTER` intervals. ``clock``: wall time (unix seconds), what the
     reports' times are measured against; ``budget``: the samples an answer holds at most.
     Safe to use from any thread."""
 
@@ -127,6 +159,10 @@ class ResourceHistory:
         self._lock = threading.Lock()
         self._series: dict[str, deque[Sample]] = {}
         self._memory: dict[str, float | None] = {}
+        self._heard: dict[str, float] = {}  # node -> when its last report came (clock)
+        self._cluster: deque[Sample] = deque(maxlen=self._keep)
+        self._cluster_memory: float | None = None
+        self._tick = -math.inf  # when the cluster's next sample is due
         self._pruned = clock()
         self.version = 0  # counts changes: an unchanged version, an unchanged history
 
@@ -143,6 +179,7 @@ class ResourceHistory:
         """Node ``node`` reported at ``t``: its CPU (percent), memory in use and in all (GiB)
         and GPU (percent)."""
         sample = Sample(t, cpu, memory_used_gib, gpu)
+        now = self._clock()
         with self._lock:
             series = self._series.get(node)
             if series is None:
@@ -154,57 +191,83 @@ class ResourceHistory:
             else:
                 series.append(sample)
             self._memory[node] = memory_gib
+            self._heard[node] = now
             self.version += 1
-            now = self._clock()
+            if now >= self._tick:
+                self._sum(now)
             if now - self._pruned >= _PRUNE_EVERY:
                 self._prune(now)
+
+    def _sum(self, now: float) -> None:
+        """The cluster's sample at ``now`` (held lock), of the nodes heard from lately."""
+        self._tick = now + self.interval
+        recent = now - SILENT_AFTER * self.interval
+        latest = [(n, self._series[n][-1]) for n, at in self._heard.items() if at >= recent]
+        total = [m for n, _ in latest if (m := self._memory.get(n)) is not None]
+        used = [s.memory_used_gib for _, s in latest if s.memory_used_gib is not None]
+        sample = Sample(
+            now,
+            _mean(s.cpu for _, s in latest),
+            sum(used) if used else None,
+            _mean(s.gpu for _, s in latest),
+        )
+        self._cluster_memory = sum(total) if total else None
+        if self._cluster and now - self._cluster[-1].t < self.interval / 2:
+            self._cluster[-1] = sample
+        else:
+            self._cluster.append(sample)
 
     def _prune(self, now: float) -> None:
         """Drop what is older than the span (held lock); a node left with nothing goes."""
         self._pruned = now
         oldest = now - self.span
-        for node in list(self._series):
-            series = self._series[node]
+        for series in (*self._series.values(), self._cluster):
             while series and series[0].t < oldest:
                 series.popleft()
-            if not series:
-                del self._series[node]
-                self._memory.pop(node, None)
+        for node in [n for n, series in self._series.items() if not series]:
+            del self._series[node]
+            self._memory.pop(node, None)
+            self._heard.pop(node, None)
 
     def nodes(self) -> list[str]:
         """The nodes with samples, in the order they first reported."""
         with self._lock:
             return list(self._series)
 
-    def answer(self, window: object = None) -> dict[str, Any]:
+    def answer(
+        self,
+        window: object = None,
+        *,
+        nodes: Collection[str] | None = None,
+        points: int | None = None,
+    ) -> dict[str, Any]:
         """The samples of the last ``window`` seconds (a duration; None or more than the span:
-        the span), JSON-ready (see the module's docstring); a ``window`` that is no duration
-        is a :class:`~clusterbook.ConfigError` naming it."""
+        the span), JSON-ready (see the module's docstring), of the nodes named (None: all),
+        and the cluster's; at most ``points`` a series (None: as the budget allows). A
+        ``window`` that is no duration, or ``points`` no positive number, is a
+        :class:`~clusterbook.ConfigError` naming it."""
         seconds = optional_duration(window, "window")
         seconds = self.span if seconds is None else min(seconds, self.span)
+        if points is not None and (isinstance(points, bool) or not isinstance(points, int)
+                                   or points < 1):  # fmt: skip
+            raise ConfigError(f"points must be a positive whole number, not {points!r}.")
         now = self._clock()
         with self._lock:
             self._prune(now)
             since = now - seconds
-            picked = {
-                node: [s for s in series if s.t >= since] for node, series in self._series.items()
-            }
-            memory = dict(self._memory)
+            names = self._series if nodes is None else [n for n in nodes if n in self._series]
+            picked = {n: _since(self._series[n], since) for n in names}
+            cluster = _since(self._cluster, since)
+            memory, cluster_memory = dict(self._memory), self._cluster_memory
         picked = {node: samples for node, samples in picked.items() if samples}
-        longest = max((len(s) for s in picked.values()), default=0)
-        points = max(_MIN_POINTS, self._budget // max(1, len(picked)))
-        every = max(1, math.ceil(longest / points))
-        nodes = {}
-        for node, samples in picked.items():
-            kept = downsample(samples, every)
-            nodes[node] = {
-                "t": [round(s.t, 3) for s in kept],
-                "cpu": [_round(s.cpu, 1) for s in kept],
-                "memory_used_gib": [_round(s.memory_used_gib, 3) for s in kept],
-                "memory_gib": _round(memory.get(node), 3),
-                "gpu": [_round(s.gpu, 1) for s in kept],
-            }
-        return {"interval": self.interval * every, "nodes": nodes}
+        longest = max((len(s) for s in (*picked.values(), cluster)), default=0)
+        most = max(_MIN_POINTS, self._budget // max(1, len(picked)))
+        every = max(1, math.ceil(longest / min(most, points or most)))
+        return {
+            "interval": self.interval * every,
+            "nodes": {n: _series(downsample(s, every), memory.get(n)) for n, s in picked.items()},
+            "cluster": _series(downsample(cluster, every), cluster_memory),
+        }
 
 
 #: The dtype of every column of :func:`resources_frame`, whatever the rows (none too).
@@ -239,10 +302,36 @@ def resources_frame(answer: Mapping[str, Any]) -> pd.DataFrame:
     return typed
 
 
-class ResourceFrames:
-    """:meth:`resources`, for a cluster that answers ``resource_history(window)``."""
+class Only(TypedDict, total=False):
+    """Which part of a history to answer: the ``nodes`` named, at most ``points`` a series."""
 
-    def resource_history(self, window: Duration | None = None) -> dict[str, Any]:
+    nodes: Collection[str] | None
+    points: int | None
+
+
+class ResourceFrames:
+    """:meth:`resources`, for a cluster that answers :meth:`resource_history`."""
+
+    def resource_history(
+        self,
+        window: Duration | None = None,
+        *,
+        nodes: Collection[str] | None = None,
+        points: int | None = None,
+    ) -> dict[str, Any]:
+        """Each node's CPU, memory and GPU use over the last ``window`` (a duration; None: all
+        that is kept, the last 10 minutes), JSON-ready (see :mod:`clusterbook.resources`).
+
+        Parameters
+        ----------
+        window
+            How far back (a duration: ``60``, ``"5m"``, a timedelta).
+        nodes
+            The nodes whose series to answer (None: every node); the cluster's sum is of all.
+        points
+            At most this many samples a series (runs of samples averaged; None: as many as
+            an answer's budget allows).
+        """
         raise NotImplementedError
 
     def resources(self, window: Duration | None = None) -> pd.DataFrame:

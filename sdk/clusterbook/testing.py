@@ -222,8 +222,14 @@ class FakeProvider(Provider):
     def unreachable(self, names: Collection[str], *, lost_only: bool = False) -> dict[str, str]:
         return {n: why for n, why in self._lost.items() if n in names}
 
-    def resource_history(self, window: object = None) -> dict[str, Any]:
-        return self.history.answer(window)
+    def resource_history(
+        self,
+        window: object = None,
+        *,
+        nodes: Collection[str] | None = None,
+        points: int | None = None,
+    ) -> dict[str, Any]:
+        return self.history.answer(window, nodes=nodes, points=points)
 
     # -- the reach ----------------------------------------------------------------------
 
