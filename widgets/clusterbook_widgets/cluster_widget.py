@@ -97,7 +97,7 @@ class ClusterWidget(widgets.VBox):
         max_nodes: int | None = None,
         scheduler: Scheduler | None = None,
         page_size: int = PAGE,
-        plot_window: Duration = 120.0,
+        plot_window: Duration = 60.0,
         plot_interval: Duration = 0.5,
     ) -> None:
         refresh = optional_duration(refresh, "refresh")  # seconds from here on
@@ -107,7 +107,7 @@ class ClusterWidget(widgets.VBox):
         self.usage = UsagePlots(
             getattr(cluster, "resource_history", None),
             window=duration(plot_window, "plot_window"),
-            points=60,
+            points=120,  # a point a report at 1 s: nothing averaged
             interval=duration(plot_interval, "plot_interval", zero=True),
             scheduler=self._scheduler,
         )

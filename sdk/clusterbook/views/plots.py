@@ -34,17 +34,16 @@ def sparkline(
 ) -> str:
     """``values`` (oldest first) as a line from 0 (bottom) to ``top`` (the largest value when
     None), ``label`` its tooltip; an empty plot of the same size when none is known."""
-    known = [v for v in values if v is not None]
-    scale = top if top else max(known, default=0.0) or 1.0
-    step = width / max(1, len(values) - 1)
-    path, pen_down = [], False
-    for i, value in enumerate(values):
-        if value is None:
-            pen_down = False
-            continue
-        y = height - 1 - min(1.0, max(0.0, value / scale)) * (height - 2)
-        path.append(f"{'L' if pen_down else 'M'}{i * step:.1f} {y:.1f}")
-        pen_down = True
+    scale = top if top else max((v for v in values if v is not None), default=0.0) or 1.0
+    step, rise = width / max(1, len(values) - 1), (height - 2) / scale
+    bottom = height - 1
+    # One pass of C-level formatting: a point a value, a move ("M") after a gap.
+    path = [
+        f"{'M' if i == 0 or values[i - 1] is None else 'L'}{i * step:.0f} "
+        f"{bottom - (v * rise if v < scale else height - 2):.1f}"
+        for i, v in enumerate(values)
+        if v is not None
+    ]
     line = (
         f'<path d="{" ".join(path)}" fill="none" stroke="{colour}" stroke-width="1.5"/>'
         if path
