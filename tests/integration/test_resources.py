@@ -15,9 +15,11 @@ import pytest
 
 import clusterbook as cb
 from clusterbook.testing import fake_nvidia_smi
+from tests.integration.test_elastic import agents, elastic
 from tests.testbed import testbed as fake_hosts
 
 testbed = fake_hosts
+__all__ = ["agents", "elastic"]  # the elastic clusters' fixtures, shared
 
 
 @pytest.fixture
@@ -86,5 +88,18 @@ def test_an_ssh_clusters_agents_fill_its_history_from_every_host(testbed, openmp
             assert series["gpu"] == [None] * len(series["t"])  # no nvidia-smi on the hosts
         assert len(answer["cluster"]["t"]) >= 2
         assert answer["cluster"]["memory_gib"] == pytest.approx(
-            sum(s["memory_gib"] for s in answer["nodes"].values())
+            sum(s["memory_gib"] for s in answer["nodes"].values()), abs=0.01
         )
+
+
+@pytest.mark.mpi
+def test_an_elastic_clusters_joining_agents_fill_its_history(elastic, agents):
+    cluster = elastic(2, 2, last_call=0.5)
+    for i in range(2):
+        agents(cluster.join_command, f"n{i}")
+    cluster.wait_ready(timeout=60)
+    answer = history_of(cluster, samples=2, gpus=False)
+    assert set(answer["nodes"]) == {"n0", "n1"}  # in the order they first reported
+    frame = cluster.resources()
+    assert set(frame["node"]) == {"n0", "n1"}
+    assert frame["cpu_percent"].notna().sum() >= 4
