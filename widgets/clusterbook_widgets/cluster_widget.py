@@ -70,7 +70,7 @@ class ClusterWidget(widgets.VBox):
     ----------
     cluster
         A :class:`clusterbook.Cluster` (or anything with ``snapshot()``, ``subscribe()``,
-        ``jobs`` and ``stop()``).
+        ``jobs`` and ``stop()``; and ``resource_history()`` for the plots).
     interval
         Minimum seconds between two redraws (0.1: at most ten a second).
     refresh
