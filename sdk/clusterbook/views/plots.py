@@ -37,9 +37,10 @@ def sparkline(
     scale = top if top else max((v for v in values if v is not None), default=0.0) or 1.0
     step, rise = width / max(1, len(values) - 1), (height - 2) / scale
     bottom = height - 1
-    # One pass of C-level formatting: a point a value, a move ("M") after a gap.
+    # One pass of C-level formatting: a point a value, a move ("M") where a line starts (the
+    # points after it are lines to them: SVG's implicit "L", two bytes a point fewer).
     path = [
-        f"{'M' if i == 0 or values[i - 1] is None else 'L'}{i * step:.0f} "
+        f"{'M' if i == 0 or values[i - 1] is None else ''}{i * step:.0f} "
         f"{bottom - (v * rise if v < scale else height - 2):.1f}"
         for i, v in enumerate(values)
         if v is not None

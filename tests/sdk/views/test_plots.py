@@ -13,7 +13,8 @@ from clusterbook.views.plots import render_usage, sparkline
 
 def points(svg: str) -> list[tuple[str, float, float]]:
     (path,) = re.findall(r'<path d="([^"]*)"', svg)
-    return [(m, float(x), float(y)) for m, x, y in re.findall(r"([ML])([\d.]+) ([\d.]+)", path)]
+    found = re.findall(r"(M?)([\d.]+) ([\d.]+)", path)
+    return [(m or "L", float(x), float(y)) for m, x, y in found]
 
 
 def test_a_sparkline_runs_from_the_bottom_to_its_top_and_breaks_where_nothing_is_known() -> None:
