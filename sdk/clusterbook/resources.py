@@ -27,13 +27,12 @@ import itertools
 import math
 import threading
 import time
-from collections import deque
 from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, TypedDict
 
 from clusterbook.durations import Duration, optional_duration
 from clusterbook.errors import ConfigError
+from clusterbook.sample_ring import Ring, Sample
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -60,17 +59,6 @@ _MIN_POINTS = 30  # a node's series is never downsampled below this many points
 _PRUNE_EVERY = 30.0  # seconds between sweeps for nodes that stopped reporting
 #: Report intervals after which a silent node no longer counts in the cluster's sum.
 SILENT_AFTER = 3
-
-
-@dataclass(frozen=True, slots=True)
-class Sample:
-    """One report of a node: when (``t``, unix seconds), its CPU use (percent of its cores),
-    memory in use (GiB) and GPU use (percent, the mean of its GPUs); None where unknown."""
-
-    t: float
-    cpu: float | None
-    memory_used_gib: float | None
-    gpu: float | None
 
 
 def _mean(values: Iterable[float | None]) -> float | None:
@@ -132,18 +120,6 @@ def _series(samples: Sequence[Sample], memory: float | None) -> dict[str, Any]:
     }
 
 
-def _since(series: Sequence[Sample], since: float) -> list[Sample]:
-    """The samples of ``series`` (oldest first) at or after ``since``, read from the newest
-    back: a short window costs its own length, not the history's."""
-    out = []
-    for sample in reversed(series):
-        if sample.t < since:
-            break
-        out.append(sample)
-    out.reverse()
-    return out
-
-
 class ResourceHistory:
     """The last ``span`` seconds of every node's reports, a sample per ``interval`` seconds
     at most (the agents' report interval): a node reporting more often has its newer report
@@ -169,10 +145,10 @@ class ResourceHistory:
         self._budget = budget
         self._keep = math.ceil(span / interval) + 1
         self._lock = threading.Lock()
-        self._series: dict[str, deque[Sample]] = {}
+        self._series: dict[str, Ring] = {}
         self._memory: dict[str, float | None] = {}
         self._heard: dict[str, float] = {}  # node -> when its last report came (clock)
-        self._cluster: deque[Sample] = deque(maxlen=self._keep)
+        self._cluster = Ring(self._keep)
         self._cluster_memory: float | None = None
         self._tick = -math.inf  # when the cluster's next sample is due
         self._pruned = clock()
@@ -195,13 +171,12 @@ class ResourceHistory:
         with self._lock:
             series = self._series.get(node)
             if series is None:
-                series = self._series[node] = deque(maxlen=self._keep)
-            if series and t <= series[-1].t:
+                series = self._series[node] = Ring(self._keep)
+            last = series.last().t if len(series) else -math.inf
+            if t <= last:
                 return  # the same report seen again (or an older one): nothing new
-            if series and t - series[-1].t < self.interval / 2:
-                series[-1] = sample  # reports closer than the interval: the newer one
-            else:
-                series.append(sample)
+            # Reports closer than the interval: the newer one replaces the older.
+            series.append(sample, replace=t - last < self.interval / 2)
             self._memory[node] = memory_gib
             self._heard[node] = now
             self.version += 1
@@ -214,7 +189,7 @@ class ResourceHistory:
         """The cluster's sample at ``now`` (held lock), of the nodes heard from lately."""
         self._tick = now + self.interval
         recent = now - SILENT_AFTER * self.interval
-        latest = [(n, self._series[n][-1]) for n, at in self._heard.items() if at >= recent]
+        latest = [(n, self._series[n].last()) for n, at in self._heard.items() if at >= recent]
         total = [m for n, _ in latest if (m := self._memory.get(n)) is not None]
         used = [s.memory_used_gib for _, s in latest if s.memory_used_gib is not None]
         sample = Sample(
@@ -224,19 +199,18 @@ class ResourceHistory:
             _mean(s.gpu for _, s in latest),
         )
         self._cluster_memory = sum(total) if total else None
-        if self._cluster and now - self._cluster[-1].t < self.interval / 2:
-            self._cluster[-1] = sample
-        else:
-            self._cluster.append(sample)
+        cluster = self._cluster
+        cluster.append(
+            sample, replace=len(cluster) > 0 and now - cluster.last().t < self.interval / 2
+        )
 
     def _prune(self, now: float) -> None:
         """Drop what is older than the span (held lock); a node left with nothing goes."""
         self._pruned = now
         oldest = now - self.span
         for series in (*self._series.values(), self._cluster):
-            while series and series[0].t < oldest:
-                series.popleft()
-        for node in [n for n, series in self._series.items() if not series]:
+            series.drop_before(oldest)
+        for node in [n for n, series in self._series.items() if not len(series)]:
             del self._series[node]
             self._memory.pop(node, None)
             self._heard.pop(node, None)
@@ -268,8 +242,8 @@ class ResourceHistory:
             self._prune(now)
             since = now - seconds
             names = self._series if nodes is None else [n for n in nodes if n in self._series]
-            picked = {n: _since(self._series[n], since) for n in names}
-            cluster = _since(self._cluster, since)
+            picked = {n: self._series[n].since(since) for n in names}
+            cluster = self._cluster.since(since)
             memory, cluster_memory = dict(self._memory), self._cluster_memory
         picked = {node: samples for node, samples in picked.items() if samples}
         longest = max((len(s) for s in (*picked.values(), cluster)), default=0)
