@@ -18,6 +18,7 @@ from clusterbook.resources import (
     empty_answer,
     resources_frame,
 )
+from clusterbook.sample_ring import Ring
 
 
 class Clock:
@@ -178,3 +179,16 @@ def test_an_answer_names_the_nodes_asked_for_and_as_many_points_as_asked() -> No
     assert answer["nodes"]["a"]["cpu"][-1] == sum(range(90, 100)) / 10
     with pytest.raises(cb.ConfigError, match="points must be a positive whole number"):
         history.answer(points=0)
+
+
+def test_a_ring_keeps_at_most_twice_its_bound_and_answers_its_bound() -> None:
+    ring = Ring(10)
+    for t in range(100):
+        ring.append(Sample(float(t), float(t), None, 1.0))
+        assert len(ring) < 20  # the oldest go in bulk, a move per 10 samples
+    assert [s.t for s in ring.since(0.0)] == [float(t) for t in range(90, 100)]
+    assert ring.last() == Sample(99.0, 99.0, None, 1.0)  # None kept as not known
+    ring.append(Sample(99.5, 5.0, 2.0, None), replace=True)
+    assert ring.last() == Sample(99.5, 5.0, 2.0, None)
+    ring.drop_before(99.0)
+    assert [s.t for s in ring.since(0.0)] == [99.5]
