@@ -32,7 +32,7 @@ from typing import TYPE_CHECKING, Any, TypedDict
 
 from clusterbook.durations import Duration, optional_duration
 from clusterbook.errors import ConfigError
-from clusterbook.sample_ring import Ring, Sample
+from clusterbook.sample_ring import Columns, Ring, Sample, columns_of
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -77,46 +77,62 @@ def _average(values: list[float | None]) -> float | None:
     return sum(known) / len(known)
 
 
+def _mean_of(values: Sequence[float]) -> float | None:
+    """The mean of ``values`` that are not NaN (None when all are): one C loop where none is,
+    the common case, since this runs for every point of every answer."""
+    total = sum(values)
+    if total == total:  # not NaN: every value known
+        return total / len(values)
+    known = [v for v in values if v == v]
+    return sum(known) / len(known) if known else None
+
+
+def _runs(columns: Columns, every: int) -> tuple[list[float], list[list[float | None]]]:
+    """The times and the values of ``columns`` with each run of ``every`` samples made one
+    (see :func:`downsample`)."""
+    times, *values = columns
+    if every <= 1:
+        return list(times), [[None if v != v else v for v in c] for c in values]
+    cuts = list(range(len(times) % every, len(times) + 1, every))
+    if cuts[0]:
+        cuts.insert(0, 0)  # the oldest run is the short one
+    pairs = list(itertools.pairwise(cuts))
+    return [times[end - 1] for _, end in pairs], [
+        [_mean_of(c[start:end]) for start, end in pairs] for c in values
+    ]
+
+
 def downsample(samples: Sequence[Sample], every: int) -> list[Sample]:
     """``samples`` (oldest first) with each run of ``every`` consecutive ones made one: the
     mean of its known values (None where none is known), at the time of its last. The runs
     end at the newest sample, so the newest value is always in a run of its own size."""
-    if every <= 1:
-        return list(samples)
-    cuts = list(range(len(samples) % every, len(samples) + 1, every))
-    if cuts[0]:
-        cuts.insert(0, 0)  # the oldest run is the short one
-    cpu = [s.cpu for s in samples]
-    used = [s.memory_used_gib for s in samples]
-    gpu = [s.gpu for s in samples]
-    return [
-        Sample(
-            samples[end - 1].t,
-            _average(cpu[start:end]),
-            _average(used[start:end]),
-            _average(gpu[start:end]),
-        )
-        for start, end in itertools.pairwise(cuts)
-    ]
+    times, (cpu, used, gpu) = _runs(columns_of(samples), every)
+    return [Sample(*row) for row in zip(times, cpu, used, gpu, strict=True)]
 
 
 def empty_answer(interval: float) -> dict[str, Any]:
     """The answer of a cluster whose nodes report nothing (no agents, or not started)."""
-    return {"interval": interval, "nodes": {}, "cluster": _series((), None)}
+    return {"interval": interval, "nodes": {}, "cluster": _series(columns_of(()), 1, None)}
 
 
 def _round(value: float | None, digits: int) -> float | None:
     return None if value is None else round(value, digits)
 
 
-def _series(samples: Sequence[Sample], memory: float | None) -> dict[str, Any]:
-    """Samples as the answer's JSON has them: a list per value, rounded to what is read."""
+def _rounded(values: list[float | None], digits: int) -> list[float | None]:
+    return [None if v is None else round(v, digits) for v in values]
+
+
+def _series(columns: Columns, every: int, memory: float | None) -> dict[str, Any]:
+    """A series as the answer's JSON has it, downsampled by runs of ``every``: a list per
+    value, rounded to what is read."""
+    times, (cpu, used, gpu) = _runs(columns, every)
     return {
-        "t": [round(s.t, 3) for s in samples],
-        "cpu": [_round(s.cpu, 1) for s in samples],
-        "memory_used_gib": [_round(s.memory_used_gib, 3) for s in samples],
+        "t": [round(t, 3) for t in times],
+        "cpu": _rounded(cpu, 1),
+        "memory_used_gib": _rounded(used, 3),
         "memory_gib": _round(memory, 3),
-        "gpu": [_round(s.gpu, 1) for s in samples],
+        "gpu": _rounded(gpu, 1),
     }
 
 
@@ -242,17 +258,17 @@ class ResourceHistory:
             self._prune(now)
             since = now - seconds
             names = self._series if nodes is None else [n for n in nodes if n in self._series]
-            picked = {n: self._series[n].since(since) for n in names}
-            cluster = self._cluster.since(since)
+            picked = {n: self._series[n].columns(since) for n in names}
+            cluster = self._cluster.columns(since)
             memory, cluster_memory = dict(self._memory), self._cluster_memory
-        picked = {node: samples for node, samples in picked.items() if samples}
-        longest = max((len(s) for s in (*picked.values(), cluster)), default=0)
+        picked = {node: columns for node, columns in picked.items() if len(columns[0])}
+        longest = max((len(c[0]) for c in (*picked.values(), cluster)), default=0)
         most = max(_MIN_POINTS, self._budget // max(1, len(picked)))
         every = max(1, math.ceil(longest / min(most, points or most)))
         return {
             "interval": self.interval * every,
-            "nodes": {n: _series(downsample(s, every), memory.get(n)) for n, s in picked.items()},
-            "cluster": _series(downsample(cluster, every), cluster_memory),
+            "nodes": {n: _series(c, every, memory.get(n)) for n, c in picked.items()},
+            "cluster": _series(cluster, every, cluster_memory),
         }
 
 

@@ -11,9 +11,14 @@ from __future__ import annotations
 import math
 from array import array
 from bisect import bisect_left
+from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import TypeAlias
 
-__all__ = ["Ring", "Sample"]
+__all__ = ["Columns", "Ring", "Sample", "columns_of"]
+
+#: A series as four columns of floats: times, CPU, memory in use, GPU (NaN: not known).
+Columns: TypeAlias = "tuple[array[float], array[float], array[float], array[float]]"
 
 
 @dataclass(frozen=True, slots=True)
@@ -33,6 +38,16 @@ def _stored(value: float | None) -> float:
 
 def _read(value: float) -> float | None:
     return None if value != value else value  # NaN: not known
+
+
+def columns_of(samples: Sequence[Sample]) -> Columns:
+    """``samples`` as columns."""
+    return (
+        array("d", (s.t for s in samples)),
+        array("d", (_stored(s.cpu) for s in samples)),
+        array("d", (_stored(s.memory_used_gib) for s in samples)),
+        array("d", (_stored(s.gpu) for s in samples)),
+    )
 
 
 class Ring:
@@ -69,6 +84,14 @@ class Ring:
         if cut:
             for column in self._columns:
                 del column[:cut]
+
+    def columns(self, t: float) -> Columns:
+        """The samples at or after ``t`` (at most ``keep``) as columns: copies made in C, no
+        object a sample (a whole history is answered this way)."""
+        times = self._columns[0]
+        start = max(bisect_left(times, t), len(times) - self._keep)
+        a, b, c, d = (column[start:] for column in self._columns)
+        return a, b, c, d
 
     def since(self, t: float) -> list[Sample]:
         """The samples at or after ``t`` (at most ``keep``), oldest first."""
