@@ -45,6 +45,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
         "clusterbook.events",
         "clusterbook.status",
         "clusterbook.resources",
+        "clusterbook.sample_ring",
         "clusterbook.fs",
         # The same work on every node at once, and the call that runs a node task: plain
         # threads and a Protocol, which every layer that asks nodes for something takes.

@@ -102,6 +102,8 @@ class GPUInfo:
     def model(self) -> str | None:
         """The model, or the models with their counts (``"NVIDIA A100 (2), Tesla T4 (1)"``);
         None without GPUs."""
+        if not self.devices:  # most nodes: asked of each for every snapshot
+            return None
         counts = Counter(self.models)
         if len(counts) <= 1:
             return next(iter(counts), None)

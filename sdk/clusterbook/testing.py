@@ -111,6 +111,7 @@ class FakeProvider(Provider):
         self.problem_text: str | None = None
         self.calls = _Calls()
         self._clock, self._names = clock, {n.name for n in self._nodes}
+        self._memory: dict[str, tuple[float, int]] = {}  # node -> percent in use, bytes
         self.history = ResourceHistory(report_interval, clock=clock)
 
     # -- what a test does ---------------------------------------------------------------
@@ -145,12 +146,16 @@ class FakeProvider(Provider):
     ) -> None:
         """Nodes reported their use at ``t`` (now, by the clock, if None), as agents do with
         each heartbeat: ``{node: {"cpu": %, "memory_used_gib": GiB, "memory_gib": GiB,
-        "gpu": %}}`` (a key left out: not known). The cluster is told once."""
+        "gpu": %}}`` (a key left out: not known); their status rows show the memory. The
+        cluster is told once."""
         when = self._clock() if t is None else t
         for node, values in usage.items():
             if node not in self._names:
                 raise KeyError(node)
             self.history.add(node, when, **{k: values.get(k) for k in _USAGE})
+            used, total = values.get("memory_used_gib"), values.get("memory_gib")
+            if used is not None and total:
+                self._memory[node] = (used / total * 100, int(total * 2**30))
         self._tell()
 
     def _tell(self) -> None:
@@ -210,6 +215,8 @@ class FakeProvider(Provider):
                 n.host,
                 n.slots,
                 "lost" if n.name in self._lost else state,
+                memory_used=self._memory.get(n.name, (None, None))[0],
+                memory=self._memory.get(n.name, (None, None))[1],
                 gpus=n.gpus.count,
                 gpu_model=n.gpus.model,
             )
@@ -222,8 +229,14 @@ class FakeProvider(Provider):
     def unreachable(self, names: Collection[str], *, lost_only: bool = False) -> dict[str, str]:
         return {n: why for n, why in self._lost.items() if n in names}
 
-    def resource_history(self, window: object = None) -> dict[str, Any]:
-        return self.history.answer(window)
+    def resource_history(
+        self,
+        window: object = None,
+        *,
+        nodes: Collection[str] | None = None,
+        points: int | None = None,
+    ) -> dict[str, Any]:
+        return self.history.answer(window, nodes=nodes, points=points)
 
     # -- the reach ----------------------------------------------------------------------
 

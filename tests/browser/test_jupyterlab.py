@@ -121,6 +121,11 @@ def _check_page(page: Any) -> None:
     for name in ("local-0", "local-1"):
         expect(nodes.filter(has_text=name).locator(".cb-state")).to_have_text("joined")
     expect(page.locator(".cb-progress-text").first).to_have_text("2 of 2 nodes ready")
+    # The plots of the nodes' use: the cluster's sum and each node, a line each once they
+    # reported twice (CPU and memory; no GPU here).
+    usage = page.locator("table.cb-usage tbody tr")
+    expect(usage).to_have_count(3)
+    expect(usage.filter(has_text="local-1").locator("svg.cb-spark path")).to_have_count(2)
 
     # %%mpirun's cell output: a line from each rank, with its rank in brackets.
     mpirun = next(i for i, source in enumerate(CELLS) if source.startswith("%%mpirun"))

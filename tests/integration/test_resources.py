@@ -15,6 +15,11 @@ import pytest
 
 import clusterbook as cb
 from clusterbook.testing import fake_nvidia_smi
+from tests.integration.test_elastic import agents, elastic
+from tests.testbed import testbed as fake_hosts
+
+testbed = fake_hosts
+__all__ = ["agents", "elastic"]  # the elastic clusters' fixtures, shared
 
 
 @pytest.fixture
@@ -24,15 +29,20 @@ def four_gpus(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
 
 
-def history_of(cluster: cb.Cluster, samples: int, timeout: float = 30.0) -> dict[str, Any]:
-    """The cluster's history once every node has ``samples`` samples with its CPU and GPU
+def history_of(
+    cluster: cb.Cluster, samples: int, *, gpus: bool = True, timeout: float = 30.0
+) -> dict[str, Any]:
+    """The cluster's history once every node has ``samples`` samples with its CPU (and GPU)
     use known (the first report of an agent knows neither: nothing was measured yet)."""
     deadline = time.monotonic() + timeout
     while True:
         answer = cluster.resource_history()
         nodes = answer["nodes"]
         known = [
-            sum(c is not None and g is not None for c, g in zip(s["cpu"], s["gpu"], strict=True))
+            sum(
+                c is not None and (g is not None or not gpus)
+                for c, g in zip(s["cpu"], s["gpu"], strict=True)
+            )
             for s in nodes.values()
         ]
         if len(nodes) == len(cluster.nodes) and min(known) >= samples:
@@ -65,3 +75,31 @@ def test_a_local_clusters_agents_fill_its_history_with_cpu_memory_and_gpus(
         frame = handle.resources(window=60)
         assert set(frame["node"]) == set(answer["nodes"])
         assert frame["memory_gib"].min() == pytest.approx(total, abs=0.01)
+
+
+@pytest.mark.root
+@pytest.mark.sshd
+def test_an_ssh_clusters_agents_fill_its_history_from_every_host(testbed, openmpi_python, tmp_path):
+    with testbed.cluster(openmpi_python, tmp_path / "run", slots=1) as cluster:
+        answer = history_of(cluster, samples=2, gpus=False)
+        assert set(answer["nodes"]) == {n.name for n in cluster.nodes}
+        for series in answer["nodes"].values():
+            assert series["memory_gib"] > 0
+            assert series["gpu"] == [None] * len(series["t"])  # no nvidia-smi on the hosts
+        assert len(answer["cluster"]["t"]) >= 2
+        assert answer["cluster"]["memory_gib"] == pytest.approx(
+            sum(s["memory_gib"] for s in answer["nodes"].values()), abs=0.01
+        )
+
+
+@pytest.mark.mpi
+def test_an_elastic_clusters_joining_agents_fill_its_history(elastic, agents):
+    cluster = elastic(2, 2, last_call=0.5)
+    for i in range(2):
+        agents(cluster.join_command, f"n{i}")
+    cluster.wait_ready(timeout=60)
+    answer = history_of(cluster, samples=2, gpus=False)
+    assert set(answer["nodes"]) == {"n0", "n1"}  # in the order they first reported
+    frame = cluster.resources()
+    assert set(frame["node"]) == {"n0", "n1"}
+    assert frame["cpu_percent"].notna().sum() >= 4

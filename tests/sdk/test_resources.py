@@ -15,8 +15,10 @@ from clusterbook.resources import (
     ResourceHistory,
     Sample,
     downsample,
+    empty_answer,
     resources_frame,
 )
+from clusterbook.sample_ring import Ring
 
 
 class Clock:
@@ -76,7 +78,7 @@ def test_a_node_that_stopped_reporting_is_let_go_of_after_the_span() -> None:
 def test_a_window_answers_its_last_seconds_and_the_version_counts_changes() -> None:
     clock = Clock()
     history = ResourceHistory(2.0, clock=clock)
-    assert history.answer() == {"interval": 2.0, "nodes": {}}
+    assert history.answer() == {"interval": 2.0, **empty_answer(2.0)}
     for i in range(10):
         report(history, "n0", clock.now + 2 * i)
     version = history.version
@@ -142,3 +144,51 @@ def test_the_frame_has_a_row_per_node_and_sample_with_fixed_dtypes() -> None:
     assert frame["time"].iloc[1] == pd.Timestamp(clock.now, unit="s", tz="UTC")
     empty = resources_frame({"interval": 1.0, "nodes": {}})
     assert {c: str(t) for c, t in empty.dtypes.items()} == RESOURCE_DTYPES
+
+
+def test_the_clusters_sum_is_of_the_nodes_heard_from_lately() -> None:
+    clock = Clock()
+    history = ResourceHistory(1.0, clock=clock)
+    for i in range(7):
+        clock.now += 1
+        history.add("a", clock.now, cpu=20.0, memory_used_gib=2.0, memory_gib=8.0, gpu=None)
+        if i < 2:  # b reports twice, then falls silent
+            history.add("b", clock.now, cpu=60.0, memory_used_gib=6.0, memory_gib=16.0, gpu=90.0)
+    cluster = history.answer()["cluster"]
+    # Each interval's first report takes the sum of what was known then: b's first report
+    # comes after a's, so it counts from the second interval on, until 3 intervals of silence.
+    assert cluster["cpu"] == [20.0, 40.0, 40.0, 40.0, 40.0, 20.0, 20.0]
+    assert cluster["memory_used_gib"] == [2.0, 8.0, 8.0, 8.0, 8.0, 2.0, 2.0]
+    assert cluster["gpu"] == [None, 90.0, 90.0, 90.0, 90.0, None, None]
+    assert cluster["memory_gib"] == 8.0  # b no longer counts
+    assert cluster["t"] == sorted(cluster["t"])
+
+
+def test_an_answer_names_the_nodes_asked_for_and_as_many_points_as_asked() -> None:
+    clock = Clock()
+    history = ResourceHistory(1.0, clock=clock)
+    for i in range(100):
+        clock.now += 1
+        for node in ("a", "b", "c"):
+            report(history, node, clock.now, cpu=float(i))
+    answer = history.answer(nodes=["c", "a", "unknown"], points=10)
+    assert list(answer["nodes"]) == ["c", "a"]
+    assert answer["interval"] == 10.0
+    assert [len(s["t"]) for s in answer["nodes"].values()] == [10, 10]
+    assert len(answer["cluster"]["t"]) == 10
+    assert answer["nodes"]["a"]["cpu"][-1] == sum(range(90, 100)) / 10
+    with pytest.raises(cb.ConfigError, match="points must be a positive whole number"):
+        history.answer(points=0)
+
+
+def test_a_ring_keeps_at_most_twice_its_bound_and_answers_its_bound() -> None:
+    ring = Ring(10)
+    for t in range(100):
+        ring.append(Sample(float(t), float(t), None, 1.0))
+        assert len(ring) < 20  # the oldest go in bulk, a move per 10 samples
+    assert [s.t for s in ring.since(0.0)] == [float(t) for t in range(90, 100)]
+    assert ring.last() == Sample(99.0, 99.0, None, 1.0)  # None kept as not known
+    ring.append(Sample(99.5, 5.0, 2.0, None), replace=True)
+    assert ring.last() == Sample(99.5, 5.0, 2.0, None)
+    ring.drop_before(99.0)
+    assert [s.t for s in ring.since(0.0)] == [99.5]

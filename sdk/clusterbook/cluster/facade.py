@@ -39,6 +39,7 @@ if TYPE_CHECKING:
     from clusterbook.launch.job import Job
     from clusterbook.launch.prepare import JobArgs
     from clusterbook.launch.saved import SavedJob
+    from clusterbook.resources import Only
     from clusterbook.status import ClusterSnapshot
 
 __all__ = ["Cluster", "default_run_root"]
@@ -322,10 +323,11 @@ class Cluster(ClusterKinds, FunctionMethods, SweepMethods, ResourceFrames):
         (:func:`~clusterbook.status.nodes_frame`)."""
         return self._head.status()
 
-    def resource_history(self, window: Duration | None = None) -> dict[str, Any]:
-        """Each node's CPU, memory and GPU use over the last ``window`` (None: all kept, the
-        last 10 minutes), JSON-ready (:mod:`clusterbook.resources`); ``resources()``: a frame."""
-        return self._head.resource_history(window)
+    def resource_history(
+        self, window: Duration | None = None, **only: Unpack[Only]
+    ) -> dict[str, Any]:
+        """Each node's use, JSON-ready (:meth:`.ResourceFrames.resource_history`)."""
+        return self._head.resource_history(window, **only)
 
     def __repr__(self) -> str:
         return repr(self._head)

@@ -100,7 +100,13 @@ class ClusterHandle(Protocol):
     def snapshot(self) -> ClusterSnapshot: ...
     def subscribe(self, callback: Callable[[ClusterSnapshot], None]) -> Callable[[], None]: ...
     def status(self) -> pd.DataFrame: ...
-    def resource_history(self, window: Duration | None = None) -> dict[str, Any]:
+    def resource_history(
+        self,
+        window: Duration | None = None,
+        *,
+        nodes: Collection[str] | None = None,
+        points: int | None = None,
+    ) -> dict[str, Any]:
         """Each node's CPU, memory and GPU use, JSON-ready (:mod:`clusterbook.resources`)."""
         ...
 

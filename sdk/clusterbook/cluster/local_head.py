@@ -16,7 +16,7 @@ import logging
 import threading
 import time
 import weakref
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -331,8 +331,14 @@ class LocalHead(NodeCalls, ResourceFrames):
     def status(self) -> pd.DataFrame:
         return nodes_frame(self.snapshot())
 
-    def resource_history(self, window: Duration | None = None) -> dict[str, Any]:
-        return self.provider.watch.resource_history(window)
+    def resource_history(
+        self,
+        window: Duration | None = None,
+        *,
+        nodes: Collection[str] | None = None,
+        points: int | None = None,
+    ) -> dict[str, Any]:
+        return self.provider.watch.resource_history(window, nodes=nodes, points=points)
 
     def subscribe(self, callback: Callable[[ClusterSnapshot], None]) -> Callable[[], None]:
         return self._subscribers.subscribe(callback)

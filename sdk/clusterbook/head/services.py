@@ -265,7 +265,8 @@ def _handlers(head: HeadState) -> dict[str, Handler]:
         return {"rows": [asdict(r) for r in runs]}
 
     def resource_history(request: Mapping[str, Any]) -> Mapping[str, Any]:
-        return head.resource_history(request.get("window"))
+        window, nodes, points = request.get("window"), request.get("nodes"), request.get("points")
+        return head.resource_history(window, nodes=nodes, points=points)
 
     return {
         "mpirun": mpirun,

@@ -115,7 +115,13 @@ class HeadState(Protocol):
         self, directory: str | os.PathLike[str], *, progress: bool | None = None
     ) -> list[Path]: ...
 
-    def resource_history(self, window: float | None = None) -> dict[str, Any]: ...
+    def resource_history(
+        self,
+        window: float | None = None,
+        *,
+        nodes: Collection[str] | None = None,
+        points: int | None = None,
+    ) -> dict[str, Any]: ...
 
     def node_runs(
         self,

@@ -115,7 +115,11 @@ class LaunchCommand:
 
 def placement(nodes: tuple[NodeSpec, ...], np: int) -> list[int]:
     """Index of the node each rank runs on: fill each node's slots in order, then wrap."""
-    order = [i for i, node in enumerate(nodes) for _ in range(node.slots)]
+    order: list[int] = []
+    for i, node in enumerate(nodes):  # only as far as the ranks go: a cluster may be large
+        order += [i] * node.slots
+        if len(order) >= np:
+            break
     return [order[r % len(order)] for r in range(np)]
 
 

@@ -45,10 +45,17 @@ class NodeWatch(Protocol):
         """What is wrong with the view of the nodes now (shown in status), if anything."""
         ...
 
-    def resource_history(self, window: object = None) -> dict[str, Any]:
+    def resource_history(
+        self,
+        window: object = None,
+        *,
+        nodes: Collection[str] | None = None,
+        points: int | None = None,
+    ) -> dict[str, Any]:
         """Each node's CPU, memory and GPU use over the last ``window`` seconds (a duration;
-        None: all that is kept), as :meth:`clusterbook.resources.ResourceHistory.answer`
-        gives it: no node where nothing reports."""
+        None: all that is kept), of the ``nodes`` named (None: all), ``points`` samples a
+        series at most, as :meth:`clusterbook.resources.ResourceHistory.answer` gives it: no
+        node where nothing reports."""
         ...
 
 
@@ -88,7 +95,13 @@ class FixedWatch:
     def problem(self) -> str | None:
         return None
 
-    def resource_history(self, window: object = None) -> dict[str, Any]:
+    def resource_history(
+        self,
+        window: object = None,
+        *,
+        nodes: Collection[str] | None = None,
+        points: int | None = None,
+    ) -> dict[str, Any]:
         """None of its nodes reports its use: no agent runs there."""
         return empty_answer(1.0)
 
@@ -162,9 +175,15 @@ class AgentWatch:
     def problem(self) -> str | None:
         return None if self._ended is not None else self.head.problem()
 
-    def resource_history(self, window: object = None) -> dict[str, Any]:
+    def resource_history(
+        self,
+        window: object = None,
+        *,
+        nodes: Collection[str] | None = None,
+        points: int | None = None,
+    ) -> dict[str, Any]:
         """What the agents reported (after the end too: the history of a stopped cluster)."""
-        return self.head.history.answer(window)
+        return self.head.history.answer(window, nodes=nodes, points=points)
 
     def end(self) -> None:
         """The cluster stops: from now on, show the nodes as they are now, each lost if it

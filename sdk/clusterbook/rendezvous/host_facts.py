@@ -126,7 +126,7 @@ def memory(meminfo: str = _MEMINFO) -> tuple[int, float]:
 
 
 _STAT = "/proc/stat"
-_GPU_EVERY = 1.0  # seconds between two runs of nvidia-smi at most
+_GPU_EVERY = 2.0  # seconds between two runs of nvidia-smi at least: each costs the node some CPU
 _GPU_LIMIT = 10.0  # seconds a run may take before it is killed (and the use is unknown)
 
 
@@ -149,7 +149,7 @@ class UsageMeter:
     """How busy this machine's CPU and ``gpus`` are: :meth:`cpu` the percent of all cores
     busy since its last call (None the first time), :meth:`gpu` the mean use of the GPUs
     (percent) as ``nvidia-smi`` said last. ``nvidia-smi`` runs in the background, one run
-    at a time and once a second at most, so that a reading never waits on it: each call
+    at a time and every 2 s at most, so that a reading never waits on it: each call
     takes the answer of the run before and starts the next. Without GPUs, or without
     ``nvidia-smi``, nothing runs and :meth:`gpu` is None."""
 

@@ -37,6 +37,8 @@ from clusterbook.views.style import (
 )
 
 __all__ = [
+    "PAGE",
+    "page_of",
     "render_cluster",
     "render_header",
     "render_job",
@@ -169,17 +171,41 @@ def _waiting_for(node: NodeStatus) -> str:
     return f' <small class="cb-pending-reason" {MUTED}>{escaped(node.last_reason)}</small>'
 
 
-def render_nodes(snapshot: ClusterSnapshot) -> str:
+def page_of(total: int, page: int, per_page: int | None) -> tuple[int, int, int]:
+    """The rows ``[start, end)`` shown on ``page`` (counted from 0, brought within the pages
+    there are) of ``total`` rows, ``per_page`` a page (None: all on one), and that page."""
+    if per_page is None or total <= per_page:
+        return 0, total, 0
+    last = (total - 1) // per_page
+    page = min(max(0, page), last)
+    return page * per_page, min(total, (page + 1) * per_page), page
+
+
+def _summary(what: str, states: Sequence[str], start: int, end: int) -> str:
+    """``1024 nodes: 1000 running, 24 lost · showing 51 to 100``: the counts of a paged table."""
+    counts = Counter(states)
+    said = ", ".join(f"{n} {state}" for state, n in counts.most_common())
+    showing = f" · showing {start + 1} to {end}" if end - start < len(states) else ""
+    return (
+        f'<div class="cb-summary" {MUTED}>{len(states)} {what}'
+        f"{': ' + escaped(said) if said else ''}{showing}</div>"
+    )
+
+
+def render_nodes(snapshot: ClusterSnapshot, page: int = 0, per_page: int | None = None) -> str:
     """A table of the nodes: name, host, slots, GPUs (count and model; the column is left
     out when no node has a GPU), state (coloured; a pending node's reason beside it, like a
-    queued Slurm job's), ranks of the running job, heartbeat age, load, and memory in use."""
+    queued Slurm job's), ranks of the running job, heartbeat age, load, and memory in use.
+    With ``per_page``, only the rows of ``page`` (:func:`page_of`), under a line that counts
+    them all by state when there are more."""
     if not snapshot.nodes:
         return empty("cb-nodes", "No nodes yet.")
+    start, end, _ = page_of(len(snapshot.nodes), page, per_page)
     gpus = any(n.gpus for n in snapshot.nodes)
     headers = ["Node", "Host", "Slots", *(["GPUs"] if gpus else [])]
     headers += ["State", "Ranks", "Heartbeat", "Load", "Memory"]
     rows = []
-    for n in snapshot.nodes:
+    for n in snapshot.nodes[start:end]:
         ranks = ",".join(str(r) for r in n.ranks)
         row = [
             escaped(n.name),
@@ -193,7 +219,10 @@ def render_nodes(snapshot: ClusterSnapshot) -> str:
             _memory(n),
         ]
         rows.append(row)
-    return table(headers, rows, "cb-nodes")
+    shown = table(headers, rows, "cb-nodes")
+    if per_page is None or len(snapshot.nodes) <= per_page:
+        return shown
+    return _summary("nodes", [n.state for n in snapshot.nodes], start, end) + shown
 
 
 def _job_order(jobs: Sequence[JobStatus]) -> list[JobStatus]:
@@ -202,14 +231,17 @@ def _job_order(jobs: Sequence[JobStatus]) -> list[JobStatus]:
     return running + finished
 
 
-def render_jobs(snapshot: ClusterSnapshot) -> str:
+def render_jobs(snapshot: ClusterSnapshot, page: int = 0, per_page: int | None = None) -> str:
     """A table of the jobs, running ones first, then finished ones newest first: id, np,
     command (under its ``label`` for well-known jobs), state (coloured),
-    exit code, duration and failed ranks."""
+    exit code, duration and failed ranks. With ``per_page``, only the rows of ``page``
+    (:func:`page_of`), under a line that counts them all by state when there are more."""
     if not snapshot.jobs:
         return empty("cb-jobs", "No jobs yet.")
+    ordered = _job_order(snapshot.jobs)
+    start, end, _ = page_of(len(ordered), page, per_page)
     rows = []
-    for j in _job_order(snapshot.jobs):
+    for j in ordered[start:end]:
         command = shlex.join(j.argv)
         shown = command if len(command) <= _ARGV_CHARS else command[: _ARGV_CHARS - 1] + "…"
         failed = ", ".join(str(r) for r in j.failed_ranks)
@@ -235,20 +267,28 @@ def render_jobs(snapshot: ClusterSnapshot) -> str:
             ]
         )
     headers = ["Job", "np", "Command", "State", "Exit code", "Duration", "Failed ranks"]
-    return table(headers, rows, "cb-jobs")
+    shown = table(headers, rows, "cb-jobs")
+    if per_page is None or len(ordered) <= per_page:
+        return shown
+    return _summary("jobs", [j.state for j in ordered], start, end) + shown
 
 
 # -- static views, for saved notebooks --------------------------------------------------------
 
 
+#: Rows of a table a page, in the widget and in static views: a browser lays out a page of a
+#: 1,024-node table at once; ``status()`` has every row.
+PAGE = 50
+
+
 def render_cluster(snapshot: ClusterSnapshot) -> str:
     """The whole cluster as static HTML: header, progress, nodes and jobs (what the live
-    widget shows, frozen)."""
+    widget shows, frozen; long tables their first :data:`PAGE` rows)."""
     parts = [
         render_header(snapshot),
         render_progress(snapshot, snapshot.min_nodes, snapshot.max_nodes),
-        render_nodes(snapshot),
-        render_jobs(snapshot),
+        render_nodes(snapshot, per_page=PAGE),
+        render_jobs(snapshot, per_page=PAGE),
     ]
     return '<div class="cb-cluster">' + "".join(parts) + "</div>"
 

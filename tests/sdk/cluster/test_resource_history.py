@@ -19,45 +19,61 @@ from tests.sdk.cluster.test_facade import STAND_IN
 NOW = 1_800_000_000.0
 
 
+class Clock:
+    """The wall clock of the nodes' reports: it stands until a test moves it."""
+
+    def __init__(self) -> None:
+        self.now = NOW
+
+    def __call__(self) -> float:
+        return self.now
+
+
 @pytest.fixture
-def fake(tmp_path: Path) -> Iterator[tuple[cb.Cluster, FakeProvider]]:
+def fake(tmp_path: Path) -> Iterator[tuple[cb.Cluster, FakeProvider, Clock]]:
     launcher = tmp_path / "bin" / "mpirun"
     launcher.parent.mkdir()
     launcher.write_text(STAND_IN)
     launcher.chmod(0o755)
     options = ClusterOptions.make("fake", launcher=str(launcher), run_dir=tmp_path / "run")
-    provider = FakeProvider(nodes=2, report_interval=2.0, clock=lambda: NOW)
+    clock = Clock()
+    provider = FakeProvider(nodes=2, report_interval=2.0, clock=clock)
     running = cb.Cluster(provider, options).start()
-    yield running, provider
+    yield running, provider, clock
     running.stop()
 
 
 def test_the_cluster_and_an_attached_handle_answer_the_same_history(
-    fake: tuple[cb.Cluster, FakeProvider],
+    fake: tuple[cb.Cluster, FakeProvider, Clock],
 ) -> None:
-    cluster, provider = fake
-    assert cluster.resource_history() == {"interval": 2.0, "nodes": {}}
-    for step, cpu in enumerate((10.0, 30.0, 50.0)):
+    cluster, provider, clock = fake
+    assert cluster.resource_history()["nodes"] == {}
+    for cpu in (10.0, 30.0, 50.0):
         provider.report_usage(
             {
                 "fake-0": {"cpu": cpu, "memory_used_gib": 1.5, "memory_gib": 16.0, "gpu": 80.0},
                 "fake-1": {"cpu": cpu / 2, "memory_used_gib": 3.0, "memory_gib": 16.0},
-            },
-            t=NOW - 4 + 2 * step,
+            }
         )
+        clock.now += 2
+    clock.now -= 2  # the last report is now
     answer = cluster.resource_history()
-    assert answer == {
+    # The sum, once an interval: at its first report, of the latest report of each node.
+    assert answer["cluster"]["cpu"] == [10.0, (30 + 5) / 2, (50 + 15) / 2]
+    assert answer["cluster"]["memory_used_gib"] == [1.5, 4.5, 4.5]
+    assert answer["cluster"]["memory_gib"] == 32.0
+    assert {k: v for k, v in answer.items() if k != "cluster"} == {
         "interval": 2.0,
         "nodes": {
             "fake-0": {
-                "t": [NOW - 4, NOW - 2, NOW],
+                "t": [NOW, NOW + 2, NOW + 4],
                 "cpu": [10.0, 30.0, 50.0],
                 "memory_used_gib": [1.5] * 3,
                 "memory_gib": 16.0,
                 "gpu": [80.0] * 3,
             },
             "fake-1": {
-                "t": [NOW - 4, NOW - 2, NOW],
+                "t": [NOW, NOW + 2, NOW + 4],
                 "cpu": [5.0, 15.0, 25.0],
                 "memory_used_gib": [3.0] * 3,
                 "memory_gib": 16.0,
@@ -67,6 +83,9 @@ def test_the_cluster_and_an_attached_handle_answer_the_same_history(
     }
     with cb.Cluster.attach(cluster.run_dir) as handle:
         assert handle.resource_history() == answer
+        only = handle.resource_history(nodes=["fake-1"], points=2)
+        assert list(only["nodes"]) == ["fake-1"]
+        assert only["nodes"]["fake-1"]["cpu"] == [5.0, 20.0]
         assert handle.resource_history(window="3s") == cluster.resource_history(3)
         assert len(handle.resource_history(window=3)["nodes"]["fake-0"]["t"]) == 2
         frame = handle.resources()
@@ -80,4 +99,4 @@ def test_the_cluster_and_an_attached_handle_answer_the_same_history(
             with pytest.raises(cb.ConfigError, match="window"):
                 asking.resource_history(window="soon")
         cluster.stop()
-        assert handle.resource_history() == {"interval": 1.0, "nodes": {}}  # gone with its head
+        assert handle.resource_history()["nodes"] == {}  # gone with its head

@@ -85,8 +85,14 @@ class MadeUpHead:
     ) -> list[Path]:
         return [Path(directory) / "a"]
 
-    def resource_history(self, window: float | None = None) -> dict[str, Any]:
-        self.asked.append(("resource_history", window))
+    def resource_history(
+        self,
+        window: float | None = None,
+        *,
+        nodes: Collection[str] | None = None,
+        points: int | None = None,
+    ) -> dict[str, Any]:
+        self.asked.append(("resource_history", window, nodes, points))
         series = {"t": [1.0], "cpu": [5.0], "memory_used_gib": [1.0], "memory_gib": 4.0}
         return {"interval": 1.0, "nodes": {"n0": {**series, "gpu": [None]}}}
 
@@ -134,8 +140,9 @@ def test_the_services_answer_attached_handles_for_the_head_state(head: MadeUpHea
             assert [r["stdout"] for r in rows] == ["echo hi"]
             rows = client.call("run_on_nodes", argv=["true"], timeout=5, nodes=["n1"])["rows"]
             assert [r["node"] for r in rows] == ["n1"]
-            history = client.call("resource_history", window=30.0)
+            history = client.call("resource_history", window=30.0, nodes=["n0"], points=9)
             assert history == head.resource_history(30.0)
+            assert ("resource_history", 30.0, ["n0"], 9) in head.asked
             client.call("put", paths=["/a"], dest="data/")
             client.call("write", path="conf.txt", data="AAE=", nodes=["n0"], mode=0o600)
             with pytest.raises(cb.ConfigError, match="not base64"):

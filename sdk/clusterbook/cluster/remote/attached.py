@@ -22,7 +22,7 @@ import os
 import threading
 import time
 import weakref
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, NoReturn
 
 from clusterbook.cluster import display
@@ -150,14 +150,21 @@ class AttachedCluster(AttachedNodeCalls, FunctionMethods, ResourceFrames):
         """One row per node, as the head last wrote it (columns as ``Cluster.status()``)."""
         return nodes_frame(self.snapshot())
 
-    def resource_history(self, window: Duration | None = None) -> dict[str, Any]:
+    def resource_history(
+        self,
+        window: Duration | None = None,
+        *,
+        nodes: Collection[str] | None = None,
+        points: int | None = None,
+    ) -> dict[str, Any]:
         """Each node's use as its head keeps it (``Cluster.resource_history``), asked of the
         head; none once the cluster stopped (the history went with its head)."""
         seconds = optional_duration(window, "window")  # refused here, as it was written
         record = self.refresh()
         if not record.live or self._stale:
             return empty_answer(1.0)
-        return self._call("resource_history", window=seconds)
+        names = None if nodes is None else list(nodes)
+        return self._call("resource_history", window=seconds, nodes=names, points=points)
 
     @property
     def jobs(self) -> list[SavedJob]:

@@ -128,8 +128,14 @@ class JobWatch:
     def unreachable(self, names: Collection[str], *, lost_only: bool = False) -> dict[str, str]:
         return self.agents.unreachable(names, lost_only=lost_only)
 
-    def resource_history(self, window: object = None) -> dict[str, Any]:
-        return self.agents.resource_history(window)
+    def resource_history(
+        self,
+        window: object = None,
+        *,
+        nodes: Collection[str] | None = None,
+        points: int | None = None,
+    ) -> dict[str, Any]:
+        return self.agents.resource_history(window, nodes=nodes, points=points)
 
     def wait_ready(self, timeout: float) -> None:
         deadline = time.monotonic() + timeout
