@@ -32,9 +32,11 @@ LAYERS: tuple[tuple[str, ...], ...] = (
         "clusterbook.version",
         "clusterbook._lazy",
         "clusterbook.jupyter",
+        "clusterbook.preempt",
     ),
     (
         "clusterbook.lifetime",
+        "clusterbook.scaling",
         "clusterbook.gpus",
         "clusterbook.spec",
         "clusterbook.paths",

@@ -116,6 +116,24 @@ class FarReach:
             for name in _FILES:
                 (directory / name).unlink(missing_ok=True)
 
+    def leave(self, names: Collection[str]) -> dict[str, Exception]:
+        """The nodes ``names`` leave the cluster (their batch job is cancelled): remove what
+        ``put`` left there while their sshd still runs, and close their sessions; return the
+        nodes that could not be cleaned, with why."""
+        ctx = self._ctx
+        with self._lock:
+            sessions = {n: self._sessions.pop(n) for n in names if n in self._sessions}
+        if ctx is None or not sessions:
+            return {}
+
+        def clean(name: str) -> None:
+            try:
+                sessions[name].call("put_cleanup", {"cluster_id": ctx.cluster_id}, timeout=15)
+            finally:
+                sessions[name].close()
+
+        return parallel(list(sessions), clean)[1]
+
     # -- how the launcher reaches the nodes -------------------------------------------------
 
     def remote(self) -> RemoteLaunch | None:

@@ -101,6 +101,12 @@ class SlurmCommands:
         if done.returncode != 0 and "Invalid job id" not in done.stderr:
             raise ClusterError(f"scancel {job_id} failed: {_said(done)}")
 
+    def requeue(self, job_id: int) -> None:
+        """``scontrol requeue`` the job: Slurm ends what runs and queues it again, same id."""
+        done = self._run(["scontrol", "requeue", str(job_id)], self._env, _TIMEOUT)
+        if done.returncode != 0:
+            raise ClusterError(f"scontrol requeue {job_id} failed: {_said(done)}")
+
     def wait_ended(
         self,
         job_id: int,
