@@ -351,6 +351,9 @@ class FakeSlurm:
             if self.jobs[job_id][0] in ("PENDING", "RUNNING", "CONFIGURING"):
                 self.jobs[job_id] = ("CANCELLED", None)
             return done(0)
+        if argv[:2] == ["scontrol", "requeue"]:  # queued again, same id, after a while
+            self.jobs[int(argv[2])] = ("PENDING", "BeginTime")
+            return done(0)
         if argv[:3] == ["scontrol", "show", "config"]:
             return done(0, f"SlurmctldHost[0]        = fake({self.controller})\n")
         if Path(command).name == "srun" and any(a.startswith("--mpi=") for a in argv):

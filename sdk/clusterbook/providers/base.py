@@ -28,6 +28,7 @@ member                  default     what it must do
 ``bounds``              None        ``(min_nodes, max_nodes)`` of a cluster whose size may change
 ``life_span``           None        seconds the nodes are there at most (a batch job's time
                                     limit): the cluster's ``life_span`` unless it was given one
+``restart_wait``        60 s        how long a job's restart waits for enough nodes
 ``scaler``              None        for nodes that come in allocations (Slurm): a :class:`Scaler`,
                                     which ``cluster.scale()`` and ``adapt()`` drive
 ``preempting()``        empty       the nodes whose end was announced (Slurm's warning before a
@@ -81,7 +82,7 @@ from pathlib import Path
 from typing import ClassVar, Protocol
 
 from clusterbook.launch.flavour import Launcher
-from clusterbook.launch.nodes import NodeSource
+from clusterbook.launch.nodes import RESTART_WAIT, NodeSource
 from clusterbook.providers.reach import LocalReach, NodeReach
 from clusterbook.providers.watch import FixedWatch, NodeWatch
 from clusterbook.scaling import Allocation
@@ -206,6 +207,11 @@ class Provider(ABC):
         return None
 
     @property
+    def restart_wait(self) -> float:
+        """Seconds a job's restart waits for enough nodes (an elastic round to form again)."""
+        return RESTART_WAIT
+
+    @property
     def scaler(self) -> Scaler | None:
         """How the cluster grows and shrinks while it runs, if it can (Slurm's allocations)."""
         return None
@@ -227,4 +233,5 @@ def node_source(provider: Provider) -> NodeSource:
         lost_for_good=provider.lost_for_good,
         join_command=lambda: provider.join_command,
         bounds=lambda: provider.bounds,
+        restart_wait=lambda: provider.restart_wait,
     )

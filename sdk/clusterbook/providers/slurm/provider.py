@@ -28,6 +28,7 @@ from pathlib import Path
 
 from clusterbook.durations import Duration, duration
 from clusterbook.errors import CleanupWarning, ClusterError, ClusterStateError, ConfigError
+from clusterbook.launch.nodes import RESTART_WAIT
 from clusterbook.launch.remote import SrunStep
 from clusterbook.paths import cluster_dir
 from clusterbook.providers.base import Provider, Scaler, StartContext
@@ -184,6 +185,12 @@ class SlurmProvider(Provider):
 
     def preempting(self) -> set[str]:
         return self.follow.warned()
+
+    @property
+    def restart_wait(self) -> float:
+        # A requeued job comes back after Slurm's cred_expire (120 s by default) and the
+        # queue: its jobs' restarts wait as long as nodes are given to join.
+        return self.settings.timeout.join if self.job.requeue else RESTART_WAIT
 
     @property
     def scaler(self) -> Scaler:
