@@ -265,12 +265,12 @@ class LocalHead(NodeCalls):
 
     def scale(self, nodes: int) -> None:
         """``Cluster.scale``: reach ``nodes`` nodes (:mod:`clusterbook.cluster.resize`)."""
-        self._require_running("scale")
+        self._require_running("scale", here=True)
         self._resize.scale(nodes)
 
     def adapt(self, minimum: int, maximum: int, interval: Duration, grace: Duration) -> None:
         """``Cluster.adapt``: grow and shrink with the jobs, until ``scale()`` or the stop."""
-        self._require_running("adapt")
+        self._require_running("adapt", here=True)
         self._resize.adapt(minimum, maximum, interval, grace)
 
     # -- jobs and files ------------------------------------------------------------------
@@ -374,7 +374,9 @@ class LocalHead(NodeCalls):
             f"{slots} slots{launcher}{f' PROBLEM: {problem}' if problem else ''}>"
         )
 
-    def _require_running(self, what: str) -> None:
+    def _require_running(self, what: str, *, here: bool = False) -> None:
+        if here and self.options.detached and not self._supervised:  # its supervisor runs it
+            raise ClusterStateError(f"A detached cluster can {what}() in its supervisor only.")
         if self._state == "created":
             raise ClusterStateError(
                 f"Cluster {self.name!r} is not started; call cluster.start() or use "

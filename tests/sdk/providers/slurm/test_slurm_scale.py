@@ -17,6 +17,7 @@ import clusterbook as cb
 from clusterbook.providers.slurm.batch import BatchJob, render_script, sbatch_argv
 from clusterbook.providers.slurm.provider import SlurmProvider
 from clusterbook.testing import FakeSlurm
+from clusterbook.views.html import render_nodes
 
 
 def _argv(job: BatchJob, tmp_path: Path) -> list[str]:
@@ -94,6 +95,9 @@ def test_scale_submits_one_node_jobs_of_the_same_script_and_cancels_the_newest(t
         assert _pending(cluster) == [
             (f"slurm-{i}-0", f"Slurm job {i} is PENDING (Priority)") for i in (1, 2, 3)
         ]
+        html = render_nodes(cluster.snapshot())  # the widget's node table
+        assert html.count('class="cb-pending-reason"') == 3
+        assert "Slurm job 3 is PENDING (Priority)" in html
         cluster.scale(1)
         assert fake.commands("scancel") == [["scancel", "3"], ["scancel", "2"]]
         assert _pending(cluster) == [("slurm-1-0", "Slurm job 1 is PENDING (Priority)")]
