@@ -339,6 +339,12 @@ class FakeSlurm:
             job_id = len(self.jobs) + 1
             self.jobs[job_id] = (self.state, self.reason)
             return done(0, f"{job_id}\n")
+        if command == "squeue" and argv[argv.index("-o") + 1].startswith("%i"):
+            ids = [int(i) for i in argv[argv.index("-j") + 1].split(",")]
+            known = [(i, self.jobs[i]) for i in ids if i in self.jobs]
+            if not known:
+                return done(1, err=invalid)
+            return done(0, "".join(f"{i} {s} {r or 'None'}\n" for i, (s, r) in known))
         if command == "squeue":
             job = self.jobs.get(int(argv[argv.index("-j") + 1]))
             if job is None:

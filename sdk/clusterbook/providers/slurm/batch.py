@@ -10,7 +10,7 @@ from __future__ import annotations
 import math
 import re
 import shlex
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -27,6 +27,7 @@ __all__ = [
     "controller_address",
     "parse_job_id",
     "parse_squeue",
+    "parse_squeue_jobs",
     "parse_time",
     "render_script",
     "sbatch_argv",
@@ -332,6 +333,17 @@ def parse_squeue(stdout: str) -> JobState:
     state, _, reason = line.partition(" ")
     reason = reason.strip()
     return JobState(state, None if reason in ("", "None", "(null)") else reason)
+
+
+def parse_squeue_jobs(stdout: str, job_ids: Iterable[int]) -> dict[int, JobState]:
+    """The states of ``job_ids`` from ``squeue -h -t all -j ID,ID -o '%i %T %r'`` (GONE:
+    not listed)."""
+    found = {}
+    for line in stdout.splitlines():
+        job, _, rest = line.strip().partition(" ")
+        if job.isdigit() and rest:
+            found[int(job)] = parse_squeue(rest)
+    return {i: found.get(i, GONE) for i in job_ids}
 
 
 def controller_address(config: str) -> str | None:

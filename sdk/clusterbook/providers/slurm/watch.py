@@ -149,22 +149,22 @@ class JobWatch:
 
     def _follow(self, changed: Callable[[], None]) -> None:
         while not self._watching.wait(self.poll if self.missing() else 4 * self.poll):
-            news = False
-            for followed in list(self.jobs.values()):
-                if followed.state.active:
-                    news = self._look(followed) or news
-            if news:
+            active = [f for f in list(self.jobs.values()) if f.state.active]
+            if not active:
+                continue
+            try:
+                states = self._slurm.states([f.job_id for f in active])
+            except ClusterError as exc:
+                self._error = str(exc)
+                continue
+            self._error = None
+            news = [self._look(f, states[f.job_id]) for f in active]
+            if any(news):
                 changed()
 
-    def _look(self, followed: Followed) -> bool:
-        """Ask Slurm about one allocation, see whether its warning came, requeue it when
-        it is time; whether anything changed."""
-        try:
-            state = self._slurm.state(followed.job_id)
-        except ClusterError as exc:
-            self._error = str(exc)
-            return False
-        self._error = None
+    def _look(self, followed: Followed, state: JobState) -> bool:
+        """One allocation as Slurm says now (``state``): see whether its warning came,
+        requeue it when it is time; whether anything changed."""
         news, followed.state = state != followed.state, state
         if followed.warned is None and followed.marker.exists():
             followed.warned, news = time.monotonic(), True

@@ -14,7 +14,14 @@ from pathlib import Path
 import pytest
 
 import clusterbook as cb
-from clusterbook.providers.slurm.batch import BatchJob, render_script, sbatch_argv
+from clusterbook.providers.slurm.batch import (
+    GONE,
+    BatchJob,
+    JobState,
+    parse_squeue_jobs,
+    render_script,
+    sbatch_argv,
+)
 from clusterbook.providers.slurm.provider import SlurmProvider
 from clusterbook.testing import FakeSlurm
 from clusterbook.views.html import render_nodes
@@ -48,6 +55,15 @@ def test_the_warning_and_the_requeue_go_to_sbatch(tmp_path):
 def test_bad_warning_requeue_and_max_nodes_are_config_errors(args, match):
     with pytest.raises(cb.ConfigError, match=match):
         cb.Cluster.slurm(**{"nodes": 1, **args})
+
+
+def test_one_squeue_tells_the_states_of_several_jobs():
+    said = "3 RUNNING None\n4 PENDING Resources\n"
+    assert parse_squeue_jobs(said, [3, 4, 5]) == {
+        3: JobState("RUNNING"),
+        4: JobState("PENDING", "Resources"),
+        5: GONE,
+    }
 
 
 def test_the_batch_script_leaves_a_marker_for_slurms_warning_and_waits_for_its_step(tmp_path):
@@ -95,6 +111,10 @@ def test_scale_submits_one_node_jobs_of_the_same_script_and_cancels_the_newest(t
         assert _pending(cluster) == [
             (f"slurm-{i}-0", f"Slurm job {i} is PENDING (Priority)") for i in (1, 2, 3)
         ]
+        deadline = time.monotonic() + 10  # one squeue a look for all of them
+        while ["squeue", "-h", "-t", "all", "-j", "1,2,3", "-o", "%i %T %r"] not in fake.calls:
+            assert time.monotonic() < deadline, fake.commands("squeue")
+            time.sleep(0.02)
         html = render_nodes(cluster.snapshot())  # the widget's node table
         assert html.count('class="cb-pending-reason"') == 3
         assert "Slurm job 3 is PENDING (Priority)" in html
