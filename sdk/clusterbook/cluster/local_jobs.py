@@ -81,7 +81,7 @@ class LocalJobs:
             on_done=lambda _: self._recorded(),
             diagnose=lambda result: diagnose(provider.watch.unreachable(names), result),
             where=lambda restart: nodes_for_attempt(
-                name, source, restart=restart, running=self._running, wait=source.restart_wait()
+                name, source, restart=restart, running=self._running, wait=provider.restart_wait
             ),
             on_attempt=lambda _: self._recorded(),
             lost=lambda nodes: lost_node(nodes, provider.watch.unreachable),

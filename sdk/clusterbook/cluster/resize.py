@@ -69,7 +69,18 @@ class Resizer:
         return scaler, bounds
 
     def scale(self, nodes: int) -> None:
-        """Reach ``nodes`` nodes (see ``Cluster.scale``); ends an ``adapt()``."""
+        """Reach ``nodes`` nodes; ends an ``adapt()``.
+
+        More nodes: one more batch job per node, with the same script and options as the
+        cluster's own (sbatch's refusal is a :class:`~clusterbook.errors.ConfigError` quoting
+        it; the cluster keeps what it has), whose agents join the running cluster; each shows
+        in ``status()`` as a pending row with Slurm's reason while it waits. Fewer: the newest
+        of those batch jobs are cancelled whole, never the cluster's own, never below
+        ``nodes``, and never one whose nodes run ranks of a job with no ``restarts=`` left (a
+        :class:`~clusterbook.errors.ClusterStateError` names them, and nothing is cancelled);
+        a job with restarts left runs on, on the nodes left. ``nodes`` stays within the
+        cluster's ``min_nodes`` and ``max_nodes``.
+        """
         scaler, (least, most) = self._scaler("scale")
         target = check_target(nodes, least, most, f"scale({nodes!r})")
         self.close()

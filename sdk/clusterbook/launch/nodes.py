@@ -49,7 +49,7 @@ class NodeSource:
     silent, with a sentence each; ``remote``: how the launcher reaches the nodes;
     ``lost_for_good``: why lost nodes cannot come back, if they cannot; ``join_command``: how
     nodes join by themselves, if they do; ``bounds``: ``(min_nodes, max_nodes)``, if the
-    cluster's size may change; ``restart_wait``: how long a restart waits for nodes."""
+    cluster's size may change."""
 
     nodes: Callable[[], tuple[NodeSpec, ...]]
     known: Callable[[], list[str]]
@@ -58,7 +58,6 @@ class NodeSource:
     lost_for_good: Callable[[], str | None]
     join_command: Callable[[], str | None]
     bounds: Callable[[], tuple[int, int] | None]
-    restart_wait: Callable[[], float] = lambda: RESTART_WAIT
 
 
 #: How long a restart waits for a complete round of enough nodes (an elastic cluster's nodes

@@ -233,5 +233,4 @@ def node_source(provider: Provider) -> NodeSource:
         lost_for_good=provider.lost_for_good,
         join_command=lambda: provider.join_command,
         bounds=lambda: provider.bounds,
-        restart_wait=lambda: provider.restart_wait,
     )
