@@ -95,8 +95,10 @@ class Resizer:
             plan = plan_scale(target, allocations, {a.id for a in allocations} - set(held))
             free = plan_scale(target, allocations, {a.id for a in allocations})
             if plan.kept > free.kept:
-                said = "; ".join(
-                    f"Slurm job {i}: {', '.join(j.id for j in js)}" for i, js in held.items()
+                said = "; ".join(  # those it would cancel, were their jobs not there
+                    f"Slurm job {i}: {', '.join(j.id for j in held[i])}"
+                    for i in free.release
+                    if i in held
                 )
                 raise ClusterStateError(
                     f"scale({target}) would cancel nodes that run ranks of jobs with no "

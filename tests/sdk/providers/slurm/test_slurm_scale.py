@@ -10,10 +10,12 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
 import clusterbook as cb
+from clusterbook.cluster.resize import Resizer
 from clusterbook.providers.slurm.batch import (
     GONE,
     BatchJob,
@@ -23,6 +25,7 @@ from clusterbook.providers.slurm.batch import (
     sbatch_argv,
 )
 from clusterbook.providers.slurm.provider import SlurmProvider
+from clusterbook.scaling import Adapt
 from clusterbook.testing import FakeSlurm
 from clusterbook.views.html import render_nodes
 
@@ -177,3 +180,54 @@ def test_on_preempt_runs_the_function_at_sigusr1_and_still_dumps_the_stacks():
     assert done.returncode == 0, done.stderr
     assert done.stdout == "checkpoint written\nwent on\n"
     assert "most recent call first" in done.stderr
+
+
+class StandIn:
+    """What scale() and adapt() read of a job: whether it ended, its nodes, its ranks, its
+    restarts."""
+
+    def __init__(self, nodes: list[str], np: int = 2, restarts: int = 0) -> None:
+        self.plan = SimpleNamespace(nodes=[SimpleNamespace(name=n) for n in nodes])
+        self.id, self.np, self.restarts, self.ended = "job-0007", np, 0, False
+        self.recovery = SimpleNamespace(restarts=restarts)
+
+    def done(self) -> bool:
+        return self.ended
+
+
+def test_scale_never_cancels_nodes_running_ranks_of_a_job_that_cannot_be_resized(tmp_path):
+    fake = FakeSlurm(state="RUNNING", reason=None)
+    jobs: list[StandIn] = []
+    with _cluster(fake, tmp_path, nodes=1, max_nodes=3) as cluster:
+        resizer = Resizer(cluster._provider, lambda: jobs)  # type: ignore[arg-type]
+        resizer.scale(3)
+        jobs.append(StandIn(["snode1-1", "snode2-2"]))  # no restarts: it cannot lose one
+        held = r"no restarts left \(Slurm job 2: job-0007\)\. Wait for them"
+        with pytest.raises(cb.ClusterStateError, match=held):
+            resizer.scale(1)
+        assert fake.commands("scancel") == []  # nothing, not even the free job 3
+        resizer.scale(2)  # job 3 is free
+        assert fake.commands("scancel") == [["scancel", "3"]]
+        jobs[0].recovery.restarts = 1  # now it runs on, on the node left
+        resizer.scale(1)
+        assert fake.commands("scancel") == [["scancel", "3"], ["scancel", "2"]]
+
+
+def test_adapt_grows_for_ranks_beyond_the_slots_and_lets_idle_nodes_go_after_the_grace(tmp_path):
+    fake = FakeSlurm(state="RUNNING", reason=None)
+    job = StandIn(["snode1-1"], np=3)
+    with _cluster(fake, tmp_path, nodes=1, max_nodes=3) as cluster:
+        resizer = Resizer(cluster._provider, lambda: [job])  # type: ignore[arg-type]
+        settings = Adapt(minimum=1, maximum=3, interval=1.0, grace=10.0)
+        resizer.adapt_once(settings, now=100.0)  # 3 ranks, 1 slot coming: 2 more nodes
+        assert len(fake.commands("sbatch")) == 3
+        resizer.adapt_once(settings, now=101.0)  # they are on their way: nothing more
+        assert len(fake.commands("sbatch")) == 3
+        job.plan.nodes += [SimpleNamespace(name=n) for n in ("snode2-2", "snode3-3")]
+        resizer.adapt_once(settings, now=101.5)  # the job grew onto them: busy
+        job.ended = True
+        resizer.adapt_once(settings, now=102.0)  # idle from now
+        resizer.adapt_once(settings, now=111.0)
+        assert fake.commands("scancel") == []
+        resizer.adapt_once(settings, now=112.0)  # the grace has passed: the added ones go
+        assert fake.commands("scancel") == [["scancel", "3"], ["scancel", "2"]]
