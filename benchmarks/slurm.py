@@ -23,8 +23,13 @@ snode2) is brought up for the run and taken down after it, whatever happens.
    see ``clusterbook.launch.srun``); its first job, untimed, checks once that MPI gets its
    world through the plugin. For information, bare ``mpirun`` over the ssh path clusterbook
    takes when srun cannot start the job (the agents' sshd, the cluster's ssh config).
+3. Scale (unless ``--no-scale``): a running ``Cluster.slurm(nodes=1, max_nodes=2)``, from
+   ``cluster.scale(2)`` to a job with ranks on every slot (``hostname``, 4 ranks over both
+   nodes) having run, against ``sbatch -N1 --wrap 'srun hostname'`` from submission to
+   COMPLETED on the node left idle; each run then scales back to 1 node (untimed). The same
+   phases as part 1. Goal: scale <= 1.5x the bare job.
 
-    python benchmarks/slurm.py [--repeat 5] [--no-mpi]   (as root, with Slurm's packages)
+    python benchmarks/slurm.py [--repeat 5] [--no-mpi] [--no-scale]   (as root, with Slurm)
 
 The exit status is 1 when a goal is missed.
 """
@@ -66,14 +71,14 @@ def last_pass(bed: Path) -> float:
     return datetime.datetime.strptime(stamp, "%Y-%m-%dT%H:%M:%S.%f").timestamp()
 
 
-def at_phase(bed: Path, phase: float) -> None:
-    """Return with both nodes idle, ``phase`` seconds after a scheduling pass."""
+def at_phase(bed: Path, phase: float, idle: int = 2) -> None:
+    """Return with ``idle`` nodes idle, ``phase`` seconds after a scheduling pass."""
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline:
         states = subprocess.run(
             ["sinfo", "-h", "-N", "-o", "%T"], capture_output=True, text=True, check=False
         ).stdout.split()
-        if states and all(s == "idle" for s in states):
+        if states.count("idle") >= idle:
             break
         time.sleep(POLL)
     else:
@@ -83,11 +88,12 @@ def at_phase(bed: Path, phase: float) -> None:
     time.sleep(target - now)
 
 
-def bare_batch_job(tmp: Path) -> float:
-    """Seconds from ``sbatch -N2 --wrap 'srun hostname'`` to the job's COMPLETED."""
+def bare_batch_job(tmp: Path, nodes: int = 2) -> float:
+    """Seconds from ``sbatch -N2 --wrap 'srun hostname'`` (``nodes``) to the job's COMPLETED."""
     t0 = time.perf_counter()
+    out = str(tmp / "bare-%j.out")
     job = subprocess.run(
-        ["sbatch", "--parsable", "-N2", "-o", str(tmp / "bare-%j.out"), "--wrap", "srun hostname"],
+        ["sbatch", "--parsable", f"-N{nodes}", "-o", out, "--wrap", "srun hostname"],
         capture_output=True, text=True, check=True, timeout=30,
     ).stdout.strip()  # fmt: skip
     deadline = time.monotonic() + 60
@@ -159,6 +165,30 @@ def mpi_side_by_side(tmp: Path, repeat: int) -> tuple[float, float, float]:
     return statistics.median(through), statistics.median(bare), statistics.median(over_ssh)
 
 
+def scale_side_by_side(tmp: Path, bed: Path, repeat: int) -> tuple[list[float], list[float]]:
+    """Seconds from ``scale(2)`` to a job over both nodes having run, and of the bare 1-node
+    batch job, each run at the phases of part 1."""
+    scaled, bare = [], []
+    with cb.Cluster.slurm(nodes=1, max_nodes=2, run_dir=tmp / "scale") as cluster:
+        cluster.wait_ready(timeout=60, progress=False)
+        for i in range(repeat):
+            phase = (i + 0.5) / repeat
+            at_phase(bed, phase, idle=1)
+            bare.append(bare_batch_job(tmp, nodes=1))
+            at_phase(bed, phase, idle=1)
+            t0 = time.perf_counter()
+            cluster.scale(2)
+            cluster.wait_ready(timeout=60, progress=False)
+            result = cluster.mpirun(["hostname"], timeout=60).wait()
+            scaled.append(time.perf_counter() - t0)
+            result.check()
+            hosts = set(cluster.jobs[-1].logs().query("rank >= 0").line)
+            if hosts != {"snode1", "snode2"}:
+                sys.exit(f"the job after scale(2) ran on {sorted(hosts)}, not both nodes")
+            cluster.scale(1)
+    return scaled, bare
+
+
 def _check(done: subprocess.CompletedProcess[str], what: str) -> None:
     lines = done.stdout.splitlines()
     if done.returncode != 0 or len(lines) != 4 or any(" 4 " not in ln for ln in lines):
@@ -169,6 +199,7 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--repeat", type=int, default=5, help="runs per figure (default 5)")
     parser.add_argument("--no-mpi", action="store_true", help="skip part 2")
+    parser.add_argument("--no-scale", action="store_true", help="skip part 3")
     args = parser.parse_args()
     if args.repeat < 1:
         parser.error("--repeat must be >= 1")
@@ -218,6 +249,14 @@ def main() -> int:
                 print(f"{'MPI job, 4 ranks: srun --mpi=pmix':34} {bare:>8.3f}")
                 print(f"{'  bare mpirun over the same ssh':34} {over_ssh:>8.3f}")
                 print(f"mpirun / srun: {through / bare:.2f}x (goal <= {GOAL_MPI}x) {_ok(ok)}")
+            if not args.no_scale:
+                scaled, one = scale_side_by_side(tmp_dir, bed, args.repeat)
+                s, b = statistics.median(scaled), statistics.median(one)
+                print(f"{'sbatch -N1 --wrap srun hostname':34} " + _row(one))
+                print(f"{'scale 1 -> 2 nodes, ranks ran there':34} " + _row(scaled))
+                ok = s <= GOAL_READY * b
+                missed |= not ok
+                print(f"scale / bare batch job: {s / b:.2f}x (goal <= {GOAL_READY}x) {_ok(ok)}")
         finally:
             subprocess.run(["bash", str(TESTBED), "down", str(bed)], capture_output=True)
     return 1 if missed else 0

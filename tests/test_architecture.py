@@ -34,9 +34,11 @@ LAYERS: tuple[tuple[str, ...], ...] = (
         "clusterbook.jupyter",
         # Waits that let a notebook's widgets act while a cell blocks (through ``jupyter``).
         "clusterbook.waiting",
+        "clusterbook.preempt",
     ),
     (
         "clusterbook.lifetime",
+        "clusterbook.scaling",
         "clusterbook.gpus",
         "clusterbook.spec",
         "clusterbook.paths",

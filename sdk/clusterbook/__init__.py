@@ -63,6 +63,7 @@ if TYPE_CHECKING:
     from clusterbook.launch.logs import LogRecord
     from clusterbook.launch.recovery import Backoff
     from clusterbook.launch.result import AttemptInfo, JobResult, KeptProcess, RankFailure
+    from clusterbook.preempt import on_preempt
     from clusterbook.providers.environment.detect import Detected, detect_environment
     from clusterbook.providers.environment.worker import serve_worker
     from clusterbook.spec import NodeSpec
@@ -87,6 +88,7 @@ _LAZY = {
     "MPIFlavour": "clusterbook.launch.flavour",
     "NodeSpec": "clusterbook.spec",
     "NodeStatus": "clusterbook.status",
+    "on_preempt": "clusterbook.preempt",  # a rank's checkpoint when its nodes are to go
     "RankFailure": "clusterbook.launch.result",
     "run": "clusterbook.cluster.ephemeral",  # cb.run: start a cluster, one job, tear it down
     "serve_worker": "clusterbook.providers.environment.worker",  # a training job's worker host
@@ -154,6 +156,7 @@ __all__ = [
     "clusters",
     "detect_environment",
     "load_ipython_extension",
+    "on_preempt",
     "profiles",
     "prune",
     "run",

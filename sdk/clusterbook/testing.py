@@ -343,6 +343,12 @@ class FakeSlurm:
             job_id = len(self.jobs) + 1
             self.jobs[job_id] = (self.state, self.reason)
             return done(0, f"{job_id}\n")
+        if command == "squeue" and argv[argv.index("-o") + 1].startswith("%i"):
+            ids = [int(i) for i in argv[argv.index("-j") + 1].split(",")]
+            known = [(i, self.jobs[i]) for i in ids if i in self.jobs]
+            if not known:
+                return done(1, err=invalid)
+            return done(0, "".join(f"{i} {s} {r or 'None'}\n" for i, (s, r) in known))
         if command == "squeue":
             job = self.jobs.get(int(argv[argv.index("-j") + 1]))
             if job is None:
@@ -354,6 +360,9 @@ class FakeSlurm:
                 return done(1, err=f"scancel: error: Kill job error on job id {job_id}: {invalid}")
             if self.jobs[job_id][0] in ("PENDING", "RUNNING", "CONFIGURING"):
                 self.jobs[job_id] = ("CANCELLED", None)
+            return done(0)
+        if argv[:2] == ["scontrol", "requeue"]:  # queued again, same id, after a while
+            self.jobs[int(argv[2])] = ("PENDING", "BeginTime")
             return done(0)
         if argv[:3] == ["scontrol", "show", "config"]:
             return done(0, f"SlurmctldHost[0]        = fake({self.controller})\n")

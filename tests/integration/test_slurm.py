@@ -41,7 +41,9 @@ def _netns_pids(i: int) -> list[psutil.Process]:
     found = []
     for pid in out.split():
         try:
-            found.append(psutil.Process(int(pid)))
+            process = psutil.Process(int(pid))
+            if process.status() != psutil.STATUS_ZOMBIE:  # ended, its parent not told yet
+                found.append(process)
         except psutil.NoSuchProcess:
             continue
     return found

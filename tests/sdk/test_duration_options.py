@@ -33,6 +33,7 @@ from clusterbook.launch.saved import SavedJob
 from clusterbook.providers.elastic.provider import ElasticProvider
 from clusterbook.providers.slurm.provider import SlurmProvider
 from clusterbook.providers.ssh.provider import SSHProvider
+from clusterbook.scaling import Adapt
 from clusterbook.testing import FakeProvider, FakeSlurm
 from tests.sdk.cluster.test_facade import STAND_IN
 
@@ -191,6 +192,7 @@ CASES: dict[str, Case] = {
         LONG, lambda v, e: _slurm(keep_alive_interval=v).settings.keep_alive_interval
     ),
     "SlurmArgs.poll_interval": Case(LONG, lambda v, e: _slurm(poll_interval=v).follow.poll),
+    "Cluster.adapt.interval": Case(LONG, lambda v, e: Adapt.make(1, 1, v, 60, (1, 1)).interval),
     # Slurm's own --time: text without a unit is Slurm's minutes, as sbatch reads it.
     "Cluster.slurm.time": Case(
         LONG,

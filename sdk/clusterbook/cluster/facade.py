@@ -138,6 +138,19 @@ class Cluster(ClusterKinds, FunctionMethods, SweepMethods, ResourceFrames):
         """
         self._head.wait_ready(timeout, progress=progress)
 
+    def scale(self, nodes: int) -> None:
+        """Grow or shrink a Slurm cluster to ``nodes`` (within its ``min_nodes`` and
+        ``max_nodes``) by submitting or cancelling batch jobs of one node; ends an
+        :meth:`adapt`. See :meth:`clusterbook.cluster.resize.Resizer.scale`."""
+        self._local.scale(nodes)
+
+    def adapt(
+        self, minimum: int, maximum: int, *, interval: Duration = "30s", grace: Duration = "1m"
+    ) -> None:
+        """Let a Slurm cluster grow while its jobs' ranks outnumber its slots and let go of
+        nodes idle for ``grace``, looking every ``interval`` (see :meth:`scale`)."""
+        self._local.adapt(minimum, maximum, interval, grace)
+
     # -- jobs -----------------------------------------------------------------------------
 
     @property

@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Any
 from clusterbook.cluster.local_jobs import LocalJobs
 from clusterbook.cluster.on_nodes import NodeCalls
 from clusterbook.cluster.options import ClusterOptions
+from clusterbook.cluster.resize import Resizer
 from clusterbook.durations import Duration
 from clusterbook.errors import ClusterStateError, ConfigError
 from clusterbook.events import Subscribers
@@ -90,6 +91,7 @@ class LocalHead(NodeCalls, ResourceFrames):
         self._jobs = LocalJobs(
             provider, lambda: self.changed(record=True), lambda: self._state == "running"
         )
+        self._resize = Resizer(provider, self._jobs.all)
         self._lock = threading.RLock()
         self._subscribers: Subscribers[ClusterSnapshot] = Subscribers()
         self._stoppers: list[Callable[[], None]] = []
@@ -230,6 +232,7 @@ class LocalHead(NodeCalls, ResourceFrames):
             _log.warning("Stopping cluster %s: %s.", self.name, reason)
         self._services.write()
         try:
+            self._resize.close()
             self.stop_engines()
             self._jobs.stop_all()
         finally:
@@ -260,6 +263,16 @@ class LocalHead(NodeCalls, ResourceFrames):
         total = (self.provider.bounds or (len(self.nodes),))[0] or None
         with self._watch.showing(bar(progress, "waiting for nodes", total, "node")):
             self.provider.watch.wait_ready(limit)
+
+    def scale(self, nodes: int) -> None:
+        """``Cluster.scale``: reach ``nodes`` nodes (:mod:`clusterbook.cluster.resize`)."""
+        self._require_running("scale", here=True)
+        self._resize.scale(nodes)
+
+    def adapt(self, minimum: int, maximum: int, interval: Duration, grace: Duration) -> None:
+        """``Cluster.adapt``: grow and shrink with the jobs, until ``scale()`` or the stop."""
+        self._require_running("adapt", here=True)
+        self._resize.adapt(minimum, maximum, interval, grace)
 
     # -- jobs and files ------------------------------------------------------------------
 
@@ -326,7 +339,8 @@ class LocalHead(NodeCalls, ResourceFrames):
         """What is wrong now: nodes lost for good first (what mpirun and wait_ready say too),
         else with the nodes (the provider's view), and with the head's services."""
         nodes = self.provider.lost_for_good() or self.provider.watch.problem()
-        return " ".join(p for p in (nodes, self._services.problem) if p) or None
+        found = (nodes, self._resize.problem, self._services.problem)
+        return " ".join(p for p in found if p) or None
 
     def status(self) -> pd.DataFrame:
         return nodes_frame(self.snapshot())
@@ -370,7 +384,9 @@ class LocalHead(NodeCalls, ResourceFrames):
             f"{slots} slots{launcher}{f' PROBLEM: {problem}' if problem else ''}>"
         )
 
-    def _require_running(self, what: str) -> None:
+    def _require_running(self, what: str, *, here: bool = False) -> None:
+        if here and self.options.detached and not self._supervised:  # its supervisor runs it
+            raise ClusterStateError(f"A detached cluster can {what}() in its supervisor only.")
         if self._state == "created":
             raise ClusterStateError(
                 f"Cluster {self.name!r} is not started; call cluster.start() or use "

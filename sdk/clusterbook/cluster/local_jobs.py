@@ -21,6 +21,7 @@ from clusterbook.launch.nodes import (
     nodes_for_attempt,
     restart_grown_jobs,
     usable_nodes,
+    warn_ranks,
 )
 from clusterbook.launch.prepare import JobHooks, JobRequest, diagnose, prepare
 from clusterbook.providers.base import Provider, node_source
@@ -51,6 +52,7 @@ class LocalJobs:
         self._jobs: list[Job] = []
         self._logs = LogBudget()  # what the jobs' log buffers hold together
         self._starting = threading.Lock()  # one at a time: each its own number
+        self._warned: set[tuple[str, int]] = set()  # (job, attempt) told of their nodes' end
 
     def all(self) -> list[Job]:
         """Every job, oldest first. Without a lock (a copy of a list is atomic): the jobs'
@@ -79,7 +81,7 @@ class LocalJobs:
             on_done=lambda _: self._recorded(),
             diagnose=lambda result: diagnose(provider.watch.unreachable(names), result),
             where=lambda restart: nodes_for_attempt(
-                name, source, restart=restart, running=self._running
+                name, source, restart=restart, running=self._running, wait=provider.restart_wait
             ),
             on_attempt=lambda _: self._recorded(),
             lost=lambda nodes: lost_node(nodes, provider.watch.unreachable),
@@ -117,6 +119,8 @@ class LocalJobs:
         fail_on_lost_nodes(jobs, self._provider.watch.unreachable)
         if self._running():
             restart_grown_jobs(jobs, lambda: self._provider.nodes)
+        if warned := self._provider.preempting():
+            self._warned |= warn_ranks(jobs, warned, self._warned)
 
     def stop_all(self) -> None:
         """Cancel the jobs that run, and end what a failed one kept (``clean="none"``)."""

@@ -143,6 +143,16 @@ class SlurmArgs(ClusterOptionsArgs, total=False):
         ``subprocess``. Tests inject :class:`clusterbook.testing.FakeSlurm`.
     poll_interval
         How long between two ``squeue`` of the job while nodes are still to come (0.5 s).
+    max_nodes
+        The most nodes ``cluster.scale()`` and ``adapt()`` may grow it to (default: ``nodes``).
+    signal_before
+        Have Slurm warn this long before the time limit (``--signal=B:USR1@SECONDS``, like
+        ``"2m"``): the ranks of the jobs on that batch job's nodes get SIGUSR1, so that they
+        can checkpoint (:func:`clusterbook.on_preempt`). Default: no warning.
+    requeue
+        Requeue the batch job (``--requeue``; ``scontrol requeue`` half of ``signal_before``
+        after the warning, 2 minutes by default): its nodes join again when Slurm starts it
+        again, and jobs with ``restarts=`` resume there (``CLUSTERBOOK_RESTART``).
     """
 
     listen: str
@@ -153,6 +163,9 @@ class SlurmArgs(ClusterOptionsArgs, total=False):
     keep_alive_max_attempt: int
     runner: SlurmRunner
     poll_interval: Duration
+    max_nodes: int
+    signal_before: Duration
+    requeue: bool
 
 
 @dataclass(frozen=True, slots=True)

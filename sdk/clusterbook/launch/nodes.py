@@ -4,8 +4,11 @@ fails them, a grown round restarts those that asked for it)."""
 
 from __future__ import annotations
 
+import contextlib
+import os
+import signal
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -26,6 +29,7 @@ __all__ = [
     "remaining_nodes",
     "restart_grown_jobs",
     "usable_nodes",
+    "warn_ranks",
 ]
 
 Placement = tuple[tuple[NodeSpec, ...], RemoteLaunch | None]
@@ -165,3 +169,21 @@ def restart_grown_jobs(jobs: Sequence[Job], nodes: Callable[[], tuple[NodeSpec, 
         ran = {n.name for n in job.plan.nodes}
         if ran < set(now):
             job.restart_if_grown([name for name in now if name not in ran])
+
+
+def warn_ranks(
+    jobs: Sequence[Job], warned: Collection[str], told: Collection[tuple[str, int]]
+) -> set[tuple[str, int]]:
+    """Send SIGUSR1 to the launcher of each running attempt with ranks on a node of
+    ``warned`` (its batch job's time limit is near), which forwards it to the ranks, so
+    that they can checkpoint (``clusterbook.on_preempt``); once an attempt (``told``: those
+    told before, by job id and attempt). Returns the attempts told now."""
+    now = set()
+    for job in jobs:
+        key = (job.id, job.attempt)
+        if job.done() or key in told or not any(n.name in warned for n in job.plan.nodes):
+            continue
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(job.pid, signal.SIGUSR1)
+        now.add(key)
+    return now

@@ -28,6 +28,11 @@ member                  default     what it must do
 ``bounds``              None        ``(min_nodes, max_nodes)`` of a cluster whose size may change
 ``life_span``           None        seconds the nodes are there at most (a batch job's time
                                     limit): the cluster's ``life_span`` unless it was given one
+``restart_wait``        60 s        how long a job's restart waits for enough nodes
+``scaler``              None        for nodes that come in allocations (Slurm): a :class:`Scaler`,
+                                    which ``cluster.scale()`` and ``adapt()`` drive
+``preempting()``        empty       the nodes whose end was announced (Slurm's warning before a
+                                    time limit): the head tells their ranks (SIGUSR1)
 ``watch``               FixedWatch  how the nodes are watched (:mod:`~clusterbook.providers.watch`)
 ``reach``               LocalReach  how the nodes are reached (:mod:`~clusterbook.providers.reach`)
 ======================  ==========  ================================================================
@@ -73,18 +78,37 @@ extend through the ``clusterbook.providers`` entry point group.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import ClassVar
+from typing import ClassVar, Protocol
 
 from clusterbook.launch.flavour import Launcher
-from clusterbook.launch.nodes import NodeSource
+from clusterbook.launch.nodes import RESTART_WAIT, NodeSource
 from clusterbook.providers.reach import LocalReach, NodeReach
 from clusterbook.providers.watch import FixedWatch, NodeWatch
+from clusterbook.scaling import Allocation
 from clusterbook.spec import NodeSpec
 
-__all__ = ["Provider", "StartContext", "node_source"]
+__all__ = ["Provider", "Scaler", "StartContext", "node_source"]
+
+
+class Scaler(Protocol):
+    """A provider whose nodes come in allocations that can be added and cancelled while the
+    cluster runs (:mod:`clusterbook.scaling` decides which, the head asks)."""
+
+    def allocations(self) -> list[Allocation]:
+        """The allocations that hold or wait for nodes, oldest first."""
+        ...
+
+    def grow(self, count: int) -> None:
+        """Ask for ``count`` more allocations of one node each; a refusal is a ClusterError
+        quoting it, and the cluster keeps what it has."""
+        ...
+
+    def release(self, ids: Sequence[str]) -> None:
+        """Cancel the allocations ``ids``: their nodes leave the cluster."""
+        ...
 
 
 def _nothing() -> None:
@@ -183,6 +207,21 @@ class Provider(ABC):
         """Seconds the nodes are there at most (a batch job's time limit), if bounded: the
         cluster's ``life_span`` unless it was given one."""
         return None
+
+    @property
+    def restart_wait(self) -> float:
+        """Seconds a job's restart waits for enough nodes (an elastic round to form again)."""
+        return RESTART_WAIT
+
+    @property
+    def scaler(self) -> Scaler | None:
+        """How the cluster grows and shrinks while it runs, if it can (Slurm's allocations)."""
+        return None
+
+    def preempting(self) -> Collection[str]:
+        """The nodes whose end was announced (a batch job's time limit is near): the head
+        sends SIGUSR1 to the ranks of the jobs there, so that they can checkpoint."""
+        return ()
 
 
 def node_source(provider: Provider) -> NodeSource:

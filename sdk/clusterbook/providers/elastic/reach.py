@@ -48,6 +48,7 @@ from clusterbook.ssh.hostkeys import Fingerprints
 if TYPE_CHECKING:
     from clusterbook.ssh.node_session import KeptSession, NodeSession
     from clusterbook.ssh.paramiko_shell import ParamikoShell
+    from clusterbook.ssh.preflight import NodeFacts
 
 __all__ = ["FarReach", "Steps"]
 
@@ -73,6 +74,8 @@ class FarReach:
         self._ctx: StartContext | None = None
         self._identity: Path | None = None
         self._checked: tuple[FarNode, ...] = ()
+        self._probed: set[FarNode] = set()  # far nodes whose preflight passed, as they were
+        self._head_facts: NodeFacts | None = None
         self._launch: RemoteLaunch | None = None
         self._sessions: dict[str, KeptSession] = {}
         self._held: set[str] = set()  # jobs kept stopped on far nodes (clean="none")
@@ -115,6 +118,24 @@ class FarReach:
             shutil.rmtree(directory / "keys", ignore_errors=True)
             for name in _FILES:
                 (directory / name).unlink(missing_ok=True)
+
+    def leave(self, names: Collection[str]) -> dict[str, Exception]:
+        """The nodes ``names`` leave the cluster (their batch job is cancelled): remove what
+        ``put`` left there while their sshd still runs, and close their sessions; return the
+        nodes that could not be cleaned, with why."""
+        ctx = self._ctx
+        with self._lock:
+            sessions = {n: self._sessions.pop(n) for n in names if n in self._sessions}
+        if ctx is None or not sessions:
+            return {}
+
+        def clean(name: str) -> None:
+            try:
+                sessions[name].call("put_cleanup", {"cluster_id": ctx.cluster_id}, timeout=15)
+            finally:
+                sessions[name].close()
+
+        return parallel(list(sessions), clean)[1]
 
     # -- how the launcher reaches the nodes -------------------------------------------------
 
@@ -164,7 +185,11 @@ class FarReach:
         from clusterbook.ssh.preflight import NodeFacts, all_problems
 
         args = {"prefix": ctx.launcher.prefix, "flavour": ctx.launcher.flavour.value}
-        by_name = {n.name: n for n in far}
+        # Only the nodes not checked before (joined since, or back with another sshd): a
+        # cluster that grows by a node pays for that node's login, not every node's.
+        by_name = {n.name: n for n in far if n not in self._probed}
+        if not by_name:
+            return
 
         def probe(name: str) -> NodeFacts:
             if name == "":
@@ -175,14 +200,17 @@ class FarReach:
             finally:
                 shell.close()
 
-        facts, failed = parallel(["", *by_name], probe)
+        here = [""] if self._head_facts is None else []  # this machine's, once
+        facts, failed = parallel([*here, *by_name], probe)
         if "" in failed:
             raise failed[""]
-        head = facts.pop("")
-        nodes = {n.name: (n.addr, n.slots, ctx.launcher.prefix) for n in far}
+        head = self._head_facts = facts.pop("", None) or self._head_facts
+        assert head is not None
+        nodes = {n.name: (n.addr, n.slots, ctx.launcher.prefix) for n in by_name.values()}
         found = all_problems(head, facts, failed, nodes, ctx.launcher.flavour.value)
         if found:
             raise BootstrapError(found)
+        self._probed.update(by_name.values())
 
     # -- jobs --------------------------------------------------------------------------------
 

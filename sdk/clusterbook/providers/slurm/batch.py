@@ -10,8 +10,8 @@ from __future__ import annotations
 import math
 import re
 import shlex
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from clusterbook.durations import optional_duration
@@ -27,6 +27,7 @@ __all__ = [
     "controller_address",
     "parse_job_id",
     "parse_squeue",
+    "parse_squeue_jobs",
     "parse_time",
     "render_script",
     "sbatch_argv",
@@ -122,6 +123,8 @@ class BatchJob:
     time: str | None = "1:00:00"  # None: the partition's default
     account: str | None = None
     sbatch_args: tuple[str, ...] = ()
+    signal: int | None = None  # seconds before the time limit at which Slurm warns
+    requeue: bool = False
 
     @classmethod
     def make(
@@ -134,6 +137,8 @@ class BatchJob:
         time: object = "1:00:00",
         account: object = None,
         sbatch_args: object = (),
+        signal_before: object = None,
+        requeue: object = False,
     ) -> BatchJob:
         count = validate_positive_int(nodes, "nodes")
         least = None if min_nodes is None else validate_positive_int(min_nodes, "min_nodes")
@@ -154,6 +159,8 @@ class BatchJob:
                 f"sbatch_args must be a list of sbatch's arguments, like ['--qos=debug'], "
                 f"got {sbatch_args!r}."
             )
+        if not isinstance(requeue, bool):
+            raise ConfigError(f"requeue must be True or False, got {requeue!r}.")
         return cls(
             nodes=count,
             min_nodes=least,
@@ -162,12 +169,47 @@ class BatchJob:
             time=text,
             account=account,  # type: ignore[arg-type]
             sbatch_args=tuple(sbatch_args),  # type: ignore[arg-type]
+            signal=_signal_seconds(signal_before, requeue, text),
+            requeue=requeue,
         )
+
+    def more(self) -> BatchJob:
+        """The job that adds one node to the cluster: this one's settings, one node."""
+        return replace(self, nodes=1, min_nodes=None)
 
     @property
     def seconds(self) -> float | None:
         """The time limit in seconds (None: unlimited, or the partition's default)."""
         return None if self.time is None else parse_time(self.time)[1]
+
+
+#: Slurm's warning before the time limit when ``requeue=True`` is given without one.
+REQUEUE_SIGNAL = 120
+
+
+def _signal_seconds(given: object, requeue: bool, time: str | None) -> int | None:
+    """``signal_before`` as whole seconds for ``--signal=B:USR1@S`` (Slurm takes 0-65535),
+    shorter than the time limit; ``requeue`` without it warns :data:`REQUEUE_SIGNAL` s
+    before."""
+    limit = None if time is None else parse_time(time)[1]
+    if given is None:
+        if not requeue:
+            return None
+        return REQUEUE_SIGNAL if limit is None else min(REQUEUE_SIGNAL, math.ceil(limit / 2))
+    seconds = optional_duration(given, "signal_before")
+    assert seconds is not None
+    whole = math.ceil(seconds)
+    if not 1 <= whole <= 65535:
+        raise ConfigError(
+            f"signal_before={given!r} is out of Slurm's range for --signal: give 1 s to "
+            "65535 s (like '2m')."
+        )
+    if limit is not None and whole >= limit:
+        raise ConfigError(
+            f"signal_before={given!r} is not shorter than the time limit ({time}): the "
+            "warning would come before the job starts; give a shorter signal_before."
+        )
+    return whole
 
 
 def sbatch_argv(job: BatchJob, *, name: str, script: Path, output: Path) -> list[str]:
@@ -189,6 +231,10 @@ def sbatch_argv(job: BatchJob, *, name: str, script: Path, output: Path) -> list
         argv.append(f"--partition={job.partition}")
     if job.account:
         argv.append(f"--account={job.account}")
+    if job.signal is not None:  # to the batch shell only: it tells the head (the script)
+        argv.append(f"--signal=B:USR1@{job.signal}")
+    if job.requeue:
+        argv.append("--requeue")
     return [*argv, *job.sbatch_args, str(script)]
 
 
@@ -211,14 +257,29 @@ def step_script(agent: Sequence[str], *, slots: int | None, home_dir: str = ".cl
     )
 
 
-def render_script(agent: Sequence[str], *, cluster: str, slots: int | None) -> str:
-    """The batch script: one step (``srun``) running :func:`step_script` once on every node."""
+def render_script(
+    agent: Sequence[str], *, cluster: str, slots: int | None, warned: Path | None = None
+) -> str:
+    """The batch script: one step (``srun``) running :func:`step_script` once on every node.
+    ``warned``: the directory where Slurm's warning before the time limit (``--signal=B:USR1``,
+    sent to this script's shell only) leaves ``slurm-JOBID.warned`` for the head, which
+    forwards the signal to the ranks; the shell then waits for the step again."""
     step = step_script(agent, slots=slots)
-    return (
+    head = (
         "#!/bin/sh\n"
         f"# clusterbook cluster {cluster}: an agent on every node of this job joins its\n"
         "# rendezvous; the job ends when the cluster stops (or at its time limit).\n"
-        f"exec srun --ntasks-per-node=1 --kill-on-bad-exit=0 sh -c {shlex.quote(step)}\n"
+    )
+    srun = f"srun --ntasks-per-node=1 --kill-on-bad-exit=0 sh -c {shlex.quote(step)}"
+    if warned is None:
+        return f"{head}exec {srun}\n"
+    marker = f'{shlex.quote(str(warned))}/slurm-"$SLURM_JOB_ID".warned'
+    return (
+        f"{head}trap 'touch {marker}' USR1\n"
+        f"{srun} &\n"
+        "step=$!\n"
+        "# wait returns early when the trap runs: wait again until the step has ended.\n"
+        'while :; do wait "$step"; rc=$?; kill -0 "$step" 2>/dev/null || exit "$rc"; done\n'
     )
 
 
@@ -272,6 +333,17 @@ def parse_squeue(stdout: str) -> JobState:
     state, _, reason = line.partition(" ")
     reason = reason.strip()
     return JobState(state, None if reason in ("", "None", "(null)") else reason)
+
+
+def parse_squeue_jobs(stdout: str, job_ids: Iterable[int]) -> dict[int, JobState]:
+    """The states of ``job_ids`` from ``squeue -h -t all -j ID,ID -o '%i %T %r'`` (GONE:
+    not listed)."""
+    found = {}
+    for line in stdout.splitlines():
+        job, _, rest = line.strip().partition(" ")
+        if job.isdigit() and rest:
+            found[int(job)] = parse_squeue(rest)
+    return {i: found.get(i, GONE) for i in job_ids}
 
 
 def controller_address(config: str) -> str | None:

@@ -22,6 +22,7 @@ from clusterbook.providers.slurm.batch import (
     controller_address,
     parse_job_id,
     parse_squeue,
+    parse_squeue_jobs,
 )
 
 __all__ = ["SlurmCommands", "SlurmRunner", "run_command"]
@@ -95,11 +96,30 @@ class SlurmCommands:
             raise ClusterError(f"squeue could not tell the state of job {job_id}: {_said(done)}")
         return parse_squeue(done.stdout)
 
+    def states(self, job_ids: Sequence[int]) -> dict[int, JobState]:
+        """The states of several jobs in one ``squeue`` (a cluster of many batch jobs asks
+        slurmctld once a look, not once a job)."""
+        ids = ",".join(str(i) for i in job_ids)
+        done = self._run(
+            ["squeue", "-h", "-t", "all", "-j", ids, "-o", "%i %T %r"], self._env, _TIMEOUT
+        )
+        if done.returncode != 0:
+            if "Invalid job id" in done.stderr:  # none of them is known any more
+                return dict.fromkeys(job_ids, GONE)
+            raise ClusterError(f"squeue could not tell the state of jobs {ids}: {_said(done)}")
+        return parse_squeue_jobs(done.stdout, job_ids)
+
     def cancel(self, job_id: int) -> None:
         """``scancel`` the job (a job that already ended is no error)."""
         done = self._run(["scancel", str(job_id)], self._env, _TIMEOUT)
         if done.returncode != 0 and "Invalid job id" not in done.stderr:
             raise ClusterError(f"scancel {job_id} failed: {_said(done)}")
+
+    def requeue(self, job_id: int) -> None:
+        """``scontrol requeue`` the job: Slurm ends what runs and queues it again, same id."""
+        done = self._run(["scontrol", "requeue", str(job_id)], self._env, _TIMEOUT)
+        if done.returncode != 0:
+            raise ClusterError(f"scontrol requeue {job_id} failed: {_said(done)}")
 
     def wait_ended(
         self,

@@ -27,10 +27,11 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from clusterbook.durations import Duration, duration
-from clusterbook.errors import CleanupWarning, ClusterError, ConfigError
+from clusterbook.errors import CleanupWarning, ClusterError, ClusterStateError, ConfigError
+from clusterbook.launch.nodes import RESTART_WAIT
 from clusterbook.launch.remote import SrunStep
 from clusterbook.paths import cluster_dir
-from clusterbook.providers.base import Provider, StartContext
+from clusterbook.providers.base import Provider, Scaler, StartContext
 from clusterbook.providers.elastic.far import head_address_towards, networks_here, round_nodes
 from clusterbook.providers.elastic.provider import join_command, warn_unclean
 from clusterbook.providers.elastic.reach import FarReach
@@ -43,7 +44,8 @@ from clusterbook.providers.watch import AgentWatch, NodeWatch
 from clusterbook.rendezvous.agent import agent_argv
 from clusterbook.rendezvous.api import RendezvousSettings, RendezvousTimeout
 from clusterbook.rendezvous.head import RendezvousHead
-from clusterbook.spec import NodeSpec
+from clusterbook.scaling import Allocation
+from clusterbook.spec import NodeSpec, validate_positive_int
 from clusterbook.wording import spell_or
 
 __all__ = ["SlurmProvider"]
@@ -67,6 +69,9 @@ class SlurmProvider(Provider):
         sbatch_args: Sequence[str] = (),
         min_nodes: int | None = None,
         *,
+        max_nodes: int | None = None,
+        signal_before: Duration | None = None,
+        requeue: bool = False,
         listen: str | None = None,
         port: int = 0,
         last_call: Duration = 1.0,
@@ -84,12 +89,22 @@ class SlurmProvider(Provider):
             time=time,
             account=account,
             sbatch_args=sbatch_args,
+            signal_before=signal_before,
+            requeue=requeue,
         )
+        most = self.job.nodes
+        if max_nodes is not None:
+            most = validate_positive_int(max_nodes, "max_nodes")
+        if most < self.job.nodes:
+            raise ConfigError(
+                f"max_nodes ({most}) must be at least nodes ({self.job.nodes}): scale() and "
+                "adapt() grow the cluster up to max_nodes."
+            )
         # Checked now (torch's messages), with the real run id set at start().
         settings = RendezvousSettings(
             run_id="pending",
             min_nodes=self.job.min_nodes or self.job.nodes,
-            max_nodes=self.job.nodes,
+            max_nodes=most,
             timeout=RendezvousTimeout(
                 join=duration(join_timeout, "join_timeout"),
                 last_call=duration(last_call, "last_call"),
@@ -102,7 +117,11 @@ class SlurmProvider(Provider):
         self._listen = listen
         self.slurm = SlurmCommands(runner)
         poll = duration(poll_interval, "poll_interval")
-        self.follow = JobWatch(AgentWatch(self.head), self.job, self.slurm, poll)
+        # Ranks get half of the warning's lead to checkpoint before the requeue ends them.
+        after = self.job.signal / 2 if self.job.requeue and self.job.signal else None
+        self.follow = JobWatch(
+            AgentWatch(self.head), self.job, self.slurm, poll, after, leaving=self._leave
+        )
         self.steps = StepCheck(self.slurm.run)
         self.far = FarReach(self.head, lambda: self.nodes, self._step)
         self._ctx: StartContext | None = None
@@ -135,7 +154,8 @@ class SlurmProvider(Provider):
 
     @property
     def life_span(self) -> float | None:
-        return self.job.seconds
+        # A job that is requeued comes back after its time limit: the cluster waits for it.
+        return None if self.job.requeue else self.job.seconds
 
     @property
     def join_command(self) -> str | None:
@@ -154,8 +174,64 @@ class SlurmProvider(Provider):
         """The participants of the last complete round, by rank."""
         return round_nodes(self.head.participants(), socket.gethostname(), self._networks)
 
+    def _leave(self, job_id: int) -> dict[str, Exception]:
+        """The nodes of batch job ``job_id`` are to leave (cancelled, requeued): remove what
+        ``put`` left there while their sshd runs; the nodes where that failed, with why."""
+        rows = self.follow.agents.node_statuses()
+        return self.far.leave([s.name for s in rows if s.name.endswith(f"-{job_id}")])
+
     def lost_for_good(self) -> str | None:
         return self.follow.lost_for_good()
+
+    def preempting(self) -> set[str]:
+        return self.follow.warned()
+
+    @property
+    def restart_wait(self) -> float:
+        # A requeued job comes back after Slurm's cred_expire (120 s by default) and the
+        # queue: its jobs' restarts wait as long as nodes are given to join.
+        return self.settings.timeout.join if self.job.requeue else RESTART_WAIT
+
+    @property
+    def scaler(self) -> Scaler:
+        return self
+
+    # -- scaling (clusterbook.cluster.resize decides, through the Scaler protocol) -----------
+
+    def allocations(self) -> list[Allocation]:
+        return self.follow.allocations()
+
+    def grow(self, count: int) -> None:
+        """Submit ``count`` more allocations of one node each: the same script and options as
+        the cluster's own job. sbatch's refusal is a ConfigError quoting it; the allocations
+        submitted before it stay."""
+        ctx, script = self._ctx, self.script
+        if ctx is None or script is None:
+            raise ClusterStateError("The Slurm cluster is not running: it has nothing to grow.")
+        directory = script.parent
+        output = directory / "slurm-%j.out"
+        for _ in range(count):
+            argv = sbatch_argv(self.job.more(), name=ctx.cluster_id, script=script, output=output)
+            try:
+                job_id = self.slurm.submit(argv)
+            except ConfigError as exc:
+                nodes = sum(a.nodes for a in self.allocations())
+                raise ConfigError(
+                    f"{exc}. The cluster keeps the {nodes} node(s) it has or waits for."
+                ) from None
+            self.follow.follow(job_id, directory / f"slurm-{job_id}.out", ctx.changed, nodes=1)
+        ctx.changed()
+
+    def release(self, ids: Sequence[str]) -> None:
+        """Cancel the allocations ``ids``: what ``put`` left on their nodes goes first, while
+        their sshd runs; then their agents leave, and their rows go."""
+        for job_id in ids:
+            if self._ctx is not None:
+                warn_unclean(self._ctx.cluster_id, self._leave(int(job_id)))
+            self.follow.release(int(job_id))
+            self.slurm.cancel(int(job_id))
+        if self._ctx is not None:
+            self._ctx.changed()
 
     def _step(self, nodes: tuple[NodeSpec, ...]) -> SrunStep | None:
         return self.steps.step(self.job_id, self._ctx, nodes)
@@ -182,9 +258,9 @@ class SlurmProvider(Provider):
         directory = ctx.run_dir or cluster_dir(ctx.cluster_id)
         self.script = directory / "slurm-job.sh"
         agent = agent_argv(ctx.python, self.head.join_url, self.head.token_file, start_sshd=0)
-        write_script(
-            self.script, render_script(agent, cluster=ctx.cluster_id, slots=self.job.slots)
-        )
+        warned = directory if self.job.signal is not None else None
+        text = render_script(agent, cluster=ctx.cluster_id, slots=self.job.slots, warned=warned)
+        write_script(self.script, text)
         output = directory / "slurm-%j.out"
         argv = sbatch_argv(self.job, name=ctx.cluster_id, script=self.script, output=output)
         ctx.progress("submitting the Slurm job")
@@ -207,8 +283,8 @@ class SlurmProvider(Provider):
             ) from None
 
     def stop(self) -> None:
-        joined = self.follow.missing() < self.job.nodes
-        job_id = self.follow.stop()
+        joined = {i: self.follow.joined(i) for i in list(self.follow.jobs)}
+        job_ids = self.follow.stop()
         ctx, self._ctx = self._ctx, None
         try:
             if ctx is not None:  # the agents leave: the step, then the job, end by themselves
@@ -219,8 +295,8 @@ class SlurmProvider(Provider):
                     self.follow.agents.end()
                     self.head.close()
         finally:
-            if job_id is not None:
-                self._end_job(job_id, joined)
+            for job_id in job_ids:
+                self._end_job(job_id, joined.get(job_id, False))
 
     def _end_job(self, job_id: int, joined: bool) -> None:
         """Cancel the job unless its agents (``joined``: some did) ended it by leaving; wait
@@ -232,7 +308,7 @@ class SlurmProvider(Provider):
             if state.active:
                 self.slurm.cancel(job_id)
                 state = self.slurm.wait_ended(job_id, _END_WAIT)
-            self.follow.state = state
+            self.follow.ended(job_id, state)
             if state.active:
                 raise ClusterError(f"{state.describe(job_id)} {_END_WAIT:g} s after scancel")
         except ClusterError as exc:
