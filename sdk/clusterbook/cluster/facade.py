@@ -19,6 +19,7 @@ from clusterbook.cluster import display
 from clusterbook.cluster.kinds import ClusterKinds
 from clusterbook.cluster.local_head import LocalHead
 from clusterbook.cluster.options import ClusterOptions, split_spec
+from clusterbook.cluster.resize import Resizer, Resizing
 from clusterbook.durations import Duration
 from clusterbook.functions.methods import FunctionMethods, SweepMethods
 from clusterbook.paths import default_run_root
@@ -45,7 +46,7 @@ if TYPE_CHECKING:
 __all__ = ["Cluster", "default_run_root"]
 
 
-class Cluster(ClusterKinds, FunctionMethods, SweepMethods, ResourceFrames):
+class Cluster(ClusterKinds, FunctionMethods, SweepMethods, ResourceFrames, Resizing):
     """A set of nodes to run MPI jobs on.
 
     Make one with :meth:`local`, :meth:`ssh`, :meth:`elastic`, :meth:`slurm`,
@@ -65,6 +66,9 @@ class Cluster(ClusterKinds, FunctionMethods, SweepMethods, ResourceFrames):
         self._head: Head = local  # what runs it: local, or the handle on its supervisor
         self._provider, self._options = local.provider, local.options
         self.kind, self.name, self.python = local.kind, local.name, local.python
+
+    def _resizer(self, what: str) -> Resizer:
+        return self._local.resizer(what)
 
     @classmethod
     def from_spec(cls, spec: Mapping[str, Any]) -> Self:
@@ -137,19 +141,6 @@ class Cluster(ClusterKinds, FunctionMethods, SweepMethods, ResourceFrames):
         watches (``progress`` decides instead).
         """
         self._head.wait_ready(timeout, progress=progress)
-
-    def scale(self, nodes: int) -> None:
-        """Grow or shrink a Slurm cluster to ``nodes`` (within its ``min_nodes`` and
-        ``max_nodes``) by submitting or cancelling batch jobs of one node; ends an
-        :meth:`adapt`. See :meth:`clusterbook.cluster.resize.Resizer.scale`."""
-        self._local.scale(nodes)
-
-    def adapt(
-        self, minimum: int, maximum: int, *, interval: Duration = "30s", grace: Duration = "1m"
-    ) -> None:
-        """Let a Slurm cluster grow while its jobs' ranks outnumber its slots and let go of
-        nodes idle for ``grace``, looking every ``interval`` (see :meth:`scale`)."""
-        self._local.adapt(minimum, maximum, interval, grace)
 
     # -- jobs -----------------------------------------------------------------------------
 

@@ -264,15 +264,11 @@ class LocalHead(NodeCalls, ResourceFrames):
         with self._watch.showing(bar(progress, "waiting for nodes", total, "node")):
             self.provider.watch.wait_ready(limit)
 
-    def scale(self, nodes: int) -> None:
-        """``Cluster.scale``: reach ``nodes`` nodes (:mod:`clusterbook.cluster.resize`)."""
-        self._require_running("scale", here=True)
-        self._resize.scale(nodes)
-
-    def adapt(self, minimum: int, maximum: int, interval: Duration, grace: Duration) -> None:
-        """``Cluster.adapt``: grow and shrink with the jobs, until ``scale()`` or the stop."""
-        self._require_running("adapt", here=True)
-        self._resize.adapt(minimum, maximum, interval, grace)
+    def resizer(self, what: str) -> Resizer:
+        """What ``Cluster.scale`` and ``Cluster.adapt`` act through, once the cluster runs
+        here (:mod:`clusterbook.cluster.resize`)."""
+        self._require_running(what, here=True)
+        return self._resize
 
     # -- jobs and files ------------------------------------------------------------------
 

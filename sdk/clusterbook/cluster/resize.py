@@ -29,7 +29,7 @@ from clusterbook.scaling import (
     releasable,
 )
 
-__all__ = ["Resizer"]
+__all__ = ["Resizer", "Resizing"]
 
 _log = logging.getLogger("clusterbook.cluster.resize")
 
@@ -160,3 +160,24 @@ class Resizer:
         stop, self._adapting = self._adapting, None
         if stop is not None:
             stop.set()
+
+
+class Resizing:
+    """``Cluster.scale`` and ``Cluster.adapt``, on the cluster's local head."""
+
+    def _resizer(self, what: str) -> Resizer:
+        """The cluster's :class:`Resizer`, once it runs here."""
+        raise NotImplementedError
+
+    def scale(self, nodes: int) -> None:
+        """Grow or shrink a Slurm cluster to ``nodes`` (within its ``min_nodes`` and
+        ``max_nodes``) by submitting or cancelling batch jobs of one node; ends an
+        :meth:`adapt`. See :meth:`Resizer.scale`."""
+        self._resizer("scale").scale(nodes)
+
+    def adapt(
+        self, minimum: int, maximum: int, *, interval: Duration = "30s", grace: Duration = "1m"
+    ) -> None:
+        """Let a Slurm cluster grow while its jobs' ranks outnumber its slots and let go of
+        nodes idle for ``grace``, looking every ``interval`` (see :meth:`scale`)."""
+        self._resizer("adapt").adapt(minimum, maximum, interval, grace)
