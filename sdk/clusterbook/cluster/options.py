@@ -19,6 +19,7 @@ from clusterbook.durations import Duration, optional_duration
 from clusterbook.errors import ConfigError
 from clusterbook.head.mirror import is_url
 from clusterbook.launch.flavour import MPIFlavour
+from clusterbook.launch.setaside import SetAsidePolicy
 from clusterbook.lifetime import DETACHED_LIFE_SPAN
 from clusterbook.names import NAME_RULE, is_name
 from clusterbook.paths import default_run_root
@@ -58,6 +59,7 @@ class ClusterOptionsArgs(TypedDict, total=False):
     ephemeral: bool
     work_dir: str | os.PathLike[str] | None
     work_dir_options: Mapping[str, Any] | None
+    set_aside: bool | Mapping[str, Any] | None
 
 
 class SSHArgs(ClusterOptionsArgs, total=False):
@@ -202,6 +204,12 @@ class ClusterOptions:
         as ``run_dir``), or an fsspec URL (``sftp://host/path``, ``s3://bucket/path``) they
         are copied to from the local run directory (``work_dir_options``: the file system's
         options, like ``key_filename``; for SSH, ``known_hosts`` too).
+    set_aside
+        When a node whose ranks keep failing (or that keeps being lost) is set aside: left
+        out of jobs' later attempts and of new jobs for a cool-down that doubles each time,
+        until ``cluster.reinstate(node)``. Default (True): 3 failures within 10 minutes, a
+        cool-down of 1 minute, 1 hour at most; a dict changes some of ``failures``,
+        ``window``, ``cooldown``, ``limit``; False: never.
     """
 
     name: str
@@ -220,6 +228,7 @@ class ClusterOptions:
     ephemeral: bool = False
     work_dir: str | None = None  # an fsspec URL the run directory is copied to
     work_dir_options: Mapping[str, Any] = field(default_factory=dict)
+    set_aside: SetAsidePolicy = field(default_factory=SetAsidePolicy)
 
     @classmethod
     def given_names(cls) -> set[str]:
@@ -288,6 +297,7 @@ class ClusterOptions:
             ephemeral=ephemeral,
             work_dir=mirror,
             work_dir_options=dict(work_dir_options),
+            set_aside=SetAsidePolicy.make(given.get("set_aside")),
         )
 
 

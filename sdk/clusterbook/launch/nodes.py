@@ -5,7 +5,7 @@ fails them, a grown round restarts those that asked for it)."""
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -45,7 +45,8 @@ class NodeSource:
     silent, with a sentence each; ``remote``: how the launcher reaches the nodes;
     ``lost_for_good``: why lost nodes cannot come back, if they cannot; ``join_command``: how
     nodes join by themselves, if they do; ``bounds``: ``(min_nodes, max_nodes)``, if the
-    cluster's size may change."""
+    cluster's size may change; ``aside``: the nodes set aside now
+    (:mod:`clusterbook.launch.setaside`), which no attempt runs on."""
 
     nodes: Callable[[], tuple[NodeSpec, ...]]
     known: Callable[[], list[str]]
@@ -54,6 +55,7 @@ class NodeSource:
     lost_for_good: Callable[[], str | None]
     join_command: Callable[[], str | None]
     bounds: Callable[[], tuple[int, int] | None]
+    aside: Callable[[], Collection[str]] = frozenset
 
 
 #: How long a restart waits for a complete round of enough nodes (an elastic cluster's nodes
@@ -86,7 +88,22 @@ def usable_nodes(cluster: str, source: NodeSource) -> tuple[NodeSpec, ...]:
             "Stop it and start a new one (or, for an elastic cluster, wait for the next round "
             "with cluster.wait_ready())."
         )
-    return nodes
+    return without_aside(cluster, nodes, source.aside())
+
+
+def without_aside(
+    cluster: str, nodes: tuple[NodeSpec, ...], aside: Collection[str]
+) -> tuple[NodeSpec, ...]:
+    """``nodes`` but those set aside; a clear error when that leaves none."""
+    left = tuple(n for n in nodes if n.name not in aside)
+    if not left:
+        named = ", ".join(n.name for n in nodes)
+        raise ClusterStateError(
+            f"Every node of cluster {cluster!r} is set aside for failing ({named}); see "
+            "cluster.status() for why and until when, or bring one back with "
+            "cluster.reinstate(node)."
+        )
+    return left
 
 
 def remaining_nodes(
@@ -126,7 +143,7 @@ def nodes_for_attempt(
             return usable_nodes(cluster, source), source.remote()
         try:
             left = remaining_nodes(cluster, source.nodes(), source.unreachable, source.bounds())
-            return left, source.remote()
+            return without_aside(cluster, left, source.aside()), source.remote()
         except ClusterStateError:
             if time.monotonic() > give_up:
                 raise
