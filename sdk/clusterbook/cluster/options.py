@@ -95,6 +95,15 @@ class SSHArgs(ClusterOptionsArgs, total=False):
         connection the cluster keeps to each node from its start to its stop (no key exchange
         or login per node per job; where it has ended, a job logs in anew, with a
         :class:`~clusterbook.ColdLaunchWarning`), ``"cold"`` over a new ssh login each time.
+    discover, every
+        A command (run by ``/bin/sh`` in the current directory) that prints the cluster's
+        hosts, one ``host[:slots]`` a line (comments and blank lines allowed, as in a
+        hostfile), and how often it runs (default ``"10s"``; each run may take as long, 30 s
+        at most). Hosts that appear are bootstrapped as at ``start()`` (same keys and
+        host-key checks); hosts that go are drained (no new ranks; jobs with ``restarts=``
+        relaunch without them, others fail naming them) and cleaned. A run that fails,
+        times out or prints what is not a host list keeps the hosts the cluster has, and
+        its error shows in ``status`` (the cluster's problem), the widget and the log.
     """
 
     user: str | None
@@ -107,6 +116,8 @@ class SSHArgs(ClusterOptionsArgs, total=False):
     ssh_config: str | os.PathLike[str] | None
     passphrase: str | None
     launch: str
+    discover: str | None
+    every: Duration | None
 
 
 class ElasticArgs(ClusterOptionsArgs, total=False):

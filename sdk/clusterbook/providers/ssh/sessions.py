@@ -80,7 +80,7 @@ class Sessions:
 
     def keep(self, sessions: Mapping[str, NodeSession]) -> None:
         """Keep the bootstrap's sessions of the nodes for the cluster's later steps."""
-        self._kept = {h: KeptSession(self._starter(h), s) for h, s in sessions.items()}
+        self._kept.update({h: KeptSession(self._starter(h), s) for h, s in sessions.items()})
 
     def task(
         self, host: str, task: str, args: Mapping[str, Any], timeout: float, **streams: Any
