@@ -57,7 +57,7 @@ def nodes_of(cluster: cb.Cluster) -> list[str]:
 
 
 def test_discovered_hosts_join_and_leave_a_running_job(
-    testbed: Testbed, openmpi_python, tmp_path: Path
+    testbed: Testbed, mpi_python, tmp_path: Path
 ):
     script = tmp_path / "waits.py"
     script.write_text(WAITS)
@@ -70,7 +70,7 @@ def test_discovered_hosts_join_and_leave_a_running_job(
         identity=testbed.identity,
         known_hosts=testbed.write_known_hosts(),
         connect_timeout=10,
-        python=openmpi_python,
+        python=mpi_python,
         run_dir=tmp_path / "run",
     )
     with cluster:
@@ -108,6 +108,20 @@ def test_discovered_hosts_join_and_leave_a_running_job(
                  or not any((node2.home / ".clusterbook/clusters").iterdir()))  # fmt: skip
         keys = node2.home / ".ssh/authorized_keys"
         assert cluster.id not in keys.read_text()
+
+        # A job without restarts fails when a host it runs on goes, saying why; the host
+        # comes back when listed again.
+        alone = cluster.mpirun(["python", str(script)], timeout=300)
+        ranks_started(alone, 2)
+        listed(hostlist, h1)
+        failed = alone.wait(timeout=60)
+        assert not failed.ok
+        assert f"Host {h3} left the cluster (its discovery command no longer lists it)" in (
+            failed.error or ""
+        )
+        listed(hostlist, h1, h3)
+        wait_for("node3 back", lambda: nodes_of(cluster) == [h1, h3])
+        assert cluster.mpirun(["python", "-c", "pass"]).wait(timeout=60).ok
 
         # A command that prints garbage, or fails, keeps the hosts and says why.
         hostlist.write_text("node1 slots=two\n")
