@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 import clusterbook as cb
+from clusterbook.config import FILE_NAME
 from clusterbook.providers.ssh.discovered import (
     Changes,
     Discovery,
@@ -186,3 +187,24 @@ def test_the_loop_runs_until_stopped_and_stop_ends_a_running_command(tmp_path: P
         slow.stop()  # returns at once: the command is killed
     assert proc.poll() is not None
     assert slow.problem is None  # a stop is no error
+
+
+def test_a_cluster_starts_with_the_hosts_its_command_prints(tmp_path: Path):
+    (tmp_path / "hosts.sh").write_text("echo '# ours'; echo node1:2; echo node2\n")
+    cluster = cb.Cluster.ssh(discover=f"sh {tmp_path / 'hosts.sh'}", every="1m", name="d1")
+    assert [(n.host, n.slots) for n in cluster.nodes] == [("node1", 2), ("node2", 1)]
+    assert cluster.status().state.tolist() == ["pending", "pending"]
+    with pytest.raises(cb.ConfigError, match=r"exited 1: .*No such file"):
+        cb.Cluster.ssh(discover=f"cat {tmp_path / 'missing'}")
+    with pytest.raises(cb.ConfigError, match=r"needs hosts .* or a command"):
+        cb.Cluster.ssh()
+
+
+def test_an_ssh_profile_may_discover_its_hosts(tmp_path: Path):
+    config = tmp_path / "config"
+    config.mkdir(mode=0o700)
+    (config / FILE_NAME).write_text(
+        '[profiles.found]\nkind = "ssh"\ndiscover = "echo node7:3"\nevery = "30s"\n'
+    )
+    cluster = cb.Cluster.from_profile("found", config_dir=config)
+    assert [(n.host, n.slots) for n in cluster.nodes] == [("node7", 3)]
