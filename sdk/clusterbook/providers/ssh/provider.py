@@ -20,7 +20,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from clusterbook.durations import Duration
-from clusterbook.errors import CleanupWarning, ClusterError, ConfigError
+from clusterbook.errors import CleanupWarning, ConfigError
 from clusterbook.gpus import GPUS, Slots
 from clusterbook.launch.remote import RemoteLaunch
 from clusterbook.nodes.fanout import parallel
@@ -295,7 +295,7 @@ class SSHProvider(Provider):
         for host, slots in changes.add:
             try:
                 self._add(host, slots)
-            except ClusterError as exc:
+            except Exception as exc:  # a ClusterError, or what a connection raised
                 failed[host] = f"could not join: {exc}"
         return failed
 
