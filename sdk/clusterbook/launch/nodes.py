@@ -45,8 +45,7 @@ class NodeSource:
     silent, with a sentence each; ``remote``: how the launcher reaches the nodes;
     ``lost_for_good``: why lost nodes cannot come back, if they cannot; ``join_command``: how
     nodes join by themselves, if they do; ``bounds``: ``(min_nodes, max_nodes)``, if the
-    cluster's size may change; ``aside``: the nodes set aside now
-    (:mod:`clusterbook.launch.setaside`), which no attempt runs on."""
+    cluster's size may change."""
 
     nodes: Callable[[], tuple[NodeSpec, ...]]
     known: Callable[[], list[str]]
@@ -55,6 +54,7 @@ class NodeSource:
     lost_for_good: Callable[[], str | None]
     join_command: Callable[[], str | None]
     bounds: Callable[[], tuple[int, int] | None]
+    # The nodes set aside now (clusterbook.launch.setaside), which no attempt runs on.
     aside: Callable[[], Collection[str]] = frozenset
 
 

@@ -16,12 +16,11 @@ import os
 import signal
 import subprocess
 import threading
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping
 
 from clusterbook.errors import ClusterError, ConfigError
 from clusterbook.gpus import Slots
 from clusterbook.providers.ssh.discovered import Changes, Discovery, changes, parse_discovered
-from clusterbook.providers.ssh.hosts import parse_host_list
 from clusterbook.wording import spell
 
 __all__ = ["DiscoveryLoop", "first_hosts", "run_discovery"]
@@ -66,13 +65,9 @@ def run_discovery(discovery: Discovery, started: Callable[[subprocess.Popen[str]
     return out
 
 
-def first_hosts(
-    hosts: Sequence[str] | None, discovery: Discovery | None
-) -> tuple[tuple[str, Slots], ...]:
-    """The hosts a cluster starts with: those given, else what its discovery command says
-    now (its failure is the cluster's: there is no last good set yet)."""
-    if hosts is not None:
-        return parse_host_list(hosts)
+def first_hosts(discovery: Discovery | None) -> tuple[tuple[str, Slots], ...]:
+    """The hosts a cluster given none starts with: what its discovery command says now (its
+    failure is the cluster's: there is no last good set yet)."""
     if discovery is None:
         raise ConfigError(
             "An SSH cluster needs hosts (['node1:4', 'node2:4']) or a command that prints "

@@ -30,7 +30,7 @@ from clusterbook.providers.reach import NodeReach
 from clusterbook.providers.ssh.discovered import MOST_HOSTS, Changes, discovery_of
 from clusterbook.providers.ssh.discovery import DiscoveryLoop, first_hosts
 from clusterbook.providers.ssh.grow import Growth, LeftWatch, wait_joined
-from clusterbook.providers.ssh.hosts import HEAD, host_node, targets
+from clusterbook.providers.ssh.hosts import HEAD, host_node, parse_host_list, targets
 from clusterbook.providers.ssh.masters import LAUNCHES, ControlMasters, warn_cold
 from clusterbook.providers.ssh.reach import SSHReach
 from clusterbook.providers.ssh.release import release
@@ -82,7 +82,7 @@ class SSHProvider(Provider):
             )
         self._launch = launch
         self._discovery = discovery_of(discover, every)
-        entries = first_hosts(hosts, self._discovery)
+        entries = parse_host_list(hosts) if hosts is not None else first_hosts(self._discovery)
         self._asked = dict(entries)  # "gpus" slots are counted at start()
         self._nodes = tuple(host_node(host, slots) for host, slots in entries)
         self.node_python = validate_node_python(node_python, [n.host for n in self._nodes])

@@ -82,10 +82,10 @@ class Bootstrap:
         self._node_python = node_python
         self._timings = timings
         self.facts: dict[str, NodeFacts] = {}
+        self.keys: KeyPair | None = None  # the cluster's key pair, once made
         self.head_facts: NodeFacts | None = None
         self.unprobed: set[str] = set()
         self.remote: RemoteLaunch | None = None
-        self.keys: KeyPair | None = None
 
     def python(self, host: str) -> str:
         """The interpreter on ``host`` (the head's path unless node_python says otherwise)."""

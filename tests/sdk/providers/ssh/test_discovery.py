@@ -67,7 +67,7 @@ def test_the_options_are_checked(tmp_path: Path):
     with pytest.raises(cb.ConfigError, match=r"every must be a duration > 0, got 0"):
         discovery_of("x", 0)
     with pytest.raises(cb.ConfigError, match=r"needs hosts .* or a command"):
-        first_hosts(None, None)
+        first_hosts(None)
 
 
 def discovery(command: str, tmp_path: Path, timeout: float = 5.0) -> Discovery:
@@ -79,7 +79,7 @@ def test_a_run_gives_the_output_or_says_how_it_failed(tmp_path: Path):
     started: list[subprocess.Popen[str]] = []
     assert run_discovery(discovery("sh hosts.sh", tmp_path), started.append) == "node1:2\n"
     assert len(started) == 1
-    assert first_hosts(None, discovery("sh hosts.sh", tmp_path)) == (("node1", 2),)
+    assert first_hosts(discovery("sh hosts.sh", tmp_path)) == (("node1", 2),)
     with pytest.raises(cb.ConfigError, match=r"'echo oops >&2; exit 3' exited 3: oops"):
         run_discovery(discovery("echo oops >&2; exit 3", tmp_path), started.append)
     with pytest.raises(cb.ConfigError, match=r"did not finish within 0.2 s"):
