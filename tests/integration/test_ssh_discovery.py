@@ -15,6 +15,7 @@ import pytest
 
 import clusterbook as cb
 from tests.conftest import ranks_started
+from tests.integration.test_ssh_faults import strays
 from tests.testbed import Testbed
 from tests.testbed import testbed as fake_hosts
 
@@ -108,6 +109,7 @@ def test_discovered_hosts_join_and_leave_a_running_job(
                  or not any((node2.home / ".clusterbook/clusters").iterdir()))  # fmt: skip
         keys = node2.home / ".ssh/authorized_keys"
         assert cluster.id not in keys.read_text()
+        wait_for("node2 without processes", lambda: "node2" not in strays(testbed), 10)
 
         # A job without restarts fails when a host it runs on goes, saying why; the host
         # comes back when listed again.
@@ -135,6 +137,9 @@ def test_discovered_hosts_join_and_leave_a_running_job(
         listed(hostlist, h1, h3)
         wait_for("the problem cleared", lambda: cluster.snapshot().problem is None)
         assert cluster.mpirun(["python", "-c", "pass"]).wait(timeout=60).ok
+    left = {h.name: h.authorized_keys.read_text().count("clusterbook:") for h in testbed.hosts}
+    assert set(left.values()) == {0}, f"cluster keys left behind: {left}"
+    wait_for("no process left", lambda: not strays(testbed), 10)
 
 
 def test_clusterbook_run_discover_runs_on_the_hosts_the_command_prints(
