@@ -53,13 +53,17 @@ def test_a_node_failing_three_times_is_set_aside_then_reinstated(
         assert started < until < started + 120  # a minute's cool-down from the third failure
         assert "set-aside" in render_nodes(cluster.snapshot())
 
-        # A new job leaves it out too, until it is reinstated.
-        assert cluster.mpirun(["python", str(script)], timeout=60).wait(timeout=120).ok
+        # A new job gets every node; its retry leaves node3 out at once, until reinstated.
+        again = cluster.mpirun(["python", str(script)], retries=1, backoff=0.1, timeout=60)
+        assert again.wait(timeout=120).ok
+        assert [a.outcome for a in again.outcome.attempts] == ["failure", "ok"]
+        assert again.np == 2
         with pytest.raises(cb.ConfigError, match=r"no node 'node9'.*its nodes are"):
             cluster.reinstate("node9")
         cluster.reinstate(node3)
         status = cluster.status().set_index("node")
         assert status.loc[node3, "state"] == "joined"
-        back = cluster.mpirun(["python", str(script)], timeout=60)
-        assert not back.wait(timeout=120).ok  # node3 runs ranks again (and fails them)
+        back = cluster.mpirun(["python", str(script)], retries=1, backoff=0.1, timeout=60)
+        assert not back.wait(timeout=120).ok  # its retry runs on node3 again (and fails)
+        assert [a.outcome for a in back.outcome.attempts] == ["failure", "failure"]
         assert back.np == 3

@@ -44,7 +44,7 @@ class LocalJobs:
     ``recorded`` is called when a job started an attempt or ended (the record must say so
     now); ``running`` says whether the cluster still runs (a restart waits for nodes only
     then). ``bench`` counts the nodes' failures and sets aside those that keep failing
-    (:mod:`clusterbook.launch.setaside`): no later attempt and no new job runs there."""
+    (:mod:`clusterbook.launch.setaside`): no job's later attempt runs there."""
 
     def __init__(
         self,

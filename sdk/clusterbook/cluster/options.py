@@ -217,7 +217,7 @@ class ClusterOptions:
         options, like ``key_filename``; for SSH, ``known_hosts`` too).
     set_aside
         When a node whose ranks keep failing (or that keeps being lost) is set aside: left
-        out of jobs' later attempts and of new jobs for a cool-down that doubles each time,
+        out of jobs' later attempts (retries, restarts) for a cool-down that doubles each time,
         until ``cluster.reinstate(node)``. Default (True): 3 failures within 10 minutes, a
         cool-down of 1 minute, 1 hour at most; a dict changes some of ``failures``,
         ``window``, ``cooldown``, ``limit``; False: never.

@@ -88,7 +88,7 @@ def usable_nodes(cluster: str, source: NodeSource) -> tuple[NodeSpec, ...]:
             "Stop it and start a new one (or, for an elastic cluster, wait for the next round "
             "with cluster.wait_ready())."
         )
-    return without_aside(cluster, nodes, source.aside())
+    return nodes
 
 
 def without_aside(
@@ -134,13 +134,14 @@ def nodes_for_attempt(
 ) -> Placement:
     """Where a retry runs (the cluster's nodes, none lost) or a restart (the nodes left, at
     least the cluster's minimum: waiting up to ``wait`` seconds for an elastic cluster's
-    round to form again), and how the launcher reaches them."""
+    round to form again), but those set aside, and how the launcher reaches them."""
     give_up = time.monotonic() + wait
     while True:
         if not running():
             raise ClusterStateError(f"Cluster {cluster!r} is not running any more.")
         if not restart:
-            return usable_nodes(cluster, source), source.remote()
+            usable = usable_nodes(cluster, source)
+            return without_aside(cluster, usable, source.aside()), source.remote()
         try:
             left = remaining_nodes(cluster, source.nodes(), source.unreachable, source.bounds())
             return without_aside(cluster, left, source.aside()), source.remote()

@@ -1,10 +1,11 @@
 """Failing nodes set aside: the policy and its decisions (pure, the clock injected).
 
 A node whose ranks fail ``failures`` times within ``window`` seconds (or whose node is lost
-that often: its agent or its connection keeps dropping) is set aside: the cluster's jobs'
-later attempts and its new jobs leave it out until its cool-down ends, or until
-``cluster.reinstate(node)``. Each time the same node is set aside again its cool-down
-doubles, up to ``limit``, as Horovod's elastic mode does with the hosts it blacklists.
+that often: its agent or its connection keeps dropping) is set aside: the later attempts of
+the cluster's jobs (retries and restarts) leave it out until its cool-down ends, or until
+``cluster.reinstate(node)``; a new job is not refused its nodes. Each time the same node is
+set aside again its cool-down doubles, up to ``limit``, as Horovod's elastic mode does with
+the hosts it blacklists.
 :func:`failed_nodes` says which nodes an attempt's ending counts against; :class:`Bench`
 keeps the counts and says which nodes are aside now.
 """
