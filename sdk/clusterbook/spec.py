@@ -58,6 +58,7 @@ CLUSTER_OPTIONS = frozenset(
         "ephemeral",
         "work_dir",
         "work_dir_options",
+        "set_aside",
     }
 )
 

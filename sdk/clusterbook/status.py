@@ -25,7 +25,8 @@ __all__ = [
 
 @dataclass(frozen=True, slots=True)
 class NodeStatus:
-    """One node as it is now. ``state`` is pending, ready, joined, running, lost or left;
+    """One node as it is now. ``state`` is pending, ready, joined, running, set-aside (its
+    ranks kept failing: why in ``last_reason``, until when in ``until``), lost or left;
     nodes with an agent also have their rendezvous round, heartbeat age (s), load (1-minute
     load average), memory in use (percent), total memory (bytes) and the agent's pid;
     ``gpus`` is how many GPUs the node has (0: none, or not known yet) and ``gpu_model``
@@ -48,7 +49,8 @@ class NodeStatus:
     gpu_model: str | None = None
     attempt: int | None = None  # of the running job: its attempt,
     restarts: int | None = None  # how many times it was restarted,
-    last_reason: str | None = None  # and why the attempt before ended
+    last_reason: str | None = None  # and why the attempt before ended (set aside: why)
+    until: float | None = None  # set aside: when its cool-down ends (epoch seconds)
 
 
 @dataclass(frozen=True, slots=True)
@@ -110,6 +112,7 @@ NODE_COLUMNS = (
     "attempt",
     "restarts",
     "last_reason",
+    "until",
     "round",
     "heartbeat_age",
     "load",
@@ -121,7 +124,7 @@ NODE_COLUMNS = (
 
 
 #: A node's states, in the order a node goes through them (the ``state`` column's categories).
-NODE_STATES = ("pending", "ready", "joined", "running", "lost", "left")
+NODE_STATES = ("pending", "ready", "joined", "running", "set-aside", "lost", "left")
 
 #: The dtype of every column of :func:`nodes_frame`: the same whatever the rows (none too).
 NODE_DTYPES = {
@@ -135,7 +138,8 @@ NODE_DTYPES = {
     "job": "string",
     "attempt": "Int64",  # of the job running there (<NA>: none)
     "restarts": "Int64",
-    "last_reason": "string",  # why its attempt before ended (<NA>: the first)
+    "last_reason": "string",  # why its attempt before ended (<NA>: the first), or set aside
+    "until": "datetime64[ns, UTC]",  # a node set aside: when its cool-down ends (NaT: not)
     "round": "Int64",
     "heartbeat_age": "timedelta64[ns]",  # NaT: no heartbeat (yet, or any more)
     "load": "Float64",
@@ -152,7 +156,8 @@ GIB = 2**30
 def nodes_frame(snapshot: ClusterSnapshot) -> pd.DataFrame:
     """One row per node: node, host, slots, gpus (0 without) and gpu_model (``<NA>``
     without), state (categorical, :data:`NODE_STATES`), ranks (of the running job), job, and
-    the running job's attempt, restarts and last_reason (why its attempt before ended), and
+    the running job's attempt, restarts and last_reason (why its attempt before ended, or why
+    the node is set aside, ``until`` when), and
     for nodes with an agent round, heartbeat age (a timedelta), load, memory in use and in all
     (GiB) and pid (``<NA>``, ``NaT`` elsewhere), and the time left before the cluster stops by
     itself (``life_span``, ``idle_timeout``; NaT if it will not); dtypes :data:`NODE_DTYPES`."""
@@ -172,6 +177,7 @@ def nodes_frame(snapshot: ClusterSnapshot) -> pd.DataFrame:
             n.attempt,
             n.restarts,
             n.last_reason,
+            n.until,
             n.round,
             n.heartbeat_age,
             n.load,
@@ -188,6 +194,7 @@ def nodes_frame(snapshot: ClusterSnapshot) -> pd.DataFrame:
         frame[column] = pd.to_timedelta(frame[column].astype("float64"), unit="s").dt.round("us")
     for column in ("memory_used_gib", "memory_gib"):  # bytes
         frame[column] = frame[column].astype("Float64") / GIB
+    frame["until"] = pd.to_datetime(frame["until"].astype("float64"), unit="s", utc=True)
     frame = frame.astype({k: v for k, v in NODE_DTYPES.items() if v != "category"})
     frame["state"] = pd.Categorical(frame["state"], categories=NODE_STATES)
     return frame

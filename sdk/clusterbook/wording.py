@@ -62,6 +62,9 @@ INTERFACES: dict[str, dict[str, str]] = {
         "ssh_auth_mount_path": "--ssh-auth-mount-path {}",
         "force": "--force",  # clusterbook stop
         "forward_env": "--forward-env {}",
+        # host discovery (clusterbook run):
+        "discover": "--discover {}",
+        "every": "--every {}",
         # clusterbook worker serve:
         "wait": "--wait {}",
         "lease": "--lease {}",

@@ -118,6 +118,11 @@ def test_run_timeout_exits_124_with_stacks(openmpi_python, tmp_path):
         (["run", "-n", "1", "--hosts", "a:zero", "--", "true"], "is not a number"),
         (["run", "-n", "1", "--hostfile", "/no/such/hostfile", "--", "true"], "Cannot read"),
         (["run", "-n", "1", "--hosts", "a", "--hostfile", "f", "--", "true"], "not both"),
+        (["run", "-n", "1", "--every", "5s", "--", "true"], "--every 5s is how often a discov"),
+        (["run", "-n", "1", "--every", "5s", "--", "true"], "like --discover ./hosts.sh"),
+        (["run", "-n", "1", "--slurm", "1", "--discover", "x", "--", "true"], "not both"),
+        (["run", "-n", "1", "--discover", "echo no >&2; exit 3", "--", "true"], "exited 3: no"),
+        (["run", "-n", "1", "--discover", "echo a:zero", "--", "true"], "'a:zero'"),
         (
             ["run", "-n", "1", "--launcher", "/nonexistent/mpirun", "--", "true"],
             "does not exist or is not executable",

@@ -92,6 +92,8 @@ PYTHON_ONLY = {
     # Cluster.ssh(launch=): Python only
     ("providers/ssh/masters.py", "launch"),
     ("providers/ssh/provider.py", "launch"),
+    # the cluster option set_aside=: Python (and profiles) only
+    ("launch/setaside.py", "set_aside"),
     # torchrun's --rdzv-conf keys, spelt as torchrun takes them
     *(("torch/conf.py", name) for name in ("keep_alive_interval", "keep_alive_max_attempt")),
 }

@@ -75,6 +75,16 @@ def _node_options(run: argparse.ArgumentParser) -> None:
         help="the hosts and slots in an Open MPI (host slots=N) or MPICH (host:N) hostfile",
     )
     run.add_argument(
+        "--discover",
+        metavar="CMD",
+        help="a command that prints the SSH hosts, one host[:slots] a line (as a hostfile), "
+        "run every --every: hosts that appear join, hosts that go are drained and cleaned; a "
+        "run that fails keeps the hosts (with --hosts: the hosts to start with)",
+    )
+    run.add_argument(
+        "--every", metavar="D", help="how often --discover runs (default 10s)", default=None
+    )
+    run.add_argument(
         "--via",
         choices=["auto", "srun", "ssh"],
         default=None,
@@ -248,13 +258,18 @@ def _cluster(args: argparse.Namespace) -> Cluster:
         )
     if args.profile is not None:
         given = {"--hosts": bool(args.hosts), "--hostfile": bool(args.hostfile)}
+        given["--discover"] = bool(args.discover or args.every)
         given.update({"--slurm": args.slurm is not None, "--via": args.via is not None})
         nodes = {n: getattr(args, n) for n in ("slots", "partition", "time", "account")}
         return profile_cluster(args.profile, {**options, **ssh, **nodes}, refused=given)
     # --slurm asks for new nodes: the allocation this may run in is not looked for.
-    found = None if hosts or args.slurm is not None else find_environment()
+    asked = hosts or args.slurm is not None or args.discover or args.every
+    found = None if asked else find_environment()
     if args.slurm is not None:
         return _slurm_cluster(args, options)
+    if args.discover or args.every:
+        found_by = {"discover": args.discover, "every": args.every}
+        return Cluster.ssh(hosts or None, **found_by, **ssh, **options)
     if hosts:
         return Cluster.ssh(hosts, **ssh, **options)
     if found is not None:
@@ -284,8 +299,10 @@ def _slurm_cluster(args: argparse.Namespace, options: dict[str, str | None]) -> 
     """The cluster of ``--slurm N`` (the other ways to give nodes are refused beside it)."""
     from clusterbook.cluster.facade import Cluster
 
-    if args.hosts or args.hostfile:
-        raise ConfigError("Give the nodes with --slurm or with --hosts/--hostfile, not both.")
+    if args.hosts or args.hostfile or args.discover:
+        raise ConfigError(
+            "Give the nodes with --slurm or with --hosts/--hostfile/--discover, not both."
+        )
     if args.slurm < 1:
         raise ConfigError(f"--slurm must be a number of nodes >= 1, got {args.slurm}.")
     if args.slots == "gpus":

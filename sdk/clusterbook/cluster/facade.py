@@ -159,6 +159,12 @@ class Cluster(ClusterKinds, FunctionMethods, SweepMethods, ResourceFrames, Resiz
         jobs there are."""
         return self._head.job(job_id)
 
+    def reinstate(self, node: str) -> None:
+        """Bring ``node`` (a name of the node column of :meth:`status`), set aside because its
+        ranks kept failing (``state="set-aside"``), back into jobs now; its next cool-down
+        still doubles. A node the cluster does not have is a :class:`ConfigError`."""
+        self._head.reinstate(node)
+
     def mpirun(
         self, argv: Sequence[str], np: int | None = None, **job: Unpack[JobArgs]
     ) -> Job | SavedJob:

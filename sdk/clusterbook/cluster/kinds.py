@@ -52,7 +52,7 @@ class ClusterKinds:
         return cls.from_spec({"kind": "local", "workers": workers, "slots": slots, **options})
 
     @classmethod
-    def ssh(cls, hosts: Sequence[str], **args: Unpack[SSHArgs]) -> Self:
+    def ssh(cls, hosts: Sequence[str] | None = None, **args: Unpack[SSHArgs]) -> Self:
         """A cluster of SSH hosts (``["node1:4", "node2:4"]``: names or addresses, with
         slots; ``"node1:gpus"``: one slot per GPU of the node, counted at ``start()``),
         bootstrapped securely at ``start()`` (arguments: :class:`SSHArgs`).
@@ -64,8 +64,11 @@ class ClusterKinds:
         against the head and cores against slots, then installs a per-cluster key pair and
         known_hosts so that the MPI launcher's own ssh (node to node too) checks host keys
         strictly. ``stop()`` removes the key, the files and every process of the cluster.
+        With ``discover=`` (a command that prints the hosts, see :class:`SSHArgs`) the hosts
+        may be left out: the command's first answer gives them.
         """
-        return cls.from_spec({"kind": "ssh", "hosts": hosts, **args})
+        given = {} if hosts is None else {"hosts": hosts}
+        return cls.from_spec({"kind": "ssh", **given, **args})
 
     @classmethod
     def elastic(cls, min_nodes: int, max_nodes: int, **args: Unpack[ElasticArgs]) -> Self:

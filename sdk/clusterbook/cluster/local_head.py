@@ -35,12 +35,13 @@ from clusterbook.head.state import HeadTerms, HeadTimes
 from clusterbook.launch.flavour import Launcher, find_launcher
 from clusterbook.launch.job import Job
 from clusterbook.launch.jobstatus import job_status, with_running_jobs
+from clusterbook.launch.setaside import Bench, with_aside
 from clusterbook.lifetime import Lifetime
 from clusterbook.paths import cluster_dir
 from clusterbook.providers.base import Provider, StartContext
 from clusterbook.resources import ResourceFrames
 from clusterbook.spec import NodeSpec, validate_timeout
-from clusterbook.status import ClusterSnapshot, nodes_frame, snapshot_of
+from clusterbook.status import ClusterSnapshot, NodeStatus, nodes_frame, snapshot_of
 from clusterbook.views.progress import NodeWatch, bar, checked
 
 if TYPE_CHECKING:
@@ -89,7 +90,10 @@ class LocalHead(NodeCalls, ResourceFrames):
         self._services = HeadServices(self)
         self._launcher: Launcher | None = None
         self._jobs = LocalJobs(
-            provider, lambda: self.changed(record=True), lambda: self._state == "running"
+            provider,
+            lambda: self.changed(record=True),
+            lambda: self._state == "running",
+            Bench(options.set_aside, time.time),
         )
         self._resize = Resizer(provider, self._jobs.all)
         self._lock = threading.RLock()
@@ -290,6 +294,18 @@ class LocalHead(NodeCalls, ResourceFrames):
         """A job by id (``job-0001``), or the newest one."""
         return self._jobs.find(self.id, job_id)
 
+    def reinstate(self, node: str) -> None:
+        """Bring ``node``, set aside for failing, back into jobs now (``Cluster.reinstate``)."""
+        known = [s.name for s in self.provider.watch.node_statuses()]
+        if node not in known:
+            raise ConfigError(
+                f"Cluster {self.name!r} has no node {node!r} to reinstate; its nodes are "
+                f"{', '.join(map(repr, known)) or 'none yet'} (the node column of "
+                "cluster.status())."
+            )
+        if self._jobs.bench.reinstate(node):
+            self.changed(record=True)
+
     def engines(self, n: int | None = None, **how: Any) -> ipyparallel.Client:
         """Engines on the nodes (``Cluster.engines``: ``how`` is an ``EngineArgs``)."""
         self._require_running("engines")
@@ -321,7 +337,7 @@ class LocalHead(NodeCalls, ResourceFrames):
             name=self.name,
             kind=self.kind,
             state=state,
-            nodes=with_running_jobs(self.provider.watch.node_statuses(), jobs),
+            nodes=with_running_jobs(self._node_statuses(), jobs),
             jobs=[job_status(j) for j in jobs],
             launcher=self._launcher.path if self._launcher else None,
             run_dir=str(self.run_dir),
@@ -330,6 +346,9 @@ class LocalHead(NodeCalls, ResourceFrames):
             bounds=self.provider.bounds,
             time_left=left,
         )
+
+    def _node_statuses(self) -> list[NodeStatus]:
+        return with_aside(self.provider.watch.node_statuses(), self._jobs.bench.aside())
 
     def _problem(self) -> str | None:
         """What is wrong now: nodes lost for good first (what mpirun and wait_ready say too),

@@ -9,7 +9,9 @@ ranks on a node that was lost fails, a job that asked for it is restarted on a g
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Callable, Sequence
+from dataclasses import replace
 from typing import TYPE_CHECKING
 
 from clusterbook.cluster.handle import job_by_id
@@ -24,6 +26,7 @@ from clusterbook.launch.nodes import (
     warn_ranks,
 )
 from clusterbook.launch.prepare import JobHooks, JobRequest, diagnose, prepare
+from clusterbook.launch.setaside import Bench, SetAsidePolicy, failed_nodes
 from clusterbook.providers.base import Provider, node_source
 
 if TYPE_CHECKING:
@@ -41,12 +44,18 @@ class LocalJobs:
 
     ``recorded`` is called when a job started an attempt or ended (the record must say so
     now); ``running`` says whether the cluster still runs (a restart waits for nodes only
-    then)."""
+    then). ``bench`` counts the nodes' failures and sets aside those that keep failing
+    (:mod:`clusterbook.launch.setaside`): no job's later attempt runs there."""
 
     def __init__(
-        self, provider: Provider, recorded: Callable[[], None], running: Callable[[], bool]
+        self,
+        provider: Provider,
+        recorded: Callable[[], None],
+        running: Callable[[], bool],
+        bench: Bench | None = None,
     ) -> None:
         self._provider = provider
+        self.bench = bench or Bench(SetAsidePolicy(), time.time)
         self._recorded = recorded
         self._running = running
         self._jobs: list[Job] = []
@@ -71,8 +80,8 @@ class LocalJobs:
     ) -> Job:
         """Start a job (``Cluster.mpirun``) of the cluster of ``options`` (its id, name,
         interpreter, run directory, environment); ``label``: the name it is shown under."""
-        provider, name = self._provider, options.name
-        source = node_source(provider)
+        provider, name, bench = self._provider, options.name, self.bench
+        source = replace(node_source(provider), aside=lambda: bench.aside())
         nodes = usable_nodes(name, source)
         request = JobRequest.make(argv, np, slots=sum(n.slots for n in nodes), **job)
         names = [n.name for n in nodes]
@@ -87,6 +96,9 @@ class LocalJobs:
             lost=lambda nodes: lost_node(nodes, provider.watch.unreachable),
             free_port=provider.reach.free_port,
             hold=provider.reach.hold_job,
+            ended=lambda plan, result, error: self._ended(
+                failed_nodes(plan.nodes, plan.np, result, error)
+            ),
         )
         with self._starting:
             started = prepare(
@@ -106,6 +118,11 @@ class LocalJobs:
             started.label = label
             self._jobs.append(started)
         return started
+
+    def _ended(self, failed: dict[str, str]) -> None:
+        """An attempt ended: count its failures; a node set aside is news."""
+        if self.bench.note(failed, [n.name for n in self._provider.nodes]):
+            self._recorded()
 
     def find(self, cluster_id: str, job_id: str | None = None) -> Job:
         """A job by id (``job-0001``), or the newest one."""

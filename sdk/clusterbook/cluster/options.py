@@ -19,6 +19,7 @@ from clusterbook.durations import Duration, optional_duration
 from clusterbook.errors import ConfigError
 from clusterbook.head.mirror import is_url
 from clusterbook.launch.flavour import MPIFlavour
+from clusterbook.launch.setaside import SetAsidePolicy
 from clusterbook.lifetime import DETACHED_LIFE_SPAN
 from clusterbook.names import NAME_RULE, is_name
 from clusterbook.paths import default_run_root
@@ -58,6 +59,7 @@ class ClusterOptionsArgs(TypedDict, total=False):
     ephemeral: bool
     work_dir: str | os.PathLike[str] | None
     work_dir_options: Mapping[str, Any] | None
+    set_aside: bool | Mapping[str, Any] | None
 
 
 class SSHArgs(ClusterOptionsArgs, total=False):
@@ -93,6 +95,15 @@ class SSHArgs(ClusterOptionsArgs, total=False):
         connection the cluster keeps to each node from its start to its stop (no key exchange
         or login per node per job; where it has ended, a job logs in anew, with a
         :class:`~clusterbook.ColdLaunchWarning`), ``"cold"`` over a new ssh login each time.
+    discover, every
+        A command (run by ``/bin/sh`` in the current directory) that prints the cluster's
+        hosts, one ``host[:slots]`` a line (comments and blank lines allowed, as in a
+        hostfile), and how often it runs (default ``"10s"``; each run may take as long, 30 s
+        at most). Hosts that appear are bootstrapped as at ``start()`` (same keys and
+        host-key checks); hosts that go are drained (no new ranks; jobs with ``restarts=``
+        relaunch without them, others fail naming them) and cleaned. A run that fails,
+        times out or prints what is not a host list keeps the hosts the cluster has, and
+        its error shows in ``status`` (the cluster's problem), the widget and the log.
     """
 
     user: str | None
@@ -105,6 +116,8 @@ class SSHArgs(ClusterOptionsArgs, total=False):
     ssh_config: str | os.PathLike[str] | None
     passphrase: str | None
     launch: str
+    discover: str | None
+    every: Duration | None
 
 
 class ElasticArgs(ClusterOptionsArgs, total=False):
@@ -215,6 +228,12 @@ class ClusterOptions:
         as ``run_dir``), or an fsspec URL (``sftp://host/path``, ``s3://bucket/path``) they
         are copied to from the local run directory (``work_dir_options``: the file system's
         options, like ``key_filename``; for SSH, ``known_hosts`` too).
+    set_aside
+        When a node whose ranks keep failing (or that keeps being lost) is set aside: left
+        out of jobs' later attempts (retries, restarts) for a cool-down that doubles each time,
+        until ``cluster.reinstate(node)``. Default (True): 3 failures within 10 minutes, a
+        cool-down of 1 minute, 1 hour at most; a dict changes some of ``failures``,
+        ``window``, ``cooldown``, ``limit``; False: never.
     """
 
     name: str
@@ -233,6 +252,7 @@ class ClusterOptions:
     ephemeral: bool = False
     work_dir: str | None = None  # an fsspec URL the run directory is copied to
     work_dir_options: Mapping[str, Any] = field(default_factory=dict)
+    set_aside: SetAsidePolicy = field(default_factory=SetAsidePolicy)
 
     @classmethod
     def given_names(cls) -> set[str]:
@@ -301,6 +321,7 @@ class ClusterOptions:
             ephemeral=ephemeral,
             work_dir=mirror,
             work_dir_options=dict(work_dir_options),
+            set_aside=SetAsidePolicy.make(given.get("set_aside")),
         )
 
 

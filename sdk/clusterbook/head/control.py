@@ -30,6 +30,7 @@ Requests and replies (JSON objects)::
     {"op": "cancel", "job": ID}                                      -> {}
     {"op": "stop", "reason": TEXT|null}                              -> {}
     {"op": "wait_ready", "timeout": S}                               -> {}
+    {"op": "reinstate", "node": NAME}                                -> {}
     {"op": "put", "paths": [...], "dest": D|null}                    -> {}
     {"op": "write", "path": P, "data": BASE64, "nodes": [...]|null, "mode": M} -> {}
     {"op": "gather", "directory": D}                                 -> {"paths": [...]}

@@ -239,6 +239,10 @@ def _handlers(head: HeadState) -> dict[str, Handler]:
         head.changed(record=True)
         return {}
 
+    def reinstate(request: Mapping[str, Any]) -> Mapping[str, Any]:
+        head.reinstate(str(request.get("node")))
+        return {}
+
     def put(request: Mapping[str, Any]) -> Mapping[str, Any]:
         head.put(*request.get("paths", ()), progress=False, dest=request.get("dest"))
         return {}
@@ -273,6 +277,7 @@ def _handlers(head: HeadState) -> dict[str, Handler]:
         "cancel": cancel,
         "stop": stop,
         "wait_ready": wait_ready,
+        "reinstate": reinstate,
         "put": put,
         "write": write,
         "gather": gather,

@@ -95,6 +95,8 @@ class HeadState(Protocol):
 
     def wait_ready(self, timeout: float = 60, *, progress: bool | None = None) -> None: ...
 
+    def reinstate(self, node: str) -> None: ...
+
     def put(
         self,
         *paths: str | os.PathLike[str],

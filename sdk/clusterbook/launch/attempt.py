@@ -65,6 +65,7 @@ class Attempt:
         loss_grace: float = 3.5,
         keep: bool = False,
         hold_far: Callable[[str, Mapping[str, int]], tuple[KeptProcess, ...]] | None = None,
+        on_end: Callable[[LaunchPlan, JobResult, ClusterError | None], None] | None = None,
     ) -> None:
         self.id = job_id
         self.number = number
@@ -80,6 +81,7 @@ class Attempt:
         self._on_failure = on_failure
         self._diagnose = diagnose
         self._lost = lost
+        self._on_end = on_end
         self._loss_grace = loss_grace
         self._notes: list[str] = []
         self._lock = threading.Lock()
@@ -372,4 +374,9 @@ class Attempt:
                 attempt=self.number,
                 kept=self._kept,
             )
+        if self._on_end is not None:  # before the job sees the end: its next attempt's nodes
+            try:
+                self._on_end(self.plan, self._result, self._error)
+            except Exception:
+                _log.exception("A callback on the end of job %s's attempt failed.", self.id)
         self._done.set()

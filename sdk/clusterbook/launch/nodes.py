@@ -58,6 +58,8 @@ class NodeSource:
     lost_for_good: Callable[[], str | None]
     join_command: Callable[[], str | None]
     bounds: Callable[[], tuple[int, int] | None]
+    # The nodes set aside now (clusterbook.launch.setaside), which no attempt runs on.
+    aside: Callable[[], Collection[str]] = frozenset
 
 
 #: How long a restart waits for a complete round of enough nodes (an elastic cluster's nodes
@@ -93,6 +95,21 @@ def usable_nodes(cluster: str, source: NodeSource) -> tuple[NodeSpec, ...]:
     return nodes
 
 
+def without_aside(
+    cluster: str, nodes: tuple[NodeSpec, ...], aside: Collection[str]
+) -> tuple[NodeSpec, ...]:
+    """``nodes`` but those set aside; a clear error when that leaves none."""
+    left = tuple(n for n in nodes if n.name not in aside)
+    if not left:
+        named = ", ".join(n.name for n in nodes)
+        raise ClusterStateError(
+            f"Every node of cluster {cluster!r} is set aside for failing ({named}); see "
+            "cluster.status() for why and until when, or bring one back with "
+            "cluster.reinstate(node)."
+        )
+    return left
+
+
 def remaining_nodes(
     cluster: str,
     nodes: tuple[NodeSpec, ...],
@@ -121,16 +138,17 @@ def nodes_for_attempt(
 ) -> Placement:
     """Where a retry runs (the cluster's nodes, none lost) or a restart (the nodes left, at
     least the cluster's minimum: waiting up to ``wait`` seconds for an elastic cluster's
-    round to form again), and how the launcher reaches them."""
+    round to form again), but those set aside, and how the launcher reaches them."""
     give_up = time.monotonic() + wait
     while True:
         if not running():
             raise ClusterStateError(f"Cluster {cluster!r} is not running any more.")
         if not restart:
-            return usable_nodes(cluster, source), source.remote()
+            usable = usable_nodes(cluster, source)
+            return without_aside(cluster, usable, source.aside()), source.remote()
         try:
             left = remaining_nodes(cluster, source.nodes(), source.unreachable, source.bounds())
-            return left, source.remote()
+            return without_aside(cluster, left, source.aside()), source.remote()
         except ClusterStateError:
             if time.monotonic() > give_up:
                 raise

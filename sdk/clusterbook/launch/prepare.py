@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import TypedDict
 
 from clusterbook.durations import Duration
-from clusterbook.errors import ConfigError, NodeLostError, RunDirError
+from clusterbook.errors import ClusterError, ConfigError, NodeLostError, RunDirError
 from clusterbook.launch.attempt import Attempt
 from clusterbook.launch.command import LaunchPlan, placement
 from clusterbook.launch.crowding import warn_crowded
@@ -199,8 +199,7 @@ class JobHooks:
     on_failure: Callable[[str], None]  # stop job ``token`` on every node
     on_done: Callable[[JobResult], None]
     diagnose: Callable[[JobResult | None], list[str]]
-    # The nodes a new attempt may run on now, and how the launcher reaches them; with True,
-    # for a restart: those left when some were lost.
+    # Where a new attempt may run now, and how; with True, a restart's (nodes left).
     where: Callable[[bool], Placement]
     on_attempt: Callable[[int], None] | None = None
     # Which of these nodes was lost, if one was (asked when ranks ended unreported).
@@ -209,6 +208,8 @@ class JobHooks:
     free_port: Callable[[NodeSpec], int | None] | None = None
     # Keep a failed job's processes stopped on the nodes of other machines (clean="none").
     hold: Callable[[str, Mapping[str, int]], tuple[KeptProcess, ...]] | None = None
+    # Told how each attempt ended (plan, result, error), before the job decides what next.
+    ended: Callable[[LaunchPlan, JobResult, ClusterError | None], None] | None = None
 
 
 def diagnose(silent: Mapping[str, str], result: JobResult | None) -> list[str]:
@@ -309,8 +310,8 @@ def prepare(
 @dataclass(frozen=True)
 class _Attempts:
     """How each attempt of job ``job_id`` starts: the first on the nodes ``prepare`` was
-    given, a later one where ``hooks.where()`` says then (on a restart, every slot of the
-    nodes left when ``np`` was not given or no longer fits)."""
+    given, a later one where ``hooks.where()`` says then (on fewer nodes, every slot of
+    those when ``np`` was not given or no longer fits)."""
 
     request: JobRequest
     job_id: str
@@ -331,8 +332,8 @@ class _Attempts:
         np = self.request.np
         if number > 1:
             slots = sum(n.slots for n in nodes)
-            if restart and (self.request.all_slots or np > slots):
-                np = slots  # the new world size
+            fewer = restart or slots < sum(n.slots for n in self.first[0])
+            np = slots if fewer and (self.request.all_slots or np > slots) else np
             validate_np(np, slots, oversubscribe=self.request.oversubscribe)
             try:
                 folder.mkdir(mode=0o700)
@@ -360,6 +361,7 @@ class _Attempts:
             lost=self.hooks.lost,
             keep=plan.clean == "none",
             hold_far=self.hooks.hold,
+            on_end=self.hooks.ended,
         )
 
     def _plan(

@@ -16,6 +16,7 @@ from job environments or token files ever is.
 from __future__ import annotations
 
 import shlex
+import time
 from collections import Counter
 from collections.abc import Mapping, Sequence
 
@@ -165,7 +166,16 @@ def _gpus(node: NodeStatus) -> str:
 
 
 def _waiting_for(node: NodeStatus) -> str:
-    """Why a pending node waits, when its provider says (a queued batch job's reason)."""
+    """Why a pending node waits, when its provider says (a queued batch job's reason), or why
+    a node is set aside and until when."""
+    if node.state == "set-aside" and node.last_reason:
+        until = (
+            ""
+            if node.until is None
+            else time.strftime(" until %H:%M:%S", time.localtime(node.until))
+        )
+        said = escaped(node.last_reason + until)
+        return f' <small class="cb-aside-reason" {MUTED}>{said}</small>'
     if node.state != "pending" or not node.last_reason:
         return ""
     return f' <small class="cb-pending-reason" {MUTED}>{escaped(node.last_reason)}</small>'

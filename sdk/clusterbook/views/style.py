@@ -31,6 +31,7 @@ STATE_COLOURS: dict[str, str] = {
     "ready": "#2f855a",
     "joined": "#2f855a",
     "running": "#2b6cb0",
+    "set-aside": "#c05621",
     "lost": "#c53030",
     "left": "#718096",
     # jobs

@@ -62,6 +62,11 @@ class MadeUpHead:
     def wait_ready(self, timeout: float = 60, *, progress: bool | None = None) -> None:
         self.asked.append(("wait_ready", timeout))
 
+    def reinstate(self, node: str) -> None:
+        if node != "n1":
+            raise cb.ConfigError(f"made up: no node {node!r}")
+        self.asked.append(("reinstate", node))
+
     def put(
         self,
         *paths: str | os.PathLike[str],
@@ -144,6 +149,9 @@ def test_the_services_answer_attached_handles_for_the_head_state(head: MadeUpHea
             assert history == head.resource_history(30.0)
             assert ("resource_history", 30.0, ["n0"], 9) in head.asked
             client.call("put", paths=["/a"], dest="data/")
+            client.call("reinstate", node="n1")
+            with pytest.raises(cb.ConfigError, match="no node 'n9'"):
+                client.call("reinstate", node="n9")
             client.call("write", path="conf.txt", data="AAE=", nodes=["n0"], mode=0o600)
             with pytest.raises(cb.ConfigError, match="not base64"):
                 client.call("write", path="conf.txt", data="not base64!")
@@ -154,6 +162,7 @@ def test_the_services_answer_attached_handles_for_the_head_state(head: MadeUpHea
             client.close()
         assert ("wait_ready", 5.0) in head.asked
         assert ("put", ("/a",), "data/") in head.asked
+        assert ("reinstate", "n1") in head.asked
         assert ("write", "conf.txt", b"\x00\x01", ["n0"], 0o600) in head.asked
         assert ("changed", True) in head.asked  # the nodes read next come from the record
         deadline = time.monotonic() + 10  # the stop runs on a thread of its own

@@ -238,6 +238,10 @@ class AttachedCluster(AttachedNodeCalls, FunctionMethods, ResourceFrames):
         if limit is not None:
             self._call("wait_ready", timeout=limit)
 
+    def reinstate(self, node: str) -> None:
+        """Bring ``node``, set aside for failing, back into jobs (see ``Cluster.reinstate``)."""
+        self._call("reinstate", node=node)
+
     def engines(self, n: int | None = None, **how: Any) -> NoReturn:
         """Refused with a :class:`ClusterStateError` that says why and what to use instead:
         engines need their controller in the process that runs the cluster."""

@@ -119,6 +119,17 @@ class ControlMasters:
             self.start(timeout, list(dead))
         return dead
 
+    def drop(self, host: str) -> None:
+        """End ``host``'s master (the host left the cluster)."""
+        with self._lock:
+            proc = self._procs.pop(host, None)
+            self._hosts = [h for h in self._hosts if h != host]
+        if proc is not None:
+            proc.kill()
+            proc.wait(timeout=5)
+            if proc.stderr is not None:
+                proc.stderr.close()
+
     def stop(self) -> None:
         """End every master and remove their sockets."""
         with self._lock:

@@ -21,12 +21,15 @@ from pathlib import Path
 
 from clusterbook.durations import Duration
 from clusterbook.errors import CleanupWarning, ConfigError
-from clusterbook.gpus import GPUS
+from clusterbook.gpus import GPUS, Slots
 from clusterbook.launch.remote import RemoteLaunch
 from clusterbook.nodes.fanout import parallel
 from clusterbook.paths import cluster_dir
 from clusterbook.providers.base import Provider, StartContext
 from clusterbook.providers.reach import NodeReach
+from clusterbook.providers.ssh.discovered import MOST_HOSTS, Changes, discovery_of
+from clusterbook.providers.ssh.discovery import DiscoveryLoop, first_hosts
+from clusterbook.providers.ssh.grow import Growth, LeftWatch, wait_joined
 from clusterbook.providers.ssh.hosts import HEAD, host_node, parse_host_list, targets
 from clusterbook.providers.ssh.masters import LAUNCHES, ControlMasters, warn_cold
 from clusterbook.providers.ssh.reach import SSHReach
@@ -44,6 +47,7 @@ from clusterbook.ssh.hostkeys import HostKeyPolicy, make_policy
 from clusterbook.ssh.launcher_ssh import ssh_wrapper
 from clusterbook.ssh.node_session import NodeSession
 from clusterbook.ssh.paramiko_transport import Tunnels
+from clusterbook.ssh.target import Target
 
 __all__ = ["SSHProvider"]
 
@@ -55,7 +59,7 @@ class SSHProvider(Provider):
 
     def __init__(
         self,
-        hosts: Sequence[str],
+        hosts: Sequence[str] | None = None,
         *,
         user: str | None = None,
         identity: str | os.PathLike[str] | None = None,
@@ -67,6 +71,8 @@ class SSHProvider(Provider):
         ssh_config: str | os.PathLike[str] | None = None,
         passphrase: str | None = None,
         launch: str = "warm",
+        discover: str | None = None,
+        every: Duration | None = None,
     ) -> None:
         if launch not in LAUNCHES:
             raise ConfigError(
@@ -75,20 +81,16 @@ class SSHProvider(Provider):
                 "new ssh login per node per job)."
             )
         self._launch = launch
-        entries = parse_host_list(hosts)
+        self._discovery = discovery_of(discover, every)
+        entries = parse_host_list(hosts) if hosts is not None else first_hosts(self._discovery)
         self._asked = dict(entries)  # "gpus" slots are counted at start()
         self._nodes = tuple(host_node(host, slots) for host, slots in entries)
         self.node_python = validate_node_python(node_python, [n.host for n in self._nodes])
         if passphrase is not None and not isinstance(passphrase, str):
             raise ConfigError("passphrase must be a string (or None: ask where someone can).")
-        found = targets(
-            [n.host for n in self._nodes],
-            ssh_config=ssh_config,
-            user=user,
-            port=port,
-            identity=identity,
-        )
+        self._ssh_config, self._user, self._port = ssh_config, user, port
         self._identity = identity
+        found = self._targets([n.host for n in self._nodes])
         self._passphrase = passphrase  # dropped once the keys are open, at start()
         self._known_hosts = known_hosts
         self._host_keys = host_keys
@@ -100,13 +102,20 @@ class SSHProvider(Provider):
         self.timings: dict[str, float] = {}
         self.stop_problems: dict[str, Exception] = {}
         # Every node's agent joins the rendezvous: min = max, the round completes at once.
+        # With discovery, hosts come and go: the round takes what it has, and grows.
         size = len(self._nodes)
+        least, most = (1, MOST_HOSTS) if self._discovery else (size, size)
         settings = RendezvousSettings(
-            "pending", size, size, timeout=RendezvousTimeout(last_call=0.1)
+            "pending", least, most, timeout=RendezvousTimeout(last_call=0.1)
         )
         self.head = RendezvousHead(settings, lease=HEAD_LEASE)  # listens where nodes reach it
-        self._watch = AgentWatch(self.head, planned=lambda: self._nodes, give_up=self.lost_for_good)
+        agents = AgentWatch(self.head, planned=lambda: self._nodes, give_up=self.lost_for_good)
+        self._left: dict[str, str] = {}  # hosts discovery removed: why, for their jobs
+        self._loop: DiscoveryLoop | None = None
+        self._growth: Growth | None = None
+        self._watch = LeftWatch(agents, lambda: self._left, self._discovery_problem)
         self._reach = SSHReach(self.sessions, lambda: self._nodes, self._watch)
+        self._agents = agents
 
     @property
     def connect_timeout(self) -> float:
@@ -128,6 +137,16 @@ class SSHProvider(Provider):
     @property
     def reach(self) -> NodeReach:
         return self._reach
+
+    def _targets(self, hosts: list[str]) -> dict[str, Target]:
+        """Where each of ``hosts`` is, as the options given say (read now)."""
+        return targets(
+            hosts,
+            ssh_config=self._ssh_config,
+            user=self._user,
+            port=self._port,
+            identity=self._identity,
+        )
 
     def _python(self, host: str) -> str:
         """The interpreter on ``host`` (the head's path unless node_python says otherwise)."""
@@ -159,7 +178,9 @@ class SSHProvider(Provider):
             installs, ready = boot.install(head_dir, token, list(probing))
             self.timings["install"] = time.monotonic() - t0
             ctx.progress(f"starting {count} agents")
-            boot.start_agents(self.head, probing, installs, ready)
+            hosts = [n.host for n in self._nodes]
+            everyone = (lambda t: wait_joined(self.head, hosts, t)) if self._discovery else None
+            boot.start_agents(self.head, probing, installs, ready, joined=everyone)
             self.timings["agents"] = time.monotonic() - t0
         except BaseException:
             parallel(list(probing), lambda key: probing[key].close())
@@ -176,6 +197,13 @@ class SSHProvider(Provider):
         if self._launch == "warm" and remote.srun is None:
             remote = self._warm(head_dir, remote)
         self._reach.open(ctx.cluster_id, remote)
+        if self._discovery is not None:
+            self._growth = Growth(ctx, self.sessions, self.head, boot, head_dir, self._targets)
+            self._loop = DiscoveryLoop(
+                self._discovery, lambda: [n.host for n in self._nodes], self._apply,
+                changed=ctx.changed,
+            )  # fmt: skip
+            self._loop.start()
 
     def _warm(self, head_dir: Path, remote: RemoteLaunch) -> RemoteLaunch:
         """The launcher's way to the nodes over a master connection to each (kept until the
@@ -211,10 +239,11 @@ class SSHProvider(Provider):
     def lost_for_good(self) -> str | None:
         """The nodes gone for longer than their agents wait for the head: those agents have
         cleaned up and exited, and only a new cluster bootstraps the nodes again."""
-        gone = sorted(self.head.given_up()) if self._ctx is not None else []
+        here = {n.name for n in self._nodes}  # not those discovery removed
+        gone = sorted(set(self.head.given_up()) & here) if self._ctx is not None else []
         if not gone:
             return None
-        hosts = {s.name: s.host for s in self._watch.node_statuses()}
+        hosts = {s.name: s.host for s in self._agents.node_statuses()}
         named = ", ".join(f"{n} ({hosts.get(n) or '?'})" for n in gone)
         one = len(gone) == 1
         return (
@@ -230,8 +259,11 @@ class SSHProvider(Provider):
         ctx = self._ctx
         if ctx is None:
             return
+        loop, self._loop = self._loop, None
+        if loop is not None:
+            loop.stop()  # first: no host joins or leaves from now on
         # After stop() the nodes show as they ended: lost if they were, else left.
-        self._watch.end()
+        self._agents.end()
         try:
             self.head.close()  # closed: the agents leave and exit
         except Exception as exc:  # the nodes are cleaned all the same (their agents too)
@@ -243,3 +275,54 @@ class SSHProvider(Provider):
         self._reach.close()  # and the master connections of warm launches
         self.stop_problems = release(ctx, self.sessions, put_used=put_used, unprobed=self._unprobed)
         self._ctx = None
+
+    # -- host discovery ---------------------------------------------------------------------
+
+    def _discovery_problem(self) -> str | None:
+        loop = self._loop
+        return None if loop is None else loop.problem
+
+    def _apply(self, changes: Changes) -> dict[str, str]:
+        """Make the cluster's hosts those discovery found: those gone are drained (their jobs
+        relaunch without them, as on a lost node) and cleaned, those new bootstrapped and
+        joined, one at a time. Returns the hosts it could not add or clean, with why."""
+        failed: dict[str, str] = {}
+        for host in changes.remove:
+            try:
+                self._remove(host)
+            except Exception as exc:
+                failed[host] = f"could not be cleaned: {exc}"
+        for host, slots in changes.add:
+            try:
+                self._add(host, slots)
+            except Exception as exc:  # a ClusterError, or what a connection raised
+                failed[host] = f"could not join: {exc}"
+        return failed
+
+    def _remove(self, host: str) -> None:
+        assert self._ctx is not None
+        assert self._growth is not None
+        self._nodes = tuple(n for n in self._nodes if n.host != host)
+        self._left[host] = (
+            f"Host {host} left the cluster (its discovery command no longer lists it)"
+        )
+        self._ctx.changed()  # no new ranks there; the jobs there stop (or relaunch) now
+        if self._reach.masters is not None:
+            self._reach.masters.drop(host)
+        self._growth.remove(host, put_used=self._reach.put_used)
+
+    def _add(self, host: str, slots: Slots) -> None:
+        assert self._ctx is not None
+        assert self._growth is not None
+        self._ctx.progress(f"adding {host}")
+        boot = self._growth.add(host, slots, self.node_python)
+        remote = self._reach.remote()
+        if remote is not None and boot.remote is not None:
+            hostnames = boot.remote.hostnames
+            self._reach.open(self._ctx.cluster_id, replace(remote, hostnames=hostnames))
+        if self._reach.masters is not None:
+            self._reach.masters.start(self.connect_timeout, [host])
+        self._asked[host] = slots
+        self._left.pop(host, None)
+        self._nodes = (*self._nodes, *boot.nodes)
+        self._ctx.changed()  # jobs that asked (restart_on_join) relaunch onto it

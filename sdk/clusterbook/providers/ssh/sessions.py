@@ -80,7 +80,7 @@ class Sessions:
 
     def keep(self, sessions: Mapping[str, NodeSession]) -> None:
         """Keep the bootstrap's sessions of the nodes for the cluster's later steps."""
-        self._kept = {h: KeptSession(self._starter(h), s) for h, s in sessions.items()}
+        self._kept.update({h: KeptSession(self._starter(h), s) for h, s in sessions.items()})
 
     def task(
         self, host: str, task: str, args: Mapping[str, Any], timeout: float, **streams: Any
@@ -104,7 +104,8 @@ class Sessions:
                 host, task, args, timeout, **streams
             )
 
-        return {host: caller(host) for host in (self.conns if hosts is None else hosts)}
+        # A copy: host discovery may add a host meanwhile, from its own thread.
+        return {host: caller(host) for host in (list(self.conns) if hosts is None else hosts)}
 
     def bulk_callers(self, hosts: Iterable[str], wrapper: str) -> dict[str, Call]:
         """Node tasks on each of ``hosts``, the file transfers (:data:`BULK_TASKS`) in a

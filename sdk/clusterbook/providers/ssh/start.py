@@ -35,7 +35,7 @@ from clusterbook.spec import NodeSpec
 from clusterbook.ssh.bootstrap import Connection, cluster_files, connect, encode_files, unreached
 from clusterbook.ssh.envlink import ENV_LINK, HOOK_SUBDIR, env_prefix, link_problems, linked_paths
 from clusterbook.ssh.hostkeys import host_entry_name
-from clusterbook.ssh.keys import authorized_keys_line, generate_keypair
+from clusterbook.ssh.keys import KeyPair, authorized_keys_line, generate_keypair
 from clusterbook.ssh.launcher_ssh import launcher_ssh_config, node_ssh_args, plain_login
 from clusterbook.ssh.local_shell import LocalShell
 from clusterbook.ssh.node_session import NodeSession
@@ -82,6 +82,7 @@ class Bootstrap:
         self._node_python = node_python
         self._timings = timings
         self.facts: dict[str, NodeFacts] = {}
+        self.keys: KeyPair | None = None  # the cluster's key pair, once made
         self.head_facts: NodeFacts | None = None
         self.unprobed: set[str] = set()
         self.remote: RemoteLaunch | None = None
@@ -135,7 +136,7 @@ class Bootstrap:
             for conn in conns.values():
                 conn.shell.close()
             raise unreached(unconnected)
-        self.sessions.conns = {h: conns[h] for h in hosts}
+        self.sessions.conns.update({h: conns[h] for h in hosts})  # beside a running cluster's
         if HEAD in failed:
             raise failed[HEAD]
         head = self.head_facts = facts.pop(HEAD)
@@ -197,15 +198,18 @@ class Bootstrap:
         )
 
     def install(
-        self, head_dir: Path, token: bytes, sessions: Sequence[str]
+        self, head_dir: Path, token: bytes, sessions: Sequence[str], keys: KeyPair | None = None
     ) -> tuple[dict[str, dict[str, object]], dict[str, object]]:
         """The cluster's files: the install of each of ``sessions`` (the nodes' and the
-        head's), and the install of the status file, which goes once every node has them."""
+        head's), and the install of the status file, which goes once every node has them.
+        ``keys``: the cluster's key pair, when it has one (hosts added to it)."""
         ctx = self.ctx
         keys_dir = head_dir / "keys"
-        if keys_dir.exists():
-            shutil.rmtree(keys_dir)
-        keys = generate_keypair(keys_dir, ctx.cluster_id)
+        if keys is None:
+            if keys_dir.exists():
+                shutil.rmtree(keys_dir)
+            keys = generate_keypair(keys_dir, ctx.cluster_id)
+        self.keys = keys
         ssh_args, tree_spawn = self.launcher_ssh(head_dir)
         hostnames = {h: f.hostname for h, f in self.facts.items()}
         names = {}
@@ -279,12 +283,14 @@ class Bootstrap:
         sessions: dict[str, NodeSession],
         installs: Mapping[str, Mapping[str, object]],
         ready: Mapping[str, object],
+        joined: Callable[[float], None] | None = None,
     ) -> None:
         """Install each session's files (``installs``) and start one agent per node, by the
         node's bootstrap session (no second login), in one round trip; then the ``ready``
         install (the status file) everywhere; wait until all joined. The agents outlive the
         sessions: they leave when the rendezvous closes, and exit by themselves when they
-        lose the head."""
+        lose the head. ``joined(timeout)`` returns once they joined (by default, once the
+        rendezvous is ready)."""
         ctx, rendezvous = self.ctx, head
         url = rendezvous.join_url
         assert url is not None
@@ -332,10 +338,10 @@ class Bootstrap:
         # (while the agents join).
         self.check(parallel(list(sessions), lambda key: sessions[key].call("status", ready))[1])
         try:
-            rendezvous.wait_ready(min(60.0, self.sessions.connect_timeout * 2))
+            (joined or rendezvous.wait_ready)(min(60.0, self.sessions.connect_timeout * 2))
         except ClusterError as exc:
-            joined = {s.name for s in rendezvous.node_statuses() if s.state == "joined"}
-            late = [n.host for n in self.nodes if n.host not in joined]
+            in_round = {s.name for s in rendezvous.node_statuses() if s.state == "joined"}
+            late = [n.host for n in self.nodes if n.host not in in_round]
             args = {"cluster_id": ctx.cluster_id, "name": AGENT_LOG, "lines": 5}
             logs, _ = parallel(late, lambda h: sessions[h].call("tail", args)["text"])
             raise BootstrapError(
