@@ -53,3 +53,21 @@ class Subscribers(Generic[T]):
     def __len__(self) -> int:
         with self._lock:
             return len(self._callbacks)
+
+
+class Stoppers:
+    """Functions to call, newest first, once (each ``run()`` calls those added since the last)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._stops: list[Callable[[], None]] = []
+
+    def add(self, stop: Callable[[], None]) -> None:
+        with self._lock:
+            self._stops.append(stop)
+
+    def run(self) -> None:
+        with self._lock:
+            stops, self._stops = self._stops, []
+        for stop in reversed(stops):
+            stop()

@@ -16,9 +16,10 @@ from clusterbook.errors import ConfigError
 from clusterbook.jupyter import hook
 
 if TYPE_CHECKING:
-    from clusterbook.cluster.handle import ClusterHandle
+    from clusterbook.cluster.handle import ClusterHandle, Head
+    from clusterbook.launch.flavour import Launcher
 
-__all__ = ["load_ipython_extension", "mimebundle"]
+__all__ = ["head_repr", "load_ipython_extension", "mimebundle"]
 
 
 def mimebundle(cluster: ClusterHandle, **kwargs: Any) -> dict[str, Any]:
@@ -46,3 +47,13 @@ def load_ipython_extension(ipython: Any) -> None:
             "pip install 'clusterbook[jupyter]'."
         )
     load(ipython)
+
+
+def head_repr(head: Head, launcher: Launcher | None, problem: str | None) -> str:
+    """A running head's repr: name, kind, state, nodes and slots, launcher, problem."""
+    used = f" {launcher.flavour.value} {launcher.version}" if launcher is not None else ""
+    slots = sum(n.slots for n in head.nodes)
+    return (
+        f"<Cluster {head.name!r} {head.kind} {head.state}: {len(head.nodes)} nodes, "
+        f"{slots} slots{used}{f' PROBLEM: {problem}' if problem else ''}>"
+    )

@@ -16,18 +16,19 @@ import logging
 import threading
 import time
 import weakref
-from collections.abc import Callable, Collection, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from clusterbook.cluster import display
 from clusterbook.cluster.local_jobs import LocalJobs
 from clusterbook.cluster.on_nodes import NodeCalls
 from clusterbook.cluster.options import ClusterOptions
 from clusterbook.cluster.resize import Resizer
 from clusterbook.durations import Duration
 from clusterbook.errors import ClusterStateError, ConfigError
-from clusterbook.events import Subscribers
+from clusterbook.events import Stoppers, Subscribers
 from clusterbook.head import catalog
 from clusterbook.head.mirror import Mirror
 from clusterbook.head.services import HeadServices
@@ -51,6 +52,7 @@ if TYPE_CHECKING:
 
     from clusterbook.cluster.handle import Head
     from clusterbook.launch.prepare import JobArgs
+    from clusterbook.resources import Only
 
 __all__ = ["LocalHead"]
 
@@ -98,7 +100,7 @@ class LocalHead(NodeCalls, ResourceFrames):
         self._resize = Resizer(provider, self._jobs.all)
         self._lock = threading.RLock()
         self._subscribers: Subscribers[ClusterSnapshot] = Subscribers()
-        self._stoppers: list[Callable[[], None]] = []
+        self._stoppers = Stoppers()
         self._watch = NodeWatch(lambda: sum(s.state in _UP for s in provider.watch.node_statuses()))
 
     # -- what it is ------------------------------------------------------------------------
@@ -296,14 +298,7 @@ class LocalHead(NodeCalls, ResourceFrames):
 
     def reinstate(self, node: str) -> None:
         """Bring ``node``, set aside for failing, back into jobs now (``Cluster.reinstate``)."""
-        known = [s.name for s in self.provider.watch.node_statuses()]
-        if node not in known:
-            raise ConfigError(
-                f"Cluster {self.name!r} has no node {node!r} to reinstate; its nodes are "
-                f"{', '.join(map(repr, known)) or 'none yet'} (the node column of "
-                "cluster.status())."
-            )
-        if self._jobs.bench.reinstate(node):
+        if self._jobs.reinstate(self.name, node):
             self.changed(record=True)
 
     def engines(self, n: int | None = None, **how: Any) -> ipyparallel.Client:
@@ -317,14 +312,10 @@ class LocalHead(NodeCalls, ResourceFrames):
 
     def on_stop(self, stop: Callable[[], None]) -> None:
         """Have :meth:`stop_engines` and :meth:`stop` call ``stop()``."""
-        with self._lock:
-            self._stoppers.append(stop)
+        self._stoppers.add(stop)
 
     def stop_engines(self) -> None:
-        with self._lock:
-            stoppers, self._stoppers = self._stoppers, []
-        for stop in reversed(stoppers):
-            stop()
+        self._stoppers.run()
 
     # -- status --------------------------------------------------------------------------
 
@@ -361,13 +352,9 @@ class LocalHead(NodeCalls, ResourceFrames):
         return nodes_frame(self.snapshot())
 
     def resource_history(
-        self,
-        window: Duration | None = None,
-        *,
-        nodes: Collection[str] | None = None,
-        points: int | None = None,
+        self, window: Duration | None = None, **only: Unpack[Only]
     ) -> dict[str, Any]:
-        return self.provider.watch.resource_history(window, nodes=nodes, points=points)
+        return self.provider.watch.resource_history(window, **only)
 
     def subscribe(self, callback: Callable[[ClusterSnapshot], None]) -> Callable[[], None]:
         return self._subscribers.subscribe(callback)
@@ -389,15 +376,8 @@ class LocalHead(NodeCalls, ResourceFrames):
             self._subscribers.publish(self.snapshot())
 
     def __repr__(self) -> str:
-        launcher = ""
-        if self._launcher is not None:
-            launcher = f" {self._launcher.flavour.value} {self._launcher.version}"
         problem = self._problem() if self._state == "running" else None
-        slots = sum(n.slots for n in self.nodes)
-        return (
-            f"<Cluster {self.name!r} {self.kind} {self._state}: {len(self.nodes)} nodes, "
-            f"{slots} slots{launcher}{f' PROBLEM: {problem}' if problem else ''}>"
-        )
+        return display.head_repr(self, self._launcher, problem)
 
     def _require_running(self, what: str, *, here: bool = False) -> None:
         if here and self.options.detached and not self._supervised:  # its supervisor runs it

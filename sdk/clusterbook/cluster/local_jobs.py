@@ -15,6 +15,7 @@ from dataclasses import replace
 from typing import TYPE_CHECKING
 
 from clusterbook.cluster.handle import job_by_id
+from clusterbook.errors import ConfigError
 from clusterbook.launch.job import Job
 from clusterbook.launch.logstore import LogBudget
 from clusterbook.launch.nodes import (
@@ -123,6 +124,18 @@ class LocalJobs:
         """An attempt ended: count its failures; a node set aside is news."""
         if self.bench.note(failed, [n.name for n in self._provider.nodes]):
             self._recorded()
+
+    def reinstate(self, cluster: str, node: str) -> bool:
+        """Bring ``node``, set aside for failing, back into jobs now; whether it was aside.
+        A node the cluster does not have is a :class:`ConfigError` naming those it has."""
+        known = [s.name for s in self._provider.watch.node_statuses()]
+        if node not in known:
+            raise ConfigError(
+                f"Cluster {cluster!r} has no node {node!r} to reinstate; its nodes are "
+                f"{', '.join(map(repr, known)) or 'none yet'} (the node column of "
+                "cluster.status())."
+            )
+        return self.bench.reinstate(node)
 
     def find(self, cluster_id: str, job_id: str | None = None) -> Job:
         """A job by id (``job-0001``), or the newest one."""

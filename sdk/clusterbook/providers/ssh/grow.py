@@ -14,6 +14,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Collection, Mapping
 from pathlib import Path
+from typing import Any
 
 from clusterbook.errors import ReadyTimeoutError
 from clusterbook.gpus import Slots
@@ -163,6 +164,15 @@ class LeftWatch:
 
     def wait_ready(self, timeout: float) -> None:
         self._watch.wait_ready(timeout)
+
+    def resource_history(
+        self,
+        window: object = None,
+        *,
+        nodes: Collection[str] | None = None,
+        points: int | None = None,
+    ) -> dict[str, Any]:
+        return self._watch.resource_history(window, nodes=nodes, points=points)
 
     def problem(self) -> str | None:
         said = [p for p in (self._watch.problem(), self._also()) if p]
