@@ -146,6 +146,8 @@ def test_warm_jobs_log_in_to_no_node(testbed, mpi_python, tmp_path):
 def test_a_master_that_ended_falls_back_cold_and_comes_back(testbed, mpi_python, tmp_path, how):
     script = tmp_path / "allreduce.py"
     script.write_text(HOSTNAME_ALLREDUCE)
+    sleeper = tmp_path / "sleeper.py"
+    sleeper.write_text(SLEEPER)
     hosts = testbed.hosts[:2]
     cluster = testbed.cluster(
         mpi_python, tmp_path / "run", hosts=2, slots=2, env={"TRICKY": TRICKY}
@@ -162,6 +164,8 @@ def test_a_master_that_ended_falls_back_cold_and_comes_back(testbed, mpi_python,
         with warnings.catch_warnings():
             warnings.simplefilter("error", cb.ColdLaunchWarning)
             run_allreduce(cluster, script, hosts)
+            # With it, the way to the node's agent: its daemons are the agent's again.
+            assert through_agent(cluster, hosts[1], sleeper)
     assert masters(testbed) == []
     assert stray_processes(testbed) == {}
 

@@ -26,7 +26,7 @@ import tempfile
 import threading
 import time
 import warnings
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from pathlib import Path
 
 from clusterbook.errors import ColdLaunchWarning
@@ -122,12 +122,13 @@ class ControlMasters:
         """The socket here that reaches ``host``'s agent (while its master is up)."""
         return str(self._dir / forward_name(host))
 
-    def unanswered(self, timeout: float = 1.0) -> dict[str, str]:
-        """The hosts whose agent refuses through its master (gone, its socket gone, an
-        error), with why, all asked at once. One that is silent for ``timeout`` seconds is
-        left out: its node is cut off, which the cluster's watch says (the job's daemon
-        there falls back to ssh after a while, as any other)."""
-        _, failed = parallel(list(self.daemon_sockets), lambda h: ping(self.forward(h), timeout))
+    def unanswered(self, skip: Collection[str] = (), timeout: float = 1.0) -> dict[str, str]:
+        """The hosts (but ``skip``: those lost, not waited for) whose agent refuses through
+        its master (gone, its socket gone, an error), with why, all asked at once. One that is
+        silent for ``timeout`` seconds is left out: its node is cut off, which the cluster's
+        watch says (the job's daemon there falls back to ssh after a while, as any other)."""
+        hosts = [h for h in self.daemon_sockets if h not in skip]
+        _, failed = parallel(hosts, lambda h: ping(self.forward(h), timeout))
         return {
             host: str(exc) or type(exc).__name__
             for host, exc in failed.items()

@@ -73,9 +73,7 @@ class SSHReach:
                     h: f"{how}; started again: {again.get(h, 'up')}" for h, how in ended.items()
                 }
                 warn_cold(said, stacklevel=3)
-            silent = {
-                h: why for h, why in masters.unanswered().items() if h not in lost | set(ended)
-            }
+            silent = masters.unanswered(skip=lost | set(ended))
             if silent:
                 warn_agents(silent, stacklevel=3)
         return self._remote
