@@ -8,8 +8,9 @@ line on mpirun's stdout); job end: until ``wait()`` returns (bare: mpirun's exit
 
 - **local**: ``Cluster.local(workers=HOSTS, slots=2)``.
 - **ssh warm** / **ssh cold**: an SSH cluster of the testbed's hosts, ``launch="warm"``
-  (MPI's daemons started over the ssh connection the cluster keeps open to each node) and
-  ``launch="cold"`` (a new ssh login per node per job).
+  (MPI's daemons started by each node's agent, asked over the ssh connection the cluster
+  keeps open to each node: no ssh session, no login shell) and ``launch="cold"`` (a new ssh
+  login per node per job).
 - **bare**: ``mpirun --host H1:2,H2:2 --prefix VENV`` with the testbed's key and known_hosts, the
   same tuning (``OMPI_MCA_btl=^ofi``), a new ssh login per node per job; **bare, ssh
   ControlMaster**: the same with an OpenSSH master connection per host kept between jobs.

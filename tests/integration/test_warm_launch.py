@@ -1,11 +1,13 @@
-"""Warm launches on SSH clusters of fake hosts: MPI's daemons start over the ssh connection
-the cluster keeps to each node (no new login per job), under Open MPI and MPICH, with every
-job property of a cold launch; a connection that ended falls back to a cold launch, said in a
-warning, and is started again."""
+"""Warm launches on SSH clusters of fake hosts: MPI's daemons start through each node's agent,
+over the ssh connection the cluster keeps to each node (no new login, no login shell per job),
+under Open MPI and MPICH, with every job property of a cold launch; a connection that ended, or
+an agent that does not answer, falls back to a cold launch, said in a warning, and a connection
+is started again."""
 
 from __future__ import annotations
 
 import contextlib
+import os
 import signal
 import time
 import warnings
@@ -54,6 +56,31 @@ def ended(proc: psutil.Process) -> None:
         time.sleep(0.02)
 
 
+def daemon_tags(cluster, host, sleeper) -> list[str]:
+    """The job tag each MPI daemon of a running job on ``host`` carries: a daemon the node's
+    agent started carries its job's; one started over ssh, none (sshd's environment)."""
+    job = cluster.mpirun(["python", str(sleeper)], np=4, timeout=60)
+    try:
+        assert any(r.line == "started" for r in job.stream())
+        tags = []
+        for pid in host.processes():
+            with contextlib.suppress(psutil.Error):
+                proc = psutil.Process(pid)
+                if proc.name() in ("prted", "hydra_pmi_proxy"):
+                    tags.append(proc.environ().get("CLUSTERBOOK_JOB", ""))
+        assert tags, f"no MPI daemon on {host.name}"
+        return tags
+    finally:
+        assert job.cancel()
+
+
+def through_agent(cluster, host, sleeper) -> bool:
+    tags = daemon_tags(cluster, host, sleeper)
+    agent = f"{cluster.id}:"
+    assert all(t.startswith(agent) for t in tags) or not any(tags), tags
+    return all(t.startswith(agent) and not t.endswith(":agents") for t in tags)
+
+
 def run_allreduce(cluster, script, hosts):
     job = cluster.mpirun(["python", str(script)], np=2 * len(hosts), timeout=60)
     result = job.wait(timeout=90)
@@ -81,6 +108,8 @@ def test_warm_jobs_log_in_to_no_node(testbed, mpi_python, tmp_path):
     with cluster:
         assert len(masters(testbed)) == 2
         run_allreduce(cluster, script, hosts)
+        # The daemons were started by the nodes' agents, tagged as the job's processes.
+        assert all(through_agent(cluster, host, sleeper) for host in hosts)
         # No sshd accepts a login now: a job that needed one would not start.
         for host in hosts:
             host.pause_sshd()
@@ -117,6 +146,8 @@ def test_warm_jobs_log_in_to_no_node(testbed, mpi_python, tmp_path):
 def test_a_master_that_ended_falls_back_cold_and_comes_back(testbed, mpi_python, tmp_path, how):
     script = tmp_path / "allreduce.py"
     script.write_text(HOSTNAME_ALLREDUCE)
+    sleeper = tmp_path / "sleeper.py"
+    sleeper.write_text(SLEEPER)
     hosts = testbed.hosts[:2]
     cluster = testbed.cluster(
         mpi_python, tmp_path / "run", hosts=2, slots=2, env={"TRICKY": TRICKY}
@@ -133,6 +164,8 @@ def test_a_master_that_ended_falls_back_cold_and_comes_back(testbed, mpi_python,
         with warnings.catch_warnings():
             warnings.simplefilter("error", cb.ColdLaunchWarning)
             run_allreduce(cluster, script, hosts)
+            # With it, the way to the node's agent: its daemons are the agent's again.
+            assert through_agent(cluster, hosts[1], sleeper)
     assert masters(testbed) == []
     assert stray_processes(testbed) == {}
 
@@ -178,3 +211,28 @@ def test_a_master_ended_after_a_host_key_changed_is_refused(testbed, openmpi_pyt
             cluster.stop()
         testbed.write_known_hosts()
     assert masters(testbed) == []
+
+
+def test_an_agent_that_does_not_answer_falls_back_cold(testbed, mpi_python, tmp_path):
+    script = tmp_path / "allreduce.py"
+    script.write_text(HOSTNAME_ALLREDUCE)
+    sleeper = tmp_path / "sleeper.py"
+    sleeper.write_text(SLEEPER)
+    hosts = testbed.hosts[:2]
+    cluster = testbed.cluster(
+        mpi_python, tmp_path / "run", hosts=2, slots=2, env={"TRICKY": TRICKY}
+    )
+    with cluster:
+        run_allreduce(cluster, script, hosts)
+        # The agent's socket on node2 gone between two jobs: the agent refuses through it.
+        node_dir = hosts[1].home / ".clusterbook" / "clusters" / cluster.id
+        (socket_file,) = [p for p in node_dir.iterdir() if p.name.endswith(".sock")]
+        os.unlink(socket_file)
+        with pytest.warns(cb.ColdLaunchWarning, match=rf"agent of node {hosts[1].addr} did not"):
+            run_allreduce(cluster, script, hosts)
+        with pytest.warns(cb.ColdLaunchWarning, match="did not answer"):
+            assert not through_agent(cluster, hosts[1], sleeper)  # over ssh, untagged
+        with pytest.warns(cb.ColdLaunchWarning, match="did not answer"):
+            assert through_agent(cluster, hosts[0], sleeper)  # the other node stays warm
+    assert masters(testbed) == []
+    assert stray_processes(testbed) == {}

@@ -79,6 +79,12 @@ def _add_join(worker_sub: argparse._SubParsersAction[argparse.ArgumentParser]) -
         metavar="PORT",
         help="start a user-level sshd on PORT and report its host key",
     )
+    join.add_argument(
+        "--daemon-socket",
+        metavar="PATH",
+        help="start MPI's daemons for the head's launcher when asked on the Unix socket at "
+        "PATH (set by clusters the head bootstraps over SSH, which forward it to the head)",
+    )
     join.set_defaults(func=_join)
 
 
@@ -131,9 +137,17 @@ def _join(args: argparse.Namespace) -> int:
         raise SystemExit(128 + signum)
 
     signal.signal(signal.SIGTERM, stop)
+    daemons = None
+    if args.daemon_socket is not None:
+        from clusterbook.launch.daemons import DaemonServer
+
+        daemons = DaemonServer(args.daemon_socket)
+        daemons.start()
     try:
         return agent.run()
     finally:
+        if daemons is not None:
+            daemons.close()
         if sshd is not None:
             sshd.stop()
 

@@ -285,7 +285,9 @@ def _openmpi(plan: LaunchPlan) -> LaunchCommand:
         # launcher's ssh (tree spawn too) uses the cluster's key and strict known_hosts.
         argv += ["--prefix", plan.launcher.prefix]
         argv += ["--prtemca", "plm_ssh_args", " ".join(plan.remote.ssh_args)]
-        if not plan.remote.tree_spawn:
+        if plan.remote.launch_agent is not None:
+            argv += ["--prtemca", "plm_ssh_agent", plan.remote.launch_agent]
+        if not plan.remote.tree_spawn or plan.remote.launch_agent is not None:
             argv += ["--prtemca", "plm_ssh_no_tree_spawn", "1"]
     # -x NAME exports the value from mpirun's own environment: byte for byte, and not on
     # the command line where `ps` would show it.
@@ -302,7 +304,8 @@ def _mpich(plan: LaunchPlan) -> LaunchCommand:
     argv += ["-bind-to", binding(plan.nodes, plan.np)]
     if plan.remote is not None:
         # Hydra's proxies connect back to the head: give them an address they can reach.
-        argv += ["-launcher", "ssh", "-launcher-exec", plan.remote.ssh_wrapper]
+        ssh = plan.remote.launch_agent or plan.remote.ssh_wrapper
+        argv += ["-launcher", "ssh", "-launcher-exec", ssh]
         argv += ["-localhost", plan.remote.head_addr]
     argv += [
         "-outfile-pattern",

@@ -45,3 +45,4 @@ class RemoteLaunch:
     launcher: Launcher | None = None
     hook_dir: str | None = None
     srun: SrunStep | None = None
+    launch_agent: str | None = None

@@ -100,6 +100,7 @@ def agent_argv(
     lease: float | None = None,
     clean_on_lost: bool = False,
     start_sshd: int | None = None,
+    daemon_socket: str | None = None,
 ) -> list[str]:
     """The command that runs an agent with ``python`` (``python -m clusterbook.cli.main worker join
     URL --token-file F [...]``), or with the ``clusterbook`` command when ``python`` is None:
@@ -116,6 +117,8 @@ def agent_argv(
         argv.append("--clean-on-lost")
     if start_sshd is not None:
         argv += ["--start-sshd", str(start_sshd)]
+    if daemon_socket is not None:
+        argv += ["--daemon-socket", daemon_socket]
     return argv
 
 

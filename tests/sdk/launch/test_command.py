@@ -559,6 +559,22 @@ def test_openmpi_starts_every_daemon_from_the_head_when_nodes_hold_no_key() -> N
     assert argv.index("plm_ssh_args") < at < argv.index("-x")
 
 
+def test_warm_launches_start_the_daemons_through_the_launch_agent_from_the_head() -> None:
+    agent = "/home/me/.clusterbook/clusters/c1/launch-agent"
+    warm = replace(REMOTE, launch_agent=agent)
+    argv = build_command(plan(remote=warm)).argv
+    at = argv.index("plm_ssh_agent")
+    assert argv[at - 1 : at + 2] == ["--prtemca", "plm_ssh_agent", agent]
+    # The agent on a node cannot start the next node's daemon: the head starts them all.
+    at = argv.index("plm_ssh_no_tree_spawn")
+    assert argv[at - 1 : at + 2] == ["--prtemca", "plm_ssh_no_tree_spawn", "1"]
+    assert "plm_ssh_agent" not in build_command(plan(remote=REMOTE)).argv
+    mpich = build_command(plan(MPICH, remote=warm)).argv
+    assert mpich[mpich.index("-launcher-exec") + 1] == agent
+    cold = build_command(plan(MPICH, remote=REMOTE)).argv
+    assert cold[cold.index("-launcher-exec") + 1] == REMOTE.ssh_wrapper
+
+
 def test_jobs_that_handle_errors_themselves_keep_the_stacks_but_not_the_abort() -> None:
     assert rank_env(plan())["CLUSTERBOOK_RANK_HOOK"] == "1"
     assert rank_env(plan(abort_on_error=False))["CLUSTERBOOK_RANK_HOOK"] == "stacks"

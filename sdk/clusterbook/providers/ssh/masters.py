@@ -18,20 +18,25 @@ from __future__ import annotations
 import contextlib
 import os
 import secrets
+import shlex
 import shutil
 import subprocess
+import sys
 import tempfile
 import threading
 import time
 import warnings
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from pathlib import Path
 
 from clusterbook.errors import ColdLaunchWarning
+from clusterbook.launch import daemons
+from clusterbook.launch.daemons import forward_name, ping
 from clusterbook.launch.guard import guard
+from clusterbook.nodes.fanout import parallel
 from clusterbook.nodes.tasks.common import JOB_ENV
 
-__all__ = ["LAUNCHES", "ControlMasters", "warn_cold"]
+__all__ = ["LAUNCHES", "ControlMasters", "launch_agent", "warn_agents", "warn_cold"]
 
 #: How an SSH cluster's jobs start MPI's daemons on the nodes (``launch=``).
 LAUNCHES = ("warm", "cold")
@@ -45,9 +50,17 @@ class ControlMasters:
     """A master connection to each of ``hosts`` (the names the launcher's ssh is given), made
     with ``ssh_args`` (the launcher's own options: key, known_hosts, users, ports, config)."""
 
-    def __init__(self, ssh_args: Sequence[str], hosts: Sequence[str]) -> None:
+    def __init__(
+        self,
+        ssh_args: Sequence[str],
+        hosts: Sequence[str],
+        daemon_sockets: Mapping[str, str] | None = None,
+    ) -> None:
         self._ssh_args = list(ssh_args)
         self._hosts = list(hosts)
+        # The agents' sockets that start MPI's daemons, by host: each master forwards a
+        # socket of the directory to its node's (see clusterbook.launch.daemons).
+        self.daemon_sockets = dict(daemon_sockets or {})
         self._dir = Path(tempfile.mkdtemp(prefix=_PREFIX))  # 0700: the sockets are ours
         self._token = f"cbm-{secrets.token_hex(8)}"
         self._procs: dict[str, subprocess.Popen[bytes]] = {}
@@ -91,6 +104,10 @@ class ControlMasters:
         # master see their daemon there end, instead of waiting on a connection that is gone.
         argv += ["-o", f"ControlPath={self._dir}/%C", "-o", "ServerAliveInterval=1"]
         argv += ["-o", "ServerAliveCountMax=3"]
+        there = self.daemon_sockets.get(host)
+        if there is not None:  # a socket a master killed left is replaced
+            argv += ["-o", "StreamLocalBindUnlink=yes"]
+            argv += ["-L", f"{self.forward(host)}:{there}"]
         argv += [*self._ssh_args, host]
         return subprocess.Popen(
             argv,
@@ -100,6 +117,23 @@ class ControlMasters:
             stderr=subprocess.PIPE,
             start_new_session=True,  # a Ctrl-C in the notebook is the head's to handle
         )
+
+    def forward(self, host: str) -> str:
+        """The socket here that reaches ``host``'s agent (while its master is up)."""
+        return str(self._dir / forward_name(host))
+
+    def unanswered(self, skip: Collection[str] = (), timeout: float = 1.0) -> dict[str, str]:
+        """The hosts (but ``skip``: those lost, not waited for) whose agent refuses through
+        its master (gone, its socket gone, an error), with why, all asked at once. One that is
+        silent for ``timeout`` seconds is left out: its node is cut off, which the cluster's
+        watch says (the job's daemon there falls back to ssh after a while, as any other)."""
+        hosts = [h for h in self.daemon_sockets if h not in skip]
+        _, failed = parallel(hosts, lambda h: ping(self.forward(h), timeout))
+        return {
+            host: str(exc) or type(exc).__name__
+            for host, exc in failed.items()
+            if not isinstance(exc, TimeoutError)
+        }
 
     def _sockets(self) -> list[str]:
         with contextlib.suppress(OSError):
@@ -173,6 +207,30 @@ def warn_cold(failed: Mapping[str, str], *, stacklevel: int) -> None:
             f"not up now, a job starts MPI's daemons over a new ssh login, as launch='cold' "
             f"does (slower, the same job), and the connection is started again for the next "
             f"one."
+        ),
+        stacklevel=stacklevel,
+    )
+
+
+def launch_agent(directory: Path, cold: str | Path) -> str:
+    """The program the MPI launcher runs instead of ssh: it starts each daemon through the
+    node's agent, over the socket in ``directory`` that the node's master forwards, and
+    through ``cold`` (the launcher's ssh) where that is not up."""
+    # -S -I: no site, no user's environment: the helper imports the standard library only.
+    argv = [sys.executable, "-S", "-I", daemons.__file__, str(directory), str(cold)]
+    return "#!/bin/sh\nexec " + shlex.join(argv) + ' "$@"\n'
+
+
+def warn_agents(silent: Mapping[str, str], *, stacklevel: int) -> None:
+    """Say which nodes' agents did not answer for warm launches (``silent``: node and why),
+    and what jobs do on those nodes."""
+    why = "; ".join(f"{host}: {how}" for host, how in sorted(silent.items()))
+    one = len(silent) == 1
+    warnings.warn(
+        ColdLaunchWarning(
+            f"The agent of {'node' if one else 'nodes'} {', '.join(sorted(silent))} did not "
+            f"answer for warm launches ({why}). A job starts MPI's daemons there over ssh "
+            "instead (slower, the same job)."
         ),
         stacklevel=stacklevel,
     )

@@ -31,7 +31,7 @@ from clusterbook.providers.ssh.discovered import MOST_HOSTS, Changes, discovery_
 from clusterbook.providers.ssh.discovery import DiscoveryLoop, first_hosts
 from clusterbook.providers.ssh.grow import Growth, LeftWatch, wait_joined
 from clusterbook.providers.ssh.hosts import HEAD, host_node, parse_host_list, targets
-from clusterbook.providers.ssh.masters import LAUNCHES, ControlMasters, warn_cold
+from clusterbook.providers.ssh.masters import LAUNCHES, ControlMasters, launch_agent, warn_cold
 from clusterbook.providers.ssh.reach import SSHReach
 from clusterbook.providers.ssh.release import release
 from clusterbook.providers.ssh.sessions import Sessions
@@ -160,6 +160,7 @@ class SSHProvider(Provider):
         self.sessions.policy = make_policy(self._host_keys, self._known_hosts)
         asked, node_python, timings = self._asked, self.node_python, self.timings
         boot = Bootstrap(ctx, self.sessions, self._nodes, asked, node_python, timings)
+        boot.warm = self._launch == "warm"
         count = len(self._nodes)
         t0 = time.monotonic()
         probing: dict[str, NodeSession] = {}
@@ -195,7 +196,7 @@ class SSHProvider(Provider):
         assert boot.remote is not None
         remote = boot.remote
         if self._launch == "warm" and remote.srun is None:
-            remote = self._warm(head_dir, remote)
+            remote = self._warm(head_dir, remote, boot.daemon_sockets)
         self._reach.open(ctx.cluster_id, remote)
         if self._discovery is not None:
             self._growth = Growth(ctx, self.sessions, self.head, boot, head_dir, self._targets)
@@ -205,12 +206,16 @@ class SSHProvider(Provider):
             )  # fmt: skip
             self._loop.start()
 
-    def _warm(self, head_dir: Path, remote: RemoteLaunch) -> RemoteLaunch:
+    def _warm(
+        self, head_dir: Path, remote: RemoteLaunch, daemon_sockets: Mapping[str, str]
+    ) -> RemoteLaunch:
         """The launcher's way to the nodes over a master connection to each (kept until the
-        stop): its ssh options and MPICH's wrapper use them. A master that does not come up is
-        a warning; jobs log in to that node anew."""
+        stop): its ssh options and MPICH's wrapper use them, and the launch agent starts the
+        daemons through the nodes' agents over the sockets the masters forward. A master that
+        does not come up is a warning; jobs log in to that node anew."""
         hosts = [n.host for n in self._nodes]
-        masters = self._reach.masters = ControlMasters(remote.ssh_args, hosts)
+        masters = ControlMasters(remote.ssh_args, hosts, daemon_sockets)
+        self._reach.masters = masters
         failed = masters.start(self.connect_timeout)
         if failed:
             warn_cold(failed, stacklevel=4)
@@ -220,7 +225,13 @@ class SSHProvider(Provider):
         with os.fdopen(fd, "w") as f:
             f.write(ssh_wrapper(args))
         self._reach.cold_wrapper = remote.ssh_wrapper
-        return replace(remote, ssh_args=args, ssh_wrapper=str(wrapper))
+        agent = None
+        if daemon_sockets:
+            agent = str(head_dir / "launch-agent")
+            fd = os.open(agent, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o700)
+            with os.fdopen(fd, "w") as f:
+                f.write(launch_agent(masters.directory, wrapper))
+        return replace(remote, ssh_args=args, ssh_wrapper=str(wrapper), launch_agent=agent)
 
     def _open_keys(self) -> None:
         """Open the keys here, in the caller's thread: a passphrase is asked once."""

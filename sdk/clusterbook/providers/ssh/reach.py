@@ -21,7 +21,7 @@ from clusterbook.nodes.fanout import parallel
 from clusterbook.nodes.outgoing import Outgoing
 from clusterbook.nodes.transfer import uncounted
 from clusterbook.providers.ssh import files
-from clusterbook.providers.ssh.masters import ControlMasters, warn_cold
+from clusterbook.providers.ssh.masters import ControlMasters, warn_agents, warn_cold
 from clusterbook.providers.ssh.sessions import Sessions
 from clusterbook.providers.watch import NodeWatch
 from clusterbook.spec import NodeSpec
@@ -61,7 +61,8 @@ class SSHReach:
         """How the launcher reaches the nodes. Launching warm, a master connection that
         ended (to a node not lost) is said in a :class:`~clusterbook.ColdLaunchWarning` and
         started again, for 5 s at most: the job logs in to that node anew if it is not up
-        by then."""
+        by then. A node whose agent does not answer (through its master) is said too: its
+        daemons start over ssh."""
         masters = self.masters
         if masters is not None and self._cluster_id is not None:
             lost = set(self._watch.unreachable(list(self._sessions.conns), lost_only=True))
@@ -72,6 +73,9 @@ class SSHReach:
                     h: f"{how}; started again: {again.get(h, 'up')}" for h, how in ended.items()
                 }
                 warn_cold(said, stacklevel=3)
+            silent = masters.unanswered(skip=lost | set(ended))
+            if silent:
+                warn_agents(silent, stacklevel=3)
         return self._remote
 
     def stop_job(self, token: str) -> None:

@@ -21,6 +21,7 @@ from pathlib import Path
 
 from clusterbook.errors import BootstrapError, ClusterError, ConfigError
 from clusterbook.gpus import Slots
+from clusterbook.launch.daemons import SOCKET_PATH_MAX, forward_name
 from clusterbook.launch.rankwrap import HOOK_DIR
 from clusterbook.launch.remote import RemoteLaunch
 from clusterbook.nodes.fanout import parallel
@@ -86,6 +87,10 @@ class Bootstrap:
         self.head_facts: NodeFacts | None = None
         self.unprobed: set[str] = set()
         self.remote: RemoteLaunch | None = None
+        #: Whether each agent serves a socket that starts MPI's daemons (warm launches), and
+        #: where each does, by host (see :mod:`clusterbook.launch.daemons`).
+        self.warm = False
+        self.daemon_sockets: dict[str, str] = {}
 
     def python(self, host: str) -> str:
         """The interpreter on ``host`` (the head's path unless node_python says otherwise)."""
@@ -301,7 +306,11 @@ class Bootstrap:
             python = ctx.python if has_it else sys.executable
             if node.host in self._node_python and self.facts[node.host].clusterbook:
                 python = self._node_python[node.host]
-            token = f"{node_cluster_dir(self.facts[node.host].home, ctx.cluster_id)}/token"
+            node_dir = node_cluster_dir(self.facts[node.host].home, ctx.cluster_id)
+            token = f"{node_dir}/token"
+            socket = f"{node_dir}/{forward_name(node.host)}"
+            if self.warm and len(socket.encode()) < SOCKET_PATH_MAX:
+                self.daemon_sockets[node.host] = socket
             # Lost for longer than its lease (this head killed, say), the agent stops the
             # cluster's processes on its node and removes the key and files put there.
             argv = agent_argv(
@@ -312,6 +321,7 @@ class Bootstrap:
                 slots=node.slots,
                 lease=HEAD_LEASE,
                 clean_on_lost=True,
+                daemon_socket=self.daemon_sockets.get(node.host),
             )
             # Tagged like a job: the clean-up at stop() finds it whatever happened. A fork of
             # the node's session (tagged so too) when it runs the same Python: then the

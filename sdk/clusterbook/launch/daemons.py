@@ -1,0 +1,286 @@
+"""MPI's daemons started by a node's agent: :class:`DaemonServer`, a Unix socket the agent
+serves, and :func:`main`, the launcher's side (what Open MPI's ``plm_ssh_agent`` and MPICH's
+``-launcher-exec`` run on the head instead of ssh).
+
+The head's master connection to the node forwards a socket of the head's (in the masters'
+private directory, one per node, named by :func:`forward_name`) to the agent's: a job's
+launcher starts ``prted`` / ``hydra_pmi_proxy`` there as it would over ssh (the same command
+line, run by the user's shell, stdout and stderr back, its exit code the launcher's child's),
+but with no ssh session and no login shell on the node: the agent forks it.
+
+A request is one JSON line: ``{"ping": true}`` (answered ``{"ok": true}``), or ``{"command":
+TEXT, "token": JOB}``: the daemon runs ``SHELL -c TEXT`` in the agent's environment with the
+job's tag (``CLUSTERBOOK_JOB=JOB``, so that stopping the job stops it), in its own session, and
+is answered ``{"pid": N}``; then frames (:data:`FRAME`: ``O`` stdout, ``E`` stderr, ``X`` the
+exit status, last). A launcher gone (its connection closed) takes its daemon with it.
+
+Plain standard library: the launcher's side runs as ``python -S -I daemons.py DIR COLD ARGS``
+(:func:`main`), before anything of clusterbook is imported, and falls back to ``COLD`` (the
+launcher's ssh) when the agent does not answer.
+"""
+
+import contextlib
+import hashlib
+import json
+import os
+import selectors
+import signal
+import socket
+import struct
+import subprocess
+import sys
+import threading
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Any
+
+#: A frame: its kind (``O``, ``E``, ``X``) and the length of what follows.
+FRAME = struct.Struct(">cI")
+#: What the job's processes carry (``clusterbook.nodes.tasks.common.JOB_ENV``, written here
+#: again: this module runs on its own on the head).
+TAG = "CLUSTERBOOK_JOB"
+#: How long a launcher waits for the agent's answer before it starts the daemon over ssh.
+ANSWER_WITHIN = 5.0
+_REQUEST_MAX = 1 << 20
+#: A Unix socket's path holds 107 bytes at most (108 with its end).
+SOCKET_PATH_MAX = 108
+#: ssh's options that take a value (the launcher's side skips them to find the host).
+_WITH_VALUE = frozenset("bcDEeFIiJLlmOopQRSWw")
+
+
+def forward_name(host: str) -> str:
+    """The name of the socket, on the head and on the node, that reaches ``host``'s agent:
+    the same for the same host, short enough for a Unix socket's path, and different for
+    nodes that share a home."""
+    return "d-" + hashlib.sha256(host.encode()).hexdigest()[:16] + ".sock"
+
+
+class DaemonServer:
+    """The agent's socket at ``path`` (made private), serving launches in threads; ``env``:
+    the daemons' environment, less the agent's tag."""
+
+    def __init__(self, path: str, env: "dict[str, str] | None" = None) -> None:
+        self.path = path
+        self._env = dict(os.environ if env is None else env)
+        # Debian's bash reads ~/.bashrc when these say ssh ran it (pyenv init: ~0.1 s of
+        # CPU here), which is the login shell's cost a warm launch is for avoiding.
+        for name in (TAG, "SSH_CLIENT", "SSH2_CLIENT"):
+            self._env.pop(name, None)
+        self._sock: socket.socket | None = None
+        self._procs: set[subprocess.Popen[bytes]] = set()
+        self._lock = threading.Lock()
+
+    def start(self) -> None:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(self.path)  # one a killed agent left
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        old = os.umask(0o177)  # private from the moment it exists
+        try:
+            sock.bind(self.path)
+        finally:
+            os.umask(old)
+        sock.listen(64)
+        self._sock = sock
+        threading.Thread(target=self._accept, args=(sock,), daemon=True).start()
+
+    def close(self) -> None:
+        """Stop serving, remove the socket and end the daemons still running."""
+        sock, self._sock = self._sock, None
+        if sock is not None:
+            with contextlib.suppress(OSError):
+                sock.shutdown(socket.SHUT_RDWR)
+            sock.close()
+            with contextlib.suppress(OSError):
+                os.unlink(self.path)
+        with self._lock:
+            procs = list(self._procs)
+        for proc in procs:
+            _end(proc, 0.0)
+
+    def _accept(self, sock: socket.socket) -> None:
+        while True:
+            try:
+                conn, _ = sock.accept()
+            except OSError:
+                return  # closed
+            threading.Thread(target=self._serve, args=(conn,), daemon=True).start()
+
+    def _serve(self, conn: socket.socket) -> None:
+        with conn:
+            try:
+                conn.settimeout(ANSWER_WITHIN)
+                request = json.loads(_read_line(conn)[0])
+                conn.settimeout(None)
+                if request.get("ping"):
+                    conn.sendall(b'{"ok": true}\n')
+                    return
+                proc = self._spawn(str(request["command"]), str(request["token"]))
+            except Exception as exc:
+                with contextlib.suppress(OSError):
+                    said = {"error": f"{type(exc).__name__}: {exc}"}
+                    conn.sendall(json.dumps(said).encode() + b"\n")
+                return
+            try:
+                conn.sendall(json.dumps({"pid": proc.pid}).encode() + b"\n")
+                _relay(proc, conn)
+            except OSError:
+                _end(proc, 1.0)
+            finally:
+                with self._lock:
+                    self._procs.discard(proc)
+
+    def _spawn(self, command: str, token: str) -> "subprocess.Popen[bytes]":
+        if not token or token.endswith(":agents"):
+            raise ValueError(f"a daemon needs its job's tag, not {token!r}")
+        import pwd
+
+        shell = pwd.getpwuid(os.getuid()).pw_shell or "/bin/sh"
+        proc = subprocess.Popen(
+            [shell, "-c", command],
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            env={**self._env, TAG: token},
+            cwd=os.path.expanduser("~"),
+            start_new_session=True,  # its group is the job's on this node: ended as one
+        )
+        with self._lock:
+            self._procs.add(proc)
+        return proc
+
+
+def _read_line(conn: socket.socket) -> "tuple[bytes, bytes]":
+    """A line from ``conn``, and what came after it in the same reads."""
+    data = b""
+    while b"\n" not in data:
+        piece = conn.recv(65536)
+        if not piece or len(data) > _REQUEST_MAX:
+            raise ValueError("no answer" if data or not piece else "too long")
+        data += piece
+    line, _, rest = data.partition(b"\n")
+    return line, rest
+
+
+def _relay(proc: "subprocess.Popen[bytes]", conn: socket.socket) -> None:
+    """Send the daemon's output as it comes, then its exit status; a closed connection (the
+    launcher gone) ends the daemon."""
+    assert proc.stdout is not None
+    assert proc.stderr is not None
+    sel = selectors.DefaultSelector()
+    sel.register(proc.stdout, selectors.EVENT_READ, b"O")
+    sel.register(proc.stderr, selectors.EVENT_READ, b"E")
+    sel.register(conn, selectors.EVENT_READ, None)
+    open_pipes = 2
+    with sel:
+        while open_pipes:
+            for key, _ in sel.select():
+                if key.data is None:  # the launcher said something, or went away
+                    if not conn.recv(4096):
+                        sel.unregister(conn)
+                        _end(proc, 1.0)
+                    continue
+                data = os.read(key.fd, 65536)
+                if not data:
+                    sel.unregister(key.fileobj)
+                    open_pipes -= 1
+                    continue
+                conn.sendall(FRAME.pack(key.data, len(data)) + data)
+    code = proc.wait()
+    conn.sendall(FRAME.pack(b"X", 4) + struct.pack(">i", code))
+
+
+def _end(proc: "subprocess.Popen[bytes]", grace: float) -> None:
+    """SIGTERM the daemon's group, SIGKILL after ``grace`` seconds (its ranks with it)."""
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        with contextlib.suppress(OSError):
+            os.killpg(proc.pid, sig)
+        try:
+            proc.wait(timeout=grace or 0.1)
+            return
+        except subprocess.TimeoutExpired:
+            continue
+
+
+def _split(args: "list[str]") -> "tuple[str, list[str]]":
+    """The host and the command words of an ssh command line (options first)."""
+    i = 0
+    while i < len(args) and args[i].startswith("-"):
+        i += 2 if len(args[i]) == 2 and args[i][1] in _WITH_VALUE else 1
+    if i >= len(args):
+        raise ValueError(f"no host in {args!r}")
+    return args[i].rpartition("@")[2], args[i + 1 :]
+
+
+def ask(path: str, request: "dict[str, Any]", timeout: float = ANSWER_WITHIN) -> "Any":
+    """Connect to an agent's socket at ``path``; return the connection, the answer and what
+    followed it."""
+    conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        conn.settimeout(timeout)
+        conn.connect(path)
+        conn.sendall(json.dumps(request).encode() + b"\n")
+        line, rest = _read_line(conn)
+        answer = json.loads(line)
+        conn.settimeout(None)
+    except BaseException:
+        conn.close()
+        raise
+    if "error" in answer:
+        conn.close()
+        raise OSError(answer["error"])
+    return conn, answer, rest
+
+
+def ping(path: str, timeout: float = ANSWER_WITHIN) -> None:
+    """Raise OSError or ValueError unless the agent at ``path`` answers."""
+    conn, _, _ = ask(path, {"ping": True}, timeout)
+    conn.close()
+
+
+def main(argv: "list[str]") -> int:
+    """``daemons.py DIR COLD SSH_ARGS...``: start the command on the host of ``SSH_ARGS``
+    through its agent (the socket ``DIR/forward_name(host)``) and relay its output; when the
+    agent does not take it, run ``COLD SSH_ARGS`` (the launcher's ssh) instead."""
+    directory, cold, args = argv[1], argv[2], argv[3:]
+    host, words = _split(args)
+    try:
+        conn, _, rest = ask(
+            os.path.join(directory, forward_name(host)),
+            {"command": " ".join(words), "token": os.environ.get(TAG, "")},
+        )
+    except (OSError, ValueError) as exc:
+        print(
+            f"clusterbook: the agent on {host} did not start the MPI daemon ({exc}); "
+            "starting it over ssh",
+            file=sys.stderr,
+            flush=True,
+        )
+        os.execv(cold, [cold, *args])  # noqa: S606 - the launcher's own ssh wrapper
+    return _follow(conn, rest)
+
+
+def _follow(conn: socket.socket, buffered: bytes) -> int:
+    """Write the daemon's output where the launcher reads it (``buffered``: what came with the
+    answer); return its exit status (255, as ssh's, when the connection ends first)."""
+    while True:
+        while len(buffered) >= FRAME.size:
+            kind, size = FRAME.unpack_from(buffered)
+            if len(buffered) < FRAME.size + size:
+                break
+            data = buffered[FRAME.size : FRAME.size + size]
+            buffered = buffered[FRAME.size + size :]
+            if kind == b"X":
+                code = int(struct.unpack(">i", data)[0])
+                return 128 - code if code < 0 else code
+            fd = 1 if kind == b"O" else 2
+            while data:
+                data = data[os.write(fd, data) :]
+        piece = conn.recv(65536)
+        if not piece:
+            return 255
+        buffered += piece
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv))

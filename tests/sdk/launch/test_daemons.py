@@ -1,0 +1,125 @@
+"""The agent's side and the launcher's side of daemons started by a node's agent: a real
+server on a private socket, the launcher's side run as the MPI launcher runs it (a program of
+its own, ssh's arguments), and what each end does when the other goes."""
+
+from __future__ import annotations
+
+import os
+import stat
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+
+from clusterbook.launch import daemons
+from clusterbook.launch.daemons import DaemonServer, forward_name, ping
+
+TOKEN = "c1:job-7"  # noqa: S105 - a job tag
+
+
+@pytest.fixture
+def server(tmp_path):
+    """A server whose socket is where the head's forward would be for host ``node1``."""
+    srv = DaemonServer(
+        str(tmp_path / forward_name("node1")), env={"KEPT": "yes", "SSH_CLIENT": "x"}
+    )
+    srv.start()
+    yield srv
+    srv.close()
+
+
+def helper(directory: Path, cold: str = "/bin/false") -> list[str]:
+    return [sys.executable, "-S", "-I", daemons.__file__, str(directory), cold]
+
+
+def launch(tmp_path: Path, *args: str, token: str = TOKEN, cold: str = "/bin/false", **kw):
+    """Run the launcher's side as Open MPI and MPICH do: ssh's options, the host, the words."""
+    env = {**os.environ, "CLUSTERBOOK_JOB": token}
+    argv = [*helper(tmp_path, cold), *args]
+    return subprocess.run(argv, env=env, capture_output=True, text=True, timeout=30, **kw)
+
+
+def test_the_daemon_runs_with_its_output_and_exit_code_relayed(server, tmp_path):
+    words = ["-x", "-o", "BatchMode=yes", "node1", "echo out $KEPT; echo err >&2;", "exit 7"]
+    done = launch(tmp_path, *words)
+    assert (done.returncode, done.stdout, done.stderr) == (7, "out yes\n", "err\n")
+
+
+def test_the_daemon_carries_its_job_tag_and_not_what_says_ssh_ran_it(server, tmp_path):
+    done = launch(tmp_path, "root@node1", 'echo "$CLUSTERBOOK_JOB/${SSH_CLIENT-none}"')
+    assert done.stdout == f"{TOKEN}/none\n", done
+
+
+def test_a_daemon_killed_by_a_signal_ends_as_ssh_says_it(server, tmp_path):
+    assert launch(tmp_path, "node1", "kill -9 $$").returncode == 128 + 9
+
+
+def test_the_agents_tag_is_refused_and_the_launcher_goes_over_ssh(server, tmp_path):
+    cold = tmp_path / "ssh"
+    cold.write_text('#!/bin/sh\necho "cold $*"\n')
+    cold.chmod(0o700)
+    done = launch(tmp_path, "node1", "prted", token="c1:agents", cold=str(cold))  # noqa: S106
+    assert done.stdout == "cold node1 prted\n"
+    assert "the agent on node1 did not start the MPI daemon" in done.stderr
+    assert "needs its job's tag" in done.stderr
+
+
+def test_no_agent_there_and_the_launcher_goes_over_ssh(tmp_path):
+    cold = tmp_path / "ssh"
+    cold.write_text('#!/bin/sh\necho "cold $*"\n')
+    cold.chmod(0o700)
+    done = launch(tmp_path, "-o", "X=1", "node2", "hydra_pmi_proxy", "--x", cold=str(cold))
+    assert done.stdout == "cold -o X=1 node2 hydra_pmi_proxy --x\n"
+    with pytest.raises(FileNotFoundError):
+        ping(str(tmp_path / forward_name("node2")), 1.0)
+
+
+def test_the_socket_is_private_and_answers(server, tmp_path):
+    assert stat.S_IMODE(os.stat(server.path).st_mode) == 0o600
+    ping(server.path, 5.0)
+
+
+def test_a_launcher_gone_takes_its_daemon_with_it(server, tmp_path):
+    pid_file = tmp_path / "pid"
+    proc = subprocess.Popen(
+        [*helper(tmp_path), "node1", f"sleep 300 & echo $! > {pid_file}; wait"],
+        env={**os.environ, "CLUSTERBOOK_JOB": TOKEN},
+    )
+    try:
+        deadline = time.monotonic() + 10
+        while not pid_file.exists() or not pid_file.read_text().strip():
+            assert time.monotonic() < deadline
+            time.sleep(0.02)
+        sleeper = psutil.Process(int(pid_file.read_text()))
+        proc.kill()
+        proc.wait(10)
+        sleeper.wait(10)  # raises if it outlives its launcher
+    finally:
+        proc.kill()
+        proc.wait(10)
+
+
+def test_closing_the_server_ends_its_daemons_and_removes_the_socket(tmp_path):
+    srv = DaemonServer(str(tmp_path / forward_name("node1")))
+    srv.start()
+    proc = subprocess.Popen(
+        [*helper(tmp_path), "node1", "sleep 300"],
+        env={**os.environ, "CLUSTERBOOK_JOB": TOKEN},
+    )
+    try:
+        deadline = time.monotonic() + 10
+        while not any(p.name() == "sleep" for p in psutil.Process().children(recursive=True)):
+            assert time.monotonic() < deadline
+            time.sleep(0.02)
+        srv.close()
+        assert proc.wait(10) != 0
+        assert not os.path.exists(srv.path)
+        left = [p for p in psutil.Process().children(recursive=True) if p.name() == "sleep"]
+        psutil.wait_procs(left, timeout=5)
+        assert not [p for p in left if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
+    finally:
+        proc.kill()
+        proc.wait(10)
