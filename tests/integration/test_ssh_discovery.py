@@ -5,12 +5,14 @@ a command that fails or prints garbage keeps the hosts the cluster has and says 
 
 from __future__ import annotations
 
+import contextlib
 import re
 import subprocess
 import sys
 import time
 from pathlib import Path
 
+import psutil
 import pytest
 
 import clusterbook as cb
@@ -48,6 +50,18 @@ def wait_for(what: str, check, timeout: float = 60):
     return found
 
 
+def daemon_tags(host) -> list[str]:
+    """The job tag each MPI daemon on ``host`` carries: one the node's agent started carries
+    its job's (a warm launch); one started over a new ssh login, none."""
+    tags = []
+    for pid in host.processes():
+        with contextlib.suppress(psutil.Error):
+            proc = psutil.Process(pid)
+            if proc.name() in ("prted", "hydra_pmi_proxy"):
+                tags.append(proc.environ().get("CLUSTERBOOK_JOB", ""))
+    return tags
+
+
 def started(job: cb.Job, attempt: int) -> int:
     logs = job.logs()
     return int(((logs.attempt == attempt) & (logs.line == "started")).sum())
@@ -83,6 +97,10 @@ def test_discovered_hosts_join_and_leave_a_running_job(
         wait_for("3 nodes", lambda: nodes_of(cluster) == [h1, h2, h3])
         wait_for("the restart on 3 nodes", lambda: job.restarts == 1 and job.np == 3)
         wait_for("its 3 ranks started", lambda: started(job, attempt=2) == 3)
+        # The added host's daemons start through its agent, as the first hosts' do (warm).
+        tags = daemon_tags(testbed.hosts[2])
+        assert tags, "no MPI daemon on node3"
+        assert all(t.startswith(f"{cluster.id}:") for t in tags), tags
 
         listed(hostlist, h1, h3)  # node2 goes: the job relaunches without it
         result = job.wait(timeout=120)

@@ -66,6 +66,7 @@ class Growth:
         more = Bootstrap(
             self._ctx, sessions, (host_node(host, slots),), {host: slots}, asked_python, {}
         )
+        more.warm = boot.warm  # its agent serves MPI's daemons as the others' do
         probing: dict[str, NodeSession] = {}
         try:
             more.connect_and_probe(probing, time.monotonic(), sessions.dial)

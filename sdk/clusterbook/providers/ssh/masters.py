@@ -158,6 +158,7 @@ class ControlMasters:
         with self._lock:
             proc = self._procs.pop(host, None)
             self._hosts = [h for h in self._hosts if h != host]
+            self.daemon_sockets.pop(host, None)  # no agent there to ask any more
         if proc is not None:
             proc.kill()
             proc.wait(timeout=5)

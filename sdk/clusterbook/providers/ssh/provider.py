@@ -332,6 +332,7 @@ class SSHProvider(Provider):
             hostnames = boot.remote.hostnames
             self._reach.open(self._ctx.cluster_id, replace(remote, hostnames=hostnames))
         if self._reach.masters is not None:
+            self._reach.masters.daemon_sockets.update(boot.daemon_sockets)
             self._reach.masters.start(self.connect_timeout, [host])
         self._asked[host] = slots
         self._left.pop(host, None)
