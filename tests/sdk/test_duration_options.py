@@ -355,8 +355,9 @@ def _typeddict_options(name: str) -> set[str]:
     from clusterbook.engines import EngineArgs
     from clusterbook.export.mpijob import MPIJobArgs
     from clusterbook.launch.prepare import JobArgs
+    from clusterbook.resources import Only
 
-    known = {"EngineArgs": EngineArgs, "MPIJobArgs": MPIJobArgs, "JobArgs": JobArgs}
+    known = {"EngineArgs": EngineArgs, "MPIJobArgs": MPIJobArgs, "JobArgs": JobArgs, "Only": Only}
     typed = known.get(name) or getattr(options, name)
     every = set(options.ClusterOptionsArgs.__annotations__)
     found = set()

@@ -44,7 +44,7 @@ from clusterbook.rendezvous.registry import join_url
 from clusterbook.rendezvous.report import NodeReport
 from clusterbook.rendezvous.state import RendezvousState, decode, encode
 from clusterbook.rendezvous.step import WAKE_SLACK
-from clusterbook.resources import ResourceHistory
+from clusterbook.resources import HISTORY_SPAN, ResourceHistory
 from clusterbook.status import NodeStatus
 
 __all__ = ["RendezvousHead", "watch_wait"]
@@ -92,8 +92,10 @@ class RendezvousHead:
         self._observed = 0  # states observed so far
         self._dropped: dict[str, int] = {}  # node -> states observed when the store dropped it
         self._given_up: set[str] = set()  # as last told
-        # Each node's use as its reports said it, one sample per heartbeat.
-        self.history = ResourceHistory(settings.keep_alive_interval)
+        # Each node's use as its reports said it, one sample per heartbeat: the last 10
+        # minutes, or 10 heartbeats where they come further apart.
+        beat = settings.keep_alive_interval
+        self.history = ResourceHistory(beat, max(HISTORY_SPAN, 10 * beat))
         self._server: StoreServer | None = None
         self._watcher: TcpBackend | None = None
         self._writer: TcpBackend | None = None
