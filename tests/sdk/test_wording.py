@@ -94,6 +94,11 @@ PYTHON_ONLY = {
     ("providers/ssh/provider.py", "launch"),
     # the cluster option set_aside=: Python (and profiles) only
     ("launch/setaside.py", "set_aside"),
+    # scale() and adapt() of a Slurm cluster, its bounds and warning: Python (and profiles) only
+    *(("scaling.py", name) for name in ("min_nodes", "max_nodes", "minimum", "maximum")),
+    ("scaling.py", "interval"),
+    ("providers/slurm/batch.py", "signal_before"),
+    ("cluster/resize.py", "restarts"),
     # torchrun's --rdzv-conf keys, spelt as torchrun takes them
     *(("torch/conf.py", name) for name in ("keep_alive_interval", "keep_alive_max_attempt")),
 }
