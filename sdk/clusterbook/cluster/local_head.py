@@ -303,17 +303,17 @@ class LocalHead(NodeCalls, ResourceFrames):
 
     # -- status --------------------------------------------------------------------------
 
-    def snapshot(self) -> ClusterSnapshot:
+    def snapshot(self, *, jobs: bool = True) -> ClusterSnapshot:
         # Not under the lock: the provider's threads ask for snapshots (through subscribers)
         # while start() holds it waiting for them.
-        jobs, state = self._jobs.all(), self._state
+        every, state = self._jobs.all(), self._state
         left = self._services.time_left() if state == "running" else None
         return snapshot_of(
             name=self.name,
             kind=self.kind,
             state=state,
-            nodes=with_running_jobs(self.provider.watch.node_statuses(), jobs),
-            jobs=[job_status(j) for j in jobs],
+            nodes=with_running_jobs(self.provider.watch.node_statuses(), every),
+            jobs=[job_status(j) for j in every] if jobs else [],
             launcher=self._launcher.path if self._launcher else None,
             run_dir=str(self.run_dir),
             uptime=None if self._started is None else time.monotonic() - self._started,
