@@ -36,13 +36,13 @@ from clusterbook.head.state import HeadTerms, HeadTimes
 from clusterbook.launch.flavour import Launcher, find_launcher
 from clusterbook.launch.job import Job
 from clusterbook.launch.jobstatus import job_status, with_running_jobs
-from clusterbook.launch.setaside import Bench, with_aside
+from clusterbook.launch.setaside import Bench
 from clusterbook.lifetime import Lifetime
 from clusterbook.paths import cluster_dir
 from clusterbook.providers.base import Provider, StartContext
 from clusterbook.resources import ResourceFrames
 from clusterbook.spec import NodeSpec, validate_timeout
-from clusterbook.status import ClusterSnapshot, NodeStatus, nodes_frame, snapshot_of
+from clusterbook.status import ClusterSnapshot, nodes_frame, snapshot_of
 from clusterbook.views.progress import NodeWatch, bar, checked
 
 if TYPE_CHECKING:
@@ -319,17 +319,17 @@ class LocalHead(NodeCalls, ResourceFrames):
 
     # -- status --------------------------------------------------------------------------
 
-    def snapshot(self) -> ClusterSnapshot:
+    def snapshot(self, *, jobs: bool = True) -> ClusterSnapshot:
         # Not under the lock: the provider's threads ask for snapshots (through subscribers)
         # while start() holds it waiting for them.
-        jobs, state = self._jobs.all(), self._state
+        every, state = self._jobs.all(), self._state
         left = self._services.time_left() if state == "running" else None
         return snapshot_of(
             name=self.name,
             kind=self.kind,
             state=state,
-            nodes=with_running_jobs(self._node_statuses(), jobs),
-            jobs=[job_status(j) for j in jobs],
+            nodes=with_running_jobs(self._jobs.node_statuses(), every),
+            jobs=[job_status(j) for j in every] if jobs else [],
             launcher=self._launcher.path if self._launcher else None,
             run_dir=str(self.run_dir),
             uptime=None if self._started is None else time.monotonic() - self._started,
@@ -337,9 +337,6 @@ class LocalHead(NodeCalls, ResourceFrames):
             bounds=self.provider.bounds,
             time_left=left,
         )
-
-    def _node_statuses(self) -> list[NodeStatus]:
-        return with_aside(self.provider.watch.node_statuses(), self._jobs.bench.aside())
 
     def _problem(self) -> str | None:
         """What is wrong now: nodes lost for good first (what mpirun and wait_ready say too),

@@ -27,8 +27,9 @@ from clusterbook.launch.nodes import (
     warn_ranks,
 )
 from clusterbook.launch.prepare import JobHooks, JobRequest, diagnose, prepare
-from clusterbook.launch.setaside import Bench, SetAsidePolicy, failed_nodes
+from clusterbook.launch.setaside import Bench, SetAsidePolicy, failed_nodes, with_aside
 from clusterbook.providers.base import Provider, node_source
+from clusterbook.status import NodeStatus
 
 if TYPE_CHECKING:
     from typing_extensions import Unpack
@@ -124,6 +125,10 @@ class LocalJobs:
         """An attempt ended: count its failures; a node set aside is news."""
         if self.bench.note(failed, [n.name for n in self._provider.nodes]):
             self._recorded()
+
+    def node_statuses(self) -> list[NodeStatus]:
+        """The provider's nodes as its watch sees them, those set aside said so."""
+        return with_aside(self._provider.watch.node_statuses(), self.bench.aside())
 
     def reinstate(self, cluster: str, node: str) -> bool:
         """Bring ``node``, set aside for failing, back into jobs now; whether it was aside.

@@ -118,7 +118,7 @@ def record_of(
 ) -> ClusterRecord:
     """The cluster of ``head`` as its record tells other processes (``services``: those that
     run now, if any: its keeper's idle clock, its control server's address)."""
-    snap = head.snapshot()
+    snap = head.snapshot(jobs=False)  # its entries are made below, an ended job's once
     times, terms = head.times, head.terms
     started, program = own_mark()
     return ClusterRecord(

@@ -75,8 +75,10 @@ class HeadState(Protocol):
     @property
     def jobs(self) -> Sequence[Job]: ...
 
-    def snapshot(self) -> ClusterSnapshot:
-        """The cluster now (its record is made of it)."""
+    def snapshot(self, *, jobs: bool = True) -> ClusterSnapshot:
+        """The cluster now (its record is made of it); ``jobs=False`` leaves its jobs'
+        statuses out (the record makes its own entries, and is written at every job's start
+        and end: one status a job, a record, would grow with the session's jobs)."""
         ...
 
     def changed(self, *, record: bool = False) -> None:

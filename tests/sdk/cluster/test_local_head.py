@@ -106,3 +106,19 @@ def test_a_stop_for_a_reason_is_recorded_with_it(make) -> None:
     record = read_record(head.run_dir)
     assert (record.state, record.stop_reason) == ("stopped", "the life span passed")
     assert record.address is None  # the control server is gone with the cluster
+
+
+def test_a_snapshot_without_jobs_still_shows_the_ranks_a_running_job_holds(make) -> None:
+    head = make(FakeProvider(nodes=1, slots=2))
+    head.start()
+    job = head.mpirun(["true"], np=2, env={"FAKE_MPIRUN_SLEEP": "60"})
+    try:
+        full, bare = head.snapshot(), head.snapshot(jobs=False)
+        assert [j.id for j in full.jobs] == [job.id]
+        assert bare.jobs == ()  # what the record asks for: it makes its own entries
+        assert bare.nodes == full.nodes
+        assert [n.ranks for n in bare.nodes] == [(0, 1)]
+        assert [j.state for j in read_record(head.run_dir).jobs] == ["running"]
+    finally:
+        job.cancel()
+        job.wait(30)

@@ -43,7 +43,8 @@ class MadeUpHead:
     jobs: Sequence[Any] = ()
     asked: list[tuple[str, object]] = field(default_factory=list)
 
-    def snapshot(self) -> ClusterSnapshot:
+    def snapshot(self, *, jobs: bool = True) -> ClusterSnapshot:
+        self.asked.append(("snapshot", jobs))
         node = NodeStatus("n0", "localhost", 2, "ready")
         return ClusterSnapshot(self.name, self.kind, self.state, (node,), (), None, "", 1.0)
 
@@ -130,6 +131,8 @@ def test_the_record_is_made_of_the_head_state_alone(head: MadeUpHead) -> None:
     assert (record.life_span, record.retention, record.detached) == (3600.0, 60.0, False)
     assert [n.name for n in record.nodes] == ["n0"]
     assert record.address is None  # no control server before start()
+    # The jobs' statuses are left out of the snapshot: the record makes its own entries.
+    assert head.asked == [("snapshot", False)]
 
 
 def test_the_services_answer_attached_handles_for_the_head_state(head: MadeUpHead) -> None:
