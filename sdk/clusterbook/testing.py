@@ -226,7 +226,9 @@ class FakeProvider(Provider):
     def problem(self) -> str | None:
         return self.problem_text
 
-    def unreachable(self, names: Collection[str], *, lost_only: bool = False) -> dict[str, str]:
+    def unreachable(
+        self, names: Collection[str], *, lost_only: bool = False, ended: bool = False
+    ) -> dict[str, str]:
         return {n: why for n, why in self._lost.items() if n in names}
 
     def resource_history(

@@ -95,7 +95,7 @@ class LocalJobs:
                 name, source, restart=restart, running=self._running, wait=provider.restart_wait
             ),
             on_attempt=lambda _: self._recorded(),
-            lost=lambda nodes: lost_node(nodes, provider.watch.unreachable),
+            lost=lambda nodes: lost_node(nodes, provider.watch.unreachable, ended=True),
             free_port=provider.reach.free_port,
             hold=provider.reach.hold_job,
             ended=lambda plan, result, error: self._ended(

@@ -155,9 +155,12 @@ def nodes_for_attempt(
             time.sleep(0.05)
 
 
-def lost_node(nodes: tuple[NodeSpec, ...], unreachable: Unreachable) -> NodeLostError | None:
-    """The error for the first of ``nodes`` that was lost, if one was."""
-    lost = unreachable([n.name for n in nodes], lost_only=True)
+def lost_node(
+    nodes: tuple[NodeSpec, ...], unreachable: Unreachable, *, ended: bool = False
+) -> NodeLostError | None:
+    """The error for the first of ``nodes`` that was lost, if one was; ``ended``: the work
+    on them ended unexplained, so a node whose agent's connection dropped is lost now."""
+    lost = unreachable([n.name for n in nodes], lost_only=True, ended=ended)
     if not lost:
         return None
     name, why = next(iter(lost.items()))

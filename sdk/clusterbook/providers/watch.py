@@ -30,9 +30,14 @@ class NodeWatch(Protocol):
         """One status per node the cluster knows (pending, ready, joined, lost, left, ...)."""
         ...
 
-    def unreachable(self, names: Collection[str], *, lost_only: bool = False) -> dict[str, str]:
+    def unreachable(
+        self, names: Collection[str], *, lost_only: bool = False, ended: bool = False
+    ) -> dict[str, str]:
         """Of the nodes ``names``, those lost (and, unless ``lost_only``, those not heard from
-        lately), each with a sentence saying so; names it does not know are not among them."""
+        lately), each with a sentence saying so; names it does not know are not among them.
+        ``ended``: the caller's work on them ended unexplained (MPI lost its daemons there):
+        a node whose agent's connection dropped is called lost at once, without the grace
+        that lets a live node's connection come back."""
         ...
 
     def wait_ready(self, timeout: float) -> None:
@@ -76,7 +81,9 @@ class FixedWatch:
             for n in self._nodes()
         ]
 
-    def unreachable(self, names: Collection[str], *, lost_only: bool = False) -> dict[str, str]:
+    def unreachable(
+        self, names: Collection[str], *, lost_only: bool = False, ended: bool = False
+    ) -> dict[str, str]:
         return {}
 
     def wait_ready(self, timeout: float) -> None:
@@ -150,10 +157,12 @@ class AgentWatch:
             for n in self._planned()
         ]
 
-    def unreachable(self, names: Collection[str], *, lost_only: bool = False) -> dict[str, str]:
+    def unreachable(
+        self, names: Collection[str], *, lost_only: bool = False, ended: bool = False
+    ) -> dict[str, str]:
         if self._ended is not None:
             return {}
-        return self.head.unreachable(names, lost_only=lost_only)
+        return self.head.unreachable(names, lost_only=lost_only, ended=ended)
 
     def wait_ready(self, timeout: float) -> None:
         if self._ended is not None:

@@ -375,7 +375,15 @@ class RendezvousHead:
             state, seen, gone = self._state, dict(self._seen), dict(self._gone)
         return node_statuses(state, seen, gone, time.time())
 
-    def unreachable(self, names: Collection[str], *, lost_only: bool = False) -> dict[str, str]:
+    def unreachable(
+        self, names: Collection[str], *, lost_only: bool = False, ended: bool = False
+    ) -> dict[str, str]:
         """Of the nodes ``names``, those lost (and, unless ``lost_only``, those not heard from
-        for over 1.5 heartbeat intervals), each with a sentence saying so."""
+        for over 1.5 heartbeat intervals), each with a sentence saying so. ``ended``: the
+        caller's work on them ended unexplained (MPI lost its daemons there), so a node whose
+        connection dropped is lost now: the grace in which it could come back (a transient
+        drop of a live node) could not save that work, and is not waited for."""
+        server = self._server
+        if ended and server is not None:
+            server.lose_now(names)
         return unreachable(self.node_statuses(), names, self._settings, lost_only=lost_only)

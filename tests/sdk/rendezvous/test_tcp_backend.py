@@ -681,6 +681,29 @@ def test_reconnect_within_the_grace_cancels_it(make_server, make_client) -> None
     assert back.get_state() == (b"base|lost:marker", token + 1)
 
 
+def test_lose_now_calls_a_dropped_node_lost_without_its_grace(make_server, make_client) -> None:
+    # The caller knows the node's work ended (MPI lost its daemon there): a dropped connection
+    # is lost at once; a live one, one gone cleanly and one never seen are left alone.
+    lost = LostLog()
+    server = make_server(on_lost=lost, lost_grace=600.0)
+    live = make_client(server.url, node="live")
+    _, token, _ = live.set_state(b"base")
+    left = make_client(server.url, node="left")
+    left.get_state()
+    left.close()
+    dropped = make_client(server.url, node="dropped")
+    dropped.get_state()
+    drop(dropped)
+    wait_for(lambda: server.connected_nodes == {"live"})
+    assert server.lose_now(["live", "left", "dropped", "unknown"]) == ["dropped"]
+    assert lost.nodes() == ["dropped"]
+    assert live.get_state() == (b"base|lost:dropped", token + 1)
+    # Its grace's end, later, does nothing more; and asking again calls nothing.
+    assert server._protocol.losses_pending == 0
+    assert server.lose_now(["dropped"]) == []
+    assert lost.nodes() == ["dropped"]
+
+
 def test_client_reconnects_on_demand_and_keeps_its_node(make_server, make_client) -> None:
     lost = LostLog()
     server = make_server(on_lost=lost)

@@ -117,7 +117,10 @@ def kill_tagged(
             if when:
                 born[pid] = when
         deadline = time.monotonic() + pause
-        while pause and find() and time.monotonic() < deadline:
+        # The grace is the programs': an MPI daemon that the node's agent started carries
+        # the job's tag too, and Open MPI's spends ~0.25 s on a SIGTERM once its launcher
+        # is gone, which would hold up a relaunch; it gets its SIGKILL with the rest.
+        while pause and _programs(find()) and time.monotonic() < deadline:
             time.sleep(0.05)
     end = time.monotonic() + 1.0  # a SIGKILL takes effect soon, not at once
     while (busy := bool(still_there())) and time.monotonic() < end:
@@ -205,6 +208,11 @@ def stop_jobs(cluster_id: str, grace: float = 1.0) -> list[int]:
 def kill(args: Args) -> Reply:
     grace = float(args.get("grace", 1.0))
     return {"killed": kill_tagged([args["token"]], grace, daemons=True)}
+
+
+def _programs(pids: Iterable[int]) -> list[int]:
+    """Of ``pids``, those not MPI daemons."""
+    return [p for p in pids if process_name(p) not in DAEMONS]
 
 
 def process_name(pid: int) -> str:

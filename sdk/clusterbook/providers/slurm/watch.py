@@ -266,8 +266,10 @@ class JobWatch:
             ]
         return rows + pending
 
-    def unreachable(self, names: Collection[str], *, lost_only: bool = False) -> dict[str, str]:
-        return self.agents.unreachable(names, lost_only=lost_only)
+    def unreachable(
+        self, names: Collection[str], *, lost_only: bool = False, ended: bool = False
+    ) -> dict[str, str]:
+        return self.agents.unreachable(names, lost_only=lost_only, ended=ended)
 
     def resource_history(
         self,

@@ -158,8 +158,10 @@ class LeftWatch:
     def node_statuses(self) -> list[NodeStatus]:
         return self._watch.node_statuses()
 
-    def unreachable(self, names: Collection[str], *, lost_only: bool = False) -> dict[str, str]:
-        found = self._watch.unreachable(names, lost_only=lost_only)
+    def unreachable(
+        self, names: Collection[str], *, lost_only: bool = False, ended: bool = False
+    ) -> dict[str, str]:
+        found = self._watch.unreachable(names, lost_only=lost_only, ended=ended)
         left = self._left()
         return {**{n: left[n] for n in names if n in left}, **found}
 

@@ -90,7 +90,9 @@ class StoreProtocol:
         self.loop: FrameLoop[StoreConnection] | None = None
         self.lock = threading.Lock()  # guards the sessions (read by other threads)
         self.live: dict[str, int] = {}  # node -> its connections now
-        self.losses_pending = 0  # connections lost whose grace has not run out yet
+        # Nodes whose last connection ended without a goodbye and whose grace has not run
+        # out yet, with the generation of that connection.
+        self._pending: dict[str, int] = {}
         self._secret, self._store = secret, store
         self._lost_grace, self._on_lost = lost_grace, on_lost
         # The held requests, by what they wait for: a write wakes only the levels it reaches.
@@ -105,6 +107,23 @@ class StoreProtocol:
     def _loop(self) -> FrameLoop[StoreConnection]:
         assert self.loop is not None
         return self.loop
+
+    @property
+    def losses_pending(self) -> int:
+        """Connections lost whose grace has not run out yet."""
+        with self.lock:
+            return len(self._pending)
+
+    def lose_now(self, node: str) -> bool:
+        """Call ``node`` lost now, on the loop's thread, if its connection ended without a
+        goodbye and has not come back: the caller knows its work there ended (a reconnect
+        within the grace could not save it). False when its grace was not running."""
+        with self.lock:
+            generation = self._pending.get(node)
+        if generation is None:
+            return False
+        self._lost(node, generation)
+        return True
 
     # what the loop calls
 
@@ -335,13 +354,16 @@ class StoreProtocol:
             self.live.pop(node, None)
             generation = self._generation.get(node, 0)
         if not clean and not self._loop().closed and self._on_lost is not None:
-            self.losses_pending += 1
+            with self.lock:
+                self._pending[node] = generation
             self._loop().later(self._lost_grace, self._lost, node, generation)
 
     def _lost(self, node: str, generation: int) -> None:
         assert self._on_lost is not None
-        self.losses_pending -= 1
         with self.lock:
+            if self._pending.get(node) != generation:
+                return  # called lost already (lose_now), or a later loss's grace runs
+            del self._pending[node]
             if node in self.live or self._generation.get(node) != generation:
                 return
         if self._loop().closed or (current := self._store.current()) is None:

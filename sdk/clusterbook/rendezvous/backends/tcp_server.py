@@ -15,7 +15,7 @@ from __future__ import annotations
 import logging
 import socket
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from typing import TYPE_CHECKING
 
 from clusterbook.errors import ClusterStateError, ConfigError
@@ -195,6 +195,25 @@ class StoreServer:
         """Node ids with a live connection now."""
         with self._protocol.lock:
             return frozenset(self._protocol.live)
+
+    def lose_now(self, nodes: Collection[str], *, timeout: float = 5.0) -> list[str]:
+        """Of ``nodes``, call those lost now whose connection ended without a goodbye and has
+        not come back (``on_lost`` runs for each, as once the grace runs out): for a caller who
+        knows their work ended, so that a reconnect within the grace could not save it. A
+        node still connected, or gone cleanly, is left alone. Returns the nodes called lost."""
+        done = threading.Event()
+        lost: list[str] = []
+
+        def run() -> None:
+            try:
+                lost.extend(n for n in nodes if self._protocol.lose_now(n))
+            finally:
+                done.set()
+
+        loop = self._loop
+        if loop is None or not loop.submit(run) or not done.wait(timeout):
+            return []
+        return lost
 
     def local_client(self, *, timeout: float = 5.0) -> TcpBackend:
         """A client of this store for this very process (the head's own): its connection is

@@ -6,6 +6,7 @@ import os
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 from clusterbook.nodes.tasks.procs import kill_tagged, tagged
 
@@ -24,3 +25,46 @@ def test_tagged_matches_whole_tokens_unless_asked_for_a_prefix():
     finally:
         proc.kill()
         proc.wait()
+
+
+# A stand-in for an MPI daemon that the node's agent started (tagged with the job): named
+# prted, it takes its time over a SIGTERM, and says so in a file if it ever finishes one.
+_SLOW_DAEMON = """
+import ctypes, signal, sys, time
+ctypes.CDLL(None).prctl(15, b"prted", 0, 0, 0)  # PR_SET_NAME: the name ps and /proc show
+
+def term(*_):
+    time.sleep(20)
+    open(sys.argv[1], "w").write("done")
+    sys.exit(0)
+
+signal.signal(signal.SIGTERM, term)
+print("ready", flush=True)
+time.sleep(600)
+"""
+
+
+def test_a_tagged_mpi_daemon_gets_its_sigkill_once_the_programs_are_gone(tmp_path):
+    # The grace is for the programs: a daemon slow to end on SIGTERM (Open MPI's prted once
+    # its launcher is gone) must not hold up the job's end, and a relaunch after it.
+    env = {**os.environ, "CLUSTERBOOK_JOB": "c1:daemon"}
+    finished = tmp_path / "finished"
+    daemon = subprocess.Popen(
+        [sys.executable, "-c", _SLOW_DAEMON, str(finished)], env=env, stdout=subprocess.PIPE
+    )
+    program = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"], env=env)
+    try:
+        assert daemon.stdout is not None
+        assert daemon.stdout.readline() == b"ready\n"
+        assert Path(f"/proc/{daemon.pid}/comm").read_text().strip() == "prted"
+        killed = kill_tagged(["c1:daemon"], 60.0)
+        assert sorted(killed) == sorted([daemon.pid, program.pid])
+        assert daemon.wait(timeout=5) == -9  # killed in its SIGTERM handler, not waited for
+        assert not finished.exists()
+        assert program.wait(timeout=5) == -15
+    finally:
+        for proc in (daemon, program):
+            proc.kill()
+            proc.wait()
+        if daemon.stdout is not None:
+            daemon.stdout.close()
