@@ -69,3 +69,15 @@ def test_repo2docker_renders_the_binder_image(tmp_path: Path) -> None:
     assert apt is not None, out[-3000:]
     assert sorted(apt.group(1).split()) == ["openssh-client", "openssh-server"]
     assert apt.start() < copy
+
+
+def test_the_binder_image_has_the_node_that_builds_the_jupyterlab_extension() -> None:
+    # pip builds this repository's wheel, whose hook (hatch_build.py) builds the JupyterLab
+    # extension with Node.js and npm: repo2docker's notebook environment brings Node.js, on
+    # the PATH of binder/requirements.txt's pip.
+    import repo2docker
+
+    lock = Path(repo2docker.__file__).parent / "buildpacks/conda/environment.py-3.11-linux-64.lock"
+    found = re.search(r"/nodejs-(\d+)\.[\d.]+-", lock.read_text())
+    assert found is not None, f"repo2docker's Python 3.11 environment has no Node.js ({lock})"
+    assert int(found.group(1)) >= 18  # what JupyterLab 4's extension build needs
