@@ -336,3 +336,25 @@ def test_a_detached_local_cluster_whose_head_was_paused_starts_its_agents_again(
     finally:
         cluster.stop()
     assert not wait_gone(str(tmp_path / "r"), 10)
+
+
+def test_a_detached_cluster_whose_nodes_cannot_change_refuses_scale_from_its_supervisor(
+    openmpi_python, capsys
+):
+    from clusterbook.cli.main import main
+
+    cluster = cb.Cluster.local(1, 1, python=openmpi_python, detached=True)
+    try:
+        cluster.start()
+        attached = cb.Cluster.attach(cluster.id)
+        # Asked of the supervisor (not refused here as "in its supervisor only"): it names
+        # the kind and what grows.
+        with pytest.raises(cb.ConfigError, match=r"a local cluster's nodes are what it started"):
+            attached.scale(2)
+        with pytest.raises(cb.ConfigError, match=r"cluster\.adapt\(\) grows and shrinks Slurm"):
+            cluster.adapt(1, 2)
+        assert main(["scale", cluster.id, "2"]) != 0
+        assert "Cluster.slurm" in capsys.readouterr().err
+        assert cluster.status()["state"].tolist() == ["joined"]  # it keeps what it has
+    finally:
+        cluster.stop()

@@ -249,3 +249,36 @@ def test_the_time_limit_warning_reaches_a_rank_that_checkpoints_and_the_requeue_
     assert sorted(second.line) == sorted(f"resumed at step {saved[r]} restart 1" for r in range(2))
     [allocation] = cluster._provider.allocations()
     assert allocation.first
+
+
+def test_a_detached_slurm_cluster_scales_from_an_attached_handle_and_from_the_cli(
+    slurm, openmpi_python, tmp_path, capsys
+):
+    from clusterbook.cli.main import main
+
+    cluster = cb.Cluster.slurm(
+        python=openmpi_python,
+        run_dir=tmp_path / "r",
+        nodes=1,
+        max_nodes=2,
+        time="10m",
+        detached=True,
+    )
+    try:
+        cluster.start()
+        cluster.wait_ready(timeout=60)
+        attached = cb.Cluster.attach(cluster.id)
+        with pytest.raises(cb.ConfigError, match=r"scale\(3\) asks for 3 node\(s\), more than"):
+            attached.scale(3)
+        attached.scale(2)  # the supervisor submits the second batch job
+        eventually(lambda: len(slurm.active_jobs()) == 2, 30, slurm.active_jobs)
+        cluster.wait_ready(timeout=60)
+        eventually(lambda: len(joined(cluster)) == 2, 60, cluster.status)
+        assert main(["scale", cluster.id, "1"]) == 0
+        assert f"Cluster {cluster.id} scales to 1 node(s)." in capsys.readouterr().out
+        eventually(lambda: len(slurm.active_jobs()) == 1, 30, slurm.active_jobs)
+        eventually(lambda: len(joined(cluster)) == 1, 60, cluster.status)
+        assert main(["adapt", cluster.id, "2", "1"]) != 0
+        assert "minimum must be at most maximum" in capsys.readouterr().err
+    finally:
+        cluster.stop()

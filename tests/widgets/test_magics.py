@@ -434,6 +434,18 @@ def test_cluster_local_status_stop(ip, magics: ClusterMagics) -> None:  # type: 
     )
 
 
+def test_cluster_scale_asks_the_notebooks_cluster(ip, magics: ClusterMagics) -> None:  # type: ignore[no-untyped-def]
+    with pytest.raises(cb.ClusterStateError, match=r"No cluster to scale: start one"):
+        ip.run_line_magic("cluster", "scale 2")
+    with capture_output():
+        ip.run_line_magic("cluster", "local --workers 1 --slots 1")
+    # A local cluster's nodes do not change: its Resizer says so, and what grows.
+    with pytest.raises(cb.ConfigError, match=r"cluster\.scale\(\) grows and shrinks Slurm"):
+        ip.run_line_magic("cluster", "scale 2")
+    assert magics.cluster is not None
+    assert magics.cluster.state == "running"
+
+
 @pytest.mark.parametrize(
     ("line", "said"),
     [
@@ -441,6 +453,8 @@ def test_cluster_local_status_stop(ip, magics: ClusterMagics) -> None:  # type: 
         ("launch", "invalid choice: 'launch'"),
         ("local --workers 0", "--workers must be >= 1"),
         ("ssh", "HOST[:SLOTS]"),
+        ("scale 0", "N must be >= 1"),
+        ("scale", "N"),
     ],
 )
 def test_bad_cluster_arguments_raise_a_usage_error(

@@ -299,11 +299,18 @@ def _cluster_parser() -> _Parser:
         help="trust hosts not yet in known_hosts on first use (a changed key is still refused)",
     )
     _add_profile(sub)
+    _add_current(sub)
+    return p
+
+
+def _add_current(sub: argparse._SubParsersAction[_Parser]) -> None:
+    """The commands about a cluster that runs: attach, status, scale, stop."""
     attach = sub.add_parser("attach", help="a cluster another kernel or process runs")
     attach.add_argument("id", metavar="ID", help="its id (clusterbook ls), name or directory")
     sub.add_parser("status", help="show the cluster's nodes")
+    scale = sub.add_parser("scale", help="grow or shrink the Slurm cluster to N nodes")
+    scale.add_argument("nodes", type=_count("N"), metavar="N", help="the number of nodes")
     sub.add_parser("stop", help="stop the cluster and every process of it")
-    return p
 
 
 def _add_profile(sub: argparse._SubParsersAction[_Parser]) -> None:

@@ -125,7 +125,8 @@ class ClusterMagics(Magics):
         :meth:`clusterbook.Cluster.from_environment`), ``%cluster profile NAME`` (the cluster
         of a profile: :meth:`clusterbook.Cluster.from_profile`), ``%cluster attach ID`` (a cluster
         another kernel or process runs: shown with its newest job's output),
-        ``%cluster status``, ``%cluster stop``. Bad arguments raise IPython's ``UsageError``;
+        ``%cluster status``, ``%cluster scale N`` (a Slurm cluster: ``Cluster.scale``),
+        ``%cluster stop``. Bad arguments raise IPython's ``UsageError``;
         a cluster that cannot be made, started or reached raises its ``ClusterError``.
         """
         try:
@@ -185,8 +186,16 @@ class ClusterMagics(Magics):
             self._attach(args.id)
         elif args.command == "status":
             self._status()
+        elif args.command == "scale":
+            self._scale(args.nodes)
         else:
             self._stop()
+
+    def _scale(self, nodes: int) -> None:
+        if self.cluster is None:
+            raise ClusterStateError("No cluster to scale: start one first (%cluster slurm).")
+        self.cluster.scale(nodes)
+        print(f"Scaling {self.cluster.name!r} to {nodes} node(s): %cluster status shows them.")
 
     def _attach(self, what: str) -> None:
         cluster = cb.Cluster.attach(what)

@@ -1,7 +1,8 @@
 """The ``clusterbook`` commands about clusters that run (or ran) elsewhere: ``ls``, ``status``,
-``logs``, ``exec``, ``stop`` and ``prune``. They read the clusters' directories and ask their
-heads (see :mod:`clusterbook.cluster.remote.attached`): on this machine, or on another one over ssh
-(``ssh://user@host/ID``, ``ls --host user@host``; see :mod:`clusterbook.cluster.remote.sshdir`)."""
+``logs``, ``scale``, ``adapt``, ``exec``, ``stop`` and ``prune``. They read the clusters'
+directories and ask their heads (see :mod:`clusterbook.cluster.remote.attached`): on this
+machine, or on another one over ssh (``ssh://user@host/ID``, ``ls --host user@host``; see
+:mod:`clusterbook.cluster.remote.sshdir`)."""
 
 from __future__ import annotations
 
@@ -71,6 +72,8 @@ def add_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> No
     )
     stop.set_defaults(func=_stop)
 
+    _add_resize(sub)
+
     run_there = sub.add_parser(
         "exec",
         help="run a command on every node of a cluster",
@@ -96,6 +99,39 @@ def add_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> No
         "--dry-run", action="store_true", help="print what would be removed; remove nothing"
     )
     prune.set_defaults(func=_prune)
+
+
+def _add_resize(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """``scale`` and ``adapt``: asked of a Slurm cluster's head (its supervisor)."""
+    scale = sub.add_parser(
+        "scale",
+        help="grow or shrink a Slurm cluster",
+        description="Grow or shrink Slurm cluster ID to N nodes (within its min_nodes and "
+        "max_nodes): its head submits or cancels batch jobs of one node, and ends an adapt.",
+    )
+    _cluster_arg(scale)
+    scale.add_argument("nodes", type=int, metavar="N", help="the number of nodes")
+    scale.set_defaults(func=_scale)
+
+    adapt = sub.add_parser(
+        "adapt",
+        help="let a Slurm cluster grow and shrink with its jobs",
+        description="Have the head of Slurm cluster ID grow it while its jobs' ranks "
+        "outnumber its slots and let go of nodes idle for --grace, between MIN and MAX "
+        "nodes, looking every --interval; until a scale, another adapt or its stop.",
+    )
+    _cluster_arg(adapt)
+    adapt.add_argument("minimum", type=int, metavar="MIN", help="the fewest nodes")
+    adapt.add_argument("maximum", type=int, metavar="MAX", help="the most nodes")
+    for option, default in (("--interval", 30.0), ("--grace", 60.0)):
+        adapt.add_argument(
+            option,
+            type=duration_arg(option),
+            default=default,
+            metavar="D",
+            help=f"default {default:g}s (seconds or text like 90s, 2m)",
+        )
+    adapt.set_defaults(func=_adapt)
 
 
 def _timeout_option(parser: argparse.ArgumentParser, default: float, what: str) -> None:
@@ -265,6 +301,20 @@ def _stop(args: argparse.Namespace) -> int:
         cluster.stop(timeout=args.timeout, force=args.force)
         reason = cluster.record.stop_reason or "stopped"
         print(f"Cluster {cluster.id} stopped ({reason}).")
+    return 0
+
+
+def _scale(args: argparse.Namespace) -> int:
+    with _attach(args) as cluster:
+        cluster.scale(args.nodes)
+        print(f"Cluster {cluster.id} scales to {args.nodes} node(s).")
+    return 0
+
+
+def _adapt(args: argparse.Namespace) -> int:
+    with _attach(args) as cluster:
+        cluster.adapt(args.minimum, args.maximum, interval=args.interval, grace=args.grace)
+        print(f"Cluster {cluster.id} adapts between {args.minimum} and {args.maximum} nodes.")
     return 0
 
 

@@ -19,9 +19,10 @@ from clusterbook.cluster import display
 from clusterbook.cluster.kinds import ClusterKinds
 from clusterbook.cluster.local_head import LocalHead
 from clusterbook.cluster.options import ClusterOptions, split_spec
-from clusterbook.cluster.resize import Resizer, Resizing
+from clusterbook.cluster.resize import Resizing
 from clusterbook.durations import Duration
 from clusterbook.functions.methods import FunctionMethods, SweepMethods
+from clusterbook.head.state import Resizes
 from clusterbook.paths import default_run_root
 from clusterbook.providers.base import Provider
 from clusterbook.resources import ResourceFrames
@@ -67,8 +68,8 @@ class Cluster(ClusterKinds, FunctionMethods, SweepMethods, ResourceFrames, Resiz
         self._provider, self._options = local.provider, local.options
         self.kind, self.name, self.python = local.kind, local.name, local.python
 
-    def _resizer(self, what: str) -> Resizer:
-        return self._local.resizer(what)
+    def _resizer(self, what: str) -> Resizes:
+        return self._head  # the local head, or a detached cluster's handle on its supervisor
 
     @classmethod
     def from_spec(cls, spec: Mapping[str, Any]) -> Self:

@@ -137,6 +137,11 @@ class ClusterHandle(Protocol):
         self, directory: str | os.PathLike[str], *, progress: bool | None = None
     ) -> list[Path]: ...
 
+    def scale(self, nodes: int) -> None: ...
+    def adapt(
+        self, minimum: int, maximum: int, *, interval: Duration = "30s", grace: Duration = "1m"
+    ) -> None: ...
+
     def run_on_nodes(
         self,
         argv: Sequence[str],

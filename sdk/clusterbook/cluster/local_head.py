@@ -25,7 +25,7 @@ from clusterbook.cluster import display
 from clusterbook.cluster.local_jobs import LocalJobs
 from clusterbook.cluster.on_nodes import NodeCalls
 from clusterbook.cluster.options import ClusterOptions
-from clusterbook.cluster.resize import Resizer
+from clusterbook.cluster.resize import Resizer, Resizing
 from clusterbook.durations import Duration
 from clusterbook.errors import ClusterStateError, ConfigError
 from clusterbook.events import Stoppers, Subscribers
@@ -61,7 +61,7 @@ _UP = ("ready", "joined", "running")
 _log = logging.getLogger("clusterbook.cluster.facade")
 
 
-class LocalHead(NodeCalls, ResourceFrames):
+class LocalHead(NodeCalls, ResourceFrames, Resizing):
     """A cluster run by this process (see the module's docstring). ``spec`` is what a detached
     cluster's supervisor makes it again from; ``supervised``: this process is that supervisor."""
 
@@ -270,7 +270,7 @@ class LocalHead(NodeCalls, ResourceFrames):
         with self._watch.showing(bar(progress, "waiting for nodes", total, "node")):
             self.provider.watch.wait_ready(limit)
 
-    def resizer(self, what: str) -> Resizer:
+    def _resizer(self, what: str) -> Resizer:
         """What ``Cluster.scale`` and ``Cluster.adapt`` act through, once the cluster runs
         here (:mod:`clusterbook.cluster.resize`)."""
         self._require_running(what, here=True)

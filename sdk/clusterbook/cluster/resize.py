@@ -16,6 +16,7 @@ from collections.abc import Callable, Sequence
 
 from clusterbook.durations import Duration
 from clusterbook.errors import ClusterError, ClusterStateError, ConfigError
+from clusterbook.head.state import Resizes
 from clusterbook.launch.job import Job
 from clusterbook.providers.base import Provider, Scaler
 from clusterbook.scaling import (
@@ -111,7 +112,7 @@ class Resizer:
                 scaler.grow(plan.submit)
 
     def adapt(
-        self, minimum: int, maximum: int, interval: Duration = "30s", grace: Duration = "1m"
+        self, minimum: int, maximum: int, *, interval: Duration = "30s", grace: Duration = "1m"
     ) -> None:
         """Grow and shrink between ``minimum`` and ``maximum`` (see ``Cluster.adapt``)."""
         _, bounds = self._scaler("adapt")
@@ -163,10 +164,12 @@ class Resizer:
 
 
 class Resizing:
-    """``Cluster.scale`` and ``Cluster.adapt``, on the cluster's local head."""
+    """``Cluster.scale`` and ``Cluster.adapt``: on the cluster's local head, or asked of the
+    supervisor of a detached one."""
 
-    def _resizer(self, what: str) -> Resizer:
-        """The cluster's :class:`Resizer`, once it runs here."""
+    def _resizer(self, what: str) -> Resizes:
+        """The cluster's :class:`Resizer` once it runs here; a detached cluster's handle on
+        its supervisor."""
         raise NotImplementedError
 
     def scale(self, nodes: int) -> None:
@@ -180,4 +183,4 @@ class Resizing:
     ) -> None:
         """Let a Slurm cluster grow while its jobs' ranks outnumber its slots and let go of
         nodes idle for ``grace``, looking every ``interval`` (see :meth:`scale`)."""
-        self._resizer("adapt").adapt(minimum, maximum, interval, grace)
+        self._resizer("adapt").adapt(minimum, maximum, interval=interval, grace=grace)

@@ -36,6 +36,8 @@ Requests and replies (JSON objects)::
     {"op": "gather", "directory": D}                                 -> {"paths": [...]}
     {"op": "run_on_nodes", "argv": [...], "timeout": S, "nodes": [...]|null} -> {"rows": [...]}
     {"op": "resource_history", "window": S|null}  -> {"interval": S, "nodes": {...}}
+    {"op": "scale", "nodes": N}                                      -> {}
+    {"op": "adapt", "minimum": N, "maximum": M, "interval": D, "grace": D} -> {}
 
 A request that fails with a :class:`~clusterbook.errors.ClusterError` answers
 ``{"error": {"type": NAME, "message": TEXT}}``; the client raises the same type again.

@@ -272,6 +272,17 @@ def _handlers(head: HeadState) -> dict[str, Handler]:
         window, nodes, points = request.get("window"), request.get("nodes"), request.get("points")
         return head.resource_history(window, nodes=nodes, points=points)
 
+    def scale(request: Mapping[str, Any]) -> Mapping[str, Any]:
+        head.scale(request.get("nodes"))  # type: ignore[arg-type]
+        head.changed(record=True)  # the pending rows, before the asker reads the record
+        return {}
+
+    def adapt(request: Mapping[str, Any]) -> Mapping[str, Any]:
+        minimum, maximum = request.get("minimum"), request.get("maximum")
+        interval, grace = request.get("interval", "30s"), request.get("grace", "1m")
+        head.adapt(minimum, maximum, interval=interval, grace=grace)  # type: ignore[arg-type]
+        return {}
+
     return {
         "mpirun": mpirun,
         "cancel": cancel,
@@ -283,6 +294,8 @@ def _handlers(head: HeadState) -> dict[str, Handler]:
         "gather": gather,
         "run_on_nodes": run_on_nodes,
         "resource_history": resource_history,
+        "scale": scale,
+        "adapt": adapt,
     }
 
 

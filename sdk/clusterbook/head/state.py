@@ -21,12 +21,13 @@ from clusterbook.lifetime import Lifetime
 if TYPE_CHECKING:
     from typing_extensions import Unpack
 
+    from clusterbook.durations import Duration
     from clusterbook.launch.job import Job
     from clusterbook.launch.prepare import JobArgs
     from clusterbook.nodes.commands import NodeRun
     from clusterbook.status import ClusterSnapshot
 
-__all__ = ["HeadState", "HeadTerms", "HeadTimes"]
+__all__ = ["HeadState", "HeadTerms", "HeadTimes", "Resizes"]
 
 
 @dataclass
@@ -133,3 +134,24 @@ class HeadState(Protocol):
         timeout: float = 60.0,
         nodes: str | Collection[str] | None = None,
     ) -> list[NodeRun]: ...
+
+    def scale(self, nodes: int) -> None:
+        """``Cluster.scale`` (a kind whose nodes cannot change refuses it: ConfigError)."""
+        ...
+
+    def adapt(
+        self, minimum: int, maximum: int, *, interval: Duration = "30s", grace: Duration = "1m"
+    ) -> None:
+        """``Cluster.adapt``."""
+        ...
+
+
+class Resizes(Protocol):
+    """``Cluster.scale`` and ``Cluster.adapt`` (:class:`clusterbook.cluster.resize.Resizer`;
+    an attached handle asks its head)."""
+
+    def scale(self, nodes: int) -> None: ...
+
+    def adapt(
+        self, minimum: int, maximum: int, *, interval: Duration = "30s", grace: Duration = "1m"
+    ) -> None: ...

@@ -227,6 +227,18 @@ class AttachedCluster(AttachedNodeCalls, FunctionMethods, ResourceFrames):
         answer = self._call("mpirun", argv=list(argv), np=np, job=args)
         return self._saved(answer["id"], answer["directory"])
 
+    def scale(self, nodes: int) -> None:
+        """Grow or shrink the cluster to ``nodes``, as ``Cluster.scale`` does; its head acts
+        (a kind whose nodes cannot change, or a bad value, is refused there)."""
+        self._call("scale", nodes=nodes)
+
+    def adapt(
+        self, minimum: int, maximum: int, *, interval: Duration = "30s", grace: Duration = "1m"
+    ) -> None:
+        """Have the head grow and shrink the cluster, as ``Cluster.adapt`` does; it adapts
+        until a ``scale()``, another ``adapt()`` or the cluster's stop."""
+        self._call("adapt", minimum=minimum, maximum=maximum, interval=interval, grace=grace)
+
     def call_place(self) -> CallPlace:
         """Where function jobs keep their calls: the head's run directory, here or through
         the ssh connection (:mod:`clusterbook.functions.place`)."""
