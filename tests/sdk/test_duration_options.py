@@ -26,6 +26,7 @@ import pytest
 import clusterbook as cb
 from clusterbook.cluster.options import ClusterOptions
 from clusterbook.cluster.remote.attached import AttachedCluster
+from clusterbook.durations import duration
 from clusterbook.engines import start_engines
 from clusterbook.export.mpijob import render_mpijob
 from clusterbook.launch.prepare import JobRequest
@@ -193,6 +194,10 @@ CASES: dict[str, Case] = {
     ),
     "SlurmArgs.poll_interval": Case(LONG, lambda v, e: _slurm(poll_interval=v).follow.poll),
     "Cluster.adapt.interval": Case(LONG, lambda v, e: Adapt.make(1, 1, v, 60, (1, 1)).interval),
+    # An attached handle sends it in seconds (duration()), which the head's Adapt.make takes.
+    "AttachedCluster.adapt.interval": Case(
+        LONG, lambda v, e: Adapt.make(1, 1, duration(v, "interval"), 60, (1, 1)).interval
+    ),
     # Slurm's own --time: text without a unit is Slurm's minutes, as sbatch reads it.
     "Cluster.slurm.time": Case(
         LONG,

@@ -243,6 +243,37 @@ def _handlers(head: HeadState) -> dict[str, Handler]:
         head.reinstate(str(request.get("node")))
         return {}
 
+    def resource_history(request: Mapping[str, Any]) -> Mapping[str, Any]:
+        window, nodes, points = request.get("window"), request.get("nodes"), request.get("points")
+        return head.resource_history(window, nodes=nodes, points=points)
+
+    def scale(request: Mapping[str, Any]) -> Mapping[str, Any]:
+        head.scale(request.get("nodes"))  # type: ignore[arg-type]
+        head.changed(record=True)  # the pending rows, before the asker reads the record
+        return {}
+
+    def adapt(request: Mapping[str, Any]) -> Mapping[str, Any]:
+        minimum, maximum = request.get("minimum"), request.get("maximum")
+        interval, grace = request.get("interval", "30s"), request.get("grace", "1m")
+        head.adapt(minimum, maximum, interval=interval, grace=grace)  # type: ignore[arg-type]
+        return {}
+
+    return {
+        "mpirun": mpirun,
+        "cancel": cancel,
+        "stop": stop,
+        "wait_ready": wait_ready,
+        "reinstate": reinstate,
+        **_node_handlers(head),
+        "resource_history": resource_history,
+        "scale": scale,
+        "adapt": adapt,
+    }
+
+
+def _node_handlers(head: HeadState) -> dict[str, Handler]:
+    """The requests that put, write, gather and run on the nodes."""
+
     def put(request: Mapping[str, Any]) -> Mapping[str, Any]:
         head.put(*request.get("paths", ()), progress=False, dest=request.get("dest"))
         return {}
@@ -268,35 +299,7 @@ def _handlers(head: HeadState) -> dict[str, Handler]:
         runs = head.node_runs(argv, timeout, request.get("nodes"))  # type: ignore[arg-type]
         return {"rows": [asdict(r) for r in runs]}
 
-    def resource_history(request: Mapping[str, Any]) -> Mapping[str, Any]:
-        window, nodes, points = request.get("window"), request.get("nodes"), request.get("points")
-        return head.resource_history(window, nodes=nodes, points=points)
-
-    def scale(request: Mapping[str, Any]) -> Mapping[str, Any]:
-        head.scale(request.get("nodes"))  # type: ignore[arg-type]
-        head.changed(record=True)  # the pending rows, before the asker reads the record
-        return {}
-
-    def adapt(request: Mapping[str, Any]) -> Mapping[str, Any]:
-        minimum, maximum = request.get("minimum"), request.get("maximum")
-        interval, grace = request.get("interval", "30s"), request.get("grace", "1m")
-        head.adapt(minimum, maximum, interval=interval, grace=grace)  # type: ignore[arg-type]
-        return {}
-
-    return {
-        "mpirun": mpirun,
-        "cancel": cancel,
-        "stop": stop,
-        "wait_ready": wait_ready,
-        "reinstate": reinstate,
-        "put": put,
-        "write": write,
-        "gather": gather,
-        "run_on_nodes": run_on_nodes,
-        "resource_history": resource_history,
-        "scale": scale,
-        "adapt": adapt,
-    }
+    return {"put": put, "write": write, "gather": gather, "run_on_nodes": run_on_nodes}
 
 
 def _job_id(head: HeadState, job_id: object) -> str:

@@ -26,9 +26,11 @@ class AskedProvider(FakeProvider):
         super().__init__(**kwargs)  # type: ignore[arg-type]
         self.asked = 0
 
-    def unreachable(self, names: Sequence[str], *, lost_only: bool = False) -> dict[str, str]:
+    def unreachable(
+        self, names: Sequence[str], *, lost_only: bool = False, ended: bool = False
+    ) -> dict[str, str]:
         self.asked += 1
-        return super().unreachable(names, lost_only=lost_only)
+        return super().unreachable(names, lost_only=lost_only, ended=ended)
 
 
 @pytest.fixture

@@ -237,7 +237,9 @@ class AttachedCluster(AttachedNodeCalls, FunctionMethods, ResourceFrames):
     ) -> None:
         """Have the head grow and shrink the cluster, as ``Cluster.adapt`` does; it adapts
         until a ``scale()``, another ``adapt()`` or the cluster's stop."""
-        self._call("adapt", minimum=minimum, maximum=maximum, interval=interval, grace=grace)
+        # In seconds: a timedelta does not travel as JSON (and a bad one is named here).
+        looks, grace_s = duration(interval, "interval"), duration(grace, "grace")
+        self._call("adapt", minimum=minimum, maximum=maximum, interval=looks, grace=grace_s)
 
     def call_place(self) -> CallPlace:
         """Where function jobs keep their calls: the head's run directory, here or through
