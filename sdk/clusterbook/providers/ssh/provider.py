@@ -12,6 +12,7 @@ rendezvous head, which watches them (:class:`~clusterbook.providers.watch.AgentW
 
 from __future__ import annotations
 
+import logging
 import os
 import time
 import warnings
@@ -50,6 +51,8 @@ from clusterbook.ssh.paramiko_transport import Tunnels
 from clusterbook.ssh.target import Target
 
 __all__ = ["SSHProvider"]
+
+_log = logging.getLogger("clusterbook.providers.ssh")
 
 
 class SSHProvider(Provider):
@@ -219,6 +222,12 @@ class SSHProvider(Provider):
         failed = masters.start(self.connect_timeout)
         if failed:
             warn_cold(failed, stacklevel=4)
+        # A host whose sshd does not forward to its agent's socket (a restricted key, a
+        # worker's sshd without forwarding) launches over its master from the start: said
+        # once in the log, never warned at each job as a path that stopped working is.
+        for host, why in masters.unanswered(skip=failed).items():
+            masters.daemon_sockets.pop(host, None)
+            _log.info("MPI's daemons on %s start over its master connection: %s", host, why)
         args = (*masters.options(), *remote.ssh_args)
         wrapper = head_dir / "ssh-warm"
         fd = os.open(wrapper, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o700)
