@@ -26,7 +26,7 @@ from typing import Any
 
 import pytest
 
-from tests.conftest import require
+from tests.conftest import require, wait_gone
 
 CHROMIUM = "/usr/bin/chromium"
 REPO = Path(__file__).resolve().parents[2]
@@ -188,3 +188,43 @@ def run_all(page: Any) -> None:
     """Run > Run All Cells, from the menu bar."""
     page.locator(".lm-MenuBar-itemLabel", has_text=re.compile(r"^Run$")).click()
     page.locator(".lm-Menu-itemLabel", has_text=re.compile(r"^Run All Cells$")).click()
+
+
+def write_notebook(path: Path, cells: list[str]) -> None:
+    """A notebook of code ``cells`` (their source), not run, for the Python 3 kernel."""
+    made = [
+        {"cell_type": "code", "id": f"c{i}", "metadata": {}, "source": source, "outputs": []}
+        | {"execution_count": None}
+        for i, source in enumerate(cells)
+    ]
+    kernelspec = {"display_name": "Python 3 (ipykernel)", "language": "python", "name": "python3"}
+    nb = {
+        "cells": made,
+        "metadata": {"kernelspec": kernelspec, "language_info": {"name": "python"}},
+        "nbformat": 4,
+        "nbformat_minor": 5,
+    }
+    path.write_text(json.dumps(nb, indent=1))
+
+
+@contextlib.contextmanager
+def lab_on(tmp_path: Path, notebook: str, cells: list[str]) -> Iterator[Lab]:
+    """JupyterLab on a notebook ``notebook`` of ``cells``, in a home of its own under
+    ``tmp_path``; no process of it left after (checked)."""
+    require_browser()
+    home, root = tmp_path / "home", tmp_path / "lab"
+    home.mkdir()
+    root.mkdir()
+    write_notebook(root / notebook, cells)
+    quiet_home(home)
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("JUPYTER", "XDG_"))}
+    env.pop("CLUSTERBOOK_RUN_ROOT", None)
+    env |= {"HOME": str(home), "PYTHONNOUSERSITE": "1"}
+    try:
+        with serve(root, env, tmp_path / "jupyterlab.log", allow_root=True) as lab:
+            yield lab
+    finally:
+        left = wait_gone(str(tmp_path), timeout=10)
+        for p in left:
+            p.kill()
+    assert not left, f"processes left after the test: {[p.info['cmdline'] for p in left]}"

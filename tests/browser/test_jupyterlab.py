@@ -11,8 +11,6 @@ browser are stopped at teardown, and no process of theirs may be left, even if t
 
 from __future__ import annotations
 
-import json
-import os
 import re
 from collections.abc import Iterator
 from pathlib import Path
@@ -24,14 +22,11 @@ from tests.browser.lab import (
     WAIT,
     Lab,
     chromium_page,
+    lab_on,
     open_notebook,
-    quiet_home,
-    require_browser,
     run_all,
     screenshot,
-    serve,
 )
-from tests.conftest import wait_gone
 
 pytestmark = [pytest.mark.browser, pytest.mark.mpi]
 
@@ -49,42 +44,11 @@ CELLS = [
 ]
 
 
-def _write_notebook(path: Path) -> None:
-    cells = [
-        {"cell_type": "code", "id": f"c{i}", "metadata": {}, "source": source, "outputs": []}
-        | {"execution_count": None}
-        for i, source in enumerate(CELLS)
-    ]
-    kernelspec = {"display_name": "Python 3 (ipykernel)", "language": "python", "name": "python3"}
-    nb = {
-        "cells": cells,
-        "metadata": {"kernelspec": kernelspec, "language_info": {"name": "python"}},
-        "nbformat": 4,
-        "nbformat_minor": 5,
-    }
-    path.write_text(json.dumps(nb, indent=1))
-
-
 @pytest.fixture
 def lab(tmp_path: Path) -> Iterator[Lab]:
     """JupyterLab on a notebook of CELLS, in a home of its own under ``tmp_path``."""
-    require_browser()
-    home, root = tmp_path / "home", tmp_path / "lab"
-    home.mkdir()
-    root.mkdir()
-    _write_notebook(root / "cluster.ipynb")
-    quiet_home(home)
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("JUPYTER", "XDG_"))}
-    env.pop("CLUSTERBOOK_RUN_ROOT", None)
-    env |= {"HOME": str(home), "PYTHONNOUSERSITE": "1"}
-    try:
-        with serve(root, env, tmp_path / "jupyterlab.log", allow_root=True) as lab:
-            yield lab
-    finally:
-        left = wait_gone(str(tmp_path), timeout=10)
-        for p in left:
-            p.kill()
-    assert not left, f"processes left after the test: {[p.info['cmdline'] for p in left]}"
+    with lab_on(tmp_path, "cluster.ipynb", CELLS) as lab:
+        yield lab
 
 
 @pytest.fixture
