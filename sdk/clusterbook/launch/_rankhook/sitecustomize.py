@@ -125,11 +125,21 @@ def _chain() -> None:
     spec = importlib.machinery.PathFinder.find_spec("sitecustomize", rest)
     if spec is None or spec.loader is None:
         return
-    import importlib.util  # only then: with contextlib and functools, ~7 ms in every rank
-
-    module = importlib.util.module_from_spec(spec)
+    # Not importlib.util.module_from_spec: importlib.util brings contextlib and functools,
+    # ~7 ms in every rank wherever the Python has a sitecustomize of its own (Ubuntu's has).
+    module = type(sys)("sitecustomize")
+    module.__spec__, module.__loader__ = spec, spec.loader
+    module.__file__ = spec.origin
+    get_code = getattr(spec.loader, "get_code", None)
     sys.modules["sitecustomize"] = module
-    spec.loader.exec_module(module)
+    if get_code is None:  # a loader of another kind: the general way
+        import importlib.util
+
+        module = importlib.util.module_from_spec(spec)
+        sys.modules["sitecustomize"] = module
+        spec.loader.exec_module(module)
+        return
+    exec(get_code("sitecustomize"), module.__dict__)  # noqa: S102 - the module's own code
 
 
 if os.environ.get("CLUSTERBOOK_RANK_HOOK") in ("1", "stacks"):
