@@ -105,9 +105,12 @@ def test_without_abort_nothing_is_marked() -> None:
 
 def test_the_hook_stays_light_and_still_runs_another_sitecustomize(tmp_path) -> None:  # type: ignore[no-untyped-def]
     # Every rank pays for what the hook imports: never importlib.util (with contextlib and
-    # functools, ~7 ms), not even to run another sitecustomize (Ubuntu's Python has one).
-    light = _rank("import sys; print('importlib.util' in sys.modules)")
-    assert light.stdout.split() == ["False"], light.stderr
+    # functools, ~7 ms), not even to run another sitecustomize (Ubuntu's Python has one), and
+    # no search of the whole path by the import system where there is none.
+    light = _rank(
+        "import sys; print(*(m in sys.modules for m in ('importlib.util', 'importlib.machinery')))"
+    )
+    assert light.stdout.split() == ["False", "False"], light.stderr
     (tmp_path / "sitecustomize.py").write_text(
         "import sys\nprint('the other one ran', __name__, __file__ == sys.argv[-1])\n"
     )
