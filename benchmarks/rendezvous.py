@@ -713,7 +713,7 @@ def head_read(store: Any) -> tuple[float, int, int]:
     blob = current[0]
     parts = [blob[at : at + PART_SIZE] for at in range(0, len(blob), PART_SIZE)]
     state = decode(b"".join(parts))
-    reports = {node: NodeReport.from_json(r) for node, r in state.node_info.items()}
+    reports = {node: NodeReport.from_text(r.text) for node, r in state.node_info.items()}
     if len(reports) != len(state.participants):
         raise AssertionError("the head's read did not find every node's report")
     return time.perf_counter() - t0, len(blob), len(parts)

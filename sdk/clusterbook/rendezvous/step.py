@@ -23,11 +23,12 @@ from __future__ import annotations
 import enum
 import json
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
 from clusterbook.rendezvous.api import RendezvousSettings, RendezvousTimeout
+from clusterbook.rendezvous.info import Info
 from clusterbook.rendezvous.ops import (
     MUTATING_ACTIONS,
     Action,
@@ -84,8 +85,10 @@ class Step:
     """``node`` runs ``operations`` in turn at ``now`` (wall clock), with their ``deadline``;
     each one after the previous finished.
 
-    ``info`` is the node's report, stored with the writes that join or heartbeat. ``wait`` is
-    the longest the node would wait if the step leaves it waiting (see :meth:`hold`).
+    ``info`` is the node's report, stored with the writes that join or heartbeat (kept as an
+    :class:`~.info.Info`, whose text travels as a JSON string and which the store does not
+    parse). ``wait`` is the longest the node would wait if the step leaves it waiting (see
+    :meth:`hold`).
     """
 
     operations: tuple[Operation, ...]
@@ -93,10 +96,12 @@ class Step:
     settings: RendezvousSettings
     now: float
     deadline: float
-    info: dict[str, Any] | None = None
+    info: Mapping[str, Any] | None = None
     wait: float = 0.0
 
     def __post_init__(self) -> None:
+        if self.info is not None and not isinstance(self.info, Info):
+            object.__setattr__(self, "info", Info.of(self.info))
         if not self.operations or not all(isinstance(o, Operation) for o in self.operations):
             raise TypeError(f"a step needs one or more operations, got {self.operations!r}")
         if not 0 <= self.wait < math.inf:
@@ -162,7 +167,7 @@ class Step:
             "node": self.node,
             "now": self.now,
             "deadline": self.deadline,
-            "info": self.info,
+            "info": None if self.info is None else Info.of(self.info).text,
             "wait": self.wait,
         }
         # The settings are the same at every step of a handler: encoded once.
@@ -177,8 +182,8 @@ class Step:
             node, info, ops = data["node"], data["info"], data["ops"]
             if not isinstance(node, str) or not node:
                 raise ValueError(f"node id {node!r}")
-            if info is not None and not isinstance(info, dict):
-                raise ValueError(f"report {info!r}")
+            if info is not None and not isinstance(info, str):
+                raise ValueError(f"report {info!r} (a report travels as JSON text)")
             if not isinstance(ops, list) or not 1 <= len(ops) <= len(Operation):
                 raise ValueError(f"operations {ops!r}")
             return cls(
@@ -187,7 +192,7 @@ class Step:
                 settings,
                 _time(data["now"]),
                 _time(data["deadline"]),
-                info,
+                None if info is None else Info(info),
                 _time(data["wait"]),
             )
         except (ValueError, KeyError, TypeError, UnicodeDecodeError) as exc:  # ConfigError too

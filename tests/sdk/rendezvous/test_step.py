@@ -167,7 +167,8 @@ def test_each_step_carries_its_own_settings_on_the_wire() -> None:
         make().to_wire().replace(b'"wait":0.0', b'"wait":-1'),
         make().to_wire().replace(b'"wait":0.0', b'"wait":Infinity'),
         make().to_wire().replace(b'"max_nodes":3', b'"max_nodes":1'),
-        make().to_wire().replace(b'"info":null', b'"info":"x"'),
+        make().to_wire().replace(b'"info":null', b'"info":7'),
+        make().to_wire().replace(b'"info":null', b'"info":{"k":1}'),  # reports travel as text
     ],
 )
 def test_malformed_steps_are_refused(blob: bytes) -> None:

@@ -16,15 +16,15 @@ state (:meth:`StateStore.view`), whose size does not grow with the cluster.
 
 from __future__ import annotations
 
-import json
 import logging
 from collections.abc import Callable, Sequence
 from dataclasses import replace
+from json.encoder import encode_basestring_ascii
 
 from clusterbook.rendezvous.api import RendezvousStateError, Token
 from clusterbook.rendezvous.backends.wire import MAX_STATE, TOKEN_INT, TOKEN_NONE
 from clusterbook.rendezvous.ops import decisions_may_change, members_may_change
-from clusterbook.rendezvous.state import RendezvousState, decode, encode
+from clusterbook.rendezvous.state import Draft, RendezvousState, decode, encode
 from clusterbook.rendezvous.step import Step, settings_size
 from clusterbook.rendezvous.view import views_of
 
@@ -45,7 +45,8 @@ _RANK_DIGITS = 7
 def _growth(step: Step, size: int) -> int:
     """A bound of the bytes ``step`` (``size`` bytes on the wire, of which its settings, which
     the state does not hold) adds to the encoded state."""
-    return size - settings_size(step.settings) + 3 * len(json.dumps(step.node)) + _GROWTH
+    node = len(encode_basestring_ascii(step.node))  # as JSON writes it
+    return size - settings_size(step.settings) + 3 * node + _GROWTH
 
 
 ANY, MEMBERS, DECISIONS = 0, 1, 2
@@ -88,6 +89,12 @@ class StateStore:
             self._view = encode(replace(decoded, node_info={}))
         return self._view, self.token
 
+    @property
+    def decoded(self) -> RendezvousState | None:
+        """The stored state, decoded (None before the first write, or when the stored blob is
+        not a rendezvous state). Its containers are the store's: read, never change them."""
+        return self._decoded
+
     def view(self, node: str) -> tuple[bytes, Token] | None:
         """``node``'s view of the stored state (:func:`~clusterbook.rendezvous.view.view_of`)
         and its token: what a node's own requests are answered, in a size that does not grow
@@ -125,10 +132,17 @@ class StateStore:
         return (ANY,)
 
     def write(
-        self, state: bytes | None, decoded: RendezvousState | None = None, size: int = 0
+        self,
+        state: bytes | None,
+        decoded: RendezvousState | None = None,
+        size: int = 0,
+        *,
+        levels: tuple[bool, bool] | None = None,
     ) -> bool:
         """Store ``state``, or ``decoded`` (then encoded when first read) if ``state`` is None,
-        with ``size`` a bound of its encoded size; return whether the write is decisive."""
+        with ``size`` a bound of its encoded size; return whether the write is decisive.
+        ``levels``: whether it may change a decision and what members follow, when the writer
+        knows (a batch of steps, from its draft in O(1)); else the states are compared."""
         self._size = size if state is None else len(state)
         if decoded is None:
             assert state is not None
@@ -139,12 +153,17 @@ class StateStore:
         before = self._decoded
         self._blob, self._decoded, self._view, self._views = state, decoded, None, None
         self.token += 1
-        if before is None or decoded is None or decisions_may_change(before, decoded):
+        if levels is None:
+            if before is None or decoded is None or decisions_may_change(before, decoded):
+                levels = True, True
+            else:
+                levels = False, members_may_change(before, decoded)
+        decisive, eventful = levels
+        if decisive:
             self.decisive = self.eventful = self.token
-            return True
-        if members_may_change(before, decoded):
+        elif eventful:
             self.eventful = self.token
-        return False
+        return decisive
 
     def compare_and_set(self, kind: int, value: int, state: bytes) -> bool | None:
         """Write ``state`` if the token ``kind, value`` is the stored one: None if not, else
@@ -158,20 +177,28 @@ class StateStore:
         what they wrote as one write. Returns how long each answer may be held
         (:meth:`Step.hold` on the state after them all) and None if nothing was written, else
         whether the write is decisive. A stored blob that is not a rendezvous state is left
-        alone: each client reports it when it decodes it."""
+        alone: each client reports it when it decodes it.
+
+        The steps change the stored state's own containers (no copy of a whole cluster's
+        state per batch): a step that fails (a bug) is taken back and logged, the others
+        stand; a batch whose state would be over the limit is taken back whole."""
         if self.token == 0:
             base = RendezvousState()
         elif self._decoded is None:
             return [0.0] * len(steps), None
         else:
             base = self._decoded
-        try:
-            draft = base.draft()
-            wrote = False
-            for step, _ in steps:
+        draft = base.draft(shared=True)
+        start = draft.mark()
+        wrote, failed = False, set()
+        for i, (step, _) in enumerate(steps):
+            mark = draft.mark()
+            try:
                 wrote |= step.run_on(draft)
-        except Exception:  # a bug: find the step, and run the others alone
-            return self._one_by_one(base, steps)
+            except Exception:
+                _log.exception("A rendezvous step of node %r failed; no change.", step.node)
+                draft.undo(mark)
+                failed.add(i)
         decisive = None
         state = base
         if wrote:
@@ -179,16 +206,23 @@ class StateStore:
             bound = self._size + sum(_growth(step, size) for step, size in steps)
             if new.complete and not base.complete:
                 bound += _RANK_DIGITS * len(new.participants)
-            decisive = self._store(new, bound, steps)
-            if decisive is not None:
+            decisive = self._store(new, bound, steps, _levels(base, new, draft))
+            if decisive is None:
+                draft.undo(start)  # the stored state's containers as they were
+            else:
                 state = new
-        return [step.hold(state) for step, _ in steps], decisive
+        holds = [0.0 if i in failed else step.hold(state) for i, (step, _) in enumerate(steps)]
+        return holds, decisive
 
     def _store(
-        self, new: RendezvousState, bound: int, steps: Sequence[tuple[Step, int]]
+        self,
+        new: RendezvousState,
+        bound: int,
+        steps: Sequence[tuple[Step, int]],
+        levels: tuple[bool, bool],
     ) -> bool | None:
         if bound <= self.limit:
-            return self.write(None, new, bound)
+            return self.write(None, new, bound, levels=levels)
         blob = encode(new)  # near the limit, the exact size decides
         if len(blob) > self.limit:
             _log.error(
@@ -199,28 +233,19 @@ class StateStore:
                 self.limit,
             )
             return None
-        return self.write(blob, new)
+        return self.write(blob, new, levels=levels)
 
-    def _one_by_one(
-        self, base: RendezvousState, steps: Sequence[tuple[Step, int]]
-    ) -> tuple[list[float], bool | None]:
-        decisive: bool | None = None
-        state = base
-        failed = set()
-        for i, (step, size) in enumerate(steps):
-            try:
-                new = step.run(state)
-            except Exception:
-                _log.exception("A rendezvous step of node %r failed; no change.", step.node)
-                failed.add(i)
-                continue
-            if new is not None:
-                bound = self._size + _growth(step, size)
-                if new.complete and not state.complete:
-                    bound += _RANK_DIGITS * len(new.participants)
-                stored = self._store(new, bound, [(step, size)])
-                if stored is not None:
-                    state = new
-                    decisive = bool(decisive) or stored
-        holds = [0.0 if i in failed else step.hold(state) for i, (step, _) in enumerate(steps)]
-        return holds, decisive
+
+def _levels(before: RendezvousState, after: RendezvousState, draft: Draft) -> tuple[bool, bool]:
+    """What :func:`~clusterbook.rendezvous.ops.decisions_may_change` and
+    :func:`~clusterbook.rendezvous.ops.members_may_change` say of the write from ``before``
+    to ``after`` that ``draft`` made, in O(1): from what the draft saw leave and move (a node
+    that left and came back in the batch counts as gone: waking more is allowed)."""
+    decisive = (
+        draft.left
+        or before.round != after.round
+        or before.complete != after.complete
+        or before.closed != after.closed
+        or before.deadline != after.deadline
+    )
+    return decisive, decisive or draft.moved or before.stop_jobs != after.stop_jobs
