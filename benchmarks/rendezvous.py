@@ -808,6 +808,7 @@ def simulate(nodes: int) -> Simulated:
     node_s = time.perf_counter() - t1
     if not isinstance(view, NodeView) or (view.rank, view.leader) != (nodes - 1, names[0]):
         raise AssertionError(f"the last node's answer is not its view: {view!r}")
+    del views  # the nodes' answers are not in the head's process
     head_s, state_bytes, parts = head_read(store)  # first: it encodes the state
     whole = store.current(reports=False)
     assert whole is not None

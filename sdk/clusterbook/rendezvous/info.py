@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterator, Mapping
+from json.encoder import encode_basestring_ascii
 from typing import Any
 
 __all__ = ["Info"]
@@ -22,11 +23,20 @@ class Info(Mapping[str, Any]):
     """A node's report: ``text``, the JSON of an object, and read as that object (empty when
     it is not one). Equal to another report of the same text, or to a mapping of its items."""
 
-    __slots__ = ("_data", "text")
+    __slots__ = ("_data", "_quoted", "text")
 
     def __init__(self, text: str) -> None:
         self.text = text
         self._data: dict[str, Any] | None = None
+        self._quoted: str | None = None
+
+    @property
+    def quoted(self) -> str:
+        """The text as a JSON string (escaped once: every encoding of the state reuses it)."""
+        quoted = self._quoted
+        if quoted is None:
+            quoted = self._quoted = encode_basestring_ascii(self.text)
+        return quoted
 
     @classmethod
     def of(cls, data: Mapping[str, Any]) -> Info:

@@ -13,6 +13,7 @@ import json
 import math
 from collections.abc import Mapping, Set
 from dataclasses import dataclass, field
+from json.encoder import encode_basestring_ascii
 from typing import Any
 
 from clusterbook.rendezvous.api import RendezvousStateError
@@ -200,7 +201,19 @@ class Draft:
 
     def mark(self) -> tuple[int, tuple[Any, ...]]:
         """Where :meth:`undo` goes back to: now."""
-        return self.journal.mark(), tuple(getattr(self, name) for name in _SCALARS)
+        scalars = (
+            self.round,
+            self.complete,
+            self.deadline,
+            self.closed,
+            self.participants,  # a completed round's ranks are a new dict
+            self.stop_jobs,
+            self.floor,
+            self.oldest,
+            self.left,
+            self.moved,
+        )
+        return self.journal.mark(), scalars
 
     def undo(self, mark: tuple[int, tuple[Any, ...]]) -> None:
         """Take back every change since ``mark``."""
@@ -234,18 +247,8 @@ class Draft:
         return state
 
 
-_SCALARS = (
-    "round",
-    "complete",
-    "deadline",
-    "closed",
-    "participants",  # a completed round's ranks are a new dict
-    "stop_jobs",
-    "floor",
-    "oldest",
-    "left",
-    "moved",
-)
+_SCALARS: tuple[str, ...] = ("round", "complete", "deadline", "closed", "participants")
+_SCALARS += ("stop_jobs", "floor", "oldest", "left", "moved")  # as Draft.mark lists them
 
 
 def _two_oldest(beats: Mapping[str, float]) -> tuple[tuple[float, str], ...]:
@@ -263,7 +266,7 @@ def _two_oldest(beats: Mapping[str, float]) -> tuple[tuple[float, str], ...]:
 
 
 def encode(state: RendezvousState) -> bytes:
-    """The state as compact, canonical JSON bytes."""
+    """The state as compact JSON bytes (its keys sorted, the nodes' reports last)."""
     data = {
         "v": _VERSION,
         "round": state.round,
@@ -273,10 +276,13 @@ def encode(state: RendezvousState) -> bytes:
         "participants": state.participants,
         "wait_list": sorted(state.wait_list),
         "last_heartbeats": state.last_heartbeats,
-        "node_info": {node: Info.of(info).text for node, info in state.node_info.items()},
         "stop_jobs": list(state.stop_jobs),
     }
-    return json.dumps(data, sort_keys=True, separators=(",", ":")).encode()
+    core = json.dumps(data, sort_keys=True, separators=(",", ":"))
+    # The reports last, each a JSON string escaped once (Info.quoted), never encoded again.
+    quote = encode_basestring_ascii
+    infos = ",".join(f"{quote(n)}:{Info.of(i).quoted}" for n, i in state.node_info.items())
+    return f'{core[:-1]},"node_info":{{{infos}}}}}'.encode()
 
 
 def decode(blob: bytes) -> RendezvousState:

@@ -86,7 +86,7 @@ class Step:
     each one after the previous finished.
 
     ``info`` is the node's report, stored with the writes that join or heartbeat (kept as an
-    :class:`~.info.Info`, whose text travels as a JSON string and which the store does not
+    :class:`~.info.Info`, whose text travels after the step and which the store does not
     parse). ``wait`` is the longest the node would wait if the step leaves it waiting (see
     :meth:`hold`).
     """
@@ -160,30 +160,34 @@ class Step:
         return None if new is None else encode(new)
 
     def to_wire(self) -> bytes:
-        """The step as compact JSON bytes."""
+        """The step as compact JSON bytes, then its report's text on a line of its own: the
+        store keeps that text as it came, without parsing it (see :mod:`.info`)."""
         data = {
             "v": _VERSION,
             "ops": [operation.value for operation in self.operations],
             "node": self.node,
             "now": self.now,
             "deadline": self.deadline,
-            "info": None if self.info is None else Info.of(self.info).text,
             "wait": self.wait,
         }
         # The settings are the same at every step of a handler: encoded once.
         head = json.dumps(data, separators=(",", ":"))
-        return f'{head[:-1]},"settings":{_settings_json(self.settings)}}}'.encode()
+        wire = f'{head[:-1]},"settings":{_settings_json(self.settings)}}}'
+        if self.info is not None:
+            wire = f"{wire}\n{Info.of(self.info).text}"  # JSON's own text holds no bare newline
+        return wire.encode()
 
     @classmethod
     def from_wire(cls, blob: bytes) -> Step:
         """Decode what :meth:`to_wire` made; raise :class:`StepFormatError` on anything else."""
         try:
+            blob, lined, report = blob.partition(b"\n")
             data, settings = _parse(blob)
-            node, info, ops = data["node"], data["info"], data["ops"]
+            node, ops = data["node"], data["ops"]
             if not isinstance(node, str) or not node:
                 raise ValueError(f"node id {node!r}")
-            if info is not None and not isinstance(info, str):
-                raise ValueError(f"report {info!r} (a report travels as JSON text)")
+            if "info" in data:
+                raise ValueError("a report in the step (it follows the step, on its own line)")
             if not isinstance(ops, list) or not 1 <= len(ops) <= len(Operation):
                 raise ValueError(f"operations {ops!r}")
             return cls(
@@ -192,7 +196,7 @@ class Step:
                 settings,
                 _time(data["now"]),
                 _time(data["deadline"]),
-                None if info is None else Info(info),
+                Info(report.decode()) if lined else None,
                 _time(data["wait"]),
             )
         except (ValueError, KeyError, TypeError, UnicodeDecodeError) as exc:  # ConfigError too

@@ -130,3 +130,23 @@ def test_a_batch_wakes_every_watch_the_states_say_it_may_settle(state, steps) ->
     if members_may_change(state, after):
         assert store.settled(TOKEN_INT, token, level=MEMBERS)
     assert json.loads(encode(after)) == json.loads(store.current()[0])  # type: ignore[index]
+
+
+def test_a_report_travels_after_its_step_as_it_is_and_comes_back_the_same() -> None:
+    text = '{"name": "caf\u00e9 \\"x\\"", "note": "a\\nb"}'
+    wire = make(JOIN, node="a", info=Info(text)).to_wire()
+    assert wire.endswith(b"\n" + text.encode())  # not escaped into the step's JSON
+    store = StateStore()
+    run(store, Step.from_wire(wire))
+    assert stored(store).node_info["a"].text == text
+
+
+def test_a_report_that_grows_when_escaped_counts_at_its_escaped_size() -> None:
+    # 1,000 bytes on the wire, 6,000 in the state (each control character as \u0001).
+    store = StateStore(limit=4096)
+    assert run(store, make(JOIN, node="a", info=Info("\x01" * 1000))) is None
+    assert store.token == 0
+    run(store, make(JOIN, node="a", info=Info("\x01" * 100)))
+    current = store.current()
+    assert current is not None
+    assert len(current[0]) <= 4096

@@ -23,6 +23,7 @@ from json.encoder import encode_basestring_ascii
 
 from clusterbook.rendezvous.api import RendezvousStateError, Token
 from clusterbook.rendezvous.backends.wire import MAX_STATE, TOKEN_INT, TOKEN_NONE
+from clusterbook.rendezvous.info import Info
 from clusterbook.rendezvous.ops import decisions_may_change, members_may_change
 from clusterbook.rendezvous.state import Draft, RendezvousState, decode, encode
 from clusterbook.rendezvous.step import Step, settings_size
@@ -33,10 +34,10 @@ __all__ = ["ANY", "DECISIONS", "MEMBERS", "StateStore"]
 _log = logging.getLogger("clusterbook.rendezvous.backends.tcp")
 
 _GROWTH = 64
-"""Bytes a step may add to the encoded state besides its own wire size (which holds its report
-and its node id once, and its settings and times, which the state does not hold) and three
-more copies of its node id (it may be in up to four places): numbers and punctuation. A bound
-that spares encoding the state at every write."""
+"""Bytes a step may add to the encoded state besides its own wire size (which holds its report,
+which the state holds escaped, its node id once, and its settings and times, which the state
+does not hold) and three more copies of its node id (it may be in up to four places): numbers
+and punctuation. A bound that spares encoding the state at every write."""
 _RANK_DIGITS = 7
 """What completing a round may add per participant: its rank's digits (up to 7: ranks below
 10 million), in place of the 0 it had."""
@@ -46,7 +47,11 @@ def _growth(step: Step, size: int) -> int:
     """A bound of the bytes ``step`` (``size`` bytes on the wire, of which its settings, which
     the state does not hold) adds to the encoded state."""
     node = len(encode_basestring_ascii(step.node))  # as JSON writes it
-    return size - settings_size(step.settings) + 3 * node + _GROWTH
+    growth = size - settings_size(step.settings) + 3 * node + _GROWTH
+    info = step.info
+    if isinstance(info, Info):  # its text came as it is, and is stored escaped
+        growth += len(info.quoted) - len(info.text) - 1  # (its bytes: at least its length)
+    return growth
 
 
 ANY, MEMBERS, DECISIONS = 0, 1, 2
