@@ -198,9 +198,10 @@ class RendezvousHead:
             try:
                 with self._cond:
                     state = self._state
-                # The whole state, in parts: with the nodes' reports it outgrows one frame.
+                # The state in parts (with the nodes' reports it outgrows one frame), with the
+                # reports written since the last one read only: the others are in _seen.
                 wait = watch_wait(state, self._settings, time.time())
-                current = self._watcher.read_state(token, wait)
+                current = self._watcher.read_state(token, wait, since=token)
                 if current is not None and current[1] != token:
                     token = current[1]
                     self._observe(decode(current[0]))

@@ -23,12 +23,13 @@ class Info(Mapping[str, Any]):
     """A node's report: ``text``, the JSON of an object, and read as that object (empty when
     it is not one). Equal to another report of the same text, or to a mapping of its items."""
 
-    __slots__ = ("_data", "_quoted", "text")
+    __slots__ = ("_data", "_quoted", "text", "version")
 
     def __init__(self, text: str) -> None:
         self.text = text
         self._data: dict[str, Any] | None = None
         self._quoted: str | None = None
+        self.version = 0  # the token of the write that stored it, where a store tells
 
     @property
     def quoted(self) -> str:

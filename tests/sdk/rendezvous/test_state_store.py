@@ -19,6 +19,7 @@ from clusterbook.rendezvous.state import Draft, RendezvousState, decode, encode
 from clusterbook.rendezvous.step import Step
 from tests.sdk.rendezvous.test_step import (
     JOIN,
+    KEEP_ALIVE,
     NAMES,
     OPS,
     PROPERTY_SETTINGS,
@@ -150,3 +151,23 @@ def test_a_report_that_grows_when_escaped_counts_at_its_escaped_size() -> None:
     current = store.current()
     assert current is not None
     assert len(current[0]) <= 4096
+
+
+def test_a_read_since_a_token_has_only_the_reports_written_after_it() -> None:
+    store = StateStore()
+    run(store, make(JOIN, node="a", info={"n": 1}), make(JOIN, node="b", info={"n": 2}))
+    token = store.token
+    run(store, make(KEEP_ALIVE, node="a", now=T0 + 2.0, info={"n": 3}))
+    since = store.current(since=token)
+    assert since is not None
+    got = decode(since[0])
+    assert got.node_info == {"a": {"n": 3}}  # b's report did not change: not sent again
+    assert (set(got.last_heartbeats), got.participants.keys()) == ({"a", "b"},) * 2
+    nothing = store.current(since=store.token)
+    assert nothing is not None
+    assert decode(nothing[0]).node_info == {}
+    store.write(encode(stored(store)))  # a whole state written: every report in it is new
+    again = store.current(since=store.token - 1)
+    assert again is not None
+    assert decode(again[0]).node_info == {"a": {"n": 3}, "b": {"n": 2}}
+    assert store.current(since=store.token + 5) == store.current()  # not this store's: whole

@@ -76,18 +76,25 @@ class StateStore:
         self._views: Callable[[str], bytes] | None = None  # views of it, once asked for
         self._size = 0  # the blob's size, or a bound of it while it is not encoded
 
-    def current(self, *, reports: bool = True) -> tuple[bytes, Token] | None:
+    def current(
+        self, *, reports: bool = True, since: Token | None = None
+    ) -> tuple[bytes, Token] | None:
         """The stored state and its token (None before the first write). Without ``reports``,
         the state as a node's own requests are answered: without the nodes' reports
         (``node_info``: facts and load, most of the state's bytes), which only the head reads
-        and which no node's decisions look at."""
+        and which no node's decisions look at. With ``since`` (a token of this store), with
+        only the reports written after it (see :meth:`.RendezvousBackend.read_state`)."""
         if self.token == 0:
             return None
+        decoded = self._decoded
+        if decoded is not None and since is not None and 0 < since <= self.token:
+            changed = {n: i for n, i in decoded.node_info.items() if i.version > since}
+            if len(changed) < len(decoded.node_info):
+                return encode(replace(decoded, node_info=changed)), self.token
         if self._blob is None:
             assert self._decoded is not None
             self._blob = encode(self._decoded)
             self._size = len(self._blob)
-        decoded = self._decoded
         if reports or decoded is None or not decoded.node_info:
             return self._blob, self.token
         if self._view is None:
@@ -158,6 +165,9 @@ class StateStore:
         before = self._decoded
         self._blob, self._decoded, self._view, self._views = state, decoded, None, None
         self.token += 1
+        if levels is None and decoded is not None:  # a whole new state: every report is new
+            for info in decoded.node_info.values():
+                info.version = self.token
         if levels is None:
             if before is None or decoded is None or decisions_may_change(before, decoded):
                 levels = True, True
@@ -216,6 +226,10 @@ class StateStore:
                 draft.undo(start)  # the stored state's containers as they were
             else:
                 state = new
+                for step, _ in steps:  # the reports this write stored: for reads since
+                    info = step.info
+                    if isinstance(info, Info) and new.node_info.get(step.node) is info:
+                        info.version = self.token
         holds = [0.0 if i in failed else step.hold(state) for i, (step, _) in enumerate(steps)]
         return holds, decisive
 
