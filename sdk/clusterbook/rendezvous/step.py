@@ -66,6 +66,8 @@ class Operation(enum.Enum):
     KEEP_ALIVE = "keep_alive"
 
 
+_OPERATIONS = {operation.value: operation for operation in Operation}
+
 Decision = Callable[[StateView, str, RendezvousSettings, float, float], Action]
 
 DECISIONS: dict[Operation, Decision] = {
@@ -191,7 +193,7 @@ class Step:
             if not isinstance(ops, list) or not 1 <= len(ops) <= len(Operation):
                 raise ValueError(f"operations {ops!r}")
             return cls(
-                tuple(Operation(op) for op in ops),
+                tuple(_OPERATIONS[op] for op in ops),
                 node,
                 settings,
                 _time(data["now"]),
@@ -299,6 +301,8 @@ def _settings(data: object) -> RendezvousSettings:
 
 
 def _time(value: object) -> float:
+    if type(value) is float and math.isfinite(value):  # as every step sends its times
+        return value
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
         raise ValueError(f"time {value!r}")
     return float(value)
