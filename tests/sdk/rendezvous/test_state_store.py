@@ -171,3 +171,16 @@ def test_a_read_since_a_token_has_only_the_reports_written_after_it() -> None:
     assert again is not None
     assert decode(again[0]).node_info == {"a": {"n": 3}, "b": {"n": 2}}
     assert store.current(since=store.token + 5) == store.current()  # not this store's: whole
+
+
+def test_a_read_since_the_last_write_is_answered_from_what_is_kept() -> None:
+    # The head's follower asks so whenever its watch times out with nothing new: the state
+    # without its reports, encoded once a write, not every node's entry again at each ask.
+    store = StateStore()
+    run(store, make(JOIN, node="a", info={"n": 1}), make(JOIN, node="b", info={"n": 2}))
+    first, again = store.current(since=store.token), store.current(since=store.token)
+    assert first is not None
+    assert again is not None
+    assert first[0] is again[0]
+    assert decode(first[0]).node_info == {}
+    assert decode(first[0]).participants.keys() == {"a", "b"}

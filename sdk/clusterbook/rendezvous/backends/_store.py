@@ -87,15 +87,17 @@ class StateStore:
         if self.token == 0:
             return None
         decoded = self._decoded
-        if decoded is not None and since is not None and 0 < since <= self.token:
+        if decoded is not None and since is not None and 0 < since < self.token:
             changed = {n: i for n, i in decoded.node_info.items() if i.version > since}
             if len(changed) < len(decoded.node_info):
                 return encode(replace(decoded, node_info=changed)), self.token
-        if self._blob is None:
-            assert self._decoded is not None
-            self._blob = encode(self._decoded)
-            self._size = len(self._blob)
+        elif since == self.token:  # nothing written since: as a watch that timed out asks
+            reports = False
         if reports or decoded is None or not decoded.node_info:
+            if self._blob is None:
+                assert decoded is not None
+                self._blob = encode(decoded)
+                self._size = len(self._blob)
             return self._blob, self.token
         if self._view is None:
             self._view = encode(replace(decoded, node_info={}))
