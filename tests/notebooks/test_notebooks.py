@@ -50,7 +50,7 @@ def test_notebook_runs_and_shows_its_results(
         require(
             find_spec(package) is not None,
             f"{package} is not installed, so {name} would only say it skips its cells "
-            f"(pip install -e '.[{package}]')",
+            "(pip install -e '.[dev]')",
         )
     run = executed(name)
     nb = run.nb
