@@ -78,6 +78,21 @@ def test_notebook_runs_and_shows_its_results(
     CHECKS.get(name, lambda *_: None)(run, runner)
 
 
+@pytest.mark.mpi
+@pytest.mark.parametrize("name", NAMES)
+def test_notebook_leaves_the_users_ssh_directory_alone(
+    name: str, executed: Callable[[str], Any], runner: ModuleType
+) -> None:
+    """A tutorial writes in its own directory and in what its kernel's home is for (its
+    clusters' files, Jupyter's): never in ``~/.ssh``, where a user's own keys are, even to
+    remove what it added (tutorial 4's stand-in machines have a throwaway home of their own)."""
+    if name in NEEDS:
+        require(find_spec(NEEDS[name]) is not None, f"{NEEDS[name]} is not installed")
+    run = executed(name)
+    written = sorted(str(p.relative_to(run.home)) for p in run.home.glob(".ssh/**/*"))
+    assert not (run.home / ".ssh").exists(), f"{name} wrote in ~/.ssh: {written}"
+
+
 # As if torch were not installed: its import fails the way a missing package's does.
 NO_TORCH = """\
 import sys

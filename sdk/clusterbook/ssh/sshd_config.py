@@ -49,6 +49,9 @@ class SshdConfig:
         channels: this host as a jump host); no other forwarding is ever allowed.
     more_keys
         More files of public keys allowed to log in, besides ``authorized_keys`` (absolute).
+    home
+        The ``HOME`` of the sessions it starts (absolute), instead of the user's own: what they
+        write under ``~`` lands there. None: the home the user database gives.
     """
 
     directory: Path
@@ -57,6 +60,7 @@ class SshdConfig:
     authorized_keys: Path | None = None
     forwarding: bool = False
     more_keys: tuple[Path, ...] = ()
+    home: Path | None = None
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "directory", check_path(self.directory, "directory"))
@@ -69,6 +73,8 @@ class SshdConfig:
         object.__setattr__(self, "authorized_keys", checked)
         more = tuple(check_path(k, "authorized_keys") for k in self.more_keys)
         object.__setattr__(self, "more_keys", more)
+        if self.home is not None:
+            object.__setattr__(self, "home", check_path(self.home, "home"))
 
 
 def render_sshd_config(cfg: SshdConfig, *, host_key: Path, pid_file: Path) -> str:
@@ -114,6 +120,9 @@ def render_sshd_config(cfg: SshdConfig, *, host_key: Path, pid_file: Path) -> st
         ("MaxStartups", "64:30:128"),
         ("Subsystem", "sftp internal-sftp"),
     ]
+    if cfg.home is not None:
+        # SetEnv overrides the HOME that sshd takes from the user database (OpenSSH 7.8+).
+        lines.append(("SetEnv", quote(f"HOME={cfg.home}")))
     return "".join(f"{key} {value}\n" for key, value in lines)
 
 
