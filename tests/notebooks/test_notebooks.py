@@ -292,13 +292,17 @@ def check_elastic(run: Any, runner: ModuleType) -> None:
 
 
 def check_schedulers(run: Any, runner: ModuleType) -> None:
-    nodes, html = _nodes_after(run, runner, "options = {} if real_slurm")
-    if "(no Slurm: nothing to run the job on)" in runner.stream(
-        runner.code_cell(run.nb, "if real_slurm:\n")
-    ):
-        assert nodes.count("cb-state-pending") == 2
-        assert nodes.count("Slurm job 1 is PENDING (Resources)") == 2
-    assert any("stops in 30m (life_span)" in h for h in html)
+    script = runner.stream(runner.code_cell(run.nb, "slurm = cb.Cluster.slurm("))
+    assert script.startswith("#!/bin/sh\n#SBATCH --job-name=clusterbook-slurm-tutorial-")
+    assert "<URL: start() makes it>" in script  # a dry run: start() makes the rendezvous
+    start = "if real_slurm:\n    slurm.start()"
+    if "(no Slurm: nothing submitted)" not in runner.stream(runner.code_cell(run.nb, start)):
+        nodes, html = _nodes_after(run, runner, start)
+        assert nodes.count("<tr>") == 3
+        assert any("stops in 30m (life_span)" in h for h in html)
+    nodes, _ = _nodes_after(run, runner, 'Path("nodefile")')
+    assert ">node1<" in nodes
+    assert ">node2<" in nodes
     manifest = runner.stream(runner.code_cell(run.nb, "manifest = inside.to_mpijob("))
     assert manifest.startswith("apiVersion: kubeflow.org/v2beta1\nkind: MPIJob\n")
 
