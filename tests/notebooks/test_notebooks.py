@@ -40,6 +40,24 @@ def test_notebook_is_stored_without_outputs(name: str) -> None:
     assert nb["metadata"]["kernelspec"]["name"] == "python3"
 
 
+@pytest.mark.parametrize("name", NAMES)
+def test_each_tutorials_checks_are_tagged_to_be_left_out_of_the_docs(name: str) -> None:
+    """A tutorial teaches first; the cells that check it (its "Check" heading and the cell
+    that asserts) carry the tag the docs site leaves out (myst-nb's ``remove-cell``)."""
+    nb = json.loads((NOTEBOOKS / name).read_text(encoding="utf-8"))
+    checks = [
+        i
+        for i, c in enumerate(nb["cells"])
+        if "".join(c["source"]).startswith("## Check")
+        or (c["cell_type"] == "code" and "All checks passed." in "".join(c["source"]))
+    ]
+    tagged = [
+        i for i, c in enumerate(nb["cells"]) if "remove-cell" in c["metadata"].get("tags", ())
+    ]
+    assert len(checks) == 2
+    assert tagged == checks
+
+
 @pytest.mark.mpi
 @pytest.mark.parametrize("name", NAMES)
 def test_notebook_runs_and_shows_its_results(
@@ -307,6 +325,12 @@ def check_schedulers(run: Any, runner: ModuleType) -> None:
     assert manifest.startswith("apiVersion: kubeflow.org/v2beta1\nkind: MPIJob\n")
 
 
+def check_torch(run: Any, runner: ModuleType) -> None:
+    plot = runner.code_cell(run.nb, "import matplotlib.pyplot as plt")
+    (png,) = runner.data(plot, "image/png")  # the loss, drawn
+    assert len(png) > 1000
+
+
 def check_functions(run: Any, runner: ModuleType) -> None:
     nb = run.nb
     chart = runner.stream(runner.code_cell(nb, "def bars("))
@@ -325,6 +349,7 @@ CHECKS: dict[str, Callable[[Any, ModuleType], None]] = {
     "02-magics.ipynb": check_magics,
     "04-ssh-cluster.ipynb": check_ssh_cluster,
     "05-elastic.ipynb": check_elastic,
+    "06-torch-ddp.ipynb": check_torch,
     "08-schedulers.ipynb": check_schedulers,
     "09-functions.ipynb": check_functions,
 }
