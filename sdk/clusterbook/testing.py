@@ -17,6 +17,10 @@ whose jobs stay where the test puts them: inject it as a Slurm cluster's runner:
 
     slurm = FakeSlurm(reason="Resources")
     cluster = cb.Cluster.slurm(nodes=2, runner=slurm)
+
+:func:`stand_in_hosts` starts machines to reach with ssh on this one (user-level sshds on
+``127.0.0.2``, ...) whose logins get a throwaway home: an SSH cluster of them writes nothing
+in the user's own ``~/.ssh`` (see :mod:`clusterbook.ssh.standin`).
 """
 
 from __future__ import annotations
@@ -43,9 +47,10 @@ from clusterbook.providers.reach import NodeReach, here_for
 from clusterbook.providers.watch import NodeWatch
 from clusterbook.resources import ResourceHistory
 from clusterbook.spec import NodeSpec, validate_positive_int
+from clusterbook.ssh.standin import StandInHosts, stand_in_hosts
 from clusterbook.status import NodeStatus
 
-__all__ = ["FakeProvider", "FakeSlurm", "fake_nvidia_smi"]
+__all__ = ["FakeProvider", "FakeSlurm", "StandInHosts", "fake_nvidia_smi", "stand_in_hosts"]
 
 _USAGE = ("cpu", "memory_used_gib", "memory_gib", "gpu")
 

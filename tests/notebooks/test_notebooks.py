@@ -40,6 +40,24 @@ def test_notebook_is_stored_without_outputs(name: str) -> None:
     assert nb["metadata"]["kernelspec"]["name"] == "python3"
 
 
+@pytest.mark.parametrize("name", NAMES)
+def test_each_tutorials_checks_are_tagged_to_be_left_out_of_the_docs(name: str) -> None:
+    """A tutorial teaches first; the cells that check it (its "Check" heading and the cell
+    that asserts) carry the tag the docs site leaves out (myst-nb's ``remove-cell``)."""
+    nb = json.loads((NOTEBOOKS / name).read_text(encoding="utf-8"))
+    checks = [
+        i
+        for i, c in enumerate(nb["cells"])
+        if "".join(c["source"]).startswith("## Check")
+        or (c["cell_type"] == "code" and "All checks passed." in "".join(c["source"]))
+    ]
+    tagged = [
+        i for i, c in enumerate(nb["cells"]) if "remove-cell" in c["metadata"].get("tags", ())
+    ]
+    assert len(checks) == 2
+    assert tagged == checks
+
+
 @pytest.mark.mpi
 @pytest.mark.parametrize("name", NAMES)
 def test_notebook_runs_and_shows_its_results(
@@ -50,7 +68,7 @@ def test_notebook_runs_and_shows_its_results(
         require(
             find_spec(package) is not None,
             f"{package} is not installed, so {name} would only say it skips its cells "
-            f"(pip install -e '.[{package}]')",
+            "(pip install -e '.[dev]')",
         )
     run = executed(name)
     nb = run.nb
@@ -76,6 +94,21 @@ def test_notebook_runs_and_shows_its_results(
     assert last is code[-2]  # the probe cell comes after it
     assert runner.stream(last).endswith("All checks passed.\n")
     CHECKS.get(name, lambda *_: None)(run, runner)
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("name", NAMES)
+def test_notebook_leaves_the_users_ssh_directory_alone(
+    name: str, executed: Callable[[str], Any], runner: ModuleType
+) -> None:
+    """A tutorial writes in its own directory and in what its kernel's home is for (its
+    clusters' files, Jupyter's): never in ``~/.ssh``, where a user's own keys are, even to
+    remove what it added (tutorial 4's stand-in machines have a throwaway home of their own)."""
+    if name in NEEDS:
+        require(find_spec(NEEDS[name]) is not None, f"{NEEDS[name]} is not installed")
+    run = executed(name)
+    written = sorted(str(p.relative_to(run.home)) for p in run.home.glob(".ssh/**/*"))
+    assert not (run.home / ".ssh").exists(), f"{name} wrote in ~/.ssh: {written}"
 
 
 # As if torch were not installed: its import fails the way a missing package's does.
@@ -277,15 +310,25 @@ def check_elastic(run: Any, runner: ModuleType) -> None:
 
 
 def check_schedulers(run: Any, runner: ModuleType) -> None:
-    nodes, html = _nodes_after(run, runner, "options = {} if real_slurm")
-    if "(no Slurm: nothing to run the job on)" in runner.stream(
-        runner.code_cell(run.nb, "if real_slurm:\n")
-    ):
-        assert nodes.count("cb-state-pending") == 2
-        assert nodes.count("Slurm job 1 is PENDING (Resources)") == 2
-    assert any("stops in 30m (life_span)" in h for h in html)
+    script = runner.stream(runner.code_cell(run.nb, "slurm = cb.Cluster.slurm("))
+    assert script.startswith("#!/bin/sh\n#SBATCH --job-name=clusterbook-slurm-tutorial-")
+    assert "<URL: start() makes it>" in script  # a dry run: start() makes the rendezvous
+    start = "if real_slurm:\n    slurm.start()"
+    if "(no Slurm: nothing submitted)" not in runner.stream(runner.code_cell(run.nb, start)):
+        nodes, html = _nodes_after(run, runner, start)
+        assert nodes.count("<tr>") == 3
+        assert any("stops in 30m (life_span)" in h for h in html)
+    nodes, _ = _nodes_after(run, runner, 'Path("nodefile")')
+    assert ">node1<" in nodes
+    assert ">node2<" in nodes
     manifest = runner.stream(runner.code_cell(run.nb, "manifest = inside.to_mpijob("))
     assert manifest.startswith("apiVersion: kubeflow.org/v2beta1\nkind: MPIJob\n")
+
+
+def check_torch(run: Any, runner: ModuleType) -> None:
+    plot = runner.code_cell(run.nb, "import matplotlib.pyplot as plt")
+    (png,) = runner.data(plot, "image/png")  # the loss, drawn
+    assert len(png) > 1000
 
 
 def check_functions(run: Any, runner: ModuleType) -> None:
@@ -306,6 +349,7 @@ CHECKS: dict[str, Callable[[Any, ModuleType], None]] = {
     "02-magics.ipynb": check_magics,
     "04-ssh-cluster.ipynb": check_ssh_cluster,
     "05-elastic.ipynb": check_elastic,
+    "06-torch-ddp.ipynb": check_torch,
     "08-schedulers.ipynb": check_schedulers,
     "09-functions.ipynb": check_functions,
 }

@@ -4,7 +4,7 @@ process runs.
 
 :class:`ClusterKinds` holds these constructors for :class:`~clusterbook.cluster.facade.Cluster`,
 which inherits them: each says what its kind takes and turns it into a spec for
-``Cluster.from_spec``.
+``Cluster.from_spec``; and :meth:`ClusterKinds.job_script`, what a Slurm cluster submits.
 """
 
 from __future__ import annotations
@@ -21,6 +21,7 @@ from clusterbook.spec import read_hostfile
 if TYPE_CHECKING:
     from typing_extensions import Self, Unpack
 
+    from clusterbook.cluster.local_head import LocalHead
     from clusterbook.cluster.remote.attached import AttachedCluster
     from clusterbook.providers.environment.detect import Runner
 from clusterbook.cluster.options import ClusterOptionsArgs, ElasticArgs, SlurmArgs, SSHArgs
@@ -30,6 +31,16 @@ __all__ = ["ClusterKinds"]
 
 class ClusterKinds:
     """The constructors of a cluster of each kind (see the module's docstring)."""
+
+    _local: LocalHead  # what the cluster was made of (its provider and options)
+
+    def job_script(self) -> str:
+        """A Slurm cluster's batch script, as ``start()`` submits it, its ``sbatch`` options
+        as ``#SBATCH`` lines: a dry run, before or after ``start()`` (before, the rendezvous's
+        URL and token file, which ``start()`` makes, are placeholders). Other kinds submit
+        none: a :class:`~clusterbook.errors.ConfigError`."""
+        made = self._local
+        return made.provider.job_script(made.python, made.id, made.run_dir)
 
     @classmethod
     def from_spec(cls, spec: Mapping[str, Any]) -> Self:

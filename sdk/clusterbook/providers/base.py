@@ -83,6 +83,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import ClassVar, Protocol
 
+from clusterbook.errors import ConfigError
 from clusterbook.launch.flavour import Launcher
 from clusterbook.launch.nodes import RESTART_WAIT, NodeSource
 from clusterbook.providers.reach import LocalReach, NodeReach
@@ -196,6 +197,16 @@ class Provider(ABC):
     def join_command(self) -> str | None:
         """For nodes that join by themselves, once started: the command a node joins with."""
         return None
+
+    def job_script(self, python: str, cluster_id: str, run_dir: Path | None) -> str:
+        """For nodes from a batch job: the script :meth:`start` submits, its scheduler's
+        options as directives (``#SBATCH``), for a cluster whose Python is ``python``, whose
+        id is ``cluster_id`` and whose run directory is ``run_dir``. Others raise a
+        ConfigError: they submit nothing."""
+        raise ConfigError(
+            f"cluster.job_script() shows the batch script a Slurm cluster (Cluster.slurm) "
+            f"submits; a {self.kind} cluster submits none."
+        )
 
     @property
     def bounds(self) -> tuple[int, int] | None:

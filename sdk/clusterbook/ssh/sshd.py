@@ -13,6 +13,7 @@ own its pid, and it gets SIGTERM when the process that started it dies.
 from __future__ import annotations
 
 import ctypes
+import functools
 import os
 import shutil
 import signal
@@ -78,6 +79,7 @@ def start_sshd(
     more_authorized_keys: Sequence[str | os.PathLike[str]] = (),
     host_key: str | os.PathLike[str] | None = None,
     socket_forwarding: bool = False,
+    home: str | os.PathLike[str] | None = None,
 ) -> Sshd:
     """Start an sshd as the current user and return once it answers with an SSH banner.
 
@@ -112,6 +114,9 @@ def start_sshd(
     host_key
         A private key to show as the host key (its ``.pub`` beside it), such as a job's key
         that clients pin; copied into ``directory`` (0600). Default: one made there once.
+    home
+        The ``HOME`` of the sessions it starts, instead of the user's own (a throwaway home
+        for stand-in machines: what a login writes under ``~`` lands there).
 
     Returns
     -------
@@ -134,13 +139,30 @@ def start_sshd(
     keys = _authorized_keys(directory, authorized_keys)
     host_key_path, host_public_key = _host_key(directory, host_key, port)
     more = tuple(Path(k).expanduser() for k in more_authorized_keys)
-    # A port picked here can be taken before sshd binds it; then pick again.
+    at_home = None if home is None else Path(home).expanduser()
+    settings = functools.partial(SshdConfig, directory, listen=listen, authorized_keys=keys)
+    settings = functools.partial(settings, forwarding=forwarding, more_keys=more, home=at_home)
+    settings = functools.partial(settings, socket_forwarding=socket_forwarding)
+    return _launch_on(port, listen, settings, sshd, host_key_path, host_public_key, limit, launch)
+
+
+def _launch_on(
+    port: int,
+    listen: str,
+    settings: Callable[[int], SshdConfig],
+    sshd: str,
+    host_key: Path,
+    host_public_key: str,
+    timeout: float,
+    launch: Callable[[list[str]], list[str]] | None,
+) -> Sshd:
+    """:func:`_launch` on ``port``, or on a free port when it is 0: a port picked here can be
+    taken before sshd binds it, and then another is picked (three tries)."""
     attempts = 3 if port == 0 else 1
     for attempt in range(attempts):
-        chosen = port or _free_port(listen)
-        cfg = SshdConfig(directory, chosen, listen, keys, forwarding, more, socket_forwarding)
+        cfg = settings(port or _free_port(listen))
         try:
-            return _launch(sshd, cfg, host_key_path, host_public_key, limit, launch)
+            return _launch(sshd, cfg, host_key, host_public_key, timeout, launch)
         except SshdError as exc:
             if attempt + 1 == attempts or "Address already in use" not in exc.log_tail:
                 raise

@@ -66,6 +66,9 @@ class SshdConfig:
         nothing a key that may run commands here could not do with ``nc``. A key marked
         ``restrict`` also needs ``port-forwarding`` for either. No other forwarding is ever
         allowed: nothing the other way (``-R``), no agent, X11 or tunnel.
+    home
+        The ``HOME`` of the sessions it starts (absolute), instead of the user's own: what they
+        write under ``~`` lands there. None: the home the user database gives.
     """
 
     directory: Path
@@ -75,6 +78,7 @@ class SshdConfig:
     forwarding: bool = False
     more_keys: tuple[Path, ...] = ()
     socket_forwarding: bool = False
+    home: Path | None = None
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "directory", check_path(self.directory, "directory"))
@@ -87,6 +91,8 @@ class SshdConfig:
         object.__setattr__(self, "authorized_keys", checked)
         more = tuple(check_path(k, "authorized_keys") for k in self.more_keys)
         object.__setattr__(self, "more_keys", more)
+        if self.home is not None:
+            object.__setattr__(self, "home", check_path(self.home, "home"))
 
 
 def render_sshd_config(cfg: SshdConfig, *, host_key: Path, pid_file: Path) -> str:
@@ -138,6 +144,9 @@ def render_sshd_config(cfg: SshdConfig, *, host_key: Path, pid_file: Path) -> st
         ("MaxStartups", "64:30:128"),
         ("Subsystem", "sftp internal-sftp"),
     ]
+    if cfg.home is not None:
+        # SetEnv overrides the HOME that sshd takes from the user database (OpenSSH 7.8+).
+        lines.append(("SetEnv", quote(f"HOME={cfg.home}")))
     return "".join(f"{key} {value}\n" for key, value in lines)
 
 

@@ -32,6 +32,7 @@ __all__ = [
     "render_script",
     "sbatch_argv",
     "step_script",
+    "with_directives",
 ]
 
 #: States of a job that holds (or waits for) its nodes; any other state is an end.
@@ -281,6 +282,17 @@ def render_script(
         "# wait returns early when the trap runs: wait again until the step has ended.\n"
         'while :; do wait "$step"; rc=$?; kill -0 "$step" 2>/dev/null || exit "$rc"; done\n'
     )
+
+
+def with_directives(script: str, sbatch: Sequence[str]) -> str:
+    """``script`` with the options of ``sbatch`` (its argv, as :func:`sbatch_argv` makes it)
+    as ``#SBATCH`` lines after its first line: the script as one would submit it by hand
+    (``sbatch FILE``), as dask-jobqueue's ``job_script()`` shows it. ``--parsable`` is how
+    clusterbook reads the job id, not an option of the job: left out."""
+    first, _, rest = script.partition("\n")
+    options = [a for a in sbatch[1:-1] if a != "--parsable"]
+    directives = "".join(f"#SBATCH {shlex.quote(a)}\n" for a in options)
+    return f"{first}\n{directives}{rest}"
 
 
 def batch_env(environ: Mapping[str, str]) -> dict[str, str]:

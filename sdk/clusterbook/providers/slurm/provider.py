@@ -36,7 +36,13 @@ from clusterbook.providers.elastic.far import head_address_towards, networks_her
 from clusterbook.providers.elastic.provider import join_command, warn_unclean
 from clusterbook.providers.elastic.reach import FarReach
 from clusterbook.providers.reach import NodeReach
-from clusterbook.providers.slurm.batch import BatchJob, JobState, render_script, sbatch_argv
+from clusterbook.providers.slurm.batch import (
+    BatchJob,
+    JobState,
+    render_script,
+    sbatch_argv,
+    with_directives,
+)
 from clusterbook.providers.slurm.commands import SlurmCommands, SlurmRunner, write_script
 from clusterbook.providers.slurm.steps import StepCheck
 from clusterbook.providers.slurm.watch import JobWatch
@@ -254,19 +260,30 @@ class SlurmProvider(Provider):
 
     def _submit(self, ctx: StartContext) -> None:
         assert self.head.join_url is not None
-        assert self.head.token_file is not None
         directory = ctx.run_dir or cluster_dir(ctx.cluster_id)
         self.script = directory / "slurm-job.sh"
-        agent = agent_argv(ctx.python, self.head.join_url, self.head.token_file, start_sshd=0)
-        warned = directory if self.job.signal is not None else None
-        text = render_script(agent, cluster=ctx.cluster_id, slots=self.job.slots, warned=warned)
+        text, argv = self._render(ctx.python, ctx.cluster_id, directory)
         write_script(self.script, text)
-        output = directory / "slurm-%j.out"
-        argv = sbatch_argv(self.job, name=ctx.cluster_id, script=self.script, output=output)
         ctx.progress("submitting the Slurm job")
         job_id = self.slurm.submit(argv)
         self.follow.follow(job_id, directory / f"slurm-{job_id}.out", ctx.changed)
         ctx.changed()
+
+    def _render(self, python: str, cluster_id: str, directory: Path) -> tuple[str, list[str]]:
+        """The batch script and the sbatch command that submits it from ``directory``; before
+        :meth:`start`, with placeholders for the rendezvous's URL and token file."""
+        url = self.head.join_url or "<URL: start() makes it>"
+        token = self.head.token_file or "<TOKEN_FILE: start() makes it>"
+        agent = agent_argv(python, url, token, start_sshd=0)
+        warned = directory if self.job.signal is not None else None
+        text = render_script(agent, cluster=cluster_id, slots=self.job.slots, warned=warned)
+        output = directory / "slurm-%j.out"
+        script = directory / "slurm-job.sh"
+        return text, sbatch_argv(self.job, name=cluster_id, script=script, output=output)
+
+    def job_script(self, python: str, cluster_id: str, run_dir: Path | None) -> str:
+        text, argv = self._render(python, cluster_id, run_dir or cluster_dir(cluster_id))
+        return with_directives(text, argv)
 
     def _address_for_nodes(self) -> str:
         """This machine's address on the way to slurmctld: where the nodes reach it too."""
