@@ -27,7 +27,13 @@ from clusterbook.launch.nodes import (
     warn_ranks,
 )
 from clusterbook.launch.prepare import JobHooks, JobRequest, diagnose, prepare
-from clusterbook.launch.setaside import Bench, SetAsidePolicy, failed_nodes, with_aside
+from clusterbook.launch.setaside import (
+    Bench,
+    SetAsidePolicy,
+    failed_nodes,
+    idle_drops,
+    with_aside,
+)
 from clusterbook.providers.base import Provider, node_source
 from clusterbook.status import NodeStatus
 
@@ -64,6 +70,8 @@ class LocalJobs:
         self._logs = LogBudget()  # what the jobs' log buffers hold together
         self._starting = threading.Lock()  # one at a time: each its own number
         self._warned: set[tuple[str, int]] = set()  # (job, attempt) told of their nodes' end
+        self._lost: frozenset[str] = frozenset()  # the nodes lost at the last look
+        self._looking = threading.Lock()  # one look at a time: each drop counted once
 
     def all(self) -> list[Job]:
         """Every job, oldest first. Without a lock (a copy of a list is atomic): the jobs'
@@ -151,11 +159,23 @@ class LocalJobs:
         was lost cannot finish and fails, naming it; one that asked (``restart_on_join``) is
         restarted on a round that grew, while the cluster runs."""
         jobs = self.all()
+        self._count_idle_drops({n.name for j in jobs if not j.done() for n in j.plan.nodes})
         fail_on_lost_nodes(jobs, self._provider.watch.unreachable)
         if self._running():
             restart_grown_jobs(jobs, lambda: self._provider.nodes)
         if warned := self._provider.preempting():
             self._warned |= warn_ranks(jobs, warned, self._warned)
+
+    def _count_idle_drops(self, busy: set[str]) -> None:
+        """Count a failure against each node lost since the last look with none of the ``busy``
+        nodes' attempts on it (an agent that keeps dropping sets its node aside, as failing
+        ranks do); the jobs' own nodes are counted when their attempts end."""
+        if not self.bench.policy.failures:
+            return  # never set aside: no need to read every node's status at each change
+        with self._looking:
+            dropped, self._lost = idle_drops(self._provider.watch.node_statuses(), self._lost, busy)
+        if dropped:
+            self._ended(dropped)
 
     def stop_all(self) -> None:
         """Cancel the jobs that run, and end what a failed one kept (``clean="none"``)."""
