@@ -181,6 +181,16 @@ class FarReach:
             target=self._prepare, args=(nodes,), name="clusterbook-prepare", daemon=True
         ).start()
 
+    def on_change(self, changed: Callable[[], None]) -> Callable[[], None]:
+        """What the head calls when the nodes change: ``changed`` (the cluster is told), then
+        :meth:`prepare_soon`."""
+
+        def both() -> None:
+            changed()
+            self.prepare_soon()
+
+        return both
+
     def _prepare(self, nodes: tuple[NodeSpec, ...]) -> None:
         try:
             self._checked_path(nodes)

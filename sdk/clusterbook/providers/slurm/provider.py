@@ -242,7 +242,8 @@ class SlurmProvider(Provider):
         listen = self._listen or self._address_for_nodes()
         self._ctx = ctx
         try:
-            self.head.start(ctx.cluster_id, lambda: self._changed(ctx), listen=listen)
+            # A node that joins is checked now (its master connection too), not at the next job.
+            self.head.start(ctx.cluster_id, self.far.on_change(ctx.changed), listen=listen)
             self.far.start(ctx)
             self._networks = networks_here()
             self._submit(ctx)
@@ -251,12 +252,6 @@ class SlurmProvider(Provider):
             with contextlib.suppress(OSError):  # its token and keys are gone: it is empty
                 cluster_dir(ctx.cluster_id).rmdir()
             raise
-
-    def _changed(self, ctx: StartContext) -> None:
-        """The nodes changed: the cluster is told, and a node that joined is checked now (and
-        its master connection started), not at the next job."""
-        ctx.changed()
-        self.far.prepare_soon()
 
     def _submit(self, ctx: StartContext) -> None:
         assert self.head.join_url is not None
