@@ -90,7 +90,7 @@ class FarReach:
         self._preparing = threading.Lock()  # one check of the round at a time
         self._prepared: tuple[str, ...] = ()  # the round prepare_soon() last looked at
         self._masters: ControlMasters | None = None
-        self._warm: set[str] = set()  # the nodes' addresses whose master is up
+        self._warm: dict[str, FarNode] = {}  # the nodes whose master is up, by address
 
     # -- lifecycle ------------------------------------------------------------------------
 
@@ -114,7 +114,7 @@ class FarReach:
         with self._lock:
             sessions, self._sessions = self._sessions, {}
         with self._preparing:  # a check under way ends first
-            masters, self._masters, self._warm = self._masters, None, set()
+            masters, self._masters, self._warm = self._masters, None, {}
         if masters is not None:
             masters.stop()
 
@@ -206,6 +206,8 @@ class FarReach:
             raise BootstrapError(found)
         key = tuple(far)
         with self._preparing:
+            if self._ctx is None:  # stopped meanwhile: no master may outlive the stop
+                raise ClusterError("The cluster stopped while its nodes were being checked.")
             if key != self._checked or self._launch is None:
                 launch = self._write(ctx, far)
                 warming = threading.Thread(target=self._start_masters, args=(far,), daemon=True)
@@ -223,15 +225,18 @@ class FarReach:
         masters = self._masters
         if masters is None:
             return
-        addrs = {n.addr for n in far}
-        for gone in self._warm - addrs:
-            masters.drop(gone)
+        now = {n.addr: n for n in far}
+        for addr, node in list(self._warm.items()):
+            if now.get(addr) != node:  # gone, or back with another sshd (port, host key)
+                masters.drop(addr)
+                del self._warm[addr]
         dead = set(masters.dead())
-        wanted = sorted(a for a in addrs if a not in self._warm or a in dead)
+        wanted = sorted(a for a in now if a not in self._warm or a in dead)
         failed = masters.start(10.0, wanted) if wanted else {}
         for addr, why in failed.items():
             _log.info("No master connection to %s (its jobs log in anew): %s", addr, why)
-        self._warm = (self._warm & addrs) - dead | (set(wanted) - set(failed))
+            self._warm.pop(addr, None)
+        self._warm.update((a, now[a]) for a in wanted if a not in failed)
 
     def _write(self, ctx: StartContext, far: Sequence[FarNode]) -> RemoteLaunch:
         from clusterbook.ssh.launcher_ssh import ssh_wrapper
