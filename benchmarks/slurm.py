@@ -27,9 +27,12 @@ snode2) is brought up for the run and taken down after it, whatever happens.
    ``cluster.scale(2)`` to a job with ranks on every slot (``hostname``, 4 ranks over both
    nodes) having run, against ``sbatch -N1 --wrap 'srun hostname'`` from submission to
    COMPLETED on the node left idle; each run then scales back to 1 node (untimed). The same
-   phases as part 1. Goal: scale <= 1.5x the bare job.
+   phases as part 1. Goal: scale <= 1.5x the bare job. Its phases, medians: until the new node
+   joined (``wait_ready()`` returns), until the job started (its nodes checked), until it ended.
+   ``--only-scale`` runs this part alone.
 
-    python benchmarks/slurm.py [--repeat 5] [--no-mpi] [--no-scale]   (as root, with Slurm)
+    python benchmarks/slurm.py [--repeat 5] [--no-mpi] [--no-scale | --only-scale]
+    (as root, with Slurm)
 
 The exit status is 1 when a goal is missed.
 """
@@ -165,10 +168,13 @@ def mpi_side_by_side(tmp: Path, repeat: int) -> tuple[float, float, float]:
     return statistics.median(through), statistics.median(bare), statistics.median(over_ssh)
 
 
-def scale_side_by_side(tmp: Path, bed: Path, repeat: int) -> tuple[list[float], list[float]]:
+def scale_side_by_side(
+    tmp: Path, bed: Path, repeat: int
+) -> tuple[list[float], list[float], list[tuple[float, float]]]:
     """Seconds from ``scale(2)`` to a job over both nodes having run, and of the bare 1-node
-    batch job, each run at the phases of part 1."""
-    scaled, bare = [], []
+    batch job, each run at the phases of part 1; and when, in each, the node had joined and
+    the job had started."""
+    scaled, bare, marks = [], [], []
     with cb.Cluster.slurm(nodes=1, max_nodes=2, run_dir=tmp / "scale") as cluster:
         cluster.wait_ready(timeout=60, progress=False)
         for i in range(repeat):
@@ -179,14 +185,18 @@ def scale_side_by_side(tmp: Path, bed: Path, repeat: int) -> tuple[list[float], 
             t0 = time.perf_counter()
             cluster.scale(2)
             cluster.wait_ready(timeout=60, progress=False)
-            result = cluster.mpirun(["hostname"], timeout=60).wait()
+            t1 = time.perf_counter()
+            job = cluster.mpirun(["hostname"], timeout=60)
+            t2 = time.perf_counter()
+            result = job.wait()
             scaled.append(time.perf_counter() - t0)
+            marks.append((t1 - t0, t2 - t0))
             result.check()
             hosts = set(cluster.jobs[-1].logs().query("rank >= 0").line)
             if hosts != {"snode1", "snode2"}:
                 sys.exit(f"the job after scale(2) ran on {sorted(hosts)}, not both nodes")
             cluster.scale(1)
-    return scaled, bare
+    return scaled, bare, marks
 
 
 def _check(done: subprocess.CompletedProcess[str], what: str) -> None:
@@ -200,6 +210,7 @@ def main() -> int:
     parser.add_argument("--repeat", type=int, default=5, help="runs per figure (default 5)")
     parser.add_argument("--no-mpi", action="store_true", help="skip part 2")
     parser.add_argument("--no-scale", action="store_true", help="skip part 3")
+    parser.add_argument("--only-scale", action="store_true", help="run part 3 only")
     args = parser.parse_args()
     if args.repeat < 1:
         parser.error("--repeat must be >= 1")
@@ -223,43 +234,58 @@ def main() -> int:
         try:
             print(f"clusterbook {cb.__version__}, Slurm test bed (2 nodes), {os.cpu_count()} CPUs")
             bare_batch_job(tmp_dir)  # untimed: the first job of a fresh Slurm is slower
-            clusterbook_ready(tmp_dir, -1)
-            ready, stopped, batch = [], [], []
-            for i in range(args.repeat):
-                phase = (i + 0.5) / args.repeat
-                at_phase(bed, phase)
-                batch.append(bare_batch_job(tmp_dir))
-                at_phase(bed, phase)
-                r, s = clusterbook_ready(tmp_dir, i)
-                ready.append(r)
-                stopped.append(s)
-            b, r = statistics.median(batch), statistics.median(ready)
-            print(f"{'':34} {'median':>8} {'min':>8} {'max':>8}")
-            print(f"{'sbatch -N2 --wrap srun hostname':34} " + _row(batch))
-            print(f"{'Cluster.slurm(nodes=2) to ready':34} " + _row(ready))
-            print(f"{'  then stop() (job ended)':34} " + _row(stopped))
-            ok = r <= GOAL_READY * b
-            missed |= not ok
-            print(f"ready / bare batch job: {r / b:.2f}x (goal <= {GOAL_READY}x) {_ok(ok)}")
-            if not args.no_mpi:
-                through, bare, over_ssh = mpi_side_by_side(tmp_dir, args.repeat)
-                ok = through <= GOAL_MPI * bare
-                missed |= not ok
-                print(f"{'MPI job, 4 ranks: cluster.mpirun':34} {through:>8.3f}")
-                print(f"{'MPI job, 4 ranks: srun --mpi=pmix':34} {bare:>8.3f}")
-                print(f"{'  bare mpirun over the same ssh':34} {over_ssh:>8.3f}")
-                print(f"mpirun / srun: {through / bare:.2f}x (goal <= {GOAL_MPI}x) {_ok(ok)}")
+            if not args.only_scale:
+                missed |= ready_and_mpi(tmp_dir, bed, args.repeat, mpi=not args.no_mpi)
             if not args.no_scale:
-                scaled, one = scale_side_by_side(tmp_dir, bed, args.repeat)
-                s, b = statistics.median(scaled), statistics.median(one)
-                print(f"{'sbatch -N1 --wrap srun hostname':34} " + _row(one))
-                print(f"{'scale 1 -> 2 nodes, ranks ran there':34} " + _row(scaled))
-                ok = s <= GOAL_READY * b
-                missed |= not ok
-                print(f"scale / bare batch job: {s / b:.2f}x (goal <= {GOAL_READY}x) {_ok(ok)}")
+                missed |= scale_part(tmp_dir, bed, args.repeat)
         finally:
             subprocess.run(["bash", str(TESTBED), "down", str(bed)], capture_output=True)
     return 1 if missed else 0
+
+
+def ready_and_mpi(tmp_dir: Path, bed: Path, repeat: int, *, mpi: bool) -> bool:
+    """Parts 1 and 2 (``mpi``); whether a goal was missed."""
+    clusterbook_ready(tmp_dir, -1)
+    ready, stopped, batch = [], [], []
+    for i in range(repeat):
+        phase = (i + 0.5) / repeat
+        at_phase(bed, phase)
+        batch.append(bare_batch_job(tmp_dir))
+        at_phase(bed, phase)
+        r, s = clusterbook_ready(tmp_dir, i)
+        ready.append(r)
+        stopped.append(s)
+    b, r = statistics.median(batch), statistics.median(ready)
+    print(f"{'':34} {'median':>8} {'min':>8} {'max':>8}")
+    print(f"{'sbatch -N2 --wrap srun hostname':34} " + _row(batch))
+    print(f"{'Cluster.slurm(nodes=2) to ready':34} " + _row(ready))
+    print(f"{'  then stop() (job ended)':34} " + _row(stopped))
+    ok = r <= GOAL_READY * b
+    missed = not ok
+    print(f"ready / bare batch job: {r / b:.2f}x (goal <= {GOAL_READY}x) {_ok(ok)}")
+    if mpi:
+        through, bare, over_ssh = mpi_side_by_side(tmp_dir, repeat)
+        ok = through <= GOAL_MPI * bare
+        missed |= not ok
+        print(f"{'MPI job, 4 ranks: cluster.mpirun':34} {through:>8.3f}")
+        print(f"{'MPI job, 4 ranks: srun --mpi=pmix':34} {bare:>8.3f}")
+        print(f"{'  bare mpirun over the same ssh':34} {over_ssh:>8.3f}")
+        print(f"mpirun / srun: {through / bare:.2f}x (goal <= {GOAL_MPI}x) {_ok(ok)}")
+    return missed
+
+
+def scale_part(tmp_dir: Path, bed: Path, repeat: int) -> bool:
+    """Part 3, with its phases; whether its goal was missed."""
+    scaled, one, marks = scale_side_by_side(tmp_dir, bed, repeat)
+    s, b = statistics.median(scaled), statistics.median(one)
+    print(f"{'':34} {'median':>8} {'min':>8} {'max':>8}")
+    print(f"{'sbatch -N1 --wrap srun hostname':34} " + _row(one))
+    print(f"{'scale 1 -> 2 nodes, ranks ran there':34} " + _row(scaled))
+    print(f"{'  the new node joined':34} " + _row([m[0] for m in marks]))
+    print(f"{'  the job started (nodes checked)':34} " + _row([m[1] for m in marks]))
+    ok = s <= GOAL_READY * b
+    print(f"scale / bare batch job: {s / b:.2f}x (goal <= {GOAL_READY}x) {_ok(ok)}")
+    return not ok
 
 
 def _row(values: list[float]) -> str:

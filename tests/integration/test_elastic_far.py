@@ -9,6 +9,7 @@ import shlex
 import shutil
 import subprocess
 import sys
+import time
 from collections.abc import Callable, Iterator
 from dataclasses import replace
 from pathlib import Path
@@ -78,6 +79,16 @@ def far_agents(tmp_path) -> Iterator[Callable[..., subprocess.Popen[str]]]:
         shutil.rmtree(Path.home() / ".clusterbook" / f"sshd-{node_id}", ignore_errors=True)
 
 
+def masters(config: str) -> list[str]:
+    """The hosts of the head's ssh master connections made with the ssh config ``config``."""
+    found = []
+    for proc in psutil.process_iter(["cmdline"]):
+        argv = proc.info["cmdline"] or []
+        if argv[:2] == ["ssh", "-M"] and config in argv:
+            found.append(argv[-1])
+    return sorted(found)
+
+
 def elastic_cluster(bed, python, tmp_path, n):
     return cb.Cluster.elastic(
         n, n, listen=bed.head_addr, last_call=0.1, python=python, run_dir=tmp_path / "run"
@@ -93,6 +104,12 @@ def test_ranks_run_on_far_agents_through_their_own_sshd(testbed, far_agents, mpi
             far_agents(h, cluster, "--slots", "2", "--start-sshd", str(SSHD_PORT))
         cluster.wait_ready(timeout=60)
         assert {n.host for n in cluster.nodes} == {h.addr for h in hosts}
+        # Checked as they joined, each with a master connection of the head's, before any job.
+        config = str(Path.home() / ".clusterbook" / "clusters" / cluster.id / "ssh_config")
+        deadline = time.monotonic() + 30
+        while masters(config) != sorted(h.addr for h in hosts):
+            assert time.monotonic() < deadline, masters(config)
+            time.sleep(0.05)
 
         result = cluster.mpirun(["python", str(script)], np=4, timeout=120).wait()
         result.check()

@@ -4,12 +4,21 @@ and until when, and ``cluster.reinstate`` brings it back into the next job."""
 
 from __future__ import annotations
 
+import contextlib
+import shlex
+import shutil
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
+import psutil
 import pytest
 
 import clusterbook as cb
 from clusterbook.views.html import render_nodes
+from tests.testbed import FakeHost
 from tests.testbed import testbed as fake_hosts
 
 pytestmark = [pytest.mark.root, pytest.mark.sshd, pytest.mark.mpi]
@@ -67,3 +76,77 @@ def test_a_node_failing_three_times_is_set_aside_then_reinstated(
         assert not back.wait(timeout=120).ok  # its retry runs on node3 again (and fails)
         assert [a.outcome for a in back.outcome.attempts] == ["failure", "failure"]
         assert back.np == 3
+
+
+@pytest.fixture
+def respawned(tmp_path: Path) -> Iterator[Callable[[FakeHost, cb.Cluster], str]]:
+    """Agents inside fake hosts that a loop starts again whenever one ends, as systemd's
+    ``Restart=always`` would; every process of theirs is gone at teardown."""
+    started: list[subprocess.Popen[bytes]] = []
+
+    def start(host: FakeHost, cluster: cb.Cluster) -> str:
+        token = tmp_path / f"token-{host.name}"  # copied to the node, as a user would
+        shutil.copy(cluster._provider.token_file, token)
+        argv = shlex.split(cluster.join_command)[1:]
+        argv = [a if a != str(cluster._provider.token_file) else str(token) for a in argv]
+        node = f"far-{host.name}"
+        agent = shlex.join([sys.executable, "-m", "clusterbook", *argv, "--node-id", node])
+        loop = f"hostname {host.name} && while :; do {agent} --slots 1; sleep 1; done"
+        started.append(
+            subprocess.Popen(
+                ["ip", "netns", "exec", host.netns, "unshare", "--uts", "sh", "-c", loop],
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL,
+            )
+        )
+        return node
+
+    yield start
+    for proc in started:
+        with contextlib.suppress(psutil.Error):
+            tree = psutil.Process(proc.pid).children(recursive=True)
+            proc.kill()  # the loop first, so that it starts no agent again
+            for child in tree:
+                child.kill()
+        proc.wait(timeout=10)
+
+
+def test_a_node_whose_agent_keeps_dropping_while_idle_is_set_aside_then_reinstated(
+    testbed, respawned, tmp_path: Path
+):
+    """No job runs: node3's agent is killed three times (its loop starts it again each time),
+    which sets node3 aside as three failing attempts would; reinstate brings it back."""
+    cluster = cb.Cluster.elastic(2, 3, listen=testbed.head_addr, run_dir=tmp_path / "run")
+    with cluster.start():
+        names = [respawned(host, cluster) for host in testbed.hosts[:3]]
+        node3 = names[2]
+
+        def state_of(node: str) -> str:
+            return str(cluster.status().set_index("node").loc[node, "state"])
+
+        def until(check: Callable[[], bool], said: Callable[[], object]) -> None:
+            deadline = time.monotonic() + 30
+            while not check():
+                assert time.monotonic() < deadline, said()
+                time.sleep(0.05)
+
+        until(lambda: len(cluster.nodes) == 3, cluster.status)
+        for drop in range(3):
+            [agent] = [
+                p
+                for p in psutil.process_iter(["cmdline"])
+                if node3 in (p.info["cmdline"] or []) and "worker" in p.info["cmdline"]
+            ]
+            agent.kill()
+            until(lambda: state_of(node3) in ("lost", "set-aside"), cluster.status)
+            # Back, joined again (or, after its third drop, back but set aside).
+            want = "set-aside" if drop == 2 else "joined"
+            until(lambda w=want: len(cluster.nodes) == 3 and state_of(node3) == w, cluster.status)  # type: ignore[misc]
+
+        status = cluster.status().set_index("node")
+        assert status.loc[node3, "last_reason"] == (
+            "3 failures in 10 min (last: agent dropped while idle)"
+        )
+        assert (status.loc[names[:2], "state"] == "joined").all()
+        cluster.reinstate(node3)
+        assert state_of(node3) == "joined"

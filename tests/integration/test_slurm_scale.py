@@ -11,9 +11,11 @@ import time
 from collections.abc import Callable, Iterator
 
 import pandas as pd
+import psutil
 import pytest
 
 import clusterbook as cb
+from clusterbook.paths import cluster_dir
 from tests.slurmbed import SlurmBed
 from tests.slurmbed import slurm as slurm_fixture
 from tests.slurmbed import slurmbed as slurmbed_fixture
@@ -194,7 +196,11 @@ def test_adapt_grows_for_a_job_whose_ranks_outnumber_the_slots_and_shrinks_once_
 
 
 CHECKPOINT = """\
-import os, time
+import os, signal, time
+if os.environ["CLUSTERBOOK_RESTART"] != "0":
+    # The requeued job is warned too, maybe at once (Slurm may send the signal up to a
+    # minute early, and its time limit is a minute): resuming takes no checkpoint.
+    signal.signal(signal.SIGUSR1, signal.SIG_IGN)
 import clusterbook
 from mpi4py import MPI
 comm = MPI.COMM_WORLD
@@ -282,3 +288,44 @@ def test_a_detached_slurm_cluster_scales_from_an_attached_handle_and_from_the_cl
         assert "minimum must be at most maximum" in capsys.readouterr().err
     finally:
         cluster.stop()
+
+
+def masters_of(cluster: cb.Cluster) -> list[str]:
+    """The addresses the head keeps an ssh master connection to for ``cluster``'s nodes."""
+    config = str(cluster_dir(cluster.id) / "ssh_config")
+    found = []
+    for proc in psutil.process_iter(["cmdline"]):
+        argv = proc.info["cmdline"] or []
+        if argv[:2] == ["ssh", "-M"] and config in argv and proc.status() != "zombie":
+            found.append(argv[-1])
+    return sorted(found)
+
+
+def test_a_node_that_joins_is_checked_and_gets_its_master_connection_before_any_job(
+    slurm, slurm_cluster
+):
+    """The head checks a node that scale() added, and opens its master connection, as it
+    joins: the first job over both nodes then logs in to neither; the master goes with its
+    node, and the rest with the cluster."""
+    cluster = slurm_cluster(nodes=1, max_nodes=2, time="10m")
+    cluster.wait_ready(timeout=60)
+    eventually(lambda: len(masters_of(cluster)) == 1, 30, lambda: masters_of(cluster))
+    [first] = masters_of(cluster)
+    cluster.scale(2)
+    eventually(lambda: len(joined(cluster)) == 2, 60, cluster.status)
+    # No job has run: the check and the master came with the join.
+    eventually(lambda: len(masters_of(cluster)) == 2, 30, lambda: masters_of(cluster))
+    assert cluster.jobs == []
+    result = cluster.mpirun(["hostname"], np=4, timeout=60).wait()
+    assert result.ok, result.summary()
+    assert sorted(set(cluster.jobs[-1].logs().query("rank >= 0").line)) == ["snode1", "snode2"]
+    assert (launched := cluster._provider.far.remote()) is not None
+    assert any(a.startswith("ControlPath=") for a in launched.ssh_args)
+
+    cluster.scale(1)
+    eventually(lambda: masters_of(cluster) == [first], 30, lambda: masters_of(cluster))
+    eventually(lambda: len(joined(cluster)) == 1, 30, cluster.status)
+    cluster.wait_ready(timeout=60)
+    assert cluster.mpirun(["hostname"], timeout=60).wait().ok
+    cluster.stop()
+    assert masters_of(cluster) == []

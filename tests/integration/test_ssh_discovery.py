@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import contextlib
 import re
+import socket
 import subprocess
 import sys
 import time
@@ -18,11 +19,13 @@ import pytest
 import clusterbook as cb
 from tests.conftest import ranks_started
 from tests.integration.test_ssh_faults import strays
-from tests.testbed import Testbed
+from tests.integration.test_ssh_openssh import _jump_config
+from tests.integration.test_ssh_openssh import behind_bastion as bastion_fixture
+from tests.testbed import Testbed, is_agent
 from tests.testbed import testbed as fake_hosts
 
 pytestmark = [pytest.mark.root, pytest.mark.sshd, pytest.mark.mpi]
-testbed = fake_hosts
+testbed, behind_bastion = fake_hosts, bastion_fixture
 
 # Each attempt says where it runs; the third (second restart) ends, the others wait.
 WAITS = """\
@@ -172,3 +175,48 @@ def test_clusterbook_run_discover_runs_on_the_hosts_the_command_prints(
     done = subprocess.run(command, capture_output=True, text=True, timeout=120, check=False)
     assert done.returncode == 0, done.stderr
     assert sorted(re.findall(r"node\d", done.stdout)) == ["node1", "node2"]
+
+
+def test_a_host_discovered_behind_a_jump_host_gets_its_agent_and_runs_ranks(
+    testbed: Testbed, behind_bastion, mpi_python, tmp_path: Path
+):
+    """node2 and node3 refuse the head's connections; the ssh config reaches them through
+    node1 (ProxyJump). node3, discovered once the cluster runs, joins through node1 as node2
+    did at the start, and a job runs ranks on both."""
+    bastion, inner = behind_bastion
+    with pytest.raises(ConnectionRefusedError):  # the head cannot reach node3 itself
+        socket.create_connection((inner[1].addr, 22), timeout=3).close()
+    config = _jump_config(testbed, bastion, inner, tmp_path / "ssh_config")
+    hostlist = tmp_path / "hosts.txt"
+    listed(hostlist, "node2")
+    cluster = cb.Cluster.ssh(
+        discover=f"cat {hostlist}",
+        every="0.3s",
+        ssh_config=config,
+        known_hosts=testbed.write_known_hosts(),
+        connect_timeout=10,
+        python=mpi_python,
+        run_dir=tmp_path / "run",
+    )
+    with cluster:
+        assert nodes_of(cluster) == ["node2"]
+        listed(hostlist, "node2", "node3")
+        wait_for("node3 joined", lambda: nodes_of(cluster) == ["node2", "node3"])
+        assert cluster.snapshot().problem is None
+        assert agent_running(inner[1]), "no agent on node3"
+        where = "import socket; from mpi4py import MPI; "
+        where += "print(MPI.COMM_WORLD.rank, socket.gethostname(), flush=True)"
+        job = cluster.mpirun(["python", "-c", where], np=2, timeout=60)
+        job.wait(timeout=90).check()
+        lines = job.logs().query("rank >= 0").sort_values("rank")["line"]
+        assert list(lines) == ["0 node2", "1 node3"]
+    wait_for("no process left", lambda: not strays(testbed), 10)
+
+
+def agent_running(host) -> bool:
+    """Whether a cluster's agent runs on ``host`` (a process of its network namespace)."""
+    found = []
+    for pid in host.processes():
+        with contextlib.suppress(psutil.Error):
+            found.append(is_agent(psutil.Process(pid)))
+    return any(found)

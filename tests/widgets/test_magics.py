@@ -446,10 +446,51 @@ def test_cluster_scale_asks_the_notebooks_cluster(ip, magics: ClusterMagics) -> 
     assert magics.cluster.state == "running"
 
 
+class AdaptRecorder:
+    """A handle in the notebook's place that keeps what ``adapt`` was asked."""
+
+    name, state = "recorded", "running"
+
+    def __init__(self) -> None:
+        self.asked: list[tuple[int, int, object, object]] = []
+
+    def adapt(self, minimum: int, maximum: int, *, interval: object, grace: object) -> None:
+        self.asked.append((minimum, maximum, interval, grace))
+
+    def stop(self) -> None:
+        pass
+
+
+def test_cluster_adapt_asks_the_notebooks_cluster(ip, magics: ClusterMagics) -> None:  # type: ignore[no-untyped-def]
+    with pytest.raises(cb.ClusterStateError, match=r"No cluster to adapt: start one"):
+        ip.run_line_magic("cluster", "adapt 1 2")
+    recorder = AdaptRecorder()
+    magics.cluster = recorder  # type: ignore[assignment]
+    with capture_output() as out:
+        ip.run_line_magic("cluster", "adapt 1 3")
+        ip.run_line_magic("cluster", "adapt 2 2 --interval 5s --grace 2m")
+    assert recorder.asked == [(1, 3, 30.0, 60.0), (2, 2, 5.0, 120.0)]
+    assert "'recorded' adapts between 1 and 3 node(s)" in out.stdout
+    magics.cluster = None
+    with capture_output():
+        ip.run_line_magic("cluster", "local --workers 1 --slots 1")
+    # A local cluster's nodes do not change: its Resizer says so.
+    with pytest.raises(cb.ConfigError, match=r"cluster\.adapt\(\) grows and shrinks Slurm"):
+        ip.run_line_magic("cluster", "adapt 1 2")
+    assert magics.cluster is not None
+    assert magics.cluster.state == "running"
+
+
 @pytest.mark.parametrize(
     ("line", "said"),
     [
         ("", "usage: %cluster"),
+        ("adapt 3 1", "adapt 3 1: MIN must be at most MAX; give the fewest nodes first"),
+        ("adapt 0 2", "MIN must be >= 1, got 0"),
+        ("adapt 1 x", "MAX must be a whole number >= 1, got 'x'"),
+        ("adapt 1 2 --interval soon", "--interval must be a duration > 0, got 'soon'"),
+        ("adapt 1 2 --grace -3", "--grace must be a duration > 0, got '-3' (it is negative)"),
+        ("adapt 1", "required: MAX"),
         ("launch", "invalid choice: 'launch'"),
         ("local --workers 0", "--workers must be >= 1"),
         ("ssh", "HOST[:SLOTS]"),

@@ -5,6 +5,7 @@ text (:class:`HelpRequested`), never an exit of the kernel as argparse would."""
 from __future__ import annotations
 
 import argparse
+import functools
 import keyword
 import shlex
 from dataclasses import dataclass
@@ -89,10 +90,10 @@ def _slots(text: str) -> int | str:
         ) from None
 
 
-def _seconds(text: str) -> float:
+def _seconds(text: str, option: str = "timeout") -> float:
     """A duration as the magic's options take it: ``90``, ``30m``, ``1h30m``."""
     try:
-        return duration(text, "timeout")
+        return duration(text, option)
     except ConfigError as exc:
         raise argparse.ArgumentTypeError(str(exc)) from None
 
@@ -229,7 +230,7 @@ def _cluster_parser() -> _Parser:
     p = _Parser(prog="%cluster", description="Start, show or stop the notebook's cluster.")
     sub = p.add_subparsers(
         dest="command",
-        metavar="{local,ssh,slurm,env,profile,attach,status,stop}",
+        metavar="{local,ssh,slurm,env,profile,attach,status,scale,adapt,stop}",
         required=True,
     )
     local = sub.add_parser("local", help="a cluster on this machine")
@@ -304,12 +305,26 @@ def _cluster_parser() -> _Parser:
 
 
 def _add_current(sub: argparse._SubParsersAction[_Parser]) -> None:
-    """The commands about a cluster that runs: attach, status, scale, stop."""
+    """The commands about a cluster that runs: attach, status, scale, adapt, stop."""
     attach = sub.add_parser("attach", help="a cluster another kernel or process runs")
     attach.add_argument("id", metavar="ID", help="its id (clusterbook ls), name or directory")
     sub.add_parser("status", help="show the cluster's nodes")
     scale = sub.add_parser("scale", help="grow or shrink the Slurm cluster to N nodes")
     scale.add_argument("nodes", type=_count("N"), metavar="N", help="the number of nodes")
+    adapt = sub.add_parser(
+        "adapt",
+        help="let the Slurm cluster grow while jobs wait for slots and shrink when idle",
+    )
+    adapt.add_argument("minimum", type=_count("MIN"), metavar="MIN", help="the fewest nodes")
+    adapt.add_argument("maximum", type=_count("MAX"), metavar="MAX", help="the most nodes")
+    for option, default in (("--interval", "30s"), ("--grace", "1m")):
+        adapt.add_argument(
+            option,
+            type=functools.partial(_seconds, option=option),
+            default=default,
+            metavar="D",
+            help=f"default {default} (seconds or text like 90s, 2m)",
+        )
     sub.add_parser("stop", help="stop the cluster and every process of it")
 
 
@@ -323,4 +338,10 @@ def _add_profile(sub: argparse._SubParsersAction[_Parser]) -> None:
 def parse_cluster_args(line: str) -> argparse.Namespace:
     """Parse the line of ``%cluster``; raise :class:`ArgsError` (or :class:`HelpRequested`)."""
     parser = _cluster_parser()
-    return parser.parse_args(_split(parser, line))
+    args = parser.parse_args(_split(parser, line))
+    if args.command == "adapt" and args.minimum > args.maximum:
+        parser.error(
+            f"adapt {args.minimum} {args.maximum}: MIN must be at most MAX; give the fewest "
+            f"nodes first, like adapt {args.maximum} {args.minimum}"
+        )
+    return args

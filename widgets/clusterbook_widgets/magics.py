@@ -126,6 +126,7 @@ class ClusterMagics(Magics):
         of a profile: :meth:`clusterbook.Cluster.from_profile`), ``%cluster attach ID`` (a cluster
         another kernel or process runs: shown with its newest job's output),
         ``%cluster status``, ``%cluster scale N`` (a Slurm cluster: ``Cluster.scale``),
+        ``%cluster adapt MIN MAX [--interval D] [--grace D]`` (``Cluster.adapt``),
         ``%cluster stop``. Bad arguments raise IPython's ``UsageError``;
         a cluster that cannot be made, started or reached raises its ``ClusterError``.
         """
@@ -188,6 +189,8 @@ class ClusterMagics(Magics):
             self._status()
         elif args.command == "scale":
             self._scale(args.nodes)
+        elif args.command == "adapt":
+            self._adapt(args)
         else:
             self._stop()
 
@@ -196,6 +199,15 @@ class ClusterMagics(Magics):
             raise ClusterStateError("No cluster to scale: start one first (%cluster slurm).")
         self.cluster.scale(nodes)
         print(f"Scaling {self.cluster.name!r} to {nodes} node(s): %cluster status shows them.")
+
+    def _adapt(self, args: Namespace) -> None:
+        if self.cluster is None:
+            raise ClusterStateError("No cluster to adapt: start one first (%cluster slurm).")
+        self.cluster.adapt(args.minimum, args.maximum, interval=args.interval, grace=args.grace)
+        print(
+            f"{self.cluster.name!r} adapts between {args.minimum} and {args.maximum} node(s): "
+            "%cluster status shows them."
+        )
 
     def _attach(self, what: str) -> None:
         cluster = cb.Cluster.attach(what)

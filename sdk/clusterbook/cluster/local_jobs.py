@@ -8,6 +8,7 @@ ranks on a node that was lost fails, a job that asked for it is restarted on a g
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -15,7 +16,7 @@ from dataclasses import replace
 from typing import TYPE_CHECKING
 
 from clusterbook.cluster.handle import job_by_id
-from clusterbook.errors import ConfigError
+from clusterbook.errors import ClusterError, ConfigError
 from clusterbook.launch.job import Job
 from clusterbook.launch.logstore import LogBudget
 from clusterbook.launch.nodes import (
@@ -27,7 +28,13 @@ from clusterbook.launch.nodes import (
     warn_ranks,
 )
 from clusterbook.launch.prepare import JobHooks, JobRequest, diagnose, prepare
-from clusterbook.launch.setaside import Bench, SetAsidePolicy, failed_nodes, with_aside
+from clusterbook.launch.setaside import (
+    Bench,
+    SetAsidePolicy,
+    failed_nodes,
+    idle_drops,
+    with_aside,
+)
 from clusterbook.providers.base import Provider, node_source
 from clusterbook.status import NodeStatus
 
@@ -39,6 +46,10 @@ if TYPE_CHECKING:
     from clusterbook.launch.prepare import JobArgs
 
 __all__ = ["LocalJobs"]
+
+#: Seconds between two looks for nodes lost while idle: each reads every node's status, and
+#: the nodes change at every heartbeat (a change in between gets a look when they are up).
+LOOK_EVERY = 0.5
 
 
 class LocalJobs:
@@ -64,6 +75,11 @@ class LocalJobs:
         self._logs = LogBudget()  # what the jobs' log buffers hold together
         self._starting = threading.Lock()  # one at a time: each its own number
         self._warned: set[tuple[str, int]] = set()  # (job, attempt) told of their nodes' end
+        self._lost: frozenset[str] = frozenset()  # the nodes lost at the last look
+        self._looking = threading.Lock()  # one look at a time: each drop counted once
+        self._next_look = 0.0  # time.monotonic() of the next look
+        self._trailing: threading.Timer | None = None  # the look after the last change
+        self._stopped = False  # stop_all() ran: no look any more
 
     def all(self) -> list[Job]:
         """Every job, oldest first. Without a lock (a copy of a list is atomic): the jobs'
@@ -121,8 +137,12 @@ class LocalJobs:
             self._jobs.append(started)
         return started
 
-    def _ended(self, failed: dict[str, str]) -> None:
-        """An attempt ended: count its failures; a node set aside is news."""
+    def _ended(self, failed: dict[str, str], *, idle: bool = False) -> None:
+        """An attempt ended (``idle``: nodes were lost with none): count its failures; a node
+        set aside is news."""
+        if not idle:
+            with self._looking:  # a node lost under the attempt, counted: no idle drop too
+                self._lost |= set(failed)
         if self.bench.note(failed, [n.name for n in self._provider.nodes]):
             self._recorded()
 
@@ -151,14 +171,49 @@ class LocalJobs:
         was lost cannot finish and fails, naming it; one that asked (``restart_on_join``) is
         restarted on a round that grew, while the cluster runs."""
         jobs = self.all()
+        self._count_idle_drops()
         fail_on_lost_nodes(jobs, self._provider.watch.unreachable)
         if self._running():
             restart_grown_jobs(jobs, lambda: self._provider.nodes)
         if warned := self._provider.preempting():
             self._warned |= warn_ranks(jobs, warned, self._warned)
 
+    def _count_idle_drops(self) -> None:
+        """Count a failure against each node lost since the last look with no running
+        attempt on it (an agent that keeps dropping sets its node aside, as failing ranks
+        do); a node lost under an attempt is counted by the attempt's end. At most one look
+        each ``LOOK_EVERY`` seconds; a change in between gets the next one."""
+        if not self.bench.policy.failures:
+            return  # never set aside: no need to read every node's status
+        with self._looking:
+            now = time.monotonic()
+            if self._stopped:
+                return
+            if now < self._next_look:
+                if self._trailing is None:
+                    self._trailing = threading.Timer(self._next_look - now, self._look_again)
+                    self._trailing.daemon = True
+                    self._trailing.start()
+                return
+            self._next_look = now + LOOK_EVERY
+            busy = {n.name for j in self.all() if not j.done() for n in j.plan.nodes}
+            dropped, self._lost = idle_drops(self._provider.watch.node_statuses(), self._lost, busy)
+        if dropped:
+            self._ended(dropped, idle=True)
+
+    def _look_again(self) -> None:
+        with self._looking:
+            self._trailing = None
+        with contextlib.suppress(ClusterError):  # the cluster stopped meanwhile
+            self._count_idle_drops()
+
     def stop_all(self) -> None:
-        """Cancel the jobs that run, and end what a failed one kept (``clean="none"``)."""
+        """Cancel the jobs that run, and end what a failed one kept (``clean="none"``); no
+        look for nodes lost while idle comes after."""
+        with self._looking:
+            trailing, self._trailing, self._stopped = self._trailing, None, True
+        if trailing is not None:
+            trailing.cancel()
         for job in self.all():
             if not job.done():
                 job.cancel()

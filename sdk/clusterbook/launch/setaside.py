@@ -1,20 +1,22 @@
 """Failing nodes set aside: the policy and its decisions (pure, the clock injected).
 
 A node whose ranks fail ``failures`` times within ``window`` seconds (or whose node is lost
-that often: its agent or its connection keeps dropping) is set aside: the later attempts of
+that often: its agent or its connection keeps dropping, while it runs ranks or while it is
+idle) is set aside: the later attempts of
 the cluster's jobs (retries and restarts) leave it out until its cool-down ends, or until
 ``cluster.reinstate(node)``; a new job is not refused its nodes. Each time the same node is
 set aside again its cool-down doubles, up to ``limit``, as Horovod's elastic mode does with
 the hosts it blacklists.
-:func:`failed_nodes` says which nodes an attempt's ending counts against; :class:`Bench`
-keeps the counts and says which nodes are aside now.
+:func:`failed_nodes` says which nodes an attempt's ending counts against, :func:`idle_drops`
+which nodes were lost with no attempt on them; :class:`Bench` keeps the counts and says which
+nodes are aside now.
 """
 
 from __future__ import annotations
 
 import math
 import threading
-from collections.abc import Callable, Collection, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
 from clusterbook.durations import optional_duration
@@ -24,7 +26,10 @@ from clusterbook.launch.result import JobResult
 from clusterbook.spec import NodeSpec
 from clusterbook.status import NodeStatus
 
-__all__ = ["Aside", "Bench", "SetAsidePolicy", "failed_nodes", "with_aside"]
+__all__ = ["Aside", "Bench", "SetAsidePolicy", "failed_nodes", "idle_drops", "with_aside"]
+
+#: Why an idle node's loss counts against it (the reason a set-aside shows ends with it).
+IDLE_DROP = "agent dropped while idle"
 
 
 @dataclass(frozen=True, slots=True)
@@ -97,6 +102,19 @@ def failed_nodes(
     if isinstance(error, NodeLostError):
         named.setdefault(error.node, "node lost")
     return named
+
+
+def idle_drops(
+    statuses: Iterable[NodeStatus], lost_before: Collection[str], busy: Collection[str]
+) -> tuple[dict[str, str], frozenset[str]]:
+    """The nodes lost since the last look (``lost_before``: those lost then) that ran no
+    attempt (``busy``: the nodes of the attempts running), each with why, and the nodes lost
+    now (the next look's ``lost_before``). A node lost while it runs ranks is counted by its
+    attempt's end (:func:`failed_nodes`), not here; one that left, or was lost and has not
+    joined again since, is not news."""
+    lost = frozenset(s.name for s in statuses if s.state == "lost")
+    dropped = sorted(lost - set(lost_before) - set(busy))
+    return dict.fromkeys(dropped, IDLE_DROP), lost
 
 
 @dataclass(frozen=True, slots=True)

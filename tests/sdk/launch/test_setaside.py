@@ -8,7 +8,14 @@ import pytest
 from clusterbook.errors import ClusterStateError, ConfigError, NodeLostError
 from clusterbook.launch.nodes import NodeSource, nodes_for_attempt, usable_nodes
 from clusterbook.launch.result import JobResult, RankFailure
-from clusterbook.launch.setaside import Bench, SetAsidePolicy, failed_nodes, with_aside
+from clusterbook.launch.setaside import (
+    IDLE_DROP,
+    Bench,
+    SetAsidePolicy,
+    failed_nodes,
+    idle_drops,
+    with_aside,
+)
 from clusterbook.spec import NodeSpec
 from clusterbook.status import ClusterSnapshot, NodeStatus, nodes_frame
 from clusterbook.views.html import render_nodes
@@ -143,6 +150,36 @@ def source(aside: set[str]) -> NodeSource:
         bounds=lambda: None,
         aside=lambda: aside,
     )
+
+
+def states(**given: str) -> list[NodeStatus]:
+    return [NodeStatus(name, "10.0.0.1", 1, state) for name, state in given.items()]
+
+
+def test_a_node_lost_while_idle_counts_once_per_drop_and_a_busy_or_left_one_not_at_all():
+    dropped, lost = idle_drops(states(n1="joined", n2="lost", n3="left"), frozenset(), set())
+    assert dropped == {"n2": IDLE_DROP}
+    # Still lost at the next look: the same drop, not another.
+    again, lost = idle_drops(states(n1="joined", n2="lost", n3="left"), lost, set())
+    assert again == {}
+    # Back, then lost again: another drop. n1 runs ranks: its attempt's end counts it.
+    back, lost = idle_drops(states(n1="joined", n2="joined"), lost, set())
+    assert (back, lost) == ({}, frozenset())
+    dropped, lost = idle_drops(states(n1="lost", n2="lost"), lost, {"n1"})
+    assert dropped == {"n2": IDLE_DROP}
+    assert lost == {"n1", "n2"}  # n1 is not news at the next look, once its job is done
+
+
+def test_an_agent_dropping_three_times_while_idle_sets_its_node_aside():
+    clock = Clock()
+    bench = Bench(SetAsidePolicy(), clock)
+    lost: frozenset[str] = frozenset()
+    for _ in range(3):
+        dropped, lost = idle_drops(states(n1="joined", n2="lost"), lost, set())
+        bench.note(dropped, ["n1", "n2"])
+        _, lost = idle_drops(states(n1="joined", n2="joined"), lost, set())
+        clock.now += 5
+    assert bench.aside()["n2"].reason == f"3 failures in 10 min (last: {IDLE_DROP})"
 
 
 @pytest.mark.parametrize("restart", [False, True])

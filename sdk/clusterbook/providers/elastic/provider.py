@@ -125,7 +125,8 @@ class ElasticProvider(Provider):
     def start(self, ctx: StartContext) -> None:
         self._cluster_id = ctx.cluster_id
         try:
-            self.head.start(ctx.cluster_id, ctx.changed)
+            # A node that joins is checked now (its master connection too), not at the next job.
+            self.head.start(ctx.cluster_id, self.far.on_change(ctx.changed))
             self.far.start(ctx)
             self._networks = networks_here()
         except BaseException:

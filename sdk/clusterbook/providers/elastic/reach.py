@@ -8,13 +8,17 @@ the head derives the same key from the rendezvous secret at start, pins each nod
 host key, writes a per-cluster ssh config (:mod:`clusterbook.providers.elastic.far`), and
 checks every node once per round over that path (the same pre-flight checks as
 ``Cluster.ssh``) before the first job uses it. Only the head holds the key, so Open MPI starts
-every daemon from the head (no tree spawn). Node tasks (files, commands, a job kept for
-inspection) run in one session per node, kept until :meth:`FarReach.stop`.
+every daemon from the head (no tree spawn), over a master connection to each node that the
+head keeps (:class:`~clusterbook.providers.ssh.masters.ControlMasters`: no login per job).
+A node that joins is checked and its master started as soon as the round has it
+(:meth:`FarReach.prepare_soon`), not when the next job asks. Node tasks (files, commands, a
+job kept for inspection) run in one session per node, kept until :meth:`FarReach.stop`.
 """
 
 from __future__ import annotations
 
 import getpass
+import logging
 import shutil
 import threading
 from collections.abc import Callable, Collection, Mapping, Sequence
@@ -41,6 +45,7 @@ from clusterbook.providers.elastic.far import (
     ssh_config,
 )
 from clusterbook.providers.reach import here_for
+from clusterbook.providers.ssh.masters import ControlMasters
 from clusterbook.rendezvous.head import RendezvousHead
 from clusterbook.spec import NodeSpec
 from clusterbook.ssh.hostkeys import Fingerprints
@@ -51,6 +56,8 @@ if TYPE_CHECKING:
     from clusterbook.ssh.preflight import NodeFacts
 
 __all__ = ["FarReach", "Steps"]
+
+_log = logging.getLogger("clusterbook.elastic")
 
 #: Where a provider's jobs may start instead of with mpirun over ssh: a step of a Slurm job
 #: for the nodes given, or None (see :mod:`clusterbook.providers.slurm.steps`).
@@ -80,6 +87,10 @@ class FarReach:
         self._sessions: dict[str, KeptSession] = {}
         self._held: set[str] = set()  # jobs kept stopped on far nodes (clean="none")
         self._lock = threading.Lock()
+        self._preparing = threading.Lock()  # one check of the round at a time
+        self._prepared: tuple[str, ...] = ()  # the round prepare_soon() last looked at
+        self._masters: ControlMasters | None = None
+        self._warm: dict[str, FarNode] = {}  # the nodes whose master is up, by address
 
     # -- lifecycle ------------------------------------------------------------------------
 
@@ -102,6 +113,10 @@ class FarReach:
             return {}
         with self._lock:
             sessions, self._sessions = self._sessions, {}
+        with self._preparing:  # a check under way ends first
+            masters, self._masters, self._warm = self._masters, None, {}
+        if masters is not None:
+            masters.stop()
 
         def clean(name: str) -> None:
             try:
@@ -145,17 +160,83 @@ class FarReach:
         nodes = self._nodes()
         if all(n.here for n in nodes):
             return None
+        launch = self._checked_path(nodes)
+        step = self._steps(nodes) if self._steps is not None else None
+        return launch if step is None else replace(launch, srun=step)
+
+    def prepare_soon(self) -> None:
+        """The round may have changed: check the nodes that joined it and start their master
+        connections on a thread of its own, so that the next job finds them ready (a job
+        that comes first waits for that check instead of doing it again). What fails is left
+        to that job's :meth:`remote`, which says it."""
+        if self._ctx is None:
+            return
+        nodes = self._nodes()
+        key = tuple(n.name for n in nodes)
+        with self._lock:
+            if key == self._prepared or all(n.here for n in nodes):
+                return
+            self._prepared = key
+        threading.Thread(
+            target=self._prepare, args=(nodes,), name="clusterbook-prepare", daemon=True
+        ).start()
+
+    def on_change(self, changed: Callable[[], None]) -> Callable[[], None]:
+        """What the head calls when the nodes change: ``changed`` (the cluster is told), then
+        :meth:`prepare_soon`."""
+
+        def both() -> None:
+            changed()
+            self.prepare_soon()
+
+        return both
+
+    def _prepare(self, nodes: tuple[NodeSpec, ...]) -> None:
+        try:
+            self._checked_path(nodes)
+        except ClusterError as exc:
+            _log.debug("Checking the nodes that joined failed (the next job says so): %s", exc)
+
+    def _checked_path(self, nodes: tuple[NodeSpec, ...]) -> RemoteLaunch:
+        """The ssh path to the far nodes of ``nodes``: written, each node checked once, its
+        master connection started meanwhile."""
         ctx = self._started()
         far, found = far_nodes(nodes, self._head.reports(), getpass.getuser())
         if found:
             raise BootstrapError(found)
         key = tuple(far)
-        if key != self._checked or self._launch is None:
-            launch = self._write(ctx, far)
-            self._preflight(ctx, far)
-            self._checked, self._launch = key, launch
-        step = self._steps(nodes) if self._steps is not None else None
-        return self._launch if step is None else replace(self._launch, srun=step)
+        with self._preparing:
+            if self._ctx is None:  # stopped meanwhile: no master may outlive the stop
+                raise ClusterError("The cluster stopped while its nodes were being checked.")
+            if key != self._checked or self._launch is None:
+                launch = self._write(ctx, far)
+                warming = threading.Thread(target=self._start_masters, args=(far,), daemon=True)
+                warming.start()
+                try:
+                    self._preflight(ctx, far)
+                finally:
+                    warming.join()
+                self._checked, self._launch = key, launch
+            return self._launch
+
+    def _start_masters(self, far: Sequence[FarNode]) -> None:
+        """A master connection to each far node that has none up (one that failed: jobs log
+        in to that node anew, as before); those of nodes gone end."""
+        masters = self._masters
+        if masters is None:
+            return
+        now = {n.addr: n for n in far}
+        for addr, node in list(self._warm.items()):
+            if now.get(addr) != node:  # gone, or back with another sshd (port, host key)
+                masters.drop(addr)
+                del self._warm[addr]
+        dead = set(masters.dead())
+        wanted = sorted(a for a in now if a not in self._warm or a in dead)
+        failed = masters.start(10.0, wanted) if wanted else {}
+        for addr, why in failed.items():
+            _log.info("No master connection to %s (its jobs log in anew): %s", addr, why)
+            self._warm.pop(addr, None)
+        self._warm.update((a, now[a]) for a in wanted if a not in failed)
 
     def _write(self, ctx: StartContext, far: Sequence[FarNode]) -> RemoteLaunch:
         from clusterbook.ssh.launcher_ssh import ssh_wrapper
@@ -166,7 +247,9 @@ class FarReach:
         known.write_text(known_hosts_text(far))
         config = directory / "ssh_config"
         config.write_text(ssh_config(far, identity=self._identity, known_hosts=known))
-        ssh_args = ("-F", str(config))
+        if self._masters is None:
+            self._masters = ControlMasters(("-F", str(config)), [])
+        ssh_args = (*self._masters.options(), "-F", str(config))
         wrapper = directory / "ssh"
         wrapper.write_text(ssh_wrapper(ssh_args))
         wrapper.chmod(0o755)

@@ -248,7 +248,8 @@ class SlurmProvider(Provider):
         listen = self._listen or self._address_for_nodes()
         self._ctx = ctx
         try:
-            self.head.start(ctx.cluster_id, ctx.changed, listen=listen)
+            # A node that joins is checked now (its master connection too), not at the next job.
+            self.head.start(ctx.cluster_id, self.far.on_change(ctx.changed), listen=listen)
             self.far.start(ctx)
             self._networks = networks_here()
             self._submit(ctx)
