@@ -474,7 +474,13 @@ def start_host_sshd(
 
     # Like a stock OpenSSH server, a fake host can be a jump host (ProxyJump through it).
     return start_sshd(
-        directory, port, listen, authorized_keys=authorized_keys, launch=launch, forwarding=True
+        directory,
+        port,
+        listen,
+        authorized_keys=authorized_keys,
+        launch=launch,
+        forwarding=True,
+        socket_forwarding=True,  # as a system sshd's defaults do
     )
 
 

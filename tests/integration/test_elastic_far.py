@@ -134,13 +134,14 @@ def test_ranks_run_on_far_agents_through_their_own_sshd(testbed, far_agents, mpi
         assert "StrictHostKeyChecking yes" in config
         assert "/dev/null" not in config
         assert (directory / "keys" / "id_ed25519").stat().st_mode & 0o777 == 0o600
-        # The agents' sshd lets in this cluster's key only, restricted.
+        # The agents' sshd lets in this cluster's key only, restricted to a session and
+        # connections from the node (tests/integration/test_agent_sshd.py).
         secret = read_secret(cluster._provider.token_file)
         for h in hosts:
             keys = Path.home() / ".clusterbook" / f"sshd-far-{h.name}" / "authorized_keys"
             assert keys.stat().st_mode & 0o777 == 0o600
             assert keys.read_text().splitlines() == [
-                "restrict " + derived_public_line(secret, cluster.id)
+                "restrict,port-forwarding " + derived_public_line(secret, cluster.id)
             ]
     assert not (directory / "keys").exists()
     assert not (directory / "ssh_config").exists()

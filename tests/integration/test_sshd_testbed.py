@@ -102,6 +102,9 @@ PubkeyAuthentication yes
 AuthorizedKeysFile /srv/cb/authorized_keys
 PermitRootLogin prohibit-password
 AllowTcpForwarding no
+AllowStreamLocalForwarding no
+AllowAgentForwarding no
+PermitTunnel no
 X11Forwarding no
 PrintMotd no
 AcceptEnv none

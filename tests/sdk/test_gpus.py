@@ -112,6 +112,15 @@ def test_a_record_travels_as_json_and_garbage_reads_as_none() -> None:
         assert GPUInfo.from_json(bad) == NO_GPUS
 
 
+def test_nodes_without_gpus_read_as_one_shared_value_per_reason() -> None:
+    # A head reads 100,000 reports: most say "no GPU", for one of a few reasons.
+    none = {"devices": [], "problem": "nvidia-smi is not on PATH"}
+    assert GPUInfo.from_json(dict(none)) is GPUInfo.from_json(dict(none))
+    assert GPUInfo.from_json({"devices": [], "problem": None}) is NO_GPUS
+    info = GPUInfo(parse_nvidia_smi(LISTING))
+    assert GPUInfo.from_json(info.to_json()) is not GPUInfo.from_json(info.to_json())
+
+
 def test_the_probe_lists_the_gpus_nvidia_smi_lists(smi_path) -> None:
     smi_path(2)
     two = probe_gpus()

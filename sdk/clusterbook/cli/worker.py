@@ -157,19 +157,12 @@ def _agent_sshd(url: str, secret: bytes, node_id: str, port: int) -> Sshd:
     from clusterbook.paths import agent_sshd_dir
     from clusterbook.rendezvous.agent import parse_join_url
     from clusterbook.ssh.keys import derived_public_line
-    from clusterbook.ssh.sshd import start_sshd
+    from clusterbook.ssh.sshd import start_agent_sshd
 
     _, settings = parse_join_url(url)
-    directory = agent_sshd_dir(node_id)
-    directory.mkdir(mode=0o700, parents=True, exist_ok=True)
-    keys = directory / "authorized_keys"
-    # Rewritten for each cluster: a key of an earlier cluster must not get in.
-    fd = os.open(keys, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "w") as f:
-        os.fchmod(f.fileno(), 0o600)
-        f.write("restrict " + derived_public_line(secret, settings.run_id) + "\n")
     everywhere = "0.0.0.0"  # noqa: S104 - the head must reach this sshd
-    return start_sshd(directory, port=port, listen=everywhere, authorized_keys=keys)
+    line = derived_public_line(secret, settings.run_id)
+    return start_agent_sshd(agent_sshd_dir(node_id), line, port=port, listen=everywhere)
 
 
 def _add_serve(worker_sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:

@@ -140,12 +140,15 @@ def _hmac_sha256(key: bytes, message: bytes) -> bytes:
     """HMAC-SHA256 (RFC 2104) with the interpreter's own SHA-256: hashlib and hmac would load
     OpenSSL, ~2 ms of every rank's start; the head checks it with hmac."""
     try:
-        from _sha256 import sha256  # type: ignore[import-not-found]  # (no stub)
-    except ImportError:  # a Python built without it (3.12 names it _sha2)
-        import hashlib
-        import hmac
+        from _sha2 import sha256  # type: ignore[import-not-found]  # (no stub) Python >= 3.12
+    except ImportError:
+        try:
+            from _sha256 import sha256  # type: ignore[import-not-found]  # < 3.12
+        except ImportError:  # a Python built without them
+            import hashlib
+            import hmac
 
-        return hmac.new(key, message, hashlib.sha256).digest()
+            return hmac.new(key, message, hashlib.sha256).digest()
     if len(key) > 64:
         key = sha256(key).digest()
     key = key.ljust(64, b"\0")

@@ -18,10 +18,12 @@ from __future__ import annotations
 
 import json
 import os
+import secrets
 import tempfile
-from dataclasses import dataclass, field, fields, is_dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, field, fields, is_dataclass, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from clusterbook.errors import RecordError
 from clusterbook.head.liveness import HeadState, head_state
@@ -45,6 +47,7 @@ __all__ = [
     "JobEntry",
     "head_state_of",
     "is_stale",
+    "job_json",
     "read_record",
     "snapshot_from",
     "write_atomic",
@@ -117,11 +120,20 @@ class ClusterRecord:
         """Whether the record says the cluster runs (its head may still be gone)."""
         return self.state in LIVE_STATES
 
-    def to_json(self) -> str:
+    def to_json(self, job_json: Callable[[JobEntry], str] | None = None) -> str:
+        """The record as JSON; ``job_json``: each job's entry as :func:`job_json` writes it
+        (a cache of the entries that no longer change, say: the head rewrites the record at
+        each job's start and end, and a session's record lists every job it ran)."""
         # As json.dumps(asdict(self)) writes it, without asdict's deep copy of every value, and
         # on one line: with an indent, json encodes in Python instead of C, and the keeper
         # rewrites the record at every heartbeat of every node (up to five times a second).
-        return json.dumps(self, default=_fields, sort_keys=True)
+        if job_json is None or not self.jobs:
+            return json.dumps(self, default=_fields, sort_keys=True)
+        text = json.dumps(
+            replace(self, jobs=cast(Any, _JOBS_SLOT)), default=_fields, sort_keys=True
+        )
+        jobs = ", ".join(map(job_json, self.jobs))
+        return text.replace(f'"{_JOBS_SLOT}"', f"[{jobs}]", 1)
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> ClusterRecord:
@@ -150,6 +162,15 @@ class ClusterRecord:
                 want = " or ".join("null" if k is type(None) else k.__name__ for k in kinds)
                 raise ValueError(f"its {key} {value!r} is not {want}")
         return cls(**args)
+
+
+# Where to_json puts the jobs' entries: no value of a record holds it (a random part).
+_JOBS_SLOT = f"jobs-{secrets.token_hex(16)}"
+
+
+def job_json(entry: JobEntry) -> str:
+    """``entry`` as :meth:`ClusterRecord.to_json` writes it among the record's jobs."""
+    return json.dumps(entry, default=_fields, sort_keys=True)
 
 
 def _fields(obj: object) -> dict[str, Any]:
@@ -215,9 +236,10 @@ def write_atomic(path: Path, text: str, mode: int = 0o600) -> None:
         raise
 
 
-def write_record(record: ClusterRecord) -> None:
-    """Write ``record`` to ``cluster.json`` in its directory."""
-    write_atomic(Path(record.directory) / FILE, record.to_json(), 0o644)
+def write_record(record: ClusterRecord, text: str | None = None) -> None:
+    """Write ``record`` (``text``: its JSON, made already) to ``cluster.json`` in its
+    directory."""
+    write_atomic(Path(record.directory) / FILE, text or record.to_json(), 0o644)
 
 
 def read_record(directory: str | os.PathLike[str]) -> ClusterRecord:

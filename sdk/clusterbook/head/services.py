@@ -26,7 +26,7 @@ from clusterbook.head.control import Handler
 from clusterbook.head.control_server import ControlServer
 from clusterbook.head.keeper import Keeper
 from clusterbook.head.liveness import own_mark
-from clusterbook.head.record import STOP_FILE, ClusterRecord, JobEntry, write_record
+from clusterbook.head.record import STOP_FILE, ClusterRecord, JobEntry, job_json, write_record
 from clusterbook.head.state import HeadState
 from clusterbook.launch.jobstatus import job_status
 from clusterbook.launch.prepare import JobArgs
@@ -53,6 +53,16 @@ class HeadServices:
         # The entries of jobs that have ended, which do not change: the record is written at
         # every job's start and end, and remaking each entry made that O(jobs) status reads.
         self.ended: dict[str, JobEntry] = {}
+        self._ended_json: dict[str, tuple[JobEntry, str]] = {}  # and their JSON, made once
+
+    def job_json(self, entry: JobEntry) -> str:
+        """``entry`` as the record writes it: an ended job's made once."""
+        if self.ended.get(entry.id) is not entry:
+            return job_json(entry)
+        made = self._ended_json.get(entry.id)
+        if made is None or made[0] is not entry:
+            made = self._ended_json[entry.id] = entry, job_json(entry)
+        return made[1]
 
     @property
     def problem(self) -> str | None:
@@ -162,10 +172,11 @@ def write_record_of(
     """Write the record of ``head``'s cluster, and have its mirror (``work_dir=URL``) copy it
     and the jobs that have ended."""
     record = record_of(head, services, state, reason)
-    write_record(record)
+    text = record.to_json(services.job_json if services is not None else None)
+    write_record(record, text)
     mirror = services.mirror if services is not None else None
     if mirror is not None:
-        mirror.record(record.to_json())
+        mirror.record(text)
         for job in record.jobs:
             if job.state != "running":
                 mirror.job(Path(job.directory))

@@ -21,7 +21,10 @@ way torch elastic's dynamic rendezvous keeps its state:
 - ``read_state(token, timeout)`` waits as ``watch`` does and returns the state whole, which it
   may read in parts (each of the one state it returns, never a mix of two): how the head reads
   a state larger than one message of the store (the TCP store's frames hold 16 MB; its states
-  up to 256 MB). The default is ``watch``.
+  up to 256 MB). The default is ``watch``. With ``since`` (the token of a state the reader
+  read before), the state's reports (``node_info``) may hold only those written after that
+  state: the reader keeps the others as it read them (the TCP store does so; the head reads
+  so, and a round of many nodes does not send it every node's report after every write).
 - ``update(change)`` applies a :data:`StateChange` (a pure function of the stored state)
   atomically and returns the stored ``(state, token)`` after it; a write gets a new token. The
   default is a compare-and-set loop (read, change, write unless another write came first, else
@@ -117,9 +120,12 @@ class RendezvousBackend(ABC):
                 return current
             time.sleep(min(0.02, left))
 
-    def read_state(self, token: Token | None, timeout: float) -> tuple[bytes, Token] | None:
+    def read_state(
+        self, token: Token | None, timeout: float, *, since: Token | None = None
+    ) -> tuple[bytes, Token] | None:
         """Like :meth:`watch`, whatever the size of the state: a backend whose messages are
-        bounded reads it in parts, all of one state. This default is :meth:`watch`."""
+        bounded reads it in parts, all of one state. ``since``: the reports may be only those
+        written after the state of that token. This default is :meth:`watch` (all reports)."""
         return self.watch(token, timeout)
 
     def watch_decisions(self, token: Token | None, timeout: float) -> tuple[bytes, Token] | None:

@@ -87,6 +87,7 @@ class RendezvousHead:
         self._cond = threading.Condition()
         self._state = RendezvousState()
         self._seen: dict[str, NodeReport] = {}  # every node ever seen: its last report
+        self._texts: dict[str, str] = {}  # ... as the text it came as
         self._gone: dict[str, str] = {}  # node -> "lost" | "left"
         self._heard: dict[str, float] = {}  # node -> its last heartbeat seen (wall time)
         self._observed = 0  # states observed so far
@@ -197,9 +198,10 @@ class RendezvousHead:
             try:
                 with self._cond:
                     state = self._state
-                # The whole state, in parts: with the nodes' reports it outgrows one frame.
+                # The state in parts (with the nodes' reports it outgrows one frame), with the
+                # reports written since the last one read only: the others are in _seen.
                 wait = watch_wait(state, self._settings, time.time())
-                current = self._watcher.read_state(token, wait)
+                current = self._watcher.read_state(token, wait, since=token)
                 if current is not None and current[1] != token:
                     token = current[1]
                     self._observe(decode(current[0]))
@@ -266,7 +268,10 @@ class RendezvousHead:
             fresh = [n for n, t in beats.items() if self._heard.get(n) != t]
             self._heard.update(beats)
             for node, report in state.node_info.items():
-                self._seen[node] = NodeReport.from_json(report)
+                # Read again only what changed: a round of many nodes sends each one once.
+                if self._texts.get(node) != report.text:
+                    self._texts[node] = report.text
+                    self._seen[node] = NodeReport.from_text(report.text)
                 # Back, unless this state was read just before the store dropped the node (as
                 # its connection broke): the next one has it only if it joined again.
                 if node not in before or self._observed > self._dropped.get(node, -2) + 1:

@@ -22,10 +22,12 @@ from __future__ import annotations
 
 import enum
 import math
+from collections.abc import Mapping
 from dataclasses import replace
 from typing import Any
 
 from clusterbook.rendezvous.api import RendezvousSettings
+from clusterbook.rendezvous.info import Info
 from clusterbook.rendezvous.state import Draft, Observed, RendezvousState, StateView
 
 __all__ = [
@@ -190,8 +192,7 @@ def mutate(
     if action is Action.KEEP_ALIVE:
         draft.beat(node, now)
     elif action is Action.ADD_TO_PARTICIPANTS:
-        draft.participants[node] = 0  # ranks are set on completion
-        draft.wait_list.discard(node)
+        draft.add_participant(node)  # ranks are set on completion
         draft.beat(node, now)
         joined = len(draft.participants)
         if joined >= settings.min_nodes and draft.deadline is None:
@@ -199,7 +200,7 @@ def mutate(
         if joined >= settings.max_nodes:
             _mark_complete(draft)
     elif action is Action.ADD_TO_WAIT_LIST:
-        draft.wait_list.add(node)
+        draft.add_waiter(node)
         draft.beat(node, now)
     elif action is Action.REMOVE_FROM_PARTICIPANTS:
         if node not in draft.participants:
@@ -229,6 +230,7 @@ def apply(
 
 
 def _mark_complete(draft: Draft) -> None:
+    # A new dict (the draft's undo puts the old one back).
     draft.participants = {node: rank for rank, node in enumerate(sorted(draft.participants))}
     draft.complete = True
     draft.deadline = None
@@ -238,17 +240,17 @@ def _names() -> str:
     return ", ".join(sorted(a.name for a in MUTATING_ACTIONS))
 
 
-def set_info(draft: Draft, node: str, info: dict[str, Any]) -> None:
+def set_info(draft: Draft, node: str, info: Mapping[str, Any]) -> None:
     """Replace ``node``'s report by ``info`` in ``draft`` (only for a node it knows)."""
     if node in draft.last_heartbeats:
-        draft.node_info[node] = dict(info)
+        draft.report(node, Info.of(info))
 
 
-def with_info(state: RendezvousState, node: str, info: dict[str, Any]) -> RendezvousState:
+def with_info(state: RendezvousState, node: str, info: Mapping[str, Any]) -> RendezvousState:
     """The state with ``node``'s report replaced by ``info`` (only for a node it knows)."""
     if node not in state.last_heartbeats:
         return state
-    return replace(state, node_info={**state.node_info, node: dict(info)})
+    return replace(state, node_info={**state.node_info, node: Info.of(info)})
 
 
 def remove_node(state: RendezvousState, node: str, settings: RendezvousSettings) -> RendezvousState:
@@ -306,10 +308,7 @@ def _remove_nodes(draft: Draft, nodes: set[str], settings: RendezvousSettings) -
     (Removing heartbeats never lowers ``draft.floor``: it stays a lower bound.)"""
     was_participant = False
     for node in nodes:
-        was_participant |= draft.participants.pop(node, None) is not None
-        draft.wait_list.discard(node)
-        draft.last_heartbeats.pop(node, None)
-        draft.node_info.pop(node, None)
+        was_participant |= draft.remove(node)
     if not was_participant:
         return
     if draft.complete:

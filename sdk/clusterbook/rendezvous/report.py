@@ -1,16 +1,19 @@
 """What a node's agent reports about its node: at join, and with every heartbeat.
 
-The report travels in the rendezvous state as JSON (``node_info``); :meth:`NodeReport.from_json`
-reads it back, field by field, so that a report of an older or newer agent, or one someone
-tampered with, never raises: what is missing or of the wrong type reads as unknown.
+The report travels in the rendezvous state as JSON text (``node_info``, :mod:`.info`);
+:meth:`NodeReport.from_json` reads it back, field by field, so that a report of an older or
+newer agent, or one someone tampered with, never raises: what is missing or of the wrong type
+reads as unknown.
 """
 
 from __future__ import annotations
 
 import getpass
+import json
 import os
 import socket
 import sys
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass, replace
 from typing import Any
 
@@ -151,9 +154,19 @@ class NodeReport:
         return data
 
     @classmethod
+    def from_text(cls, text: str) -> NodeReport:
+        """Read a report from its JSON text (as :class:`~.info.Info` holds it); text that is no
+        JSON reads as unknown. Nothing of the parsed text is kept."""
+        try:
+            data = json.loads(text)
+        except ValueError:
+            return cls()
+        return cls.from_json(data)
+
+    @classmethod
     def from_json(cls, data: object) -> NodeReport:
         """Read a report back; whatever is missing or malformed reads as unknown."""
-        if not isinstance(data, dict):
+        if not isinstance(data, Mapping):
             return cls()
         addresses = data.get("addresses")
         return cls(

@@ -13,9 +13,13 @@ import json
 import math
 from collections.abc import Mapping, Set
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from json.encoder import encode_basestring_ascii
+from typing import Any
 
 from clusterbook.rendezvous.api import RendezvousStateError
+from clusterbook.rendezvous.info import Info
+from clusterbook.rendezvous.journal import Journal
+from clusterbook.rendezvous.observed import Observed, StateView
 
 __all__ = ["Draft", "Observed", "RendezvousState", "StateView", "decode", "encode", "from_data"]
 
@@ -43,7 +47,8 @@ class RendezvousState:
     last_heartbeats
         Node id -> wall-clock time of its last heartbeat.
     node_info
-        Node id -> what the node reports about itself (facts at join, load with heartbeats).
+        Node id -> what the node reports about itself (facts at join, load with heartbeats),
+        as the text it sent (:class:`~.info.Info`; encoded as a JSON string).
     stop_jobs
         Job tokens whose processes every agent must stop on its node (newest last).
     """
@@ -53,9 +58,9 @@ class RendezvousState:
     deadline: float | None = None
     closed: bool = False
     participants: dict[str, int] = field(default_factory=dict)
-    wait_list: frozenset[str] = frozenset()
+    wait_list: Set[str] = frozenset()
     last_heartbeats: dict[str, float] = field(default_factory=dict)
-    node_info: dict[str, dict[str, Any]] = field(default_factory=dict)
+    node_info: dict[str, Info] = field(default_factory=dict)
     stop_jobs: tuple[str, ...] = ()
     # The two oldest heartbeats (time, node), found once per state on first use: every node
     # deciding on the same state asks for them (expiry, wake-ups), and a scan is O(nodes).
@@ -96,76 +101,38 @@ class RendezvousState:
             object.__setattr__(self, "_oldest", found)
         return found
 
-    def draft(self) -> Draft:
-        """A mutable copy of this state, for one owner to change and :meth:`Draft.freeze`."""
-        beats = dict(self.last_heartbeats)
+    def draft(self, *, shared: bool = False) -> Draft:
+        """A mutable copy of this state, for one owner to change and :meth:`Draft.freeze`.
+        ``shared``: no copy, the draft changes this state's own containers (for an owner that
+        holds the only reference to this state and drops it, as the store does; its
+        :class:`~.journal.Journal` undoes what must not stay)."""
         oldest = self.oldest()
+        wait_list = self.wait_list
         return Draft(
             round=self.round,
             complete=self.complete,
             deadline=self.deadline,
             closed=self.closed,
-            participants=dict(self.participants),
-            wait_list=set(self.wait_list),
-            last_heartbeats=beats,
-            node_info=dict(self.node_info),
+            participants=self.participants if shared else dict(self.participants),
+            wait_list=wait_list if shared and isinstance(wait_list, set) else set(wait_list),
+            last_heartbeats=self.last_heartbeats if shared else dict(self.last_heartbeats),
+            node_info=self.node_info if shared else dict(self.node_info),
             stop_jobs=self.stop_jobs,
             floor=oldest[0][0] if oldest else math.inf,
             oldest=oldest,
+            shared=shared,
         )
-
-
-class StateView(Protocol):
-    """What decisions read of a state: a :class:`RendezvousState` or a :class:`Draft`."""
-
-    @property
-    def round(self) -> int: ...
-
-    @property
-    def complete(self) -> bool: ...
-
-    @property
-    def deadline(self) -> float | None: ...
-
-    @property
-    def closed(self) -> bool: ...
-
-    @property
-    def participants(self) -> Mapping[str, int]: ...
-
-    @property
-    def wait_list(self) -> Set[str]: ...
-
-    @property
-    def last_heartbeats(self) -> Mapping[str, float]: ...
-
-    @property
-    def joined(self) -> int:
-        """How many nodes are participants (``participants`` may name only some of them)."""
-        ...
-
-    @property
-    def waiting(self) -> int:
-        """How many nodes are in the wait list (``wait_list`` may name only some of them)."""
-        ...
-
-
-class Observed(StateView, Protocol):
-    """What a node observes of a state and decides on: a :class:`RendezvousState`, or the
-    node's own view of it (:class:`~.view.NodeView`)."""
-
-    @property
-    def stop_jobs(self) -> tuple[str, ...]: ...
-
-    def oldest(self) -> tuple[tuple[float, str], ...]: ...
 
 
 @dataclass(slots=True, eq=False)
 class Draft:
     """A rendezvous state being changed in place by its one owner (see the module docstring).
 
-    ``floor`` is a lower bound of every heartbeat time (infinity when there is none): kept as
-    heartbeats are written and nodes removed, it tells in O(1) that nobody has expired yet.
+    Its containers change only through its methods, each change in its ``journal``, which
+    :meth:`undo` takes back to a :meth:`mark`. ``floor`` is a lower bound of every heartbeat
+    time (infinity when there is none): kept as heartbeats are written and nodes removed, it
+    tells in O(1) that nobody has expired yet. ``left`` and ``moved`` say, in O(1), whether a
+    node left the participants or the wait list, and whether either changed at all.
     """
 
     round: int
@@ -175,12 +142,16 @@ class Draft:
     participants: dict[str, int]
     wait_list: set[str]
     last_heartbeats: dict[str, float]
-    node_info: dict[str, dict[str, Any]]
+    node_info: dict[str, Info]
     stop_jobs: tuple[str, ...]
     floor: float = math.inf
     # The two oldest heartbeats, kept as beats are written (None: not known any more, as when
     # one of them beat again); checked on freezing, since removals do not keep it.
     oldest: tuple[tuple[float, str], ...] | None = None
+    shared: bool = False  # the containers are a state's own (:meth:`RendezvousState.draft`)
+    left: bool = False
+    moved: bool = False
+    journal: Journal = field(default_factory=Journal)
 
     @property
     def joined(self) -> int:
@@ -194,13 +165,61 @@ class Draft:
 
     def beat(self, node: str, now: float) -> None:
         """Record a heartbeat of ``node`` at ``now``."""
-        self.last_heartbeats[node] = now
+        self.journal.set_item(self.last_heartbeats, node, now)
         if now < self.floor:
             self.floor = now
         pair = self.oldest
         if pair is not None:
             mine = any(who == node for _, who in pair)
             self.oldest = None if mine else tuple(sorted((*pair, (now, node)))[:2])
+
+    def add_participant(self, node: str) -> None:
+        """Make ``node`` a participant (rank 0 until the round completes), out of the wait list."""
+        self.journal.set_item(self.participants, node, 0)
+        self.moved = True
+        if self.journal.discard(self.wait_list, node):
+            self.left = True
+
+    def add_waiter(self, node: str) -> None:
+        """Put ``node`` in the wait list."""
+        if self.journal.add(self.wait_list, node):
+            self.moved = True
+
+    def remove(self, node: str) -> bool:
+        """Remove ``node`` from everything; whether it was a participant."""
+        journal = self.journal
+        was = journal.pop_item(self.participants, node)
+        if journal.discard(self.wait_list, node) or was:
+            self.left = self.moved = True
+        journal.pop_item(self.last_heartbeats, node)
+        journal.pop_item(self.node_info, node)
+        return was
+
+    def report(self, node: str, info: Info) -> None:
+        """Take ``info`` as ``node``'s report."""
+        self.journal.set_item(self.node_info, node, info)
+
+    def mark(self) -> tuple[int, tuple[Any, ...]]:
+        """Where :meth:`undo` goes back to: now."""
+        scalars = (
+            self.round,
+            self.complete,
+            self.deadline,
+            self.closed,
+            self.participants,  # a completed round's ranks are a new dict
+            self.stop_jobs,
+            self.floor,
+            self.oldest,
+            self.left,
+            self.moved,
+        )
+        return self.journal.mark(), scalars
+
+    def undo(self, mark: tuple[int, tuple[Any, ...]]) -> None:
+        """Take back every change since ``mark``."""
+        self.journal.undo(mark[0])
+        for name, value in zip(_SCALARS, mark[1], strict=True):
+            setattr(self, name, value)
 
     def freeze(self) -> RendezvousState:
         """The state this draft now holds. Its containers move into the state: the draft must
@@ -211,7 +230,7 @@ class Draft:
             deadline=self.deadline,
             closed=self.closed,
             participants=self.participants,
-            wait_list=frozenset(self.wait_list),
+            wait_list=self.wait_list if self.shared else frozenset(self.wait_list),
             last_heartbeats=self.last_heartbeats,
             node_info=self.node_info,
             stop_jobs=self.stop_jobs,
@@ -226,6 +245,10 @@ class Draft:
         ):
             object.__setattr__(state, "_oldest", pair)
         return state
+
+
+_SCALARS: tuple[str, ...] = ("round", "complete", "deadline", "closed", "participants")
+_SCALARS += ("stop_jobs", "floor", "oldest", "left", "moved")  # as Draft.mark lists them
 
 
 def _two_oldest(beats: Mapping[str, float]) -> tuple[tuple[float, str], ...]:
@@ -243,7 +266,7 @@ def _two_oldest(beats: Mapping[str, float]) -> tuple[tuple[float, str], ...]:
 
 
 def encode(state: RendezvousState) -> bytes:
-    """The state as compact, canonical JSON bytes."""
+    """The state as compact JSON bytes (its keys sorted, the nodes' reports last)."""
     data = {
         "v": _VERSION,
         "round": state.round,
@@ -253,10 +276,13 @@ def encode(state: RendezvousState) -> bytes:
         "participants": state.participants,
         "wait_list": sorted(state.wait_list),
         "last_heartbeats": state.last_heartbeats,
-        "node_info": state.node_info,
         "stop_jobs": list(state.stop_jobs),
     }
-    return json.dumps(data, sort_keys=True, separators=(",", ":")).encode()
+    core = json.dumps(data, sort_keys=True, separators=(",", ":"))
+    # The reports last, each a JSON string escaped once (Info.quoted), never encoded again.
+    quote = encode_basestring_ascii
+    infos = ",".join(f"{quote(n)}:{Info.of(i).quoted}" for n, i in state.node_info.items())
+    return f'{core[:-1]},"node_info":{{{infos}}}}}'.encode()
 
 
 def decode(blob: bytes) -> RendezvousState:
@@ -283,7 +309,7 @@ def from_data(data: Any) -> RendezvousState:
             participants=_ranks(_dict(data["participants"])),
             wait_list=frozenset(str(n) for n in _list(data["wait_list"])),
             last_heartbeats=_times(_dict(data["last_heartbeats"])),
-            node_info={str(k): _dict(v) for k, v in _dict(data.get("node_info", {})).items()},
+            node_info=_infos(_dict(data.get("node_info", {}))),
             stop_jobs=tuple(str(t) for t in _list(data.get("stop_jobs", []))),
         )
     except (ValueError, KeyError, TypeError) as exc:
@@ -312,6 +338,11 @@ def _times(data: dict[str, Any]) -> dict[str, float]:
     if all(type(v) is float for v in data.values()):
         return data
     return {k: float(v) for k, v in data.items()}
+
+
+def _infos(data: dict[str, Any]) -> dict[str, Info]:
+    # Text, as this version writes it; an object, as states of older versions held reports.
+    return {k: Info(v) if type(v) is str else Info.of(_dict(v)) for k, v in data.items()}
 
 
 def _int(value: object) -> int:

@@ -23,11 +23,12 @@ from __future__ import annotations
 import enum
 import json
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
 from clusterbook.rendezvous.api import RendezvousSettings, RendezvousTimeout
+from clusterbook.rendezvous.info import Info
 from clusterbook.rendezvous.ops import (
     MUTATING_ACTIONS,
     Action,
@@ -65,6 +66,8 @@ class Operation(enum.Enum):
     KEEP_ALIVE = "keep_alive"
 
 
+_OPERATIONS = {operation.value: operation for operation in Operation}
+
 Decision = Callable[[StateView, str, RendezvousSettings, float, float], Action]
 
 DECISIONS: dict[Operation, Decision] = {
@@ -84,8 +87,10 @@ class Step:
     """``node`` runs ``operations`` in turn at ``now`` (wall clock), with their ``deadline``;
     each one after the previous finished.
 
-    ``info`` is the node's report, stored with the writes that join or heartbeat. ``wait`` is
-    the longest the node would wait if the step leaves it waiting (see :meth:`hold`).
+    ``info`` is the node's report, stored with the writes that join or heartbeat (kept as an
+    :class:`~.info.Info`, whose text travels after the step and which the store does not
+    parse). ``wait`` is the longest the node would wait if the step leaves it waiting (see
+    :meth:`hold`).
     """
 
     operations: tuple[Operation, ...]
@@ -93,10 +98,12 @@ class Step:
     settings: RendezvousSettings
     now: float
     deadline: float
-    info: dict[str, Any] | None = None
+    info: Mapping[str, Any] | None = None
     wait: float = 0.0
 
     def __post_init__(self) -> None:
+        if self.info is not None and not isinstance(self.info, Info):
+            object.__setattr__(self, "info", Info.of(self.info))
         if not self.operations or not all(isinstance(o, Operation) for o in self.operations):
             raise TypeError(f"a step needs one or more operations, got {self.operations!r}")
         if not 0 <= self.wait < math.inf:
@@ -155,39 +162,43 @@ class Step:
         return None if new is None else encode(new)
 
     def to_wire(self) -> bytes:
-        """The step as compact JSON bytes."""
+        """The step as compact JSON bytes, then its report's text on a line of its own: the
+        store keeps that text as it came, without parsing it (see :mod:`.info`)."""
         data = {
             "v": _VERSION,
             "ops": [operation.value for operation in self.operations],
             "node": self.node,
             "now": self.now,
             "deadline": self.deadline,
-            "info": self.info,
             "wait": self.wait,
         }
         # The settings are the same at every step of a handler: encoded once.
         head = json.dumps(data, separators=(",", ":"))
-        return f'{head[:-1]},"settings":{_settings_json(self.settings)}}}'.encode()
+        wire = f'{head[:-1]},"settings":{_settings_json(self.settings)}}}'
+        if self.info is not None:
+            wire = f"{wire}\n{Info.of(self.info).text}"  # JSON's own text holds no bare newline
+        return wire.encode()
 
     @classmethod
     def from_wire(cls, blob: bytes) -> Step:
         """Decode what :meth:`to_wire` made; raise :class:`StepFormatError` on anything else."""
         try:
+            blob, lined, report = blob.partition(b"\n")
             data, settings = _parse(blob)
-            node, info, ops = data["node"], data["info"], data["ops"]
+            node, ops = data["node"], data["ops"]
             if not isinstance(node, str) or not node:
                 raise ValueError(f"node id {node!r}")
-            if info is not None and not isinstance(info, dict):
-                raise ValueError(f"report {info!r}")
+            if "info" in data:
+                raise ValueError("a report in the step (it follows the step, on its own line)")
             if not isinstance(ops, list) or not 1 <= len(ops) <= len(Operation):
                 raise ValueError(f"operations {ops!r}")
             return cls(
-                tuple(Operation(op) for op in ops),
+                tuple(_OPERATIONS[op] for op in ops),
                 node,
                 settings,
                 _time(data["now"]),
                 _time(data["deadline"]),
-                info,
+                Info(report.decode()) if lined else None,
                 _time(data["wait"]),
             )
         except (ValueError, KeyError, TypeError, UnicodeDecodeError) as exc:  # ConfigError too
@@ -290,6 +301,8 @@ def _settings(data: object) -> RendezvousSettings:
 
 
 def _time(value: object) -> float:
+    if type(value) is float and math.isfinite(value):  # as every step sends its times
+        return value
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
         raise ValueError(f"time {value!r}")
     return float(value)

@@ -25,11 +25,25 @@ from pathlib import Path
 
 from clusterbook.errors import ClusterError
 from clusterbook.spec import validate_seconds
-from clusterbook.ssh.sshd_config import SshdConfig, check_listen, check_path, render_sshd_config
+from clusterbook.ssh.sshd_config import (
+    AGENT_KEY_OPTIONS,
+    SshdConfig,
+    check_listen,
+    check_path,
+    render_sshd_config,
+)
 from clusterbook.ssh.sshd_daemon import Sshd
 from clusterbook.wording import spell
 
-__all__ = ["HOST_KEY_NAME", "Sshd", "SshdConfig", "SshdError", "render_sshd_config", "start_sshd"]
+__all__ = [
+    "HOST_KEY_NAME",
+    "Sshd",
+    "SshdConfig",
+    "SshdError",
+    "render_sshd_config",
+    "start_agent_sshd",
+    "start_sshd",
+]
 
 HOST_KEY_NAME = "ssh_host_ed25519_key"
 _DEFAULT_SSHD = "/usr/sbin/sshd"
@@ -63,6 +77,7 @@ def start_sshd(
     forwarding: bool = False,
     more_authorized_keys: Sequence[str | os.PathLike[str]] = (),
     host_key: str | os.PathLike[str] | None = None,
+    socket_forwarding: bool = False,
 ) -> Sshd:
     """Start an sshd as the current user and return once it answers with an SSH banner.
 
@@ -92,6 +107,10 @@ def start_sshd(
         own is sshd's.
     forwarding
         Let logged-in users reach other hosts through this one (a jump host).
+    socket_forwarding
+        Let logged-in users connect to this host's Unix sockets (``ssh -L PATH:PATH``: the
+        head reaches a node's agent so); OpenSSH then lets them connect onward over TCP too
+        (see :class:`SshdConfig`); never remote forwarding.
     more_authorized_keys
         More files of public keys allowed to log in (read at each login, where they are).
     host_key
@@ -124,13 +143,32 @@ def start_sshd(
     # A port picked here can be taken before sshd binds it; then pick again.
     attempts = 3 if port == 0 else 1
     for attempt in range(attempts):
-        cfg = SshdConfig(directory, port or _free_port(listen), listen, keys, forwarding, more)
+        cfg = SshdConfig(
+            directory, port or _free_port(listen), listen, keys, forwarding, more, socket_forwarding
+        )
         try:
             return _launch(sshd, cfg, host_key_path, host_public_key, limit, launch)
         except SshdError as exc:
             if attempt + 1 == attempts or "Address already in use" not in exc.log_tail:
                 raise
     raise AssertionError("unreachable")
+
+
+def start_agent_sshd(
+    directory: str | os.PathLike[str], public_line: str, *, port: int = 0, listen: str = "127.0.0.1"
+) -> Sshd:
+    """A node agent's own sshd (``clusterbook worker join --start-sshd``): it lets in the key
+    of ``public_line`` alone (the cluster's, derived from its secret; ``authorized_keys`` in
+    ``directory`` is rewritten, so a key of an earlier cluster no longer gets in), with
+    :data:`AGENT_KEY_OPTIONS`: a session, and connections from this host (to its Unix
+    sockets: the head starts MPI's daemons through the agent's socket so), nothing else."""
+    directory = Path(directory).expanduser()
+    directory.mkdir(mode=0o700, parents=True, exist_ok=True)
+    keys = directory / "authorized_keys"
+    _write_private(keys, f"{AGENT_KEY_OPTIONS} {public_line}\n")
+    return start_sshd(
+        directory, port=port, listen=listen, authorized_keys=keys, socket_forwarding=True
+    )
 
 
 def _authorized_keys(directory: Path, given: str | os.PathLike[str] | None) -> Path:

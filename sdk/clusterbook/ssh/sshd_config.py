@@ -1,7 +1,9 @@
 """What a user-level sshd is told: its settings, checked, and the sshd_config text (pure).
 
 :mod:`clusterbook.ssh.sshd` starts and stops the daemon; this module only decides what its
-configuration says: public keys only, no PAM, no forwarding, paths that sshd_config can hold.
+configuration says: public keys only, no PAM, no forwarding but what is asked for (TCP
+connections onwards for a jump host, Unix sockets of the host for a node's agent), paths that
+sshd_config can hold.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from clusterbook.errors import ConfigError
 from clusterbook.spec import validate_host, validate_port
 
 __all__ = [
+    "AGENT_KEY_OPTIONS",
     "BAD_PATH_CHARS",
     "SshdConfig",
     "check_listen",
@@ -23,6 +26,13 @@ __all__ = [
     "quote",
     "render_sshd_config",
 ]
+
+#: The options of the cluster's key on an agent's own sshd: all that OpenSSH's ``restrict``
+#: forbids (pty, agent and X11 forwarding, ~/.ssh/rc) but port forwarding, which that sshd's
+#: config narrows to connections from the host (``AllowStreamLocalForwarding local``,
+#: ``AllowTcpForwarding local``: none the other way): the head starts MPI's daemons through
+#: the agent's socket so.
+AGENT_KEY_OPTIONS = "restrict,port-forwarding"
 
 #: Characters a path in sshd_config cannot hold.
 BAD_PATH_CHARS = frozenset('"\\\n\r\t\0')
@@ -46,9 +56,16 @@ class SshdConfig:
         ``.ssh/authorized_keys``).
     forwarding
         Let logged-in users open connections from this host to others (``direct-tcpip``
-        channels: this host as a jump host); no other forwarding is ever allowed.
+        channels: this host as a jump host).
     more_keys
         More files of public keys allowed to log in, besides ``authorized_keys`` (absolute).
+    socket_forwarding
+        Let logged-in users connect to Unix sockets on this host (``ssh -L PATH:PATH``, a
+        ``direct-streamlocal`` channel: the head reaches a node's agent so). OpenSSH allows
+        that only with connections onward from this host (``forwarding``), so it implies them:
+        nothing a key that may run commands here could not do with ``nc``. A key marked
+        ``restrict`` also needs ``port-forwarding`` for either. No other forwarding is ever
+        allowed: nothing the other way (``-R``), no agent, X11 or tunnel.
     """
 
     directory: Path
@@ -57,6 +74,7 @@ class SshdConfig:
     authorized_keys: Path | None = None
     forwarding: bool = False
     more_keys: tuple[Path, ...] = ()
+    socket_forwarding: bool = False
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "directory", check_path(self.directory, "directory"))
@@ -72,7 +90,8 @@ class SshdConfig:
 
 
 def render_sshd_config(cfg: SshdConfig, *, host_key: Path, pid_file: Path) -> str:
-    """Return the text of an sshd_config for ``cfg``: public keys only, no PAM, no forwarding.
+    """Return the text of an sshd_config for ``cfg``: public keys only, no PAM, no forwarding
+    but what ``cfg`` asks for.
 
     Parameters
     ----------
@@ -105,7 +124,12 @@ def render_sshd_config(cfg: SshdConfig, *, host_key: Path, pid_file: Path) -> st
         ("PubkeyAuthentication", "yes"),
         ("AuthorizedKeysFile", keys),
         ("PermitRootLogin", "prohibit-password"),
-        ("AllowTcpForwarding", "local" if cfg.forwarding else "no"),
+        # OpenSSH lets a session connect to a Unix socket only where it lets it open TCP
+        # connections onward too (AllowTcpForwarding local, no PermitOpen list: seen with 9.2).
+        ("AllowTcpForwarding", "local" if cfg.forwarding or cfg.socket_forwarding else "no"),
+        ("AllowStreamLocalForwarding", "local" if cfg.socket_forwarding else "no"),
+        ("AllowAgentForwarding", "no"),
+        ("PermitTunnel", "no"),
         ("X11Forwarding", "no"),
         ("PrintMotd", "no"),
         ("AcceptEnv", "none"),

@@ -189,7 +189,8 @@ class ClusterbookHandler(torch_api.RendezvousHandler):
             reports = decode(current[0]).node_info if current is not None else {}
         except api.RendezvousError as exc:
             raise _torch_error(exc) from exc
-        where = reports.get(node, {}).get(STORE_KEY)
+        report = reports.get(node)
+        where = None if report is None else report.get(STORE_KEY)
         if not isinstance(where, str):
             raise torch_api.RendezvousStateError(
                 f"Node {node!r}, rank 0 of round {round_}, did not say where its torch store "

@@ -4,6 +4,7 @@ wrapper sets it."""
 
 from __future__ import annotations
 
+import glob
 import json
 import os
 import pickle
@@ -125,6 +126,26 @@ def test_the_ranks_own_hmac_is_the_standard_one(size: int) -> None:
 
     key, message = os.urandom(size), os.urandom(1000)
     assert rank._hmac_sha256(key, message) == hmac.new(key, message, hashlib.sha256).digest()
+
+
+#: This Python, and newer CPythons where the machine has them (3.12 renamed _sha256 _sha2).
+PYTHONS = [
+    sys.executable,
+    *sorted(glob.glob(os.path.expanduser("~/.pyenv/versions/3.1[2-9]*/bin/python"))),
+]
+
+
+@pytest.mark.parametrize("python", PYTHONS)
+def test_the_ranks_hmac_loads_no_openssl(python: str) -> None:
+    # hashlib and hmac load OpenSSL, ~2 ms of every rank's start.
+    program = (
+        "import sys; sys.path.insert(0, sys.argv[1]); from clusterbook.functions import rank; "
+        "rank._hmac_sha256(b'k', b'm'); "
+        "print(sorted({'hashlib', 'hmac', '_hashlib'} & set(sys.modules)))"
+    )
+    sdk = str(Path(rank.__file__).parents[2])
+    run = subprocess.run([python, "-c", program, sdk], capture_output=True, text=True, timeout=60)
+    assert run.stdout.strip() == "[]", run.stderr
 
 
 def test_an_earlier_attempts_error_goes_when_the_rank_runs_again(tmp_path: Path) -> None:

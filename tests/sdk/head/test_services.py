@@ -4,6 +4,7 @@ attached handles ask."""
 
 from __future__ import annotations
 
+import json
 import os
 import time
 from collections.abc import Collection, Sequence
@@ -215,3 +216,19 @@ def test_an_ended_jobs_entry_is_made_once_for_every_record(head: MadeUpHead) -> 
     assert (done.reads, running.reads) == (1, 2)  # a running job's, at every record
     running.outcome = ok  # it ended: its entry says so from then on
     assert record_of(head, services).jobs[1].state == "succeeded"
+
+
+def test_an_ended_jobs_json_is_made_once_and_the_record_reads_the_same(head: MadeUpHead) -> None:
+    ok = SimpleNamespace(ok=True, returncode=0, duration=2.0, failed_ranks=())
+    done = MadeUpJob("job-0001", head.run_dir / "job-0001", outcome=ok)
+    running = MadeUpJob("job-0002", head.run_dir / "job-0002")
+    head.jobs = (done, running)
+    head.join_command = 'say "jobs": [] here'  # a value that looks like the jobs' place
+    services = HeadServices(head)
+    record = record_of(head, services)
+    text = record.to_json(services.job_json)
+    assert text == record.to_json()  # what json.dumps of the whole record writes
+    assert json.loads(text)["jobs"][1]["id"] == "job-0002"
+    # The record is rewritten at every job's start and end: an ended job's JSON is kept.
+    assert services.job_json(record.jobs[0]) is services.job_json(record.jobs[0])
+    assert services.job_json(record.jobs[1]) is not services.job_json(record.jobs[1])

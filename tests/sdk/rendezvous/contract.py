@@ -203,6 +203,25 @@ class BackendContract:
         waiter.join(timeout=10)
         assert got == [(b"two", t2)]
 
+    def test_read_state_since_a_token_has_every_report_written_after_it(
+        self, backend: RendezvousBackend
+    ) -> None:
+        backend.update(join_step("a", info={"n": 1}))
+        backend.update(join_step("b", info={"n": 2}))
+        read = backend.read_state(None, 0.0)
+        assert read is not None
+        backend.update(join_step("c", info={"n": 3}))
+        beat = Step((KEEP_ALIVE,), "a", SETTINGS, T0 + 2.0, T0 + 60.0, {"n": 4})
+        backend.update(beat)
+        whole, since = backend.get_state(), backend.read_state(None, 0.0, since=read[1])
+        assert whole is not None
+        assert since is not None
+        assert since[1] == whole[1]
+        got, expected = decode(since[0]), decode(whole[0])
+        assert got.node_info.items() >= {"a": {"n": 4}, "c": {"n": 3}}.items()
+        assert got.node_info.items() <= expected.node_info.items()
+        assert replace(got, node_info={}) == replace(expected, node_info={})
+
     # --- update and rendezvous steps ------------------------------------------------------------
 
     def test_update_writes_what_the_change_returns_with_a_new_token(

@@ -70,3 +70,40 @@ def test_the_head_follows_a_state_larger_than_a_frame() -> None:
         for node in nodes:
             node.close()
         head.close()
+
+
+def test_the_head_follows_each_nodes_report_as_it_changes() -> None:
+    """The head reads the reports written since the state it read last, and keeps the others."""
+    settings = RendezvousSettings("reports", 2, 2, keep_alive_interval=0.2)
+    head = RendezvousHead(settings)
+    seen = threading.Event()
+    head.start(f"reports-{os.getpid()}", seen.set)
+    nodes: list[TcpBackend] = []
+
+    def until(check) -> None:
+        deadline = time.monotonic() + 30.0
+        while not check() and time.monotonic() < deadline:
+            seen.wait(0.5)
+            seen.clear()
+        assert check()
+
+    try:
+        assert head.join_url is not None
+        assert head.secret is not None
+        store_url, joined = parse_join_url(head.join_url)
+        for name in ("n1", "n2"):
+            node = TcpBackend(store_url, head.secret, node=name, timeout=30.0)
+            nodes.append(node)
+            now = time.time()
+            node.update(Step((Operation.JOIN,), name, joined, now, now + 60.0, {"user": name}))
+        until(lambda: len(head.participants()) == 2)
+        time.sleep(0.3)  # n1's heartbeat falls due
+        now = time.time()
+        beat = Step((Operation.KEEP_ALIVE,), "n1", joined, now, now + 5.0, {"user": "again"})
+        nodes[0].update(beat)
+        until(lambda: head.reports()["n1"].user == "again")
+        assert head.reports()["n2"].user == "n2"
+    finally:
+        for node in nodes:
+            node.close()
+        head.close()

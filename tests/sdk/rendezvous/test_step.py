@@ -167,7 +167,8 @@ def test_each_step_carries_its_own_settings_on_the_wire() -> None:
         make().to_wire().replace(b'"wait":0.0', b'"wait":-1'),
         make().to_wire().replace(b'"wait":0.0', b'"wait":Infinity'),
         make().to_wire().replace(b'"max_nodes":3', b'"max_nodes":1'),
-        make().to_wire().replace(b'"info":null', b'"info":"x"'),
+        make().to_wire().replace(b'"wait"', b'"info":{"k":1},"wait"'),  # reports follow it
+        make(info={"k": 1}).to_wire().replace(b"\n", b"\n\xff"),  # not UTF-8
     ],
 )
 def test_malformed_steps_are_refused(blob: bytes) -> None:

@@ -16,15 +16,16 @@ state (:meth:`StateStore.view`), whose size does not grow with the cluster.
 
 from __future__ import annotations
 
-import json
 import logging
 from collections.abc import Callable, Sequence
 from dataclasses import replace
+from json.encoder import encode_basestring_ascii
 
 from clusterbook.rendezvous.api import RendezvousStateError, Token
 from clusterbook.rendezvous.backends.wire import MAX_STATE, TOKEN_INT, TOKEN_NONE
+from clusterbook.rendezvous.info import Info
 from clusterbook.rendezvous.ops import decisions_may_change, members_may_change
-from clusterbook.rendezvous.state import RendezvousState, decode, encode
+from clusterbook.rendezvous.state import Draft, RendezvousState, decode, encode
 from clusterbook.rendezvous.step import Step, settings_size
 from clusterbook.rendezvous.view import views_of
 
@@ -33,10 +34,10 @@ __all__ = ["ANY", "DECISIONS", "MEMBERS", "StateStore"]
 _log = logging.getLogger("clusterbook.rendezvous.backends.tcp")
 
 _GROWTH = 64
-"""Bytes a step may add to the encoded state besides its own wire size (which holds its report
-and its node id once, and its settings and times, which the state does not hold) and three
-more copies of its node id (it may be in up to four places): numbers and punctuation. A bound
-that spares encoding the state at every write."""
+"""Bytes a step may add to the encoded state besides its own wire size (which holds its report,
+which the state holds escaped, its node id once, and its settings and times, which the state
+does not hold) and three more copies of its node id (it may be in up to four places): numbers
+and punctuation. A bound that spares encoding the state at every write."""
 _RANK_DIGITS = 7
 """What completing a round may add per participant: its rank's digits (up to 7: ranks below
 10 million), in place of the 0 it had."""
@@ -45,7 +46,12 @@ _RANK_DIGITS = 7
 def _growth(step: Step, size: int) -> int:
     """A bound of the bytes ``step`` (``size`` bytes on the wire, of which its settings, which
     the state does not hold) adds to the encoded state."""
-    return size - settings_size(step.settings) + 3 * len(json.dumps(step.node)) + _GROWTH
+    node = len(encode_basestring_ascii(step.node))  # as JSON writes it
+    growth = size - settings_size(step.settings) + 3 * node + _GROWTH
+    info = step.info
+    if isinstance(info, Info):  # its text came as it is, and is stored escaped
+        growth += len(info.quoted) - len(info.text) - 1  # (its bytes: at least its length)
+    return growth
 
 
 ANY, MEMBERS, DECISIONS = 0, 1, 2
@@ -70,23 +76,38 @@ class StateStore:
         self._views: Callable[[str], bytes] | None = None  # views of it, once asked for
         self._size = 0  # the blob's size, or a bound of it while it is not encoded
 
-    def current(self, *, reports: bool = True) -> tuple[bytes, Token] | None:
+    def current(
+        self, *, reports: bool = True, since: Token | None = None
+    ) -> tuple[bytes, Token] | None:
         """The stored state and its token (None before the first write). Without ``reports``,
         the state as a node's own requests are answered: without the nodes' reports
         (``node_info``: facts and load, most of the state's bytes), which only the head reads
-        and which no node's decisions look at."""
+        and which no node's decisions look at. With ``since`` (a token of this store), with
+        only the reports written after it (see :meth:`.RendezvousBackend.read_state`)."""
         if self.token == 0:
             return None
-        if self._blob is None:
-            assert self._decoded is not None
-            self._blob = encode(self._decoded)
-            self._size = len(self._blob)
         decoded = self._decoded
+        if decoded is not None and since is not None and 0 < since < self.token:
+            changed = {n: i for n, i in decoded.node_info.items() if i.version > since}
+            if len(changed) < len(decoded.node_info):
+                return encode(replace(decoded, node_info=changed)), self.token
+        elif since == self.token:  # nothing written since: as a watch that timed out asks
+            reports = False
         if reports or decoded is None or not decoded.node_info:
+            if self._blob is None:
+                assert decoded is not None
+                self._blob = encode(decoded)
+                self._size = len(self._blob)
             return self._blob, self.token
         if self._view is None:
             self._view = encode(replace(decoded, node_info={}))
         return self._view, self.token
+
+    @property
+    def decoded(self) -> RendezvousState | None:
+        """The stored state, decoded (None before the first write, or when the stored blob is
+        not a rendezvous state). Its containers are the store's: read, never change them."""
+        return self._decoded
 
     def view(self, node: str) -> tuple[bytes, Token] | None:
         """``node``'s view of the stored state (:func:`~clusterbook.rendezvous.view.view_of`)
@@ -125,10 +146,17 @@ class StateStore:
         return (ANY,)
 
     def write(
-        self, state: bytes | None, decoded: RendezvousState | None = None, size: int = 0
+        self,
+        state: bytes | None,
+        decoded: RendezvousState | None = None,
+        size: int = 0,
+        *,
+        levels: tuple[bool, bool] | None = None,
     ) -> bool:
         """Store ``state``, or ``decoded`` (then encoded when first read) if ``state`` is None,
-        with ``size`` a bound of its encoded size; return whether the write is decisive."""
+        with ``size`` a bound of its encoded size; return whether the write is decisive.
+        ``levels``: whether it may change a decision and what members follow, when the writer
+        knows (a batch of steps, from its draft in O(1)); else the states are compared."""
         self._size = size if state is None else len(state)
         if decoded is None:
             assert state is not None
@@ -139,12 +167,20 @@ class StateStore:
         before = self._decoded
         self._blob, self._decoded, self._view, self._views = state, decoded, None, None
         self.token += 1
-        if before is None or decoded is None or decisions_may_change(before, decoded):
+        if levels is None and decoded is not None:  # a whole new state: every report is new
+            for info in decoded.node_info.values():
+                info.version = self.token
+        if levels is None:
+            if before is None or decoded is None or decisions_may_change(before, decoded):
+                levels = True, True
+            else:
+                levels = False, members_may_change(before, decoded)
+        decisive, eventful = levels
+        if decisive:
             self.decisive = self.eventful = self.token
-            return True
-        if members_may_change(before, decoded):
+        elif eventful:
             self.eventful = self.token
-        return False
+        return decisive
 
     def compare_and_set(self, kind: int, value: int, state: bytes) -> bool | None:
         """Write ``state`` if the token ``kind, value`` is the stored one: None if not, else
@@ -158,20 +194,28 @@ class StateStore:
         what they wrote as one write. Returns how long each answer may be held
         (:meth:`Step.hold` on the state after them all) and None if nothing was written, else
         whether the write is decisive. A stored blob that is not a rendezvous state is left
-        alone: each client reports it when it decodes it."""
+        alone: each client reports it when it decodes it.
+
+        The steps change the stored state's own containers (no copy of a whole cluster's
+        state per batch): a step that fails (a bug) is taken back and logged, the others
+        stand; a batch whose state would be over the limit is taken back whole."""
         if self.token == 0:
             base = RendezvousState()
         elif self._decoded is None:
             return [0.0] * len(steps), None
         else:
             base = self._decoded
-        try:
-            draft = base.draft()
-            wrote = False
-            for step, _ in steps:
+        draft = base.draft(shared=True)
+        start = draft.mark()
+        wrote, failed = False, set()
+        for i, (step, _) in enumerate(steps):
+            mark = draft.mark()
+            try:
                 wrote |= step.run_on(draft)
-        except Exception:  # a bug: find the step, and run the others alone
-            return self._one_by_one(base, steps)
+            except Exception:
+                _log.exception("A rendezvous step of node %r failed; no change.", step.node)
+                draft.undo(mark)
+                failed.add(i)
         decisive = None
         state = base
         if wrote:
@@ -179,16 +223,27 @@ class StateStore:
             bound = self._size + sum(_growth(step, size) for step, size in steps)
             if new.complete and not base.complete:
                 bound += _RANK_DIGITS * len(new.participants)
-            decisive = self._store(new, bound, steps)
-            if decisive is not None:
+            decisive = self._store(new, bound, steps, _levels(base, new, draft))
+            if decisive is None:
+                draft.undo(start)  # the stored state's containers as they were
+            else:
                 state = new
-        return [step.hold(state) for step, _ in steps], decisive
+                for step, _ in steps:  # the reports this write stored: for reads since
+                    info = step.info
+                    if isinstance(info, Info) and new.node_info.get(step.node) is info:
+                        info.version = self.token
+        holds = [0.0 if i in failed else step.hold(state) for i, (step, _) in enumerate(steps)]
+        return holds, decisive
 
     def _store(
-        self, new: RendezvousState, bound: int, steps: Sequence[tuple[Step, int]]
+        self,
+        new: RendezvousState,
+        bound: int,
+        steps: Sequence[tuple[Step, int]],
+        levels: tuple[bool, bool],
     ) -> bool | None:
         if bound <= self.limit:
-            return self.write(None, new, bound)
+            return self.write(None, new, bound, levels=levels)
         blob = encode(new)  # near the limit, the exact size decides
         if len(blob) > self.limit:
             _log.error(
@@ -199,28 +254,19 @@ class StateStore:
                 self.limit,
             )
             return None
-        return self.write(blob, new)
+        return self.write(blob, new, levels=levels)
 
-    def _one_by_one(
-        self, base: RendezvousState, steps: Sequence[tuple[Step, int]]
-    ) -> tuple[list[float], bool | None]:
-        decisive: bool | None = None
-        state = base
-        failed = set()
-        for i, (step, size) in enumerate(steps):
-            try:
-                new = step.run(state)
-            except Exception:
-                _log.exception("A rendezvous step of node %r failed; no change.", step.node)
-                failed.add(i)
-                continue
-            if new is not None:
-                bound = self._size + _growth(step, size)
-                if new.complete and not state.complete:
-                    bound += _RANK_DIGITS * len(new.participants)
-                stored = self._store(new, bound, [(step, size)])
-                if stored is not None:
-                    state = new
-                    decisive = bool(decisive) or stored
-        holds = [0.0 if i in failed else step.hold(state) for i, (step, _) in enumerate(steps)]
-        return holds, decisive
+
+def _levels(before: RendezvousState, after: RendezvousState, draft: Draft) -> tuple[bool, bool]:
+    """What :func:`~clusterbook.rendezvous.ops.decisions_may_change` and
+    :func:`~clusterbook.rendezvous.ops.members_may_change` say of the write from ``before``
+    to ``after`` that ``draft`` made, in O(1): from what the draft saw leave and move (a node
+    that left and came back in the batch counts as gone: waking more is allowed)."""
+    decisive = (
+        draft.left
+        or before.round != after.round
+        or before.complete != after.complete
+        or before.closed != after.closed
+        or before.deadline != after.deadline
+    )
+    return decisive, decisive or draft.moved or before.stop_jobs != after.stop_jobs

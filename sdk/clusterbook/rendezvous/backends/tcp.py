@@ -37,6 +37,7 @@ from clusterbook.rendezvous.backends.wire import (
     MAX_NODE,
     MAX_STATE,
     MAX_WHOLE,
+    PART,
     SECONDS,
     WATCH_MAX,
     AuthFailed,
@@ -96,12 +97,10 @@ class TcpBackend(RendezvousBackend):
         apply: Callable[[StateChange, float], tuple[bytes, Token] | None] | None = None,
     ) -> None:
         self._host, self._port, fingerprint = parse_store_url(url)
-        # How to reach the store without the network: StoreServer.local_client's, for the
-        # server's own process (a connected socket by the deadline; no TLS on it).
-        self._dial = dial
-        # How the server's own process changes the state there (StoreServer.local_client's):
-        # a change of a state larger than a frame cannot go by compare-and-set.
-        self._apply = apply
+        # How the server's own process reaches the store without the network (a connected
+        # socket by the deadline, no TLS) and changes the state there (a change of a state
+        # larger than a frame cannot go by compare-and-set): StoreServer.local_client's.
+        self._dial, self._apply = dial, apply
         self._secret = check_secret(secret)
         if node is not None and (
             not isinstance(node, str) or not node or len(node.encode("utf-8")) > MAX_NODE
@@ -175,11 +174,15 @@ class TcpBackend(RendezvousBackend):
         current: tuple[bytes, Token] | None = self._watch(b"W", token, timeout)
         return current
 
-    def read_state(self, token: Token | None, timeout: float) -> tuple[bytes, Token] | None:
+    def read_state(
+        self, token: Token | None, timeout: float, *, since: Token | None = None
+    ) -> tuple[bytes, Token] | None:
         """A watch (``R``) whose answer comes in parts, each of the one state it answered (a
-        call of another thread between two parts breaks the read off: it is read again)."""
+        call of another thread between two parts breaks the read off: it is read again);
+        ``since``: the store sends only the reports written after that token."""
+        extra = b"" if since is None else PART.pack(max(0, int(since)))
         for attempt in (1, 2, 3):
-            first = self._watch(b"R", token, timeout)
+            first = self._watch(b"R", token, timeout, extra)
             if first is None:
                 return None
             total, state, read = first
@@ -202,12 +205,12 @@ class TcpBackend(RendezvousBackend):
         current: tuple[bytes, Token] | None = self._watch(b"M", token, timeout)
         return current
 
-    def _watch(self, op: bytes, token: Token | None, timeout: float) -> Any:
+    def _watch(self, op: bytes, token: Token | None, timeout: float, extra: bytes = b"") -> Any:
         wait = min(WATCH_MAX, float(timeout)) if timeout > 0 else 0.0  # NaN -> 0
         spec = token_spec(token)
         kind = b"p" if op == b"R" else b"s"
         return self._call(
-            lambda left: op + spec + SECONDS.pack(left), kind, idempotent=True, wait=wait
+            lambda left: op + spec + SECONDS.pack(left) + extra, kind, idempotent=True, wait=wait
         )
 
     def close(self) -> None:

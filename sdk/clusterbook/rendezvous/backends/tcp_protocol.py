@@ -62,6 +62,7 @@ class _Wait:
     level: int  # _store.ANY, MEMBERS or DECISIONS
     node: str | None = None  # answered with this node's view of the state (None: the state)
     parts: bool = False  # answered in parts (``R``)
+    since: int | None = None  # ... with the reports written after this token only
 
 
 @dataclass(eq=False)
@@ -207,11 +208,17 @@ class StoreProtocol:
             self._send(conn, b"r" + HEAD.pack(won, store.token) + state)
             if won:
                 self._changed()
-        elif len(body) == SPEC.size + SECONDS.size:
+        elif len(body) == SPEC.size + SECONDS.size or (
+            op == b"R" and len(body) == SPEC.size + SECONDS.size + PART.size
+        ):
             (timeout,) = SECONDS.unpack_from(body, SPEC.size)
+            since = None
+            if len(body) > SPEC.size + SECONDS.size:  # a read of the reports since a token
+                (since,) = PART.unpack_from(body, SPEC.size + SECONDS.size)
             level = _LEVELS[op]
             node = None if level == ANY else conn.node
-            self._hold(conn, _Wait(kind, value, level, node, parts=op == b"R"), timeout)
+            wait = _Wait(kind, value, level, node, parts=op == b"R", since=since)
+            self._hold(conn, wait, timeout)
         else:
             raise ProtocolError(f"a watch of {len(body)} bytes")
 
@@ -236,7 +243,7 @@ class StoreProtocol:
         if wait is None or not wait.parts:
             self._send(conn, self._reply_state(wait))
             return
-        current = self._store.current()
+        current = self._store.current(since=wait.since)
         conn.reading = None if current is None else current
         self._loop().send(conn, self._part(conn, 0))
 
