@@ -92,8 +92,7 @@ def start_sshd(
     port
         Port to listen on; 0 picks a free one.
     listen
-        Address to listen on. The caller must be able to reach it (readiness is checked by
-        connecting to it).
+        Address to listen on; the caller must reach it (readiness is checked so).
     authorized_keys
         Public keys allowed to log in; default ``directory/"authorized_keys"`` (made empty,
         0600). A relative path is relative to the home of the user logging in.
@@ -105,18 +104,14 @@ def start_sshd(
         Turns sshd's command line into the one to run (a wrapper that runs it in a namespace
         or a container, say); each program it adds must ``exec`` the next, so that the pid we
         own is sshd's.
-    forwarding
-        Let logged-in users reach other hosts through this one (a jump host).
-    socket_forwarding
-        Let logged-in users connect to this host's Unix sockets (``ssh -L PATH:PATH``: the
-        head reaches a node's agent so); OpenSSH then lets them connect onward over TCP too
-        (see :class:`SshdConfig`); never remote forwarding.
+    forwarding, socket_forwarding
+        Let logged-in users reach other hosts through this one (a jump host); connect to
+        this host's Unix sockets, and so onward over TCP too (see :class:`SshdConfig`).
     more_authorized_keys
         More files of public keys allowed to log in (read at each login, where they are).
     host_key
-        A private key to show as the host key (its public key beside it, with ``.pub``),
-        such as a job's key that clients pin; it is copied into ``directory`` (0600: sshd
-        refuses a host key that others can read). Default: one made there on first use.
+        A private key to show as the host key (its ``.pub`` beside it), such as a job's key
+        that clients pin; copied into ``directory`` (0600). Default: one made there once.
 
     Returns
     -------
@@ -128,8 +123,7 @@ def start_sshd(
     ConfigError
         A bad argument (the message says which and why).
     SshdError
-        sshd is missing, exited, or did not answer within ``timeout``; the message holds the
-        last lines of its log.
+        sshd is missing, exited, or did not answer within ``timeout`` (its last log lines).
     """
     limit = validate_seconds(timeout, "start_sshd timeout")
     assert limit is not None
@@ -143,9 +137,8 @@ def start_sshd(
     # A port picked here can be taken before sshd binds it; then pick again.
     attempts = 3 if port == 0 else 1
     for attempt in range(attempts):
-        cfg = SshdConfig(
-            directory, port or _free_port(listen), listen, keys, forwarding, more, socket_forwarding
-        )
+        chosen = port or _free_port(listen)
+        cfg = SshdConfig(directory, chosen, listen, keys, forwarding, more, socket_forwarding)
         try:
             return _launch(sshd, cfg, host_key_path, host_public_key, limit, launch)
         except SshdError as exc:
