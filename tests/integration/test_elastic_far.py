@@ -22,6 +22,8 @@ from clusterbook.errors import BootstrapError
 from clusterbook.rendezvous.backends.tcp import read_secret
 from clusterbook.ssh.keys import derived_public_line
 from tests.integration.test_clean_far import RAISES  # rank 1 raises, the others wait
+from tests.integration.test_ssh_cluster import SLEEPER
+from tests.integration.test_warm_launch import through_agent
 from tests.testbed import FakeHost
 from tests.testbed import testbed as fake_hosts
 
@@ -123,6 +125,11 @@ def test_ranks_run_on_far_agents_through_their_own_sshd(testbed, far_agents, mpi
         assert dict(zip(ranks["rank"], ranks["host"], strict=True)) == {
             r: hosts[r // 2].name for r in range(4)
         }
+        # MPI's daemons were started by the nodes' agents (through the socket each agent's
+        # sshd lets the head reach over its master), tagged as the job's: no login, no shell.
+        sleeper = tmp_path / "sleeper.py"
+        sleeper.write_text(SLEEPER)
+        assert all(through_agent(cluster, h, sleeper) for h in hosts)
 
         # The head pins exactly the host keys the agents reported, and logs in strictly.
         directory = Path.home() / ".clusterbook" / "clusters" / cluster.id
@@ -280,3 +287,30 @@ def test_a_failed_job_is_kept_stopped_on_far_agents_until_cleanup(
         for pid in kept:  # a stopped process ends only with SIGKILL
             with contextlib.suppress(OSError):
                 os.kill(pid, 9)
+
+
+def test_a_far_agent_that_does_not_answer_falls_back_to_ssh(
+    testbed, far_agents, openmpi_python, tmp_path
+):
+    script = tmp_path / "where.py"
+    script.write_text(WHERE)
+    sleeper = tmp_path / "sleeper.py"
+    sleeper.write_text(SLEEPER)
+    hosts = testbed.hosts[:2]
+    with elastic_cluster(testbed, openmpi_python, tmp_path, len(hosts)) as cluster:
+        for h in hosts:
+            far_agents(h, cluster, "--slots", "2", "--start-sshd", str(SSHD_PORT))
+        cluster.wait_ready(timeout=60)
+        cluster.mpirun(["python", str(script)], np=4, timeout=120).wait().check()
+        # node2's agent socket gone between two jobs: its daemons come over ssh, said once
+        # per job; the job is the same, and node1 stays warm.
+        reports = cluster._provider.head.reports().values()
+        (gone,) = [r.daemon_socket for r in reports if r.hostname == hosts[1].name]
+        assert gone is not None
+        os.unlink(gone)
+        with pytest.warns(cb.ColdLaunchWarning, match=rf"agent of node {hosts[1].addr} did not"):
+            cluster.mpirun(["python", str(script)], np=4, timeout=120).wait().check()
+        with pytest.warns(cb.ColdLaunchWarning, match="did not answer"):
+            assert not through_agent(cluster, hosts[1], sleeper)  # over ssh, untagged
+        with pytest.warns(cb.ColdLaunchWarning, match="did not answer"):
+            assert through_agent(cluster, hosts[0], sleeper)

@@ -9,6 +9,7 @@ import argparse
 import os
 import signal
 import sys
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 from clusterbook.cli.hosts import slots_arg
@@ -83,7 +84,8 @@ def _add_join(worker_sub: argparse._SubParsersAction[argparse.ArgumentParser]) -
         "--daemon-socket",
         metavar="PATH",
         help="start MPI's daemons for the head's launcher when asked on the Unix socket at "
-        "PATH (set by clusters the head bootstraps over SSH, which forward it to the head)",
+        "PATH (set by clusters the head bootstraps over SSH, which forward it to the head; "
+        "with --start-sshd, one in that sshd's directory by default)",
     )
     join.set_defaults(func=_join)
 
@@ -114,12 +116,16 @@ def _join(args: argparse.Namespace) -> int:
         slots = asked
     secret = read_secret(args.token_file)
     sshd = None
+    socket_path = args.daemon_socket
     if args.start_sshd is not None:
         sshd = _agent_sshd(args.url, secret, node_id, args.start_sshd)
+        if socket_path is None:  # the head reaches it through this sshd: warm launches
+            socket_path = _daemon_socket_in(sshd.directory)
     facts = NodeReport.here(
         slots,
         sshd_host_key=sshd.host_public_key if sshd else None,
         sshd_port=sshd.port if sshd else None,
+        daemon_socket=socket_path if sshd else None,
         gpus=gpus,
     )
     agent = Agent(
@@ -138,10 +144,10 @@ def _join(args: argparse.Namespace) -> int:
 
     signal.signal(signal.SIGTERM, stop)
     daemons = None
-    if args.daemon_socket is not None:
+    if socket_path is not None:
         from clusterbook.launch.daemons import DaemonServer
 
-        daemons = DaemonServer(args.daemon_socket)
+        daemons = DaemonServer(socket_path)
         daemons.start()
     try:
         return agent.run()
@@ -150,6 +156,15 @@ def _join(args: argparse.Namespace) -> int:
             daemons.close()
         if sshd is not None:
             sshd.stop()
+
+
+def _daemon_socket_in(directory: Path) -> str | None:
+    """The socket in an agent's sshd ``directory`` (0700) where it starts MPI's daemons; None
+    where that path is too long for a Unix socket (jobs then start them over ssh)."""
+    from clusterbook.launch.daemons import SOCKET_PATH_MAX
+
+    path = str(directory / "daemons.sock")
+    return path if len(path.encode()) < SOCKET_PATH_MAX else None
 
 
 def _agent_sshd(url: str, secret: bytes, node_id: str, port: int) -> Sshd:

@@ -77,6 +77,9 @@ class NodeReport:
         The agent's process id.
     sshd_host_key, sshd_port
         The host key (``"ssh-ed25519 AAAA..."``) and port of the sshd the agent started, if any.
+    daemon_socket
+        Where the agent starts MPI's daemons for the head (a Unix socket that its sshd lets
+        the cluster's key reach: :mod:`clusterbook.launch.daemons`), if it serves one.
     load, memory_used
         1-minute load average and memory in use (percent), sent with every heartbeat.
     cpu, gpu_used
@@ -98,6 +101,7 @@ class NodeReport:
     pid: int | None = None
     sshd_host_key: str | None = None
     sshd_port: int | None = None
+    daemon_socket: str | None = None
     load: float | None = None
     memory_used: float | None = None
     gpus: GPUInfo = NO_GPUS
@@ -111,6 +115,7 @@ class NodeReport:
         *,
         sshd_host_key: str | None = None,
         sshd_port: int | None = None,
+        daemon_socket: str | None = None,
         gpus: GPUInfo | None = None,
     ) -> NodeReport:
         """This node's report (no reverse DNS: addresses come from the interfaces); its
@@ -130,6 +135,7 @@ class NodeReport:
             pid=os.getpid(),
             sshd_host_key=sshd_host_key,
             sshd_port=sshd_port,
+            daemon_socket=daemon_socket,
             gpus=probe_gpus() if gpus is None else gpus,
         )
 
@@ -184,6 +190,7 @@ class NodeReport:
             pid=_int(data.get("pid")),
             sshd_host_key=_str(data.get("sshd_host_key")),
             sshd_port=_int(data.get("sshd_port")),
+            daemon_socket=_str(data.get("daemon_socket")),
             load=_float(data.get("load")),
             memory_used=_float(data.get("memory_used")),
             gpus=GPUInfo.from_json(data.get("gpus")),

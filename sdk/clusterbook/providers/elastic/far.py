@@ -46,6 +46,7 @@ class FarNode:
     host_key: HostKey
     hostname: str
     slots: int
+    daemon_socket: str | None = None  # where its agent starts MPI's daemons, if it does
 
 
 def pick_address(addresses: Sequence[str], head_networks: Sequence[str]) -> str:
@@ -88,6 +89,7 @@ def far_nodes(
                 host_key=HostKey(parts[0], parts[1]),
                 hostname=report.hostname if report.hostname != "?" else node.host,
                 slots=node.slots,
+                daemon_socket=report.daemon_socket,
             )
         )
     return far, found

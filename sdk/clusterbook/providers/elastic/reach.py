@@ -44,8 +44,8 @@ from clusterbook.providers.elastic.far import (
     known_hosts_text,
     ssh_config,
 )
+from clusterbook.providers.elastic.masters import FarMasters
 from clusterbook.providers.reach import here_for
-from clusterbook.providers.ssh.masters import ControlMasters
 from clusterbook.rendezvous.head import RendezvousHead
 from clusterbook.spec import NodeSpec
 from clusterbook.ssh.hostkeys import Fingerprints
@@ -62,7 +62,8 @@ _log = logging.getLogger("clusterbook.elastic")
 #: Where a provider's jobs may start instead of with mpirun over ssh: a step of a Slurm job
 #: for the nodes given, or None (see :mod:`clusterbook.providers.slurm.steps`).
 Steps = Callable[[tuple[NodeSpec, ...]], SrunStep | None]
-_FILES = ("known_hosts", "ssh_config", "ssh")  # what the ssh path leaves in the cluster's directory
+# What the ssh path leaves in the cluster's directory.
+_FILES = ("known_hosts", "ssh_config", "ssh", "launch-agent")
 
 
 class FarReach:
@@ -89,8 +90,7 @@ class FarReach:
         self._lock = threading.Lock()
         self._preparing = threading.Lock()  # one check of the round at a time
         self._prepared: tuple[str, ...] = ()  # the round prepare_soon() last looked at
-        self._masters: ControlMasters | None = None
-        self._warm: dict[str, FarNode] = {}  # the nodes whose master is up, by address
+        self._masters: FarMasters | None = None
 
     # -- lifecycle ------------------------------------------------------------------------
 
@@ -114,7 +114,7 @@ class FarReach:
         with self._lock:
             sessions, self._sessions = self._sessions, {}
         with self._preparing:  # a check under way ends first
-            masters, self._masters, self._warm = self._masters, None, {}
+            masters, self._masters = self._masters, None
         if masters is not None:
             masters.stop()
 
@@ -161,6 +161,8 @@ class FarReach:
         if all(n.here for n in nodes):
             return None
         launch = self._checked_path(nodes)
+        if self._masters is not None:
+            self._masters.before_job()
         step = self._steps(nodes) if self._steps is not None else None
         return launch if step is None else replace(launch, srun=step)
 
@@ -220,23 +222,8 @@ class FarReach:
             return self._launch
 
     def _start_masters(self, far: Sequence[FarNode]) -> None:
-        """A master connection to each far node that has none up (one that failed: jobs log
-        in to that node anew, as before); those of nodes gone end."""
-        masters = self._masters
-        if masters is None:
-            return
-        now = {n.addr: n for n in far}
-        for addr, node in list(self._warm.items()):
-            if now.get(addr) != node:  # gone, or back with another sshd (port, host key)
-                masters.drop(addr)
-                del self._warm[addr]
-        dead = set(masters.dead())
-        wanted = sorted(a for a in now if a not in self._warm or a in dead)
-        failed = masters.start(10.0, wanted) if wanted else {}
-        for addr, why in failed.items():
-            _log.info("No master connection to %s (its jobs log in anew): %s", addr, why)
-            self._warm.pop(addr, None)
-        self._warm.update((a, now[a]) for a in wanted if a not in failed)
+        if self._masters is not None:
+            self._masters.update(far)
 
     def _write(self, ctx: StartContext, far: Sequence[FarNode]) -> RemoteLaunch:
         from clusterbook.ssh.launcher_ssh import ssh_wrapper
@@ -248,17 +235,23 @@ class FarReach:
         config = directory / "ssh_config"
         config.write_text(ssh_config(far, identity=self._identity, known_hosts=known))
         if self._masters is None:
-            self._masters = ControlMasters(("-F", str(config)), [])
+            self._masters = FarMasters(("-F", str(config)))
         ssh_args = (*self._masters.options(), "-F", str(config))
         wrapper = directory / "ssh"
         wrapper.write_text(ssh_wrapper(ssh_args))
         wrapper.chmod(0o755)
+        agent = None
+        if any(n.daemon_socket for n in far):  # the daemons start through the nodes' agents
+            agent = directory / "launch-agent"
+            agent.write_text(self._masters.launch_agent(wrapper))
+            agent.chmod(0o700)
         return RemoteLaunch(
             ssh_args=ssh_args,
             ssh_wrapper=str(wrapper),
             head_addr=head_address_towards(far[0].addr),
             hostnames={n.addr: n.hostname for n in far},
             tree_spawn=False,
+            launch_agent=None if agent is None else str(agent),
         )
 
     def _preflight(self, ctx: StartContext, far: Sequence[FarNode]) -> None:

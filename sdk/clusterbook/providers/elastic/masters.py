@@ -1,0 +1,93 @@
+"""The head's master connections to the far nodes of an elastic or Slurm cluster (OpenSSH's
+ControlMaster, :class:`~clusterbook.providers.ssh.masters.ControlMasters`), by node address:
+the launcher's ssh reuses them (no login per job), and each forwards the node's agent socket
+where the agent reported one, so that MPI's daemons start through the agent (no ssh session,
+no shell: :mod:`clusterbook.launch.daemons`). A node whose agent does not answer there when
+its master starts starts them over its master (said once in the log); one whose master ended
+or whose agent stopped answering since is said before the next job in a ColdLaunchWarning,
+as on SSH clusters; a node with no master is logged in to anew.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from pathlib import Path
+
+from clusterbook.providers.elastic.far import FarNode
+from clusterbook.providers.ssh.masters import (
+    ControlMasters,
+    launch_agent,
+    warn_agents,
+    warn_cold,
+)
+
+__all__ = ["FarMasters"]
+
+_log = logging.getLogger("clusterbook.elastic")
+
+
+class FarMasters:
+    """Master connections made with ``ssh_args`` (the cluster's ssh config) to the far nodes
+    :meth:`update` is given."""
+
+    def __init__(self, ssh_args: Sequence[str]) -> None:
+        self._masters = ControlMasters(ssh_args, [])
+        self._up: dict[str, FarNode] = {}  # the nodes whose master is up, by address
+
+    def options(self) -> list[str]:
+        """The launcher's ssh options that use the masters."""
+        return self._masters.options()
+
+    def launch_agent(self, cold: str | Path) -> str:
+        """The program the launcher runs instead of ssh (``cold``: its ssh, where a node's
+        agent is not reached)."""
+        return launch_agent(self._masters.directory, cold)
+
+    def update(self, far: Sequence[FarNode], timeout: float = 10.0) -> None:
+        """A master to each of ``far`` that has none up (one that fails: jobs log in to that
+        node anew, as before); those of nodes gone, or back with another sshd, end."""
+        masters = self._masters
+        now = {n.addr: n for n in far}
+        for addr, node in list(self._up.items()):
+            if now.get(addr) != node:  # gone, or back with another sshd (port, host key)
+                masters.drop(addr)
+                del self._up[addr]
+        dead = set(masters.dead())
+        wanted = sorted(a for a in now if a not in self._up or a in dead)
+        for addr in wanted:
+            there = now[addr].daemon_socket
+            if there is None:
+                masters.daemon_sockets.pop(addr, None)
+            else:
+                masters.daemon_sockets[addr] = there
+        failed = masters.start(timeout, wanted) if wanted else {}
+        for addr, why in failed.items():
+            _log.info("No master connection to %s (its jobs log in anew): %s", addr, why)
+            self._up.pop(addr, None)
+        others = [a for a in masters.daemon_sockets if a not in wanted or a in failed]
+        for addr, why in masters.unanswered(skip=others).items():
+            masters.daemon_sockets.pop(addr, None)  # its daemons start over its master
+            _log.info("MPI's daemons on %s start over its master connection: %s", addr, why)
+        self._up.update((a, now[a]) for a in wanted if a not in failed)
+
+    def before_job(self, timeout: float = 5.0) -> None:
+        """Before a job: a master that ended is started again (``timeout`` seconds at most),
+        and an agent that does not answer through its master is left to ssh, each said in a
+        :class:`~clusterbook.ColdLaunchWarning` (the job starts all the same)."""
+        masters = self._masters
+        ended = {a: how for a, how in masters.dead().items() if a in self._up}
+        if ended:
+            again = masters.start(timeout, list(ended))
+            warn_cold(
+                {a: f"{how}; started again: {again.get(a, 'up')}" for a, how in ended.items()},
+                stacklevel=5,
+            )
+        silent = masters.unanswered(skip=[a for a in masters.daemon_sockets if a not in self._up])
+        if silent:
+            warn_agents(silent, stacklevel=5)
+
+    def stop(self) -> None:
+        """End every master."""
+        self._up = {}
+        self._masters.stop()
