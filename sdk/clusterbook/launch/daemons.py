@@ -19,20 +19,27 @@ Plain standard library: the launcher's side runs as ``python -S -I daemons.py DI
 launcher's ssh) when the agent does not answer.
 """
 
-import contextlib
-import hashlib
-import json
+# The launcher's side imports only what it needs (each job starts it once per node, and the
+# server's modules, json's re and hashlib's OpenSSL among them, cost it ~10 ms more): JSON
+# through json's C parts (_json); the agent's side imports the rest where it uses it.
+import _json
 import os
-import selectors
-import signal
 import socket
 import struct
-import subprocess
 import sys
-import threading
+
+try:  # no OpenSSL loaded, as hashlib would
+    from _sha2 import sha256  # type: ignore[import-not-found]  # (no stub) Python >= 3.12
+except ImportError:
+    try:
+        from _sha256 import sha256  # type: ignore[import-not-found]  # < 3.12
+    except ImportError:  # a Python built without either
+        from hashlib import sha256
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
+    import subprocess
+    from collections.abc import Mapping
     from typing import Any
 
 #: A frame: its kind (``O``, ``E``, ``X``) and the length of what follows.
@@ -53,7 +60,8 @@ def forward_name(host: str) -> str:
     """The name of the socket, on the head and on the node, that reaches ``host``'s agent:
     the same for the same host, short enough for a Unix socket's path, and different for
     nodes that share a home."""
-    return "d-" + hashlib.sha256(host.encode()).hexdigest()[:16] + ".sock"
+    digest: str = sha256(host.encode()).hexdigest()
+    return "d-" + digest[:16] + ".sock"
 
 
 class DaemonServer:
@@ -69,9 +77,14 @@ class DaemonServer:
             self._env.pop(name, None)
         self._sock: socket.socket | None = None
         self._procs: set[subprocess.Popen[bytes]] = set()
+        import threading
+
         self._lock = threading.Lock()
 
     def start(self) -> None:
+        import contextlib
+        import threading
+
         with contextlib.suppress(FileNotFoundError):
             os.unlink(self.path)  # one a killed agent left
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
@@ -86,6 +99,8 @@ class DaemonServer:
 
     def close(self) -> None:
         """Stop serving, remove the socket and end the daemons still running."""
+        import contextlib
+
         sock, self._sock = self._sock, None
         if sock is not None:
             with contextlib.suppress(OSError):
@@ -99,6 +114,8 @@ class DaemonServer:
             _end(proc, 0.0)
 
     def _accept(self, sock: socket.socket) -> None:
+        import threading
+
         while True:
             try:
                 conn, _ = sock.accept()
@@ -107,10 +124,12 @@ class DaemonServer:
             threading.Thread(target=self._serve, args=(conn,), daemon=True).start()
 
     def _serve(self, conn: socket.socket) -> None:
+        import contextlib
+
         with conn:
             try:
                 conn.settimeout(ANSWER_WITHIN)
-                request = json.loads(_read_line(conn)[0])
+                request = _loads(_read_line(conn)[0])
                 conn.settimeout(None)
                 if request.get("ping"):
                     conn.sendall(b'{"ok": true}\n')
@@ -119,10 +138,10 @@ class DaemonServer:
             except Exception as exc:
                 with contextlib.suppress(OSError):
                     said = {"error": f"{type(exc).__name__}: {exc}"}
-                    conn.sendall(json.dumps(said).encode() + b"\n")
+                    conn.sendall(_dumps(said) + b"\n")
                 return
             try:
-                conn.sendall(json.dumps({"pid": proc.pid}).encode() + b"\n")
+                conn.sendall(_dumps({"pid": proc.pid}) + b"\n")
                 _relay(proc, conn)
             except OSError:
                 _end(proc, 1.0)
@@ -134,6 +153,7 @@ class DaemonServer:
         if not token or token.endswith(":agents"):
             raise ValueError(f"a daemon needs its job's tag, not {token!r}")
         import pwd
+        import subprocess
 
         shell = pwd.getpwuid(os.getuid()).pw_shell or "/bin/sh"
         proc = subprocess.Popen(
@@ -148,6 +168,52 @@ class DaemonServer:
         with self._lock:
             self._procs.add(proc)
         return proc
+
+
+class _Parsing:
+    """What json's C scanner asks of its decoder: plain JSON, nothing hooked."""
+
+    strict = True
+    object_hook = None
+    object_pairs_hook = None
+    parse_float = float
+    parse_int = int
+    memo: "dict[str, str]" = {}
+
+    @staticmethod
+    def parse_constant(name: str) -> float:
+        raise ValueError(f"{name} is not JSON")
+
+
+_SCAN = _json.make_scanner(_Parsing())  # type: ignore[arg-type]  # (the stub: a decoder)
+
+
+def _loads(data: bytes) -> "Any":
+    """``json.loads`` of one object's text, without json's Python modules."""
+    text = data.decode().strip()
+    try:
+        value, end = _SCAN(text, 0)
+    except StopIteration:
+        value, end = None, -1
+    if end != len(text) or not isinstance(value, dict):
+        raise ValueError(f"not a JSON object: {text[:100]!r}")
+    return value
+
+
+def _dumps(message: "Mapping[str, str | int | bool]") -> bytes:
+    """``json.dumps`` of a flat object of strings, numbers and booleans (what the two sides
+    send), without json's Python modules."""
+    quote = _json.encode_basestring_ascii
+    parts = []
+    for key, value in message.items():
+        if isinstance(value, bool):
+            said = "true" if value else "false"
+        elif isinstance(value, int):
+            said = str(value)
+        else:
+            said = quote(str(value))
+        parts.append(f"{quote(key)}: {said}")
+    return ("{" + ", ".join(parts) + "}").encode()
 
 
 def _read_line(conn: socket.socket) -> "tuple[bytes, bytes]":
@@ -165,6 +231,8 @@ def _read_line(conn: socket.socket) -> "tuple[bytes, bytes]":
 def _relay(proc: "subprocess.Popen[bytes]", conn: socket.socket) -> None:
     """Send the daemon's output as it comes, then its exit status; a closed connection (the
     launcher gone) ends the daemon."""
+    import selectors
+
     assert proc.stdout is not None
     assert proc.stderr is not None
     sel = selectors.DefaultSelector()
@@ -192,6 +260,10 @@ def _relay(proc: "subprocess.Popen[bytes]", conn: socket.socket) -> None:
 
 def _end(proc: "subprocess.Popen[bytes]", grace: float) -> None:
     """SIGTERM the daemon's group, SIGKILL after ``grace`` seconds (its ranks with it)."""
+    import contextlib
+    import signal
+    import subprocess
+
     for sig in (signal.SIGTERM, signal.SIGKILL):
         with contextlib.suppress(OSError):
             os.killpg(proc.pid, sig)
@@ -212,16 +284,18 @@ def _split(args: "list[str]") -> "tuple[str, list[str]]":
     return args[i].rpartition("@")[2], args[i + 1 :]
 
 
-def ask(path: str, request: "dict[str, Any]", timeout: float = ANSWER_WITHIN) -> "Any":
+def ask(
+    path: str, request: "Mapping[str, str | int | bool]", timeout: float = ANSWER_WITHIN
+) -> "Any":
     """Connect to an agent's socket at ``path``; return the connection, the answer and what
     followed it."""
     conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     try:
         conn.settimeout(timeout)
         conn.connect(path)
-        conn.sendall(json.dumps(request).encode() + b"\n")
+        conn.sendall(_dumps(request) + b"\n")
         line, rest = _read_line(conn)
-        answer = json.loads(line)
+        answer = _loads(line)
         conn.settimeout(None)
     except BaseException:
         conn.close()
