@@ -75,21 +75,3 @@ def test_every_benchmark_and_its_figures_are_on_the_benchmarks_page() -> None:
         assert f"## `{path.name}`" in page
     for path in (REPO / "benchmarks" / "results").glob("*.log"):
         assert f"benchmarks/results/{path.name}" in page
-
-
-def test_the_how_to_guides_include_sections_the_readme_has() -> None:
-    readme = (REPO / "README.md").read_text(encoding="utf-8")
-    guides = sorted((DOCS / "how-to").glob("*.md"))
-    assert len(guides) > 15
-    for guide in guides:
-        text = guide.read_text(encoding="utf-8")
-        for marker in re.findall(r'^:(?:start-after|end-before): "(.*)"$', text, re.M):
-            assert readme.count(marker) == 1, f"{guide.name}: {marker!r} is not once in README"
-
-
-def test_the_variables_page_names_every_variable_the_code_names() -> None:
-    from tests.test_environment_table import in_code
-
-    page = _reference().environment_page()
-    missing = [name for name in in_code() if f"`{name}`" not in page]
-    assert not missing

@@ -1,6 +1,7 @@
-"""The README's table of environment variables names every ``CLUSTERBOOK_*`` variable the code
-reads or sets, and no other: a variable added to the code without a row fails here, and so
-does a row left behind by a variable the code no longer has."""
+"""The documentation's table of environment variables (docs/reference/environment.md) names
+every ``CLUSTERBOOK_*`` variable the code reads or sets, and no other: a variable added to the
+code without a row fails here, and so does a row left behind by a variable the code no longer
+has."""
 
 from __future__ import annotations
 
@@ -24,29 +25,27 @@ def in_code() -> dict[str, list[str]]:
     return found
 
 
-def in_table(readme: str) -> list[str]:
-    """The variables of the first column of the table under '## Environment variables'."""
-    section = readme.split("\n## Environment variables\n", 1)[1].split("\n## ", 1)[0]
+def in_table(page: str) -> list[str]:
+    """The variables of the first column of the page's table (the page's first section)."""
+    section = page.split("\n## ", 1)[0]
     rows = [line for line in section.splitlines() if line.startswith("| `")]
     return [name for row in rows for name in NAME.findall(row.split("|")[1])]
 
 
-def test_the_readme_table_lists_every_variable_the_code_names_and_no_other() -> None:
+def test_the_table_lists_every_variable_the_code_names_and_no_other() -> None:
     code = in_code()
-    table = in_table((REPO / "README.md").read_text(encoding="utf-8"))
+    table = in_table((REPO / "docs" / "reference" / "environment.md").read_text(encoding="utf-8"))
     assert len(table) == len(set(table)), "a variable has two rows"
     missing = {name: files for name, files in code.items() if name not in table}
-    assert not missing, f"add a row to README.md's 'Environment variables' for: {missing}"
+    assert not missing, f"add a row to docs/reference/environment.md for: {missing}"
     gone = sorted(set(table) - set(code))
-    assert not gone, (
-        f"README.md's 'Environment variables' lists what the code no longer has: {gone}"
-    )
+    assert not gone, f"docs/reference/environment.md lists what the code no longer has: {gone}"
 
 
 def test_the_table_is_read_as_it_is_laid_out() -> None:
-    readme = (
-        "# x\n\n## Environment variables\n\n| variable | what | default |\n|---|---|---|\n"
+    page = (
+        "# Environment variables\n\n| variable | what | default |\n|---|---|---|\n"
         "| `CLUSTERBOOK_A`, `CLUSTERBOOK_B` | `CLUSTERBOOK_C` is not a row's | x |\n\n"
         "## Next\n| `CLUSTERBOOK_D` | | |\n"
     )
-    assert in_table(readme) == ["CLUSTERBOOK_A", "CLUSTERBOOK_B"]
+    assert in_table(page) == ["CLUSTERBOOK_A", "CLUSTERBOOK_B"]

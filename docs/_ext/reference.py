@@ -1,8 +1,7 @@
 """The reference pages, generated from the code when the build starts (into
 ``reference/generated/``, which git ignores): the public names of ``clusterbook`` and
 ``clusterbook_widgets`` (their docstrings, through autodoc), the ``clusterbook`` command (its
-parser's help, command by command), every ``CLUSTERBOOK_*`` variable (the README's table, which
-``tests/test_environment_table.py`` keeps complete) and the error tree (``ClusterError`` and
+parser's help, command by command) and the error tree (``ClusterError`` and
 its subclasses, and the warnings)."""
 
 from __future__ import annotations
@@ -114,24 +113,6 @@ def cli_page() -> str:
     return "\n".join(lines)
 
 
-def environment_page() -> str:
-    """The README's table of ``CLUSTERBOOK_*`` variables, as it is there."""
-    readme = (REPO / "README.md").read_text(encoding="utf-8")
-    section = readme.split("\n## Environment variables\n", 1)[1].split("\n## ", 1)[0]
-    table = [line for line in section.splitlines() if line.startswith("|")]
-    return "\n".join(
-        [
-            "# Environment variables",
-            "",
-            "Every `CLUSTERBOOK_*` variable clusterbook reads or sets (a test keeps this table",
-            "complete: a variable the code names without a row here fails it).",
-            "",
-            *table,
-            "",
-        ]
-    )
-
-
 def benchmarks_page() -> str:
     """Each benchmark: what it measures (its docstring) and how to run it; then the figures
     kept in benchmarks/results."""
@@ -185,7 +166,6 @@ PAGES: dict[str, Any] = {
     ),
     "errors.md": errors_page,
     "cli.md": cli_page,
-    "environment.md": environment_page,
     "benchmarks.md": benchmarks_page,
 }
 

@@ -361,7 +361,7 @@ def test_the_tutorials_are_there() -> None:
 
 def test_the_readme_lists_every_tutorial_once_in_reading_order() -> None:
     readme = (NOTEBOOKS.parent / "README.md").read_text()
-    section = readme.split("## Tutorials and Binder", 1)[1].split("\n## ", 1)[0]
+    section = readme.split("## Tutorials", 1)[1].split("\n## ", 1)[0]
     listed = re.findall(r"^(\d+)\. `([^`]+\.ipynb)`: \S", section, re.MULTILINE)
     assert [name for _, name in listed] == NAMES
     assert [int(n) for n, _ in listed] == list(range(1, len(NAMES) + 1))
