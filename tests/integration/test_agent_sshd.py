@@ -1,7 +1,7 @@
 """A node agent's own sshd (``clusterbook worker join --start-sshd``) with a real OpenSSH client:
-the cluster's key gets a session and a connection to one of the host's Unix sockets (how the
-head reaches the agent that starts MPI's daemons), and nothing the other way: no remote
-forwarding of a socket or a port; a key marked ``restrict`` alone gets no socket either."""
+the cluster's key gets a session and a connection to the agent's Unix socket (how the head
+reaches the agent that starts MPI's daemons), and nothing else: no other socket, no TCP port,
+nothing the other way; a key marked ``restrict`` alone gets no socket either."""
 
 from __future__ import annotations
 
@@ -16,7 +16,8 @@ from pathlib import Path
 
 import pytest
 
-from clusterbook.ssh.sshd import Sshd, start_agent_sshd
+from clusterbook.ssh.agent_sshd import start_agent_sshd
+from clusterbook.ssh.sshd import Sshd
 from tests.integration.test_sshd_testbed import make_client_key, require_sshd
 
 pytestmark = [pytest.mark.sshd, pytest.mark.root]
@@ -43,11 +44,11 @@ def agent_socket(tmp_path: Path) -> Iterator[Path]:
 
 
 @pytest.fixture
-def sshd(tmp_path: Path) -> Iterator[tuple[Sshd, list[str]]]:
+def sshd(tmp_path: Path, agent_socket: Path) -> Iterator[tuple[Sshd, list[str]]]:
     """The agent's sshd with a client key as the cluster's, and the ssh command that logs in."""
     require_sshd()
     key, public = make_client_key(tmp_path)
-    with start_agent_sshd(tmp_path / "sshd", public.strip()) as running:
+    with start_agent_sshd(tmp_path / "sshd", public.strip(), socket=str(agent_socket)) as running:
         known = tmp_path / "known_hosts"
         known.write_text(f"[127.0.0.1]:{running.port} {running.host_public_key}\n")
         ssh = ["ssh", "-F", "none", "-p", str(running.port), "-i", str(key),
@@ -90,6 +91,28 @@ def test_the_clusters_key_reaches_a_socket_of_the_host_and_gets_a_session(
     assert (session.returncode, session.stdout) == (0, "in\n"), session.stderr
 
 
+def test_the_clusters_key_reaches_no_other_socket_and_no_port(
+    sshd: tuple[Sshd, list[str]], agent_socket: Path, tmp_path: Path
+) -> None:
+    running, ssh = sshd
+    other = tmp_path / "other.sock"
+    server = socketserver.ThreadingUnixStreamServer(str(other), _Greeter)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        assert _through(ssh, tmp_path / "here.sock", other) == b""
+    finally:
+        server.shutdown()
+        server.server_close()
+        thread.join(timeout=5)
+    tcp = subprocess.run(
+        [*ssh[:-1], "-W", f"127.0.0.1:{running.port}", ssh[-1]],
+        input="", capture_output=True, text=True, timeout=30,
+    )  # fmt: skip
+    assert tcp.returncode != 0
+    assert "administratively prohibited" in tcp.stderr
+
+
 def test_the_clusters_key_gets_no_remote_forwarding(
     sshd: tuple[Sshd, list[str]], agent_socket: Path, tmp_path: Path
 ) -> None:
@@ -111,5 +134,5 @@ def test_a_key_marked_restrict_alone_reaches_no_socket(
     running, ssh = sshd
     keys = running.directory / "authorized_keys"
     line = keys.read_text().split(" ", 1)[1]
-    keys.write_text(f"restrict {line}")  # sshd reads it at each login
+    keys.write_text(f"restrict {line}")  # sshd reads it at each login; its config allows it
     assert _through(ssh, tmp_path / "here.sock", agent_socket) == b""

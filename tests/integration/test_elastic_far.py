@@ -147,8 +147,10 @@ def test_ranks_run_on_far_agents_through_their_own_sshd(testbed, far_agents, mpi
         for h in hosts:
             keys = Path.home() / ".clusterbook" / f"sshd-far-{h.name}" / "authorized_keys"
             assert keys.stat().st_mode & 0o777 == 0o600
+            socket = keys.parent / "daemons.sock"  # the agent's, and no other destination
             assert keys.read_text().splitlines() == [
-                "restrict,port-forwarding " + derived_public_line(secret, cluster.id)
+                f'restrict,port-forwarding,permitopen="[{socket}]:*" '
+                + derived_public_line(secret, cluster.id)
             ]
     assert not (directory / "keys").exists()
     assert not (directory / "ssh_config").exists()

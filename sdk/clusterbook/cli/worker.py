@@ -9,7 +9,6 @@ import argparse
 import os
 import signal
 import sys
-from pathlib import Path
 from typing import TYPE_CHECKING
 
 from clusterbook.cli.hosts import slots_arg
@@ -118,9 +117,9 @@ def _join(args: argparse.Namespace) -> int:
     sshd = None
     socket_path = args.daemon_socket
     if args.start_sshd is not None:
-        sshd = _agent_sshd(args.url, secret, node_id, args.start_sshd)
         if socket_path is None:  # the head reaches it through this sshd: warm launches
-            socket_path = _daemon_socket_in(sshd.directory)
+            socket_path = _daemon_socket_in(node_id)
+        sshd = _agent_sshd(args.url, secret, node_id, args.start_sshd, socket_path)
     facts = NodeReport.here(
         slots,
         sshd_host_key=sshd.host_public_key if sshd else None,
@@ -158,26 +157,31 @@ def _join(args: argparse.Namespace) -> int:
             sshd.stop()
 
 
-def _daemon_socket_in(directory: Path) -> str | None:
-    """The socket in an agent's sshd ``directory`` (0700) where it starts MPI's daemons; None
-    where that path is too long for a Unix socket (jobs then start them over ssh)."""
+def _daemon_socket_in(node_id: str) -> str | None:
+    """The socket beside the agent's own sshd (a 0700 directory) where it starts MPI's
+    daemons; None where the path cannot be one (too long for a Unix socket, or a character
+    the sshd's PermitOpen cannot hold): jobs then start them over ssh."""
     from clusterbook.launch.daemons import SOCKET_PATH_MAX
+    from clusterbook.paths import agent_sshd_dir
 
-    path = str(directory / "daemons.sock")
-    return path if len(path.encode()) < SOCKET_PATH_MAX else None
+    path = str(agent_sshd_dir(node_id) / "daemons.sock")
+    fits = len(path.encode()) < SOCKET_PATH_MAX and not any(c in path for c in ']" \\\n')
+    return path if fits else None
 
 
-def _agent_sshd(url: str, secret: bytes, node_id: str, port: int) -> Sshd:
-    """The agent's own sshd; it lets in the cluster's key only (derived from the secret)."""
+def _agent_sshd(url: str, secret: bytes, node_id: str, port: int, socket: str | None) -> Sshd:
+    """The agent's own sshd; it lets in the cluster's key only (derived from the secret),
+    for a session and a connection to ``socket``."""
     from clusterbook.paths import agent_sshd_dir
     from clusterbook.rendezvous.agent import parse_join_url
+    from clusterbook.ssh.agent_sshd import start_agent_sshd
     from clusterbook.ssh.keys import derived_public_line
-    from clusterbook.ssh.sshd import start_agent_sshd
 
     _, settings = parse_join_url(url)
     everywhere = "0.0.0.0"  # noqa: S104 - the head must reach this sshd
     line = derived_public_line(secret, settings.run_id)
-    return start_agent_sshd(agent_sshd_dir(node_id), line, port=port, listen=everywhere)
+    directory = agent_sshd_dir(node_id)
+    return start_agent_sshd(directory, line, socket=socket, port=port, listen=everywhere)
 
 
 def _add_serve(worker_sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:

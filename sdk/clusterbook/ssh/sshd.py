@@ -27,7 +27,6 @@ from pathlib import Path
 from clusterbook.errors import ClusterError
 from clusterbook.spec import validate_seconds
 from clusterbook.ssh.sshd_config import (
-    AGENT_KEY_OPTIONS,
     SshdConfig,
     check_listen,
     check_path,
@@ -42,8 +41,8 @@ __all__ = [
     "SshdConfig",
     "SshdError",
     "render_sshd_config",
-    "start_agent_sshd",
     "start_sshd",
+    "write_private",
 ]
 
 HOST_KEY_NAME = "ssh_host_ed25519_key"
@@ -80,6 +79,7 @@ def start_sshd(
     host_key: str | os.PathLike[str] | None = None,
     socket_forwarding: bool = False,
     home: str | os.PathLike[str] | None = None,
+    open_sockets: Sequence[str | os.PathLike[str]] = (),
 ) -> Sshd:
     """Start an sshd as the current user and return once it answers with an SSH banner.
 
@@ -103,12 +103,10 @@ def start_sshd(
     timeout
         Seconds to wait for the banner.
     launch
-        Turns sshd's command line into the one to run (a wrapper that runs it in a namespace
-        or a container, say); each program it adds must ``exec`` the next, so that the pid we
-        own is sshd's.
-    forwarding, socket_forwarding
-        Let logged-in users reach other hosts through this one (a jump host); connect to
-        this host's Unix sockets, and so onward over TCP too (see :class:`SshdConfig`).
+        Turns sshd's command line into the one to run (in a namespace, say); each program it
+        adds must ``exec`` the next, so that the pid we own is sshd's.
+    forwarding, socket_forwarding, open_sockets
+        Forwarding from this host (:class:`SshdConfig`): onward, to any socket, or to these.
     more_authorized_keys
         More files of public keys allowed to log in (read at each login, where they are).
     host_key
@@ -142,7 +140,10 @@ def start_sshd(
     at_home = None if home is None else Path(home).expanduser()
     settings = functools.partial(SshdConfig, directory, listen=listen, authorized_keys=keys)
     settings = functools.partial(settings, forwarding=forwarding, more_keys=more, home=at_home)
-    settings = functools.partial(settings, socket_forwarding=socket_forwarding)
+    sockets = tuple(Path(p) for p in open_sockets)
+    settings = functools.partial(
+        settings, socket_forwarding=socket_forwarding, open_sockets=sockets
+    )
     return _launch_on(port, listen, settings, sshd, host_key_path, host_public_key, limit, launch)
 
 
@@ -169,23 +170,6 @@ def _launch_on(
     raise AssertionError("unreachable")
 
 
-def start_agent_sshd(
-    directory: str | os.PathLike[str], public_line: str, *, port: int = 0, listen: str = "127.0.0.1"
-) -> Sshd:
-    """A node agent's own sshd (``clusterbook worker join --start-sshd``): it lets in the key
-    of ``public_line`` alone (the cluster's, derived from its secret; ``authorized_keys`` in
-    ``directory`` is rewritten, so a key of an earlier cluster no longer gets in), with
-    :data:`AGENT_KEY_OPTIONS`: a session, and connections from this host (to its Unix
-    sockets: the head starts MPI's daemons through the agent's socket so), nothing else."""
-    directory = Path(directory).expanduser()
-    directory.mkdir(mode=0o700, parents=True, exist_ok=True)
-    keys = directory / "authorized_keys"
-    _write_private(keys, f"{AGENT_KEY_OPTIONS} {public_line}\n")
-    return start_sshd(
-        directory, port=port, listen=listen, authorized_keys=keys, socket_forwarding=True
-    )
-
-
 def _authorized_keys(directory: Path, given: str | os.PathLike[str] | None) -> Path:
     """The file of the public keys allowed to log in: ``given``, or one of the sshd's own in
     ``directory`` (made empty, 0600, on first use)."""
@@ -193,7 +177,7 @@ def _authorized_keys(directory: Path, given: str | os.PathLike[str] | None) -> P
         return Path(given).expanduser()
     keys = directory / "authorized_keys"
     if not keys.exists():
-        _write_private(keys, "")
+        write_private(keys, "")
     return keys
 
 
@@ -220,7 +204,7 @@ def _launch(
     config_path = cfg.directory / "sshd_config"
     log_path = cfg.directory / "sshd.log"
     pid_file = cfg.directory / "sshd.pid"
-    _write_private(config_path, render_sshd_config(cfg, host_key=host_key, pid_file=pid_file))
+    write_private(config_path, render_sshd_config(cfg, host_key=host_key, pid_file=pid_file))
     argv = [sshd, "-D", "-f", str(config_path), "-E", str(log_path)]
     if launch is not None:
         argv = launch(argv)
@@ -336,7 +320,7 @@ def _copy_host_key(given: Path, directory: Path, port: int) -> tuple[Path, str]:
             directory=directory,
         )
     copy = directory / "ssh_host_key"
-    _write_private(copy, private_bytes)
+    write_private(copy, private_bytes)
     return copy, " ".join(public_line.split()[:2])
 
 
@@ -382,7 +366,7 @@ def _log_tail(log_path: Path, start: int, lines: int = 12) -> str:
     return "\n".join(text.strip().splitlines()[-lines:])
 
 
-def _write_private(path: Path, text: str | bytes) -> None:
+def write_private(path: Path, text: str | bytes) -> None:
     """Write ``text`` to ``path``, created 0600 in one step (never readable by others)."""
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     with os.fdopen(fd, "wb" if isinstance(text, bytes) else "w") as f:

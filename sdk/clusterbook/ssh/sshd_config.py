@@ -28,11 +28,10 @@ __all__ = [
 ]
 
 #: The options of the cluster's key on an agent's own sshd: all that OpenSSH's ``restrict``
-#: forbids (pty, agent and X11 forwarding, ~/.ssh/rc) but port forwarding, which that sshd's
-#: config narrows to connections from the host (``AllowStreamLocalForwarding local``,
-#: ``AllowTcpForwarding local``: none the other way): the head starts MPI's daemons through
-#: the agent's socket so.
-AGENT_KEY_OPTIONS = "restrict,port-forwarding"
+#: forbids (pty, agent and X11 forwarding, ~/.ssh/rc) but port forwarding, and that to the
+#: agent's socket only (``permitopen="[PATH]:*"``, as the sshd's ``PermitOpen``): the head
+#: starts MPI's daemons through it. ``{socket}``: its path.
+AGENT_KEY_OPTIONS = 'restrict,port-forwarding,permitopen="[{socket}]:*"'
 
 #: Characters a path in sshd_config cannot hold.
 BAD_PATH_CHARS = frozenset('"\\\n\r\t\0')
@@ -69,6 +68,10 @@ class SshdConfig:
     home
         The ``HOME`` of the sessions it starts (absolute), instead of the user's own: what they
         write under ``~`` lands there. None: the home the user database gives.
+    open_sockets
+        The only destinations of forwarding: these Unix sockets of this host (``ssh -L
+        LOCAL:PATH``), no other socket and no TCP port (``PermitOpen [PATH]:*``, which OpenSSH
+        matches against a socket's path and no TCP host); nothing the other way.
     """
 
     directory: Path
@@ -79,6 +82,7 @@ class SshdConfig:
     more_keys: tuple[Path, ...] = ()
     socket_forwarding: bool = False
     home: Path | None = None
+    open_sockets: tuple[Path, ...] = ()
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "directory", check_path(self.directory, "directory"))
@@ -91,6 +95,11 @@ class SshdConfig:
         object.__setattr__(self, "authorized_keys", checked)
         more = tuple(check_path(k, "authorized_keys") for k in self.more_keys)
         object.__setattr__(self, "more_keys", more)
+        sockets = tuple(check_path(p, "open_sockets") for p in self.open_sockets)
+        for path in sockets:
+            if any(c in str(path) for c in ']" '):  # PermitOpen brackets it: "[PATH]:*"
+                raise ConfigError(f"open_sockets {str(path)!r} holds ']', '\"' or ' '.")
+        object.__setattr__(self, "open_sockets", sockets)
         if self.home is not None:
             object.__setattr__(self, "home", check_path(self.home, "home"))
 
@@ -132,8 +141,7 @@ def render_sshd_config(cfg: SshdConfig, *, host_key: Path, pid_file: Path) -> st
         ("PermitRootLogin", "prohibit-password"),
         # OpenSSH lets a session connect to a Unix socket only where it lets it open TCP
         # connections onward too (AllowTcpForwarding local, no PermitOpen list: seen with 9.2).
-        ("AllowTcpForwarding", "local" if cfg.forwarding or cfg.socket_forwarding else "no"),
-        ("AllowStreamLocalForwarding", "local" if cfg.socket_forwarding else "no"),
+        *_forwarding(cfg),
         ("AllowAgentForwarding", "no"),
         ("PermitTunnel", "no"),
         ("X11Forwarding", "no"),
@@ -148,6 +156,25 @@ def render_sshd_config(cfg: SshdConfig, *, host_key: Path, pid_file: Path) -> st
         # SetEnv overrides the HOME that sshd takes from the user database (OpenSSH 7.8+).
         lines.append(("SetEnv", quote(f"HOME={cfg.home}")))
     return "".join(f"{key} {value}\n" for key, value in lines)
+
+
+def _forwarding(cfg: SshdConfig) -> list[tuple[str, str]]:
+    """The forwarding lines. OpenSSH 9.2 lets a session connect to a Unix socket only under
+    ``AllowTcpForwarding local`` and its ``PermitOpen`` list, whose ``[PATH]:*`` entries match
+    a socket at exactly PATH and no TCP destination: ``open_sockets`` is that, and nothing
+    else; ``socket_forwarding`` any socket (and so onward TCP too)."""
+    lines = [
+        ("AllowTcpForwarding", "local" if cfg.forwarding or cfg.socket_forwarding else "no"),
+        ("AllowStreamLocalForwarding", "local" if cfg.socket_forwarding else "no"),
+    ]
+    if cfg.open_sockets and not (cfg.forwarding or cfg.socket_forwarding):
+        opens = " ".join(f"[{path}]:*" for path in cfg.open_sockets)
+        lines = [
+            ("AllowTcpForwarding", "local"),
+            ("AllowStreamLocalForwarding", "local"),
+            ("PermitOpen", opens),
+        ]
+    return lines
 
 
 def check_listen(listen: object) -> str:
