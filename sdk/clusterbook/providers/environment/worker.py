@@ -210,7 +210,6 @@ def serve_worker(
         authorized_keys=Path(".ssh") / "authorized_keys",  # the home's: the cluster adds its key
         more_authorized_keys=plan.more_keys,
         host_key=plan.host_key,
-        socket_forwarding=True,  # the leader reaches this host's agent (keys that allow it)
     )
     try:
         said = (
