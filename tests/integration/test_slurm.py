@@ -229,7 +229,7 @@ def test_the_schedulers_tutorial_runs_its_slurm_part_where_slurm_answers(slurm, 
     run = runner.execute(runner.NOTEBOOKS / "08-schedulers.ipynb", tmp_path, probe=False)
     said = runner.stream(runner.code_cell(run.nb, "def slurm_here():"))
     assert said == "Slurm answers: the cluster below is a real Slurm job.\n"
-    hello = runner.stream(runner.code_cell(run.nb, "if real_slurm:\n"))
+    hello = runner.stream(runner.code_cell(run.nb, "if real_slurm:\n    slurm.wait_ready("))
     assert re.match(r"Job job-0001 succeeded: 4 ranks in ", hello), hello
     assert runner.stream(run.nb.cells[-2]) == "All checks passed.\n"
     assert slurm.active_jobs() == []
