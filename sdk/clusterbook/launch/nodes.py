@@ -148,11 +148,13 @@ def nodes_for_attempt(
             return without_aside(cluster, usable, source.aside()), source.remote()
         try:
             left = remaining_nodes(cluster, source.nodes(), source.unreachable, source.bounds())
-            return without_aside(cluster, left, source.aside()), source.remote()
-        except ClusterStateError:
+        except ClusterStateError:  # the round has not formed again (yet)
             if time.monotonic() > give_up:
                 raise
             time.sleep(0.05)
+            continue
+        # Every node left set aside is not waited for: their cool-down is not the round's.
+        return without_aside(cluster, left, source.aside()), source.remote()
 
 
 def lost_node(
