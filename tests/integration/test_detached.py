@@ -248,7 +248,10 @@ def test_cb_run_starts_runs_and_tears_down_also_on_failure(openmpi_python, tmp_p
 
 def test_cb_run_interrupted_cancels_the_job_and_stops_the_cluster(openmpi_python, tmp_path):
     program = (
-        "import sys, clusterbook as cb\n"
+        "import signal, sys, clusterbook as cb\n"
+        # As a terminal's Python has it, whatever this one inherits: a Python started with
+        # SIGINT ignored keeps it ignored, and the job then runs to its end.
+        "signal.signal(signal.SIGINT, signal.default_int_handler)\n"
         "c = cb.Cluster.local(1, 2, python=sys.argv[1], run_dir=sys.argv[2])\n"
         "try:\n"
         "    cb.run(['python', '-c', 'import time; print(\"up\", flush=True); time.sleep(60)'],\n"
