@@ -163,9 +163,10 @@ def _daemon_socket_in(node_id: str) -> str | None:
     the sshd's PermitOpen cannot hold): jobs then start them over ssh."""
     from clusterbook.launch.daemons import SOCKET_PATH_MAX
     from clusterbook.paths import agent_sshd_dir
+    from clusterbook.ssh.sshd_config import openable
 
     path = str(agent_sshd_dir(node_id) / "daemons.sock")
-    fits = len(path.encode()) < SOCKET_PATH_MAX and not any(c in path for c in ']" \\\n')
+    fits = len(path.encode()) < SOCKET_PATH_MAX and openable(path)
     return path if fits else None
 
 

@@ -23,6 +23,7 @@ __all__ = [
     "SshdConfig",
     "check_listen",
     "check_path",
+    "openable",
     "quote",
     "render_sshd_config",
 ]
@@ -32,6 +33,13 @@ __all__ = [
 #: agent's socket only (``permitopen="[PATH]:*"``, as the sshd's ``PermitOpen``): the head
 #: starts MPI's daemons through it. ``{socket}``: its path.
 AGENT_KEY_OPTIONS = 'restrict,port-forwarding,permitopen="[{socket}]:*"'
+
+
+def openable(path: str) -> bool:
+    """Whether ``path`` can be an open socket's (``PermitOpen [PATH]:*``, and the key line's
+    ``permitopen="[PATH]:*"``): none of ``]``, ``"``, a blank or a backslash in it."""
+    return not any(c in path for c in ']" \t\n\\')
+
 
 #: Characters a path in sshd_config cannot hold.
 BAD_PATH_CHARS = frozenset('"\\\n\r\t\0')
@@ -97,8 +105,11 @@ class SshdConfig:
         object.__setattr__(self, "more_keys", more)
         sockets = tuple(check_path(p, "open_sockets") for p in self.open_sockets)
         for path in sockets:
-            if any(c in str(path) for c in ']" '):  # PermitOpen brackets it: "[PATH]:*"
-                raise ConfigError(f"open_sockets {str(path)!r} holds ']', '\"' or ' '.")
+            if not openable(str(path)):
+                raise ConfigError(
+                    f"open_sockets {str(path)!r} holds ']', '\"', a blank or a backslash, which "
+                    "PermitOpen cannot hold; serve the socket at another path."
+                )
         object.__setattr__(self, "open_sockets", sockets)
         if self.home is not None:
             object.__setattr__(self, "home", check_path(self.home, "home"))
