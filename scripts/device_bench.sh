@@ -1,7 +1,8 @@
 #!/bin/bash
 # The benchmarks whose goals a 2-core machine cannot show, run on a lent 16-core machine in one go.
 #
-#   bash scripts/device_bench.sh [PART...]   PART: env rankstart submit rendezvous warm (default: all)
+#   bash scripts/device_bench.sh [PART...]   PART: env rankstart submit timeline rendezvous warm
+#                                            (default: all but timeline)
 #
 # The machine has Python with pandas, cloudpickle and tqdm but no network: the rest of
 # clusterbook's dependencies (Open MPI and mpi4py from PyPI, psutil, paramiko and what it needs) travel
@@ -37,6 +38,14 @@ for part in $parts; do
         say "functions.py --part submit"
         timeout 240 $py benchmarks/functions.py --part submit --repeat 30
         ;;
+    timeline)
+        say "job_timeline.py, then the same under py-spy (wall clock, idle threads too)"
+        (unset PYTHONDONTWRITEBYTECODE; timeout 120 $py benchmarks/job_timeline.py --repeat 30
+         if command -v py-spy >/dev/null; then
+             timeout 180 py-spy record --idle -r 2000 -f raw -o "${OUT:-/tmp}/timeline.spy" -- \
+                 $py benchmarks/job_timeline.py --repeat 60 >/dev/null
+         fi)
+        ;;
     rendezvous)
         say "rendezvous.py --parts 4, then --parts 1,2 at 64 processes"
         timeout 300 $py benchmarks/rendezvous.py --parts 4 --repeat 1
@@ -50,6 +59,6 @@ for part in $parts; do
             echo "skipped: no sshd or ip on this machine (fake hosts need both)"
         fi
         ;;
-    *) echo "unknown part $part (env, rankstart, submit, rendezvous, warm)"; exit 2 ;;
+    *) echo "unknown part $part (env, rankstart, submit, timeline, rendezvous, warm)"; exit 2 ;;
     esac
 done

@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING
 from clusterbook.cluster.handle import job_by_id
 from clusterbook.errors import ClusterError, ConfigError
 from clusterbook.launch.job import Job
+from clusterbook.launch.jobdir import job_number
 from clusterbook.launch.logstore import LogBudget
 from clusterbook.launch.nodes import (
     fail_on_lost_nodes,
@@ -128,7 +129,7 @@ class LocalJobs:
                 launcher=launcher,
                 env=options.env,
                 run_dir=options.run_dir,
-                jobs_so_far=len(self._jobs),
+                last_job=job_number(self._jobs[-1].id) if self._jobs else 0,
                 hooks=hooks,
                 logs=self._logs,
                 forward_env=options.forward_env,

@@ -19,7 +19,6 @@ from __future__ import annotations
 import json
 import os
 import secrets
-import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass, field, fields, is_dataclass, replace
 from pathlib import Path
@@ -38,6 +37,7 @@ from clusterbook.names import (
     is_name,
     is_tag,
 )
+from clusterbook.nodes.tasks.common import write_atomic as tasks_write_atomic
 from clusterbook.status import ClusterSnapshot, JobStatus, NodeStatus
 
 __all__ = [
@@ -225,15 +225,7 @@ _SCALARS: dict[str, tuple[type, ...]] = {
 
 def write_atomic(path: Path, text: str, mode: int = 0o600) -> None:
     """Replace ``path`` with ``text`` in one step (a reader never sees half of it)."""
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            os.fchmod(f.fileno(), mode)  # the file made, not what its name may point at by now
-            f.write(text)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    tasks_write_atomic(str(path), text.encode(), mode)
 
 
 def write_record(record: ClusterRecord, text: str | None = None) -> None:

@@ -7,9 +7,10 @@ Nothing here touches the system: a :class:`LaunchPlan` goes in, a :class:`Launch
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
+from clusterbook.launch.direct import prterun_start
 from clusterbook.launch.flavour import Launcher, MPIFlavour
 from clusterbook.launch.guard import ENV as GUARD_ENV
 from clusterbook.launch.rankwrap import HOOK_DIR, wrap_argv
@@ -227,8 +228,12 @@ def rank_env(plan: LaunchPlan) -> dict[str, str]:
     return env
 
 
-def _matches(name: str, patterns: tuple[str, ...]) -> bool:
-    return any(name.startswith(p[:-1]) if p.endswith("*") else name == p for p in patterns)
+def _matching(names: Iterable[str], patterns: tuple[str, ...]) -> set[str]:
+    """The ``names`` that one of ``patterns`` (a name, or a prefix ending in ``*``) matches:
+    one C-level test per name (this runs at every job's start, over the head's environment)."""
+    prefixes = tuple(p[:-1] for p in patterns if p.endswith("*"))
+    exact = {p for p in patterns if not p.endswith("*")}
+    return {name for name in names if name in exact or name.startswith(prefixes)}
 
 
 def forwarded(plan: LaunchPlan, env: Mapping[str, str]) -> list[str]:
@@ -240,8 +245,7 @@ def forwarded(plan: LaunchPlan, env: Mapping[str, str]) -> list[str]:
     patterns = (*LAUNCH_ENV, *plan.forward_env)
     if plan.launcher.flavour is MPIFlavour.MPICH:
         patterns += MPICH_OWN_ENV
-    chosen = {name for name in plan.inherited_env if _matches(name, patterns)}
-    return sorted(chosen | set(env))
+    return sorted(_matching(plan.inherited_env, patterns) | set(env))
 
 
 def build_command(plan: LaunchPlan) -> LaunchCommand:
@@ -294,7 +298,12 @@ def _openmpi(plan: LaunchPlan) -> LaunchCommand:
     for name in forwarded(plan, env):
         argv += ["-x", name]
     argv += [*plan.launcher_args, *wrap_argv(list(plan.argv))]
-    return LaunchCommand(argv, {**extra, **env}, render_hostfile(plan.nodes, MPIFlavour.OPENMPI))
+    env = {**extra, **env}
+    # mpirun's own two starts skipped: its prterun, with the arguments and variables it gives.
+    if (direct := prterun_start(plan.launcher.path, plan.launcher.prterun_sets, env)) is not None:
+        argv[0], sets = direct
+        env |= sets
+    return LaunchCommand(argv, env, render_hostfile(plan.nodes, MPIFlavour.OPENMPI))
 
 
 def _mpich(plan: LaunchPlan) -> LaunchCommand:

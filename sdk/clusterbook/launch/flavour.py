@@ -12,6 +12,7 @@ from functools import lru_cache
 from pathlib import Path
 
 from clusterbook.errors import ConfigError, LauncherNotFoundError
+from clusterbook.launch.direct import learn
 from clusterbook.wording import spell
 
 __all__ = ["Launcher", "MPIFlavour", "find_launcher", "parse_launcher_version"]
@@ -31,6 +32,9 @@ class Launcher:
     path: str
     flavour: MPIFlavour
     version: str
+    #: What Open MPI 5's ``mpirun`` sets before it execs ``prterun``, learned from it: jobs
+    #: start that ``prterun`` themselves (:mod:`clusterbook.launch.direct`); None: ``mpirun``.
+    prterun_sets: tuple[tuple[str, str], ...] | None = None
 
     @property
     def prefix(self) -> str:
@@ -125,4 +129,6 @@ def _probe(path: str) -> Launcher | None:
     parsed = parse_launcher_version(proc.stdout + proc.stderr)
     if parsed is None:
         return None
-    return Launcher(path=path, flavour=parsed[0], version=parsed[1])
+    flavour, version = parsed
+    sets = learn(path, version) if flavour is MPIFlavour.OPENMPI else None
+    return Launcher(path=path, flavour=flavour, version=version, prterun_sets=sets)

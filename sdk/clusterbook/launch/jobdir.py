@@ -21,6 +21,7 @@ from clusterbook.nodes.tasks.common import write_atomic
 
 __all__ = [
     "attempt_dir",
+    "job_number",
     "make_run_dir",
     "new_job_dir",
     "write_attempt_files",
@@ -56,25 +57,38 @@ def make_run_dir(run_dir: Path) -> None:
         raise RunDirError.from_os_error(run_dir, exc) from exc
 
 
-def new_job_dir(run_dir: Path, at_least: int) -> tuple[str, Path]:
-    """The next job's id and directory, made now: numbered after every job already in
-    ``run_dir`` (one used before, or by another process, too) and after ``at_least``."""
+def new_job_dir(run_dir: Path, after: int) -> tuple[str, Path]:
+    """The next job's id and directory, made now. ``after``: the number of the last job this
+    head made, whose successor is tried first; 0 before its first job, which is numbered after
+    every job already in ``run_dir`` (one used before, or by another process). A number taken
+    meanwhile sends it to the same count (a job start need not list every job of a long
+    session)."""
     jobs = run_dir / "jobs"
-    try:
-        found = [int(p.name[4:]) for p in jobs.iterdir() if _JOB_RE.fullmatch(p.name)]
-    except OSError:
-        found = []
-    number = max(at_least, *found, 0) + 1
+    number = after + 1 if after > 0 else _after_every_job(jobs, 0)
     while True:
         job_id = f"job-{number:04d}"
         try:
             (jobs / job_id).mkdir(parents=True, mode=0o700)
         except FileExistsError:
-            number += 1
+            number = _after_every_job(jobs, number)
             continue
         except OSError as exc:
             raise RunDirError.from_os_error(jobs / job_id, exc) from exc
         return job_id, jobs / job_id
+
+
+def job_number(job_id: str) -> int:
+    """The number in a job's id (``job-0042``: 42), 0 for an id of another form."""
+    return int(job_id[4:]) if _JOB_RE.fullmatch(job_id) else 0
+
+
+def _after_every_job(jobs: Path, taken: int) -> int:
+    """The number after ``taken`` and after every job in ``jobs``."""
+    try:
+        found = [int(p.name[4:]) for p in jobs.iterdir() if _JOB_RE.fullmatch(p.name)]
+    except OSError:
+        found = []
+    return max(taken, *found, 0) + 1
 
 
 def write_attempt_files(

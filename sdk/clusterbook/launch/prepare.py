@@ -259,7 +259,7 @@ def prepare(
     launcher: Launcher,
     env: Mapping[str, str],
     run_dir: Path,
-    jobs_so_far: int,
+    last_job: int,
     hooks: JobHooks,
     logs: LogBudget | None = None,
     forward_env: tuple[str, ...] = (),
@@ -281,7 +281,7 @@ def prepare(
     )
     # Told once the job is sure to start: after the checks of what it was given.
     warn_crowded(nodes, request.np, oversubscribe=request.oversubscribe)
-    job_id, directory = new_job_dir(run_dir, jobs_so_far)
+    job_id, directory = new_job_dir(run_dir, last_job)
     attempts = _Attempts(
         request,
         job_id,

@@ -33,14 +33,24 @@ def test_a_run_directory_that_cannot_be_made_is_named(tmp_path: Path) -> None:
         make_run_dir(tmp_path / "file" / "run")
 
 
-def test_a_job_is_numbered_after_every_job_before_it(tmp_path: Path) -> None:
+def test_a_first_job_is_numbered_after_every_job_before_it(tmp_path: Path) -> None:
     assert new_job_dir(tmp_path, 0) == ("job-0001", tmp_path / "jobs" / "job-0001")
     (tmp_path / "jobs" / "job-0007").mkdir()  # another process's
     (tmp_path / "jobs" / "job-99").mkdir()  # not a job's name: not counted
-    job_id, directory = new_job_dir(tmp_path, 3)
+    job_id, directory = new_job_dir(tmp_path, 0)
     assert job_id == "job-0008"
     assert stat.S_IMODE(directory.stat().st_mode) == 0o700
-    assert new_job_dir(tmp_path, 20)[0] == "job-0021"  # this process's own count comes first
+
+
+def test_a_later_job_follows_the_heads_last_one_and_a_taken_number_is_skipped(
+    tmp_path: Path,
+) -> None:
+    (tmp_path / "jobs" / "job-0009").mkdir(parents=True)  # another process's
+    assert new_job_dir(tmp_path, 3)[0] == "job-0004"  # the head's own count, no listing
+    assert new_job_dir(tmp_path, 20)[0] == "job-0021"
+    (tmp_path / "jobs" / "job-0030").mkdir()  # taken meanwhile
+    assert new_job_dir(tmp_path, 21)[0] == "job-0022"
+    assert new_job_dir(tmp_path, 29)[0] == "job-0031"  # after every job, once it collides
 
 
 def _plan(launcher: Launcher, folder: Path) -> LaunchPlan:

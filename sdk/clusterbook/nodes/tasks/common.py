@@ -59,9 +59,13 @@ def write_atomic(path: str, data: bytes, mode: int) -> None:
     """Write ``data`` to ``path`` via a temp file created with ``mode``, then rename."""
     fd, tmp = _temp_file(os.path.dirname(path))
     try:
-        os.fchmod(fd, mode)
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
+        try:
+            os.fchmod(fd, mode)  # the file made, not what its name may point at by now
+            view = memoryview(data)
+            while view:
+                view = view[os.write(fd, view) :]
+        finally:
+            os.close(fd)
         os.replace(tmp, path)
     except BaseException:
         with contextlib.suppress(OSError):

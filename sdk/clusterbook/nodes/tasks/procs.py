@@ -27,6 +27,7 @@ def tagged(
     (containers, network namespaces) each stop their own processes only."""
     marks = [(JOB_ENV + "=" + v).encode() for v in values]
     skip = {(JOB_ENV + "=" + v).encode() for v in exclude}
+    tag = (JOB_ENV + "=").encode()
     here = _netns("self")
     found: list[int] = []
     try:
@@ -38,14 +39,17 @@ def tagged(
             continue
         try:
             with open(f"/proc/{pid}/environ", "rb") as f:
-                env = f.read().split(b"\0")
+                data = f.read()
         except OSError:
             continue
-        if here is not None and _netns(pid) != here:
-            continue
+        if tag not in data:  # most processes: one search, no split (this runs at every
+            continue  # job's end, over every process of the machine)
+        env = data.split(b"\0")
         if any(v in skip for v in env):
             continue
-        if any((v.startswith(m) if prefix else v == m) for v in env for m in marks):
+        if not any((v.startswith(m) if prefix else v == m) for v in env for m in marks):
+            continue
+        if here is None or _netns(pid) == here:
             found.append(int(pid))
     if daemons:
         found += sorted({d for pid in found for d in _daemons_above(pid)} - set(found))
