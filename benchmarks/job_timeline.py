@@ -15,6 +15,7 @@ Unset ``PYTHONDONTWRITEBYTECODE`` first: with it, every rank compiles the rank h
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import statistics
 import subprocess
@@ -27,6 +28,8 @@ from typing import Any
 
 import clusterbook as cb
 from clusterbook.launch import attempt
+from clusterbook.launch.flavour import find_launcher
+from clusterbook.launch.rankwrap import HOOK_DIR
 from clusterbook.nodes.tasks.procs import tagged
 
 STAMPS: dict[str, float] = {}
@@ -84,6 +87,49 @@ def _prterun(mpirun: str, env: dict[str, str]) -> tuple[str, dict[str, str]] | N
     return str(prterun), {**env, **sets}
 
 
+def taken_apart(argv: list[str], env: dict[str, str], repeat: int, warmup: int) -> dict[str, float]:
+    """Medians (ms) of the cluster's launcher command ``argv`` as it is, and less the rank
+    wrapper, the rank hook, core binding or tagged output (``env``: the benchmark's)."""
+    at = argv.index("/bin/sh")
+    wrapper = argv[at : at + 4]
+    assert wrapper[1:4:2] == ["-c", "cb-rank"]
+    named = {argv[i + 1] for i, a in enumerate(argv) if a == "-x"}
+    hooked = {
+        **env,
+        **{n: "0" for n in named},
+        "PYTHONPATH": HOOK_DIR,
+        "CLUSTERBOOK_RANK_HOOK": "1",
+    }
+    if argv[0].endswith("prterun"):
+        learned = find_launcher(sys.executable).prterun_sets or ()
+        hooked |= dict(learned)
+    plain = [*argv[:at], *argv[at + 4 :]]
+    unhooked = {k: v for k, v in hooked.items() if k not in ("PYTHONPATH", "CLUSTERBOOK_RANK_HOOK")}
+    no_x = []
+    for a in plain:
+        if no_x and no_x[-1] == "-x" and a in ("PYTHONPATH", "CLUSTERBOOK_RANK_HOOK"):
+            no_x.pop()
+            continue
+        no_x.append(a)
+    bind = argv.index("--bind-to")
+    output = argv.index("--output")
+    cases = {
+        "as the cluster runs it": (argv, hooked),
+        "without the rank wrapper": (plain, hooked),
+        "without the rank wrapper and the rank hook": (no_x, unhooked),
+        "--bind-to none": ([*argv[: bind + 1], "none", *argv[bind + 2 :]], hooked),
+        "without --output tag": ([*argv[:output], *argv[output + 2 :]], hooked),
+    }
+    times: dict[str, list[float]] = {k: [] for k in cases}
+    for i in range(warmup + repeat):
+        for what, (line, variables) in cases.items():
+            t0 = time.perf_counter()
+            subprocess.run(line, env=variables, check=True, capture_output=True)
+            if i >= warmup:
+                times[what].append(time.perf_counter() - t0)
+    return {k: statistics.median(v) * 1000 for k, v in times.items()}
+
+
 def trivial() -> int:
     return 1
 
@@ -119,6 +165,7 @@ def main() -> int:
     load = os.getloadavg()[0]
     print(f"clusterbook {cb.__version__}, Python {sys.version.split()[0]}, {os.cpu_count()} CPUs")
     print(f"load {load:.2f}; medians of {args.repeat} (ms)\n")
+    jobs: list[cb.Job] = []
     with (
         tempfile.TemporaryDirectory() as tmp,
         cb.Cluster.local(1, 2, run_dir=Path(tmp) / "c") as cluster,
@@ -130,11 +177,15 @@ def main() -> int:
                 args.warmup,
             ),
             "cluster.mpirun": timeline(
-                lambda: cluster.mpirun(["python", "-c", "pass"], np=2).wait(60),
+                lambda: (
+                    jobs.append(cluster.mpirun(["python", "-c", "pass"], np=2)) or jobs[-1].wait(60)
+                ),
                 args.repeat,
                 args.warmup,
             ),
         }
+        saved = json.loads((jobs[-1].directory / "job.json").read_text())["launcher_argv"]
+        hosts = (jobs[-1].directory / "hostfile").read_text()
     env = {**os.environ, "OMPI_MCA_btl": "^ofi", "OMPI_MCA_mtl": "^ofi"}
     mpirun = str(Path(sys.executable).parent / "mpirun")
     argv = [mpirun, "--allow-run-as-root", "-n", "2", sys.executable, "-c", "pass"]
@@ -164,6 +215,13 @@ def main() -> int:
             f"  the prterun that mpirun execs, started directly with the variables mpirun sets: "
             f"{statistics.median(bare_direct) * 1000:.2f} ms"
         )
+    print("\n  its run, taken apart: the cluster's own launcher command, less one thing each")
+    with tempfile.TemporaryDirectory() as tmp:
+        hostfile = Path(tmp) / "hostfile"
+        hostfile.write_text(hosts)
+        saved[saved.index("--hostfile") + 1] = str(hostfile)
+        for what, ms in taken_apart(saved, env, args.repeat, args.warmup).items():
+            print(f"  {what:50}{ms:8.2f}")
     sweeps = []
     for _ in range(20):
         t0 = time.perf_counter()

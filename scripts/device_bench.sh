@@ -39,9 +39,9 @@ for part in $parts; do
         timeout 240 $py benchmarks/functions.py --part submit --repeat 30
         ;;
     timeline)
-        say "job_timeline.py, then the same under py-spy (wall clock, idle threads too)"
+        say "job_timeline.py (SPY=1: then the same under py-spy, wall clock, idle threads too)"
         (unset PYTHONDONTWRITEBYTECODE; timeout 120 $py benchmarks/job_timeline.py --repeat 30
-         if command -v py-spy >/dev/null; then
+         if [ -n "${SPY-}" ] && command -v py-spy >/dev/null; then
              timeout 180 py-spy record --idle -r 2000 -f raw -o "${OUT:-/tmp}/timeline.spy" -- \
                  $py benchmarks/job_timeline.py --repeat 60 >/dev/null
          fi)
