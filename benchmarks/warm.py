@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import math
 import os
 import statistics
 import subprocess
@@ -50,9 +51,11 @@ TIMEOUT = 60.0
 GOAL = 1.3
 
 
-def cluster_once(cluster: cb.Cluster, hello: Path, np: int) -> tuple[float, float]:
-    """Seconds to the first line the head has, and to the job's end."""
-    start = time.perf_counter()
+def cluster_once(cluster: cb.Cluster, hello: Path, np: int) -> tuple[float, ...]:
+    """Seconds to the first line the head has, to the job's end, until the first rank started
+    (its wrapper's start marker: the launch, MPI's daemons included) and from the last rank's
+    end to the job's (what the launch adds at the end)."""
+    start, wall = time.perf_counter(), time.time()
     job = cluster.mpirun(["python", str(hello)], np=np, cwd=hello.parent, oversubscribe=True)
     first = None
     for record in job.stream():  # live: the first rank line as soon as the head has it
@@ -60,13 +63,17 @@ def cluster_once(cluster: cb.Cluster, hello: Path, np: int) -> tuple[float, floa
             first = time.perf_counter() - start
             break
     result = job.wait(timeout=TIMEOUT)
-    end = time.perf_counter() - start
+    end, ended = time.perf_counter() - start, time.time()
     if not result.ok:
         sys.exit(f"clusterbook job failed: {result.summary()}")
-    return (end if first is None else first), end
+    starts = [s for s, _ in result.rank_times.values() if s is not None]
+    ends = [e for _, e in result.rank_times.values() if e is not None]
+    up = min(starts) - wall if starts else math.nan
+    after = ended - max(ends) if ends else math.nan
+    return (end if first is None else first), end, up, after
 
 
-def bare_once(argv: list[str], env: dict[str, str], cwd: Path) -> tuple[float, float]:
+def bare_once(argv: list[str], env: dict[str, str], cwd: Path) -> tuple[float, ...]:
     """Seconds to mpirun's first line on stdout, and to its exit."""
     start = time.perf_counter()
     proc = subprocess.Popen(argv, env=env, cwd=cwd, stdout=subprocess.PIPE, text=True)
@@ -78,7 +85,7 @@ def bare_once(argv: list[str], env: dict[str, str], cwd: Path) -> tuple[float, f
     end = time.perf_counter() - start
     if code != 0 or "hello" not in first:
         sys.exit(f"bare mpirun failed ({code}): {first}{rest}")
-    return at, end
+    return at, end, math.nan, math.nan
 
 
 def bare_argv(bed: Testbed, hosts: int, hello: Path, control: Path | None) -> list[str]:
@@ -94,16 +101,25 @@ def bare_argv(bed: Testbed, hosts: int, hello: Path, control: Path | None) -> li
     return [*argv, sys.executable, str(hello)]
 
 
-def table(times: dict[str, list[tuple[float, float]]], load: list[float]) -> None:
+def table(times: dict[str, list[tuple[float, ...]]], load: list[float]) -> None:
     print(f"\n{len(next(iter(times.values())))} runs each; load average at the rounds' starts:")
     print("  " + " ".join(f"{x:.2f}" for x in load))
-    print(f"  {'':36} {'first output':>12} {'job end':>9}  (ms, medians)")
+    print(
+        f"  {'':36} {'first output':>12} {'job end':>9}  {'(ms, medians)':24}"
+        f"{'ranks up':>9} {'after ranks':>12}"
+    )
     local = [statistics.median(t[i] for t in times["local"]) for i in (0, 1)]
     for label, runs in times.items():
-        first = statistics.median(t[0] for t in runs) * 1000
-        end = statistics.median(t[1] for t in runs) * 1000
+        first, end, up, after = (statistics.median(t[i] for t in runs) * 1000 for i in range(4))
         ratio = f"{first / local[0] / 1000:5.2f}x {end / local[1] / 1000:5.2f}x of local"
-        print(f"  {label:36} {first:12.0f} {end:9.0f}  {ratio}")
+        launch = "" if math.isnan(up) else f"{up:9.0f} {after:12.0f}"
+        print(f"  {label:36} {first:12.0f} {end:9.0f}  {ratio:24}{launch}")
+    print(
+        "\n  ranks up: from the call until the first rank's wrapper started (the launch, MPI's\n"
+        "  daemons included); after ranks: from the last rank's end until wait() returned. The\n"
+        "  rest of a job is the program's: here mpi4py's MPI_Init, a Barrier and MPI_Finalize,\n"
+        "  over shared memory on one machine and over TCP between hosts (bare mpirun pays it too)."
+    )
 
 
 def main() -> int:
@@ -141,7 +157,7 @@ def main() -> int:
             )
         )
         np = 2 * args.hosts
-        sides: dict[str, Callable[[], tuple[float, float]]] = {
+        sides: dict[str, Callable[[], tuple[float, ...]]] = {
             "local": lambda: cluster_once(local, hello, np),
         }
         for how in ("warm", "cold"):
@@ -152,7 +168,7 @@ def main() -> int:
         plain, mastered = (bare_argv(bed, args.hosts, hello, c) for c in (None, control))
         sides["bare mpirun --host"] = lambda: bare_once(plain, env, work)
         sides["bare mpirun --host, ssh ControlMaster"] = lambda: bare_once(mastered, env, work)
-        times: dict[str, list[tuple[float, float]]] = {label: [] for label in sides}
+        times: dict[str, list[tuple[float, ...]]] = {label: [] for label in sides}
         load = []
         for round_ in range(args.repeat + 1):
             load.append(os.getloadavg()[0])
