@@ -11,6 +11,9 @@ line on mpirun's stdout); job end: until ``wait()`` returns (bare: mpirun's exit
   (MPI's daemons started by each node's agent, asked over the ssh connection the cluster
   keeps open to each node: no ssh session, no login shell) and ``launch="cold"`` (a new ssh
   login per node per job).
+- **elastic warm**: ``Cluster.elastic`` whose agents run inside the fake hosts with an sshd of
+  their own (``--start-sshd``): the head keeps an ssh connection to each, and its agent starts
+  MPI's daemons (a Slurm cluster's nodes join the same way).
 - **bare**: ``mpirun --host H1:2,H2:2 --prefix VENV`` with the testbed's key and known_hosts, the
   same tuning (``OMPI_MCA_btl=^ofi``), a new ssh login per node per job; **bare, ssh
   ControlMaster**: the same with an OpenSSH master connection per host kept between jobs.
@@ -26,6 +29,8 @@ import argparse
 import contextlib
 import math
 import os
+import shlex
+import shutil
 import statistics
 import subprocess
 import sys
@@ -34,11 +39,13 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+import psutil
+
 import clusterbook as cb
 from clusterbook.launch.command import OPENMPI_TUNING
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests.testbed: the fake hosts
-from tests.testbed import Testbed, make_testbed
+from tests.testbed import FakeHost, Testbed, make_testbed
 
 HELLO = """\
 from mpi4py import MPI
@@ -86,6 +93,32 @@ def bare_once(argv: list[str], env: dict[str, str], cwd: Path) -> tuple[float, .
     if code != 0 or "hello" not in first:
         sys.exit(f"bare mpirun failed ({code}): {first}{rest}")
     return at, end, math.nan, math.nan
+
+
+def far_agent(host: FakeHost, cluster: cb.Cluster, work: Path) -> subprocess.Popen[bytes]:
+    """An agent of ``cluster`` inside fake host ``host`` (its network and hostname), with an
+    sshd of its own, as a user starts one with the cluster's join command."""
+    token = work / f"token-{host.name}"
+    shutil.copy(cluster._provider.token_file, token)  # as a user copies it to the node
+    argv = shlex.split(cluster.join_command)[1:]
+    argv = [a if a != str(cluster._provider.token_file) else str(token) for a in argv]
+    agent = [sys.executable, "-m", "clusterbook", *argv, "--node-id", f"far-{host.name}"]
+    agent += ["--slots", "2", "--start-sshd", "2222"]
+    command = f"hostname {host.name} && exec {shlex.join(agent)}"
+    return subprocess.Popen(
+        ["ip", "netns", "exec", host.netns, "unshare", "--uts", "sh", "-c", command],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+
+
+def end_agent(proc: subprocess.Popen[bytes]) -> None:
+    """Stop an agent and whatever it started (its sshd, say)."""
+    with contextlib.suppress(psutil.Error):
+        for child in psutil.Process(proc.pid).children(recursive=True):
+            child.kill()
+    proc.kill()
+    proc.wait(timeout=10)
 
 
 def bare_argv(bed: Testbed, hosts: int, hello: Path, control: Path | None) -> list[str]:
@@ -165,6 +198,21 @@ def main() -> int:
                 bed.cluster(sys.executable, work / how, hosts=args.hosts, slots=2, launch=how)
             )
             sides[f"ssh {how}"] = lambda c=ssh: cluster_once(c, hello, np)  # type: ignore[misc]
+        agents: list[subprocess.Popen[bytes]] = []
+        stack.callback(lambda: [end_agent(a) for a in agents])  # after the cluster stopped
+        elastic = stack.enter_context(
+            cb.Cluster.elastic(
+                args.hosts,
+                args.hosts,
+                listen=bed.head_addr,
+                last_call=0.1,
+                python=sys.executable,
+                run_dir=work / "elastic",
+            )
+        )
+        agents += [far_agent(host, elastic, work) for host in bed.hosts[: args.hosts]]
+        elastic.wait_ready(timeout=60, progress=False)
+        sides["elastic warm"] = lambda: cluster_once(elastic, hello, np)
         plain, mastered = (bare_argv(bed, args.hosts, hello, c) for c in (None, control))
         sides["bare mpirun --host"] = lambda: bare_once(plain, env, work)
         sides["bare mpirun --host, ssh ControlMaster"] = lambda: bare_once(mastered, env, work)
