@@ -21,10 +21,13 @@ launcher's ssh) when the agent does not answer.
 
 # The launcher's side imports only what it needs (each job starts it once per node, and the
 # server's modules, json's re and hashlib's OpenSSL among them, cost it ~10 ms more): JSON
-# through json's C parts (_json); the agent's side imports the rest where it uses it.
+# through json's C parts (_json), sockets through _socket (socket.py's enum, selectors and
+# collections are 8 ms more); the agent's side imports the rest where it uses it.
+from __future__ import annotations
+
 import _json
+import _socket
 import os
-import socket
 import struct
 import sys
 
@@ -38,6 +41,7 @@ except ImportError:
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
+    import socket
     import subprocess
     from collections.abc import Mapping
     from typing import Any
@@ -68,7 +72,7 @@ class DaemonServer:
     """The agent's socket at ``path`` (made private), serving launches in threads; ``env``:
     the daemons' environment, less the agent's tag."""
 
-    def __init__(self, path: str, env: "dict[str, str] | None" = None) -> None:
+    def __init__(self, path: str, env: dict[str, str] | None = None) -> None:
         self.path = path
         self._env = dict(os.environ if env is None else env)
         # Debian's bash reads ~/.bashrc when these say ssh ran it (pyenv init: ~0.1 s of
@@ -87,6 +91,8 @@ class DaemonServer:
 
         with contextlib.suppress(FileNotFoundError):
             os.unlink(self.path)  # one a killed agent left
+        import socket
+
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         old = os.umask(0o177)  # private from the moment it exists
         try:
@@ -104,7 +110,7 @@ class DaemonServer:
         sock, self._sock = self._sock, None
         if sock is not None:
             with contextlib.suppress(OSError):
-                sock.shutdown(socket.SHUT_RDWR)
+                sock.shutdown(_socket.SHUT_RDWR)
             sock.close()
             with contextlib.suppress(OSError):
                 os.unlink(self.path)
@@ -149,7 +155,7 @@ class DaemonServer:
                 with self._lock:
                     self._procs.discard(proc)
 
-    def _spawn(self, command: str, token: str) -> "subprocess.Popen[bytes]":
+    def _spawn(self, command: str, token: str) -> subprocess.Popen[bytes]:
         if not token or token.endswith(":agents"):
             raise ValueError(f"a daemon needs its job's tag, not {token!r}")
         import pwd
@@ -178,7 +184,7 @@ class _Parsing:
     object_pairs_hook = None
     parse_float = float
     parse_int = int
-    memo: "dict[str, str]" = {}
+    memo: dict[str, str] = {}
 
     @staticmethod
     def parse_constant(name: str) -> float:
@@ -188,7 +194,7 @@ class _Parsing:
 _SCAN = _json.make_scanner(_Parsing())  # type: ignore[arg-type]  # (the stub: a decoder)
 
 
-def _loads(data: bytes) -> "Any":
+def _loads(data: bytes) -> Any:
     """``json.loads`` of one object's text, without json's Python modules."""
     text = data.decode().strip()
     try:
@@ -200,7 +206,7 @@ def _loads(data: bytes) -> "Any":
     return value
 
 
-def _dumps(message: "Mapping[str, str | int | bool]") -> bytes:
+def _dumps(message: Mapping[str, str | int | bool]) -> bytes:
     """``json.dumps`` of a flat object of strings, numbers and booleans (what the two sides
     send), without json's Python modules."""
     quote = _json.encode_basestring_ascii
@@ -216,7 +222,7 @@ def _dumps(message: "Mapping[str, str | int | bool]") -> bytes:
     return ("{" + ", ".join(parts) + "}").encode()
 
 
-def _read_line(conn: socket.socket) -> "tuple[bytes, bytes]":
+def _read_line(conn: socket.socket) -> tuple[bytes, bytes]:
     """A line from ``conn``, and what came after it in the same reads."""
     data = b""
     while b"\n" not in data:
@@ -228,7 +234,7 @@ def _read_line(conn: socket.socket) -> "tuple[bytes, bytes]":
     return line, rest
 
 
-def _relay(proc: "subprocess.Popen[bytes]", conn: socket.socket) -> None:
+def _relay(proc: subprocess.Popen[bytes], conn: socket.socket) -> None:
     """Send the daemon's output as it comes, then its exit status; a closed connection (the
     launcher gone) ends the daemon."""
     import selectors
@@ -258,7 +264,7 @@ def _relay(proc: "subprocess.Popen[bytes]", conn: socket.socket) -> None:
     conn.sendall(FRAME.pack(b"X", 4) + struct.pack(">i", code))
 
 
-def _end(proc: "subprocess.Popen[bytes]", grace: float) -> None:
+def _end(proc: subprocess.Popen[bytes], grace: float) -> None:
     """SIGTERM the daemon's group, SIGKILL after ``grace`` seconds (its ranks with it)."""
     import contextlib
     import signal
@@ -274,7 +280,7 @@ def _end(proc: "subprocess.Popen[bytes]", grace: float) -> None:
             continue
 
 
-def _split(args: "list[str]") -> "tuple[str, list[str]]":
+def _split(args: list[str]) -> tuple[str, list[str]]:
     """The host and the command words of an ssh command line (options first)."""
     i = 0
     while i < len(args) and args[i].startswith("-"):
@@ -284,12 +290,10 @@ def _split(args: "list[str]") -> "tuple[str, list[str]]":
     return args[i].rpartition("@")[2], args[i + 1 :]
 
 
-def ask(
-    path: str, request: "Mapping[str, str | int | bool]", timeout: float = ANSWER_WITHIN
-) -> "Any":
+def ask(path: str, request: Mapping[str, str | int | bool], timeout: float = ANSWER_WITHIN) -> Any:
     """Connect to an agent's socket at ``path``; return the connection, the answer and what
     followed it."""
-    conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    conn: socket.socket = _socket.socket(_socket.AF_UNIX, _socket.SOCK_STREAM)  # type: ignore[assignment]
     try:
         conn.settimeout(timeout)
         conn.connect(path)
@@ -312,7 +316,7 @@ def ping(path: str, timeout: float = ANSWER_WITHIN) -> None:
     conn.close()
 
 
-def main(argv: "list[str]") -> int:
+def main(argv: list[str]) -> int:
     """``daemons.py DIR COLD SSH_ARGS...``: start the command on the host of ``SSH_ARGS``
     through its agent (the socket ``DIR/forward_name(host)``) and relay its output; when the
     agent does not take it, run ``COLD SSH_ARGS`` (the launcher's ssh) instead."""

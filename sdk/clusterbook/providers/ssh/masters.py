@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import py_compile
 import secrets
 import shlex
 import shutil
@@ -218,7 +219,13 @@ def launch_agent(directory: Path, cold: str | Path) -> str:
     node's agent, over the socket in ``directory`` that the node's master forwards, and
     through ``cold`` (the launcher's ssh) where that is not up."""
     # -S -I: no site, no user's environment: the helper imports the standard library only.
-    argv = [sys.executable, "-S", "-I", daemons.__file__, str(directory), str(cold)]
+    # Its bytecode, compiled once here: a script run as a file is compiled at every start.
+    program = directory / "daemons.pyc"
+    try:
+        py_compile.compile(daemons.__file__, cfile=str(program), doraise=True)
+    except (OSError, py_compile.PyCompileError):
+        program = Path(daemons.__file__)
+    argv = [sys.executable, "-S", "-I", str(program), str(directory), str(cold)]
     return "#!/bin/sh\nexec " + shlex.join(argv) + ' "$@"\n'
 
 
