@@ -5,7 +5,8 @@
 #                itself never imports it)
 #   .venv-mpich  MPICH, mpi4py and ipyparallel (mpi4py picks its MPI by the environment it lives in)
 # The JupyterLab extension is built from source (Node.js and npm) and loaded by .venv's JupyterLab.
-# Extra arguments go to pytest.
+# Extra arguments go to pytest. PYTEST_XDIST=N runs the tests in N pytest-xdist workers
+# (docs/development.md, "Running tests in parallel"); unset or 0 runs them in one process.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
@@ -22,4 +23,7 @@ export CLUSTERBOOK_MPICH_PYTHON="$PWD/.venv-mpich/bin/python"
 .venv/bin/ruff check .
 .venv/bin/ruff format --check .
 .venv/bin/mypy  # strict, over sdk/ and widgets/ (pyproject.toml)
-exec .venv/bin/python -m pytest "$@"
+workers=${PYTEST_XDIST:-0}
+parallel=()
+[ "$workers" = 0 ] || parallel=(-n "$workers" --dist loadgroup)
+exec .venv/bin/python -m pytest "${parallel[@]}" "$@"

@@ -252,6 +252,9 @@ def test_cb_run_interrupted_cancels_the_job_and_stops_the_cluster(openmpi_python
         # As a terminal's Python has it, whatever this one inherits: a Python started with
         # SIGINT ignored keeps it ignored, and the job then runs to its end.
         "signal.signal(signal.SIGINT, signal.default_int_handler)\n"
+        # A blocked SIGINT is inherited as well (a test runner's worker may block it): the
+        # signal would wait, pending, until the job ended.
+        "signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})\n"
         "c = cb.Cluster.local(1, 2, python=sys.argv[1], run_dir=sys.argv[2])\n"
         "try:\n"
         "    cb.run(['python', '-c', 'import time; print(\"up\", flush=True); time.sleep(60)'],\n"
