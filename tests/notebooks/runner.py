@@ -30,6 +30,8 @@ from typing import TYPE_CHECKING, Any
 import nbformat
 from nbclient import NotebookClient
 
+from tests.notebooks import filetrace
+
 if TYPE_CHECKING:
     from tests.users import LocalUser
 
@@ -83,6 +85,7 @@ class Executed:
     nb: nbformat.NotebookNode
     home: Path
     secrets: dict[str, set[str]] = field(default_factory=dict)  # file -> needles
+    changed: set[str] = field(default_factory=set)  # paths its processes wrote (see filetrace)
     states: dict[int, dict[str, Any]] = field(default_factory=dict)  # cell index -> models
 
 
@@ -257,7 +260,8 @@ def run_here(path: Path, home: Path, *, probe: bool = True) -> Executed:
 def execute_as(user: LocalUser, source: Path, workdir: Path, *, probe: bool = True) -> Executed:
     """:func:`execute`, with nbclient and the kernel run as ``user`` (see
     :mod:`tests.notebooks.binder`); ``workdir`` must be one the user can reach. Fails if a
-    process of the user's outlives the kernel."""
+    process of the user's outlives the kernel. The run is traced (``strace -f``, as the user:
+    the runner, its kernel and what they start): what it changed is ``Executed.changed``."""
     from tests.conftest import wait_gone
     from tests.users import wait_left
 
@@ -269,11 +273,12 @@ def execute_as(user: LocalUser, source: Path, workdir: Path, *, probe: bool = Tr
     home = user.new_home(workdir / "home")
     user.mark()
     argv = [sys.executable, "-m", "tests.notebooks.runner", str(folder / source.name), str(home)]
-    log = workdir / "runner.log"
+    log, trace = workdir / "runner.log", workdir / "files.trace"
+    extra = [] if probe else ["--no-probe"]
     try:
         with log.open("wb") as out:
             done = subprocess.run(
-                user.argv([*argv, *([] if probe else ["--no-probe"])], REPO),
+                user.argv([*filetrace.argv(trace), *argv, *extra], REPO),  # as the user
                 cwd=REPO,
                 env=user.env(home),
                 stdin=subprocess.DEVNULL,
@@ -299,6 +304,7 @@ def execute_as(user: LocalUser, source: Path, workdir: Path, *, probe: bool = Tr
         home,
         secrets={k: set(v) for k, v in data["secrets"].items()},
         states={int(k): v for k, v in data["states"].items()},
+        changed=filetrace.changed(trace),
     )
 
 

@@ -366,3 +366,42 @@ def test_the_readme_lists_every_tutorial_once_in_reading_order() -> None:
     assert [name for _, name in listed] == NAMES
     assert [int(n) for n, _ in listed] == list(range(1, len(NAMES) + 1))
     assert [name[:2] for name in NAMES] == [f"{i:02d}" for i in range(1, 10)]  # 01 to 09
+
+
+#: What a tutorial may change besides its own directory and home (its run's workdir), and why.
+MACHINE_WIDE = {
+    "/dev/null": "where output that no one reads goes",
+    "/dev/tty": "a terminal a program may open; nothing is stored",
+    "/dev/ptmx": "opened (read-write) to make a pseudo-terminal; nothing is stored",
+    "/dev/pts/": "the pseudo-terminals Jupyter's and ssh's sessions use; nothing is stored",
+    "/dev/shm/": "MPI's shared-memory segments between ranks of a node, removed by MPI",
+    "/proc/": "a process's own settings (oom_score_adj, comm): nothing on disk",
+    # Tutorial 4: Open MPI's daemon on each stand-in machine (an ssh session, no TMPDIR)
+    # keeps its session directory in /tmp, as on a real node, and removes it when it ends.
+    "/tmp/prted.": "Open MPI's daemons' session directories, removed by them",
+    # Tutorial 4's put and gather make these on the stand-in machines, relative to their
+    # sessions' directory, their home under the run's directory (which strace cannot say).
+    "?/data": "tutorial 4's put, in the stand-in machines' home",
+    "?/results": "tutorial 4's gather, in the stand-in machines' home",
+}
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("name", NAMES)
+def test_notebook_writes_only_in_its_directory_and_its_home(
+    name: str, executed: Callable[[str], Any], runner: ModuleType
+) -> None:
+    """Traced (strace -f, the kernel and every process it starts): no file outside the copy of
+    the tutorial's directory and its temporary home is created, written, renamed or removed."""
+    if name in NEEDS:
+        require(find_spec(NEEDS[name]) is not None, f"{NEEDS[name]} is not installed")
+    run = executed(name)
+    require(bool(run.changed), "the run was not traced (not as the Binder user)")
+    workdir = str(run.home.parent)
+    outside = sorted(
+        path
+        for path in run.changed
+        if not (path == workdir or path.startswith(workdir + "/"))
+        and not any(path == p.rstrip("/") or path.startswith(p) for p in MACHINE_WIDE)
+    )
+    assert not outside, f"{name} changed files outside its directory and home: {outside}"

@@ -179,6 +179,10 @@ class Head(ClusterHandle, Protocol):
         """ipyparallel engines on the cluster (``Cluster.engines``), or why there are none."""
         ...
 
+    def job_script(self) -> str:
+        """The batch script a Slurm cluster submits (``Cluster.job_script``)."""
+        ...
+
 
 J = TypeVar("J", bound=JobHandle)
 

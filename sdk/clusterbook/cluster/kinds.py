@@ -21,6 +21,7 @@ from clusterbook.spec import read_hostfile
 if TYPE_CHECKING:
     from typing_extensions import Self, Unpack
 
+    from clusterbook.cluster.handle import Head
     from clusterbook.cluster.local_head import LocalHead
     from clusterbook.cluster.remote.attached import AttachedCluster
     from clusterbook.providers.environment.detect import Runner
@@ -33,14 +34,15 @@ class ClusterKinds:
     """The constructors of a cluster of each kind (see the module's docstring)."""
 
     _local: LocalHead  # what the cluster was made of (its provider and options)
+    _head: Head  # what runs it: the local head, or a detached cluster's supervisor
 
     def job_script(self) -> str:
         """A Slurm cluster's batch script, as ``start()`` submits it, its ``sbatch`` options
         as ``#SBATCH`` lines: a dry run, before or after ``start()`` (before, the rendezvous's
-        URL and token file, which ``start()`` makes, are placeholders). Other kinds submit
-        none: a :class:`~clusterbook.errors.ConfigError`."""
-        made = self._local
-        return made.provider.job_script(made.python, made.id, made.run_dir)
+        URL and token file, which ``start()`` makes, are placeholders; a detached cluster's
+        supervisor, which submitted it, shows it once started). Other kinds submit none: a
+        :class:`~clusterbook.errors.ConfigError`."""
+        return self._head.job_script()
 
     @classmethod
     def from_spec(cls, spec: Mapping[str, Any]) -> Self:

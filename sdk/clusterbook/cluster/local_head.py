@@ -121,6 +121,10 @@ class LocalHead(NodeCalls, ResourceFrames, Resizing):
     def join_command(self) -> str | None:
         return self.provider.join_command
 
+    def job_script(self) -> str:
+        """The batch script its provider submits (``Cluster.job_script``)."""
+        return self.provider.job_script(self.python, self.id, self.run_dir)
+
     @property
     def nodes(self) -> tuple[NodeSpec, ...]:
         if self._state == "created":

@@ -31,6 +31,7 @@ Requests and replies (JSON objects)::
     {"op": "stop", "reason": TEXT|null}                              -> {}
     {"op": "wait_ready", "timeout": S}                               -> {}
     {"op": "reinstate", "node": NAME}                                -> {}
+    {"op": "job_script"}                                             -> {"script": TEXT}
     {"op": "put", "paths": [...], "dest": D|null}                    -> {}
     {"op": "write", "path": P, "data": BASE64, "nodes": [...]|null, "mode": M} -> {}
     {"op": "gather", "directory": D}                                 -> {"paths": [...]}

@@ -254,6 +254,9 @@ def _handlers(head: HeadState) -> dict[str, Handler]:
         head.reinstate(str(request.get("node")))
         return {}
 
+    def job_script(request: Mapping[str, Any]) -> Mapping[str, Any]:
+        return {"script": head.job_script()}
+
     def resource_history(request: Mapping[str, Any]) -> Mapping[str, Any]:
         window, nodes, points = request.get("window"), request.get("nodes"), request.get("points")
         return head.resource_history(window, nodes=nodes, points=points)
@@ -275,6 +278,7 @@ def _handlers(head: HeadState) -> dict[str, Handler]:
         "stop": stop,
         "wait_ready": wait_ready,
         "reinstate": reinstate,
+        "job_script": job_script,
         **_node_handlers(head),
         "resource_history": resource_history,
         "scale": scale,

@@ -256,6 +256,11 @@ class AttachedCluster(AttachedNodeCalls, FunctionMethods, ResourceFrames):
         """Bring ``node``, set aside for failing, back into jobs (see ``Cluster.reinstate``)."""
         self._call("reinstate", node=node)
 
+    def job_script(self) -> str:
+        """The batch script a Slurm cluster submitted, as its head shows it (see
+        ``Cluster.job_script``); other kinds submit none: a :class:`ConfigError` says so."""
+        return str(self._call("job_script")["script"])
+
     def engines(self, n: int | None = None, **how: Any) -> NoReturn:
         """Refused with a :class:`ClusterStateError` that says why and what to use instead:
         engines need their controller in the process that runs the cluster."""

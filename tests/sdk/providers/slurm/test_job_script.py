@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 import clusterbook as cb
+from clusterbook.cluster.options import ClusterOptions
 from clusterbook.providers.slurm.batch import with_directives
 from clusterbook.testing import FakeProvider, FakeSlurm
 
@@ -74,3 +75,27 @@ def test_kinds_that_submit_no_batch_job_say_so() -> None:
         cb.Cluster(FakeProvider(nodes=1)).job_script()
     with pytest.raises(cb.ConfigError, match=r"Slurm cluster \(Cluster.slurm\)"):
         cb.Cluster.local(1).job_script()
+
+
+def test_an_attached_handle_shows_the_script_its_head_submitted(tmp_path: Path) -> None:
+    """Through the head's control socket, as for a detached cluster's supervisor."""
+    fake = FakeSlurm(reason="Priority")
+    cluster = cb.Cluster.slurm(
+        nodes=2, slots=4, runner=fake, run_dir=tmp_path / "run", poll_interval=0.05
+    )
+    with cluster, cb.Cluster.attach(cluster.run_dir) as handle:
+        script = handle.job_script()
+        written = (tmp_path / "run" / "slurm-job.sh").read_text()
+        assert script == cluster.job_script()
+    assert _without_directives(script) == written
+    assert f"--job-name=clusterbook-{cluster.id}" in _directives(script)
+
+
+def test_an_attached_handle_on_a_kind_that_submits_none_says_so(tmp_path: Path) -> None:
+    options = ClusterOptions.make("fake", run_dir=tmp_path / "run")
+    with (
+        cb.Cluster(FakeProvider(nodes=1), options) as cluster,
+        cb.Cluster.attach(cluster.run_dir) as handle,
+        pytest.raises(cb.ConfigError, match=r"a fake cluster submits none"),
+    ):
+        handle.job_script()
