@@ -15,12 +15,14 @@ from clusterbook.testing import stand_in_hosts
 from tests.integration.test_sshd_testbed import require_sshd
 
 
-def test_the_sessions_home_is_set_only_when_given() -> None:
+def test_the_sessions_home_and_temporary_directory_are_set_only_when_given() -> None:
     paths = {"host_key": Path("/srv/cb/k"), "pid_file": Path("/srv/cb/p")}
     plain = render_sshd_config(SshdConfig(Path("/srv/cb"), 2222), **paths)
     assert "SetEnv" not in plain
     given = SshdConfig(Path("/srv/cb"), 2222, home=Path("/srv/cb/my home"))
-    assert render_sshd_config(given, **paths).endswith('SetEnv "HOME=/srv/cb/my home"\n')
+    assert render_sshd_config(given, **paths).endswith(
+        'SetEnv "HOME=/srv/cb/my home" "TMPDIR=/srv/cb/my home/tmp"\n'
+    )
 
 
 @pytest.mark.parametrize(
@@ -65,8 +67,9 @@ def test_an_ssh_cluster_of_stand_ins_writes_its_node_files_in_the_throwaway_home
         )
         with cluster:
             cluster.start()
-            homes = cluster.run_on_nodes(["sh", "-c", 'echo "$HOME"'])
-            assert list(homes["stdout"].str.strip()) == [str(hosts.home)] * 2
+            homes = cluster.run_on_nodes(["sh", "-c", 'echo "$HOME $TMPDIR"'])
+            where = f"{hosts.home} {hosts.home / 'tmp'}"
+            assert list(homes["stdout"].str.strip()) == [where] * 2
             assert f"clusterbook:{cluster.id}" in hosts.authorized_keys.read_text()
             assert (hosts.home / ".clusterbook" / "clusters" / cluster.id).is_dir()
             result = cluster.mpirun(["hostname"], np=2, timeout=60).wait()

@@ -376,9 +376,6 @@ MACHINE_WIDE = {
     "/dev/pts/": "the pseudo-terminals Jupyter's and ssh's sessions use; nothing is stored",
     "/dev/shm/": "MPI's shared-memory segments between ranks of a node, removed by MPI",
     "/proc/": "a process's own settings (oom_score_adj, comm): nothing on disk",
-    # Tutorial 4: Open MPI's daemon on each stand-in machine (an ssh session, no TMPDIR)
-    # keeps its session directory in /tmp, as on a real node, and removes it when it ends.
-    "/tmp/prted.": "Open MPI's daemons' session directories, removed by them",
     # Tutorial 4's put and gather make these on the stand-in machines, relative to their
     # sessions' directory, their home under the run's directory (which strace cannot say).
     "?/data": "tutorial 4's put, in the stand-in machines' home",

@@ -164,8 +164,10 @@ def render_sshd_config(cfg: SshdConfig, *, host_key: Path, pid_file: Path) -> st
         ("Subsystem", "sftp internal-sftp"),
     ]
     if cfg.home is not None:
-        # SetEnv overrides the HOME that sshd takes from the user database (OpenSSH 7.8+).
-        lines.append(("SetEnv", quote(f"HOME={cfg.home}")))
+        # SetEnv overrides the HOME that sshd takes from the user database (OpenSSH 7.8+); the
+        # sessions' temporary files (MPI's daemons' session directories) go in that home too.
+        variables = (f"HOME={cfg.home}", f"TMPDIR={cfg.home / 'tmp'}")
+        lines.append(("SetEnv", " ".join(quote(v) for v in variables)))
     return "".join(f"{key} {value}\n" for key, value in lines)
 
 

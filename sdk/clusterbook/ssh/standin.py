@@ -121,6 +121,7 @@ def stand_in_hosts(
     root = Path(directory).expanduser().absolute()
     home = root / "home"
     (home / ".ssh").mkdir(mode=0o700, parents=True, exist_ok=True)
+    (home / "tmp").mkdir(mode=0o700, exist_ok=True)  # the logins' TMPDIR
     key = root / "id_ed25519"
     if not key.exists():
         subprocess.run(
