@@ -28,6 +28,7 @@ from typing import Any
 
 import clusterbook as cb
 from clusterbook.launch import attempt
+from clusterbook.launch.direct import prterun_start
 from clusterbook.launch.flavour import find_launcher
 from clusterbook.launch.rankwrap import HOOK_DIR
 from clusterbook.nodes.tasks.procs import tagged
@@ -56,35 +57,12 @@ def _stamping_spawn() -> None:
     attempt.procs.spawn = stamped  # type: ignore[assignment]
 
 
-#: What Open MPI 5's mpirun (and the PyPI wheel's stub before it) sets before it execs prterun
-#: (ompi/tools/mpirun/main.c): the ranks see the first six; prterun takes the last two.
-_MPIRUN_SETS = (
-    "OPAL_PREFIX",
-    "PMIX_PREFIX",
-    "OMPI_VERSION",
-    "OMPI_TOOL_NAME",
-    "OMPI_LIBDIR_LOC",
-    "OMPI_MCA_PREFIXES",
-)
-
-
-def _prterun(mpirun: str, env: dict[str, str]) -> tuple[str, dict[str, str]] | None:
-    """The prterun beside ``mpirun`` and the environment mpirun would give it, or None."""
-    prterun = Path(mpirun).with_name("prterun")
-    if not prterun.exists():
-        return None
-    shown = subprocess.run(
-        [mpirun, "--allow-run-as-root", "-n", "1", "/usr/bin/env", "-0"],
-        env=env,
-        capture_output=True,
-        check=True,
-    ).stdout.decode()
-    seen = dict(line.partition("=")[::2] for line in shown.split("\0") if "=" in line)
-    sets = {name: seen[name] for name in _MPIRUN_SETS if name in seen}
-    if "OPAL_PREFIX" not in sets:
-        return None
-    sets |= {"PRTE_PREFIX": sets["OPAL_PREFIX"], "PRTE_MCA_schizo_proxy": "ompi"}
-    return str(prterun), {**env, **sets}
+def _prterun(env: dict[str, str]) -> tuple[str, dict[str, str]] | None:
+    """The prterun that this Python's mpirun execs and the environment it would give it (as
+    clusterbook's jobs start it: :mod:`clusterbook.launch.direct`), or None."""
+    launcher = find_launcher(sys.executable)
+    start = prterun_start(launcher.path, launcher.prterun_sets, {})
+    return None if start is None else (start[0], {**env, **start[1]})
 
 
 def taken_apart(argv: list[str], env: dict[str, str], repeat: int, warmup: int) -> dict[str, float]:
@@ -195,7 +173,7 @@ def main() -> int:
         subprocess.run(argv, env=env, check=True)
         if i >= args.warmup:
             bare.append(time.perf_counter() - t0)
-    direct = _prterun(mpirun, env)
+    direct = _prterun(env)
     if direct is not None:
         bare_direct = []
         for i in range(args.warmup + args.repeat):

@@ -29,8 +29,6 @@ import argparse
 import contextlib
 import math
 import os
-import shlex
-import shutil
 import statistics
 import subprocess
 import sys
@@ -45,7 +43,7 @@ import clusterbook as cb
 from clusterbook.launch.command import OPENMPI_TUNING
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests.testbed: the fake hosts
-from tests.testbed import FakeHost, Testbed, make_testbed
+from tests.testbed import FakeHost, Testbed, agent_argv, make_testbed
 
 HELLO = """\
 from mpi4py import MPI
@@ -96,20 +94,9 @@ def bare_once(argv: list[str], env: dict[str, str], cwd: Path) -> tuple[float, .
 
 
 def far_agent(host: FakeHost, cluster: cb.Cluster, work: Path) -> subprocess.Popen[bytes]:
-    """An agent of ``cluster`` inside fake host ``host`` (its network and hostname), with an
-    sshd of its own, as a user starts one with the cluster's join command."""
-    token = work / f"token-{host.name}"
-    shutil.copy(cluster._provider.token_file, token)  # as a user copies it to the node
-    argv = shlex.split(cluster.join_command)[1:]
-    argv = [a if a != str(cluster._provider.token_file) else str(token) for a in argv]
-    agent = [sys.executable, "-m", "clusterbook", *argv, "--node-id", f"far-{host.name}"]
-    agent += ["--slots", "2", "--start-sshd", "2222"]
-    command = f"hostname {host.name} && exec {shlex.join(agent)}"
-    return subprocess.Popen(
-        ["ip", "netns", "exec", host.netns, "unshare", "--uts", "sh", "-c", command],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
+    """An agent of ``cluster`` inside fake host ``host``, with an sshd of its own."""
+    argv = agent_argv(host, cluster, work, "--slots", "2", "--start-sshd", "2222")
+    return subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 
 
 def end_agent(proc: subprocess.Popen[bytes]) -> None:

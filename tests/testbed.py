@@ -37,6 +37,7 @@ import shlex
 import shutil
 import signal
 import subprocess
+import sys
 import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
@@ -324,6 +325,28 @@ AGENT_NAME = "cb-agent"
 def is_agent(proc: psutil.Process) -> bool:
     """Whether ``proc`` is a cluster's agent on a node: forked (by its name) or started."""
     return proc.name() == AGENT_NAME or "worker" in proc.cmdline()
+
+
+def agent_argv(
+    host: FakeHost,
+    cluster: cb.Cluster,
+    scratch: Path,
+    *extra: str,
+    bind: tuple[Path, Path] | None = None,
+) -> list[str]:
+    """The command that runs an agent of ``cluster`` inside fake host ``host`` (its network and
+    hostname), joining as a user would: the cluster's join command, with its token file copied
+    into ``scratch`` as a user copies it to the node; ``extra``: more agent options. With
+    ``bind``, the node (its agent, sshd and ranks) sees its own directory there."""
+    token = scratch / f"token-{host.name}"
+    shutil.copy(cluster._provider.token_file, token)
+    argv = shlex.split(cluster.join_command)[1:]
+    argv = [a if a != str(cluster._provider.token_file) else str(token) for a in argv]
+    agent = [sys.executable, "-m", "clusterbook", *argv, "--node-id", f"far-{host.name}", *extra]
+    mount = "" if bind is None else f"mount --bind {shlex.join(map(str, bind))} && "
+    return ["ip", "netns", "exec", host.netns, "unshare", "--uts", "--mount",
+            "--propagation", "private", "sh", "-c",
+            f"hostname {host.name} && {mount}exec {shlex.join(agent)}"]  # fmt: skip
 
 
 def make_testbed(n: int, directory: Path) -> Testbed:

@@ -5,10 +5,8 @@ from __future__ import annotations
 
 import contextlib
 import os
-import shlex
 import shutil
 import subprocess
-import sys
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import replace
@@ -24,7 +22,7 @@ from clusterbook.ssh.keys import derived_public_line
 from tests.integration.test_clean_far import RAISES  # rank 1 raises, the others wait
 from tests.integration.test_ssh_cluster import SLEEPER
 from tests.integration.test_warm_launch import through_agent
-from tests.testbed import FakeHost
+from tests.testbed import FakeHost, agent_argv
 from tests.testbed import testbed as fake_hosts
 
 pytestmark = [pytest.mark.root, pytest.mark.sshd, pytest.mark.mpi]
@@ -47,25 +45,13 @@ def far_agents(tmp_path) -> Iterator[Callable[..., subprocess.Popen[str]]]:
     def start(
         host: FakeHost, cluster: cb.Cluster, *extra: str, bind: tuple[Path, Path] | None = None
     ) -> subprocess.Popen[str]:
-        # The token file travels to the node the way a user would copy it.
-        token = tmp_path / f"token-{host.name}"
-        shutil.copy(cluster._provider.token_file, token)
-        argv = shlex.split(cluster.join_command)[1:]
-        argv = [a if a != str(cluster._provider.token_file) else str(token) for a in argv]
-        node_id = f"far-{host.name}"
-        agent = shlex.join(
-            [sys.executable, "-m", "clusterbook", *argv, "--node-id", node_id, *extra]
-        )
-        # With ``bind``, the node (its agent, sshd and ranks) sees its own directory there.
-        mount = "" if bind is None else f"mount --bind {shlex.join(map(str, bind))} && "
         proc = subprocess.Popen(
-            ["ip", "netns", "exec", host.netns, "unshare", "--uts", "--mount",
-             "--propagation", "private", "sh", "-c",
-             f"hostname {host.name} && {mount}exec {agent}"],
+            agent_argv(host, cluster, tmp_path, *extra, bind=bind),
             stdout=subprocess.DEVNULL,
             stderr=subprocess.PIPE,
             text=True,
-        )  # fmt: skip
+        )
+        node_id = f"far-{host.name}"
         started.append((proc, node_id))
         return proc
 
