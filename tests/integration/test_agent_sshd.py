@@ -78,8 +78,10 @@ def _through(ssh: list[str], local: Path, remote: Path) -> bytes:
                 said += chunk
             return said
     finally:
-        forward.terminate()
-        forward.wait(timeout=10)
+        # SIGKILL: a loaded machine has seen ssh take over 10 s to act on SIGTERM; the test is
+        # about what the forward reaches, not how ssh ends.
+        forward.kill()
+        forward.wait()
 
 
 def test_the_clusters_key_reaches_a_socket_of_the_host_and_gets_a_session(
