@@ -26,7 +26,9 @@ PROGRAMS = HERE / "programs"
 
 # Clusters the tests make go under a run root of this session's own (subprocesses too), so
 # that listing and pruning clusters sees the tests' clusters only, and none is left behind.
-if "CLUSTERBOOK_RUN_ROOT" not in os.environ:
+# Each pytest-xdist worker has its own: it sees only its own processes (scripts/isolated.py),
+# so another worker's clusters would look abandoned to it.
+if "CLUSTERBOOK_RUN_ROOT" not in os.environ or "PYTEST_XDIST_WORKER" in os.environ:
     import atexit
     import shutil
     import tempfile
@@ -38,6 +40,52 @@ if "CLUSTERBOOK_RUN_ROOT" not in os.environ:
 # Open MPI refuses root unless told; bare mpirun calls in tests need the same.
 os.environ.setdefault("OMPI_ALLOW_RUN_AS_ROOT", "1")
 os.environ.setdefault("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1")
+
+
+#: pytest-xdist groups: tests that share something of the machine no lock guards run on one
+#: worker, one after another (``scripts/test.sh``). ``jupyter``: the notebooks', JupyterLab's
+#: and Binder's tests and the stand-in hosts' (the Binder user is uid 1000, whose home
+#: ``usermod`` moves; the stand-in hosts have fixed addresses, 127.0.0.2 and .3); ``slurm``:
+#: the tests of the one Slurm test bed a machine can hold. Decided by the test's id alone, as
+#: the scheduler sees it (pytest 9's node ids leave no room for xdist's ``xdist_group`` mark).
+JUPYTER = ("notebooks", "browser", "binder", "test_stand_in_hosts.py")
+#: The fixtures only a group's tests may use, checked at collection.
+GROUP_FIXTURES = {"slurmbed": "slurm", "binder_user": "jupyter"}
+
+
+def xdist_group(nodeid: str) -> str | None:
+    """The group of the test ``nodeid`` (``tests/...::name``), or None."""
+    parts = Path(nodeid.partition("::")[0]).parts
+    if parts[1:2] and (parts[1] in JUPYTER or parts[-1] in JUPYTER):
+        return "jupyter"
+    if parts[1:2] == ("integration",) and "slurm" in nodeid.lower():
+        return "slurm"
+    return None
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config: pytest.Config, log: object) -> object | None:
+    """Under ``--dist loadgroup``: one scope per group, one per test elsewhere."""
+    if config.getvalue("dist") != "loadgroup":
+        return None
+    from xdist.scheduler import LoadGroupScheduling
+
+    class Groups(LoadGroupScheduling):  # type: ignore[misc]
+        def _split_scope(self, nodeid: str) -> str:
+            return xdist_group(nodeid) or nodeid
+
+    return Groups(config, log)
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        for fixture, group in GROUP_FIXTURES.items():
+            names = getattr(item, "fixturenames", ())
+            if fixture in names and xdist_group(item.nodeid) != group:
+                raise pytest.UsageError(
+                    f"{item.nodeid} uses {fixture}, so it belongs to the {group!r} group of "
+                    "parallel runs: name or place it so that tests.conftest.xdist_group says so"
+                )
 
 
 def require(condition: bool, reason: str) -> None:

@@ -19,9 +19,11 @@ and vanish with the host's processes. Each sshd reads the standard ``.ssh/author
 the home, where the testbed puts the public key of ``Testbed.identity``; ``Testbed.known_hosts``
 holds every host key.
 
-``/run/clusterbook-testbed/N.json`` names the owner (pid and start time): :func:`cleanup_stale`
-removes the testbeds of owners that are gone, and any ``cbN-h*`` namespace or
-``br-cbN``/``vcbN-h*`` link without such a file.
+``/run/clusterbook-testbed/N.json`` names the owner (pid, start time, directory), and the owner
+holds a lock on ``N.owner`` while the testbed lives: :func:`cleanup_stale` removes the testbeds
+whose lock nobody holds (their owner is gone, whatever PID namespace it ran in: a pid means
+nothing across namespaces, a lock does), and any ``cbN-h*`` namespace or ``br-cbN``/``vcbN-h*``
+link without such a file.
 """
 
 from __future__ import annotations
@@ -79,6 +81,12 @@ class FakeHost:
     sshd: Sshd
     home: Path
     host_public_key: str
+
+    @property
+    def agent_id(self) -> str:
+        """The node id of an agent started inside this host (:func:`agent_argv`): one of its
+        own on the machine, as its ``~/.clusterbook/sshd-ID`` must be (every bed has a node1)."""
+        return f"far-{self.netns}"
 
     @property
     def authorized_keys(self) -> Path:
@@ -228,6 +236,7 @@ class Testbed:
         self.identity = directory / "id_ed25519"
         self.known_hosts = directory / "known_hosts"
         self.hosts: list[FakeHost] = []
+        self._owner: int | None = None  # the descriptor of N.owner, locked while this lives
         self._closed = False
 
     def ssh_options(self) -> list[str]:
@@ -296,6 +305,10 @@ class Testbed:
         with _locked():
             _destroy(self.index)
             (STATE_DIR / f"{self.index}.json").unlink(missing_ok=True)
+            (STATE_DIR / f"{self.index}.owner").unlink(missing_ok=True)
+        if self._owner is not None:
+            os.close(self._owner)
+            self._owner = None
         left = leftovers(self.index)
         if left:
             raise TestbedError(f"testbed {self.index} left behind: {left}")
@@ -342,7 +355,7 @@ def agent_argv(
     shutil.copy(cluster._provider.token_file, token)
     argv = shlex.split(cluster.join_command)[1:]
     argv = [a if a != str(cluster._provider.token_file) else str(token) for a in argv]
-    agent = [sys.executable, "-m", "clusterbook", *argv, "--node-id", f"far-{host.name}", *extra]
+    agent = [sys.executable, "-m", "clusterbook", *argv, "--node-id", host.agent_id, *extra]
     mount = "" if bind is None else f"mount --bind {shlex.join(map(str, bind))} && "
     return ["ip", "netns", "exec", host.netns, "unshare", "--uts", "--mount",
             "--propagation", "private", "sh", "-c",
@@ -364,10 +377,13 @@ def make_testbed(n: int, directory: Path) -> Testbed:
     cleanup_stale()
     with _locked():
         index = _allocate()
+        owner = os.open(STATE_DIR / f"{index}.owner", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        fcntl.flock(owner, fcntl.LOCK_EX | fcntl.LOCK_NB)  # free: nobody owns the number
         me = psutil.Process()
         state = {"owner": me.pid, "started": me.create_time(), "directory": str(directory)}
         (STATE_DIR / f"{index}.json").write_text(json.dumps(state))
     bed = Testbed(index, directory)
+    bed._owner = owner
     atexit.register(_close_quietly, bed)
     try:
         _build(bed, n)
@@ -392,6 +408,7 @@ def cleanup_stale() -> list[int]:
                 continue
             _destroy(index)
             state_file.unlink(missing_ok=True)
+            state_file.with_suffix(".owner").unlink(missing_ok=True)
             removed.append(index)
         for index in sorted(_indices_in_use() - owned):
             _destroy(index)
@@ -580,12 +597,18 @@ def _indices_in_use() -> set[int]:
 
 
 def _owner_alive(state_file: Path) -> bool:
+    """Whether the testbed's owner still holds the lock on its ``N.owner``."""
     try:
-        state = json.loads(state_file.read_text())
-        owner = psutil.Process(state["owner"])
-        return abs(owner.create_time() - state["started"]) < 0.01
-    except (OSError, ValueError, KeyError, psutil.Error):
-        return False
+        fd = os.open(state_file.with_suffix(".owner"), os.O_RDWR | os.O_CLOEXEC)
+    except OSError:
+        return False  # none: an owner that predates the lock, or one half made
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return True
+    finally:
+        os.close(fd)
+    return False
 
 
 def _index_of(pattern: re.Pattern[str], name: str) -> int | None:

@@ -22,6 +22,7 @@ Not as root (a laptop), the current user stands for the account (``LocalUser.mad
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import grp
 import os
 import pwd
@@ -243,9 +244,10 @@ def make_user(
 
 
 def free_id(start: int = 20000, stop: int = 30000) -> int:
-    """A number that is neither a user's uid nor a group's gid here."""
+    """A number that is neither a user's uid nor a group's gid here, drawn at random (two test
+    processes asking at once get different ones)."""
     taken = {p.pw_uid for p in pwd.getpwall()} | {g.gr_gid for g in grp.getgrall()}
-    return next(n for n in range(start, stop) if n not in taken)
+    return secrets.choice([n for n in range(start, stop) if n not in taken])
 
 
 def _gid_missing(gid: int) -> bool:
@@ -285,8 +287,15 @@ def _hidden_interpreter() -> tuple[Path | None, Path | None]:
     return closed, install
 
 
+#: Taken around every change of the account files: useradd, usermod and userdel of two test
+#: processes at once (pytest-xdist workers) fail on each other's lock of /etc/passwd.
+ACCOUNTS_LOCK = Path("/run/clusterbook-tests-accounts.lock")
+
+
 def _run(argv: list[str], *, check: bool = True) -> subprocess.CompletedProcess[str]:
-    done = subprocess.run(argv, capture_output=True, text=True, timeout=60, check=False)
+    with open(ACCOUNTS_LOCK, "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        done = subprocess.run(argv, capture_output=True, text=True, timeout=60, check=False)
     if check and done.returncode != 0:
         raise UserError(f"{' '.join(argv)} failed: {done.stderr.strip()}")
     return done

@@ -51,7 +51,7 @@ def far_agents(tmp_path) -> Iterator[Callable[..., subprocess.Popen[str]]]:
             stderr=subprocess.PIPE,
             text=True,
         )
-        node_id = f"far-{host.name}"
+        node_id = host.agent_id
         started.append((proc, node_id))
         return proc
 
@@ -131,7 +131,7 @@ def test_ranks_run_on_far_agents_through_their_own_sshd(testbed, far_agents, mpi
         # connections from the node (tests/integration/test_agent_sshd.py).
         secret = read_secret(cluster._provider.token_file)
         for h in hosts:
-            keys = Path.home() / ".clusterbook" / f"sshd-far-{h.name}" / "authorized_keys"
+            keys = Path.home() / ".clusterbook" / f"sshd-{h.agent_id}" / "authorized_keys"
             assert keys.stat().st_mode & 0o777 == 0o600
             socket = keys.parent / "daemons.sock"  # the agent's, and no other destination
             assert keys.read_text().splitlines() == [
@@ -165,7 +165,7 @@ def test_a_far_agent_without_its_own_sshd_is_refused_with_the_fix(
         cluster.wait_ready(timeout=60)
         with pytest.raises(BootstrapError, match="--start-sshd PORT") as info:
             cluster.mpirun(["python", "-c", "pass"], np=1)
-        assert "far-node3" in str(info.value)
+        assert testbed.hosts[2].agent_id in str(info.value)
 
 
 def test_a_far_node_whose_sshd_key_is_not_the_reported_one_is_refused(

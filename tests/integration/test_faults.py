@@ -89,6 +89,7 @@ time.sleep(600)
 """
 
 
+@pytest.mark.alone  # what it checks is every MPI job's files in /dev/shm and /tmp
 def test_a_killed_job_leaves_no_shared_memory_or_session_directory(
     mpi_python: str, make_cluster, program
 ) -> None:

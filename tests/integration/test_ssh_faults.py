@@ -399,6 +399,7 @@ time.sleep(600)
 """
 
 
+@pytest.mark.alone  # what it checks is every MPI job's files in /dev/shm and /tmp
 def test_a_killed_job_leaves_no_mpi_debris_on_the_nodes(
     testbed: Testbed, openmpi_python: str, tmp_path: Path
 ) -> None:

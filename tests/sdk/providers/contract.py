@@ -15,6 +15,7 @@ from __future__ import annotations
 import itertools
 import json
 import os
+import secrets
 import sys
 import time
 from collections.abc import Iterator
@@ -122,7 +123,9 @@ class ProviderContract:
 
     @pytest.fixture
     def ctx(self, case: ProviderCase, tmp_path: Path) -> StartContext:
-        cluster_id = f"contract-{case.kind}-{os.getpid()}-{next(_ids)}"
+        # Random, not the pid: a pytest-xdist worker's pid is the same in each worker's PID
+        # namespace, and the cluster's directory (~/.clusterbook/clusters/ID) is shared.
+        cluster_id = f"contract-{case.kind}-{secrets.token_hex(3)}-{next(_ids)}"
         launcher = find_launcher(sys.executable)
         return StartContext(cluster_id, sys.executable, launcher, {}, run_dir=tmp_path)
 

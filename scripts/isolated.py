@@ -1,0 +1,71 @@
+"""Run a program in a PID namespace of its own, with a /proc that shows only that namespace:
+how ``scripts/test.sh`` starts each pytest-xdist worker (``--tx N*popen//python=...``).
+
+    python scripts/isolated.py PROGRAM [ARG ...]
+
+Many tests look at every process of the machine: leak checks (``psutil.process_iter``), the
+sweeps of clusterbook's own tasks (``/proc``), ``usermod`` (which refuses while any process of
+the uid runs), counts of another user's processes. Run side by side in one PID namespace, one
+worker's test sees, and may kill, another worker's processes. In a namespace of its own each
+worker sees its own, as a serial run does; what the namespace's processes leave when the
+worker ends is killed with it (the kernel kills a PID namespace whose first process exits).
+
+The first process of a PID namespace is its init: orphans are handed to it, and the kernel
+sends it no signal it has not asked for. So this script stays as that init: it forks the
+program, reaps every child handed to it (a leak check must not see zombies), forwards SIGTERM,
+SIGHUP and SIGQUIT, leaves SIGINT to the program (a terminal's ^C reaches the whole process
+group) and exits as the program does. Standard input and output pass through untouched (they
+are the worker's channel to pytest).
+
+Without root, or without ``unshare``, the program runs as it is (no isolation).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import sys
+
+FORWARDED = (signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT)
+
+
+def init(argv: list[str]) -> int:
+    """Be the namespace's init: run ``argv``, reap everything, return its exit status."""
+    child = os.fork()
+    if child == 0:
+        try:
+            os.execvp(argv[0], argv)  # noqa: S606 (argv is the command line asked for)
+        finally:
+            os._exit(127)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    for number in FORWARDED:
+        signal.signal(number, lambda sig, _frame: os.kill(child, sig))
+    while True:
+        try:
+            pid, status = os.waitpid(-1, 0)
+        except ChildProcessError:
+            return 1
+        if pid == child:
+            return os.waitstatus_to_exitcode(status) % 256
+
+
+def main(argv: list[str]) -> int:
+    if argv[:1] == ["--init"]:
+        return init(argv[1:])
+    if not argv:
+        print(__doc__, file=sys.stderr)
+        return 2
+    unshare = shutil.which("unshare")
+    if os.geteuid() != 0 or unshare is None:
+        os.execvp(argv[0], argv)  # noqa: S606
+    os.execv(  # noqa: S606
+        unshare,
+        [unshare, "--pid", "--fork", "--mount-proc", "--kill-child", "--",
+         sys.executable, os.path.abspath(__file__), "--init", *argv],
+    )  # fmt: skip
+    return 127  # not reached
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
