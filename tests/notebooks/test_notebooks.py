@@ -380,7 +380,12 @@ MACHINE_WIDE = {
     # sessions' directory, their home under the run's directory (which strace cannot say).
     "?/data": "tutorial 4's put, in the stand-in machines' home",
     "?/results": "tutorial 4's gather, in the stand-in machines' home",
+    # The run's TMPDIR (its home's tmp) is too long for a Unix socket's path, so the master
+    # connections' sockets go in a 0700 directory of /tmp instead; it must be gone at the end.
+    "/tmp/cbm-": "tutorial 4's ssh master connections' sockets, removed at stop()",
 }
+#: What of MACHINE_WIDE the notebook must have removed by its end.
+REMOVED = ("/tmp/cbm-",)
 
 
 @pytest.mark.mpi
@@ -402,3 +407,5 @@ def test_notebook_writes_only_in_its_directory_and_its_home(
         and not any(path == p.rstrip("/") or path.startswith(p) for p in MACHINE_WIDE)
     )
     assert not outside, f"{name} changed files outside its directory and home: {outside}"
+    left = sorted(p for p in run.changed if p.startswith(REMOVED) and os.path.lexists(p))
+    assert not left, f"{name} left behind: {left}"

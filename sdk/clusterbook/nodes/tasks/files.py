@@ -112,14 +112,26 @@ def _log_created(cluster_id: str, paths: list[str]) -> None:
             f.writelines(json.dumps(p) + "\n" for p in paths)  # a name may hold a newline
 
 
+#: ``put_cleanup``'s two parts, in the order a head asks every node for them.
+CLEANUP_PARTS = ("files", "dirs")
+
+
 def put_cleanup(args: Args) -> Reply:
     """Remove what ``put`` created for the cluster (and nothing else of it: for nodes that
-    were not bootstrapped by the head, like an elastic cluster's)."""
+    were not bootstrapped by the head, like an elastic cluster's). ``part``: ``"files"``
+    removes the files only, ``"dirs"`` then the directories and the log; the head asks every
+    node for the files before any for the directories, since nodes that share a filesystem
+    (an NFS work directory) may each have made part of one tree: a directory one node made
+    holds a file another made. Without ``part``, both at once (one node cleaning up)."""
     directory = cluster_dir(args["cluster_id"])
-    _remove_put(directory)
-    with contextlib.suppress(OSError):
-        os.unlink(_put_log(directory))
-        os.rmdir(directory)
+    part = args.get("part")
+    if part not in (None, *CLEANUP_PARTS):
+        raise ValueError(f"put_cleanup: part must be 'files' or 'dirs', not {part!r}")
+    _remove_put(directory, part)
+    if part != "files":
+        with contextlib.suppress(OSError):
+            os.unlink(_put_log(directory))
+            os.rmdir(directory)
     return {}
 
 
@@ -135,21 +147,24 @@ def _makedirs(path: str) -> list[str]:
     return list(reversed(missing))
 
 
-def _remove_put(directory: str) -> None:
-    """Remove what ``put`` created: its files, then its directories if they are empty."""
+def _remove_put(directory: str, part: "str | None" = None) -> None:
+    """Remove what ``put`` logged it created here: its files, then its directories if they are
+    empty (``part``: the files only, or the directories only)."""
     try:
         with open(_put_log(directory)) as f:
             paths = [json.loads(line) for line in f if line.strip()]
     except FileNotFoundError:
         return
-    for path in paths:
-        if not os.path.isdir(path):
-            with contextlib.suppress(OSError):
-                os.unlink(path)
-    for path in sorted(paths, key=lambda p: p.count("/"), reverse=True):
-        if os.path.isdir(path):
-            with contextlib.suppress(OSError):
-                os.rmdir(path)
+    if part != "dirs":
+        for path in paths:
+            if not os.path.isdir(path):
+                with contextlib.suppress(OSError):
+                    os.unlink(path)
+    if part != "files":
+        for path in sorted(paths, key=lambda p: p.count("/"), reverse=True):
+            if os.path.isdir(path):
+                with contextlib.suppress(OSError):
+                    os.rmdir(path)
 
 
 def gather_list(args: Args) -> Reply:

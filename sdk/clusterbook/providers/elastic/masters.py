@@ -71,19 +71,23 @@ class FarMasters:
             _log.info("MPI's daemons on %s start over its master connection: %s", addr, why)
         self._up.update((a, now[a]) for a in wanted if a not in failed)
 
-    def before_job(self, timeout: float = 5.0) -> None:
-        """Before a job: a master that ended is started again (``timeout`` seconds at most),
-        and an agent that does not answer through its master is left to ssh, each said in a
-        :class:`~clusterbook.ColdLaunchWarning` (the job starts all the same)."""
+    def before_job(self, far: Sequence[FarNode], timeout: float = 5.0) -> None:
+        """Before a job on ``far``: a master of theirs that ended is started again
+        (``timeout`` seconds at most), and an agent that does not answer through its master
+        is left to ssh, each said in a :class:`~clusterbook.ColdLaunchWarning` (the job
+        starts all the same). The master of a node that has left, ended with its sshd, is
+        none of the job's (the next :meth:`update` drops it)."""
         masters = self._masters
-        ended = {a: how for a, how in masters.dead().items() if a in self._up}
+        job = {n.addr for n in far}
+        ended = {a: how for a, how in masters.dead().items() if a in self._up and a in job}
         if ended:
             again = masters.start(timeout, list(ended))
             warn_cold(
                 {a: f"{how}; started again: {again.get(a, 'up')}" for a, how in ended.items()},
                 stacklevel=5,
             )
-        silent = masters.unanswered(skip=[a for a in masters.daemon_sockets if a not in self._up])
+        skip = [a for a in masters.daemon_sockets if a not in self._up or a not in job]
+        silent = masters.unanswered(skip=skip)
         if silent:
             warn_agents(silent, stacklevel=5)
 

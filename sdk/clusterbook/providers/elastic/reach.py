@@ -34,6 +34,7 @@ from clusterbook.nodes.call import Call
 from clusterbook.nodes.commands import NodeRun, run_everywhere
 from clusterbook.nodes.fanout import parallel
 from clusterbook.nodes.outgoing import Outgoing
+from clusterbook.nodes.tasks.files import CLEANUP_PARTS
 from clusterbook.nodes.transfer import fetch_all, send_all, uncounted
 from clusterbook.paths import cluster_dir
 from clusterbook.providers.base import StartContext
@@ -118,17 +119,26 @@ class FarReach:
         if masters is not None:
             masters.stop()
 
-        def clean(name: str) -> None:
-            try:
-                sessions[name].call("put_cleanup", {"cluster_id": ctx.cluster_id}, timeout=15)
-            finally:
-                sessions[name].close()
+        def clean(part: str) -> Callable[[str], None]:
+            def on(name: str) -> None:
+                args = {"cluster_id": ctx.cluster_id, "part": part}
+                sessions[name].call("put_cleanup", args, timeout=15)
+
+            return on
 
         try:
-            return parallel(list(sessions), clean)[1]
+            # Every node's files before any node's directories: nodes sharing a filesystem
+            # may each have made part of one tree (nodes.tasks.files.put_cleanup).
+            failed: dict[str, Exception] = {}
+            for part in CLEANUP_PARTS:
+                reached = [n for n in sessions if n not in failed]
+                failed |= parallel(reached, clean(part))[1]
+            return failed
         except Exception as exc:  # clean-up goes on: the agents leave all the same
             return {"(all nodes)": exc}
         finally:
+            for session in sessions.values():
+                session.close()
             directory = cluster_dir(ctx.cluster_id)
             shutil.rmtree(directory / "keys", ignore_errors=True)
             for name in _FILES:
@@ -162,7 +172,7 @@ class FarReach:
             return None
         launch = self._checked_path(nodes)
         if self._masters is not None:
-            self._masters.before_job()
+            self._masters.before_job(self._checked)
         step = self._steps(nodes) if self._steps is not None else None
         return launch if step is None else replace(launch, srun=step)
 

@@ -42,9 +42,20 @@ __all__ = ["LAUNCHES", "ControlMasters", "launch_agent", "warn_agents", "warn_co
 #: How an SSH cluster's jobs start MPI's daemons on the nodes (``launch=``).
 LAUNCHES = ("warm", "cold")
 
-#: ssh appends 17 characters to a master's socket path while it binds it, and a Unix socket's
-#: path has 108 bytes at most: the sockets' directory stays in the system's temp directory.
+#: The masters' directory: ``cbm-`` and 8 random characters, in a temp directory.
 _PREFIX = "cbm-"
+#: The longest temp directory the sockets fit in: a Unix socket's path has 107 bytes, and a
+#: master's is ``DIR/cbm-XXXXXXXX/`` and ``%C`` (40 characters), to which ssh appends 17 while
+#: it binds it.
+ROOM = 107 - (1 + len(_PREFIX) + 8 + 1 + 40 + 17)
+
+
+def socket_base(candidates: Sequence[str | None], room: int = ROOM) -> str | None:
+    """The first of ``candidates`` (temp directories, in order of preference) short enough
+    for the masters' sockets (``room``: its longest), or None when none is. A long ``TMPDIR``
+    (macOS's ``/var/folders/...``, a notebook's throwaway home) would make ssh refuse to bind
+    them, and every job start cold."""
+    return next((c for c in candidates if c and len(c.rstrip("/")) <= room), None)
 
 
 class ControlMasters:
@@ -62,7 +73,10 @@ class ControlMasters:
         # The agents' sockets that start MPI's daemons, by host: each master forwards a
         # socket of the directory to its node's (see clusterbook.launch.daemons).
         self.daemon_sockets = dict(daemon_sockets or {})
-        self._dir = Path(tempfile.mkdtemp(prefix=_PREFIX))  # 0700: the sockets are ours
+        # 0700, with a random name: the sockets are ours, even in a directory others write in.
+        shared = "/tmp"  # noqa: S108 - where the temp directory is too long for a socket
+        base = socket_base([tempfile.gettempdir(), os.environ.get("XDG_RUNTIME_DIR"), shared])
+        self._dir = Path(tempfile.mkdtemp(prefix=_PREFIX, dir=base))
         self._token = f"cbm-{secrets.token_hex(8)}"
         self._procs: dict[str, subprocess.Popen[bytes]] = {}
         self._lock = threading.Lock()

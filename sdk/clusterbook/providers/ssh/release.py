@@ -15,6 +15,7 @@ from collections.abc import Collection
 
 from clusterbook.errors import CleanupWarning
 from clusterbook.nodes.fanout import parallel
+from clusterbook.nodes.tasks.files import CLEANUP_PARTS
 from clusterbook.providers.base import StartContext
 from clusterbook.providers.ssh.hosts import HEAD
 from clusterbook.providers.ssh.sessions import Sessions
@@ -37,9 +38,16 @@ def release(
     if put_used:
         # On every node before any node removes the cluster's directory, which holds
         # the nodes' logs of what put() made (one directory when homes are shared).
+        # Every node's files before any node's directories: nodes sharing a filesystem may
+        # each have made part of one tree (nodes.tasks.files.put_cleanup).
         probed = [h for h in sessions.conns if h not in unprobed]
-        clean_puts = {"cluster_id": ctx.cluster_id}
-        put_done = parallel(probed, lambda h: sessions.task(h, "put_cleanup", clean_puts, 15))[1]
+        for part in CLEANUP_PARTS:
+            clean_puts = {"cluster_id": ctx.cluster_id, "part": part}
+
+            def clean_put(host: str, args: dict[str, str] = clean_puts) -> object:
+                return sessions.task(host, "put_cleanup", args, 15)
+
+            put_done |= parallel([h for h in probed if h not in put_done], clean_put)[1]
 
     # What a worker serving a node (clusterbook worker serve) waits for: then it exits.
     done = {"cluster": ctx.cluster_id, "state": "done", "time": time.time()}

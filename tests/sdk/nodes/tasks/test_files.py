@@ -142,6 +142,28 @@ def test_nodes_sharing_a_home_each_clean_up_their_own_puts(
     assert not (home / ".clusterbook" / "clusters" / "c1").exists()  # nothing else was there
 
 
+def test_nodes_sharing_a_work_directory_clean_up_a_tree_each_made_part_of(
+    home: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # One filesystem for both nodes: a made the directory, b (a moment later) the file in it.
+    # Whichever cleans up first, the directory goes once every node's files have gone.
+    (tmp_path / "work").mkdir()
+    made = tmp_path / "work" / "placed" / "f.txt"
+    files = {str(made): [1, _digest(b"f")]}
+    for node in ("a", "b"):
+        monkeypatch.setattr(socket, "gethostname", lambda node=node: node)
+        put_begin({"cluster_id": "c1", "dirs": [], "files": files})
+    _put(made, b"f", "644")  # as b, the last: the file is in b's log, its directory in a's
+    for part in ("files", "dirs"):
+        for node in ("a", "b"):
+            monkeypatch.setattr(socket, "gethostname", lambda node=node: node)
+            put_cleanup({"cluster_id": "c1", "part": part})
+    assert sorted(os.listdir(tmp_path / "work")) == []
+    assert not (home / ".clusterbook" / "clusters" / "c1").exists()
+    with pytest.raises(ValueError, match="part must be 'files' or 'dirs', not 'all'"):
+        put_cleanup({"cluster_id": "c1", "part": "all"})
+
+
 # -- the raw frames of put_files and gather_files ------------------------------------------
 
 
