@@ -80,11 +80,19 @@ def _digest(path: str, size: int) -> str | None:
     return h.hexdigest()
 
 
+def _temp_beside(path: str, cluster_id: str) -> str:
+    """The temp file a file is written to before it replaces ``path``: the node's own (its
+    name in it), since nodes that share a filesystem write the same paths at once, and a temp
+    file one node renamed away would leave the other nothing to rename."""
+    name = f".{os.path.basename(path)[:100]}.cb-{cluster_id}.{socket.gethostname()}"
+    return os.path.join(os.path.dirname(path), name)
+
+
 def put_chunk(args: Args) -> Reply:
     """Write one piece of a file: into a private temp file beside it, which replaces the
     file at the last piece (with its mode); a file that did not exist before is logged."""
     path, offset = args["path"], int(args["offset"])
-    tmp = os.path.join(os.path.dirname(path), f".{os.path.basename(path)}.cb-{args['cluster_id']}")
+    tmp = _temp_beside(path, args["cluster_id"])
     flags = os.O_WRONLY | os.O_CREAT | (os.O_TRUNC if offset == 0 else 0)
     if offset == 0:  # logged first: a put cut short leaves no temp file after cleanup
         _log_created(args["cluster_id"], [tmp])
@@ -268,7 +276,7 @@ def put_files(args: Args, stdin: "Any", stdout: "Any") -> Reply:
     fd, tmp = -1, ""
     try:
         for path, mode in files:
-            tmp = os.path.join(os.path.dirname(path), f".{os.path.basename(path)}.cb-{cluster_id}")
+            tmp = _temp_beside(path, cluster_id)
             if not failed:
                 try:
                     _log_created(cluster_id, [tmp])

@@ -122,7 +122,11 @@ class FarReach:
         def clean(part: str) -> Callable[[str], None]:
             def on(name: str) -> None:
                 args = {"cluster_id": ctx.cluster_id, "part": part}
-                sessions[name].call("put_cleanup", args, timeout=15)
+                try:
+                    sessions[name].call("put_cleanup", args, timeout=15)
+                finally:
+                    if part == CLEANUP_PARTS[-1]:  # the node's last call
+                        sessions[name].close()
 
             return on
 
@@ -137,7 +141,7 @@ class FarReach:
         except Exception as exc:  # clean-up goes on: the agents leave all the same
             return {"(all nodes)": exc}
         finally:
-            for session in sessions.values():
+            for session in sessions.values():  # those a pass left out, or all on an error
                 session.close()
             directory = cluster_dir(ctx.cluster_id)
             shutil.rmtree(directory / "keys", ignore_errors=True)

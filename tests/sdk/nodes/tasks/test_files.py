@@ -73,7 +73,7 @@ def test_put_writes_then_cleanup_removes_only_what_it_created(home: Path, tmp_pa
     # A put cut short: the first piece of a file arrived, the rest never did.
     first = {"cluster_id": "c1", "path": str(target / "cut.bin"), "mode": "644", "offset": 0}
     put_chunk({**first, "data": base64.b64encode(b"01").decode(), "last": False})
-    assert (target / ".cut.bin.cb-c1").exists()
+    assert (target / f".cut.bin.cb-c1.{socket.gethostname()}").exists()
     (target / "out" / "result").write_text("a rank wrote this")  # not put's: stays
 
     cleanup({"cluster_id": "c1", "grace": 0.1})
@@ -140,6 +140,22 @@ def test_nodes_sharing_a_home_each_clean_up_their_own_puts(
     put_cleanup({"cluster_id": "c1"})
     assert not (tmp_path / "scratch-b").exists()
     assert not (home / ".clusterbook" / "clusters" / "c1").exists()  # nothing else was there
+
+
+def test_nodes_sharing_a_filesystem_write_the_same_file_at_once(
+    home: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Two nodes, one filesystem, the same put: their pieces interleave. Each writes a temp
+    # file of its own, so the second to finish still has one to rename.
+    path = tmp_path / "same.bin"
+    base = {"cluster_id": "c1", "path": str(path), "mode": "644"}
+    for node, offset, data, last in (("a", 0, b"ab", False), ("b", 0, b"ab", False),
+                                     ("a", 2, b"cd", True), ("b", 2, b"cd", True)):  # fmt: skip
+        monkeypatch.setattr(socket, "gethostname", lambda node=node: node)
+        piece = {"offset": offset, "data": base64.b64encode(data).decode(), "last": last}
+        put_chunk({**base, **piece})
+    assert path.read_bytes() == b"abcd"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["home", "same.bin"]  # no temp left
 
 
 def test_nodes_sharing_a_work_directory_clean_up_a_tree_each_made_part_of(
