@@ -17,6 +17,7 @@ job kept for inspection) run in one session per node, kept until :meth:`FarReach
 
 from __future__ import annotations
 
+import functools
 import getpass
 import logging
 import shutil
@@ -119,16 +120,13 @@ class FarReach:
         if masters is not None:
             masters.stop()
 
-        def clean(part: str) -> Callable[[str], None]:
-            def on(name: str) -> None:
-                args = {"cluster_id": ctx.cluster_id, "part": part}
-                try:
-                    sessions[name].call("put_cleanup", args, timeout=15)
-                finally:
-                    if part == CLEANUP_PARTS[-1]:  # the node's last call
-                        sessions[name].close()
-
-            return on
+        def clean(part: str, name: str) -> None:
+            args = {"cluster_id": ctx.cluster_id, "part": part}
+            try:
+                sessions[name].call("put_cleanup", args, timeout=15)
+            finally:
+                if part == CLEANUP_PARTS[-1]:  # the node's last call
+                    sessions[name].close()
 
         try:
             # Every node's files before any node's directories: nodes sharing a filesystem
@@ -136,7 +134,7 @@ class FarReach:
             failed: dict[str, Exception] = {}
             for part in CLEANUP_PARTS:
                 reached = [n for n in sessions if n not in failed]
-                failed |= parallel(reached, clean(part))[1]
+                failed |= parallel(reached, functools.partial(clean, part))[1]
             return failed
         except Exception as exc:  # clean-up goes on: the agents leave all the same
             return {"(all nodes)": exc}
