@@ -34,6 +34,7 @@ from clusterbook.errors import ClusterError, ConfigError
 from clusterbook.fs.private import check_run_dir
 from clusterbook.head.control import SOCKET_FILE, TOKEN_FILE, error_reply, unix_dial
 from clusterbook.launch.files import read_from
+from clusterbook.nodes.tasks.common import write_all
 from clusterbook.paths import default_run_root
 from clusterbook.rendezvous.backends.wire import (
     FRAME_HEADER,
@@ -230,11 +231,11 @@ def relay(directory: Path, rfd: int, wfd: int) -> int:
     except (ClusterError, OSError) as exc:
         said = str(exc) if isinstance(exc, ClusterError) else exc.strerror or str(exc)
         words = f"Cannot connect to the control socket {directory / SOCKET_FILE}: {said}"
-        _write_all(wfd, f"error: {' '.join(words.split())}\n".encode())
+        write_all(wfd, f"error: {' '.join(words.split())}\n".encode())
         return 1
     with sock:
         try:
-            _write_all(wfd, b"ok\n")
+            write_all(wfd, b"ok\n")
             return pump(sock, rfd, wfd)
         except OSError:  # the connection that ran this is gone
             return 1
@@ -259,9 +260,3 @@ def _receive(rfile: IO[bytes]) -> bytes | None:
         return None  # not a handle of this version: nothing it sends can be followed
     payload = rfile.read(size)
     return payload if len(payload) == size else None
-
-
-def _write_all(fd: int, data: bytes) -> None:
-    view = memoryview(data)
-    while view:
-        view = view[os.write(fd, view) :]

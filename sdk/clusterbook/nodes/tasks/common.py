@@ -55,15 +55,20 @@ def _temp_file(directory: str) -> tuple[int, str]:
     raise FileExistsError(f"no free temporary name in {directory}")
 
 
+def write_all(fd: int, data: bytes) -> None:
+    """Write all of ``data`` to ``fd`` (``os.write`` may write part of it)."""
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view) :]
+
+
 def write_atomic(path: str, data: bytes, mode: int) -> None:
     """Write ``data`` to ``path`` via a temp file created with ``mode``, then rename."""
     fd, tmp = _temp_file(os.path.dirname(path))
     try:
         try:
             os.fchmod(fd, mode)  # the file made, not what its name may point at by now
-            view = memoryview(data)
-            while view:
-                view = view[os.write(fd, view) :]
+            write_all(fd, data)
         finally:
             os.close(fd)
         os.replace(tmp, path)

@@ -11,7 +11,7 @@ import socket
 import struct
 from collections.abc import Iterable
 
-from .common import TYPE_CHECKING, Args, Reply, _inside, cluster_dir
+from .common import TYPE_CHECKING, Args, Reply, _inside, cluster_dir, write_all
 
 if TYPE_CHECKING:
     from typing import Any
@@ -289,7 +289,7 @@ def put_files(args: Args, stdin: "Any", stdout: "Any") -> Reply:
                     break
                 if fd >= 0:
                     try:
-                        _write_all(fd, payload)
+                        write_all(fd, payload)
                     except OSError as exc:
                         failed = f"{path}: {exc.strerror or exc}"
                         fd = _drop(fd, tmp)
@@ -312,12 +312,6 @@ def put_files(args: Args, stdin: "Any", stdout: "Any") -> Reply:
     if failed:
         raise OSError(f"could not write {failed}")
     return {"written": written}
-
-
-def _write_all(fd: int, data: bytes) -> None:
-    view = memoryview(data)
-    while view:
-        view = view[os.write(fd, view) :]
 
 
 def _drop(fd: int, tmp: str) -> int:
