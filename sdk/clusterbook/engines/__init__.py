@@ -38,6 +38,7 @@ from clusterbook.durations import Duration, duration
 from clusterbook.engines.config import (
     CONNECTION_ENV,
     ENGINES_LABEL,
+    INTERNAL_PORTS,
     PORTS,
     Hidden,
     connection_info,
@@ -207,9 +208,10 @@ def _spawn_controller(
     ``engine_ip`` for the engines; ``curve``: its CurveZMQ key pair); the engine set (of no
     engines yet) and what the engines connect with."""
     key = secrets.token_hex(32)
+    ports = free_ports(PORTS + INTERNAL_PORTS)
     engine_info, client_info = connection_info(
         key,
-        free_ports(PORTS),
+        ports[:PORTS],
         engine_ip=engine_ip,
         client_ip="127.0.0.1",
         curve_serverkey=curve[0] if curve else None,
@@ -226,6 +228,7 @@ def _spawn_controller(
         engine_ip=engine_ip,
         client_ip="127.0.0.1",
         heartbeat_ms=round(heartbeat * 1000),
+        internal_ports=ports[PORTS:],
     )
     token = process_tag(cluster.id, f"ipc-{secrets.token_hex(4)}")
     env = controller_env(*curve) if curve else {}

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import random
 import socket
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 __all__ = [
@@ -17,6 +17,7 @@ __all__ = [
     "CURVE_ENV",
     "ENGINES_LABEL",
     "ENGINE_MODULE",
+    "INTERNAL_PORTS",
     "LOWEST_PORT",
     "PORTS",
     "Hidden",
@@ -42,6 +43,11 @@ _CLIENT_PORTS = ("control", "mux", "task", "iopub", "notification", "broadcast")
 _LEAVES = 2  # broadcast scheduler leaves at ipyparallel's default depth of 1
 #: Ports a controller listens on for engines and clients (the registration port is shared).
 PORTS = len(_ENGINE_PORTS) + _LEAVES + len(_CLIENT_PORTS)
+#: Ports a controller listens on for itself, on loopback: the broadcast scheduler's inner
+#: nodes (two at depth 1) and the monitor. Not given, ipyparallel picks them by binding port
+#: 0 and closing it, in the kernel's ephemeral range, where an outgoing connection can take
+#: one before the controller binds it (it then dies with "Address already in use").
+INTERNAL_PORTS = 3
 
 
 def connection_info(
@@ -81,10 +87,21 @@ def connection_info(
 
 
 def controller_argv(
-    python: str, profile_dir: str, *, engine_ip: str, client_ip: str, heartbeat_ms: int
+    python: str,
+    profile_dir: str,
+    *,
+    engine_ip: str,
+    client_ip: str,
+    heartbeat_ms: int,
+    internal_ports: Sequence[int],
 ) -> list[str]:
-    """The controller's command line: reuse the connection files in ``profile_dir``, beat
-    every ``heartbeat_ms`` and tolerate about ten seconds of missed beats (a busy machine)."""
+    """The controller's command line: reuse the connection files in ``profile_dir``, listen
+    for itself on ``internal_ports`` (:data:`INTERNAL_PORTS` free ports), beat every
+    ``heartbeat_ms`` and tolerate about ten seconds of missed beats (a busy machine)."""
+    if len(internal_ports) != INTERNAL_PORTS:
+        raise ValueError(
+            f"controller_argv needs {INTERNAL_PORTS} internal ports, got {len(internal_ports)}."
+        )
     misses = max(10, 10_000 // heartbeat_ms)
     return [
         python,
@@ -95,6 +112,7 @@ def controller_argv(
         f"--IPController.engine_ip={engine_ip}",
         f"--IPController.client_ip={client_ip}",
         f"--IPController.location={engine_ip}",
+        f"--IPController.ports={','.join(map(str, internal_ports))}",
         f"--HeartMonitor.period={heartbeat_ms}",
         f"--HeartMonitor.max_heartmonitor_misses={misses}",
         "--log-level=INFO",

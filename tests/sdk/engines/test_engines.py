@@ -24,6 +24,7 @@ from clusterbook.engines import _checked, start_engines
 from clusterbook.engines.config import (
     CONNECTION_ENV,
     ENGINES_LABEL,
+    INTERNAL_PORTS,
     LOWEST_PORT,
     PORTS,
     connection_info,
@@ -89,10 +90,20 @@ def test_without_room_below_the_ephemeral_range_the_kernel_picks(range_start) ->
 
 def test_command_lines_carry_no_secret_and_the_tuning() -> None:
     argv = controller_argv(
-        "/py", "/run/ipp", engine_ip="10.0.0.1", client_ip="127.0.0.1", heartbeat_ms=50
+        "/py",
+        "/run/ipp",
+        engine_ip="10.0.0.1",
+        client_ip="127.0.0.1",
+        heartbeat_ms=50,
+        internal_ports=[10001, 10002, 10003],
     )
     assert argv[:3] == ["/py", "-m", "ipyparallel.controller"]
     assert "--reuse" in argv
+    assert "--IPController.ports=10001,10002,10003" in argv
+    with pytest.raises(ValueError, match=f"needs {INTERNAL_PORTS} internal ports"):
+        controller_argv(
+            "/py", "/ipp", engine_ip="::1", client_ip="::1", heartbeat_ms=5, internal_ports=[1]
+        )
     assert "--HeartMonitor.period=50" in argv
     assert "--IPController.engine_ip=10.0.0.1" in argv
     assert not any("key" in a.lower() for a in argv)
@@ -212,6 +223,45 @@ def _process(pid: int):
 
 
 @pytest.mark.mpi
+def test_the_controller_listens_only_on_ports_it_was_given(make_cluster, openmpi_python) -> None:
+    # A port the controller picked itself would be one the kernel handed out and took back:
+    # an outgoing connection may take it before the controller binds it, and the controller
+    # then dies ("Address already in use"). Every port it listens on is one chosen for it.
+    cluster = make_cluster(openmpi_python, workers=1, slots=1)
+    cluster.engines(1, timeout=60)
+    security = next((cluster.run_dir / "ipyparallel").glob("controller-*/security"))
+    given: set[int] = set()
+    for info in (json.loads(f.read_text()) for f in security.glob("*.json")):
+        for value in info.values():
+            given.update(v for v in (value if isinstance(value, list) else [value]) if _port(v))
+    argv = next(p.cmdline() for p in _controllers())
+    (internal,) = [a.split("=", 1)[1] for a in argv if a.startswith("--IPController.ports=")]
+    given.update(map(int, internal.split(",")))
+    listening = {
+        c.laddr.port
+        for p in _controllers()
+        for c in p.net_connections(kind="tcp")
+        if c.status == "LISTEN"
+    }
+    assert len(listening) == PORTS + INTERNAL_PORTS
+    assert listening <= given, sorted(listening - given)
+    cluster.stop()
+
+
+def _port(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value > 0
+
+
+def _controllers() -> list:
+    import psutil
+
+    return [
+        p
+        for p in psutil.Process().children(recursive=True)
+        if "ipyparallel.controller" in " ".join(p.cmdline())
+    ]
+
+
 def _handshake(port: int, *, curve_serverkey: bytes | None) -> str:
     """How a ZeroMQ handshake with the controller's registration port ends: "ok" or
     "refused" (with CurveZMQ only when ``curve_serverkey`` is given)."""
@@ -250,6 +300,7 @@ def _handshake(port: int, *, curve_serverkey: bytes | None) -> str:
         ctx.term()
 
 
+@pytest.mark.mpi
 def test_engine_traffic_is_encrypted_with_curvezmq(make_cluster, openmpi_python) -> None:
     cluster = make_cluster(openmpi_python, workers=1, slots=1)
     rc = cluster.engines(1, timeout=60, encrypt=True)  # the default on SSH clusters
