@@ -1,14 +1,16 @@
 #!/bin/bash
 # The benchmarks whose goals a 2-core machine cannot show, run on a lent 16-core machine in one go.
 #
-#   bash scripts/device_bench.sh [PART...]   PART: env rankstart submit timeline rendezvous warm
-#                                            (default: all but timeline)
+#   bash scripts/device_bench.sh [PART...]   PART: env rankstart submit timeline rendezvous
+#                                            warm warm4 (default: all but timeline and warm4)
 #
 # The machine has Python with pandas, cloudpickle and tqdm but no network: the rest of
-# clusterbook's dependencies (Open MPI and mpi4py from PyPI, psutil, paramiko and what it needs) travel
-# as wheels in .whl/ (see docs/development.md), clusterbook itself as this checkout's sdk/. Every
-# figure is printed with the machine's core count and load; the whole output goes to $OUT/log
-# where OUT is set.
+# clusterbook's dependencies (Open MPI and mpi4py from PyPI, psutil, paramiko and what it needs,
+# pytest for the fake hosts' helpers) travel as wheels in .whl/ (see docs/development.md),
+# clusterbook itself as this checkout's sdk/. It has no sshd, ssh or ip either: fake hosts
+# (warm, warm4) use the ones that travel in .devtools/ (bin/ and the libraries they need in
+# lib/, found through their rpath; see docs/development.md). Every figure is printed with the
+# machine's core count and load; the whole output goes to $OUT/log where OUT is set.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 log=${OUT:-/tmp}/log
@@ -22,6 +24,19 @@ export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD/sdk OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLO
 export PATH=/tmp/v/bin:$PATH
 py=/tmp/v/bin/python
 say() { echo; echo "=== $* ($(nproc) cores, load $(cut -d' ' -f1-3 /proc/loadavg))"; }
+# sshd, ssh and ip for fake hosts: the machine's, else those of .devtools/ (with sshd's
+# privilege separation user and directory). Fails, saying why, where fake hosts cannot be made.
+fakehosts() {
+    if ! command -v sshd >/dev/null || ! command -v ip >/dev/null; then
+        [ -x .devtools/bin/sshd ] || { echo "no sshd or ip, and no .devtools/"; return 1; }
+        export PATH=$PWD/.devtools/bin:$PATH
+        getent passwd sshd >/dev/null || useradd -r -M -d /run/sshd -s /usr/sbin/nologin sshd \
+            || { echo "no sshd user, and useradd failed"; return 1; }
+        mkdir -p /run/sshd && chmod 755 /run/sshd
+    fi
+    ip netns add cbprobe && ip netns del cbprobe || { echo "no network namespaces here"; return 1; }
+    ip link add cbprobe0 type bridge && ip link del cbprobe0 || { echo "no bridges here"; return 1; }
+}
 
 for part in $parts; do
     case $part in
@@ -51,14 +66,15 @@ for part in $parts; do
         timeout 300 $py benchmarks/rendezvous.py --parts 4 --repeat 1
         timeout 240 $py benchmarks/rendezvous.py --parts 1,2 --sizes 64 --repeat 5
         ;;
-    warm)
-        say "warm.py --hosts 2"
-        if command -v sshd >/dev/null && command -v ip >/dev/null; then
-            timeout 240 $py benchmarks/warm.py --repeat 8 --hosts 2
+    warm|warm4)
+        hosts=2; [ $part = warm4 ] && hosts=4
+        say "warm.py --hosts $hosts"
+        if fakehosts; then
+            timeout 240 $py benchmarks/warm.py --repeat 8 --hosts $hosts
         else
-            echo "skipped: no sshd or ip on this machine (fake hosts need both)"
+            echo "skipped: fake hosts cannot be made here (above: why)"
         fi
         ;;
-    *) echo "unknown part $part (env, rankstart, submit, timeline, rendezvous, warm)"; exit 2 ;;
+    *) echo "unknown part $part (env, rankstart, submit, timeline, rendezvous, warm, warm4)"; exit 2 ;;
     esac
 done
