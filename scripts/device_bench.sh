@@ -2,7 +2,8 @@
 # The benchmarks whose goals a 2-core machine cannot show, run on a lent 16-core machine in one go.
 #
 #   bash scripts/device_bench.sh [PART...]   PART: env rankstart submit timeline rendezvous
-#                                            warm warm4 (default: all but timeline and warm4)
+#                                            fakehosts warm warm4 (default: env rankstart
+#                                            submit rendezvous warm)
 #
 # The machine has Python with pandas, cloudpickle and tqdm but no network: the rest of
 # clusterbook's dependencies (Open MPI and mpi4py from PyPI, psutil, paramiko and what it needs,
@@ -23,6 +24,8 @@ export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD/sdk OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLO
     $(ls .whl/*.whl | grep -v clusterbook-) || exit 1
 export PATH=/tmp/v/bin:$PATH
 py=/tmp/v/bin/python
+# clusterbook for the venv's Python wherever it starts (a fake host's ssh session has no PYTHONPATH)
+echo "$PWD/sdk" > "$($py -c 'import sysconfig; print(sysconfig.get_path("purelib"))')/clusterbook-checkout.pth"
 say() { echo; echo "=== $* ($(nproc) cores, load $(cut -d' ' -f1-3 /proc/loadavg))"; }
 # sshd, ssh and ip for fake hosts: the machine's, else those of .devtools/ (with sshd's
 # privilege separation user and directory). Fails, saying why, where fake hosts cannot be made.
@@ -66,6 +69,10 @@ for part in $parts; do
         timeout 300 $py benchmarks/rendezvous.py --parts 4 --repeat 1
         timeout 240 $py benchmarks/rendezvous.py --parts 1,2 --sizes 64 --repeat 5
         ;;
+    fakehosts)
+        say "device_fakehosts.py"
+        if fakehosts; then timeout 120 $py scripts/device_fakehosts.py; fi
+        ;;
     warm|warm4)
         hosts=2; [ $part = warm4 ] && hosts=4
         say "warm.py --hosts $hosts"
@@ -75,6 +82,6 @@ for part in $parts; do
             echo "skipped: fake hosts cannot be made here (above: why)"
         fi
         ;;
-    *) echo "unknown part $part (env, rankstart, submit, timeline, rendezvous, warm, warm4)"; exit 2 ;;
+    *) echo "unknown part $part (env rankstart submit timeline rendezvous fakehosts warm warm4)"; exit 2 ;;
     esac
 done
