@@ -18,6 +18,10 @@ line on mpirun's stdout); job end: until ``wait()`` returns (bare: mpirun's exit
   same tuning (``OMPI_MCA_btl=^ofi``), a new ssh login per node per job; **bare, ssh
   ControlMaster**: the same with an OpenSSH master connection per host kept between jobs.
 
+Every side runs its ranks unbound (``--bind-to none``; clusterbook's through ``launcher_args``):
+the fake hosts share one machine's cores, and each host's daemon would bind its ranks to the
+same first cores.
+
 Goal: ssh warm <= 1.3x local, first output and job end (medians).
 
     python benchmarks/warm.py [--repeat 8] [--hosts 2]     (as root: fake hosts)
@@ -54,6 +58,10 @@ comm.Barrier()
 """
 TIMEOUT = 60.0
 GOAL = 1.3
+#: Every side's ranks unbound, as bare mpirun's: fake hosts share one machine's cores, and each
+#: host's MPI daemon, binding its ranks to "its" first cores, would put every host's ranks on
+#: the same few (on 16 cores, 4 hosts' 8 ranks on 2 of them).
+UNBOUND = ["--bind-to", "none"]
 
 
 def cluster_once(cluster: cb.Cluster, hello: Path, np: int) -> tuple[float, ...]:
@@ -61,7 +69,9 @@ def cluster_once(cluster: cb.Cluster, hello: Path, np: int) -> tuple[float, ...]
     (its wrapper's start marker: the launch, MPI's daemons included) and from the last rank's
     end to the job's (what the launch adds at the end)."""
     start, wall = time.perf_counter(), time.time()
-    job = cluster.mpirun(["python", str(hello)], np=np, cwd=hello.parent, oversubscribe=True)
+    job = cluster.mpirun(
+        ["python", str(hello)], np=np, cwd=hello.parent, oversubscribe=True, launcher_args=UNBOUND
+    )
     first = None
     for record in job.stream():  # live: the first rank line as soon as the head has it
         if record.line.startswith("hello"):
@@ -116,7 +126,7 @@ def bare_argv(bed: Testbed, hosts: int, hello: Path, control: Path | None) -> li
         ssh += ["-o", "ControlPersist=60"]
     host_list = ",".join(f"{h.addr}:2" for h in bed.hosts[:hosts])
     argv = [str(venv / "bin" / "mpirun"), "--allow-run-as-root", "--host", host_list]
-    argv += ["-n", str(2 * hosts), "--prefix", str(venv), "--bind-to", "none"]
+    argv += ["-n", str(2 * hosts), "--prefix", str(venv), *UNBOUND]
     argv += ["--prtemca", "plm_ssh_args", " ".join(ssh)]
     return [*argv, sys.executable, str(hello)]
 

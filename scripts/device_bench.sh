@@ -27,16 +27,20 @@ py=/tmp/v/bin/python
 # clusterbook for the venv's Python wherever it starts (a fake host's ssh session has no PYTHONPATH)
 echo "$PWD/sdk" > "$($py -c 'import sysconfig; print(sysconfig.get_path("purelib"))')/clusterbook-checkout.pth"
 say() { echo; echo "=== $* ($(nproc) cores, load $(cut -d' ' -f1-3 /proc/loadavg))"; }
-# sshd, ssh and ip for fake hosts: the machine's, else those of .devtools/ (with sshd's
-# privilege separation user and directory). Fails, saying why, where fake hosts cannot be made.
+# sshd, ssh and ip for fake hosts: the machine's, else those of .devtools/, linked into
+# /usr/local/bin: on the default PATH, where the fake hosts' ssh sessions find them too (Open
+# MPI's daemon there looks for ssh, its launch agent; without one it ends at its first
+# message). With sshd's privilege separation user and directory. Fails, saying why, where
+# fake hosts cannot be made.
 fakehosts() {
-    if ! command -v sshd >/dev/null || ! command -v ip >/dev/null; then
-        [ -x .devtools/bin/sshd ] || { echo "no sshd or ip, and no .devtools/"; return 1; }
-        export PATH=$PWD/.devtools/bin:$PATH
-        getent passwd sshd >/dev/null || useradd -r -M -d /run/sshd -s /usr/sbin/nologin sshd \
-            || { echo "no sshd user, and useradd failed"; return 1; }
-        mkdir -p /run/sshd && chmod 755 /run/sshd
-    fi
+    for tool in ip ssh ssh-keygen sshd; do
+        command -v $tool >/dev/null && continue
+        [ -x .devtools/bin/$tool ] || { echo "no $tool, and none in .devtools/"; return 1; }
+        ln -sf "$PWD/.devtools/bin/$tool" /usr/local/bin/$tool
+    done
+    getent passwd sshd >/dev/null || useradd -r -M -d /run/sshd -s /usr/sbin/nologin sshd \
+        || { echo "no sshd user, and useradd failed"; return 1; }
+    mkdir -p /run/sshd && chmod 755 /run/sshd
     ip netns add cbprobe && ip netns del cbprobe || { echo "no network namespaces here"; return 1; }
     ip link add cbprobe0 type bridge && ip link del cbprobe0 || { echo "no bridges here"; return 1; }
 }

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import socket
 import threading
 from pathlib import Path
@@ -85,6 +86,23 @@ def test_env_arrives_byte_for_byte(mpi_python, make_cluster, program):
     job = cluster.mpirun(["python", script], np=2, env={"TRICKY": value}, timeout=120)
     assert job.wait().ok
     assert job.logs().line.tolist() == [repr(value)] * 2
+
+
+def test_a_binding_in_launcher_args_is_the_one_the_job_gets(mpi_python, make_cluster):
+    # The launchers refuse a second --bind-to: clusterbook leaves its own out, and the ranks
+    # run as the job's own says (here: unbound, on every CPU this process may use).
+    cpus = len(os.sched_getaffinity(0))
+    if cpus < 2:
+        pytest.skip("binding to cores shows only with two CPUs or more")
+    cluster = make_cluster(mpi_python, workers=1, slots=2)
+    affinity = ["python", "-c", "import os; print(len(os.sched_getaffinity(0)))"]
+    bound = cluster.mpirun(affinity, np=2, timeout=120)
+    assert bound.wait().ok
+    assert bound.logs().line.tolist() == ["1", "1"]  # clusterbook's: a core each
+    flag = "--bind-to" if cluster.launcher.flavour is cb.MPIFlavour.OPENMPI else "-bind-to"
+    free = cluster.mpirun(affinity, np=2, timeout=120, launcher_args=[flag, "none"])
+    assert free.wait().ok, free.wait().summary()
+    assert free.logs().line.tolist() == [str(cpus)] * 2
 
 
 def test_a_rank_that_raises_ends_the_job(mpi_python, make_cluster, program):

@@ -35,6 +35,7 @@ __all__ = [
     "host_ranks",
     "master_addr",
     "placement",
+    "placement_args",
     "render_hostfile",
     "shared_hostnames",
 ]
@@ -122,6 +123,18 @@ def placement(nodes: tuple[NodeSpec, ...], np: int) -> list[int]:
         if len(order) >= np:
             break
     return [order[r % len(order)] for r in range(np)]
+
+
+def placement_args(
+    launcher_args: tuple[str, ...], options: tuple[tuple[str, str], ...]
+) -> list[str]:
+    """Each ``(option, value)`` clusterbook would give the launcher (``--map-by``,
+    ``--bind-to``, ...), but those the job's ``launcher_args`` give themselves (as ``OPT V`` or
+    ``OPT=V``, with one dash or two): a launcher refuses such an option twice, and the user's
+    choice is the one meant (e.g. ``--bind-to none`` for nodes that share one machine's
+    cores)."""
+    given = {a.split("=", 1)[0].lstrip("-") for a in launcher_args if a.startswith("-")}
+    return [x for opt, value in options if opt.lstrip("-") not in given for x in (opt, value)]
 
 
 def binding(nodes: tuple[NodeSpec, ...], np: int) -> str:
@@ -279,7 +292,8 @@ def _openmpi(plan: LaunchPlan) -> LaunchCommand:
         extra["OMPI_MCA_btl"] = "^ofi,sm"
     mapping = "slot:OVERSUBSCRIBE" if plan.oversubscribe else "slot"
     argv = [plan.launcher.path, "--hostfile", plan.hostfile, "-n", str(plan.np)]
-    argv += ["--map-by", mapping, "--bind-to", binding(plan.nodes, plan.np)]
+    places = (("--map-by", mapping), ("--bind-to", binding(plan.nodes, plan.np)))
+    argv += placement_args(plan.launcher_args, places)
     # Every chunk of rank output as it comes, tagged, on mpirun's stdout (see launch.parse).
     argv += ["--output", OPENMPI_OUTPUT]
     if plan.as_root:
@@ -310,7 +324,7 @@ def _mpich(plan: LaunchPlan) -> LaunchCommand:
     env = rank_env(plan)
     out = plan.output_dir
     argv = [plan.launcher.path, "-f", plan.hostfile, "-n", str(plan.np)]
-    argv += ["-bind-to", binding(plan.nodes, plan.np)]
+    argv += placement_args(plan.launcher_args, (("-bind-to", binding(plan.nodes, plan.np)),))
     if plan.remote is not None:
         # Hydra's proxies connect back to the head: give them an address they can reach.
         ssh = plan.remote.launch_agent or plan.remote.ssh_wrapper

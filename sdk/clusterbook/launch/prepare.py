@@ -61,7 +61,10 @@ class JobArgs(TypedDict, total=False):
     oversubscribe
         Allow more ranks than slots.
     launcher_args
-        Extra arguments for mpirun/mpiexec, placed before the program.
+        Extra arguments for mpirun/mpiexec, placed before the program. A ``--map-by`` or
+        ``--bind-to`` among them (``-bind-to`` for MPICH) replaces clusterbook's own (slots
+        in order; ranks bound to cores where every node has a core for each): e.g.
+        ``["--bind-to", "none"]`` where nodes share one machine's cores.
     abort_on_error
         A Python rank that raises, or calls ``sys.exit`` with a non-zero code, aborts the whole
         MPI job, so that no other rank hangs in a collective (default). Turn it off for programs

@@ -17,6 +17,7 @@ from clusterbook.launch.command import (
     build_command,
     host_gpus,
     placement,
+    placement_args,
     rank_env,
     render_hostfile,
     shared_hostnames,
@@ -202,6 +203,34 @@ def test_openmpi_bind_to_follows_binding(
 ) -> None:
     argv = build_command(plan(nodes=nodes, np=np, oversubscribe=True)).argv
     assert argv[argv.index("--bind-to") + 1] == expected
+
+
+@pytest.mark.parametrize(
+    "given",
+    [["--bind-to", "none"], ["--bind-to=none"], ["-bind-to", "none"]],
+)
+def test_openmpi_a_binding_in_launcher_args_replaces_clusterbooks(given: list[str]) -> None:
+    # mpirun refuses "--bind-to" twice ("listed more than once"): the job's own is the one.
+    argv = build_command(plan(launcher_args=tuple(given))).argv
+    assert [a for a in argv if "bind-to" in a] == [a for a in given if "bind-to" in a]
+    assert argv[argv.index("--map-by") + 1] == "slot"  # the rest as before
+    mapped = build_command(plan(launcher_args=("--map-by", "node"))).argv
+    assert mapped.count("--map-by") == 1
+    assert mapped[mapped.index("--map-by") + 1] == "node"
+    assert mapped[mapped.index("--bind-to") + 1] == "core"
+
+
+def test_placement_args_keep_what_the_launcher_args_do_not_say() -> None:
+    options = (("--map-by", "slot"), ("--bind-to", "core"))
+    assert placement_args((), options) == ["--map-by", "slot", "--bind-to", "core"]
+    assert placement_args(("-x", "BIND", "--bind-to", "none"), options) == ["--map-by", "slot"]
+    # A value that merely names an option is not one: only arguments that start with a dash.
+    assert placement_args(("--prtemca", "x", "bind-to"), options) == [
+        "--map-by",
+        "slot",
+        "--bind-to",
+        "core",
+    ]
 
 
 def test_openmpi_env_names_sorted_values_never_in_argv() -> None:
@@ -484,6 +513,12 @@ def test_mpich_bind_none_when_too_few_cores() -> None:
     nodes = (NodeSpec("a", "node1", 4, cores=2),)
     argv = build_command(plan(MPICH, nodes=nodes, np=4)).argv
     assert argv[argv.index("-bind-to") + 1] == "none"
+
+
+def test_mpich_a_binding_in_launcher_args_replaces_clusterbooks() -> None:
+    argv = build_command(plan(MPICH, launcher_args=("-bind-to", "hwthread"))).argv
+    assert argv.count("-bind-to") == 1
+    assert argv[argv.index("-bind-to") + 1] == "hwthread"
 
 
 # -- hostfile, placement, binding ----------------------------------------------------------
