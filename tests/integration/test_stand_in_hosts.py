@@ -4,6 +4,7 @@ whose logins get a throwaway home, so an SSH cluster of them leaves the user's o
 from __future__ import annotations
 
 import hashlib
+import os
 from pathlib import Path
 
 import pytest
@@ -74,6 +75,12 @@ def test_an_ssh_cluster_of_stand_ins_writes_its_node_files_in_the_throwaway_home
             assert (hosts.home / ".clusterbook" / "clusters" / cluster.id).is_dir()
             result = cluster.mpirun(["hostname"], np=2, timeout=60).wait()
             assert result.ok
+            # Both machines are this one: each one's daemon would bind its rank to the first
+            # core, the same for both; their ranks run unbound.
+            affinity = ["python", "-c", "import os; print(len(os.sched_getaffinity(0)))"]
+            job = cluster.mpirun(affinity, np=2, timeout=60)
+            assert job.wait().ok
+            assert job.logs().line.tolist() == [str(len(os.sched_getaffinity(0)))] * 2
             assert _digest(own_keys) == before
         assert f"clusterbook:{cluster.id}" not in hosts.authorized_keys.read_text()
         assert not (hosts.home / ".clusterbook" / "clusters" / cluster.id).exists()

@@ -148,6 +148,13 @@ def binding(nodes: tuple[NodeSpec, ...], np: int) -> str:
     return "core" if fits else "none"
 
 
+def _binding(plan: LaunchPlan) -> str:
+    """:func:`binding`, but ``none`` where two of the job's hosts are one machine
+    (:func:`shared_hostnames`): each one's daemon binds its ranks from the machine's first
+    core, the same cores for all."""
+    return "none" if shared_hostnames(plan) else binding(plan.nodes, plan.np)
+
+
 def host_load(nodes: tuple[NodeSpec, ...], np: int) -> dict[str, tuple[int, int | None]]:
     """The ranks ``np`` ranks put on each host of ``nodes`` (nodes on one host share its
     cores) and the host's cores (its first node's; None when not known), in the nodes'
@@ -292,7 +299,7 @@ def _openmpi(plan: LaunchPlan) -> LaunchCommand:
         extra["OMPI_MCA_btl"] = "^ofi,sm"
     mapping = "slot:OVERSUBSCRIBE" if plan.oversubscribe else "slot"
     argv = [plan.launcher.path, "--hostfile", plan.hostfile, "-n", str(plan.np)]
-    places = (("--map-by", mapping), ("--bind-to", binding(plan.nodes, plan.np)))
+    places = (("--map-by", mapping), ("--bind-to", _binding(plan)))
     argv += placement_args(plan.launcher_args, places)
     # Every chunk of rank output as it comes, tagged, on mpirun's stdout (see launch.parse).
     argv += ["--output", OPENMPI_OUTPUT]
@@ -324,7 +331,7 @@ def _mpich(plan: LaunchPlan) -> LaunchCommand:
     env = rank_env(plan)
     out = plan.output_dir
     argv = [plan.launcher.path, "-f", plan.hostfile, "-n", str(plan.np)]
-    argv += placement_args(plan.launcher_args, (("-bind-to", binding(plan.nodes, plan.np)),))
+    argv += placement_args(plan.launcher_args, (("-bind-to", _binding(plan)),))
     if plan.remote is not None:
         # Hydra's proxies connect back to the head: give them an address they can reach.
         ssh = plan.remote.launch_agent or plan.remote.ssh_wrapper

@@ -393,6 +393,19 @@ def test_nodes_that_share_a_host_name_get_no_shared_memory_transport() -> None:
     assert job.env["OMPI_MCA_btl"] == "self,sm,tcp"
 
 
+@pytest.mark.parametrize(("launcher", "flag"), [(OMPI, "--bind-to"), (MPICH, "-bind-to")])
+def test_hosts_that_are_one_machine_run_their_ranks_unbound(launcher: Launcher, flag: str) -> None:
+    # Each host's daemon would bind its ranks from the machine's first core: the same cores
+    # for every host. Hosts of their own machines bind as before.
+    two = (NodeSpec("node1", "127.0.0.2", 2, cores=8), NodeSpec("node2", "127.0.0.3", 2, cores=8))
+    same = replace(REMOTE, hostnames={"127.0.0.2": "vm", "127.0.0.3": "vm"})
+    argv = build_command(plan(launcher, nodes=two, np=4, remote=same)).argv
+    assert argv[argv.index(flag) + 1] == "none"
+    apart = replace(REMOTE, hostnames={"127.0.0.2": "node1", "127.0.0.3": "node2"})
+    argv = build_command(plan(launcher, nodes=two, np=4, remote=apart)).argv
+    assert argv[argv.index(flag) + 1] == "core"
+
+
 def test_openmpi_user_env_overrides_tuning_and_is_exported() -> None:
     cmd = build_command(plan(env={"OMPI_MCA_btl": "self,vader"}))
     assert cmd.env["OMPI_MCA_btl"] == "self,vader"
