@@ -111,6 +111,7 @@ class FakeProvider(Provider):
         self._bounds = bounds
         self._gather = dict(gather_files or {})
         self._lost: dict[str, str] = {}
+        self._losses: dict[str, int] = {}  # name -> times lose() lost it
         self._for_good: str | None = None
         self._ctx: StartContext | None = None
         self.problem_text: str | None = None
@@ -125,6 +126,7 @@ class FakeProvider(Provider):
         """Node ``name`` is lost (it stopped heartbeating): the cluster is told."""
         if name not in {n.name for n in self._nodes}:
             raise KeyError(name)
+        self._losses[name] = self._losses.get(name, 0) + (name not in self._lost)
         self._lost[name] = f"Node {name} (localhost) was lost: it stopped heartbeating"
         self._tell()
 
@@ -132,6 +134,7 @@ class FakeProvider(Provider):
         """Every node is lost and cannot come back, for ``why``: what :meth:`lost_for_good`
         says from now on. The cluster is told."""
         for node in self._nodes:
+            self._losses[node.name] = self._losses.get(node.name, 0) + (node.name not in self._lost)
             self._lost[node.name] = f"Node {node.name} (localhost) was lost"
         self._for_good = why
         self._tell()
@@ -227,6 +230,9 @@ class FakeProvider(Provider):
             )
             for n in self._nodes
         ]
+
+    def losses(self) -> dict[str, int]:
+        return dict(self._losses)
 
     def problem(self) -> str | None:
         return self.problem_text

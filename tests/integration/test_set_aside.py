@@ -128,13 +128,17 @@ def test_a_node_whose_agent_keeps_dropping_while_idle_is_set_aside_then_reinstat
             pid = cluster.status().set_index("node").loc[node, "pid"]
             return None if pid != pid else int(pid)  # NaN: no agent reported
 
+        def shown() -> str:
+            columns = ["node", "state", "pid", "last_reason"]
+            return cluster.status()[columns].to_string()
+
         def until(check: Callable[[], bool], said: Callable[[], object]) -> None:
             deadline = time.monotonic() + 30
             while not check():
                 assert time.monotonic() < deadline, said()
                 time.sleep(0.05)
 
-        until(lambda: len(cluster.nodes) == 3, cluster.status)
+        until(lambda: len(cluster.nodes) == 3, shown)
         for drop in range(3):
             [agent] = [
                 p
@@ -151,7 +155,7 @@ def test_a_node_whose_agent_keeps_dropping_while_idle_is_set_aside_then_reinstat
                 lambda w=want, old=agent.pid: (  # type: ignore[misc]
                     len(cluster.nodes) == 3 and state_of(node3) == w and pid_of(node3) != old
                 ),
-                cluster.status,
+                lambda d=drop: f"drop {d + 1}:\n{shown()}",  # type: ignore[misc]
             )
 
         status = cluster.status().set_index("node")

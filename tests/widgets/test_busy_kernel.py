@@ -283,3 +283,37 @@ def test_an_interrupt_still_stops_a_mpirun_cell_that_handles_clicks(kernel: Kern
     assert reply["content"]["ename"] == "KeyboardInterrupt"
     assert kernel.value("current_cluster().jobs[-1].outcome.cancelled") is True
     kernel.run("%cluster stop")
+
+
+ENDED_VIEWER = """\
+import pathlib, tempfile, time
+from clusterbook.launch.logs import LogRecord
+from clusterbook_widgets.log_viewer import LogViewer
+
+class Ended:  # a job whose output has all been read
+    id, np, directory = "job-0001", 1, pathlib.Path(tempfile.mkdtemp())
+
+    def stream(self):
+        return iter([LogRecord(1.7e9, 0, "alpha", "stdout", "hello")])
+
+viewer = LogViewer(Ended())
+viewer.join(timeout=10)
+time.sleep(0.5)  # the reader's thread has drawn "ended" by now, under this cell
+"""
+
+
+def test_a_viewers_refresh_sends_what_it_shows_under_its_own_cell(kernel: Kernel) -> None:
+    # nbclient and papermill apply a widget's updates only under the cell that sent them: the
+    # reader thread's last draw may go out under an earlier cell (or between cells), so an
+    # explicit refresh() sends the view again, changed or not, for the notebook to keep.
+    kernel.run(ENDED_VIEWER)
+    status = kernel.value("viewer.status_html.comm.comm_id")
+    cell = kernel.client.execute("viewer.refresh()")
+    assert kernel.reply(cell)["content"]["status"] == "ok"
+    sent = [
+        m["content"]["data"]["state"].get("value", "")
+        for m in kernel.outputs_of(cell)
+        if m["msg_type"] == "comm_msg" and m["content"]["comm_id"] == status
+    ]
+    assert any("ended · 1 lines in memory" in value for value in sent), sent
+    kernel.run("viewer.close()")

@@ -151,9 +151,15 @@ class LogViewer(widgets.VBox):
         return self._ended.wait(timeout)
 
     def refresh(self) -> None:
-        """Redraw now, on this thread."""
+        """Redraw now, on this thread, and send what is shown even where it has not changed:
+        a draw the reader's thread made may have gone out under another cell's message, which
+        a notebook runner (nbclient, papermill) does not apply, leaving an older view in the
+        notebook's saved widget state."""
         self._throttle.push(None)
         self._throttle.flush()
+        if not self._closed:
+            for shown in (self.output_html, self.status_html):
+                shown.send_state("value")
 
     def load_older(self) -> int:
         """Page in up to ``page_size`` records older than the oldest in memory, from the job's

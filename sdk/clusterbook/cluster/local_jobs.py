@@ -76,7 +76,7 @@ class LocalJobs:
         self._logs = LogBudget()  # what the jobs' log buffers hold together
         self._starting = threading.Lock()  # one at a time: each its own number
         self._warned: set[tuple[str, int]] = set()  # (job, attempt) told of their nodes' end
-        self._lost: frozenset[str] = frozenset()  # the nodes lost at the last look
+        self._counted: dict[str, int] = {}  # each node's losses, as the last look saw them
         self._looking = threading.Lock()  # one look at a time: each drop counted once
         self._next_look = 0.0  # time.monotonic() of the next look
         self._trailing: threading.Timer | None = None  # the look after the last change
@@ -142,8 +142,9 @@ class LocalJobs:
         """An attempt ended (``idle``: nodes were lost with none): count its failures; a node
         set aside is news."""
         if not idle:
+            losses = self._provider.watch.losses()
             with self._looking:  # a node lost under the attempt, counted: no idle drop too
-                self._lost |= set(failed)
+                self._counted |= {n: losses[n] for n in failed if n in losses}
         if self.bench.note(failed, [n.name for n in self._provider.nodes]):
             self._recorded()
 
@@ -198,7 +199,7 @@ class LocalJobs:
                 return
             self._next_look = now + LOOK_EVERY
             busy = {n.name for j in self.all() if not j.done() for n in j.plan.nodes}
-            dropped, self._lost = idle_drops(self._provider.watch.node_statuses(), self._lost, busy)
+            dropped, self._counted = idle_drops(self._provider.watch.losses(), self._counted, busy)
         if dropped:
             self._ended(dropped, idle=True)
 

@@ -2,8 +2,7 @@
 
 :class:`JobRequest` holds what the user asked, checked; :func:`prepare` adds what the cluster
 knows (its nodes, how the launcher reaches them, its interpreter and launcher), makes the job's
-directory, builds the launch plan and starts the job.
-"""
+directory, builds the launch plan and starts the job."""
 
 from __future__ import annotations
 
@@ -61,10 +60,8 @@ class JobArgs(TypedDict, total=False):
     oversubscribe
         Allow more ranks than slots.
     launcher_args
-        Extra arguments for mpirun/mpiexec, placed before the program. A ``--map-by`` or
-        ``--bind-to`` among them (``-bind-to`` for MPICH) replaces clusterbook's own (slots
-        in order; ranks bound to cores where every node has a core for each): e.g.
-        ``["--bind-to", "none"]`` where nodes share one machine's cores.
+        Extra arguments for mpirun/mpiexec, placed before the program; a ``--map-by`` or
+        ``--bind-to`` (MPICH: ``-bind-to``) there replaces clusterbook's own.
     abort_on_error
         A Python rank that raises, or calls ``sys.exit`` with a non-zero code, aborts the whole
         MPI job, so that no other rank hangs in a collective (default). Turn it off for programs

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import math
 import threading
-from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
 from clusterbook.durations import optional_duration
@@ -105,16 +105,16 @@ def failed_nodes(
 
 
 def idle_drops(
-    statuses: Iterable[NodeStatus], lost_before: Collection[str], busy: Collection[str]
-) -> tuple[dict[str, str], frozenset[str]]:
-    """The nodes lost since the last look (``lost_before``: those lost then) that ran no
-    attempt (``busy``: the nodes of the attempts running), each with why, and the nodes lost
-    now (the next look's ``lost_before``). A node lost while it runs ranks is counted by its
-    attempt's end (:func:`failed_nodes`), not here; one that left, or was lost and has not
-    joined again since, is not news."""
-    lost = frozenset(s.name for s in statuses if s.state == "lost")
-    dropped = sorted(lost - set(lost_before) - set(busy))
-    return dict.fromkeys(dropped, IDLE_DROP), lost
+    losses: Mapping[str, int], counted: Mapping[str, int], busy: Collection[str]
+) -> tuple[dict[str, str], dict[str, int]]:
+    """The nodes lost since the last look that ran no attempt (``busy``: the nodes of the
+    attempts running), each with why, and what the next look starts from. ``losses``: how
+    many times each node was lost so far (the watch's count, which a node that joined again
+    since keeps: a look that comes late misses no drop); ``counted``: those counts at the
+    last look. A node lost while it runs ranks is counted by its attempt's end
+    (:func:`failed_nodes`), not here; one that left is not lost."""
+    dropped = sorted(n for n, times in losses.items() if times > counted.get(n, 0))
+    return dict.fromkeys((n for n in dropped if n not in busy), IDLE_DROP), dict(losses)
 
 
 @dataclass(frozen=True, slots=True)

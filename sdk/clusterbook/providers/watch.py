@@ -46,6 +46,10 @@ class NodeWatch(Protocol):
         seconds (and a :class:`~clusterbook.ClusterStateError` at once when they cannot come)."""
         ...
 
+    def losses(self) -> dict[str, int]:
+        """How many times each node was lost, joined again since or not (never: absent)."""
+        ...
+
     def problem(self) -> str | None:
         """What is wrong with the view of the nodes now (shown in status), if anything."""
         ...
@@ -98,6 +102,9 @@ class FixedWatch:
             timeout=timeout,
             reason=reason,
         )
+
+    def losses(self) -> dict[str, int]:
+        return {}
 
     def problem(self) -> str | None:
         return None
@@ -180,6 +187,9 @@ class AgentWatch:
                 timeout=timeout,
                 reason=reason,
             ) from None
+
+    def losses(self) -> dict[str, int]:
+        return self.head.losses()
 
     def problem(self) -> str | None:
         return None if self._ended is not None else self.head.problem()

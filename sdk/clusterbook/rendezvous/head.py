@@ -2,9 +2,9 @@
 
 :class:`RendezvousHead` serves the store (a TCP :class:`StoreServer` with the cluster's secret
 in a 0600 token file, its traffic TLS with a certificate of its own, pinned by the fingerprint
-in the join URL), follows its state on a thread of its own, and answers what the cluster
-asks of its nodes: are they ready, who is in the round and what did they report, which are
-lost, what is their status. It writes the state only through ``RendezvousBackend.update()``:
+in the join URL), follows its state on a thread of its own, and answers what the cluster asks
+of its nodes: are they ready, who is in the round and what did they report, which are lost
+(and how often), their status. It writes the state only through ``RendezvousBackend.update()``
 to drop nodes whose heartbeat is overdue (a node cut off says nothing, and with no other node
 left to notice, the head must), to ask the agents to stop a job, and to close the rendezvous.
 
@@ -15,14 +15,14 @@ seconds. A state that cannot be decoded never kills the follower: it is reported
 
 A head that knows its agents' lease (it started them) also knows when a node gone from the
 rendezvous has given up for good: its agent stops trying once it has lost the store for its
-lease (see :func:`~clusterbook.rendezvous.agent.gives_up_after`), and nothing starts it again.
-"""
+lease (see :func:`~clusterbook.rendezvous.agent.gives_up_after`), and nothing starts it again."""
 
 from __future__ import annotations
 
 import logging
 import threading
 import time
+from collections import Counter
 from collections.abc import Callable, Collection
 from dataclasses import replace
 from pathlib import Path
@@ -70,8 +70,7 @@ class RendezvousHead:
 
     ``settings`` are checked when this is made; their run id is set to the cluster's at
     :meth:`start`. ``listen`` and ``port`` are where the store listens (port 0: any free one).
-    ``lease``: that of the agents, when the head started them itself (:meth:`given_up`).
-    """
+    ``lease``: that of the agents, when the head started them itself (:meth:`given_up`)."""
 
     def __init__(
         self,
@@ -89,12 +88,12 @@ class RendezvousHead:
         self._seen: dict[str, NodeReport] = {}  # every node ever seen: its last report
         self._texts: dict[str, str] = {}  # ... as the text it came as
         self._gone: dict[str, str] = {}  # node -> "lost" | "left"
+        self._losses: Counter[str] = Counter()  # node -> times it was lost
         self._heard: dict[str, float] = {}  # node -> its last heartbeat seen (wall time)
         self._observed = 0  # states observed so far
         self._dropped: dict[str, int] = {}  # node -> states observed when the store dropped it
         self._given_up: set[str] = set()  # as last told
-        # Each node's use as its reports said it, one sample per heartbeat: the last 10
-        # minutes, or 10 heartbeats where they come further apart.
+        # Each node's use as reported, a sample a heartbeat: 10 minutes' or 10 heartbeats'.
         beat = settings.keep_alive_interval
         self.history = ResourceHistory(beat, max(HISTORY_SPAN, 10 * beat))
         self._server: StoreServer | None = None
@@ -188,6 +187,7 @@ class RendezvousHead:
             return None
         with self._cond:
             self._gone[node] = "lost"
+            self._losses[node] += 1
             self._dropped[node] = self._observed
         return encode(remove_node(state, node, self._settings))
 
@@ -281,6 +281,7 @@ class RendezvousHead:
                     last = self._state.last_heartbeats.get(node, 0.0)
                     dead = now - last > self._settings.keep_alive_interval * 1.5
                     self._gone[node] = "lost" if dead else "left"
+                    self._losses[node] += dead
             self._state = state
             self._cond.notify_all()
             for node in fresh:  # a heartbeat (or join) since the state before: a sample
@@ -379,6 +380,11 @@ class RendezvousHead:
         with self._cond:
             state, seen, gone = self._state, dict(self._seen), dict(self._gone)
         return node_statuses(state, seen, gone, time.time())
+
+    def losses(self) -> dict[str, int]:
+        """How many times each node was lost, joined again since or not (never: absent)."""
+        with self._cond:
+            return dict(self._losses)
 
     def unreachable(
         self, names: Collection[str], *, lost_only: bool = False, ended: bool = False

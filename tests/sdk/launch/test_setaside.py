@@ -152,32 +152,27 @@ def source(aside: set[str]) -> NodeSource:
     )
 
 
-def states(**given: str) -> list[NodeStatus]:
-    return [NodeStatus(name, "10.0.0.1", 1, state) for name, state in given.items()]
-
-
-def test_a_node_lost_while_idle_counts_once_per_drop_and_a_busy_or_left_one_not_at_all():
-    dropped, lost = idle_drops(states(n1="joined", n2="lost", n3="left"), frozenset(), set())
+def test_a_node_lost_while_idle_counts_once_per_drop_and_a_busy_one_not_at_all():
+    dropped, counted = idle_drops({"n2": 1}, {}, set())
     assert dropped == {"n2": IDLE_DROP}
-    # Still lost at the next look: the same drop, not another.
-    again, lost = idle_drops(states(n1="joined", n2="lost", n3="left"), lost, set())
+    # No loss since: the same drop, not another.
+    again, counted = idle_drops({"n2": 1}, counted, set())
     assert again == {}
-    # Back, then lost again: another drop. n1 runs ranks: its attempt's end counts it.
-    back, lost = idle_drops(states(n1="joined", n2="joined"), lost, set())
-    assert (back, lost) == ({}, frozenset())
-    dropped, lost = idle_drops(states(n1="lost", n2="lost"), lost, {"n1"})
+    # Lost again, and back before this look: still a drop (a late look misses none). n1
+    # runs ranks: its attempt's end counts it, and it is not news at the next look.
+    dropped, counted = idle_drops({"n1": 1, "n2": 2}, counted, {"n1"})
     assert dropped == {"n2": IDLE_DROP}
-    assert lost == {"n1", "n2"}  # n1 is not news at the next look, once its job is done
+    assert counted == {"n1": 1, "n2": 2}
+    assert idle_drops({"n1": 1, "n2": 2}, counted, set())[0] == {}
 
 
 def test_an_agent_dropping_three_times_while_idle_sets_its_node_aside():
     clock = Clock()
     bench = Bench(SetAsidePolicy(), clock)
-    lost: frozenset[str] = frozenset()
-    for _ in range(3):
-        dropped, lost = idle_drops(states(n1="joined", n2="lost"), lost, set())
+    counted: dict[str, int] = {}
+    for times in range(1, 4):
+        dropped, counted = idle_drops({"n2": times}, counted, set())
         bench.note(dropped, ["n1", "n2"])
-        _, lost = idle_drops(states(n1="joined", n2="joined"), lost, set())
         clock.now += 5
     assert bench.aside()["n2"].reason == f"3 failures in 10 min (last: {IDLE_DROP})"
 

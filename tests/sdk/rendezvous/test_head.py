@@ -5,6 +5,7 @@ than one frame of the store, read in parts."""
 from __future__ import annotations
 
 import os
+import socket
 import threading
 import time
 
@@ -103,6 +104,46 @@ def test_the_head_follows_each_nodes_report_as_it_changes() -> None:
         nodes[0].update(beat)
         until(lambda: head.reports()["n1"].user == "again")
         assert head.reports()["n2"].user == "n2"
+    finally:
+        for node in nodes:
+            node.close()
+        head.close()
+
+
+def test_the_head_counts_every_loss_of_a_node_also_once_it_is_back() -> None:
+    """A node whose connection breaks is lost, each time: a look at the count that comes only
+    after it joined again (a loaded machine's) still sees every drop."""
+    settings = RendezvousSettings("losses", 1, 2, keep_alive_interval=60.0)
+    head = RendezvousHead(settings)
+    seen = threading.Event()
+    head.start(f"losses-{os.getpid()}", seen.set)
+    nodes: list[TcpBackend] = []
+
+    def until(check) -> None:
+        deadline = time.monotonic() + 30.0
+        while not check() and time.monotonic() < deadline:
+            seen.wait(0.5)
+            seen.clear()
+        assert check()
+
+    def present() -> bool:
+        return any(s.name == "n1" and s.state not in ("lost", "left") for s in head.node_statuses())
+
+    try:
+        assert head.join_url is not None
+        assert head.secret is not None
+        store_url, joined = parse_join_url(head.join_url)
+        for times in (1, 2, 3):
+            node = TcpBackend(store_url, head.secret, node="n1", timeout=30.0)
+            nodes.append(node)
+            now = time.time()
+            node.update(Step((Operation.JOIN,), "n1", joined, now, now + 60.0, {"user": "n1"}))
+            until(present)
+            assert head.losses() == ({"n1": times - 1} if times > 1 else {})
+            if times < 3:
+                node._chan.sock.shutdown(socket.SHUT_RDWR)  # no goodbye: a dying agent
+                until(lambda: not present())
+        assert head.losses() == {"n1": 2}  # back, and both drops counted
     finally:
         for node in nodes:
             node.close()

@@ -314,6 +314,9 @@ class JobWatch:
                     reason=f"{said}{reason}",
                 )
 
+    def losses(self) -> dict[str, int]:
+        return self.agents.losses()
+
     def problem(self) -> str | None:
         found = self.agents.problem()
         if found or self.stopping:

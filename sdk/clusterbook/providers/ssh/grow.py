@@ -177,6 +177,9 @@ class LeftWatch:
     ) -> dict[str, Any]:
         return self._watch.resource_history(window, nodes=nodes, points=points)
 
+    def losses(self) -> dict[str, int]:
+        return self._watch.losses()
+
     def problem(self) -> str | None:
         said = [p for p in (self._watch.problem(), self._also()) if p]
         return " ".join(said) or None
