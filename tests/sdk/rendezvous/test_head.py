@@ -8,6 +8,7 @@ import os
 import socket
 import threading
 import time
+from collections.abc import Callable
 
 import pytest
 
@@ -73,21 +74,29 @@ def test_the_head_follows_a_state_larger_than_a_frame() -> None:
         head.close()
 
 
-def test_the_head_follows_each_nodes_report_as_it_changes() -> None:
-    """The head reads the reports written since the state it read last, and keeps the others."""
-    settings = RendezvousSettings("reports", 2, 2, keep_alive_interval=0.2)
+def started(
+    settings: RendezvousSettings,
+) -> tuple[RendezvousHead, Callable[[Callable[[], bool]], None]]:
+    """A started head of ``settings``, and a wait (30 s at most) until a check holds, checked
+    again at each change the head sees."""
     head = RendezvousHead(settings)
     seen = threading.Event()
-    head.start(f"reports-{os.getpid()}", seen.set)
-    nodes: list[TcpBackend] = []
+    head.start(f"{settings.run_id}-{os.getpid()}", seen.set)
 
-    def until(check) -> None:
+    def until(check: Callable[[], bool]) -> None:
         deadline = time.monotonic() + 30.0
         while not check() and time.monotonic() < deadline:
             seen.wait(0.5)
             seen.clear()
         assert check()
 
+    return head, until
+
+
+def test_the_head_follows_each_nodes_report_as_it_changes() -> None:
+    """The head reads the reports written since the state it read last, and keeps the others."""
+    head, until = started(RendezvousSettings("reports", 2, 2, keep_alive_interval=0.2))
+    nodes: list[TcpBackend] = []
     try:
         assert head.join_url is not None
         assert head.secret is not None
@@ -113,18 +122,8 @@ def test_the_head_follows_each_nodes_report_as_it_changes() -> None:
 def test_the_head_counts_every_loss_of_a_node_also_once_it_is_back() -> None:
     """A node whose connection breaks is lost, each time: a look at the count that comes only
     after it joined again (a loaded machine's) still sees every drop."""
-    settings = RendezvousSettings("losses", 1, 2, keep_alive_interval=60.0)
-    head = RendezvousHead(settings)
-    seen = threading.Event()
-    head.start(f"losses-{os.getpid()}", seen.set)
+    head, until = started(RendezvousSettings("losses", 1, 2, keep_alive_interval=60.0))
     nodes: list[TcpBackend] = []
-
-    def until(check) -> None:
-        deadline = time.monotonic() + 30.0
-        while not check() and time.monotonic() < deadline:
-            seen.wait(0.5)
-            seen.clear()
-        assert check()
 
     def present() -> bool:
         return any(s.name == "n1" and s.state not in ("lost", "left") for s in head.node_statuses())
