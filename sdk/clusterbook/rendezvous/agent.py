@@ -6,7 +6,8 @@ Python, MPI, its sshd's host key) and heartbeats with its load. It re-joins when
 forms (a node waits and there is room, a participant was lost, or it was itself dropped),
 stops the processes of a job when the head asks (every process of a job carries the job's
 token in its environment), and exits by itself when the rendezvous closes, or when it has lost
-the store for longer than its lease, so that no agent outlives a head that died. Before it
+the store for longer than its lease (before its first answer: :data:`FIRST_CONTACT`, at
+least), so that no agent outlives a head that died. Before it
 exits for that, it stops every process of the cluster's jobs on its node (their MPI daemons
 too); with ``clean_on_lost`` (nodes the head bootstrapped over SSH) it also removes what the
 bootstrap installed there: the cluster's key line, key files, token and directory.
@@ -53,6 +54,10 @@ EXIT_LOST_STORE = 3
 #: Lease of the agents a head starts itself (local and SSH clusters): seconds without the
 #: head after which an agent stops the cluster's processes on its node, cleans up and exits.
 HEAD_LEASE = 2.0
+#: Seconds an agent that has not reached the store yet keeps trying, whatever its lease: the
+#: head waits for it meanwhile, and a network that drops its first packets (a loaded machine,
+#: a link coming up) must not end its node's part before it began.
+FIRST_CONTACT = 15.0
 
 
 #: What ``clusterbook worker join`` imports before it joins: a bootstrap session that will
@@ -143,6 +148,7 @@ class Agent:
         self._facts = self.facts or NodeReport.here(self.slots)
         self._meter = UsageMeter(self._facts.gpus)
         self._store_lost = False
+        self._reached = False  # the store answered once: from then on, the lease holds
         self._stopped: set[str] = set()
 
     def report(self) -> dict[str, Any]:
@@ -213,6 +219,7 @@ class Agent:
                 if self._wait_for_store(backend, exc):
                     continue
                 return EXIT_LOST_STORE
+            self._reached = True
             _log.info(
                 "Node %s has rank %d of %d in round %d.",
                 self.node_id,
@@ -303,10 +310,12 @@ class Agent:
         return state.complete and state.joined != members
 
     def _wait_for_store(self, backend: RendezvousBackend, exc: Exception) -> bool:
-        deadline = time.monotonic() + self.lease
+        grace = self.lease if self._reached else max(self.lease, FIRST_CONTACT)
+        deadline = time.monotonic() + grace
         while time.monotonic() < deadline and not self.stop_event.is_set():
             try:
                 backend.watch_members(None, 0.0)  # the node's view: small at any size
+                self._reached = True
                 return True
             except RendezvousConnectionError:
                 self.stop_event.wait(0.2)

@@ -7,8 +7,8 @@ import time
 from typing import Any
 
 from clusterbook.rendezvous import registry
-from clusterbook.rendezvous.agent import EXIT_CLOSED, Agent
-from clusterbook.rendezvous.api import Token
+from clusterbook.rendezvous.agent import EXIT_CLOSED, FIRST_CONTACT, Agent
+from clusterbook.rendezvous.api import RendezvousConnectionError, Token
 from clusterbook.rendezvous.backends.memory import MemoryBackend
 from clusterbook.rendezvous.state import decode
 
@@ -74,6 +74,51 @@ def test_an_agent_watches_from_the_state_its_join_ended_on() -> None:
     assert agent.run() == EXIT_CLOSED
     assert store.calls == ["watch_members"]
     assert store.tokens == [store.updated[0]]
+
+
+class Unreachable(Spy):
+    """The Spy's store, out of reach for its first ``seconds`` (its packets dropped)."""
+
+    def __init__(self, seconds: float) -> None:
+        super().__init__()
+        self._until = time.monotonic() + seconds
+        self.refused = 0
+
+    def _reachable(self) -> None:
+        if time.monotonic() < self._until:
+            self.refused += 1
+            raise RendezvousConnectionError("no answer within 1 s")
+
+    def update(self, change: Any) -> tuple[bytes, Token] | None:
+        self._reachable()
+        return super().update(change)
+
+    def watch_members(self, token: Token | None, timeout: float) -> tuple[bytes, Token] | None:
+        self._reachable()
+        return super().watch_members(token, timeout)
+
+
+def test_an_agent_that_never_reached_its_store_keeps_trying_past_its_lease() -> None:
+    # Its head waits for it meanwhile: a network that drops the first packets (seen on a
+    # loaded machine, for 3-4 s) must not make it give up, clean up and exit after its lease.
+    store = Unreachable(seconds=2.5)
+    url = NOWHERE + "&interval=1&attempts=3"
+    agent = store.agent = Agent(
+        url, b"s" * 32, "node1", 1, lease=1.0, backends=lambda *_a, **_k: store
+    )
+    assert agent.run() == EXIT_CLOSED  # joined, and followed its round
+    assert store.refused > 1
+    assert store.calls == ["watch_members"]
+
+
+def test_an_agent_that_reached_its_store_gives_up_after_its_lease() -> None:
+    store = Unreachable(seconds=0.0)
+    url = NOWHERE + "&interval=1&attempts=3"
+    agent = Agent(url, b"s" * 32, "node1", 1, lease=0.5, backends=lambda *_a, **_k: store)
+    agent._reached = True  # as after its first answer
+    started = time.monotonic()
+    assert not agent._wait_for_store(Unreachable(seconds=60.0), RuntimeError("gone"))
+    assert time.monotonic() - started < FIRST_CONTACT / 2  # the lease, not the first contact
 
 
 class Beats(MemoryBackend):
