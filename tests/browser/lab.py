@@ -177,7 +177,14 @@ def open_notebook(lab: Lab, page: Any, path: str, *, reset: bool = False) -> Non
     ``reset``: alone (the notebooks opened before are not opened again)."""
     from playwright.sync_api import expect
 
-    page.goto(f"{lab.url}/lab/tree/{path}?{'reset&' if reset else ''}token={lab.token}")
+    if reset:
+        # The reset on its own first: in one URL with the document, JupyterLab's reset of the
+        # workspace can come after the route has opened the document, and close it again (a
+        # loaded machine showed the file browser alone).
+        page.goto(f"{lab.url}/lab?reset&token={lab.token}")
+        page.wait_for_url(lambda url: "reset" not in url)
+        page.locator("#jp-main-dock-panel").wait_for()
+    page.goto(f"{lab.url}/lab/tree/{path}?token={lab.token}")
     # "idle" shows before the kernel exists; Run All before it is there asks for a kernel.
     kernel = page.locator(".jp-NotebookPanel-toolbar .jp-Toolbar-kernelName")
     expect(kernel).to_contain_text("ipykernel")
