@@ -3,6 +3,7 @@ real launcher, driven from a real IPython shell with ``%%px``."""
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import json
 import os
@@ -14,6 +15,7 @@ import time
 from pathlib import Path
 
 import ipyparallel as ipp
+import psutil
 import pytest
 from IPython import get_ipython
 from IPython.testing.globalipapp import start_ipython
@@ -237,12 +239,10 @@ def test_the_controller_listens_only_on_ports_it_was_given(make_cluster, openmpi
     argv = next(p.cmdline() for p in _controllers())
     (internal,) = [a.split("=", 1)[1] for a in argv if a.startswith("--IPController.ports=")]
     given.update(map(int, internal.split(",")))
-    listening = {
-        c.laddr.port
-        for p in _controllers()
-        for c in p.net_connections(kind="tcp")
-        if c.status == "LISTEN"
-    }
+    listening: set[int] = set()
+    for p in _controllers():
+        with contextlib.suppress(psutil.Error):  # a helper of the controller that just ended
+            listening |= {c.laddr.port for c in p.net_connections("tcp") if c.status == "LISTEN"}
     assert len(listening) == PORTS + INTERNAL_PORTS
     assert listening <= given, sorted(listening - given)
     cluster.stop()
@@ -252,14 +252,13 @@ def _port(value: object) -> bool:
     return isinstance(value, int) and not isinstance(value, bool) and value > 0
 
 
-def _controllers() -> list:
-    import psutil
-
-    return [
-        p
-        for p in psutil.Process().children(recursive=True)
-        if "ipyparallel.controller" in " ".join(p.cmdline())
-    ]
+def _controllers() -> list[psutil.Process]:
+    found = []
+    for p in psutil.Process().children(recursive=True):
+        with contextlib.suppress(psutil.Error):
+            if "ipyparallel.controller" in " ".join(p.cmdline()):
+                found.append(p)
+    return found
 
 
 def _handshake(port: int, *, curve_serverkey: bytes | None) -> str:
