@@ -126,18 +126,21 @@ class FakeProvider(Provider):
         """Node ``name`` is lost (it stopped heartbeating): the cluster is told."""
         if name not in {n.name for n in self._nodes}:
             raise KeyError(name)
-        self._losses[name] = self._losses.get(name, 0) + (name not in self._lost)
-        self._lost[name] = f"Node {name} (localhost) was lost: it stopped heartbeating"
+        self._mark_lost(name, f"Node {name} (localhost) was lost: it stopped heartbeating")
         self._tell()
 
     def lose_all_for_good(self, why: str) -> None:
         """Every node is lost and cannot come back, for ``why``: what :meth:`lost_for_good`
         says from now on. The cluster is told."""
         for node in self._nodes:
-            self._losses[node.name] = self._losses.get(node.name, 0) + (node.name not in self._lost)
-            self._lost[node.name] = f"Node {node.name} (localhost) was lost"
+            self._mark_lost(node.name, f"Node {node.name} (localhost) was lost")
         self._for_good = why
         self._tell()
+
+    def _mark_lost(self, name: str, why: str) -> None:
+        """Node ``name`` is lost for ``why``; a loss counts once, until it is back."""
+        self._losses[name] = self._losses.get(name, 0) + (name not in self._lost)
+        self._lost[name] = why
 
     def make_ready(self) -> None:
         """The nodes are ready now (after ``ready=False``)."""

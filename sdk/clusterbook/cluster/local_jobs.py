@@ -141,7 +141,7 @@ class LocalJobs:
     def _ended(self, failed: dict[str, str], *, idle: bool = False) -> None:
         """An attempt ended (``idle``: nodes were lost with none): count its failures; a node
         set aside is news."""
-        if not idle:
+        if not idle and self.bench.policy.failures:  # no look counts drops otherwise
             losses = self._provider.watch.losses()
             with self._looking:  # a node lost under the attempt, counted: no idle drop too
                 self._counted |= {n: losses[n] for n in failed if n in losses}
