@@ -3,6 +3,8 @@ how ``scripts/test.sh`` starts each pytest-xdist worker (``--tx N*popen//python=
 
     python scripts/isolated.py PROGRAM [ARG ...]
 
+Each namespace has its own ``/tmp`` and ``/dev/shm`` too (:func:`private_files`).
+
 Many tests look at every process of the machine: leak checks (``psutil.process_iter``), the
 sweeps of clusterbook's own tasks (``/proc``), ``usermod`` (which refuses while any process of
 the uid runs), counts of another user's processes. Run side by side in one PID namespace, one
@@ -25,13 +27,49 @@ from __future__ import annotations
 import os
 import shutil
 import signal
+import subprocess
 import sys
+import tempfile
+from collections.abc import Callable
 
+TMP, SHM = "/tmp", "/dev/shm"  # noqa: S108 (made this namespace's own, below)
 FORWARDED = (signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT)
+
+
+def private_files() -> Callable[[], None]:
+    """Give this namespace (its mount namespace is a copy, made private by ``unshare``) a
+    ``/tmp`` and a ``/dev/shm`` of its own; returns what removes them. MPI names its files
+    there by pid: Open MPI's launcher its PMIx rendezvous socket and session directory, its
+    shared memory its segments (by a job id made from the launcher's pid). The pids of two
+    namespaces are alike, so side by side two workers' jobs took each other's files ("The PMIx
+    server's listener thread failed to start", launcher exit code 213)."""
+    mine = tempfile.mkdtemp(prefix="clusterbook-worker-", dir=TMP)
+    # Sticky and open to all, as /tmp is: tests run as other users too.
+    os.chmod(mine, 0o1777)  # noqa: S103
+    subprocess.run(["mount", "--bind", mine, TMP], check=True)
+    subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", "mode=1777,nosuid,nodev", "tmpfs", SHM], check=True
+    )
+
+    def remove() -> None:
+        # /tmp here is ``mine``: the machine's again once unmounted, where ``mine`` is seen.
+        subprocess.run(["umount", "--lazy", TMP], check=False)
+        shutil.rmtree(mine, ignore_errors=True)
+
+    return remove
 
 
 def init(argv: list[str]) -> int:
     """Be the namespace's init: run ``argv``, reap everything, return its exit status."""
+    remove = private_files()
+    try:
+        return reap(argv)
+    finally:
+        remove()
+
+
+def reap(argv: list[str]) -> int:
+    """Run ``argv`` and reap every process handed to this init until it exits."""
     child = os.fork()
     if child == 0:
         try:

@@ -32,6 +32,7 @@ CHROMIUM = "/usr/bin/chromium"
 REPO = Path(__file__).resolve().parents[2]
 ARTIFACTS = Path(os.environ.get("CLUSTERBOOK_ARTIFACTS") or REPO / "test-artifacts")
 WAIT = 30_000  # ms; Playwright's default 5 s is too short for a kernel on 2 cores
+SERVING = re.compile(r"is running at:\s*\n.*?http://127\.0\.0\.1:(\d+)/")
 CHROMIUM_ARGS = [
     "--no-sandbox",
     "--disable-gpu",
@@ -121,13 +122,19 @@ def serve(
         while True:
             if server.poll() is not None:
                 pytest.fail(f"JupyterLab exited with {server.returncode}: {tail(log_path)}")
+            # The port it says it serves on: the one asked for may have been taken since
+            # free_port() (an outgoing connection can), and the server then takes another.
+            said = SERVING.search(log_path.read_text(errors="replace"))
             try:
-                api(url, token, "/api/status")
-                break
+                if said is not None:
+                    url = f"http://127.0.0.1:{said[1]}"
+                    api(url, token, "/api/status")
+                    break
             except (OSError, urllib.error.URLError):
-                if time.monotonic() > deadline:
-                    pytest.fail(f"JupyterLab did not answer within 60 s: {tail(log_path)}")
-                time.sleep(0.2)
+                pass
+            if time.monotonic() > deadline:
+                pytest.fail(f"JupyterLab did not answer within 60 s: {tail(log_path)}")
+            time.sleep(0.2)
         yield Lab(url, token, root)
     finally:
         # The server shuts its kernels down (each kernel stops its cluster on the way out).
