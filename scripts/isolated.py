@@ -42,21 +42,35 @@ def private_files() -> Callable[[], None]:
     there by pid: Open MPI's launcher its PMIx rendezvous socket and session directory, its
     shared memory its segments (by a job id made from the launcher's pid). The pids of two
     namespaces are alike, so side by side two workers' jobs took each other's files ("The PMIx
-    server's listener thread failed to start", launcher exit code 213)."""
+    server's listener thread failed to start", launcher exit code 213). A checkout under /tmp
+    stays where it is (bound into the new /tmp)."""
+    repo = os.path.realpath(os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+    inside = os.path.relpath(repo, TMP) if repo.startswith(TMP + "/") else None
+    keep = os.open(repo, os.O_PATH | os.O_DIRECTORY) if inside else None
     mine = tempfile.mkdtemp(prefix="clusterbook-worker-", dir=TMP)
     # Sticky and open to all, as /tmp is: tests run as other users too.
     os.chmod(mine, 0o1777)  # noqa: S103
-    subprocess.run(["mount", "--bind", mine, TMP], check=True)
-    subprocess.run(
-        ["mount", "-t", "tmpfs", "-o", "mode=1777,nosuid,nodev", "tmpfs", SHM], check=True
-    )
+    mount("--bind", mine, TMP)
+    mount("-t", "tmpfs", "-o", "mode=1777,nosuid,nodev", "tmpfs", SHM)
+    if keep is not None and inside is not None:
+        there = os.path.join(TMP, inside)
+        os.makedirs(there)
+        mount("--no-canonicalize", "--bind", f"/proc/self/fd/{keep}", there, keep=keep)
+        os.close(keep)
 
     def remove() -> None:
-        # /tmp here is ``mine``: the machine's again once unmounted, where ``mine`` is seen.
+        # Detached with what is mounted below it (the checkout): /tmp is the machine's again,
+        # where ``mine`` is seen, holding nothing mounted.
         subprocess.run(["umount", "--lazy", TMP], check=False)
-        shutil.rmtree(mine, ignore_errors=True)
+        if not any(os.path.ismount(os.path.join(d, n)) for d, ns, _ in os.walk(mine) for n in ns):
+            shutil.rmtree(mine, ignore_errors=True)
 
     return remove
+
+
+def mount(*args: str, keep: int | None = None) -> None:
+    fds = () if keep is None else (keep,)
+    subprocess.run(["mount", *args], check=True, pass_fds=fds)
 
 
 def init(argv: list[str]) -> int:
