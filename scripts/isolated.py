@@ -24,6 +24,7 @@ Without root, or without ``unshare``, the program runs as it is (no isolation).
 
 from __future__ import annotations
 
+import getpass
 import os
 import shutil
 import signal
@@ -42,30 +43,38 @@ def private_files() -> Callable[[], None]:
     there by pid: Open MPI's launcher its PMIx rendezvous socket and session directory, its
     shared memory its segments (by a job id made from the launcher's pid). The pids of two
     namespaces are alike, so side by side two workers' jobs took each other's files ("The PMIx
-    server's listener thread failed to start", launcher exit code 213). A checkout under /tmp
-    stays where it is (bound into the new /tmp)."""
-    repo = os.path.realpath(os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
-    inside = os.path.relpath(repo, TMP) if repo.startswith(TMP + "/") else None
-    keep = os.open(repo, os.O_PATH | os.O_DIRECTORY) if inside else None
+    server's listener thread failed to start", launcher exit code 213). What must stay where it
+    is (:func:`kept`) is bound into the new /tmp."""
+    keep = {path: os.open(path, os.O_PATH | os.O_DIRECTORY) for path in kept()}
     mine = tempfile.mkdtemp(prefix="clusterbook-worker-", dir=TMP)
     # Sticky and open to all, as /tmp is: tests run as other users too.
     os.chmod(mine, 0o1777)  # noqa: S103
     mount("--bind", mine, TMP)
     mount("-t", "tmpfs", "-o", "mode=1777,nosuid,nodev", "tmpfs", SHM)
-    if keep is not None and inside is not None:
-        there = os.path.join(TMP, inside)
-        os.makedirs(there)
-        mount("--no-canonicalize", "--bind", f"/proc/self/fd/{keep}", there, keep=keep)
-        os.close(keep)
+    for path, fd in keep.items():
+        os.makedirs(path)
+        # By the open directory: its path would now name the one just made.
+        mount("--no-canonicalize", "--bind", f"/proc/self/fd/{fd}", path, keep=fd)
+        os.close(fd)
 
     def remove() -> None:
-        # Detached with what is mounted below it (the checkout): /tmp is the machine's again,
-        # where ``mine`` is seen, holding nothing mounted.
+        # Detached with what is mounted below it: /tmp is the machine's again, where
+        # ``mine`` is seen, holding nothing mounted (checked: never remove a kept one).
         subprocess.run(["umount", "--lazy", TMP], check=False)
         if not any(os.path.ismount(os.path.join(d, n)) for d, ns, _ in os.walk(mine) for n in ns):
             shutil.rmtree(mine, ignore_errors=True)
 
     return remove
+
+
+def kept() -> list[str]:
+    """The directories under /tmp a worker must still see: the checkout, if it lies there,
+    and pytest's temporary root, where the xdist controller made each worker's base."""
+    repo = os.path.realpath(os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+    root = os.environ.get("PYTEST_DEBUG_TEMPROOT") or TMP
+    pytest_root = os.path.realpath(os.path.join(root, f"pytest-of-{getpass.getuser()}"))
+    os.makedirs(pytest_root, mode=0o700, exist_ok=True)  # as pytest makes it
+    return [p for p in (repo, pytest_root) if p.startswith(TMP + "/")]
 
 
 def mount(*args: str, keep: int | None = None) -> None:
