@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Iterator
+from pathlib import Path
 
 import pandas as pd
 import psutil
@@ -95,6 +96,10 @@ def test_scale_from_one_node_to_two_and_back_resizes_a_job_that_asked(
     [second] = [n for n in joined(cluster) if n != first]
     assert second.endswith(f"-{ids[1]}")
     eventually(lambda: job.attempt == 2 and started(job, 2) == 4, 60, job.logs)
+    # Checked as it joined from what its agent probed, and its ranks started through the
+    # head's master connection to it: one login to its sshd, no other.
+    log = Path.home() / ".clusterbook" / f"sshd-{second}" / "sshd.log"
+    assert log.read_text().count("Accepted publickey") == 1, log.read_text()
 
     cluster.scale(1)  # the newest batch job goes, and the job runs on, on the node left
     eventually(lambda: job.attempt == 3, 60, lambda: job.logs())

@@ -9,6 +9,7 @@ import argparse
 import os
 import signal
 import sys
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from clusterbook.cli.hosts import slots_arg
@@ -19,6 +20,10 @@ if TYPE_CHECKING:
     from clusterbook.ssh.sshd import Sshd
 
 __all__ = ["add_worker"]
+
+#: Seconds the join waits for the agent's own probe (``--probe-mpi``; ~0.1 s here). One that
+#: takes longer is left out of the report, and the head checks the node over a login.
+PROBE_WAIT = 10.0
 
 
 def add_worker(
@@ -86,7 +91,25 @@ def _add_join(worker_sub: argparse._SubParsersAction[argparse.ArgumentParser]) -
         "PATH (set by clusters the head bootstraps over SSH, which forward it to the head; "
         "with --start-sshd, one in that sshd's directory by default)",
     )
+    join.add_argument(
+        "--probe-mpi",
+        type=_probe_mpi_arg,
+        metavar="FLAVOUR:PREFIX",
+        help="check this node for the head's MPI launcher (openmpi or mpich, installed at "
+        "PREFIX) as the head's pre-flight check would, and report what it found with the "
+        "join: the head then checks this node without logging in (set by Slurm clusters)",
+    )
     join.set_defaults(func=_join)
+
+
+def _probe_mpi_arg(value: str) -> tuple[str, str]:
+    flavour, colon, prefix = value.partition(":")
+    if not colon or flavour not in ("openmpi", "mpich") or not prefix.startswith("/"):
+        raise argparse.ArgumentTypeError(
+            f"{value!r} is not FLAVOUR:PREFIX: give openmpi or mpich and the absolute path the "
+            "launcher is installed under, like openmpi:/opt/venv"
+        )
+    return flavour, prefix
 
 
 def _join(args: argparse.Namespace) -> int:
@@ -114,6 +137,7 @@ def _join(args: argparse.Namespace) -> int:
     else:
         slots = asked
     secret = read_secret(args.token_file)
+    probed = _probe_meanwhile(args.probe_mpi)
     sshd = None
     socket_path = args.daemon_socket
     if args.start_sshd is not None:
@@ -126,6 +150,7 @@ def _join(args: argparse.Namespace) -> int:
         sshd_port=sshd.port if sshd else None,
         daemon_socket=socket_path if sshd else None,
         gpus=gpus,
+        probe=probed(),
     )
     agent = Agent(
         args.url,
@@ -155,6 +180,38 @@ def _join(args: argparse.Namespace) -> int:
             daemons.close()
         if sshd is not None:
             sshd.stop()
+
+
+def _probe_meanwhile(probe_mpi: tuple[str, str] | None) -> Callable[[], str | None]:
+    """Start the head's pre-flight probe of this node for ``probe_mpi`` (flavour, prefix) on
+    a thread of its own (it imports mpi4py and reads distributions while the sshd starts);
+    returns what waits for it: the probe's JSON (:attr:`NodeReport.probe`), or None if it
+    was not asked for or failed (the head then logs in to check the node)."""
+    if probe_mpi is None:
+        return lambda: None
+    import json
+    import threading
+
+    from clusterbook.nodes.tasks.probe import probe
+
+    flavour, prefix = probe_mpi
+    found: list[str] = []
+
+    def run() -> None:
+        try:
+            facts = probe({"flavour": flavour, "prefix": prefix, "gpus": False})
+        except Exception:  # the head's own probe, over a login, will say what is wrong
+            return
+        found.append(json.dumps({"flavour": flavour, "prefix": prefix, "facts": facts}))
+
+    thread = threading.Thread(target=run, name="clusterbook-probe", daemon=True)
+    thread.start()
+
+    def result() -> str | None:
+        thread.join(PROBE_WAIT)
+        return found[0] if found else None
+
+    return result
 
 
 def _daemon_socket_in(node_id: str) -> str | None:

@@ -123,7 +123,7 @@ class LocalHead(NodeCalls, ResourceFrames, Resizing):
 
     def job_script(self) -> str:
         """The batch script its provider submits (``Cluster.job_script``)."""
-        return self.provider.job_script(self.python, self.id, self.run_dir)
+        return self.provider.job_script(self.python, self.id, self.run_dir, self.launcher)
 
     @property
     def nodes(self) -> tuple[NodeSpec, ...]:

@@ -198,11 +198,13 @@ class Provider(ABC):
         """For nodes that join by themselves, once started: the command a node joins with."""
         return None
 
-    def job_script(self, python: str, cluster_id: str, run_dir: Path | None) -> str:
+    def job_script(
+        self, python: str, cluster_id: str, run_dir: Path | None, launcher: Launcher
+    ) -> str:
         """For nodes from a batch job: the script :meth:`start` submits, its scheduler's
         options as directives (``#SBATCH``), for a cluster whose Python is ``python``, whose
-        id is ``cluster_id`` and whose run directory is ``run_dir``. Others raise a
-        ConfigError: they submit nothing."""
+        id is ``cluster_id``, whose run directory is ``run_dir`` and whose MPI launcher is
+        ``launcher``. Others raise a ConfigError: they submit nothing."""
         raise ConfigError(
             f"cluster.job_script() shows the batch script a Slurm cluster (Cluster.slurm) "
             f"submits; a {self.kind} cluster submits none."

@@ -106,6 +106,7 @@ def agent_argv(
     clean_on_lost: bool = False,
     start_sshd: int | None = None,
     daemon_socket: str | None = None,
+    probe_mpi: tuple[str, str] | None = None,
 ) -> list[str]:
     """The command that runs an agent with ``python`` (``python -m clusterbook.cli.main worker join
     URL --token-file F [...]``), or with the ``clusterbook`` command when ``python`` is None:
@@ -124,6 +125,9 @@ def agent_argv(
         argv += ["--start-sshd", str(start_sshd)]
     if daemon_socket is not None:
         argv += ["--daemon-socket", daemon_socket]
+    if probe_mpi is not None:
+        flavour, prefix = probe_mpi
+        argv += ["--probe-mpi", f"{flavour}:{prefix}"]
     return argv
 
 

@@ -13,9 +13,9 @@ fast path); one that stops heartbeating, after ``keep_alive_interval x keep_aliv
 seconds. A state that cannot be decoded never kills the follower: it is reported
 (:meth:`problem`) until a good one comes, and closing replaces it with a closed one.
 
-A head that knows its agents' lease (it started them) also knows when a node gone from the
-rendezvous has given up for good: its agent stops trying once it has lost the store for its
-lease (see :func:`~clusterbook.rendezvous.agent.gives_up_after`), and nothing starts it again."""
+A head that started its agents knows their lease, so when a node gone has given up for good:
+its agent stops trying once it lost the store for its lease (:func:`~clusterbook.rendezvous.
+agent.gives_up_after`), and nothing starts it again."""
 
 from __future__ import annotations
 
@@ -59,18 +59,17 @@ _GIVE_UP_CHECK = 0.25  # how often wait_ready() asks whether the nodes are gone 
 
 def watch_wait(state: RendezvousState, settings: RendezvousSettings, now: float) -> float:
     """How long the follower may watch the store from ``state`` at ``now``: until the oldest
-    heartbeat expires (a hair past it), a second at most. A node that stops heartbeating is
-    then dropped on time even when no other node's write wakes the follower."""
+    heartbeat expires (a hair past it), a second at most; so a node that stops heartbeating
+    is dropped on time even when no other node's write wakes the follower."""
     until = next_expiry(state, settings) - now + WAKE_SLACK
     return min(_WATCH_CAP, max(_WATCH_FLOOR, until))
 
 
 class RendezvousHead:
-    """Serves and follows one cluster's rendezvous (see the module docstring).
-
-    ``settings`` are checked when this is made; their run id is set to the cluster's at
-    :meth:`start`. ``listen`` and ``port`` are where the store listens (port 0: any free one).
-    ``lease``: that of the agents, when the head started them itself (:meth:`given_up`)."""
+    """Serves and follows one cluster's rendezvous (see the module docstring). ``settings``
+    are checked when this is made; their run id is set to the cluster's at :meth:`start`.
+    ``listen`` and ``port`` are where the store listens (port 0: any free one). ``lease``:
+    that of the agents, when the head started them itself (:meth:`given_up`)."""
 
     def __init__(
         self,
@@ -93,8 +92,7 @@ class RendezvousHead:
         self._observed = 0  # states observed so far
         self._dropped: dict[str, int] = {}  # node -> states observed when the store dropped it
         self._given_up: set[str] = set()  # as last told
-        # Each node's use as reported, a sample a heartbeat: 10 minutes' or 10 heartbeats'.
-        beat = settings.keep_alive_interval
+        beat = settings.keep_alive_interval  # use reported: a sample a beat, 10 min or beats
         self.history = ResourceHistory(beat, max(HISTORY_SPAN, 10 * beat))
         self._server: StoreServer | None = None
         self._watcher: TcpBackend | None = None
@@ -129,16 +127,15 @@ class RendezvousHead:
         self._server = StoreServer(self._listen, self._port, secret=secret, on_lost=self._lost)
         self._server.start()
         self.join_url = join_url(self._server.url, self._settings)
-        # In-process connections (no TLS handshake, nothing encrypted for this process).
+        # In-process connections (no TLS); writes on their own: the watcher's is held by a
+        # long-poll most of the time, and a write queued behind it would wait up to a second.
         self._watcher = self._server.local_client()
-        # Writes go on their own connection: the watcher's is held by a long-poll most of
-        # the time, and a write queued behind it would wait up to a second.
         self._writer = self._server.local_client()
         threading.Thread(target=self._follow, name="clusterbook-rendezvous", daemon=True).start()
 
     def close(self) -> None:
-        """Close the rendezvous (the agents leave and exit), give them a moment to go
-        cleanly, stop serving and remove the token file. Safe to call more than once."""
+        """Close the rendezvous (the agents leave), give them a moment, stop serving, remove
+        the token file. Safe to call again."""
         server, self._server = self._server, None
         if server is None:
             return
@@ -151,12 +148,11 @@ class RendezvousHead:
                     run = self._settings.run_id
                     _log.warning("Could not close the rendezvous %r: %s", run, exc)
                 else:
-                    deadline = time.monotonic() + _LEAVE_WAIT
                     with self._cond:
-                        while self._state.participants or self._state.wait_list:
-                            left = deadline - time.monotonic()
-                            if left <= 0 or not self._cond.wait(left):
-                                break
+                        self._cond.wait_for(
+                            lambda: not (self._state.participants or self._state.wait_list),
+                            _LEAVE_WAIT,
+                        )
         finally:
             self._stop.set()
             for client in (watcher, writer):
@@ -296,8 +292,7 @@ class RendezvousHead:
         return self._problem
 
     def participants(self) -> list[tuple[str, NodeReport]]:
-        """The nodes of the last complete round, by rank, with their reports (none while
-        no round is complete)."""
+        """The nodes of the last complete round, by rank, with their reports (or none)."""
         with self._cond:
             state, seen = self._state, dict(self._seen)
         if not state.complete:
@@ -316,9 +311,8 @@ class RendezvousHead:
             self._seen[node] = report
 
     def given_up(self) -> dict[str, float]:
-        """The nodes gone from the rendezvous that will not come back by themselves, each with
-        the wall time it was last heard from: those not heard from for longer than their agent
-        keeps trying without the head (none without the agents' ``lease``)."""
+        """The nodes gone that will not come back by themselves, each with the wall time it was
+        last heard from: longer ago than their agent tries without the head (none if no lease)."""
         if self._lease is None:
             return {}
         after = gives_up_after(self._lease, self._settings.keep_alive_interval)
@@ -380,6 +374,12 @@ class RendezvousHead:
         with self._cond:
             state, seen, gone = self._state, dict(self._seen), dict(self._gone)
         return node_statuses(state, seen, gone, time.time())
+
+    def wait_observed(self, count: int, timeout: float) -> int:
+        """The count of states seen, once over ``count`` (-1: now) or after ``timeout`` s."""
+        with self._cond:
+            self._cond.wait_for(lambda: self._observed > count, timeout)
+            return self._observed
 
     def losses(self) -> dict[str, int]:
         """How many times each node was lost, joined again since or not (never: absent)."""

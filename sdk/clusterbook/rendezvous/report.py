@@ -87,6 +87,10 @@ class NodeReport:
         (percent; None without GPUs or ``nvidia-smi``), sent with every heartbeat.
     gpus
         The node's GPUs (``nvidia-smi -L``, see :mod:`clusterbook.gpus`).
+    probe
+        What the agent found when it checked its node for the head's MPI launcher as the
+        head's pre-flight probe does (``--probe-mpi``): JSON text of the ``flavour`` and
+        ``prefix`` it checked for and the probe's ``facts``; None if not asked.
     """
 
     hostname: str = "?"
@@ -107,6 +111,7 @@ class NodeReport:
     gpus: GPUInfo = NO_GPUS
     cpu: float | None = None
     gpu_used: float | None = None
+    probe: str | None = None
 
     @classmethod
     def here(
@@ -117,6 +122,7 @@ class NodeReport:
         sshd_port: int | None = None,
         daemon_socket: str | None = None,
         gpus: GPUInfo | None = None,
+        probe: str | None = None,
     ) -> NodeReport:
         """This node's report (no reverse DNS: addresses come from the interfaces); its
         GPUs are probed unless given."""
@@ -137,6 +143,7 @@ class NodeReport:
             sshd_port=sshd_port,
             daemon_socket=daemon_socket,
             gpus=probe_gpus() if gpus is None else gpus,
+            probe=probe,
         )
 
     def with_load(self, meter: UsageMeter | None = None) -> NodeReport:
@@ -196,4 +203,5 @@ class NodeReport:
             gpus=GPUInfo.from_json(data.get("gpus")),
             cpu=_float(data.get("cpu")),
             gpu_used=_float(data.get("gpu_used")),
+            probe=_str(data.get("probe")),
         )

@@ -147,3 +147,30 @@ def test_the_head_counts_every_loss_of_a_node_also_once_it_is_back() -> None:
         for node in nodes:
             node.close()
         head.close()
+
+
+def test_a_wait_for_the_heads_next_state_ends_when_a_node_joins() -> None:
+    """What a Slurm cluster's wait_ready() waits on while the nodes of an allocation it
+    added are still to join: the head's next observed state, not a poll's next turn."""
+    head, _ = started(RendezvousSettings("observed", 1, 2, keep_alive_interval=60.0))
+    node = None
+    try:
+        assert head.join_url is not None
+        assert head.secret is not None
+        seen = head.wait_observed(-1, 0.0)  # at once: what was seen so far
+        assert head.wait_observed(seen, 0.2) == seen  # nothing changed: after the timeout
+        ended: list[int] = []
+        waiting = threading.Thread(target=lambda: ended.append(head.wait_observed(seen, 30.0)))
+        waiting.start()
+        store_url, joined = parse_join_url(head.join_url)
+        node = TcpBackend(store_url, head.secret, node="n1", timeout=30.0)
+        now = time.time()
+        node.update(Step((Operation.JOIN,), "n1", joined, now, now + 60.0, {"user": "n1"}))
+        waiting.join(30.0)
+        assert len(ended) == 1
+        assert ended[0] > seen
+        assert "n1" in head.reports()
+    finally:
+        if node is not None:
+            node.close()
+        head.close()

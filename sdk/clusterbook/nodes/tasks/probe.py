@@ -41,7 +41,8 @@ def probe(args: Args) -> Reply:
         names = {"openmpi": "prted", "mpich": "hydra_pmi_proxy"}
         name = names.get(str(args.get("flavour")), "mpirun")
         facts["launcher_found"] = os.access(os.path.join(prefix, "bin", name), os.X_OK)
-    facts["gpus"] = nvidia_smi()
+    if args.get("gpus", True):  # an agent that probes itself has asked nvidia-smi already
+        facts["gpus"] = nvidia_smi()
     return facts
 
 

@@ -12,9 +12,10 @@ node's port and user (:mod:`clusterbook.providers.elastic.reach` uses them).
 from __future__ import annotations
 
 import ipaddress
+import json
 import socket
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import psutil
@@ -22,6 +23,7 @@ import psutil
 from clusterbook.rendezvous.report import NodeReport
 from clusterbook.spec import HERE, NodeSpec
 from clusterbook.ssh.hostkeys import HostKey, host_entry_name, known_hosts_line
+from clusterbook.ssh.preflight import NodeFacts
 
 __all__ = [
     "FarNode",
@@ -30,6 +32,7 @@ __all__ = [
     "known_hosts_text",
     "networks_here",
     "pick_address",
+    "reported_facts",
     "round_nodes",
     "ssh_config",
 ]
@@ -95,6 +98,30 @@ def far_nodes(
     return far, found
 
 
+def reported_facts(
+    far: Sequence[FarNode], reports: Mapping[str, NodeReport], *, prefix: str, flavour: str
+) -> dict[str, NodeFacts]:
+    """The pre-flight facts of the nodes of ``far`` that need no login to be checked: their
+    agent probed itself for this launcher (``flavour`` at ``prefix``: ``--probe-mpi``) and
+    starts their MPI daemons, so their ranks get the environment it probed. A report that
+    says nothing of the kind, or of another launcher, is left out."""
+    found = {}
+    for node in far:
+        report = reports.get(node.name)
+        if node.daemon_socket is None or report is None or report.probe is None:
+            continue
+        try:
+            probed = json.loads(report.probe)
+        except ValueError:
+            continue
+        facts = probed.get("facts") if isinstance(probed, dict) else None
+        if (probed.get("prefix"), probed.get("flavour")) == (prefix, flavour) and isinstance(
+            facts, dict
+        ):
+            found[node.name] = replace(NodeFacts.from_json(facts), gpus=report.gpus)
+    return found
+
+
 def known_hosts_text(nodes: Sequence[FarNode]) -> str:
     """known_hosts lines pinning each node's reported host key at its address and port."""
     return "".join(known_hosts_line([host_entry_name(n.addr, n.port)], n.host_key) for n in nodes)
@@ -117,6 +144,9 @@ def ssh_config(nodes: Sequence[FarNode], *, identity: Path, known_hosts: Path) -
         "  UpdateHostKeys no\n"
         "  BatchMode yes\n"
         "  ConnectTimeout 10\n"
+        # X25519 first, as the rendezvous's TLS (which carries the secret this sshd's key is
+        # derived from): the post-quantum sntrup761 adds ~0.1 s of CPU to every login here.
+        "  KexAlgorithms ^curve25519-sha256\n"
     )
     return "".join(blocks)
 

@@ -6,13 +6,13 @@ Nodes on this machine need no way there. Those on other machines run ranks and n
 through the sshd their agent started (``--start-sshd``), which lets in the cluster's key only:
 the head derives the same key from the rendezvous secret at start, pins each node's reported
 host key, writes a per-cluster ssh config (:mod:`clusterbook.providers.elastic.far`), and
-checks every node once per round over that path (the same pre-flight checks as
-``Cluster.ssh``) before the first job uses it. Only the head holds the key, so Open MPI starts
-every daemon from the head (no tree spawn), over a master connection to each node that the
-head keeps (:class:`~clusterbook.providers.ssh.masters.ControlMasters`: no login per job).
-A node that joins is checked and its master started as soon as the round has it
-(:meth:`FarReach.prepare_soon`), not when the next job asks. Node tasks (files, commands, a
-job kept for inspection) run in one session per node, kept until :meth:`FarReach.stop`.
+checks every node once (``Cluster.ssh``'s pre-flight checks) before the first job uses it:
+from what its agent probed (``--probe-mpi``) where it starts the node's daemons, else over a
+login. Only the head holds the key, so Open MPI starts every daemon from the head (no tree
+spawn), over a master connection to each node that the head keeps (:class:`~clusterbook.
+providers.ssh.masters.ControlMasters`: no login per job). A node that joins is checked and its
+master started as soon as the round has it (:meth:`FarReach.prepare_soon`), not when the next
+job asks. Node tasks (files, commands, a kept job) run in one session per node, until stop.
 """
 
 from __future__ import annotations
@@ -44,6 +44,7 @@ from clusterbook.providers.elastic.far import (
     far_nodes,
     head_address_towards,
     known_hosts_text,
+    reported_facts,
     ssh_config,
 )
 from clusterbook.providers.elastic.masters import FarMasters
@@ -224,7 +225,8 @@ class FarReach:
                 raise ClusterError("The cluster stopped while its nodes were being checked.")
             if key != self._checked or self._launch is None:
                 launch = self._write(ctx, far)
-                warming = threading.Thread(target=self._start_masters, args=(far,), daemon=True)
+                assert self._masters is not None  # _write made them; stop() waits for this
+                warming = threading.Thread(target=self._masters.update, args=(far,), daemon=True)
                 warming.start()
                 try:
                     self._preflight(ctx, far)
@@ -232,10 +234,6 @@ class FarReach:
                     warming.join()
                 self._checked, self._launch = key, launch
             return self._launch
-
-    def _start_masters(self, far: Sequence[FarNode]) -> None:
-        if self._masters is not None:
-            self._masters.update(far)
 
     def _write(self, ctx: StartContext, far: Sequence[FarNode]) -> RemoteLaunch:
         from clusterbook.ssh.launcher_ssh import ssh_wrapper
@@ -267,17 +265,18 @@ class FarReach:
         )
 
     def _preflight(self, ctx: StartContext, far: Sequence[FarNode]) -> None:
-        """Log in to every far node the way the launcher will and check its environment."""
+        """Check each far node's environment: as its agent probed it, or over a login."""
         from clusterbook.ssh.local_shell import LocalShell
         from clusterbook.ssh.node_session import run_task
         from clusterbook.ssh.preflight import NodeFacts, all_problems
 
         args = {"prefix": ctx.launcher.prefix, "flavour": ctx.launcher.flavour.value}
         # Only the nodes not checked before (joined since, or back with another sshd): a
-        # cluster that grows by a node pays for that node's login, not every node's.
+        # cluster that grows by a node pays for that node's check, not every node's.
         by_name = {n.name: n for n in far if n not in self._probed}
         if not by_name:
             return
+        reported = reported_facts([*by_name.values()], self._head.reports(), **args)
 
         def probe(name: str) -> NodeFacts:
             if name == "":
@@ -289,10 +288,11 @@ class FarReach:
                 shell.close()
 
         here = [""] if self._head_facts is None else []  # this machine's, once
-        facts, failed = parallel([*here, *by_name], probe)
+        facts, failed = parallel([*here, *(n for n in by_name if n not in reported)], probe)
         if "" in failed:
             raise failed[""]
         head = self._head_facts = facts.pop("", None) or self._head_facts
+        facts |= reported
         assert head is not None
         nodes = {n.name: (n.addr, n.slots, ctx.launcher.prefix) for n in by_name.values()}
         found = all_problems(head, facts, failed, nodes, ctx.launcher.flavour.value)

@@ -28,6 +28,7 @@ from pathlib import Path
 
 from clusterbook.durations import Duration, duration
 from clusterbook.errors import CleanupWarning, ClusterError, ClusterStateError, ConfigError
+from clusterbook.launch.flavour import Launcher
 from clusterbook.launch.nodes import RESTART_WAIT
 from clusterbook.launch.remote import SrunStep
 from clusterbook.paths import cluster_dir
@@ -263,27 +264,34 @@ class SlurmProvider(Provider):
         assert self.head.join_url is not None
         directory = ctx.run_dir or cluster_dir(ctx.cluster_id)
         self.script = directory / "slurm-job.sh"
-        text, argv = self._render(ctx.python, ctx.cluster_id, directory)
+        text, argv = self._render(ctx.python, ctx.cluster_id, directory, ctx.launcher)
         write_script(self.script, text)
         ctx.progress("submitting the Slurm job")
         job_id = self.slurm.submit(argv)
         self.follow.follow(job_id, directory / f"slurm-{job_id}.out", ctx.changed)
         ctx.changed()
 
-    def _render(self, python: str, cluster_id: str, directory: Path) -> tuple[str, list[str]]:
+    def _render(
+        self, python: str, cluster_id: str, directory: Path, launcher: Launcher
+    ) -> tuple[str, list[str]]:
         """The batch script and the sbatch command that submits it from ``directory``; before
-        :meth:`start`, with placeholders for the rendezvous's URL and token file."""
+        :meth:`start`, with placeholders for the rendezvous's URL and token file. Its agents
+        check their node for ``launcher`` themselves: a node that joins needs no login."""
         url = self.head.join_url or "<URL: start() makes it>"
         token = self.head.token_file or "<TOKEN_FILE: start() makes it>"
-        agent = agent_argv(python, url, token, start_sshd=0)
+        probe = (launcher.flavour.value, launcher.prefix)
+        agent = agent_argv(python, url, token, start_sshd=0, probe_mpi=probe)
         warned = directory if self.job.signal is not None else None
         text = render_script(agent, cluster=cluster_id, slots=self.job.slots, warned=warned)
         output = directory / "slurm-%j.out"
         script = directory / "slurm-job.sh"
         return text, sbatch_argv(self.job, name=cluster_id, script=script, output=output)
 
-    def job_script(self, python: str, cluster_id: str, run_dir: Path | None) -> str:
-        text, argv = self._render(python, cluster_id, run_dir or cluster_dir(cluster_id))
+    def job_script(
+        self, python: str, cluster_id: str, run_dir: Path | None, launcher: Launcher
+    ) -> str:
+        directory = run_dir or cluster_dir(cluster_id)
+        text, argv = self._render(python, cluster_id, directory, launcher)
         return with_directives(text, argv)
 
     def _address_for_nodes(self) -> str:

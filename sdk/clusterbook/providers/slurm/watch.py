@@ -293,14 +293,17 @@ class JobWatch:
 
     def wait_ready(self, timeout: float) -> None:
         deadline = time.monotonic() + timeout
+        head = self.agents.head
         while True:
             left = deadline - time.monotonic()
             try:
                 self.agents.wait_ready(max(0.0, min(_READY_STEP, left)))
+                seen = head.wait_observed(-1, 0.0)
                 reason = self._added_missing()
                 if reason is None:
                     return
-                time.sleep(max(0.0, min(_READY_STEP, left)))
+                # Until the rendezvous changes (their nodes join), or the jobs may have.
+                head.wait_observed(seen, max(0.0, min(_READY_STEP, left)))
             except ReadyTimeoutError as exc:
                 reason = exc.reason
             state, job_id = self.state, self.job_id

@@ -2,22 +2,28 @@
 
 from __future__ import annotations
 
+import json
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 
+from clusterbook.gpus import gpu_info
 from clusterbook.providers.elastic.far import (
     FarNode,
     far_nodes,
     known_hosts_text,
     pick_address,
+    reported_facts,
     ssh_config,
 )
 from clusterbook.rendezvous.report import NodeReport
 from clusterbook.spec import NodeSpec
 from clusterbook.ssh.hostkeys import HostKey
 from clusterbook.ssh.keys import derive_keypair, derived_public_line, generate_keypair
+from clusterbook.ssh.preflight import NodeFacts
 
+A100 = "GPU 0: NVIDIA A100-SXM4-40GB (UUID: GPU-5fd4a3e1)\n"
 KEY = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIOGmQbYwQ2HQXZ8m5d0o4lEm0Ff1wqYdJtX1hP3mVq3Q"
 
 
@@ -115,3 +121,52 @@ def _public_of(private_path: Path) -> str:
         serialization.Encoding.OpenSSH, serialization.PublicFormat.OpenSSH
     )
     return blob.decode().split()[1]
+
+
+def probe_text(flavour: str = "openmpi", prefix: str = "/opt/venv", **facts: object) -> str:
+    """A report's ``probe``, as an agent started with ``--probe-mpi`` sends it."""
+    found = {
+        "hostname": "node-a",
+        "home": "/home/ann",
+        "python": "/opt/venv/bin/python",
+        "python_version": "3.11.7",
+        "cores": 8,
+        "mpi4py": "4.1.2",
+        "mpi_library": "openmpi 5.0.11",
+        "clusterbook": "0.1.0",
+        "launcher_found": True,
+        **facts,
+    }
+    return json.dumps({"flavour": flavour, "prefix": prefix, "facts": found})
+
+
+def test_nodes_whose_agent_probed_itself_for_the_launcher_are_checked_from_their_report() -> None:
+    key = HostKey(*KEY.split())
+    socket = "/home/ann/.clusterbook/sshd-a/daemons.sock"
+    nodes = [
+        FarNode(name, f"10.0.0.{i}", 22, "ann", key, name, 1, daemon_socket=socket)
+        for i, name in enumerate(["a", "other-launcher", "garbled", "silent", "cold"])
+    ]
+    reports = {
+        "a": NodeReport(hostname="node-a", probe=probe_text(), gpus=gpu_info({"stdout": A100})),
+        "other-launcher": NodeReport(probe=probe_text(flavour="mpich")),
+        "garbled": NodeReport(probe="{not json"),
+        "silent": NodeReport(),
+        "cold": NodeReport(probe=probe_text()),
+    }
+    nodes[-1] = replace(nodes[-1], daemon_socket=None)  # its ranks start over ssh: not probed
+    found = reported_facts(nodes, reports, prefix="/opt/venv", flavour="openmpi")
+    assert list(found) == ["a"]
+    assert found["a"] == NodeFacts(
+        "node-a", "/home/ann", "/opt/venv/bin/python", "3.11.7", 8, "4.1.2", "openmpi 5.0.11",
+        "0.1.0", True, gpus=reports["a"].gpus,
+    )  # fmt: skip
+    assert found["a"].gpus.count == 1  # the report's own (the probe leaves nvidia-smi out)
+    assert reported_facts(nodes, reports, prefix="/elsewhere", flavour="openmpi") == {}
+
+
+def test_ssh_config_puts_x25519_first_and_keeps_the_other_key_exchanges(tmp_path: Path) -> None:
+    key = HostKey(*KEY.split())
+    nodes = [FarNode("a", "10.0.0.11", 2222, "ann", key, "a", 1)]
+    text = ssh_config(nodes, identity=tmp_path / "id", known_hosts=tmp_path / "kh")
+    assert "  KexAlgorithms ^curve25519-sha256\n" in text  # '^': first, the rest still offered
