@@ -114,10 +114,9 @@ def reported_facts(
             probed = json.loads(report.probe)
         except ValueError:
             continue
-        facts = probed.get("facts") if isinstance(probed, dict) else None
-        if (probed.get("prefix"), probed.get("flavour")) == (prefix, flavour) and isinstance(
-            facts, dict
-        ):
+        if not isinstance(probed, dict) or not isinstance(facts := probed.get("facts"), dict):
+            continue
+        if (probed.get("prefix"), probed.get("flavour")) == (prefix, flavour):
             found[node.name] = replace(NodeFacts.from_json(facts), gpus=report.gpus)
     return found
 

@@ -145,12 +145,13 @@ def test_nodes_whose_agent_probed_itself_for_the_launcher_are_checked_from_their
     socket = "/home/ann/.clusterbook/sshd-a/daemons.sock"
     nodes = [
         FarNode(name, f"10.0.0.{i}", 22, "ann", key, name, 1, daemon_socket=socket)
-        for i, name in enumerate(["a", "other-launcher", "garbled", "silent", "cold"])
+        for i, name in enumerate(["a", "other-launcher", "garbled", "a-list", "silent", "cold"])
     ]
     reports = {
         "a": NodeReport(hostname="node-a", probe=probe_text(), gpus=gpu_info({"stdout": A100})),
         "other-launcher": NodeReport(probe=probe_text(flavour="mpich")),
         "garbled": NodeReport(probe="{not json"),
+        "a-list": NodeReport(probe="[1, 2]"),
         "silent": NodeReport(),
         "cold": NodeReport(probe=probe_text()),
     }
