@@ -8,7 +8,9 @@ from it, on the requeued job's nodes (``CLUSTERBOOK_RESTART`` says which restart
 
 The job's ``timeout`` sends SIGUSR1 too, for Python ranks to dump their stacks before they are
 stopped: the function runs then as well (a last checkpoint), and the stacks are still dumped.
-A plain ``signal.signal(signal.SIGUSR1, handler)`` works the same way, without the dump.
+A plain ``signal.signal(signal.SIGUSR1, handler)`` works the same way, without the dump. Ranks
+start with SIGUSR1 ignored (the rank wrapper's doing): a warning that comes before a handler is
+set, while the rank starts, is lost rather than the rank's end.
 """
 
 from __future__ import annotations

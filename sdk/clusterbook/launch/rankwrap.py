@@ -25,7 +25,11 @@ leaves ``CLUSTERBOOK_GPUS`` out when the job sets ``CUDA_VISIBLE_DEVICES`` itsel
 
 It survives the signals mpirun forwards (which reach the program as well, being sent to the
 process group) so that it can still report the program's exit code; the shell's own
-"Terminated" notice is silenced (the exit code says it).
+"Terminated" notice is silenced (the exit code says it). It starts the program with SIGUSR1
+ignored: the head's warnings (a Slurm time limit near, a job's timeout) come as SIGUSR1, and one
+that comes while a rank starts, before it could set a handler (the rank hook's stack dump, a
+checkpoint of :func:`clusterbook.on_preempt`, its own), must not end it; a program that sets
+none goes on through the warning (until the job's end stops it).
 
 In a job that keeps its processes (``clean="none"``, ``CLUSTERBOOK_CLEAN=none``), a program
 that fails on its own leaves the wrapper stopped (SIGSTOP) after its exit marker, instead of
@@ -47,6 +51,10 @@ MARK = "\x1eCB"
 HOOK_DIR = str(Path(__file__).parent / "_rankhook")
 
 WRAPPER = """\
+t=
+trap t=1 TERM INT HUP
+trap : QUIT USR2
+trap '' USR1
 read h </proc/sys/kernel/hostname 2>/dev/null || h=$(uname -n)
 r=${OMPI_COMM_WORLD_RANK:-${PMI_RANK:-${SLURM_PROCID:-}}}
 if [ -n "$r" ]; then
@@ -79,9 +87,6 @@ if [ -n "$r" ]; then
     cbset CUDA_DEVICE_ORDER PCI_BUS_ID
   fi
 fi
-t=
-trap t=1 TERM INT HUP
-trap : QUIT USR1 USR2
 "$@" <&0 &
 c=$!
 printf '\\036CB start %s %s\\n' "$h" "$c" >&2

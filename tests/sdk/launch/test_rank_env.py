@@ -185,3 +185,20 @@ def test_master_port_is_asked_of_rank_zeros_node_else_guessed_below_ephemeral_po
     here = _master_port(node, answers, local=True)  # this machine: bound here, not asked
     assert asked == ["n1"]
     assert 0 < here < 65536
+
+
+def test_a_rank_starts_with_sigusr1_ignored_so_a_warning_while_it_starts_is_not_its_end() -> None:
+    """The head's warnings come as SIGUSR1 (a Slurm time limit near, a job's timeout): one
+    that reaches a rank before it set a handler (a Slurm allocation requeued and warned again
+    as its job resumed did: exit 138) leaves it running."""
+    selfish = ["/bin/sh", "-c", "kill -USR1 $$; echo alive"]  # no handler of its own
+    out = subprocess.run(wrap_argv(selfish), capture_output=True, text=True, check=False)
+    assert (out.returncode, out.stdout) == (0, "alive\n"), out.stderr
+    handled = [  # a handler of its own still gets the signal
+        sys.executable,
+        "-c",
+        "import os, signal; signal.signal(signal.SIGUSR1, lambda *a: print('warned'));"
+        " os.kill(os.getpid(), signal.SIGUSR1)",
+    ]
+    out = subprocess.run(wrap_argv(handled), capture_output=True, text=True, check=False)
+    assert (out.returncode, out.stdout) == (0, "warned\n"), out.stderr
