@@ -16,6 +16,7 @@ from pathlib import Path
 
 from clusterbook.providers.elastic.far import FarNode
 from clusterbook.providers.ssh.masters import (
+    LEFT,
     ControlMasters,
     launch_agent,
     warn_agents,
@@ -82,10 +83,9 @@ class FarMasters:
         ended = {a: how for a, how in masters.dead().items() if a in self._up and a in job}
         if ended:
             again = masters.start(timeout, list(ended))
-            warn_cold(
-                {a: f"{how}; started again: {again.get(a, 'up')}" for a, how in ended.items()},
-                stacklevel=5,
-            )
+            said = {a: f"{how}; started again: {again.get(a, 'up')}" for a, how in ended.items()}
+            if said := {a: why for a, why in said.items() if again.get(a) != LEFT}:
+                warn_cold(said, stacklevel=5)  # not for a node gone meanwhile: none of the job's
         skip = [a for a in masters.daemon_sockets if a not in self._up or a not in job]
         silent = masters.unanswered(skip=skip)
         if silent:

@@ -37,10 +37,12 @@ from clusterbook.launch.guard import guard
 from clusterbook.nodes.fanout import parallel
 from clusterbook.nodes.tasks.common import JOB_ENV
 
-__all__ = ["LAUNCHES", "ControlMasters", "launch_agent", "warn_agents", "warn_cold"]
+__all__ = ["LAUNCHES", "LEFT", "ControlMasters", "launch_agent", "warn_agents", "warn_cold"]
 
 #: How an SSH cluster's jobs start MPI's daemons on the nodes (``launch=``).
 LAUNCHES = ("warm", "cold")
+#: Why :meth:`ControlMasters.start` did not bring up a host's master that left meanwhile.
+LEFT = "its host left the cluster"
 
 #: The masters' directory: ``cbm-`` and 8 random characters, in a temp directory.
 _PREFIX = "cbm-"
@@ -97,6 +99,7 @@ class ControlMasters:
         guard.watch(self._token)
         wanted = self._hosts if hosts is None else list(hosts)
         before = set(self._sockets())
+        spawned = []
         with self._lock:
             if self._closed:
                 return {h: "the cluster is stopping" for h in wanted}
@@ -105,13 +108,18 @@ class ControlMasters:
                 if ended is not None and ended.stderr is not None:
                     ended.stderr.close()
                 self._procs[host] = self._spawn(host)
+                spawned.append(self._procs[host])
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             up = len(set(self._sockets()) - before)
-            if up >= len(wanted) or all(self._procs[h].poll() is not None for h in wanted):
+            # Its own: a host that left meanwhile (drop(), from another thread) is gone from
+            # the masters, and its process ended with it.
+            if up >= len(wanted) or all(p.poll() is not None for p in spawned):
                 break
             time.sleep(0.01)
-        return {h: why for h, why in self.dead().items() if h in wanted}
+        with self._lock:
+            left = {h: LEFT for h in wanted if h not in self._procs}
+        return left | {h: why for h, why in self.dead().items() if h in wanted}
 
     def _spawn(self, host: str) -> subprocess.Popen[bytes]:
         argv = ["ssh", "-M", "-N", "-o", "ControlMaster=yes", "-o", "ControlPersist=no"]

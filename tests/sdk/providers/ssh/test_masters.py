@@ -7,9 +7,11 @@ import json
 import os
 import subprocess
 import sys
+import threading
+import time
 from pathlib import Path
 
-from clusterbook.providers.ssh.masters import ROOM, socket_base
+from clusterbook.providers.ssh.masters import ROOM, ControlMasters, socket_base
 
 #: What ssh binds while it makes a master's socket: ``%C`` (40 characters) and 17 more.
 BOUND = "/" + "c" * 40 + "." + "r" * 16
@@ -50,3 +52,22 @@ def test_a_long_tmpdir_does_not_put_the_sockets_out_of_reach(tmp_path: Path) -> 
     assert len((directory + BOUND).encode()) <= 107
     assert len(forward.encode()) <= 107
     assert not Path(directory).exists()  # stop() took it away
+
+
+def test_a_host_that_leaves_while_its_master_starts_is_said_to_have_left() -> None:
+    """A job's check restarts a master while the round's update drops its host (a node that
+    scale() let go): the start ends, saying so, instead of failing the job with a KeyError."""
+    # A proxy that never answers and ends with ssh (at the end of its input).
+    proxy = "ProxyCommand=sh -c 'cat >/dev/null; exit'"
+    waiting = ["-F", "/dev/null", "-o", "BatchMode=yes", "-o", proxy]
+    masters = ControlMasters(waiting, ["gone"])
+    try:
+        said: list[dict[str, str]] = []
+        starting = threading.Thread(target=lambda: said.append(masters.start(20.0)))
+        starting.start()
+        time.sleep(0.5)  # its ssh waits on the proxy for a banner: not up, not ended
+        masters.drop("gone")
+        starting.join(20.0)
+        assert said == [{"gone": "its host left the cluster"}]
+    finally:
+        masters.stop()
