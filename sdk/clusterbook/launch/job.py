@@ -45,8 +45,7 @@ __all__ = ["Job"]
 
 _log = logging.getLogger("clusterbook.job")
 
-# start(number, directory, restarts, restart): attempt ``number`` in ``directory``, the job
-# having been restarted ``restarts`` times (``restart``: this attempt is a restart).
+# start(n, directory, restarts, restart): attempt n in directory, restarts so far, is a restart
 StartAttempt = Callable[[int, Path, int, bool], Attempt]
 
 
@@ -104,9 +103,8 @@ class Job(JobFuture):
 
     @staticmethod
     def load(directory: str | os.PathLike[str]) -> SavedJob:
-        """A job read from its directory (``job.directory``, ``RUN_DIR/jobs/job-0001``): its
-        logs, and its result once it has ended; from another process, or long after. A
-        directory that is not a job's is a :class:`~clusterbook.errors.RecordError`."""
+        """A job read from its directory (``RUN_DIR/jobs/job-0001``) by any process, any time:
+        its logs and result (another directory: :class:`~clusterbook.errors.RecordError`)."""
         from clusterbook.launch.saved import SavedJob
 
         return SavedJob(directory)
@@ -123,8 +121,7 @@ class Job(JobFuture):
 
     @property
     def last_reason(self) -> str | None:
-        """How the attempt before the current one ended ("rank 3 exited 1"), once the job was
-        retried; else None."""
+        """How the attempt before the current one ended ("rank 3 exited 1"), or None."""
         with self._cond:
             number = self._attempts[-1].number
             return self._ended[number - 2].reason if number > 1 else None
@@ -159,6 +156,11 @@ class Job(JobFuture):
     def pid(self) -> int:
         """Process id of the current attempt's launcher (mpirun / mpiexec)."""
         return self._current.pid
+
+    @property
+    def ranks_started(self) -> int:
+        """How many ranks of the current attempt have reported their start so far."""
+        return len(self._current.store.started)
 
     @property
     def ranks_ended(self) -> int:
@@ -215,8 +217,7 @@ class Job(JobFuture):
 
     def restart_if_grown(self, joined: list[str]) -> bool:
         """With ``restart_on_join`` and a restart left: stop the current attempt because the
-        nodes ``joined`` the cluster's round, for a restart on the larger one. Returns whether
-        it did."""
+        nodes ``joined`` the cluster's round, for a restart on the larger one; whether it did."""
         with self._cond:
             busy = self._joined is not None or self._cancelled or self._done.is_set()
             why = grown_restart(self.recovery, joined, restarts=self._restarts, busy=busy)
@@ -230,8 +231,7 @@ class Job(JobFuture):
 
     def cleanup(self) -> None:
         """End the processes a failed job kept stopped for inspection (``clean="none"``,
-        listed in ``result.kept``), at once (SIGKILL); returns once they are gone. Nothing
-        to do for a job that kept none; a job still running goes on."""
+        ``result.kept``) at once (SIGKILL), and return once gone; a running job goes on."""
         with self._cond:
             attempts = list(self._attempts)
         for attempt in attempts:

@@ -200,12 +200,17 @@ def warn_ranks(
     """Send SIGUSR1 to the launcher of each running attempt with ranks on a node of
     ``warned`` (its batch job's time limit is near), which forwards it to the ranks, so
     that they can checkpoint (``clusterbook.on_preempt``); once an attempt (``told``: those
-    told before, by job id and attempt). Returns the attempts told now."""
+    told before, by job id and attempt), and not before all its ranks started: a launcher
+    still starting may not forward the signal yet, but end of it (a resumed attempt on a
+    requeued batch job, warned again as it started: prterun exited 138). Returns the
+    attempts told now."""
     now = set()
     for job in jobs:
         key = (job.id, job.attempt)
         if job.done() or key in told or not any(n.name in warned for n in job.plan.nodes):
             continue
+        if job.ranks_started < job.np:
+            continue  # the next change looks again (a heartbeat's, at the latest)
         with contextlib.suppress(ProcessLookupError):
             os.kill(job.pid, signal.SIGUSR1)
         now.add(key)
