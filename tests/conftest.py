@@ -8,6 +8,7 @@ failure: CI must never go green by skipping the real thing.
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 import time
@@ -189,6 +190,18 @@ def ranks_started(job: cb.Job, ranks: int, line: str = "started") -> None:
         if seen == ranks:
             return
     raise AssertionError(f"the job ended before {ranks} ranks started: {job.wait().summary()}")
+
+
+#: What a Jupyter server logs once it listens: its URL, on the port it took. The one asked for
+#: (from a free port found before) can be taken meanwhile, by another test's server, and the
+#: server then takes the next: the tests talk to the one it says.
+_SERVING = re.compile(r"is running at:\s*\n.*?http://127\.0\.0\.1:(\d+)/")
+
+
+def served_url(log_path: Path) -> str | None:
+    """The URL the Jupyter server logging to ``log_path`` says it serves on, once it does."""
+    said = _SERVING.search(log_path.read_text(errors="replace"))
+    return None if said is None else f"http://127.0.0.1:{said[1]}"
 
 
 def mpi_debris() -> set[str]:

@@ -26,13 +26,12 @@ from typing import Any
 
 import pytest
 
-from tests.conftest import require, wait_gone
+from tests.conftest import require, served_url, wait_gone
 
 CHROMIUM = "/usr/bin/chromium"
 REPO = Path(__file__).resolve().parents[2]
 ARTIFACTS = Path(os.environ.get("CLUSTERBOOK_ARTIFACTS") or REPO / "test-artifacts")
 WAIT = 30_000  # ms; Playwright's default 5 s is too short for a kernel on 2 cores
-SERVING = re.compile(r"is running at:\s*\n.*?http://127\.0\.0\.1:(\d+)/")
 CHROMIUM_ARGS = [
     "--no-sandbox",
     "--disable-gpu",
@@ -122,13 +121,11 @@ def serve(
         while True:
             if server.poll() is not None:
                 pytest.fail(f"JupyterLab exited with {server.returncode}: {tail(log_path)}")
-            # The port it says it serves on: the one asked for may have been taken since
-            # free_port() (an outgoing connection can), and the server then takes another.
-            said = SERVING.search(log_path.read_text(errors="replace"))
+            said = served_url(log_path)  # not the port asked for: see served_url
             try:
                 if said is not None:
-                    url = f"http://127.0.0.1:{said[1]}"
-                    api(url, token, "/api/status")
+                    api(said, token, "/api/status")
+                    url = said
                     break
             except (OSError, urllib.error.URLError):
                 pass

@@ -24,6 +24,7 @@ from typing import Any
 import pytest
 
 from tests.browser.lab import free_port, tail
+from tests.conftest import served_url
 
 # Starts a detached local cluster and a job on it, prints the cluster's id and exits: the
 # cluster runs on in its supervisor, as one started from a terminal does.
@@ -126,12 +127,13 @@ def jupyter_server(env: Mapping[str, str], root: Path, log_path: Path) -> Iterat
     running = Server(url, token)
     try:
         deadline = time.monotonic() + 60
-        while _status(running) != 200:
+        while (said := served_url(log_path)) is None or _status(Server(said, token)) != 200:
             if server.poll() is not None:
                 pytest.fail(f"jupyter server exited with {server.returncode}: {tail(log_path)}")
             if time.monotonic() > deadline:
                 pytest.fail(f"jupyter server's clusters API did not answer: {tail(log_path)}")
             time.sleep(0.2)
+        running = Server(said, token)  # not the port asked for: see served_url
         yield running
     finally:
         server.send_signal(signal.SIGINT)
