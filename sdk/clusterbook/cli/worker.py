@@ -21,7 +21,7 @@ if TYPE_CHECKING:
 
 __all__ = ["add_worker"]
 
-#: Seconds the join waits for the agent's own probe (``--probe-mpi``; ~0.1 s here). One that
+#: Seconds the join waits for the agent's own probe (``--probe-mpi``; ~6 ms here). One that
 #: takes longer is left out of the report, and the head checks the node over a login.
 PROBE_WAIT = 10.0
 

@@ -83,9 +83,13 @@ class FarMasters:
         ended = {a: how for a, how in masters.dead().items() if a in self._up and a in job}
         if ended:
             again = masters.start(timeout, list(ended))
-            said = {a: f"{how}; started again: {again.get(a, 'up')}" for a, how in ended.items()}
-            if said := {a: why for a, why in said.items() if again.get(a) != LEFT}:
-                warn_cold(said, stacklevel=5)  # not for a node gone meanwhile: none of the job's
+            said = {
+                a: f"{how}; started again: {again.get(a, 'up')}"
+                for a, how in ended.items()
+                if again.get(a) != LEFT  # a node gone meanwhile is none of the job's
+            }
+            if said:
+                warn_cold(said, stacklevel=5)
         skip = [a for a in masters.daemon_sockets if a not in self._up or a not in job]
         silent = masters.unanswered(skip=skip)
         if silent:
