@@ -14,6 +14,7 @@ import sys
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import IO
 
 import psutil
 import pytest
@@ -202,6 +203,20 @@ def served_url(log_path: Path) -> str | None:
     """The URL the Jupyter server logging to ``log_path`` says it serves on, once it does."""
     said = _SERVING.search(log_path.read_text(errors="replace"))
     return None if said is None else f"http://127.0.0.1:{said[1]}"
+
+
+def agent_stderr(directory: Path, name: str) -> IO[str]:
+    """A file for an agent process's stderr, in ``directory``: read back by
+    :func:`print_agent_logs` at teardown (a pipe nobody reads loses what a failure needs, and a
+    full one stops the agent)."""
+    return open(directory / f"agent-{name}.stderr", "a")
+
+
+def print_agent_logs(directory: Path, tail: int = 4000) -> None:
+    """Print what the agents started with :func:`agent_stderr` said: pytest shows it with a
+    failed test's report."""
+    for log in sorted(directory.glob("agent-*.stderr")):
+        print(f"--- {log.name}\n{log.read_text(errors='replace')[-tail:]}")
 
 
 def mpi_debris() -> set[str]:

@@ -17,34 +17,35 @@ import clusterbook as cb
 from clusterbook.rendezvous.backends.tcp import write_secret
 from clusterbook.rendezvous.backends.tcp_server import StoreServer
 from clusterbook.rendezvous.state import RendezvousState, encode
-from tests.conftest import ranks_started
+from tests.conftest import agent_stderr, print_agent_logs, ranks_started
 
 pytestmark = pytest.mark.mpi
 
 
 @pytest.fixture
-def agents() -> Iterator[Callable[..., subprocess.Popen[str]]]:
+def agents(tmp_path) -> Iterator[Callable[..., subprocess.Popen[str]]]:
     """Start agent processes (``clusterbook worker join ...``); all are gone at teardown."""
     started: list[subprocess.Popen[str]] = []
 
     def start(command: str, node: str, *extra: str) -> subprocess.Popen[str]:
         argv = shlex.split(command)[1:]  # drop the program name: run it with this Python
-        proc = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "clusterbook",
-                *argv,
-                "--node-id",
-                node,
-                "--slots",
-                "1",
-                *extra,
-            ],
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.PIPE,
-            text=True,
-        )
+        with agent_stderr(tmp_path, node) as said:
+            proc = subprocess.Popen(
+                [
+                    sys.executable,
+                    "-m",
+                    "clusterbook",
+                    *argv,
+                    "--node-id",
+                    node,
+                    "--slots",
+                    "1",
+                    *extra,
+                ],
+                stdout=subprocess.DEVNULL,
+                stderr=said,
+                text=True,
+            )
         started.append(proc)
         return proc
 
@@ -54,7 +55,7 @@ def agents() -> Iterator[Callable[..., subprocess.Popen[str]]]:
             proc.send_signal(signal.SIGCONT)
             proc.kill()
         proc.wait(timeout=10)
-        proc.stderr.close()
+    print_agent_logs(tmp_path)
 
 
 def eventually(check: Callable[[], bool], timeout: float = 20.0) -> float:
@@ -218,7 +219,7 @@ def test_agents_exit_when_the_head_is_gone_for_their_lease(tmp_path, agents):
     finally:
         server.close()  # the head dies without closing the rendezvous
     assert proc.wait(timeout=30) == 3
-    assert "exits" in proc.stderr.read()
+    assert "exits" in (tmp_path / "agent-n0.stderr").read_text()
 
 
 def test_joining_a_closed_rendezvous_exits(tmp_path, agents):
@@ -232,7 +233,7 @@ def test_joining_a_closed_rendezvous_exits(tmp_path, agents):
         url = join_url_of(server, "closed-test?min=1&max=2")
         proc = agents(f"x worker join {url} --token-file {tmp_path / 'token'}", "n0")
         assert proc.wait(timeout=30) == 0
-        assert "closed" in proc.stderr.read()
+        assert "closed" in (tmp_path / "agent-n0.stderr").read_text()
 
 
 def test_bad_settings_are_refused_like_torch():

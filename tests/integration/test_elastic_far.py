@@ -19,6 +19,7 @@ import clusterbook as cb
 from clusterbook.errors import BootstrapError
 from clusterbook.rendezvous.backends.tcp import read_secret
 from clusterbook.ssh.keys import derived_public_line
+from tests.conftest import agent_stderr, print_agent_logs
 from tests.integration.test_clean_far import RAISES  # rank 1 raises, the others wait
 from tests.integration.test_ssh_cluster import SLEEPER
 from tests.integration.test_warm_launch import through_agent
@@ -45,12 +46,13 @@ def far_agents(tmp_path) -> Iterator[Callable[..., subprocess.Popen[str]]]:
     def start(
         host: FakeHost, cluster: cb.Cluster, *extra: str, bind: tuple[Path, Path] | None = None
     ) -> subprocess.Popen[str]:
-        proc = subprocess.Popen(
-            agent_argv(host, cluster, tmp_path, *extra, bind=bind),
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.PIPE,
-            text=True,
-        )
+        with agent_stderr(tmp_path, host.name) as said:
+            proc = subprocess.Popen(
+                agent_argv(host, cluster, tmp_path, *extra, bind=bind),
+                stdout=subprocess.DEVNULL,
+                stderr=said,
+                text=True,
+            )
         node_id = host.agent_id
         started.append((proc, node_id))
         return proc
@@ -63,8 +65,8 @@ def far_agents(tmp_path) -> Iterator[Callable[..., subprocess.Popen[str]]]:
         if proc.poll() is None:
             proc.kill()
         proc.wait(timeout=10)
-        proc.stderr.close()
         shutil.rmtree(Path.home() / ".clusterbook" / f"sshd-{node_id}", ignore_errors=True)
+    print_agent_logs(tmp_path)
 
 
 def masters(config: str) -> list[str]:

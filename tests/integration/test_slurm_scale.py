@@ -7,7 +7,10 @@ it."""
 
 from __future__ import annotations
 
+import sys
+import threading
 import time
+import traceback
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -42,6 +45,39 @@ def eventually(check: Callable[[], bool], timeout: float, said: Callable[[], obj
     while not check():
         assert time.monotonic() < deadline, said()
         time.sleep(0.1)
+
+
+def told(cluster: cb.Cluster, job: cb.Job) -> Callable[[], str]:
+    """What a failed wait on ``job`` shows: the cluster's nodes, the job's attempt, its logs,
+    and what its launchers and the cluster's batch jobs said."""
+
+    def said() -> str:
+        run = Path(cluster.run_dir)
+        files = sorted({*run.rglob("launcher.log"), *run.rglob("*.out"), *run.rglob("*agent*.log")})
+        try:
+            launcher = psutil.Process(job.pid)
+            tree = [launcher, *launcher.children(recursive=True)]
+            ran = "; ".join(f"{p.pid} {p.status()} {' '.join(p.cmdline())[:150]}" for p in tree)
+        except psutil.Error as exc:
+            ran = f"gone ({type(exc).__name__})"
+        return (
+            f"\n{cluster.status().to_string()}\nattempt {job.attempt} ({job.last_reason}), "
+            f"{job.ranks_started} started, {job.ranks_ended} ended\nlauncher: {ran}\n"
+            f"{job.logs().to_string()}\n"
+            + "".join(f"--- {f}\n{f.read_text(errors='replace')[-3000:]}" for f in files)
+            + f"--- this process's threads\n{threads()}"
+        )
+
+    return said
+
+
+def threads() -> str:
+    """Where each thread of this process is (the head's: what a job waits on)."""
+    names = {t.ident: t.name for t in threading.enumerate()}
+    return "".join(
+        f"{names.get(ident, ident)}:\n{''.join(traceback.format_stack(frame)[-6:])}"
+        for ident, frame in sys._current_frames().items()
+    )
 
 
 def started(job: cb.Job, attempt: int) -> int:
@@ -87,7 +123,7 @@ def test_scale_from_one_node_to_two_and_back_resizes_a_job_that_asked(
         timeout=240,
         env={"RELEASE": str(release)},
     )
-    eventually(lambda: started(job, 1) == 2, 60, job.logs)
+    eventually(lambda: started(job, 1) == 2, 60, told(cluster, job))
 
     cluster.scale(2)  # a second batch job of one node, whose agent joins the running cluster
     ids = [a.id for a in cluster._provider.allocations()]
@@ -95,16 +131,17 @@ def test_scale_from_one_node_to_two_and_back_resizes_a_job_that_asked(
     cluster.wait_ready(timeout=60)
     [second] = [n for n in joined(cluster) if n != first]
     assert second.endswith(f"-{ids[1]}")
-    eventually(lambda: job.attempt == 2 and started(job, 2) == 4, 60, job.logs)
+    eventually(lambda: job.attempt == 2 and started(job, 2) == 4, 60, told(cluster, job))
     # Checked as it joined from what its agent probed, and its ranks started through the
     # head's master connection to it: one login to its sshd, no other.
     log = Path.home() / ".clusterbook" / f"sshd-{second}" / "sshd.log"
     assert log.read_text().count("Accepted publickey") == 1, log.read_text()
 
     cluster.scale(1)  # the newest batch job goes, and the job runs on, on the node left
-    eventually(lambda: job.attempt == 3, 60, lambda: job.logs())
+    eventually(lambda: job.attempt == 3, 60, told(cluster, job))
     assert [a.id for a in cluster._provider.allocations()] == ids[:1]
-    assert slurm.active_jobs() == [f"{ids[0]} RUNNING"]
+    # Slurm's own end of the cancelled job (COMPLETING while its node cleans up) may lag.
+    eventually(lambda: slurm.active_jobs() == [f"{ids[0]} RUNNING"], 30, slurm.active_jobs)
     eventually(lambda: joined(cluster) == [first], 30, cluster.status)  # the round left
     release.touch()
     result = job.wait(timeout=120)

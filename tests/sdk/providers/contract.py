@@ -114,6 +114,13 @@ def left_behind(case: ProviderCase, cluster_id: str) -> list[str]:
     return procs + files + case.leftovers(cluster_id)
 
 
+def nothing_left(case: ProviderCase, cluster_id: str) -> None:
+    """Fail naming what :func:`left_behind` found (pytest rewrites no assertion in this
+    module, which is no test module: a bare ``assert`` would say nothing)."""
+    left = left_behind(case, cluster_id)
+    assert left == [], f"left behind: {left}"
+
+
 class ProviderContract:
     """What every provider does; subclasses give the ``case`` fixture."""
 
@@ -143,7 +150,7 @@ class ProviderContract:
         finally:
             case.mend()
             provider.stop()
-        assert left_behind(case, ctx.cluster_id) == []
+        nothing_left(case, ctx.cluster_id)
 
     # -- lifecycle ------------------------------------------------------------------------
 
@@ -163,7 +170,7 @@ class ProviderContract:
         finally:
             provider.stop()
         provider.stop()  # again: nothing to do, nothing raised
-        assert left_behind(case, ctx.cluster_id) == []
+        nothing_left(case, ctx.cluster_id)
 
     def test_a_failed_start_is_a_cluster_error_and_leaves_nothing(
         self, case: ProviderCase, ctx: StartContext
@@ -173,7 +180,7 @@ class ProviderContract:
             provider.start(ctx)
         provider.stop()
         provider.stop()
-        assert left_behind(case, ctx.cluster_id) == []
+        nothing_left(case, ctx.cluster_id)
         assert [s for s in provider.watch.node_statuses() if s.state in UP] == []
 
     # -- nodes and statuses -----------------------------------------------------------------
@@ -211,7 +218,7 @@ class ProviderContract:
         finally:
             provider.stop()
         assert [s for s in provider.watch.node_statuses() if s.state in UP] == []
-        assert left_behind(case, ctx.cluster_id) == []
+        nothing_left(case, ctx.cluster_id)
 
     # -- the watch --------------------------------------------------------------------------
 

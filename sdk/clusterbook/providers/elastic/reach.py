@@ -62,11 +62,11 @@ __all__ = ["FarReach", "Steps"]
 
 _log = logging.getLogger("clusterbook.elastic")
 
-#: Where a provider's jobs may start instead of with mpirun over ssh: a step of a Slurm job
-#: for the nodes given, or None (see :mod:`clusterbook.providers.slurm.steps`).
+#: Where jobs start instead of with mpirun over ssh: a step of a Slurm job for the nodes given,
+#: or None (see :mod:`clusterbook.providers.slurm.steps`).
 Steps = Callable[[tuple[NodeSpec, ...]], SrunStep | None]
-# What the ssh path leaves in the cluster's directory.
-_FILES = ("known_hosts", "ssh_config", "ssh", "launch-agent")
+Far = tuple[FarNode, ...]  # the far nodes of a round
+_FILES = ("known_hosts", "ssh_config", "ssh", "launch-agent")  # the ssh path's (cluster dir)
 
 
 class FarReach:
@@ -84,7 +84,7 @@ class FarReach:
         self._steps = steps
         self._ctx: StartContext | None = None
         self._identity: Path | None = None
-        self._checked: tuple[FarNode, ...] = ()
+        self._checked: Far = ()
         self._probed: set[FarNode] = set()  # far nodes whose preflight passed, as they were
         self._head_facts: NodeFacts | None = None
         self._launch: RemoteLaunch | None = None
@@ -173,9 +173,9 @@ class FarReach:
         nodes = self._nodes()
         if all(n.here for n in nodes):
             return None
-        launch = self._checked_path(nodes)
+        launch, far = self._checked_path(nodes)
         if self._masters is not None:
-            self._masters.before_job(self._checked)
+            self._masters.before_job(far)
         step = self._steps(nodes) if self._steps is not None else None
         return launch if step is None else replace(launch, srun=step)
 
@@ -212,9 +212,9 @@ class FarReach:
         except ClusterError as exc:
             _log.debug("Checking the nodes that joined failed (the next job says so): %s", exc)
 
-    def _checked_path(self, nodes: tuple[NodeSpec, ...]) -> RemoteLaunch:
-        """The ssh path to the far nodes of ``nodes``: written, each node checked once, its
-        master connection started meanwhile."""
+    def _checked_path(self, nodes: tuple[NodeSpec, ...]) -> tuple[RemoteLaunch, Far]:
+        """The ssh path to the far nodes of ``nodes`` (written, each checked once, its master
+        started meanwhile) and those nodes, as checked with it (not as a later check saw them)."""
         ctx = self._started()
         far, found = far_nodes(nodes, self._head.reports(), getpass.getuser())
         if found:
@@ -233,7 +233,7 @@ class FarReach:
                 finally:
                     warming.join()
                 self._checked, self._launch = key, launch
-            return self._launch
+            return self._launch, self._checked
 
     def _write(self, ctx: StartContext, far: Sequence[FarNode]) -> RemoteLaunch:
         from clusterbook.ssh.launcher_ssh import ssh_wrapper

@@ -8,6 +8,7 @@ import shlex
 import signal
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -24,6 +25,7 @@ class ElasticCase(ProviderCase):
     def __init__(self, scratch: Path) -> None:
         self.scratch = scratch
         self.agents: dict[str, subprocess.Popen[bytes]] = {}
+        self.provider: ElasticProvider | None = None
 
     def make(self) -> ElasticProvider:
         return ElasticProvider(2, 2, last_call=0.1, announce=False)
@@ -35,6 +37,7 @@ class ElasticCase(ProviderCase):
     def bring_up(self, provider: ElasticProvider, ctx: StartContext) -> None:  # type: ignore[override]
         """Two agents join, as a user starts them with the join command."""
         assert provider.join_command is not None
+        self.provider = provider
         argv = shlex.split(provider.join_command)[1:]  # run it with this Python
         for node in ("node-a", "node-b"):
             self.agents[node] = subprocess.Popen(
@@ -50,9 +53,18 @@ class ElasticCase(ProviderCase):
         return "1 of at least 2 nodes joined (node-a)"
 
     def mend(self) -> None:
+        """Resume node-b's agent and wait until the head hears from it again: stopped before
+        that, the cluster would close while the agent is still cut off, and the agent would
+        outlive it by its lease (~20 s), waiting for a head that is gone."""
         agent = self.agents.get("node-b")
-        if agent is not None and agent.poll() is None:
-            agent.send_signal(signal.SIGCONT)
+        if agent is None or agent.poll() is not None:
+            return
+        agent.send_signal(signal.SIGCONT)
+        assert self.provider is not None
+        deadline = time.monotonic() + 20
+        while self.provider.watch.unreachable(["node-b"]) and agent.poll() is None:
+            assert time.monotonic() < deadline, "node-b's agent was not heard from within 20 s"
+            time.sleep(0.05)
 
     def close(self) -> None:
         """The agents are the test's: none outlives it (they leave when the cluster stops)."""
