@@ -14,7 +14,7 @@ from __future__ import annotations
 import ipaddress
 import json
 import socket
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -99,12 +99,18 @@ def far_nodes(
 
 
 def reported_facts(
-    far: Sequence[FarNode], reports: Mapping[str, NodeReport], *, prefix: str, flavour: str
+    far: Iterable[FarNode],
+    reports: Mapping[str, NodeReport],
+    *,
+    prefix: str,
+    flavour: str,
+    python: str,
 ) -> dict[str, NodeFacts]:
     """The pre-flight facts of the nodes of ``far`` that need no login to be checked: their
-    agent probed itself for this launcher (``flavour`` at ``prefix``: ``--probe-mpi``) and
-    starts their MPI daemons, so their ranks get the environment it probed. A report that
-    says nothing of the kind, or of another launcher, is left out."""
+    agent probed itself for this launcher (``flavour`` at ``prefix``: ``--probe-mpi``) with
+    the cluster's ``python`` (what it found of mpi4py is that Python's, which the ranks run)
+    and starts their MPI daemons, so their ranks get the environment it probed. A report that
+    says nothing of the kind, of another launcher or of another Python, is left out."""
     found = {}
     for node in far:
         report = reports.get(node.name)
@@ -116,7 +122,8 @@ def reported_facts(
             continue
         if not isinstance(probed, dict) or not isinstance(facts := probed.get("facts"), dict):
             continue
-        if (probed.get("prefix"), probed.get("flavour")) == (prefix, flavour):
+        ran = facts.get("python")
+        if (probed.get("prefix"), probed.get("flavour"), ran) == (prefix, flavour, python):
             found[node.name] = replace(NodeFacts.from_json(facts), gpus=report.gpus)
     return found
 

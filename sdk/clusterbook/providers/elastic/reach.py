@@ -276,7 +276,7 @@ class FarReach:
         by_name = {n.name: n for n in far if n not in self._probed}
         if not by_name:
             return
-        reported = reported_facts([*by_name.values()], self._head.reports(), **args)
+        reported = reported_facts(by_name.values(), self._head.reports(), **args, python=ctx.python)
 
         def probe(name: str) -> NodeFacts:
             if name == "":

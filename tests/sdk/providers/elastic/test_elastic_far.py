@@ -145,25 +145,30 @@ def test_nodes_whose_agent_probed_itself_for_the_launcher_are_checked_from_their
     socket = "/home/ann/.clusterbook/sshd-a/daemons.sock"
     nodes = [
         FarNode(name, f"10.0.0.{i}", 22, "ann", key, name, 1, daemon_socket=socket)
-        for i, name in enumerate(["a", "other-launcher", "garbled", "a-list", "silent", "cold"])
+        for i, name in enumerate(
+            ["a", "other-launcher", "other-python", "garbled", "a-list", "silent", "cold"]
+        )
     ]
     reports = {
         "a": NodeReport(hostname="node-a", probe=probe_text(), gpus=gpu_info({"stdout": A100})),
         "other-launcher": NodeReport(probe=probe_text(flavour="mpich")),
+        # An agent run by the node's own clusterbook: its mpi4py is not the ranks' Python's.
+        "other-python": NodeReport(probe=probe_text(python="/usr/bin/python3")),
         "garbled": NodeReport(probe="{not json"),
         "a-list": NodeReport(probe="[1, 2]"),
         "silent": NodeReport(),
         "cold": NodeReport(probe=probe_text()),
     }
     nodes[-1] = replace(nodes[-1], daemon_socket=None)  # its ranks start over ssh: not probed
-    found = reported_facts(nodes, reports, prefix="/opt/venv", flavour="openmpi")
+    ours = {"prefix": "/opt/venv", "flavour": "openmpi", "python": "/opt/venv/bin/python"}
+    found = reported_facts(nodes, reports, **ours)
     assert list(found) == ["a"]
     assert found["a"] == NodeFacts(
         "node-a", "/home/ann", "/opt/venv/bin/python", "3.11.7", 8, "4.1.2", "openmpi 5.0.11",
         "0.1.0", True, gpus=reports["a"].gpus,
     )  # fmt: skip
     assert found["a"].gpus.count == 1  # the report's own (the probe leaves nvidia-smi out)
-    assert reported_facts(nodes, reports, prefix="/elsewhere", flavour="openmpi") == {}
+    assert reported_facts(nodes, reports, **{**ours, "prefix": "/elsewhere"}) == {}
 
 
 def test_ssh_config_puts_x25519_first_and_keeps_the_other_key_exchanges(tmp_path: Path) -> None:
