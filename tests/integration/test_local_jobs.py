@@ -148,6 +148,30 @@ def test_timeout_dumps_every_rank_stack_then_stops(mpi_python, make_cluster, pro
         assert any(f'File "{script}", line {line_no}' in line for line in lines), lines
 
 
+LEAVES = """\
+import subprocess, sys
+# Left running in the background, holding the rank's output: the launcher waits for it.
+subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)", sys.argv[1]])
+print("done", flush=True)
+"""
+
+
+def test_a_job_ends_with_its_ranks_though_one_left_a_process_holding_its_output(
+    mpi_python, make_cluster, program, tmp_path
+):
+    cluster = make_cluster(mpi_python)
+    marker = str(tmp_path / "left-behind")
+    job = cluster.mpirun(["python", program("leaves.py", LEAVES), marker], np=2, timeout=300)
+    result = job.wait(timeout=120)  # the launcher alone would wait for the 600 s sleep
+    assert result.ok, result.summary()
+    assert not result.timed_out
+    assert sorted(job.logs().query("rank >= 0").line) == ["done", "done"]
+    assert any("still running" in note and "stopped" in note for note in result.notes)
+    from tests.conftest import wait_gone
+
+    assert wait_gone(marker, 10) == []  # what the ranks left went with the job
+
+
 def test_cancel_stops_every_process(mpi_python, make_cluster, program, tmp_path):
     script = program("sleeper.py", HANGS)
     cluster = make_cluster(mpi_python)

@@ -32,6 +32,10 @@ __all__ = ["Attempt"]
 
 _log = logging.getLogger("clusterbook.job")
 
+#: Seconds a launcher may outlive its last rank (it exits within ~0.1 s) before it is stopped:
+#: it waits for what holds a rank's output (a process the rank left in the background).
+LINGER = 5.0
+
 
 class Attempt:
     """One run of job ``job_id`` (``number``: 1 for the first).
@@ -85,7 +89,8 @@ class Attempt:
         self._loss_grace = loss_grace
         self._notes: list[str] = []
         self._lock = threading.Lock()
-        self._stop_reason: str | None = None  # "timeout" | "cancel" | "failure" | "error"
+        # "timeout" | "cancel" | "failure" | "error" | "lingered" (every rank had ended)
+        self._stop_reason: str | None = None
         self._error: ClusterError | None = None  # why clusterbook stopped the job itself
         self._stopped_at_exit_count: int | None = None
         self._done = threading.Event()
@@ -207,7 +212,12 @@ class Attempt:
         return run
 
     def _on_rank_exit(self, rank: int, code: int) -> None:
-        if code != 0 and self._keep:
+        codes = self._store.exit_codes
+        if len(codes) >= self.np and not any(codes.values()):  # the last rank ended, all well
+            t = threading.Timer(LINGER, self._guarded(self._stop), args=("lingered",))
+            t.daemon = True
+            t.start()
+        elif code != 0 and self._keep:
             threading.Thread(
                 target=self._guarded(self._hold), args=(rank,), name=f"clusterbook-{self.id}-keep"
             ).start()
@@ -233,8 +243,8 @@ class Attempt:
             with contextlib.suppress(subprocess.TimeoutExpired):
                 self._proc.wait(timeout=self._stack_grace)
         # Stopped for an error (a node lost): the launcher cannot tear down what it cannot
-        # reach, so it gets less time to try.
-        grace = min(self._grace, 1.0) if reason == "error" else self._grace
+        # reach, so it gets less time to try; nor one whose ranks all ended long ago.
+        grace = min(self._grace, 1.0) if reason in ("error", "lingered") else self._grace
         procs.kill_tree(self._proc, grace, self._token)
 
     def _hold(self, rank: int) -> None:
@@ -344,6 +354,13 @@ class Attempt:
             self._error = self._store.write_error
         polled = self._proc.poll() if returncode is None else returncode
         code = polled if polled is not None else -1  # -1: the launcher's end was not seen
+        if self._stop_reason == "lingered":  # its ranks' end is the job's
+            code = 0
+            self._notes.append(
+                f"The launcher was still running {LINGER:g} s after the last rank ended (as "
+                "when a process a rank left in the background holds its output): stopped."
+            )
+            _log.warning("Job %s: %s", self.id, self._notes[-1])
         try:
             self._result = attempt_result(
                 self._store,
@@ -361,6 +378,7 @@ class Attempt:
                 said = [*self._notes, self._result.error or ""]
                 notes = [n for n in self._find_out(self._result) if not any(n in t for t in said)]
                 self._notes += notes
+            if self._notes:
                 self._result = replace(self._result, notes=tuple(self._notes))
         except Exception as exc:
             _log.exception("Making the result of job %s failed.", self.id)
