@@ -293,8 +293,11 @@ def test_the_time_limit_warning_reaches_a_rank_that_checkpoints_and_the_requeue_
     saved = {r: (checkpoints / f"rank{r}").read_text() for r in range(2)}
     first = logs.query("attempt == 1 and line.str.startswith('checkpoint')")
     assert sorted(first.line) == sorted(f"checkpoint at step {saved[r]}" for r in range(2))
-    second = logs.query("attempt == 2")
-    assert sorted(second.line) == sorted(f"resumed at step {saved[r]} restart 1" for r in range(2))
+    # The requeued job is warned too, and a warning that comes before the program ignores it
+    # shows the rank hook's stack dump (Python still starting): the program's lines are these.
+    dump = (" ", "Thread 0x", "Current thread 0x")  # faulthandler's lines
+    said = [line for line in logs.query("attempt == 2").line if line and not line.startswith(dump)]
+    assert sorted(said) == sorted(f"resumed at step {saved[r]} restart 1" for r in range(2))
     [allocation] = cluster._provider.allocations()
     assert allocation.first
 
