@@ -168,6 +168,62 @@ def chromium_page(directory: Path) -> Iterator[Any]:
             context.close()
 
 
+class Heard:
+    """What a page said and what it could not fetch (console messages, uncaught errors, failed
+    requests and error responses), for a failure's message."""
+
+    def __init__(self, page: Any, *, responses: bool = False) -> None:
+        self.lines: list[str] = []
+        say = self.lines.append
+        page.on("console", lambda m: say(f"console {m.type}: {m.text[:300]}"))
+        page.on("pageerror", lambda e: say(f"uncaught: {e}"))
+        page.on("requestfailed", lambda r: say(f"request failed: {r.url} ({r.failure})"))
+        page.on(
+            "response",
+            lambda r: say(f"{r.status} {r.url}") if responses or r.status >= 400 else None,
+        )
+
+    def forget(self) -> None:
+        self.lines.clear()
+
+    def told(self) -> str:
+        """What was heard since the last call, and forget it."""
+        lines = list(self.lines)
+        self.forget()
+        return "\n".join(lines[-60:]) or "(nothing)"
+
+
+def drawn(
+    what: Callable[[], tuple[Any, Any]],
+    count: int,
+    *,
+    again: Callable[[], None],
+    heard: Heard,
+    tries: int = 3,
+) -> list[str]:
+    """Wait until the locator ``what()`` gives (with the element around it, whose text a failure
+    shows) finds ``count`` elements, calling ``again()`` (the page opened anew) when a try does
+    not: a widget drawn from saved state can lose a race in
+    JupyterLab's widget manager (its restore from the kernel reports "restored" before the
+    notebook's models are registered, and what rendered before then shows "model not found"),
+    and a loaded machine can leave a page's scripts unrun past the wait. Fails with what each
+    try showed and heard; returns those of the tries that did not draw (for the test's output)."""
+    from playwright.sync_api import expect
+
+    missed: list[str] = []
+    for n in range(1, tries + 1):
+        found, around = what()
+        try:
+            expect(found).to_have_count(count)
+            return missed
+        except AssertionError as e:
+            shown = around.inner_text()[-1500:] if around.count() else "(not there)"
+            missed.append(f"try {n}: {e}\nthe page showed (end):\n{shown}\nheard:\n{heard.told()}")
+            if n < tries:
+                again()
+    pytest.fail("\n\n".join(missed))
+
+
 def screenshot(page: Any, name: str) -> Path:
     ARTIFACTS.mkdir(parents=True, exist_ok=True)
     path = ARTIFACTS / name

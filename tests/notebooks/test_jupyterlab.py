@@ -32,9 +32,11 @@ import pytest
 from tests.browser.lab import (
     ARTIFACTS,
     WAIT,
+    Heard,
     Lab,
     api,
     chromium_page,
+    drawn,
     open_notebook,
     quiet_home,
     require_browser,
@@ -110,8 +112,9 @@ def test_every_tutorials_widget_in_jupyterlab_as_the_binder_user(
             expect.set_options(timeout=WAIT)
             try:
                 _live(lab, page)
+                heard = Heard(page)
                 for name, run in runs.items():
-                    _stored(lab, page, name, run, runner)
+                    _stored(lab, page, heard, name, run, runner)
             except BaseException:
                 screenshot(page, "tutorials-failure.png")
                 raise
@@ -141,20 +144,25 @@ def _live(lab: Lab, page: Any) -> None:
     _end_sessions(lab)
 
 
-def _stored(lab: Lab, page: Any, name: str, run: Any, runner: ModuleType) -> None:
+def _stored(lab: Lab, page: Any, heard: Heard, name: str, run: Any, runner: ModuleType) -> None:
     """The tutorial's first widget, drawn from its stored state: its node table has the rows
     the state says."""
-    from playwright.sync_api import expect
-
     index = _first_widget(run, runner)
     (model, *_) = runner.shown_models(run.nb, run.nb.cells[index])
     html = "".join(runner.widget_html(run.states[index], model))
     (table,) = re.findall(r'<table class="cb-nodes".*?</table>', html, re.S)
     rows = table.count("<tr>") - 1  # the head row
-    open_notebook(lab, page, f"executed/{name}", reset=True)
     cell = page.locator(".jp-Notebook .jp-Cell").nth(index)
-    cell.scroll_into_view_if_needed()
-    expect(cell.locator("table.cb-nodes tbody tr")).to_have_count(rows)
+
+    def opened() -> tuple[Any, Any]:
+        heard.forget()
+        open_notebook(lab, page, f"executed/{name}", reset=True)
+        cell.scroll_into_view_if_needed()
+        return cell.locator("table.cb-nodes tbody tr"), cell
+
+    missed = drawn(opened, rows, again=lambda: _end_sessions(lab), heard=heard)
+    if missed:
+        print(f"{name}: drawn after {len(missed)} tries that were not:", *missed, sep="\n")
     cell.screenshot(path=str(_shot(f"tutorial-{Path(name).stem}.png")))
     _end_sessions(lab)
 
