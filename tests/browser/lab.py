@@ -224,6 +224,21 @@ def drawn(
     pytest.fail("\n\n".join(missed))
 
 
+def cell_errors(page: Any) -> str:
+    """What the open notebook's cells wrote to stderr or raised, by cell (its prompt and the
+    end of its text): for a failure's message."""
+    said = []
+    cells = page.locator(".jp-Notebook .jp-Cell")
+    for i in range(cells.count()):
+        cell = cells.nth(i)
+        errors = cell.locator(".jp-OutputArea-output[data-mime-type$='stderr']")
+        if errors.count():
+            prompt = cell.locator(".jp-InputPrompt").first.inner_text().strip()
+            text = "\n".join(errors.all_inner_texts())
+            said.append(f"cell {i} {prompt}\n{text[-2000:]}")
+    return "\n\n".join(said) or "(no cell wrote to stderr)"
+
+
 def screenshot(page: Any, name: str) -> Path:
     ARTIFACTS.mkdir(parents=True, exist_ok=True)
     path = ARTIFACTS / name

@@ -35,6 +35,7 @@ from tests.browser.lab import (
     Heard,
     Lab,
     api,
+    cell_errors,
     chromium_page,
     drawn,
     open_notebook,
@@ -133,7 +134,10 @@ def _live(lab: Lab, page: Any) -> None:
     open_notebook(lab, page, f"notebooks/{LIVE}")
     run_all(page)
     checked = page.locator(".jp-OutputArea-output", has_text=CHECKED)
-    expect(checked).to_have_count(1, timeout=240_000)
+    try:
+        expect(checked).to_have_count(1, timeout=240_000)
+    except AssertionError as e:
+        pytest.fail(f"{LIVE} did not pass its checks ({e}); its cells said:\n{cell_errors(page)}")
     nodes = page.locator("table.cb-nodes tbody tr")
     expect(nodes).to_have_count(2)
     for name in ("node1", "node2"):
