@@ -193,6 +193,13 @@ def ranks_started(job: cb.Job, ranks: int, line: str = "started") -> None:
     raise AssertionError(f"the job ended before {ranks} ranks started: {job.wait().summary()}")
 
 
+def rank_lines(job: cb.Job) -> list[str]:
+    """The lines ``job``'s ranks printed, by rank (the launcher's own, rank -1, left out: Open
+    MPI's ssh starter can warn there that a ``setpgid`` in its parent failed, harmless)."""
+    logs = job.logs()
+    return list(logs[logs["rank"] >= 0].line)
+
+
 #: What a Jupyter server logs once it listens: its URL, on the port it took. The one asked for
 #: (from a free port found before) can be taken meanwhile, by another test's server, and the
 #: server then takes the next: the tests talk to the one it says.

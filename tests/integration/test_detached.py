@@ -19,7 +19,7 @@ import pytest
 import clusterbook as cb
 from clusterbook.head.control import ControlClient, unix_dial
 from clusterbook.rendezvous.agent import HEAD_LEASE
-from tests.conftest import processes_mentioning, ranks_started, wait_gone
+from tests.conftest import processes_mentioning, rank_lines, ranks_started, wait_gone
 
 CLI = [sys.executable, "-m", "clusterbook"]
 
@@ -129,7 +129,7 @@ def test_a_detached_cluster_from_this_process_runs_jobs_and_has_a_day_long_life(
         cluster.wait_ready(30)  # asked of the supervisor
         job = cluster.mpirun(["python", "-c", "print('hello')"], np=2)
         assert job.wait(60).ok
-        assert job.logs()["line"].tolist() == ["hello", "hello"]
+        assert rank_lines(job) == ["hello", "hello"]
         assert [j.id for j in cluster.jobs] == ["job-0001"]
         _wait(lambda: cluster.status()["state"].tolist() == ["joined"])
         with pytest.raises(cb.ProgramNotFoundError, match="no-such-program"):
@@ -209,7 +209,7 @@ def test_an_attached_handle_runs_and_cancels_jobs_through_the_head(openmpi_pytho
         assert [j.id for j in cluster.jobs] == ["job-0001", "job-0002"]
         assert cluster.jobs[0].outcome is not None
         assert cluster.jobs[0].outcome.cancelled
-        assert cluster.jobs[1].logs()["line"].tolist() == ["42", "42"]
+        assert rank_lines(cluster.jobs[1]) == ["42", "42"]
 
 
 def test_the_control_server_refuses_who_does_not_know_the_secret(openmpi_python, tmp_path):

@@ -6,6 +6,7 @@ a command that fails or prints garbage keeps the hosts the cluster has and says 
 from __future__ import annotations
 
 import contextlib
+import os
 import re
 import socket
 import subprocess
@@ -42,7 +43,15 @@ if restart != "2":
 
 
 def listed(path: Path, *hosts: str) -> None:
-    path.write_text("# the cluster's hosts\n\n" + "".join(f"{h}:1\n" for h in hosts))
+    written(path, "# the cluster's hosts\n\n" + "".join(f"{h}:1\n" for h in hosts))
+
+
+def written(path: Path, text: str) -> None:
+    """``path`` holds ``text``, replaced at once: the discovery command, run every 0.3 s, never
+    reads it half written (an empty read lists no host, a torn one too few)."""
+    part = path.with_name(f".{path.name}.part")
+    part.write_text(text)
+    os.replace(part, path)
 
 
 def wait_for(what: str, check, timeout: float = 60):
@@ -147,7 +156,7 @@ def test_discovered_hosts_join_and_leave_a_running_job(
         assert cluster.mpirun(["python", "-c", "pass"]).wait(timeout=60).ok
 
         # A command that prints garbage, or fails, keeps the hosts and says why.
-        hostlist.write_text("node1 slots=two\n")
+        written(hostlist, "node1 slots=two\n")
         problem = wait_for("the problem shown", lambda: cluster.snapshot().problem)
         assert "slots=two" in problem
         assert "keeps its hosts" in problem

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 import clusterbook as cb
-from tests.conftest import require
+from tests.conftest import rank_lines, require
 from tests.testbed import testbed as fake_hosts
 
 testbed = fake_hosts
@@ -49,7 +49,7 @@ def test_real_launchers_give_every_rank_torch_variables(mpi_python, tmp_path):
     with cb.Cluster.local(2, 2, python=mpi_python, run_dir=tmp_path / "c") as cluster:
         job = cluster.mpirun(["python", "-c", SHOW], np=4, oversubscribe=True)
         assert job.wait(60).ok
-        rows = sorted(line.split() for line in job.logs()["line"])
+        rows = sorted(line.split() for line in rank_lines(job))
         port = rows[0][7]
         assert 0 < int(port) < 65536
         # One host (this machine): local ranks are the ranks, one node.
@@ -58,7 +58,7 @@ def test_real_launchers_give_every_rank_torch_variables(mpi_python, tmp_path):
         ]
         pinned = cluster.mpirun(["python", "-c", SHOW], np=2, env={"MASTER_PORT": "29999"})
         assert pinned.wait(60).ok
-        assert {line.split()[7] for line in pinned.logs()["line"]} == {"29999"}
+        assert {line.split()[7] for line in rank_lines(pinned)} == {"29999"}
 
 
 @pytest.mark.root
@@ -72,7 +72,7 @@ def test_a_ddp_step_with_gloo_across_two_fake_hosts(testbed, tmp_path, openmpi_p
     with cluster:
         job = cluster.mpirun(["python", str(script)], np=2, env={"GLOO_SOCKET_IFNAME": "eth0"})
         result = job.wait(180)
-        lines = sorted(job.logs()["line"])
+        lines = sorted(rank_lines(job))
         assert result.ok, (result.summary(), lines)
     # Rank r's gradient was r + 1; DDP averaged them: (1 + 2) / 2 on both.
     assert [re.sub(r"\s+", " ", line) for line in lines if line.startswith("rank ")] == [
@@ -102,7 +102,7 @@ def test_a_ddp_step_with_the_store_clusterbook_gives(testbed, tmp_path, openmpi_
     with cluster:
         job = cluster.mpirun(["python", str(script)], np=2, env={"GLOO_SOCKET_IFNAME": "eth0"})
         result = job.wait(180)
-        lines = sorted(job.logs()["line"])
+        lines = sorted(rank_lines(job))
         assert result.ok, (result.summary(), lines)
     assert [re.sub(r"\s+", " ", line) for line in lines if line.startswith("rank ")] == [
         "rank 0/2 node 0 grad 1.5",
