@@ -194,29 +194,33 @@ class Heard:
 
 
 def drawn(
-    what: Callable[[], tuple[Any, Any]],
+    found: Any,
     count: int,
     *,
+    around: Any,
+    opened: Callable[[], None],
     again: Callable[[], None],
     heard: Heard,
     tries: int = 3,
 ) -> list[str]:
-    """Wait until the locator ``what()`` gives (with the element around it, whose text a failure
-    shows) finds ``count`` elements, calling ``again()`` (the page opened anew) when a try does
-    not: a widget drawn from saved state can lose a race in
-    JupyterLab's widget manager (its restore from the kernel reports "restored" before the
-    notebook's models are registered, and what rendered before then shows "model not found"),
-    and a loaded machine can leave a page's scripts unrun past the wait. Fails with what each
-    try showed and heard; returns those of the tries that did not draw (for the test's output)."""
-    from playwright.sync_api import expect
+    """Call ``opened()`` (which opens the page) and wait until the locator ``found`` finds
+    ``count`` elements; when a try does not (or cannot open), call ``again()`` and try anew. A
+    widget drawn from saved state can lose a race in JupyterLab's widget manager (its restore
+    from the kernel reports "restored" before the notebook's models are registered, and what
+    rendered before then shows "model not found"), and a loaded machine can leave a page's
+    scripts unrun past the wait. Fails with what each try showed (the text of the locator
+    ``around``) and heard; returns those of the tries that did not draw (for the test's
+    output)."""
+    from playwright.sync_api import Error, expect
 
     missed: list[str] = []
     for n in range(1, tries + 1):
-        found, around = what()
+        heard.forget()
         try:
+            opened()
             expect(found).to_have_count(count)
             return missed
-        except AssertionError as e:
+        except (AssertionError, Error) as e:
             shown = around.inner_text()[-1500:] if around.count() else "(not there)"
             missed.append(f"try {n}: {e}\nthe page showed (end):\n{shown}\nheard:\n{heard.told()}")
             if n < tries:

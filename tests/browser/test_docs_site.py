@@ -11,7 +11,6 @@ import subprocess
 import threading
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import pytest
 
@@ -90,13 +89,19 @@ def test_the_tutorial_page_draws_the_cluster_widget_from_its_saved_state(
         heard = Heard(page, responses=True)
         nodes = page.locator(".jupyter-widgets table.cb-nodes").first
 
-        def opened() -> tuple[Any, Any]:
-            heard.forget()
+        def opened() -> None:
             page.goto(f"{served}/tutorials/{Path(TUTORIAL).stem}.html")
-            return nodes.locator("tbody tr"), page.locator("article")
 
         # Drawn by the HTML manager (a widget's view), not a static fallback: two node rows.
-        missed = drawn(opened, 2, again=lambda: None, heard=heard, tries=2)
+        missed = drawn(
+            nodes.locator("tbody tr"),
+            2,
+            around=page.locator("article"),
+            opened=opened,
+            again=lambda: None,
+            heard=heard,
+            tries=2,
+        )
         if missed:
             print(f"drawn after {len(missed)} tries that were not:", *missed, sep="\n")
         expect(nodes).to_contain_text("local-0")

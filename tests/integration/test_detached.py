@@ -110,6 +110,8 @@ def test_a_detached_cluster_survives_the_sigkill_of_its_starter(
     attached.stop()
     assert attached.state == "stopped"
     assert "attached handle" in (attached.record.stop_reason or "")
+    # stop() returns once the supervisor's process has ended (a zombie waits for its parent).
+    assert not head.is_running() or head.status() == psutil.STATUS_ZOMBIE
     _gone, alive = psutil.wait_procs([head, *agents], timeout=10)
     assert alive == []
     assert not wait_gone(str(script), 5)

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import functools
 import json
 import os
 import re
@@ -158,13 +159,13 @@ def _stored(lab: Lab, page: Any, heard: Heard, name: str, run: Any, runner: Modu
     rows = table.count("<tr>") - 1  # the head row
     cell = page.locator(".jp-Notebook .jp-Cell").nth(index)
 
-    def opened() -> tuple[Any, Any]:
-        heard.forget()
+    def opened() -> None:
         open_notebook(lab, page, f"executed/{name}", reset=True)
         cell.scroll_into_view_if_needed()
-        return cell.locator("table.cb-nodes tbody tr"), cell
 
-    missed = drawn(opened, rows, again=lambda: _end_sessions(lab), heard=heard)
+    found = cell.locator("table.cb-nodes tbody tr")
+    again = functools.partial(_end_sessions, lab)
+    missed = drawn(found, rows, around=cell, opened=opened, again=again, heard=heard)
     if missed:
         print(f"{name}: drawn after {len(missed)} tries that were not:", *missed, sep="\n")
     cell.screenshot(path=str(_shot(f"tutorial-{Path(name).stem}.png")))

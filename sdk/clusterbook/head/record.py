@@ -19,6 +19,7 @@ from __future__ import annotations
 import json
 import os
 import secrets
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field, fields, is_dataclass, replace
 from pathlib import Path
@@ -296,6 +297,16 @@ def head_state_of(record: ClusterRecord, *, host: str | None = None) -> HeadStat
     return head_state(
         record.head_pid, record.head_host, record.head_started, record.head_program, here=host
     )
+
+
+def head_ended(record: ClusterRecord, until: float, *, poll: float = 0.05) -> bool:
+    """Wait until the head process the record names has ended (or this machine cannot tell:
+    it ran on another), at most until ``until`` (:func:`time.monotonic`); whether it did."""
+    while head_state_of(record) == "alive":
+        if time.monotonic() >= until:
+            return False
+        time.sleep(poll)
+    return True
 
 
 def is_stale(record: ClusterRecord, *, host: str | None = None) -> bool:

@@ -23,6 +23,7 @@ from clusterbook.head.keeper import Keeper
 from clusterbook.head.record import (
     ClusterRecord,
     JobEntry,
+    head_ended,
     is_stale,
     read_record,
     write_atomic,
@@ -320,6 +321,25 @@ def test_a_record_whose_head_pid_is_another_process_now_is_stale(tmp_path) -> No
     finally:
         other.kill()
         other.wait()
+
+
+def test_head_ended_waits_for_the_heads_process_and_no_longer_than_asked(tmp_path) -> None:
+    from clusterbook.head.liveness import process_mark
+
+    ending = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(0.5)"])
+    try:
+        mark = process_mark(ending.pid)
+        assert mark is not None
+        head = {"head_pid": ending.pid, "head_started": mark[1], "head_program": mark[2]}
+        record = _record(tmp_path, state="stopped", **head)
+        assert not head_ended(record, time.monotonic() + 0.05)  # still there: False, at once
+        assert head_ended(record, time.monotonic() + 30)  # it ends (a zombie: ended)
+        assert ending.wait(5) == 0
+    finally:
+        ending.kill()
+        ending.wait()
+    assert head_ended(record, time.monotonic())  # reaped
+    assert head_ended(_record(tmp_path, head_host="elsewhere"), time.monotonic())  # cannot tell
 
 
 # -- the catalog ---------------------------------------------------------------------------

@@ -36,6 +36,7 @@ from clusterbook.errors import ClusterError, ClusterStateError, RecordError
 from clusterbook.events import Subscribers
 from clusterbook.functions.methods import FunctionMethods
 from clusterbook.functions.place import CallPlace
+from clusterbook.head import record as records
 from clusterbook.head.catalog import Found
 from clusterbook.head.record import STOP_FILE, ClusterRecord, head_state_of, snapshot_from
 from clusterbook.launch.saved import SavedJob
@@ -53,6 +54,7 @@ if TYPE_CHECKING:
 __all__ = ["AttachedCluster"]
 
 _POLL = 0.1
+_HEAD_EXIT = 5.0  # s a stopped head's process gets to end, past a stop's timeout
 
 _log = logging.getLogger("clusterbook.cluster.remote.attached")
 
@@ -358,6 +360,9 @@ class AttachedCluster(AttachedNodeCalls, FunctionMethods, ResourceFrames):
                 )
             time.sleep(_POLL)
             record = self.refresh()
+        # The head wrote "stopped" as its last act; the process is gone a moment later.
+        if not records.head_ended(record, max(deadline, time.monotonic() + _HEAD_EXIT)):
+            _log.warning("Cluster %s stopped; its head, pid %s, runs on", self.id, record.head_pid)
 
     def _ask_to_stop(self, asked: str) -> None:
         """Ask the head to stop, or, when it cannot be asked, put the stop file, saying so."""
