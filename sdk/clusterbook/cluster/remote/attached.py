@@ -324,8 +324,8 @@ class AttachedCluster(AttachedNodeCalls, FunctionMethods, ResourceFrames):
     ) -> None:
         """Stop the cluster: its head is asked to (or, when it takes no requests, finds the
         stop file within a second); a head that is gone leaves this process to stop what is
-        left. Returns once it is stopped; :class:`ClusterStateError` if the head has not
-        stopped it in ``timeout`` s.
+        left. Returns once it is stopped, its head's process ended (5 s more at most);
+        :class:`ClusterStateError` if the head has not stopped it in ``timeout`` s.
 
         ``force``: also when this machine cannot verify that the head runs (it ran on
         another machine; an older clusterbook wrote a record whose pid may be another
