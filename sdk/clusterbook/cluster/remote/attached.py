@@ -54,7 +54,7 @@ if TYPE_CHECKING:
 __all__ = ["AttachedCluster"]
 
 _POLL = 0.1
-_HEAD_EXIT = 5.0  # s a stopped head's process gets to end, past a stop's timeout
+_HEAD_EXIT = 5.0  # s a stopped supervisor's process gets to end
 
 _log = logging.getLogger("clusterbook.cluster.remote.attached")
 
@@ -324,7 +324,7 @@ class AttachedCluster(AttachedNodeCalls, FunctionMethods, ResourceFrames):
     ) -> None:
         """Stop the cluster: its head is asked to (or, when it takes no requests, finds the
         stop file within a second); a head that is gone leaves this process to stop what is
-        left. Returns once it is stopped, its head's process ended (5 s more at most);
+        left. Returns once it is stopped (and a detached one's supervisor ended);
         :class:`ClusterStateError` if the head has not stopped it in ``timeout`` s.
 
         ``force``: also when this machine cannot verify that the head runs (it ran on
@@ -360,8 +360,8 @@ class AttachedCluster(AttachedNodeCalls, FunctionMethods, ResourceFrames):
                 )
             time.sleep(_POLL)
             record = self.refresh()
-        # The head wrote "stopped" as its last act; the process is gone a moment later.
-        if not records.head_ended(record, max(deadline, time.monotonic() + _HEAD_EXIT)):
+        # A supervisor writes "stopped" as its last act (a kernel's head lives on after).
+        if record.detached and not records.head_ended(record, time.monotonic() + _HEAD_EXIT):
             _log.warning("Cluster %s stopped; its head, pid %s, runs on", self.id, record.head_pid)
 
     def _ask_to_stop(self, asked: str) -> None:
