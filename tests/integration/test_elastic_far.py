@@ -7,7 +7,6 @@ import contextlib
 import os
 import shutil
 import subprocess
-import time
 from collections.abc import Callable, Iterator
 from dataclasses import replace
 from pathlib import Path
@@ -94,12 +93,10 @@ def test_ranks_run_on_far_agents_through_their_own_sshd(testbed, far_agents, mpi
             far_agents(h, cluster, "--slots", "2", "--start-sshd", str(SSHD_PORT))
         cluster.wait_ready(timeout=60)
         assert {n.host for n in cluster.nodes} == {h.addr for h in hosts}
-        # Checked as they joined, each with a master connection of the head's, before any job.
-        config = str(Path.home() / ".clusterbook" / "clusters" / cluster.id / "ssh_config")
-        deadline = time.monotonic() + 30
-        while masters(config) != sorted(h.addr for h in hosts):
-            assert time.monotonic() < deadline, masters(config)
-            time.sleep(0.05)
+        # Each agent dialled its channel to the head before it joined: the head needs no
+        # master connection to any of them (nor a login) to start MPI's daemons there.
+        channels = cluster._provider.head.channels
+        assert all(channels.has(h.agent_id) for h in hosts)
 
         result = cluster.mpirun(["python", str(script)], np=4, timeout=120).wait()
         result.check()
@@ -113,11 +110,13 @@ def test_ranks_run_on_far_agents_through_their_own_sshd(testbed, far_agents, mpi
         assert dict(zip(ranks["rank"], ranks["host"], strict=True)) == {
             r: hosts[r // 2].name for r in range(4)
         }
-        # MPI's daemons were started by the nodes' agents (through the socket each agent's
-        # sshd lets the head reach over its master), tagged as the job's: no login, no shell.
+        # MPI's daemons were started by the nodes' agents (through their channels), tagged as
+        # the job's: no login, no shell, and no master connection made for it.
         sleeper = tmp_path / "sleeper.py"
         sleeper.write_text(SLEEPER)
         assert all(through_agent(cluster, h, sleeper) for h in hosts)
+        config = str(Path.home() / ".clusterbook" / "clusters" / cluster.id / "ssh_config")
+        assert masters(config) == []
 
         # The head pins exactly the host keys the agents reported, and logs in strictly.
         directory = Path.home() / ".clusterbook" / "clusters" / cluster.id
@@ -292,8 +291,17 @@ def test_a_far_agent_that_does_not_answer_falls_back_to_ssh(
             far_agents(h, cluster, "--slots", "2", "--start-sshd", str(SSHD_PORT))
         cluster.wait_ready(timeout=60)
         cluster.mpirun(["python", str(script)], np=4, timeout=120).wait().check()
-        # node2's agent socket gone between two jobs: its daemons come over ssh, said once
-        # per job; the job is the same, and node1 stays warm.
+        config = str(Path.home() / ".clusterbook" / "clusters" / cluster.id / "ssh_config")
+        assert masters(config) == []  # the agents' channels served it
+        # The head's channel server gone between two jobs: the next job says so, the head
+        # keeps a master connection to each node from then on, and the job is the same (its
+        # daemons still start through the agents, over the masters' forwards).
+        cluster._provider.head.channels.close()
+        with pytest.warns(cb.ColdLaunchWarning, match="dialled to the head for warm launches"):
+            cluster.mpirun(["python", str(script)], np=4, timeout=120).wait().check()
+        assert masters(config) == sorted(h.addr for h in hosts)
+        # Then node2's agent socket gone between two jobs: its daemons come over ssh, said
+        # once per job; the job is the same, and node1 stays warm.
         reports = cluster._provider.head.reports().values()
         (gone,) = [r.daemon_socket for r in reports if r.hostname == hosts[1].name]
         assert gone is not None

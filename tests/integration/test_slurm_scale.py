@@ -133,9 +133,9 @@ def test_scale_from_one_node_to_two_and_back_resizes_a_job_that_asked(
     assert second.endswith(f"-{ids[1]}")
     eventually(lambda: job.attempt == 2 and started(job, 2) == 4, 60, told(cluster, job))
     # Checked as it joined from what its agent probed, and its ranks started through the
-    # head's master connection to it: one login to its sshd, no other.
+    # channel its agent dialled to the head: no login to its sshd at all.
     log = Path.home() / ".clusterbook" / f"sshd-{second}" / "sshd.log"
-    assert log.read_text().count("Accepted publickey") == 1, log.read_text()
+    assert log.read_text().count("Accepted publickey") == 0, log.read_text()
 
     cluster.scale(1)  # the newest batch job goes, and the job runs on, on the node left
     eventually(lambda: job.attempt == 3, 60, told(cluster, job))
@@ -346,31 +346,38 @@ def masters_of(cluster: cb.Cluster) -> list[str]:
     return sorted(found)
 
 
-def test_a_node_that_joins_is_checked_and_gets_its_master_connection_before_any_job(
+def test_a_node_that_joins_is_checked_and_reached_through_its_agents_channel_before_any_job(
     slurm, slurm_cluster
 ):
-    """The head checks a node that scale() added, and opens its master connection, as it
-    joins: the first job over both nodes then logs in to neither; the master goes with its
-    node, and the rest with the cluster."""
+    """A node that scale() added is checked as it joins, from what its agent probed, and its
+    agent dialled its channel to the head before it joined: the first job over both nodes
+    starts MPI's daemons through the agents, with no login and no master connection; the
+    channel goes with its node, and the rest with the cluster."""
     cluster = slurm_cluster(nodes=1, max_nodes=2, time="10m")
     cluster.wait_ready(timeout=60)
-    eventually(lambda: len(masters_of(cluster)) == 1, 30, lambda: masters_of(cluster))
-    [first] = masters_of(cluster)
+    [first] = joined(cluster)
+    channels = cluster._provider.head.channels
     cluster.scale(2)
     eventually(lambda: len(joined(cluster)) == 2, 60, cluster.status)
-    # No job has run: the check and the master came with the join.
-    eventually(lambda: len(masters_of(cluster)) == 2, 30, lambda: masters_of(cluster))
+    added = cluster._provider.allocations()[-1].id
+    [new] = [n for n in joined(cluster) if n.endswith(f"-{added}")]
+    assert not channels.without(joined(cluster), 5.0)
     assert cluster.jobs == []
     result = cluster.mpirun(["hostname"], np=4, timeout=60).wait()
     assert result.ok, result.summary()
     assert sorted(set(cluster.jobs[-1].logs().query("rank >= 0").line)) == ["snode1", "snode2"]
     assert (launched := cluster._provider.far.remote()) is not None
-    assert any(a.startswith("ControlPath=") for a in launched.ssh_args)
+    assert launched.launch_agent is not None  # the daemons start through the agents
+    assert masters_of(cluster) == []
+    log = Path.home() / ".clusterbook" / f"sshd-{new}" / "sshd.log"
+    assert "Accepted publickey" not in log.read_text(), log.read_text()
 
     cluster.scale(1)
-    eventually(lambda: masters_of(cluster) == [first], 30, lambda: masters_of(cluster))
     eventually(lambda: len(joined(cluster)) == 1, 30, cluster.status)
+    eventually(lambda: not channels.has(new), 30, lambda: new)
     cluster.wait_ready(timeout=60)
     assert cluster.mpirun(["hostname"], timeout=60).wait().ok
+    assert not channels.without([first], 5.0)  # dialled again after its launch
     cluster.stop()
     assert masters_of(cluster) == []
+    assert not channels.has(first)

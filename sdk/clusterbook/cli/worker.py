@@ -6,6 +6,7 @@ see :mod:`clusterbook.providers.environment.worker`)."""
 from __future__ import annotations
 
 import argparse
+import functools
 import os
 import signal
 import sys
@@ -17,10 +18,15 @@ from clusterbook.cli.job import duration_arg
 from clusterbook.nodes.tasks.cpus import usable_cores_here
 
 if TYPE_CHECKING:
+    from clusterbook.launch.daemons import DaemonServer
+    from clusterbook.rendezvous.dialler import Dialler
     from clusterbook.ssh.sshd import Sshd
 
 __all__ = ["add_worker"]
 
+#: Seconds the join waits for its channel to the head to be let in (a TLS handshake, under
+#: the sshd's start); one that is not by then keeps trying, and jobs log in meanwhile.
+CHANNEL_WAIT = 2.0
 #: Seconds the join waits for the agent's own probe (``--probe-mpi``; ~6 ms here). One that
 #: takes longer is left out of the report, and the head checks the node over a login.
 PROBE_WAIT = 10.0
@@ -117,9 +123,7 @@ def _join(args: argparse.Namespace) -> int:
     import socket
 
     from clusterbook.gpus import GPUS, probe_gpus, slots_from_gpus
-    from clusterbook.rendezvous.agent import Agent
-    from clusterbook.rendezvous.backends.tcp import read_secret
-    from clusterbook.rendezvous.report import NodeReport
+    from clusterbook.rendezvous.backends._secret import read_secret
     from clusterbook.spec import validate_slots
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
@@ -138,48 +142,99 @@ def _join(args: argparse.Namespace) -> int:
         slots = asked
     secret = read_secret(args.token_file)
     probed = _probe_meanwhile(args.probe_mpi)
-    sshd = None
     socket_path = args.daemon_socket
-    if args.start_sshd is not None:
+    started = None
+    if args.start_sshd is not None:  # it starts while the agent's modules load
         if socket_path is None:  # the head reaches it through this sshd: warm launches
             socket_path = _daemon_socket_in(node_id)
-        sshd = _agent_sshd(args.url, secret, node_id, args.start_sshd, socket_path)
-    facts = NodeReport.here(
-        slots,
-        sshd_host_key=sshd.host_public_key if sshd else None,
-        sshd_port=sshd.port if sshd else None,
-        daemon_socket=socket_path if sshd else None,
-        gpus=gpus,
-        probe=probed(),
-    )
-    agent = Agent(
-        args.url,
-        secret,
-        node_id=node_id,
-        slots=slots,
-        lease=args.lease,
-        facts=facts,
-        clean_on_lost=args.clean_on_lost,
-    )
+        sshd_args = (args.url, secret, node_id, args.start_sshd, socket_path)
+        started = _Meanwhile(functools.partial(_agent_sshd, *sshd_args))
 
-    def stop(signum: int, _frame: object) -> None:
-        agent.stop_event.set()
-        raise SystemExit(128 + signum)
+    from clusterbook.launch.daemons import DaemonServer
+    from clusterbook.rendezvous.agent import Agent
+    from clusterbook.rendezvous.report import NodeReport
 
-    signal.signal(signal.SIGTERM, stop)
-    daemons = None
-    if socket_path is not None:
-        from clusterbook.launch.daemons import DaemonServer
-
-        daemons = DaemonServer(socket_path)
-        daemons.start()
+    daemons = DaemonServer(socket_path) if started is not None or socket_path else None
+    dialler = None
+    if started is not None and daemons is not None:  # while the sshd starts
+        dialler = _dial_meanwhile(args.url, secret, node_id, daemons)
     try:
+        sshd = started.sshd() if started is not None else None
+        facts = NodeReport.here(
+            slots,
+            sshd_host_key=sshd.host_public_key if sshd else None,
+            sshd_port=sshd.port if sshd else None,
+            daemon_socket=socket_path if sshd else None,
+            gpus=gpus,
+            probe=probed(),
+        )
+        agent = Agent(
+            args.url,
+            secret,
+            node_id=node_id,
+            slots=slots,
+            lease=args.lease,
+            facts=facts,
+            clean_on_lost=args.clean_on_lost,
+        )
+
+        def stop(signum: int, _frame: object) -> None:
+            agent.stop_event.set()
+            raise SystemExit(128 + signum)
+
+        signal.signal(signal.SIGTERM, stop)
+        if daemons is not None:
+            daemons.start()
+        if dialler is not None:  # joined with its channel up, so that its first job uses it
+            dialler.first(CHANNEL_WAIT)
         return agent.run()
     finally:
+        if dialler is not None:
+            dialler.close()
         if daemons is not None:
             daemons.close()
-        if sshd is not None:
-            sshd.stop()
+        if started is not None:
+            started.end()
+
+
+class _Meanwhile:
+    """The agent's sshd, started on a thread of its own while the agent's modules load (the
+    sshd's own start runs beside them). The thread lives until :meth:`end`: an sshd gets
+    SIGTERM when the thread that started it ends (its parent-death signal)."""
+
+    def __init__(self, start: Callable[[], Sshd]) -> None:
+        import threading
+
+        self._start = start
+        self._ready, self._done = threading.Event(), threading.Event()
+        self._sshd: Sshd | None = None
+        self._error: BaseException | None = None
+        self._thread = threading.Thread(target=self._run, name="clusterbook-sshd", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        try:
+            self._sshd = self._start()
+        except BaseException as exc:  # said by sshd(), in the agent's thread
+            self._error = exc
+            return
+        finally:
+            self._ready.set()
+        self._done.wait()
+        self._sshd.stop()
+
+    def sshd(self) -> Sshd:
+        """The sshd, once started; what its start raised, raised here."""
+        self._ready.wait()
+        if self._error is not None:
+            raise self._error
+        assert self._sshd is not None
+        return self._sshd
+
+    def end(self) -> None:
+        """Stop the sshd (if it started) and its thread."""
+        self._done.set()
+        self._thread.join(15.0)
 
 
 def _probe_meanwhile(probe_mpi: tuple[str, str] | None) -> Callable[[], str | None]:
@@ -214,6 +269,24 @@ def _probe_meanwhile(probe_mpi: tuple[str, str] | None) -> Callable[[], str | No
     return result
 
 
+def _dial_meanwhile(url: str, secret: bytes, node_id: str, daemons: DaemonServer) -> Dialler | None:
+    """Dial the head's channel for MPI's daemons (:mod:`clusterbook.rendezvous.channels`)
+    where the join URL names one, on a thread of its own; None where it names none."""
+    from clusterbook.rendezvous.backends.url import parse_store_url
+    from clusterbook.rendezvous.dialler import Dialler
+    from clusterbook.rendezvous.registry import channel_port, parse_join_url
+
+    port = channel_port(url)
+    if port is None:
+        return None
+    host, _, fingerprint = parse_store_url(parse_join_url(url)[0])
+    if fingerprint is None:
+        return None
+    dialler = Dialler((host, port), fingerprint, secret, node_id, daemons.serve)
+    dialler.start()
+    return dialler
+
+
 def _daemon_socket_in(node_id: str) -> str | None:
     """The socket beside the agent's own sshd (a 0700 directory) where it starts MPI's
     daemons; None where the path cannot be one (too long for a Unix socket, or a character
@@ -231,7 +304,7 @@ def _agent_sshd(url: str, secret: bytes, node_id: str, port: int, socket: str | 
     """The agent's own sshd; it lets in the cluster's key only (derived from the secret),
     for a session and a connection to ``socket``."""
     from clusterbook.paths import agent_sshd_dir
-    from clusterbook.rendezvous.agent import parse_join_url
+    from clusterbook.rendezvous.registry import parse_join_url
     from clusterbook.ssh.agent_sshd import start_agent_sshd
     from clusterbook.ssh.keys import derived_public_line
 

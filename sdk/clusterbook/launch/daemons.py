@@ -14,9 +14,14 @@ job's tag (``CLUSTERBOOK_JOB=JOB``, so that stopping the job stops it), in its o
 is answered ``{"pid": N}``; then frames (:data:`FRAME`: ``O`` stdout, ``E`` stderr, ``X`` the
 exit status, last). A launcher gone (its connection closed) takes its daemon with it.
 
+Where the node's agent dialled the head (:mod:`clusterbook.rendezvous.channels`), the head
+serves :data:`CHANNELS` in the same directory: the launcher's side asks it first, naming the
+host (``{"host": H, ...}``), and the head relays the launch to the agent over the agent's own
+connection (no master connection needed); a host without one is answered with an error.
+
 Plain standard library: the launcher's side runs as ``python -S -I daemons.py DIR COLD ARGS``
 (:func:`main`), before anything of clusterbook is imported, and falls back to ``COLD`` (the
-launcher's ssh) when the agent does not answer.
+launcher's ssh) when no agent answers.
 """
 
 # The launcher's side imports only what it needs (each job starts it once per node, and the
@@ -56,6 +61,9 @@ ANSWER_WITHIN = 5.0
 _REQUEST_MAX = 1 << 20
 #: A Unix socket's path holds 107 bytes at most (108 with its end).
 SOCKET_PATH_MAX = 108
+#: The head's socket (in the masters' directory) that relays launches over the channels the
+#: nodes' agents dialled (:class:`clusterbook.rendezvous.channels.ChannelServer`).
+CHANNELS = "channels.sock"
 #: ssh's options that take a value (the launcher's side skips them to find the host).
 _WITH_VALUE = frozenset("bcDEeFIiJLlmOopQRSWw")
 
@@ -70,9 +78,10 @@ def forward_name(host: str) -> str:
 
 class DaemonServer:
     """The agent's socket at ``path`` (made private), serving launches in threads; ``env``:
-    the daemons' environment, less the agent's tag."""
+    the daemons' environment, less the agent's tag. With no ``path`` it serves the connections
+    it is given (:meth:`serve`: the agent's channel to the head) and listens nowhere."""
 
-    def __init__(self, path: str, env: dict[str, str] | None = None) -> None:
+    def __init__(self, path: str | None, env: dict[str, str] | None = None) -> None:
         self.path = path
         self._env = dict(os.environ if env is None else env)
         # Debian's bash reads ~/.bashrc when these say ssh ran it (pyenv init: ~0.1 s of
@@ -89,6 +98,8 @@ class DaemonServer:
         import contextlib
         import threading
 
+        if self.path is None:
+            return
         with contextlib.suppress(FileNotFoundError):
             os.unlink(self.path)  # one a killed agent left
         import socket
@@ -113,7 +124,7 @@ class DaemonServer:
                 sock.shutdown(_socket.SHUT_RDWR)
             sock.close()
             with contextlib.suppress(OSError):
-                os.unlink(self.path)
+                os.unlink(self.path or "")
         with self._lock:
             procs = list(self._procs)
         for proc in procs:
@@ -127,15 +138,16 @@ class DaemonServer:
                 conn, _ = sock.accept()
             except OSError:
                 return  # closed
-            threading.Thread(target=self._serve, args=(conn,), daemon=True).start()
+            threading.Thread(target=self.serve, args=(conn,), daemon=True).start()
 
-    def _serve(self, conn: socket.socket) -> None:
+    def serve(self, conn: socket.socket) -> None:
+        """Serve one launch (or ping) on ``conn``, then close it."""
         import contextlib
 
         with conn:
             try:
                 conn.settimeout(ANSWER_WITHIN)
-                request = _loads(_read_line(conn)[0])
+                request = _loads(read_line(conn)[0])
                 conn.settimeout(None)
                 if request.get("ping"):
                     conn.sendall(b'{"ok": true}\n')
@@ -222,8 +234,9 @@ def _dumps(message: Mapping[str, str | int | bool]) -> bytes:
     return ("{" + ", ".join(parts) + "}").encode()
 
 
-def _read_line(conn: socket.socket) -> tuple[bytes, bytes]:
-    """A line from ``conn``, and what came after it in the same reads."""
+def read_line(conn: socket.socket) -> tuple[bytes, bytes]:
+    """A line from ``conn``, and what came after it in the same reads; ValueError where the
+    peer ends first or the line is too long."""
     data = b""
     while b"\n" not in data:
         piece = conn.recv(65536)
@@ -298,7 +311,7 @@ def ask(path: str, request: Mapping[str, str | int | bool], timeout: float = ANS
         conn.settimeout(timeout)
         conn.connect(path)
         conn.sendall(_dumps(request) + b"\n")
-        line, rest = _read_line(conn)
+        line, rest = read_line(conn)
         answer = _loads(line)
         conn.settimeout(None)
     except BaseException:
@@ -322,11 +335,14 @@ def main(argv: list[str]) -> int:
     agent does not take it, run ``COLD SSH_ARGS`` (the launcher's ssh) instead."""
     directory, cold, args = argv[1], argv[2], argv[3:]
     host, words = _split(args)
+    request = {"command": " ".join(words), "token": os.environ.get(TAG, "")}
+    try:  # the agent's own channel to the head, where it dialled one
+        conn, _, rest = ask(os.path.join(directory, CHANNELS), {"host": host, **request})
+        return _follow(conn, rest)
+    except (OSError, ValueError):
+        pass  # none: its master's forward, else ssh
     try:
-        conn, _, rest = ask(
-            os.path.join(directory, forward_name(host)),
-            {"command": " ".join(words), "token": os.environ.get(TAG, "")},
-        )
+        conn, _, rest = ask(os.path.join(directory, forward_name(host)), request)
     except (OSError, ValueError) as exc:
         print(
             f"clusterbook: the agent on {host} did not start the MPI daemon ({exc}); "

@@ -68,6 +68,7 @@ AGENT_IMPORTS = (
     "argparse",
     "clusterbook.cli.main",
     "clusterbook.gpus",
+    "clusterbook.launch.daemons",
     "clusterbook.rendezvous.agent",
     "clusterbook.rendezvous.backends.tcp",
     "clusterbook.rendezvous.report",

@@ -38,6 +38,7 @@ from clusterbook.rendezvous.api import (
 )
 from clusterbook.rendezvous.backends.tcp import TcpBackend, write_secret
 from clusterbook.rendezvous.backends.tcp_server import StoreServer
+from clusterbook.rendezvous.channels import ChannelServer
 from clusterbook.rendezvous.node_status import node_statuses, unreachable
 from clusterbook.rendezvous.ops import Action, apply, next_expiry, remove_node, sanitize
 from clusterbook.rendezvous.registry import join_url
@@ -68,8 +69,8 @@ def watch_wait(state: RendezvousState, settings: RendezvousSettings, now: float)
 class RendezvousHead:
     """Serves and follows one cluster's rendezvous (see the module docstring). ``settings``
     are checked when this is made; their run id is set to the cluster's at :meth:`start`.
-    ``listen`` and ``port`` are where the store listens (port 0: any free one). ``lease``:
-    that of the agents, when the head started them itself (:meth:`given_up`)."""
+    ``listen``, ``port``: where the store listens (0: any free port); ``lease``: the agents',
+    when the head started them itself (:meth:`given_up`); ``channels``: serve :attr:`channels`."""
 
     def __init__(
         self,
@@ -78,9 +79,10 @@ class RendezvousHead:
         listen: str = "127.0.0.1",
         port: int = 0,
         lease: float | None = None,
+        channels: bool = False,
     ) -> None:
         self._settings = settings
-        self._listen, self._port = listen, port
+        self._listen, self._port, self._with_channels = listen, port, channels
         self._lease = lease
         self._cond = threading.Condition()
         self._state = RendezvousState()
@@ -103,6 +105,7 @@ class RendezvousHead:
         self.join_url: str | None = None
         self.token_file: Path | None = None
         self.secret: bytes | None = None
+        self.channels: ChannelServer | None = None
 
     @property
     def settings(self) -> RendezvousSettings:
@@ -126,7 +129,10 @@ class RendezvousHead:
         self.secret = secret = write_secret(self.token_file)
         self._server = StoreServer(self._listen, self._port, secret=secret, on_lost=self._lost)
         self._server.start()
-        self.join_url = join_url(self._server.url, self._settings)
+        if self._with_channels:  # the agents dial it: their nodes' daemons start with no login
+            self.channels = ChannelServer(self._listen, self._server.certificate, secret)
+        port = self.channels.start() if self.channels is not None else None
+        self.join_url = join_url(self._server.url, self._settings, channel=port)
         # In-process connections (no TLS); writes on their own: the watcher's is held by a
         # long-poll most of the time, and a write queued behind it would wait up to a second.
         self._watcher = self._server.local_client()
@@ -155,10 +161,9 @@ class RendezvousHead:
                         )
         finally:
             self._stop.set()
-            for client in (watcher, writer):
-                if client is not None:
-                    client.close()
-            server.close()
+            for closing in (watcher, writer, server, self.channels):
+                if closing is not None:
+                    closing.close()
             if self.token_file is not None:
                 self.token_file.unlink(missing_ok=True)
 
@@ -342,16 +347,11 @@ class RendezvousHead:
                 left = deadline - time.monotonic()
                 if left <= 0:
                     joined = sorted(state.participants)
-                    reason = (
-                        f"{len(joined)} of at least {least} nodes joined "
-                        f"({', '.join(joined) or 'none'})"
-                    )
-                    raise ReadyTimeoutError(
-                        f"The cluster is not ready after {timeout:g} s: {reason}."
-                        + (f" {hint}" if hint else ""),
-                        timeout=timeout,
-                        reason=reason,
-                    )
+                    reason = f"{len(joined)} of at least {least} nodes joined "
+                    reason += f"({', '.join(joined) or 'none'})"
+                    said = f"The cluster is not ready after {timeout:g} s: {reason}."
+                    said += f" {hint}" if hint else ""
+                    raise ReadyTimeoutError(said, timeout=timeout, reason=reason)
                 # Time passing alone can make give_up() say something: ask it now and then.
                 self._cond.wait(left if give_up is None else min(left, _GIVE_UP_CHECK))
 

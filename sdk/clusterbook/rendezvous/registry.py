@@ -23,6 +23,7 @@ __all__ = [
     "ENTRY_POINTS",
     "BackendFactory",
     "backend_for",
+    "channel_port",
     "join_url",
     "parse_join_url",
     "register_backend",
@@ -99,12 +100,14 @@ def backend_for(
     return factory(url, secret, node=node, timeout=timeout)
 
 
-_SETTINGS = ("min", "max", "last_call", "join", "interval", "attempts")
+_SETTINGS = ("min", "max", "last_call", "join", "interval", "attempts", "channel")
 
 
-def join_url(store_url: str, settings: RendezvousSettings) -> str:
-    """The URL agents join with: the store's URL, the run id and the settings. What the store's
-    URL has in its query (the TCP store's certificate fingerprint) joins the settings there."""
+def join_url(store_url: str, settings: RendezvousSettings, *, channel: int | None = None) -> str:
+    """The URL agents join with: the store's URL, the run id and the settings, and the port of
+    the head's channel server where it has one (:mod:`clusterbook.rendezvous.channels`). What
+    the store's URL has in its query (the TCP store's certificate fingerprint) joins the
+    settings there."""
     parts = urlsplit(store_url)
     query = urlencode(
         [
@@ -114,12 +117,27 @@ def join_url(store_url: str, settings: RendezvousSettings) -> str:
             ("join", settings.timeout.join),
             ("interval", settings.keep_alive_interval),
             ("attempts", settings.keep_alive_max_attempt),
+            *([] if channel is None else [("channel", channel)]),
             *parse_qsl(parts.query, keep_blank_values=True),
         ],
         safe=":",
     )
     base = urlunsplit(parts._replace(query="", fragment="")).rstrip("/")
     return f"{base}/{settings.run_id}?{query}"
+
+
+def channel_port(url: str) -> int | None:
+    """The port of the head's channel server that a join URL names (None where it names
+    none); ConfigError where it is not a port."""
+    given = dict(parse_qsl(urlsplit(url).query, keep_blank_values=True)).get("channel")
+    if given is None:
+        return None
+    if not given.isdigit() or not 0 < int(given) < 65536:
+        raise ConfigError(
+            f"Join URL {url!r} names channel={given!r}, not a port; copy the whole URL the "
+            "head printed."
+        )
+    return int(given)
 
 
 def parse_join_url(url: str) -> tuple[str, RendezvousSettings]:

@@ -1,5 +1,6 @@
 """The head's master connections to the far nodes of an elastic or Slurm cluster (OpenSSH's
-ControlMaster, :class:`~clusterbook.providers.ssh.masters.ControlMasters`), by node address:
+ControlMaster, :class:`~clusterbook.providers.ssh.masters.ControlMasters`), by node address,
+to those whose agent holds no channel to the head (:mod:`clusterbook.rendezvous.channels`):
 the launcher's ssh reuses them (no login per job), and each forwards the node's agent socket
 where the agent reported one, so that MPI's daemons start through the agent (no ssh session,
 no shell: :mod:`clusterbook.launch.daemons`). A node whose agent does not answer there when
@@ -11,9 +12,13 @@ as on SSH clusters; a node with no master is logged in to anew.
 from __future__ import annotations
 
 import logging
+import warnings
 from collections.abc import Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
+from clusterbook.errors import ColdLaunchWarning
+from clusterbook.launch.daemons import CHANNELS
 from clusterbook.providers.elastic.far import FarNode
 from clusterbook.providers.ssh.masters import (
     LEFT,
@@ -22,6 +27,10 @@ from clusterbook.providers.ssh.masters import (
     warn_agents,
     warn_cold,
 )
+from clusterbook.rendezvous.channels import TAKE_WITHIN
+
+if TYPE_CHECKING:
+    from clusterbook.rendezvous.channels import ChannelServer
 
 __all__ = ["FarMasters"]
 
@@ -32,24 +41,44 @@ class FarMasters:
     """Master connections made with ``ssh_args`` (the cluster's ssh config) to the far nodes
     :meth:`update` is given."""
 
-    def __init__(self, ssh_args: Sequence[str]) -> None:
+    def __init__(self, ssh_args: Sequence[str], channels: ChannelServer | None = None) -> None:
         self._masters = ControlMasters(ssh_args, [])
+        self._channels = channels
+        self._dialled: set[str] = set()  # the nodes whose agent held a channel at update()
         self._up: dict[str, FarNode] = {}  # the nodes whose master is up, by address
+
+    @property
+    def directory(self) -> Path:
+        """The masters' private directory, where the launcher's helper finds its sockets."""
+        return self._masters.directory
 
     def options(self) -> list[str]:
         """The launcher's ssh options that use the masters."""
         return self._masters.options()
 
-    def launch_agent(self, cold: str | Path) -> str:
-        """The program the launcher runs instead of ssh (``cold``: its ssh, where a node's
-        agent is not reached)."""
+    def launch_agent(self, cold: str | Path, far: Sequence[FarNode]) -> str | None:
+        """The program the launcher runs instead of ssh to reach ``far`` (``cold``: its ssh,
+        where a node's agent is not reached); None where no agent of theirs starts daemons.
+        With channels, they are told which node each host is, and serve the helper."""
+        channels = self._channels
+        if channels is not None:
+            channels.route({n.addr: n.name for n in far})
+            channels.listen_at(self._masters.directory / CHANNELS)
+        elif not any(n.daemon_socket for n in far):
+            return None
         return launch_agent(self._masters.directory, cold)
 
     def update(self, far: Sequence[FarNode], timeout: float = 10.0) -> None:
         """A master to each of ``far`` that has none up (one that fails: jobs log in to that
-        node anew, as before); those of nodes gone, or back with another sshd, end."""
+        node anew, as before), but those whose agent holds a channel (they need none); those
+        of nodes gone, or back with another sshd (or a channel now), end."""
+        channels = self._channels
+        self._dialled = {n.name for n in far if channels is not None and channels.has(n.name)}
+        self._start(far, timeout)
+
+    def _start(self, far: Sequence[FarNode], timeout: float) -> None:
         masters = self._masters
-        now = {n.addr: n for n in far}
+        now = {n.addr: n for n in far if n.name not in self._dialled}
         for addr, node in list(self._up.items()):
             if now.get(addr) != node:  # gone, or back with another sshd (port, host key)
                 masters.drop(addr)
@@ -77,7 +106,23 @@ class FarMasters:
         (``timeout`` seconds at most), and an agent that does not answer through its master
         is left to ssh, each said in a :class:`~clusterbook.ColdLaunchWarning` (the job
         starts all the same). The master of a node that has left, ended with its sshd, is
-        none of the job's (the next :meth:`update` drops it)."""
+        none of the job's (the next :meth:`update` drops it). A node whose agent's channel is
+        gone gets a master (so said) and keeps it."""
+        if self._channels is not None and self._dialled:
+            names = {n.name for n in far} & self._dialled
+            gone = self._channels.without(names, TAKE_WITHIN)
+            if gone:
+                self._dialled -= gone
+                self._start(far, timeout)
+                where = ", ".join(sorted(n.addr for n in far if n.name in gone))
+                warnings.warn(
+                    ColdLaunchWarning(
+                        f"The channel that the agent of {where} dialled to the head for warm "
+                        "launches is gone. The head keeps an ssh connection to it from now "
+                        "on, through which jobs start MPI's daemons there (the same job)."
+                    ),
+                    stacklevel=4,
+                )
         masters = self._masters
         job = {n.addr for n in far}
         ended = {a: how for a, how in masters.dead().items() if a in self._up and a in job}

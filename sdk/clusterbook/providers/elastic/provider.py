@@ -82,7 +82,7 @@ class ElasticProvider(Provider):
             keep_alive_interval=duration(keep_alive_interval, "keep_alive_interval"),
             keep_alive_max_attempt=keep_alive_max_attempt,
         )
-        self.head = RendezvousHead(settings, listen=listen, port=port)
+        self.head = RendezvousHead(settings, listen=listen, port=port, channels=True)
         self.announce = announce
         self._cluster_id: str | None = None
         self._networks: list[str] = []

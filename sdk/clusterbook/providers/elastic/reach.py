@@ -9,10 +9,10 @@ host key, writes a per-cluster ssh config (:mod:`clusterbook.providers.elastic.f
 checks every node once (``Cluster.ssh``'s pre-flight checks) before the first job uses it:
 from what its agent probed (``--probe-mpi``) where it starts the node's daemons, else over a
 login. Only the head holds the key, so Open MPI starts every daemon from the head (no tree
-spawn), over a master connection to each node that the head keeps (:class:`~clusterbook.
-providers.ssh.masters.ControlMasters`: no login per job). A node that joins is checked and its
-master started as soon as the round has it (:meth:`FarReach.prepare_soon`), not when the next
-job asks. Node tasks (files, commands, a kept job) run in one session per node, until stop.
+spawn): through the channel the node's agent dialled (:mod:`clusterbook.rendezvous.channels`:
+no login at all), else over the head's master connection to it (:mod:`.masters`). A node
+that joins is checked as soon as the round has it (:meth:`FarReach.prepare_soon`), not when
+the next job asks. Node tasks (files, commands, a kept job) run in one session per node.
 """
 
 from __future__ import annotations
@@ -245,15 +245,15 @@ class FarReach:
         config = directory / "ssh_config"
         config.write_text(ssh_config(far, identity=self._identity, known_hosts=known))
         if self._masters is None:
-            self._masters = FarMasters(("-F", str(config)))
+            self._masters = FarMasters(("-F", str(config)), self._head.channels)
         ssh_args = (*self._masters.options(), "-F", str(config))
         wrapper = directory / "ssh"
         wrapper.write_text(ssh_wrapper(ssh_args))
         wrapper.chmod(0o755)
-        agent = None
-        if any(n.daemon_socket for n in far):  # the daemons start through the nodes' agents
+        agent, helper = None, self._masters.launch_agent(wrapper, far)
+        if helper is not None:  # the daemons start through the nodes' agents
             agent = directory / "launch-agent"
-            agent.write_text(self._masters.launch_agent(wrapper))
+            agent.write_text(helper)
             agent.chmod(0o700)
         return RemoteLaunch(
             ssh_args=ssh_args,

@@ -120,7 +120,7 @@ class SlurmProvider(Provider):
             keep_alive_max_attempt=keep_alive_max_attempt,
         )
         # It listens where the nodes reach it: only known at start (Slurm is asked).
-        self.head = RendezvousHead(settings, port=port)
+        self.head = RendezvousHead(settings, port=port, channels=True)
         self._listen = listen
         self.slurm = SlurmCommands(runner)
         poll = duration(poll_interval, "poll_interval")
