@@ -50,7 +50,10 @@ os.environ.setdefault("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1")
 #: ``usermod`` moves; the stand-in hosts have fixed addresses, 127.0.0.2 and .3); ``slurm``:
 #: the tests of the one Slurm test bed a machine can hold. Decided by the test's id alone, as
 #: the scheduler sees it (pytest 9's node ids leave no room for xdist's ``xdist_group`` mark).
+#: ``pods``: the tests whose stand-in pods mount on paths they make in the machine's own tree
+#: and remove after (``/etc/mpi/hostfile``): one's clean-up took another's mount point away.
 JUPYTER = ("notebooks", "browser", "binder", "test_stand_in_hosts.py")
+PODS = ("test_mpijob_pods.py", "test_environment_hosts.py")
 #: The fixtures only a group's tests may use, checked at collection.
 GROUP_FIXTURES = {"slurmbed": "slurm", "binder_user": "jupyter"}
 
@@ -62,6 +65,8 @@ def xdist_group(nodeid: str) -> str | None:
         return "jupyter"
     if parts[1:2] == ("integration",) and "slurm" in nodeid.lower():
         return "slurm"
+    if parts[-1:] and parts[-1] in PODS:
+        return "pods"
     return None
 
 

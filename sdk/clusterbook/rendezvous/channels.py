@@ -37,10 +37,7 @@ import time
 from collections.abc import Callable, Collection, Mapping
 
 from clusterbook.launch.daemons import read_line
-from clusterbook.rendezvous.backends._tls import (
-    Certificate,
-    server_context,
-)
+from clusterbook.rendezvous.backends._tls import Certificate, server_context
 
 __all__ = ["HELLO_WITHIN", "TAKE_WITHIN", "ChannelServer", "message"]
 
@@ -55,8 +52,9 @@ _IDLE_MAX = 4  # idle connections kept per node (an agent keeps one; more come a
 _HANDSHAKES = 32  # connections showing who they are at once; more are closed at once
 
 
-def message(message: Mapping[str, object]) -> bytes:
-    return json.dumps(message).encode() + b"\n"
+def message(fields: Mapping[str, object]) -> bytes:
+    """One line of JSON, as both ends write them."""
+    return json.dumps(fields).encode() + b"\n"
 
 
 def _idle_and_open(conn: ssl.SSLSocket) -> bool:

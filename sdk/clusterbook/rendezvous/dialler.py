@@ -85,8 +85,8 @@ class Dialler:
                 self._conn = conn
             self._up.set()
             self._tried.set()
-            if not self._wait_for_launch(conn):
-                return
+            if not self._wait_for_launch(conn) or self._stop.is_set():
+                return  # (close() ended the connection)
             with self._lock:
                 self._conn = None
             threading.Thread(target=self._serve, args=(conn,), daemon=True).start()

@@ -134,8 +134,8 @@ def channel_port(url: str) -> int | None:
         return None
     if not given.isdigit() or not 0 < int(given) < 65536:
         raise ConfigError(
-            f"Join URL {url!r} names channel={given!r}, not a port; copy the whole URL the "
-            "head printed."
+            f"Join URL {url!r} names {given!r} as the port of the head's channel, which is "
+            "not a port; copy the whole URL the head printed."
         )
     return int(given)
 

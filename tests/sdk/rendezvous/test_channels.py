@@ -214,5 +214,5 @@ def test_the_join_url_names_the_channels_port_and_the_store_url_does_not():
     assert channel_port(url) == 40123
     assert parse_join_url(url)[0] == store  # the store's client never sees it
     assert channel_port(join_url(store, settings)) is None
-    with pytest.raises(ConfigError, match=r"channel='99999', not a port"):
+    with pytest.raises(ConfigError, match=r"names '99999' as the port of the head's channel"):
         channel_port(url.replace("40123", "99999"))
