@@ -338,9 +338,10 @@ def main(argv: list[str]) -> int:
     request = {"command": " ".join(words), "token": os.environ.get(TAG, "")}
     try:  # the agent's own channel to the head, where it dialled one
         conn, _, rest = ask(os.path.join(directory, CHANNELS), {"host": host, **request})
-        return _follow(conn, rest)
     except (OSError, ValueError):
         pass  # none: its master's forward, else ssh
+    else:
+        return _follow(conn, rest)  # started: whatever happens now, never a second one
     try:
         conn, _, rest = ask(os.path.join(directory, forward_name(host)), request)
     except (OSError, ValueError) as exc:
@@ -370,7 +371,10 @@ def _follow(conn: socket.socket, buffered: bytes) -> int:
             fd = 1 if kind == b"O" else 2
             while data:
                 data = data[os.write(fd, data) :]
-        piece = conn.recv(65536)
+        try:
+            piece = conn.recv(65536)
+        except OSError:  # reset: ended, as a connection that closes
+            piece = b""
         if not piece:
             return 255
         buffered += piece
