@@ -194,6 +194,12 @@ def test_stop_closes_the_rendezvous_and_agents_leave(elastic, agents):
     cluster = elastic(1, 2, last_call=0.2)
     procs = [agents(cluster.join_command, f"n{i}") for i in range(2)]
     cluster.wait_ready(timeout=60)
+    # Both reached the store (a round of one may complete before the other starts, on a
+    # loaded machine): an agent that never reached it exits 3 once its first contact ran out.
+    deadline = time.monotonic() + 60
+    while set(cluster._provider.head.reports()) != {"n0", "n1"}:
+        assert time.monotonic() < deadline, cluster._provider.head.reports()
+        time.sleep(0.05)
     cluster.stop()
     assert [p.wait(timeout=30) for p in procs] == [0, 0]
     assert cluster._provider.token_file is not None

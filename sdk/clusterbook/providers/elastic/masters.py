@@ -107,7 +107,14 @@ class FarMasters:
         is left to ssh, each said in a :class:`~clusterbook.ColdLaunchWarning` (the job
         starts all the same). The master of a node that has left, ended with its sshd, is
         none of the job's (the next :meth:`update` drops it). A node whose agent's channel is
-        gone gets a master (so said) and keeps it."""
+        gone gets a master (so said) and keeps it; one whose channel came after
+        :meth:`update` (a loaded node dials late) has its master end."""
+        late = {n.name for n in far if n.name not in self._dialled}
+        if self._channels is not None and late:
+            late -= self._channels.without(late, 0.0)
+            if late:
+                self._dialled |= late
+                self._start(far, timeout)
         if self._channels is not None and self._dialled:
             names = {n.name for n in far} & self._dialled
             gone = self._channels.without(names, TAKE_WITHIN)
