@@ -85,6 +85,11 @@ def test_the_socket_is_private_and_answers(server, tmp_path):
 
 
 def test_a_launcher_gone_takes_its_daemon_with_it(server, tmp_path):
+    launcher_gone_takes_its_daemon(tmp_path)
+
+
+def launcher_gone_takes_its_daemon(tmp_path: Path) -> None:
+    """Kill the launcher's helper of a daemon on ``node1``; its daemon must end with it."""
     pid_file = tmp_path / "pid"
     proc = subprocess.Popen(
         [*helper(tmp_path), "node1", f"sleep 300 & echo $! > {pid_file}; wait"],

@@ -23,7 +23,7 @@ from clusterbook.rendezvous.backends._tls import make_certificate
 from clusterbook.rendezvous.channels import ChannelServer
 from clusterbook.rendezvous.dialler import Dialler
 from clusterbook.rendezvous.registry import channel_port, join_url, parse_join_url
-from tests.sdk.launch.test_daemons import TOKEN, helper, launch
+from tests.sdk.launch.test_daemons import TOKEN, helper, launch, launcher_gone_takes_its_daemon
 
 SECRET = b"s" * 32
 
@@ -136,20 +136,7 @@ def test_the_helpers_socket_is_private(head, tmp_path):
 
 
 def test_a_launcher_gone_takes_its_daemon_with_it(head, agent, tmp_path):
-    pid_file = tmp_path / "pid"
-    proc = subprocess.Popen(
-        [*helper(tmp_path), "node1", f"sleep 300 & echo $! > {pid_file}; wait"],
-        env={**os.environ, "CLUSTERBOOK_JOB": TOKEN},
-    )
-    try:
-        until(lambda: pid_file.exists() and pid_file.read_text().strip() != "")
-        sleeper = psutil.Process(int(pid_file.read_text()))
-        proc.kill()
-        proc.wait(10)
-        sleeper.wait(10)  # raises if it outlives its launcher
-    finally:
-        proc.kill()
-        proc.wait(10)
+    launcher_gone_takes_its_daemon(tmp_path)  # through the channel, as through the socket
 
 
 def test_a_head_gone_ends_the_daemons_it_started_and_the_agent_dials_again(tmp_path, certificate):
