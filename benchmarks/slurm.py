@@ -29,6 +29,8 @@ snode2) is brought up for the run and taken down after it, whatever happens.
    COMPLETED on the node left idle; each run then scales back to 1 node (untimed). The same
    phases as part 1. Goal: scale <= 1.5x the bare job. Its phases, medians: until the new node
    joined (``wait_ready()`` returns), until the job started (its nodes checked), until it ended.
+   For information: what scaling adds to the bare job run at the same phase (the median of
+   the differences: the wait for the pass, in both, left out), and the ratio of the means.
    ``--only-scale`` runs this part alone.
 
     python benchmarks/slurm.py [--repeat 5] [--no-mpi] [--no-scale | --only-scale]
@@ -292,6 +294,12 @@ def scale_part(tmp_dir: Path, bed: Path, repeat: int) -> bool:
     print(f"{'  the job started (nodes checked)':34} " + _row([m[1] for m in marks]))
     ok = s <= GOAL_READY * b
     print(f"scale / bare batch job: {s / b:.2f}x (goal <= {GOAL_READY}x) {_ok(ok)}")
+    # Each pair ran at the same phase of Slurm's scheduling passes: their difference is what
+    # scaling adds to a bare job, without the wait for the pass (0 to 1 s) in both.
+    added = statistics.median(x - y for x, y in zip(scaled, one, strict=True))
+    mean = statistics.fmean(scaled) / statistics.fmean(one)
+    print(f"  for information: scale - bare at the same phase, median {added:.3f} s; "
+          f"ratio of the means {mean:.2f}x")  # fmt: skip
     return not ok
 
 

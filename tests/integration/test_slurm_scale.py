@@ -351,8 +351,9 @@ def test_a_node_that_joins_is_checked_and_reached_through_its_agents_channel_bef
 ):
     """A node that scale() added is checked as it joins, from what its agent probed, and its
     agent dialled its channel to the head before it joined: the first job over both nodes
-    starts MPI's daemons through the agents, with no login and no master connection; the
-    channel goes with its node, and the rest with the cluster."""
+    starts MPI's daemons through the agents and finds its free port, with no login to either
+    node and no master connection; the channel goes with its node, and the rest with the
+    cluster."""
     cluster = slurm_cluster(nodes=1, max_nodes=2, time="10m")
     cluster.wait_ready(timeout=60)
     [first] = joined(cluster)
@@ -369,8 +370,10 @@ def test_a_node_that_joins_is_checked_and_reached_through_its_agents_channel_bef
     assert (launched := cluster._provider.far.remote()) is not None
     assert launched.launch_agent is not None  # the daemons start through the agents
     assert masters_of(cluster) == []
-    log = Path.home() / ".clusterbook" / f"sshd-{new}" / "sshd.log"
-    assert "Accepted publickey" not in log.read_text(), log.read_text()
+    # Nor did the job ask rank 0's node for torch's free port over a login: its agent said.
+    for node in (first, new):
+        log = Path.home() / ".clusterbook" / f"sshd-{node}" / "sshd.log"
+        assert "Accepted publickey" not in log.read_text(), log.read_text()
 
     cluster.scale(1)
     eventually(lambda: len(joined(cluster)) == 1, 30, cluster.status)

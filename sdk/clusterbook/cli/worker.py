@@ -119,17 +119,41 @@ def _probe_mpi_arg(value: str) -> tuple[str, str]:
 
 
 def _join(args: argparse.Namespace) -> int:
-    import logging
     import socket
 
-    from clusterbook.gpus import GPUS, probe_gpus, slots_from_gpus
     from clusterbook.rendezvous.backends._secret import read_secret
+
+    node_id = args.node_id or f"{socket.gethostname()}-{os.getpid()}"
+    secret = read_secret(args.token_file)
+    socket_path = args.daemon_socket
+    started = None
+    if args.start_sshd is not None:  # first: it starts while the agent's modules load
+        if socket_path is None:  # the head reaches it through this sshd: warm launches
+            socket_path = _daemon_socket_in(node_id)
+        sshd_args = (args.url, secret, node_id, args.start_sshd, socket_path)
+        started = _Meanwhile(functools.partial(_agent_sshd, *sshd_args))
+    try:
+        return _join_with(args, node_id, secret, socket_path, started)
+    finally:
+        if started is not None:
+            started.end()
+
+
+def _join_with(
+    args: argparse.Namespace,
+    node_id: str,
+    secret: bytes,
+    socket_path: str | None,
+    started: _Meanwhile | None,
+) -> int:
+    import logging
+
+    from clusterbook.gpus import GPUS, probe_gpus, slots_from_gpus
     from clusterbook.spec import validate_slots
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
     cores = usable_cores_here()
     asked = cores if args.slots is None else validate_slots(args.slots, "--slots")
-    node_id = args.node_id or f"{socket.gethostname()}-{os.getpid()}"
     gpus = probe_gpus()
     if asked == GPUS:
         slots = slots_from_gpus(
@@ -140,15 +164,7 @@ def _join(args: argparse.Namespace) -> int:
         )
     else:
         slots = asked
-    secret = read_secret(args.token_file)
     probed = _probe_meanwhile(args.probe_mpi)
-    socket_path = args.daemon_socket
-    started = None
-    if args.start_sshd is not None:  # it starts while the agent's modules load
-        if socket_path is None:  # the head reaches it through this sshd: warm launches
-            socket_path = _daemon_socket_in(node_id)
-        sshd_args = (args.url, secret, node_id, args.start_sshd, socket_path)
-        started = _Meanwhile(functools.partial(_agent_sshd, *sshd_args))
 
     from clusterbook.launch.daemons import DaemonServer
     from clusterbook.rendezvous.agent import Agent
@@ -193,8 +209,6 @@ def _join(args: argparse.Namespace) -> int:
             dialler.close()
         if daemons is not None:
             daemons.close()
-        if started is not None:
-            started.end()
 
 
 class _Meanwhile:

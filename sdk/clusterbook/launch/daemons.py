@@ -8,11 +8,13 @@ launcher starts ``prted`` / ``hydra_pmi_proxy`` there as it would over ssh (the 
 line, run by the user's shell, stdout and stderr back, its exit code the launcher's child's),
 but with no ssh session and no login shell on the node: the agent forks it.
 
-A request is one JSON line: ``{"ping": true}`` (answered ``{"ok": true}``), or ``{"command":
-TEXT, "token": JOB}``: the daemon runs ``SHELL -c TEXT`` in the agent's environment with the
-job's tag (``CLUSTERBOOK_JOB=JOB``, so that stopping the job stops it), in its own session, and
-is answered ``{"pid": N}``; then frames (:data:`FRAME`: ``O`` stdout, ``E`` stderr, ``X`` the
-exit status, last). A launcher gone (its connection closed) takes its daemon with it.
+A request is one JSON line: ``{"ping": true}`` (answered ``{"ok": true}``), ``{"free_port":
+true}`` (answered ``{"port": N}``: a TCP port free on the node now, for torch.distributed's
+store on rank 0's node), or ``{"command": TEXT, "token": JOB}``: the daemon runs ``SHELL -c
+TEXT`` in the agent's environment with the job's tag (``CLUSTERBOOK_JOB=JOB``, so that stopping
+the job stops it), in its own session, and is answered ``{"pid": N}``; then frames
+(:data:`FRAME`: ``O`` stdout, ``E`` stderr, ``X`` the exit status, last). A launcher gone (its
+connection closed) takes its daemon with it.
 
 Where the node's agent dialled the head (:mod:`clusterbook.rendezvous.channels`), the head
 serves :data:`CHANNELS` in the same directory: the launcher's side asks it first, naming the
@@ -152,6 +154,9 @@ class DaemonServer:
                 if request.get("ping"):
                     conn.sendall(b'{"ok": true}\n')
                     return
+                if request.get("free_port"):
+                    conn.sendall(_dumps({"port": _free_port()}) + b"\n")
+                    return
                 proc = self._spawn(str(request["command"]), str(request["token"]))
             except Exception as exc:
                 with contextlib.suppress(OSError):
@@ -186,6 +191,17 @@ class DaemonServer:
         with self._lock:
             self._procs.add(proc)
         return proc
+
+
+def _free_port() -> int:
+    """A TCP port free on this machine now (the node task ``free_port``'s answer)."""
+    sock = _socket.socket(_socket.AF_INET, _socket.SOCK_STREAM)
+    try:
+        sock.bind(("", 0))
+        port: int = sock.getsockname()[1]
+        return port
+    finally:
+        sock.close()
 
 
 class _Parsing:

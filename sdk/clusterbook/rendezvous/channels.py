@@ -38,6 +38,7 @@ from collections.abc import Callable, Collection, Mapping
 
 from clusterbook.launch.daemons import read_line
 from clusterbook.rendezvous.backends._tls import Certificate, server_context
+from clusterbook.rendezvous.backends.wire import shutdown
 
 __all__ = ["HELLO_WITHIN", "TAKE_WITHIN", "ChannelServer", "message"]
 
@@ -49,7 +50,13 @@ HELLO_WITHIN = 5.0
 #: (a few milliseconds), so that two daemons in a row on one node both find one.
 TAKE_WITHIN = 2.0
 _IDLE_MAX = 4  # idle connections kept per node (an agent keeps one; more come after blips)
-_HANDSHAKES = 32  # connections showing who they are at once; more are closed at once
+#: Connections showing who they are at once. Past them, newcomers wait in the listen backlog
+#: until the oldest has had ``_PATIENCE`` seconds, then push it out: whoever can reach the
+#: port cannot keep agents out by holding connections that say nothing (as the store's gate,
+#: :mod:`clusterbook.rendezvous.backends.tcp_gate`), and a burst of agents does not push
+#: itself out.
+_HANDSHAKES = 32
+_PATIENCE = 0.5
 
 
 def message(fields: Mapping[str, object]) -> bytes:
@@ -84,6 +91,16 @@ def _pump(launcher: socket.socket, agent: ssl.SSLSocket) -> None:
                 key.data.sendall(data)
 
 
+class _Hello:
+    """A connection showing who it is: its socket (the accepted one, then its TLS one) and
+    since when (``time.monotonic()``)."""
+
+    __slots__ = ("since", "sock")
+
+    def __init__(self, sock: socket.socket) -> None:
+        self.sock, self.since = sock, time.monotonic()
+
+
 class ChannelServer:
     """The head's end of the agents' channels (see the module): it listens on ``listen``
     (port 0: any free one; :attr:`port` once started) with ``certificate`` (the store's) and
@@ -100,7 +117,7 @@ class ChannelServer:
         self._ever: set[str] = set()  # nodes that dialled (a launch waits for their next one)
         self._routes: dict[str, str] = {}  # host (as the launcher names it) -> node
         self._busy: set[socket.socket] = set()  # relays under way: closed at close()
-        self._handshakes = threading.BoundedSemaphore(_HANDSHAKES)
+        self._hellos: dict[_Hello, None] = {}  # not let in yet, the oldest first
         self._listeners: list[socket.socket] = []
         self._unix_path: str | None = None
         self._closed = False
@@ -118,7 +135,7 @@ class ChannelServer:
             sock.close()
             raise
         self.port = sock.getsockname()[1]
-        self._serve(sock, self._welcome, "clusterbook-channels")
+        self._serve(sock, self._welcome, "clusterbook-channels", gated=True)
         return self.port
 
     def listen_at(self, path: str | os.PathLike[str]) -> None:
@@ -163,6 +180,34 @@ class ChannelServer:
                     return missing
                 self._cond.wait(left)
 
+    def ask(self, node: str, request: Mapping[str, object]) -> dict[str, object]:
+        """``node``'s agent's one-line answer to ``request`` (``{"free_port": true}``, say),
+        over one of its idle connections (it dials the next); OSError where it holds none or
+        does not answer within :data:`HELLO_WITHIN`, ValueError where it answers an error."""
+        agent = self._take(node)
+        if agent is None:
+            raise OSError(f"{node} has no channel to the head")
+        try:
+            with agent:
+                agent.settimeout(HELLO_WITHIN)
+                agent.sendall(message(request))
+                line, _ = read_line(agent)
+        finally:
+            with self._cond:
+                self._busy.discard(agent)
+        answer = json.loads(line)
+        if not isinstance(answer, dict) or "error" in answer:
+            raise ValueError(f"{node}'s agent answered {line[:200]!r}")
+        return answer
+
+    def free_port(self, node: str) -> int:
+        """A TCP port free on ``node`` now, as its agent says (:meth:`ask`, which says what
+        it raises; ValueError for an answer without a port)."""
+        port = self.ask(node, {"free_port": True}).get("port")
+        if not isinstance(port, int) or isinstance(port, bool) or not 0 < port < 65536:
+            raise ValueError(f"{node}'s agent named no port: {port!r}")
+        return port
+
     def _open(self, node: str) -> bool:
         idle = self._idle.get(node, [])
         for conn in [c for c in idle if not _idle_and_open(c)]:
@@ -178,13 +223,15 @@ class ChannelServer:
             conns = [c for idle in self._idle.values() for c in idle]
             self._idle, busy, self._busy = {}, self._busy, set()
             path, self._unix_path = self._unix_path, None
+            hellos, self._hellos = list(self._hellos), {}
             self._cond.notify_all()
         # A relay's connections are its thread's to close: one closed under its wait would
         # leave the wait (an epoll) without the end it was woken for.
-        for sock in [*listeners, *conns, *busy]:
+        theirs = {*busy, *(h.sock for h in hellos)}  # (threads read them, and close them)
+        for sock in [*listeners, *conns, *theirs]:
             with contextlib.suppress(OSError):
-                sock.shutdown(socket.SHUT_RDWR)
-            if sock not in busy:
+                shutdown(sock, socket.SHUT_RDWR)
+            if sock not in theirs:
                 sock.close()
         if path is not None:
             with contextlib.suppress(OSError):
@@ -193,18 +240,23 @@ class ChannelServer:
     # -- serving ----------------------------------------------------------------------------
 
     def _serve(
-        self, sock: socket.socket, handle: Callable[[socket.socket], None], name: str
+        self, sock: socket.socket, handle: Callable[..., None], name: str, *, gated: bool = False
     ) -> None:
+        """Accept on ``sock`` (on a thread called ``name``), each connection handled on a
+        thread of its own; ``gated``: by :meth:`_welcome`, as :meth:`_room` lets them in."""
         with self._cond:
             if self._closed:
                 sock.close()
                 return
             self._listeners.append(sock)
-        threading.Thread(target=self._accept, args=(sock, handle), name=name, daemon=True).start()
+        args = (sock, handle, gated)
+        threading.Thread(target=self._accept, args=args, name=name, daemon=True).start()
 
-    def _accept(self, sock: socket.socket, handle: Callable[[socket.socket], None]) -> None:
+    def _accept(self, sock: socket.socket, handle: Callable[..., None], gated: bool) -> None:
         pause = 0.05
         while True:
+            if gated and not self._room():
+                return
             try:
                 conn, _ = sock.accept()
             except OSError:
@@ -214,21 +266,43 @@ class ChannelServer:
                 pause = min(1.0, pause * 2)
                 continue
             pause = 0.05
-            threading.Thread(target=handle, args=(conn,), daemon=True).start()
+            if gated:
+                hello = _Hello(conn)
+                with self._cond:
+                    self._hellos[hello] = None
+                threading.Thread(target=handle, args=(hello,), daemon=True).start()
+            else:
+                threading.Thread(target=handle, args=(conn,), daemon=True).start()
 
-    def _welcome(self, raw: socket.socket) -> None:
+    def _room(self) -> bool:
+        """Wait until one more connection may show who it is (pushing out the oldest once it
+        had its :data:`_PATIENCE`); False once closed."""
+        with self._cond:
+            while len(self._hellos) >= _HANDSHAKES and not self._closed:
+                oldest = next(iter(self._hellos))
+                left = oldest.since + _PATIENCE - time.monotonic()
+                if left > 0:
+                    self._cond.wait(left)
+                    continue
+                del self._hellos[oldest]  # its thread finds it out and closes it
+                with contextlib.suppress(OSError):
+                    shutdown(oldest.sock, socket.SHUT_RDWR)
+            return not self._closed
+
+    def _welcome(self, hello: _Hello) -> None:
         """An agent dialled: let it in if it shows the secret; keep its connection idle."""
-        if not self._handshakes.acquire(blocking=False):
-            raw.close()
-            return
+        raw = hello.sock
         try:
             raw.settimeout(HELLO_WITHIN)
             raw.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            conn = self._context.wrap_socket(raw, server_side=True)
+            conn = self._context.wrap_socket(raw, server_side=True, do_handshake_on_connect=False)
             try:
+                with self._cond:
+                    hello.sock = conn  # what a newcomer pushing it out shuts down
+                conn.do_handshake()
                 line, rest = read_line(conn)
-                hello = json.loads(line)
-                node, shown = hello.get("node"), hello.get("secret")
+                hello_line = json.loads(line)
+                node, shown = hello_line.get("node"), hello_line.get("secret")
                 if not (isinstance(node, str) and node and isinstance(shown, str)) or rest:
                     raise ValueError("not a channel's hello")
                 if not hmac.compare_digest(shown.encode(), self._secret.encode()):
@@ -236,6 +310,8 @@ class ChannelServer:
                 with self._cond:  # kept once told: a launch finds it as soon as the agent may
                     if self._closed:
                         raise ValueError("the server closed")
+                    if self._hellos.pop(hello, False) is False:
+                        raise ValueError("pushed out by newer connections")
                     conn.sendall(message({"ok": True}))
                     conn.settimeout(None)
                     idle = self._idle.setdefault(node, [])
@@ -251,7 +327,9 @@ class ChannelServer:
             _log.debug("A channel connection was refused: %s", exc)
             raw.close()
         finally:
-            self._handshakes.release()
+            with self._cond:
+                if self._hellos.pop(hello, False) is None:  # a place came free
+                    self._cond.notify_all()
 
     def _take(self, node: str) -> ssl.SSLSocket | None:
         """An open idle connection of ``node``'s, waiting :data:`TAKE_WITHIN` seconds at most

@@ -21,7 +21,6 @@ from clusterbook.gpus import NO_GPUS, GPUInfo, probe_gpus
 from clusterbook.nodes.tasks.cpus import usable_cores_here
 from clusterbook.nodes.tasks.probe import installed_mpi
 from clusterbook.rendezvous.host_facts import UsageMeter, ipv4_addresses, memory
-from clusterbook.status import GIB
 
 __all__ = ["NodeReport"]
 
@@ -156,6 +155,8 @@ class NodeReport:
     def usage(self) -> dict[str, float | None]:
         """What a :class:`~clusterbook.resources.ResourceHistory` keeps of this report: CPU
         (percent), memory in use and in all (GiB), GPU (percent)."""
+        from clusterbook.status import GIB  # the head's (an agent imports no table module)
+
         total = None if self.memory is None else self.memory / GIB
         used = None if total is None or self.memory_used is None else self.memory_used / 100 * total
         return {"cpu": self.cpu, "memory_used_gib": used, "memory_gib": total, "gpu": self.gpu_used}

@@ -12,15 +12,17 @@ key being sent, and nothing but the token holders (the cluster's nodes) can make
 
 from __future__ import annotations
 
+import base64
 import os
+import struct
 from dataclasses import dataclass
 from pathlib import Path
-
-from cryptography.hazmat.primitives import hashes, serialization
-from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
-from cryptography.hazmat.primitives.kdf.hkdf import HKDF
+from typing import TYPE_CHECKING
 
 from clusterbook.nodes.tasks import common
+
+if TYPE_CHECKING:
+    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 __all__ = [
     "KeyPair",
@@ -33,6 +35,7 @@ __all__ = [
 ]
 
 _DERIVE_INFO = b"clusterbook cluster ssh key v1"
+_ED25519 = b"ssh-ed25519"
 
 
 def key_tag(cluster_id: str) -> str:
@@ -62,6 +65,8 @@ def write_private(path: Path, data: bytes) -> None:
 
 def generate_keypair(directory: Path, cluster_id: str) -> KeyPair:
     """Make an ed25519 key pair in ``directory`` (``id_ed25519`` and ``id_ed25519.pub``)."""
+    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+
     return _write_keypair(directory, cluster_id, Ed25519PrivateKey.generate())
 
 
@@ -76,6 +81,12 @@ def derived_public_line(secret: bytes, cluster_id: str) -> str:
 
 
 def _derived_key(secret: bytes) -> Ed25519PrivateKey:
+    # Imported here, as little of cryptography as it takes: every agent with its own sshd
+    # derives the public key as it starts, before it joins.
+    from cryptography.hazmat.primitives import hashes
+    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+    from cryptography.hazmat.primitives.kdf.hkdf import HKDF
+
     if len(secret) < 16:
         raise ValueError("a secret to derive a key from has at least 16 bytes")
     seed = HKDF(algorithm=hashes.SHA256(), length=32, salt=None, info=_DERIVE_INFO).derive(secret)
@@ -83,13 +94,20 @@ def _derived_key(secret: bytes) -> Ed25519PrivateKey:
 
 
 def _public_line(key: Ed25519PrivateKey, cluster_id: str) -> str:
-    public = key.public_key().public_bytes(
-        serialization.Encoding.OpenSSH, serialization.PublicFormat.OpenSSH
-    )
-    return f"{public.decode()} {key_tag(cluster_id)}"
+    """OpenSSH's line for ``key``'s public key: its type and, in base64, the type and the raw
+    key as SSH strings (RFC 4253: a 4-byte length, then the bytes), then the cluster's tag.
+    (Written out: cryptography's serialization module costs an agent's start ~12 ms.)"""
+    blob = b"".join(_ssh_string(part) for part in (_ED25519, key.public_key().public_bytes_raw()))
+    return f"{_ED25519.decode()} {base64.b64encode(blob).decode()} {key_tag(cluster_id)}"
+
+
+def _ssh_string(data: bytes) -> bytes:
+    return struct.pack(">I", len(data)) + data
 
 
 def _write_keypair(directory: Path, cluster_id: str, key: Ed25519PrivateKey) -> KeyPair:
+    from cryptography.hazmat.primitives import serialization
+
     directory.mkdir(parents=True, exist_ok=True, mode=0o700)
     private = key.private_bytes(
         serialization.Encoding.PEM,

@@ -9,7 +9,6 @@ sshd_config can hold.
 from __future__ import annotations
 
 import contextlib
-import ipaddress
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -191,6 +190,8 @@ def _forwarding(cfg: SshdConfig) -> list[tuple[str, str]]:
 
 
 def check_listen(listen: object) -> str:
+    import ipaddress  # here: an agent starting its sshd need not (~3 ms)
+
     if isinstance(listen, str):
         with contextlib.suppress(ValueError):
             ipaddress.ip_address(listen)

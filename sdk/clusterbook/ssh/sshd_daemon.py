@@ -8,10 +8,12 @@ import signal
 import subprocess
 import time
 from pathlib import Path
-
-import psutil
+from typing import TYPE_CHECKING
 
 from clusterbook.ssh.sshd_config import SshdConfig
+
+if TYPE_CHECKING:
+    import psutil
 
 __all__ = ["Sshd"]
 
@@ -69,6 +71,8 @@ class Sshd:
         """
         if self._proc.poll() is not None:
             return
+        import psutil  # here: an agent's start, which starts an sshd, need not import it
+
         sessions = []
         if not keep_sessions:
             with contextlib.suppress(psutil.Error):
@@ -100,6 +104,8 @@ class Sshd:
 def _wait_ended(procs: list[psutil.Process], timeout: float) -> None:
     """Wait up to ``timeout`` s for ``procs`` to end (a zombie has: only its parent's wait
     is left, which is not ours to make)."""
+    import psutil
+
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         running = []

@@ -4,6 +4,7 @@ its own, ssh's arguments), and what each end does when the other goes."""
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
@@ -109,6 +110,16 @@ def launcher_gone_takes_its_daemon(tmp_path: Path) -> None:
         proc.wait(10)
 
 
+def sleeps() -> list[psutil.Process]:
+    """The ``sleep`` processes under this one (one that ends meanwhile is not)."""
+    found = []
+    for p in psutil.Process().children(recursive=True):
+        with contextlib.suppress(psutil.Error):
+            if p.name() == "sleep":
+                found.append(p)
+    return found
+
+
 def test_closing_the_server_ends_its_daemons_and_removes_the_socket(tmp_path):
     srv = DaemonServer(str(tmp_path / forward_name("node1")))
     srv.start()
@@ -118,13 +129,13 @@ def test_closing_the_server_ends_its_daemons_and_removes_the_socket(tmp_path):
     )
     try:
         deadline = time.monotonic() + 10
-        while not any(p.name() == "sleep" for p in psutil.Process().children(recursive=True)):
+        while not sleeps():
             assert time.monotonic() < deadline
             time.sleep(0.02)
         srv.close()
         assert proc.wait(10) != 0
         assert not os.path.exists(srv.path)
-        left = [p for p in psutil.Process().children(recursive=True) if p.name() == "sleep"]
+        left = sleeps()
         psutil.wait_procs(left, timeout=5)
         assert not [p for p in left if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
     finally:

@@ -18,12 +18,19 @@ import pytest
 
 from clusterbook.errors import ConfigError
 from clusterbook.launch.daemons import CHANNELS, DaemonServer
+from clusterbook.rendezvous import channels
 from clusterbook.rendezvous.api import RendezvousSettings
 from clusterbook.rendezvous.backends._tls import make_certificate
 from clusterbook.rendezvous.channels import ChannelServer
 from clusterbook.rendezvous.dialler import Dialler
 from clusterbook.rendezvous.registry import channel_port, join_url, parse_join_url
-from tests.sdk.launch.test_daemons import TOKEN, helper, launch, launcher_gone_takes_its_daemon
+from tests.sdk.launch.test_daemons import (
+    TOKEN,
+    helper,
+    launch,
+    launcher_gone_takes_its_daemon,
+    sleeps,
+)
 
 SECRET = b"s" * 32
 
@@ -89,6 +96,15 @@ def test_a_launch_runs_through_the_agents_channel_with_its_output_and_exit_code(
     until(lambda: head.has("n1"))
 
 
+def test_the_agent_names_a_free_port_of_its_node_over_its_channel(head, agent):
+    for _ in range(2):  # it dials again after each
+        port = head.free_port("n1")
+        with socket.socket() as sock:
+            sock.bind(("", port))  # free: torch's store can listen there
+    with pytest.raises(OSError, match="n2 has no channel"):
+        head.free_port("n2")
+
+
 def test_a_host_without_a_channel_is_launched_as_before(head, agent, tmp_path):
     cold = tmp_path / "ssh"
     cold.write_text('#!/bin/sh\necho "cold $*"\n')
@@ -131,6 +147,25 @@ def test_a_stranger_that_speaks_no_tls_is_closed_and_the_channels_go_on(head, ag
         assert launch(tmp_path, "node1", "echo fine").stdout == "fine\n"
 
 
+def test_connections_that_say_nothing_do_not_keep_an_agent_out(head, certificate):
+    # More than may show who they are at once, none saying a word: the oldest are pushed out
+    # once they had their moment, long before they would time out, and the agent gets in.
+    many = channels._HANDSHAKES + 8
+    strangers = [socket.create_connection(("127.0.0.1", head.port)) for _ in range(many)]
+    try:
+        dialler, daemons = dial(head, certificate, node="n2")
+        try:
+            until(lambda: head.has("n2"), within=channels.HELLO_WITHIN - 2)
+        finally:
+            dialler.close()
+            daemons.close()
+        strangers[0].settimeout(channels.HELLO_WITHIN - 2)
+        assert strangers[0].recv(100) == b""  # ended by the server, not timed out
+    finally:
+        for stranger in strangers:
+            stranger.close()
+
+
 def test_the_helpers_socket_is_private(head, tmp_path):
     assert stat.S_IMODE(os.stat(tmp_path / CHANNELS).st_mode) == 0o600
 
@@ -152,11 +187,11 @@ def test_a_head_gone_ends_the_daemons_it_started_and_the_agent_dials_again(tmp_p
             [*helper(tmp_path), "node1", "sleep 300"],
             env={**os.environ, "CLUSTERBOOK_JOB": TOKEN},
         )
-        until(lambda: any(p.name() == "sleep" for p in psutil.Process().children(True)))
+        until(lambda: bool(sleeps()))
         first.close()
         assert proc.wait(10) == 255  # as ssh's, when the connection ends first
         assert not (tmp_path / CHANNELS).exists()
-        left = [p for p in psutil.Process().children(True) if p.name() == "sleep"]
+        left = sleeps()
         psutil.wait_procs(left, timeout=10)
         assert not [p for p in left if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
         # A head that serves on the same port again gets the agent's channel back.

@@ -1,22 +1,19 @@
 """How the head reaches the nodes of a rendezvous round: :class:`FarReach`, the
-:class:`~clusterbook.providers.reach.NodeReach` of every provider whose nodes join by
-themselves (an elastic cluster's, a Slurm batch job's).
+:class:`~clusterbook.providers.reach.NodeReach` of providers whose nodes join by themselves.
 
 Nodes on this machine need no way there. Those on other machines run ranks and node tasks
-through the sshd their agent started (``--start-sshd``), which lets in the cluster's key only:
-the head derives the same key from the rendezvous secret at start, pins each node's reported
-host key, writes a per-cluster ssh config (:mod:`clusterbook.providers.elastic.far`), and
-checks every node once (``Cluster.ssh``'s pre-flight checks) before the first job uses it:
-from what its agent probed (``--probe-mpi``) where it starts the node's daemons, else over a
-login. Only the head holds the key, so Open MPI starts every daemon from the head (no tree
-spawn): through the channel the node's agent dialled (:mod:`clusterbook.rendezvous.channels`:
-no login at all), else over the head's master connection to it (:mod:`.masters`). A node
-that joins is checked as soon as the round has it (:meth:`FarReach.prepare_soon`), not when
-the next job asks. Node tasks (files, commands, a kept job) run in one session per node.
+through the sshd their agent started (``--start-sshd``), which lets in only the cluster's key
+(derived from the rendezvous secret); the head pins their reported host keys in a per-cluster
+ssh config (:mod:`~clusterbook.providers.elastic.far`) and checks each node once the round has
+it (:meth:`FarReach.prepare_soon`): from what its agent probed (``--probe-mpi``), else over a
+login. Open MPI's daemons (no tree spawn) and a job's free port on rank 0's node go through
+the channel the node's agent dialled (:mod:`clusterbook.rendezvous.channels`: no login at
+all), else over the head's master connection (:mod:`.masters`) and its session for node tasks.
 """
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import getpass
 import logging
@@ -319,7 +316,11 @@ class FarReach:
         return hold_far(self._callers()[0], token, failing)
 
     def free_port(self, node: NodeSpec) -> int | None:
-        """Asked of a node on another machine through its sshd (None for this machine's)."""
+        """Asked of a node on another machine through its agent's channel, else its sshd
+        (None for this machine's): a job needs no login to a node that dialled the head."""
+        if (channels := self._head.channels) is not None and channels.has(node.name):
+            with contextlib.suppress(OSError, ValueError):  # (an older agent's: the sshd)
+                return channels.free_port(node.name)
         call = self._callers()[0].get(node.name)
         return None if call is None else int(call("free_port", {}, 10.0)["port"])
 
@@ -385,10 +386,7 @@ class FarReach:
             return NodeSession(self._connect(node), python, owns_shell=True)
 
         with self._lock:
-            kept = self._sessions.get(node.name)
-            if kept is None:
-                kept = self._sessions[node.name] = KeptSession(start)
-        return kept.call
+            return self._sessions.setdefault(node.name, KeptSession(start)).call
 
     def _connect(self, node: FarNode) -> ParamikoShell:
         from clusterbook.ssh.paramiko_shell import connect

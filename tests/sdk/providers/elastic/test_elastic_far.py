@@ -25,6 +25,11 @@ from clusterbook.ssh.preflight import NodeFacts
 
 A100 = "GPU 0: NVIDIA A100-SXM4-40GB (UUID: GPU-5fd4a3e1)\n"
 KEY = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIOGmQbYwQ2HQXZ8m5d0o4lEm0Ff1wqYdJtX1hP3mVq3Q"
+#: The key derived from the secret bytes 0..31 for cluster c1, as clusterbook 0.1.0 made it.
+DERIVED_FROM_0_TO_31 = (
+    "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIDceTbTC/RkjSb3nb7ZkMfby7X6iH5ku+OYtCOpdNVfx "
+    "clusterbook:c1"
+)
 
 
 def test_pick_address_prefers_a_network_the_head_is_on() -> None:
@@ -99,6 +104,8 @@ def test_a_derived_key_pair_is_the_same_from_the_same_secret_only(tmp_path: Path
     assert _public_of(again.private_path) == _public_of(pair.private_path)
     assert _public_of(pair.private_path) == pair.public_line.split()[1]
     assert derived_public_line(bytes(range(1, 33)), "c1") != pair.public_line
+    # The same key from every version of clusterbook: a head and its agents may differ.
+    assert pair.public_line == DERIVED_FROM_0_TO_31
     assert pair.private_path.stat().st_mode & 0o777 == 0o600
     assert secret.hex() not in repr(pair)
     # Generated (not derived) keys differ every time.
