@@ -7,6 +7,7 @@ restarted; each attempt has its own directory, logs and result.
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 import signal
 import subprocess
@@ -23,6 +24,7 @@ from clusterbook.launch.command import LaunchCommand, LaunchPlan, placement
 from clusterbook.launch.ending import attempt_result, name_kept, ranks_first
 from clusterbook.launch.guard import guard, kill_tagged
 from clusterbook.launch.jobdir import write_attempt_files
+from clusterbook.launch.linger import LINGER, QUIET, linger
 from clusterbook.launch.logstore import LogStore
 from clusterbook.launch.readers import start_readers
 from clusterbook.launch.result import JobResult, KeptProcess
@@ -31,10 +33,6 @@ from clusterbook.spec import NodeSpec
 __all__ = ["Attempt"]
 
 _log = logging.getLogger("clusterbook.job")
-
-#: Seconds a launcher may outlive its last rank (it exits within ~0.1 s) before it is stopped:
-#: it waits for what holds a rank's output (a process the rank left in the background).
-LINGER = 5.0
 
 
 class Attempt:
@@ -214,9 +212,9 @@ class Attempt:
     def _on_rank_exit(self, rank: int, code: int) -> None:
         codes = self._store.exit_codes
         if len(codes) >= self.np and not any(codes.values()):  # the last rank ended, all well
-            t = threading.Timer(LINGER, self._guarded(self._stop), args=("lingered",))
-            t.daemon = True
-            t.start()
+            stop = functools.partial(self._stop, "lingered")
+            args = (time.monotonic(), self._store.last_output, self._exited, stop)
+            threading.Thread(target=self._guarded(linger), args=args, daemon=True).start()
         elif code != 0 and self._keep:
             threading.Thread(
                 target=self._guarded(self._hold), args=(rank,), name=f"clusterbook-{self.id}-keep"
@@ -357,8 +355,9 @@ class Attempt:
         if self._stop_reason == "lingered":  # its ranks' end is the job's
             code = 0
             self._notes.append(
-                f"The launcher was still running {LINGER:g} s after the last rank ended (as "
-                "when a process a rank left in the background holds its output): stopped."
+                "The launcher was still running after the last rank ended (silent for "
+                f"{QUIET:g} s, or for {LINGER:g} s in all: a process a rank left in the "
+                "background holding its output, or a rank's end it missed): stopped."
             )
             _log.warning("Job %s: %s", self.id, self._notes[-1])
         try:

@@ -99,6 +99,7 @@ class LogStore:
         self.started: dict[int, float] = {}
         self.ended: dict[int, float] = {}
         self.write_error: RunDirError | None = None
+        self._last_output = time.monotonic()
         self._launcher_host = launcher_host
         self.attempt = attempt
         self._clock = clock
@@ -181,8 +182,13 @@ class LogStore:
             kept.append(text)
         return kept, frozenset(kept_partial)
 
+    def last_output(self) -> float:
+        """When (``time.monotonic()``) the last output came (the store's making, before any)."""
+        return self._last_output
+
     def _store(self, rank: int, stream: str, texts: list[str], partial: frozenset[int]) -> None:
         now = self._clock()
+        self._last_output = time.monotonic()
         host = self._launcher_host if rank == LAUNCHER_RANK else self.hosts.get(rank, "?")
         failed = None
         with self._cond:
