@@ -18,6 +18,7 @@ from clusterbook.cli.job import duration_arg
 from clusterbook.nodes.tasks.cpus import usable_cores_here
 
 if TYPE_CHECKING:
+    from clusterbook.gpus import GPUInfo
     from clusterbook.launch.daemons import DaemonServer
     from clusterbook.rendezvous.dialler import Dialler
     from clusterbook.ssh.sshd import Sshd
@@ -124,6 +125,7 @@ def _join(args: argparse.Namespace) -> int:
     from clusterbook.rendezvous.backends._secret import read_secret
 
     node_id = args.node_id or f"{socket.gethostname()}-{os.getpid()}"
+    slots, gpus = _slots(args.slots, node_id)  # what was asked is checked first
     secret = read_secret(args.token_file)
     socket_path = args.daemon_socket
     started = None
@@ -133,37 +135,42 @@ def _join(args: argparse.Namespace) -> int:
         sshd_args = (args.url, secret, node_id, args.start_sshd, socket_path)
         started = _Meanwhile(functools.partial(_agent_sshd, *sshd_args))
     try:
-        return _join_with(args, node_id, secret, socket_path, started)
+        return _join_with(args, node_id, (slots, gpus), secret, socket_path, started)
     finally:
         if started is not None:
             started.end()
 
 
+def _slots(given: int | str | None, node_id: str) -> tuple[int, GPUInfo | None]:
+    """The slots ``--slots`` asks for (checked), and the GPUs found where it asks for one a
+    GPU (None: not looked for yet: nvidia-smi takes its time, while the sshd starts)."""
+    from clusterbook.gpus import GPUS, probe_gpus, slots_from_gpus
+    from clusterbook.spec import validate_slots
+
+    cores = usable_cores_here()
+    asked = cores if given is None else validate_slots(given, "--slots")
+    if asked != GPUS:
+        return asked, None
+    gpus = probe_gpus()
+    fix = f"pass a number (--slots {cores}), or join from a machine with GPUs"
+    return slots_from_gpus(gpus, node=node_id, asked=f"--slots {GPUS}", fix=fix), gpus
+
+
 def _join_with(
     args: argparse.Namespace,
     node_id: str,
+    asked: tuple[int, GPUInfo | None],
     secret: bytes,
     socket_path: str | None,
     started: _Meanwhile | None,
 ) -> int:
     import logging
 
-    from clusterbook.gpus import GPUS, probe_gpus, slots_from_gpus
-    from clusterbook.spec import validate_slots
+    from clusterbook.gpus import probe_gpus
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
-    cores = usable_cores_here()
-    asked = cores if args.slots is None else validate_slots(args.slots, "--slots")
-    gpus = probe_gpus()
-    if asked == GPUS:
-        slots = slots_from_gpus(
-            gpus,
-            node=node_id,
-            asked=f"--slots {GPUS}",
-            fix=f"pass a number (--slots {cores}), or join from a machine with GPUs",
-        )
-    else:
-        slots = asked
+    slots, found = asked
+    gpus = found if found is not None else probe_gpus()
     probed = _probe_meanwhile(args.probe_mpi)
 
     from clusterbook.launch.daemons import DaemonServer
@@ -296,7 +303,7 @@ def _dial_meanwhile(url: str, secret: bytes, node_id: str, daemons: DaemonServer
     host, _, fingerprint = parse_store_url(parse_join_url(url)[0])
     if fingerprint is None:
         return None
-    dialler = Dialler((host, port), fingerprint, secret, node_id, daemons.serve)
+    dialler = Dialler((host, port), fingerprint, secret, node_id, daemons)
     dialler.start()
     return dialler
 

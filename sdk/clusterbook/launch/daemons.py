@@ -142,21 +142,34 @@ class DaemonServer:
                 return  # closed
             threading.Thread(target=self.serve, args=(conn,), daemon=True).start()
 
-    def serve(self, conn: socket.socket) -> None:
-        """Serve one launch (or ping) on ``conn``, then close it."""
+    def answer(self, line: bytes) -> bytes | None:
+        """The answer to a question (``ping``, ``free_port``), which leaves the connection it
+        came on as it was; None for anything else (a launch: :meth:`serve`)."""
+        try:
+            request = _loads(line)
+        except ValueError:
+            return None
+        if request.get("ping"):
+            return b'{"ok": true}\n'
+        if request.get("free_port"):
+            return _dumps({"port": _free_port()}) + b"\n"
+        return None
+
+    def serve(self, conn: socket.socket, line: bytes | None = None) -> None:
+        """Serve one launch (or question) on ``conn`` (``line``: its request, when read
+        already), then close it."""
         import contextlib
 
         with conn:
             try:
-                conn.settimeout(ANSWER_WITHIN)
-                request = _loads(read_line(conn)[0])
-                conn.settimeout(None)
-                if request.get("ping"):
-                    conn.sendall(b'{"ok": true}\n')
+                if line is None:
+                    conn.settimeout(ANSWER_WITHIN)
+                    line = read_line(conn)[0]
+                    conn.settimeout(None)
+                if (answer := self.answer(line)) is not None:
+                    conn.sendall(answer)
                     return
-                if request.get("free_port"):
-                    conn.sendall(_dumps({"port": _free_port()}) + b"\n")
-                    return
+                request = _loads(line)
                 proc = self._spawn(str(request["command"]), str(request["token"]))
             except Exception as exc:
                 with contextlib.suppress(OSError):

@@ -181,20 +181,29 @@ class ChannelServer:
                 self._cond.wait(left)
 
     def ask(self, node: str, request: Mapping[str, object]) -> dict[str, object]:
-        """``node``'s agent's one-line answer to ``request`` (``{"free_port": true}``, say),
-        over one of its idle connections (it dials the next); OSError where it holds none or
-        does not answer within :data:`HELLO_WITHIN`, ValueError where it answers an error."""
+        """``node``'s agent's one-line answer to the question ``request`` (``{"free_port":
+        true}``, say), over one of its idle connections, which stays (the agent answers on
+        it and waits on); OSError where it holds none or does not answer within
+        :data:`HELLO_WITHIN`, ValueError where it answers an error."""
         agent = self._take(node)
         if agent is None:
             raise OSError(f"{node} has no channel to the head")
+        kept = False
         try:
-            with agent:
-                agent.settimeout(HELLO_WITHIN)
-                agent.sendall(message(request))
-                line, _ = read_line(agent)
+            agent.settimeout(HELLO_WITHIN)
+            agent.sendall(message(request))
+            line, rest = read_line(agent)
+            agent.settimeout(None)
+            with self._cond:
+                if not (self._closed or rest):
+                    self._idle.setdefault(node, []).append(agent)
+                    kept = True
+                    self._cond.notify_all()
         finally:
             with self._cond:
                 self._busy.discard(agent)
+            if not kept:
+                agent.close()
         answer = json.loads(line)
         if not isinstance(answer, dict) or "error" in answer:
             raise ValueError(f"{node}'s agent answered {line[:200]!r}")

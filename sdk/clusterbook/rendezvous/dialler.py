@@ -11,9 +11,8 @@ import socket
 import ssl
 import threading
 import time
-from collections.abc import Callable
 
-from clusterbook.launch.daemons import read_line
+from clusterbook.launch.daemons import DaemonServer, read_line
 from clusterbook.rendezvous.backends._tls import _WrongCertificate, client_tls
 from clusterbook.rendezvous.channels import HELLO_WITHIN, message
 
@@ -27,8 +26,9 @@ _DIAL_GAP = 0.05  # the shortest time between two dials
 
 class Dialler:
     """An agent's end (see the module): it keeps one connection to the head's channel server
-    at ``address`` (whose certificate has ``fingerprint``) as ``node``, showing ``secret``, and
-    hands each launch that comes on it to ``serve`` (on a thread of its own), then dials again."""
+    at ``address`` (whose certificate has ``fingerprint``) as ``node``, showing ``secret``. The
+    head's questions on it (a free port) ``daemons`` answers there and then, and it stays; a
+    launch ``daemons`` serves (on a thread of its own), and it dials again."""
 
     def __init__(
         self,
@@ -36,11 +36,11 @@ class Dialler:
         fingerprint: str,
         secret: bytes,
         node: str,
-        serve: Callable[[socket.socket], None],
+        daemons: DaemonServer,
     ) -> None:
         self._address, self._fingerprint = address, fingerprint
         self._hello = message({"node": node, "secret": secret.hex()})
-        self._serve = serve
+        self._daemons = daemons
         self._stop = threading.Event()
         self._tried = threading.Event()  # the first dial ended, either way
         self._up = threading.Event()  # a connection was let in once
@@ -85,11 +85,16 @@ class Dialler:
                 self._conn = conn
             self._up.set()
             self._tried.set()
-            if not self._wait_for_launch(conn) or self._stop.is_set():
+            line = self._next_launch(conn)
+            if self._stop.is_set():
                 return  # (close() ended the connection)
             with self._lock:
                 self._conn = None
-            threading.Thread(target=self._serve, args=(conn,), daemon=True).start()
+            if line is None:  # the head ended it
+                conn.close()
+            else:
+                args = (conn, line)
+                threading.Thread(target=self._daemons.serve, args=args, daemon=True).start()
             self._stop.wait(max(0.0, _DIAL_GAP - (time.monotonic() - began)))
 
     def _dial(self) -> ssl.SSLSocket:
@@ -111,6 +116,25 @@ class Dialler:
             conn.close()
             raise
         return conn
+
+    def _next_launch(self, conn: ssl.SSLSocket) -> bytes | None:
+        """Answer the head's questions on ``conn`` until a launch comes: its request; None
+        once stopped, or when the head ended the connection."""
+        while self._wait_for_launch(conn) and not self._stop.is_set():
+            try:
+                conn.settimeout(HELLO_WITHIN)
+                line, rest = read_line(conn)
+                conn.settimeout(None)
+                if rest:  # the head waits for the answer to each
+                    raise ValueError("more than one request at once")
+                answer = self._daemons.answer(line)
+                if answer is None:
+                    return line
+                conn.sendall(answer)
+            except (OSError, ValueError) as exc:
+                _log.debug("The channel to the head ended: %s", exc)
+                return None
+        return None
 
     def _wait_for_launch(self, conn: ssl.SSLSocket) -> bool:
         """Until the head sends on ``conn`` (or ends it): True; False once stopped."""

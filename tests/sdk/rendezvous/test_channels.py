@@ -55,9 +55,7 @@ def head(tmp_path, certificate) -> Iterator[ChannelServer]:
 def dial(server: ChannelServer, certificate, node: str = "n1", secret: bytes = SECRET):
     """An agent's dialler (and its daemon server) for ``node``, dialled once."""
     daemons = DaemonServer(None, env={"KEPT": "yes"})
-    dialler = Dialler(
-        ("127.0.0.1", server.port), certificate.fingerprint, secret, node, daemons.serve
-    )
+    dialler = Dialler(("127.0.0.1", server.port), certificate.fingerprint, secret, node, daemons)
     dialler.start()
     return dialler, daemons
 
@@ -96,11 +94,14 @@ def test_a_launch_runs_through_the_agents_channel_with_its_output_and_exit_code(
     until(lambda: head.has("n1"))
 
 
-def test_the_agent_names_a_free_port_of_its_node_over_its_channel(head, agent):
-    for _ in range(2):  # it dials again after each
+def test_the_agent_names_a_free_port_of_its_node_on_its_channel_which_stays(head, agent):
+    [channel] = head._idle["n1"]
+    for _ in range(3):
         port = head.free_port("n1")
         with socket.socket() as sock:
             sock.bind(("", port))  # free: torch's store can listen there
+    # Answered on the channel, which stays for the next launch: the agent dialled no other.
+    assert head._idle["n1"] == [channel]
     with pytest.raises(OSError, match="n2 has no channel"):
         head.free_port("n2")
 
@@ -127,7 +128,7 @@ def test_only_an_agent_showing_the_secret_gets_in(head, certificate):
 def test_an_agent_does_not_talk_to_a_head_with_another_certificate(head):
     other = make_certificate()
     daemons = DaemonServer(None)
-    dialler = Dialler(("127.0.0.1", head.port), other.fingerprint, SECRET, "n1", daemons.serve)
+    dialler = Dialler(("127.0.0.1", head.port), other.fingerprint, SECRET, "n1", daemons)
     dialler.start()
     try:
         assert not dialler.first(10.0)
