@@ -142,7 +142,7 @@ def _join(args: argparse.Namespace) -> int:
 
 
 def _slots(given: int | str | None, node_id: str) -> tuple[int, GPUInfo | None]:
-    """The slots ``--slots`` asks for (checked), and the GPUs found where it asks for one a
+    """The slots ``--slots`` asks for (checked), and the GPUs found where it asks for one slot a
     GPU (None: not looked for yet: nvidia-smi takes its time, while the sshd starts)."""
     from clusterbook.gpus import GPUS, probe_gpus, slots_from_gpus
     from clusterbook.spec import validate_slots

@@ -125,11 +125,11 @@ class Dialler:
                 conn.settimeout(HELLO_WITHIN)
                 line, rest = read_line(conn)
                 conn.settimeout(None)
-                if rest:  # the head waits for the answer to each
-                    raise ValueError("more than one request at once")
                 answer = self._daemons.answer(line)
                 if answer is None:
-                    return line
+                    return line  # (a launch: nothing follows its request that it reads)
+                if rest:  # the head waits for the answer to each question
+                    raise ValueError("more than one question at once")
                 conn.sendall(answer)
             except (OSError, ValueError) as exc:
                 _log.debug("The channel to the head ended: %s", exc)

@@ -94,7 +94,7 @@ def start_sshd(
     port
         Port to listen on; 0 picks a free one.
     listen
-        Address to listen on; the caller must reach it (readiness is checked so).
+        Address to listen on.
     authorized_keys
         Public keys allowed to log in; default ``directory/"authorized_keys"`` (made empty,
         0600). A relative path is relative to the home of the user logging in.
