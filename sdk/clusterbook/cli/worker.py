@@ -19,7 +19,7 @@ from clusterbook.nodes.tasks.cpus import usable_cores_here
 
 if TYPE_CHECKING:
     from clusterbook.gpus import GPUInfo
-    from clusterbook.launch.daemons import DaemonServer
+    from clusterbook.launch.daemon_server import DaemonServer
     from clusterbook.rendezvous.dialler import Dialler
     from clusterbook.ssh.sshd import Sshd
 
@@ -173,7 +173,7 @@ def _join_with(
     gpus = found if found is not None else probe_gpus()
     probed = _probe_meanwhile(args.probe_mpi)
 
-    from clusterbook.launch.daemons import DaemonServer
+    from clusterbook.launch.daemon_server import DaemonServer
     from clusterbook.rendezvous.agent import Agent
     from clusterbook.rendezvous.report import NodeReport
 

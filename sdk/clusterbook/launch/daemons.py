@@ -1,6 +1,7 @@
-"""MPI's daemons started by a node's agent: :class:`DaemonServer`, a Unix socket the agent
-serves, and :func:`main`, the launcher's side (what Open MPI's ``plm_ssh_agent`` and MPICH's
-``-launcher-exec`` run on the head instead of ssh).
+"""MPI's daemons started by a node's agent: what the two sides say (a request, its answer, the
+frames), and :func:`main`, the launcher's side (what Open MPI's ``plm_ssh_agent`` and MPICH's
+``-launcher-exec`` run on the head instead of ssh); the agent's side is
+:class:`~clusterbook.launch.daemon_server.DaemonServer`.
 
 The head's master connection to the node forwards a socket of the head's (in the masters'
 private directory, one per node, named by :func:`forward_name`) to the agent's: a job's
@@ -29,7 +30,7 @@ launcher's ssh) when no agent answers.
 # The launcher's side imports only what it needs (each job starts it once per node, and the
 # server's modules, json's re and hashlib's OpenSSL among them, cost it ~10 ms more): JSON
 # through json's C parts (_json), sockets through _socket (socket.py's enum, selectors and
-# collections are 8 ms more); the agent's side imports the rest where it uses it.
+# collections are 8 ms more); the agent's side (daemon_server) imports the rest.
 from __future__ import annotations
 
 import _json
@@ -49,7 +50,6 @@ except ImportError:
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     import socket
-    import subprocess
     from collections.abc import Mapping
     from typing import Any
 
@@ -78,145 +78,6 @@ def forward_name(host: str) -> str:
     return "d-" + digest[:16] + ".sock"
 
 
-class DaemonServer:
-    """The agent's socket at ``path`` (made private), serving launches in threads; ``env``:
-    the daemons' environment, less the agent's tag. With no ``path`` it serves the connections
-    it is given (:meth:`serve`: the agent's channel to the head) and listens nowhere."""
-
-    def __init__(self, path: str | None, env: dict[str, str] | None = None) -> None:
-        self.path = path
-        self._env = dict(os.environ if env is None else env)
-        # Debian's bash reads ~/.bashrc when these say ssh ran it (pyenv init: ~0.1 s of
-        # CPU here), which is the login shell's cost a warm launch is for avoiding.
-        for name in (TAG, "SSH_CLIENT", "SSH2_CLIENT"):
-            self._env.pop(name, None)
-        self._sock: socket.socket | None = None
-        self._procs: set[subprocess.Popen[bytes]] = set()
-        import threading
-
-        self._lock = threading.Lock()
-
-    def start(self) -> None:
-        import contextlib
-        import threading
-
-        if self.path is None:
-            return
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(self.path)  # one a killed agent left
-        import socket
-
-        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        old = os.umask(0o177)  # private from the moment it exists
-        try:
-            sock.bind(self.path)
-        finally:
-            os.umask(old)
-        sock.listen(64)
-        self._sock = sock
-        threading.Thread(target=self._accept, args=(sock,), daemon=True).start()
-
-    def close(self) -> None:
-        """Stop serving, remove the socket and end the daemons still running."""
-        import contextlib
-
-        sock, self._sock = self._sock, None
-        if sock is not None:
-            with contextlib.suppress(OSError):
-                sock.shutdown(_socket.SHUT_RDWR)
-            sock.close()
-            with contextlib.suppress(OSError):
-                os.unlink(self.path or "")
-        with self._lock:
-            procs = list(self._procs)
-        for proc in procs:
-            _end(proc, 0.0)
-
-    def _accept(self, sock: socket.socket) -> None:
-        import threading
-
-        while True:
-            try:
-                conn, _ = sock.accept()
-            except OSError:
-                return  # closed
-            threading.Thread(target=self.serve, args=(conn,), daemon=True).start()
-
-    def answer(self, line: bytes) -> bytes | None:
-        """The answer to a question (``ping``, ``free_port``), which leaves the connection it
-        came on as it was; None for anything else (a launch: :meth:`serve`)."""
-        try:
-            request = _loads(line)
-        except ValueError:
-            return None
-        if request.get("ping"):
-            return b'{"ok": true}\n'
-        if request.get("free_port"):
-            return _dumps({"port": _free_port()}) + b"\n"
-        return None
-
-    def serve(self, conn: socket.socket, line: bytes | None = None) -> None:
-        """Serve one launch (or question) on ``conn`` (``line``: its request, when read
-        already), then close it."""
-        import contextlib
-
-        with conn:
-            try:
-                if line is None:
-                    conn.settimeout(ANSWER_WITHIN)
-                    line = read_line(conn)[0]
-                    conn.settimeout(None)
-                if (answer := self.answer(line)) is not None:
-                    conn.sendall(answer)
-                    return
-                request = _loads(line)
-                proc = self._spawn(str(request["command"]), str(request["token"]))
-            except Exception as exc:
-                with contextlib.suppress(OSError):
-                    said = {"error": f"{type(exc).__name__}: {exc}"}
-                    conn.sendall(_dumps(said) + b"\n")
-                return
-            try:
-                conn.sendall(_dumps({"pid": proc.pid}) + b"\n")
-                _relay(proc, conn)
-            except OSError:
-                _end(proc, 1.0)
-            finally:
-                with self._lock:
-                    self._procs.discard(proc)
-
-    def _spawn(self, command: str, token: str) -> subprocess.Popen[bytes]:
-        if not token or token.endswith(":agents"):
-            raise ValueError(f"a daemon needs its job's tag, not {token!r}")
-        import pwd
-        import subprocess
-
-        shell = pwd.getpwuid(os.getuid()).pw_shell or "/bin/sh"
-        proc = subprocess.Popen(
-            [shell, "-c", command],
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            env={**self._env, TAG: token},
-            cwd=os.path.expanduser("~"),
-            start_new_session=True,  # its group is the job's on this node: ended as one
-        )
-        with self._lock:
-            self._procs.add(proc)
-        return proc
-
-
-def _free_port() -> int:
-    """A TCP port free on this machine now (the node task ``free_port``'s answer)."""
-    sock = _socket.socket(_socket.AF_INET, _socket.SOCK_STREAM)
-    try:
-        sock.bind(("", 0))
-        port: int = sock.getsockname()[1]
-        return port
-    finally:
-        sock.close()
-
-
 class _Parsing:
     """What json's C scanner asks of its decoder: plain JSON, nothing hooked."""
 
@@ -235,7 +96,7 @@ class _Parsing:
 _SCAN = _json.make_scanner(_Parsing())  # type: ignore[arg-type]  # (the stub: a decoder)
 
 
-def _loads(data: bytes) -> Any:
+def loads(data: bytes) -> Any:
     """``json.loads`` of one object's text, without json's Python modules."""
     text = data.decode().strip()
     try:
@@ -247,7 +108,7 @@ def _loads(data: bytes) -> Any:
     return value
 
 
-def _dumps(message: Mapping[str, str | int | bool]) -> bytes:
+def dumps(message: Mapping[str, str | int | bool]) -> bytes:
     """``json.dumps`` of a flat object of strings, numbers and booleans (what the two sides
     send), without json's Python modules."""
     quote = _json.encode_basestring_ascii
@@ -276,52 +137,6 @@ def read_line(conn: socket.socket) -> tuple[bytes, bytes]:
     return line, rest
 
 
-def _relay(proc: subprocess.Popen[bytes], conn: socket.socket) -> None:
-    """Send the daemon's output as it comes, then its exit status; a closed connection (the
-    launcher gone) ends the daemon."""
-    import selectors
-
-    assert proc.stdout is not None
-    assert proc.stderr is not None
-    sel = selectors.DefaultSelector()
-    sel.register(proc.stdout, selectors.EVENT_READ, b"O")
-    sel.register(proc.stderr, selectors.EVENT_READ, b"E")
-    sel.register(conn, selectors.EVENT_READ, None)
-    open_pipes = 2
-    with sel:
-        while open_pipes:
-            for key, _ in sel.select():
-                if key.data is None:  # the launcher said something, or went away
-                    if not conn.recv(4096):
-                        sel.unregister(conn)
-                        _end(proc, 1.0)
-                    continue
-                data = os.read(key.fd, 65536)
-                if not data:
-                    sel.unregister(key.fileobj)
-                    open_pipes -= 1
-                    continue
-                conn.sendall(FRAME.pack(key.data, len(data)) + data)
-    code = proc.wait()
-    conn.sendall(FRAME.pack(b"X", 4) + struct.pack(">i", code))
-
-
-def _end(proc: subprocess.Popen[bytes], grace: float) -> None:
-    """SIGTERM the daemon's group, SIGKILL after ``grace`` seconds (its ranks with it)."""
-    import contextlib
-    import signal
-    import subprocess
-
-    for sig in (signal.SIGTERM, signal.SIGKILL):
-        with contextlib.suppress(OSError):
-            os.killpg(proc.pid, sig)
-        try:
-            proc.wait(timeout=grace or 0.1)
-            return
-        except subprocess.TimeoutExpired:
-            continue
-
-
 def _split(args: list[str]) -> tuple[str, list[str]]:
     """The host and the command words of an ssh command line (options first)."""
     i = 0
@@ -339,9 +154,9 @@ def ask(path: str, request: Mapping[str, str | int | bool], timeout: float = ANS
     try:
         conn.settimeout(timeout)
         conn.connect(path)
-        conn.sendall(_dumps(request) + b"\n")
+        conn.sendall(dumps(request) + b"\n")
         line, rest = read_line(conn)
-        answer = _loads(line)
+        answer = loads(line)
         conn.settimeout(None)
     except BaseException:
         conn.close()

@@ -9,7 +9,7 @@ URL), and its first line shows the node and the cluster's secret (``{"node": ID,
 HEX}``, answered ``{"ok": true}``): only the head can send launches to an agent, and only an
 agent of the cluster receives them, as with the store itself. A launch for the node takes its
 idle connection, which the agent serves as its daemon socket serves one
-(:meth:`~clusterbook.launch.daemons.DaemonServer.serve`: a request line, then the daemon's
+(:meth:`~clusterbook.launch.daemon_server.DaemonServer.serve`: a request line, then the daemon's
 output and exit status in frames); the agent then dials the next.
 
 On the head, the launcher's helper (:func:`clusterbook.launch.daemons.main`) asks the server's
@@ -316,15 +316,19 @@ class ChannelServer:
                     raise ValueError("not a channel's hello")
                 if not hmac.compare_digest(shown.encode(), self._secret.encode()):
                     raise ValueError("a wrong secret")
-                with self._cond:  # kept once told: a launch finds it as soon as the agent may
+                with self._cond:  # kept, then told: what the agent's "ok" reaches finds it
                     if self._closed:
                         raise ValueError("the server closed")
                     if self._hellos.pop(hello, False) is False:
                         raise ValueError("pushed out by newer connections")
-                    conn.sendall(message({"ok": True}))
-                    conn.settimeout(None)
                     idle = self._idle.setdefault(node, [])
                     idle.append(conn)
+                    try:
+                        conn.sendall(message({"ok": True}))
+                    except OSError:
+                        idle.remove(conn)
+                        raise
+                    conn.settimeout(None)
                     self._ever.add(node)
                     while len(idle) > _IDLE_MAX:
                         idle.pop(0).close()

@@ -12,7 +12,8 @@ import ssl
 import threading
 import time
 
-from clusterbook.launch.daemons import DaemonServer, read_line
+from clusterbook.launch.daemon_server import DaemonServer
+from clusterbook.launch.daemons import read_line
 from clusterbook.rendezvous.backends._tls import _WrongCertificate, client_tls
 from clusterbook.rendezvous.channels import HELLO_WITHIN, message
 

@@ -18,7 +18,8 @@ import psutil
 import pytest
 
 from clusterbook.launch import daemons
-from clusterbook.launch.daemons import DaemonServer, forward_name, ping
+from clusterbook.launch.daemon_server import DaemonServer
+from clusterbook.launch.daemons import forward_name, ping
 
 TOKEN = "c1:job-7"  # noqa: S105 - a job tag
 
@@ -161,8 +162,8 @@ def test_the_launchers_side_loads_none_of_the_servers_modules():
 
 def test_the_messages_are_json_as_json_writes_and_reads_them():
     tricky = {"command": 'a "b" \\ \n\t é \udcff 💡', "token": "c1:j", "pid": 7, "ping": True}
-    assert daemons._dumps(tricky) == json.dumps(tricky).encode()
-    assert daemons._loads(json.dumps(tricky).encode() + b" ") == tricky
+    assert daemons.dumps(tricky) == json.dumps(tricky).encode()
+    assert daemons.loads(json.dumps(tricky).encode() + b" ") == tricky
     for bad in (b"", b"[1]", b'{"a": 1} x', b'{"a": NaN}', b"{"):
         with pytest.raises(ValueError, match=r"JSON|Expecting"):
-            daemons._loads(bad)
+            daemons.loads(bad)

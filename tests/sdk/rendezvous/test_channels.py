@@ -17,7 +17,8 @@ import psutil
 import pytest
 
 from clusterbook.errors import ConfigError
-from clusterbook.launch.daemons import CHANNELS, DaemonServer
+from clusterbook.launch.daemon_server import DaemonServer
+from clusterbook.launch.daemons import CHANNELS
 from clusterbook.rendezvous import channels
 from clusterbook.rendezvous.api import RendezvousSettings
 from clusterbook.rendezvous.backends._tls import make_certificate
