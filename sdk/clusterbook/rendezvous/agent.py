@@ -68,7 +68,7 @@ AGENT_IMPORTS = (
     "argparse",
     "clusterbook.cli.main",
     "clusterbook.gpus",
-    "clusterbook.launch.daemons",
+    "clusterbook.launch.daemon_server",
     "clusterbook.rendezvous.agent",
     "clusterbook.rendezvous.backends.tcp",
     "clusterbook.rendezvous.report",
