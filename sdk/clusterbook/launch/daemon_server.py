@@ -17,6 +17,7 @@ import subprocess
 import threading
 
 from clusterbook.launch.daemons import ANSWER_WITHIN, FRAME, TAG, dumps, loads, read_line
+from clusterbook.nodes.tasks import commands
 
 __all__ = ["DaemonServer"]
 
@@ -84,7 +85,7 @@ class DaemonServer:
         if request.get("ping"):
             return b'{"ok": true}\n'
         if request.get("free_port"):
-            return dumps({"port": _free_port()}) + b"\n"
+            return dumps(commands.free_port({})) + b"\n"  # the node task's answer
         return None
 
     def serve(self, conn: socket.socket, line: bytes | None = None) -> None:
@@ -131,17 +132,6 @@ class DaemonServer:
         with self._lock:
             self._procs.add(proc)
         return proc
-
-
-def _free_port() -> int:
-    """A TCP port free on this machine now (the node task ``free_port``'s answer)."""
-    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-    try:
-        sock.bind(("", 0))
-        port: int = sock.getsockname()[1]
-        return port
-    finally:
-        sock.close()
 
 
 def _relay(proc: subprocess.Popen[bytes], conn: socket.socket) -> None:

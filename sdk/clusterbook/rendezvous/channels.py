@@ -38,6 +38,7 @@ from collections.abc import Callable, Collection, Mapping
 
 from clusterbook.launch.daemons import read_line
 from clusterbook.rendezvous.backends._tls import Certificate, server_context
+from clusterbook.rendezvous.backends.tcp_gate import Limits, wait_for_room
 from clusterbook.rendezvous.backends.wire import shutdown
 
 __all__ = ["HELLO_WITHIN", "TAKE_WITHIN", "ChannelServer", "message"]
@@ -50,13 +51,12 @@ HELLO_WITHIN = 5.0
 #: (a few milliseconds), so that two daemons in a row on one node both find one.
 TAKE_WITHIN = 2.0
 _IDLE_MAX = 4  # idle connections kept per node (an agent keeps one; more come after blips)
-#: Connections showing who they are at once. Past them, newcomers wait in the listen backlog
-#: until the oldest has had ``_PATIENCE`` seconds, then push it out: whoever can reach the
-#: port cannot keep agents out by holding connections that say nothing (as the store's gate,
-#: :mod:`clusterbook.rendezvous.backends.tcp_gate`), and a burst of agents does not push
-#: itself out.
-_HANDSHAKES = 32
-_PATIENCE = 0.5
+#: Connections showing who they are at once (``pending``). Past them, newcomers wait in the
+#: listen backlog until the oldest has had ``patience`` seconds, then push it out, as the
+#: store's gate decides (:func:`~clusterbook.rendezvous.backends.tcp_gate.wait_for_room`):
+#: whoever can reach the port cannot keep agents out by holding connections that say nothing,
+#: and a burst of agents does not push itself out.
+_HELLOS = Limits(handshake=HELLO_WITHIN, pending=32, patience=0.5)
 
 
 def message(fields: Mapping[str, object]) -> bytes:
@@ -285,13 +285,14 @@ class ChannelServer:
 
     def _room(self) -> bool:
         """Wait until one more connection may show who it is (pushing out the oldest once it
-        had its :data:`_PATIENCE`); False once closed."""
+        had its patience, :data:`_HELLOS`); False once closed."""
         with self._cond:
-            while len(self._hellos) >= _HANDSHAKES and not self._closed:
+            while len(self._hellos) >= _HELLOS.pending and not self._closed:
                 oldest = next(iter(self._hellos))
-                left = oldest.since + _PATIENCE - time.monotonic()
-                if left > 0:
-                    self._cond.wait(left)
+                now = time.monotonic()
+                until = wait_for_room(len(self._hellos), oldest.since, _HELLOS, now)
+                if until is not None:
+                    self._cond.wait(until - now)
                     continue
                 del self._hellos[oldest]  # its thread finds it out and closes it
                 with contextlib.suppress(OSError):

@@ -152,7 +152,7 @@ def test_a_stranger_that_speaks_no_tls_is_closed_and_the_channels_go_on(head, ag
 def test_connections_that_say_nothing_do_not_keep_an_agent_out(head, certificate):
     # More than may show who they are at once, none saying a word: the oldest are pushed out
     # once they had their moment, long before they would time out, and the agent gets in.
-    many = channels._HANDSHAKES + 8
+    many = channels._HELLOS.pending + 8
     strangers = [socket.create_connection(("127.0.0.1", head.port)) for _ in range(many)]
     try:
         dialler, daemons = dial(head, certificate, node="n2")
