@@ -64,8 +64,16 @@ def _left_on_nodes(bed: SlurmBed) -> dict[str, list[str]]:
         time.sleep(0.2)
 
 
-def _agents(cluster: cb.Cluster) -> list[psutil.Process]:
+def _joins(cluster: cb.Cluster) -> list[psutil.Process]:
+    """The cluster's ``worker join`` processes: its agents and the forks holding their sshd."""
     return [p for p in processes_mentioning(cluster.name) if "join" in p.cmdline()]
+
+
+def _agents(cluster: cb.Cluster) -> list[psutil.Process]:
+    """The cluster's agents (not the forks, children of theirs, that hold their sshd)."""
+    joins = _joins(cluster)
+    pids = {p.pid for p in joins}
+    return [p for p in joins if p.ppid() not in pids]
 
 
 def test_a_two_node_slurm_cluster_runs_open_mpi_across_both_and_stop_leaves_nothing(
@@ -87,6 +95,10 @@ def test_a_two_node_slurm_cluster_runs_open_mpi_across_both_and_stop_leaves_noth
         for agent in agents:
             assert agent.environ().get("PYTHONPATH") == os.environ.get("PYTHONPATH")
             assert agent.environ().get("SLURM_JOB_ID") == str(job_id)
+            # Its sshd was started by a fork of it, which holds it as its child.
+            (fork,) = agent.children()
+            assert fork.cmdline() == agent.cmdline()
+            assert [c.name() for c in fork.children()] == ["sshd"]
 
         result = cluster.mpirun(["python", str(script)], np=4, timeout=120).wait()
         result.check()

@@ -21,6 +21,7 @@ if TYPE_CHECKING:
     from clusterbook.gpus import GPUInfo
     from clusterbook.launch.daemon_server import DaemonServer
     from clusterbook.rendezvous.dialler import Dialler
+    from clusterbook.ssh.aside import Aside
     from clusterbook.ssh.sshd import Sshd
 
 __all__ = ["add_worker"]
@@ -123,17 +124,18 @@ def _join(args: argparse.Namespace) -> int:
     import socket
 
     from clusterbook.rendezvous.backends._secret import read_secret
+    from clusterbook.ssh.aside import start_aside
 
     node_id = args.node_id or f"{socket.gethostname()}-{os.getpid()}"
     slots, gpus = _slots(args.slots, node_id)  # what was asked is checked first
     secret = read_secret(args.token_file)
-    socket_path = args.daemon_socket
     started = None
     if args.start_sshd is not None:  # first: it starts while the agent's modules load
-        if socket_path is None:  # the head reaches it through this sshd: warm launches
-            socket_path = _daemon_socket_in(node_id)
-        sshd_args = (args.url, secret, node_id, args.start_sshd, socket_path)
-        started = _Meanwhile(functools.partial(_agent_sshd, *sshd_args))
+        sshd_args = (args.url, secret, node_id, args.start_sshd, args.daemon_socket)
+        started = start_aside(functools.partial(_agent_sshd, *sshd_args))
+    socket_path = args.daemon_socket
+    if started is not None and socket_path is None:  # the head reaches it through this sshd
+        socket_path = _daemon_socket_in(node_id)
     try:
         return _join_with(args, node_id, (slots, gpus), secret, socket_path, started)
     finally:
@@ -144,13 +146,13 @@ def _join(args: argparse.Namespace) -> int:
 def _slots(given: int | str | None, node_id: str) -> tuple[int, GPUInfo | None]:
     """The slots ``--slots`` asks for (checked), and the GPUs found where it asks for one slot a
     GPU (None: not looked for yet: nvidia-smi takes its time, while the sshd starts)."""
+    cores = usable_cores_here()
+    if given is None or isinstance(given, int):  # a number: checked by --slots' own type
+        return cores if given is None else given, None
     from clusterbook.gpus import GPUS, probe_gpus, slots_from_gpus
     from clusterbook.spec import validate_slots
 
-    cores = usable_cores_here()
-    asked = cores if given is None else validate_slots(given, "--slots")
-    if asked != GPUS:
-        return asked, None
+    validate_slots(given, "--slots")  # "gpus"
     gpus = probe_gpus()
     fix = f"pass a number (--slots {cores}), or join from a machine with GPUs"
     return slots_from_gpus(gpus, node=node_id, asked=f"--slots {GPUS}", fix=fix), gpus
@@ -162,7 +164,7 @@ def _join_with(
     asked: tuple[int, GPUInfo | None],
     secret: bytes,
     socket_path: str | None,
-    started: _Meanwhile | None,
+    started: Aside | None,
 ) -> int:
     import logging
 
@@ -216,46 +218,6 @@ def _join_with(
             dialler.close()
         if daemons is not None:
             daemons.close()
-
-
-class _Meanwhile:
-    """The agent's sshd, started on a thread of its own while the agent's modules load (the
-    sshd's own start runs beside them). The thread lives until :meth:`end`: an sshd gets
-    SIGTERM when the thread that started it ends (its parent-death signal)."""
-
-    def __init__(self, start: Callable[[], Sshd]) -> None:
-        import threading
-
-        self._start = start
-        self._ready, self._done = threading.Event(), threading.Event()
-        self._sshd: Sshd | None = None
-        self._error: BaseException | None = None
-        self._thread = threading.Thread(target=self._run, name="clusterbook-sshd", daemon=True)
-        self._thread.start()
-
-    def _run(self) -> None:
-        try:
-            self._sshd = self._start()
-        except BaseException as exc:  # said by sshd(), in the agent's thread
-            self._error = exc
-            return
-        finally:
-            self._ready.set()
-        self._done.wait()
-        self._sshd.stop()
-
-    def sshd(self) -> Sshd:
-        """The sshd, once started; what its start raised, raised here."""
-        self._ready.wait()
-        if self._error is not None:
-            raise self._error
-        assert self._sshd is not None
-        return self._sshd
-
-    def end(self) -> None:
-        """Stop the sshd (if it started) and its thread."""
-        self._done.set()
-        self._thread.join(15.0)
 
 
 def _probe_meanwhile(probe_mpi: tuple[str, str] | None) -> Callable[[], str | None]:
@@ -323,7 +285,8 @@ def _daemon_socket_in(node_id: str) -> str | None:
 
 def _agent_sshd(url: str, secret: bytes, node_id: str, port: int, socket: str | None) -> Sshd:
     """The agent's own sshd; it lets in the cluster's key only (derived from the secret),
-    for a session and a connection to ``socket``."""
+    for a session and a connection to ``socket`` (None: :func:`_daemon_socket_in`, as the
+    agent finds it too)."""
     from clusterbook.paths import agent_sshd_dir
     from clusterbook.rendezvous.registry import parse_join_url
     from clusterbook.ssh.agent_sshd import start_agent_sshd
@@ -333,6 +296,8 @@ def _agent_sshd(url: str, secret: bytes, node_id: str, port: int, socket: str | 
     everywhere = "0.0.0.0"  # noqa: S104 - the head must reach this sshd
     line = derived_public_line(secret, settings.run_id)
     directory = agent_sshd_dir(node_id)
+    if socket is None:
+        socket = _daemon_socket_in(node_id)
     return start_agent_sshd(directory, line, socket=socket, port=port, listen=everywhere)
 
 

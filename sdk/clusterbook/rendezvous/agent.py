@@ -73,6 +73,7 @@ AGENT_IMPORTS = (
     "clusterbook.rendezvous.backends.tcp",
     "clusterbook.rendezvous.report",
     "clusterbook.spec",
+    "clusterbook.ssh.aside",
     "clusterbook.wording",
     "locale",  # argparse's messages
     "logging",

@@ -31,6 +31,7 @@ __all__ = [
     "derived_public_line",
     "generate_keypair",
     "key_tag",
+    "write_host_key",
     "write_private",
 ]
 
@@ -94,11 +95,54 @@ def _derived_key(secret: bytes) -> Ed25519PrivateKey:
 
 
 def _public_line(key: Ed25519PrivateKey, cluster_id: str) -> str:
-    """OpenSSH's line for ``key``'s public key: its type and, in base64, the type and the raw
-    key as SSH strings (RFC 4253: a 4-byte length, then the bytes), then the cluster's tag.
-    (Written out: cryptography's serialization module costs an agent's start ~12 ms.)"""
-    blob = b"".join(_ssh_string(part) for part in (_ED25519, key.public_key().public_bytes_raw()))
+    """OpenSSH's line for ``key``'s public key: its type, its wire format in base64, then the
+    cluster's tag. (Written out: cryptography's serialization module costs ~12 ms.)"""
+    blob = _public_blob(key.public_key().public_bytes_raw())
     return f"{_ED25519.decode()} {base64.b64encode(blob).decode()} {key_tag(cluster_id)}"
+
+
+def write_host_key(path: Path) -> str:
+    """Make a new ed25519 key at ``path`` (0600, never over an existing file) and its public
+    line at ``path.pub``, as ``ssh-keygen -t ed25519 -N '' -C ''`` would; returns that line.
+    (Made here: an agent's sshd needs one at each start, and ssh-keygen's run took ~10 ms.)"""
+    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+
+    key = Ed25519PrivateKey.generate()
+    seed, public = key.private_bytes_raw(), key.public_key().public_bytes_raw()
+    write_private(path, openssh_private_key(seed, public))
+    line = f"{_ED25519.decode()} {base64.b64encode(_public_blob(public)).decode()}"
+    write_private(path.with_name(path.name + ".pub"), (line + "\n").encode())
+    return line
+
+
+def openssh_private_key(seed: bytes, public: bytes, comment: str = "") -> bytes:
+    """The ed25519 key of ``seed`` (and its ``public`` key) in OpenSSH's own private key
+    format, unencrypted (OpenSSH's PROTOCOL.key): what ``ssh-keygen`` writes, and
+    cryptography's ``PrivateFormat.OpenSSH``, whose module costs ~12 ms to import."""
+    check = os.urandom(4)  # the same twice: a decryption's check, here none
+    private = b"".join(
+        [
+            check,
+            check,
+            _ssh_string(_ED25519),
+            _ssh_string(public),
+            _ssh_string(seed + public),
+            _ssh_string(comment.encode()),
+        ]
+    )
+    private += bytes(range(1, 1 + (-len(private) % 8)))  # padded to the cipher's block: 8
+    none = _ssh_string(b"none")
+    head = b"openssh-key-v1\0" + none + none + _ssh_string(b"") + struct.pack(">I", 1)
+    body = base64.b64encode(head + _ssh_string(_public_blob(public)) + _ssh_string(private))
+    lines = [body[i : i + 70] for i in range(0, len(body), 70)]
+    armour = b"-----%s OPENSSH PRIVATE KEY-----\n"
+    return armour % b"BEGIN" + b"\n".join(lines) + b"\n" + armour % b"END"
+
+
+def _public_blob(public: bytes) -> bytes:
+    """An ed25519 public key as SSH's wire format: the type and the raw key, each an SSH
+    string (RFC 4253: a 4-byte length, then the bytes)."""
+    return _ssh_string(_ED25519) + _ssh_string(public)
 
 
 def _ssh_string(data: bytes) -> bytes:
@@ -106,14 +150,8 @@ def _ssh_string(data: bytes) -> bytes:
 
 
 def _write_keypair(directory: Path, cluster_id: str, key: Ed25519PrivateKey) -> KeyPair:
-    from cryptography.hazmat.primitives import serialization
-
     directory.mkdir(parents=True, exist_ok=True, mode=0o700)
-    private = key.private_bytes(
-        serialization.Encoding.PEM,
-        serialization.PrivateFormat.OpenSSH,
-        serialization.NoEncryption(),
-    )
+    private = openssh_private_key(key.private_bytes_raw(), key.public_key().public_bytes_raw())
     line = _public_line(key, cluster_id)
     path = directory / "id_ed25519"
     write_private(path, private)

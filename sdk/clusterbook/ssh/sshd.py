@@ -271,31 +271,18 @@ def _find_sshd(sshd_path: str | os.PathLike[str] | None, directory: Path, port: 
 def _ensure_host_key(host_key: Path, directory: Path, port: int) -> str:
     public = host_key.with_name(host_key.name + ".pub")
     if not (host_key.exists() and public.exists()):
-        for stale in (host_key, public):  # ssh-keygen would stop to ask before overwriting
+        from clusterbook.ssh.keys import write_host_key
+
+        for stale in (host_key, public):  # half a key: made again
             stale.unlink(missing_ok=True)
-        keygen = shutil.which("ssh-keygen")
-        if keygen is None:
+        try:
+            return write_host_key(host_key)
+        except OSError as exc:
             raise SshdError(
-                f"No ssh-keygen to make a host key in {directory} (port {port}); {_INSTALL_HINT}.",
+                f"Cannot write a host key at {host_key} (port {port}): {exc.strerror or exc}.",
                 port=port,
                 directory=directory,
-            )
-        done = subprocess.run(  # it makes the private key 0600 itself
-            [keygen, "-q", "-t", "ed25519", "-N", "", "-C", "", "-f", str(host_key)],
-            stdin=subprocess.DEVNULL,
-            capture_output=True,
-            text=True,
-            check=False,
-        )
-        if done.returncode != 0:
-            raise SshdError(
-                f"ssh-keygen could not make a host key at {host_key} (port {port}): "
-                f"{done.stderr.strip()}",
-                port=port,
-                directory=directory,
-                log_tail=done.stderr,
-            )
-        public.chmod(0o600)
+            ) from exc
     return " ".join(public.read_text().split()[:2])
 
 

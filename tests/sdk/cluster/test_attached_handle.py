@@ -39,7 +39,8 @@ def connections_to(sock: Path) -> int:
     accepted, here too, have none)."""
     count = 0
     for fd in _socket_fds():
-        with socket.socket(fileno=os.dup(fd)) as dup, contextlib.suppress(OSError):
+        # An fd listed may be closed (or another's) by the time it is read: another thread's.
+        with contextlib.suppress(OSError), socket.socket(fileno=os.dup(fd)) as dup:
             count += dup.family == socket.AF_UNIX and dup.getpeername() == str(sock)
     return count
 

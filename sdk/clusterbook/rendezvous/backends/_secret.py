@@ -8,7 +8,6 @@ the wire.
 from __future__ import annotations
 
 import os
-import secrets
 import stat
 
 from clusterbook.errors import ConfigError
@@ -39,7 +38,11 @@ def write_secret(path: str | os.PathLike[str], secret: bytes | None = None) -> b
     The file is created with mode 0600 in one step, so it is never readable by others, not even
     for a moment; an existing file is never overwritten. Returns the secret.
     """
-    secret = check_secret(secrets.token_bytes(32) if secret is None else secret)
+    if secret is None:
+        import secrets  # here: an agent, which reads the file only, need not import it
+
+        secret = secrets.token_bytes(32)
+    secret = check_secret(secret)
     flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0)
     try:
         fd = os.open(path, flags, 0o600)
