@@ -22,6 +22,7 @@ __all__ = [
     "parse_host_slots",
     "parse_hostfile",
     "read_hostfile",
+    "validate_channel_port",
     "validate_env",
     "validate_forward_env",
     "validate_host",
@@ -280,6 +281,21 @@ def validate_port(value: object, name: str = "port", *, free: str | None = None)
     if value > 65535:
         raise ConfigError(f"{name} must be at most 65535: {rule}, got {value}.")
     return value
+
+
+def validate_channel_port(value: object, store_port: object) -> int | None:
+    """``channel_port`` (where the agents dial the head for their nodes' MPI daemons): None
+    (no channels), 0 (any free port) or a port that is not the rendezvous store's."""
+    if value is None:
+        return None
+    port = validate_port(value, "channel_port", free="any free one")
+    if port and port == store_port:
+        raise ConfigError(
+            f"channel_port={port} is the rendezvous store's port too: the agents' channel needs "
+            "a port of its own; give another (open it to the nodes as the store's), 0 for any "
+            "free one, or None for no channels."
+        )
+    return port
 
 
 def validate_seconds(

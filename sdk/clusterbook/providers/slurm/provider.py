@@ -52,7 +52,7 @@ from clusterbook.rendezvous.agent import agent_argv
 from clusterbook.rendezvous.api import RendezvousSettings, RendezvousTimeout
 from clusterbook.rendezvous.head import RendezvousHead
 from clusterbook.scaling import Allocation
-from clusterbook.spec import NodeSpec, validate_positive_int
+from clusterbook.spec import NodeSpec, validate_channel_port, validate_positive_int
 from clusterbook.wording import spell_or
 
 __all__ = ["SlurmProvider"]
@@ -81,6 +81,7 @@ class SlurmProvider(Provider):
         requeue: bool = False,
         listen: str | None = None,
         port: int = 0,
+        channel_port: int | None = 0,
         last_call: Duration = 1.0,
         join_timeout: Duration = 600.0,
         keep_alive_interval: Duration = 1.0,
@@ -120,7 +121,8 @@ class SlurmProvider(Provider):
             keep_alive_max_attempt=keep_alive_max_attempt,
         )
         # It listens where the nodes reach it: only known at start (Slurm is asked).
-        self.head = RendezvousHead(settings, port=port, channels=True)
+        channels = validate_channel_port(channel_port, port)
+        self.head = RendezvousHead(settings, port=port, channels=channels)
         self._listen = listen
         self.slurm = SlurmCommands(runner)
         poll = duration(poll_interval, "poll_interval")
