@@ -37,6 +37,7 @@ class DaemonServer:
         self._sock: socket.socket | None = None
         self._procs: set[subprocess.Popen[bytes]] = set()
         self._lock = threading.Lock()
+        self._closed = False
 
     def start(self) -> None:
         if self.path is None:
@@ -63,6 +64,7 @@ class DaemonServer:
             with contextlib.suppress(OSError):
                 os.unlink(self.path or "")
         with self._lock:
+            self._closed = True
             procs = list(self._procs)
         for proc in procs:
             _end(proc, 0.0)
@@ -120,16 +122,18 @@ class DaemonServer:
         if not token or token.endswith(":agents"):
             raise ValueError(f"a daemon needs its job's tag, not {token!r}")
         shell = pwd.getpwuid(os.getuid()).pw_shell or "/bin/sh"
-        proc = subprocess.Popen(
-            [shell, "-c", command],
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            env={**self._env, TAG: token},
-            cwd=os.path.expanduser("~"),
-            start_new_session=True,  # its group is the job's on this node: ended as one
-        )
-        with self._lock:
+        with self._lock:  # a close() meanwhile ends it too: it is filed before close() looks
+            if self._closed:
+                raise ValueError("the agent is stopping: it starts no more daemons")
+            proc = subprocess.Popen(
+                [shell, "-c", command],
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                env={**self._env, TAG: token},
+                cwd=os.path.expanduser("~"),
+                start_new_session=True,  # its group is the job's on this node: ended as one
+            )
             self._procs.add(proc)
         return proc
 

@@ -144,6 +144,52 @@ def test_closing_the_server_ends_its_daemons_and_removes_the_socket(tmp_path):
         proc.wait(10)
 
 
+def _launches_as_it_closes(srv: DaemonServer, count: int) -> tuple[list, list]:
+    """``count`` launches on threads of their own, let go together with ``srv.close()``: the
+    daemons started, and the launches refused."""
+    import threading
+
+    started: list[subprocess.Popen[bytes]] = []
+    refused: list[ValueError] = []
+    go = threading.Barrier(count + 1)
+
+    def launch() -> None:
+        go.wait()
+        try:
+            started.append(srv._spawn("exec sleep 300", TOKEN))
+        except ValueError as exc:
+            refused.append(exc)
+
+    threads = [threading.Thread(target=launch) for _ in range(count)]
+    for t in threads:
+        t.start()
+    go.wait()
+    srv.close()
+    for t in threads:
+        t.join(30)
+    return started, refused
+
+
+def test_a_daemon_started_while_the_server_closes_is_ended_with_it(tmp_path):
+    """A launch that comes as the agent stops: its daemon is either refused or ended by the
+    close (it was filed before the close looked), never left running."""
+    for _ in range(10):
+        started, refused = _launches_as_it_closes(DaemonServer(str(tmp_path / "d.sock")), 4)
+        assert len(started) + len(refused) == 4
+        assert all("stopping" in str(e) for e in refused)
+        try:
+            for proc in started:
+                assert proc.wait(10) != 0  # ended by the close, not left running
+        finally:
+            for proc in started:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(proc.pid, 9)
+                proc.wait()
+                for pipe in (proc.stdout, proc.stderr):
+                    if pipe is not None:
+                        pipe.close()
+
+
 def test_the_launchers_side_loads_none_of_the_servers_modules():
     # The launcher's side starts once per node per job: threads, subprocesses and hashlib's
     # OpenSSL, json's re are the agent's side's (~7 ms of CPU more at every warm job's start).
