@@ -70,8 +70,8 @@ class RendezvousHead:
     """Serves and follows one cluster's rendezvous (see the module docstring). ``settings``
     are checked when this is made; their run id is set to the cluster's at :meth:`start`.
     ``listen``, ``port``: where the store listens (0: any free port); ``lease``: the agents',
-    when the head started them itself (:meth:`given_up`); ``channels``: :attr:`channels`'s
-    port (0: any free one; None: none)."""
+    when the head started them itself (:meth:`given_up`); ``channel_port``: that of
+    :attr:`channels` (0: any free one; None: none)."""
 
     def __init__(
         self,
@@ -80,10 +80,10 @@ class RendezvousHead:
         listen: str = "127.0.0.1",
         port: int = 0,
         lease: float | None = None,
-        channels: int | None = None,
+        channel_port: int | None = None,
     ) -> None:
-        self._settings = settings
-        self._listen, self._port, self._lease, self._channel_port = listen, port, lease, channels
+        self._settings, self._lease = settings, lease
+        self._listen, self._port, self._channel_port = listen, port, channel_port
         self._cond = threading.Condition()
         self._state = RendezvousState()
         self._seen: dict[str, NodeReport] = {}  # every node ever seen: its last report

@@ -19,7 +19,7 @@ import signal
 import sys
 import time
 from collections.abc import Callable
-from typing import TYPE_CHECKING, NoReturn, Protocol
+from typing import TYPE_CHECKING, NamedTuple, NoReturn, Protocol
 
 if TYPE_CHECKING:
     from clusterbook.ssh.sshd import Sshd
@@ -30,17 +30,11 @@ __all__ = ["Aside", "SshdFacts", "start_aside"]
 END_WITHIN = 15.0
 
 
-class SshdFacts:
+class SshdFacts(NamedTuple):
     """Where the agent's sshd listens and the host key it shows: what the agent's join says."""
 
-    __slots__ = ("host_public_key", "port")
-
-    def __init__(self, port: int, host_public_key: str) -> None:
-        self.port = port
-        self.host_public_key = host_public_key
-
-    def __repr__(self) -> str:
-        return f"SshdFacts(port={self.port!r}, host_public_key={self.host_public_key!r})"
+    port: int
+    host_public_key: str
 
 
 class Aside(Protocol):
@@ -177,8 +171,8 @@ def _hold(start: Callable[[], Sshd], report: int, life: int) -> NoReturn:
                 pass
             sshd.stop()
             code = 0
-    finally:
-        _exit(code)
+    finally:  # never the agent's exit: its atexit handlers, its buffered output, run twice
+        os._exit(code)
 
 
 def _let_go_of_output() -> None:
@@ -189,12 +183,6 @@ def _let_go_of_output() -> None:
     for fd in (0, 1, 2):
         os.dup2(null, fd)
     os.close(null)
-
-
-def _exit(code: int) -> NoReturn:
-    """Leave the fork without what the agent's exit would run twice (its atexit handlers,
-    buffered output)."""
-    os._exit(code)
 
 
 def _send(fd: int, record: dict[str, object]) -> None:

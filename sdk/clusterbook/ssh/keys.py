@@ -97,8 +97,7 @@ def _derived_key(secret: bytes) -> Ed25519PrivateKey:
 def _public_line(key: Ed25519PrivateKey, cluster_id: str) -> str:
     """OpenSSH's line for ``key``'s public key: its type, its wire format in base64, then the
     cluster's tag. (Written out: cryptography's serialization module costs ~12 ms.)"""
-    blob = _public_blob(key.public_key().public_bytes_raw())
-    return f"{_ED25519.decode()} {base64.b64encode(blob).decode()} {key_tag(cluster_id)}"
+    return f"{_public_text(key.public_key().public_bytes_raw())} {key_tag(cluster_id)}"
 
 
 def write_host_key(path: Path) -> str:
@@ -110,7 +109,7 @@ def write_host_key(path: Path) -> str:
     key = Ed25519PrivateKey.generate()
     seed, public = key.private_bytes_raw(), key.public_key().public_bytes_raw()
     write_private(path, openssh_private_key(seed, public))
-    line = f"{_ED25519.decode()} {base64.b64encode(_public_blob(public)).decode()}"
+    line = _public_text(public)
     write_private(path.with_name(path.name + ".pub"), (line + "\n").encode())
     return line
 
@@ -137,6 +136,11 @@ def openssh_private_key(seed: bytes, public: bytes, comment: str = "") -> bytes:
     lines = [body[i : i + 70] for i in range(0, len(body), 70)]
     armour = b"-----%s OPENSSH PRIVATE KEY-----\n"
     return armour % b"BEGIN" + b"\n".join(lines) + b"\n" + armour % b"END"
+
+
+def _public_text(public: bytes) -> str:
+    """``ssh-ed25519 BASE64``: an ed25519 public key as OpenSSH writes it, untagged."""
+    return f"{_ED25519.decode()} {base64.b64encode(_public_blob(public)).decode()}"
 
 
 def _public_blob(public: bytes) -> bytes:

@@ -187,7 +187,7 @@ def test_the_agents_channel_is_on_the_port_given_any_free_one_or_none(given) -> 
     from clusterbook.rendezvous.registry import channel_port
 
     wanted = _free_port() if given == "pinned" else given
-    head = RendezvousHead(RendezvousSettings("ch", 1, 1), channels=wanted)
+    head = RendezvousHead(RendezvousSettings("ch", 1, 1), channel_port=wanted)
     head.start(f"ch-{os.getpid()}", lambda: None)
     try:
         assert head.join_url is not None

@@ -83,8 +83,8 @@ class ElasticProvider(Provider):
             keep_alive_interval=duration(keep_alive_interval, "keep_alive_interval"),
             keep_alive_max_attempt=keep_alive_max_attempt,
         )
-        channels = validate_channel_port(channel_port, port)
-        self.head = RendezvousHead(settings, listen=listen, port=port, channels=channels)
+        channel_port = validate_channel_port(channel_port, port)
+        self.head = RendezvousHead(settings, listen=listen, port=port, channel_port=channel_port)
         self.announce = announce
         self._cluster_id: str | None = None
         self._networks: list[str] = []

@@ -121,8 +121,8 @@ class SlurmProvider(Provider):
             keep_alive_max_attempt=keep_alive_max_attempt,
         )
         # It listens where the nodes reach it: only known at start (Slurm is asked).
-        channels = validate_channel_port(channel_port, port)
-        self.head = RendezvousHead(settings, port=port, channels=channels)
+        channel_port = validate_channel_port(channel_port, port)
+        self.head = RendezvousHead(settings, port=port, channel_port=channel_port)
         self._listen = listen
         self.slurm = SlurmCommands(runner)
         poll = duration(poll_interval, "poll_interval")
