@@ -8,9 +8,13 @@ from it, on the requeued job's nodes (``CLUSTERBOOK_RESTART`` says which restart
 
 The job's ``timeout`` sends SIGUSR1 too, for Python ranks to dump their stacks before they are
 stopped: the function runs then as well (a last checkpoint), and the stacks are still dumped.
-A plain ``signal.signal(signal.SIGUSR1, handler)`` works the same way, without the dump. Ranks
-start with SIGUSR1 ignored (the rank wrapper's doing): a warning that comes before a handler is
-set, while the rank starts, is lost rather than the rank's end.
+A plain ``signal.signal(signal.SIGUSR1, handler)`` works the same way, without the dump.
+
+A warning may come while the rank starts (Slurm sends it up to a minute early). Ranks start
+with SIGUSR1 ignored (the rank wrapper's doing): one that comes before Python runs is lost
+rather than the rank's end. Once Python runs, the rank hook remembers one that comes before
+:func:`on_preempt` is called, which then runs the function at once (a plain handler set later
+is not told).
 """
 
 from __future__ import annotations
@@ -26,12 +30,15 @@ __all__ = ["on_preempt"]
 
 def on_preempt(fn: Callable[[], object]) -> Callable[[], object]:
     """Run ``fn()`` in this rank's main thread when SIGUSR1 comes (a Slurm batch job's time
-    limit is near, or the job's timeout): write a checkpoint there. Returns ``fn``, so it can
-    be a decorator. Call it from the main thread (Python's rule for signal handlers)."""
+    limit is near, or the job's timeout): write a checkpoint there. Where it came already,
+    since the rank started, ``fn()`` runs now. Returns ``fn``, so it can be a decorator. Call
+    it from the main thread (Python's rule for signal handlers)."""
 
     def handler(signum: int, frame: FrameType | None) -> None:
         faulthandler.dump_traceback(sys.stderr, all_threads=True)
         fn()
 
-    signal.signal(signal.SIGUSR1, handler)
+    before = signal.signal(signal.SIGUSR1, handler)
+    if getattr(before, "came", False) is True:  # the rank hook's: it came as the rank started
+        fn()
     return fn

@@ -124,3 +124,30 @@ def test_the_hook_stays_light_and_still_runs_another_sitecustomize(tmp_path) -> 
         timeout=60,
     )
     assert chained.stdout == "the other one ran sitecustomize True\nFalse\n", chained.stderr
+
+
+EARLY_WARNING = """\
+import os, signal
+if {early}:  # Slurm's warning, while the program still starts
+    os.kill(os.getpid(), signal.SIGUSR1)
+print("started", flush=True)
+import clusterbook
+
+@clusterbook.on_preempt
+def save():
+    print("checkpoint written", flush=True)
+
+print("went on", flush=True)
+"""
+
+
+@pytest.mark.parametrize("hook", ["1", "stacks"])
+def test_a_warning_before_on_preempt_dumps_the_stacks_and_runs_its_function_once_set(hook) -> None:  # type: ignore[no-untyped-def]
+    out = _rank(EARLY_WARNING.format(early=True), hook=hook)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout == "started\ncheckpoint written\nwent on\n"
+    assert "most recent call first" in out.stderr  # the stacks, as the warning came
+    quiet = _rank(EARLY_WARNING.format(early=False), hook=hook)
+    assert quiet.returncode == 0, quiet.stderr
+    assert quiet.stdout == "started\nwent on\n"  # no warning: no checkpoint
+    assert quiet.stderr == ""

@@ -3,7 +3,9 @@
 It makes a Python rank behave well under MPI, whatever program it runs:
 
 - SIGUSR1 dumps every thread's stack to stderr (mpirun forwards SIGUSR1 to the ranks), so a
-  job that times out shows where each rank was stuck.
+  job that times out shows where each rank was stuck; one that comes before the program set a
+  handler of its own is remembered, for ``clusterbook.on_preempt`` (Slurm's warning of a time
+  limit may come while the rank starts).
 - An uncaught exception, or ``sys.exit`` with a non-zero code, aborts the whole MPI job (as
   ``python -m mpi4py`` does), so no other rank is left hanging in a collective. Not in jobs
   that handle errors themselves (``CLUSTERBOOK_RANK_HOOK=stacks``, e.g. ipyparallel engines,
@@ -61,7 +63,16 @@ def _install(abort_on_error: bool, keep: bool) -> None:
     import faulthandler
 
     os.environ.pop("CLUSTERBOOK_RANK_HOOK", None)
-    faulthandler.register(_signal.SIGUSR1, all_threads=True)
+
+    def warned(signum, frame):  # type: ignore[no-untyped-def]
+        """A SIGUSR1 before the program set its own handler (a Slurm warning while the rank
+        starts): ``clusterbook.on_preempt`` runs its function at once when it sees this."""
+        warned.came = True  # type: ignore[attr-defined]
+
+    warned.came = False  # type: ignore[attr-defined]
+    _signal.signal(_signal.SIGUSR1, warned)
+    # faulthandler dumps the stacks from C (a rank stuck in MPI too), then calls the above.
+    faulthandler.register(_signal.SIGUSR1, all_threads=True, chain=True)
     # The rank wrapper starts the program as a background job of sh, which ignores SIGINT.
     if _signal.getsignal(_signal.SIGINT) == _signal.SIG_IGN:
         _signal.signal(_signal.SIGINT, _signal.default_int_handler)

@@ -180,8 +180,10 @@ class SlurmProvider(Provider):
 
     @property
     def nodes(self) -> tuple[NodeSpec, ...]:
-        """The participants of the last complete round, by rank."""
-        return round_nodes(self.head.participants(), socket.gethostname(), self._networks)
+        """The participants of the last complete round, by rank, but those of allocations
+        ``scale()`` cancelled (their agents may not have left yet)."""
+        held = [(n, r) for n, r in self.head.participants() if not self.follow.cancelled(n)]
+        return round_nodes(held, socket.gethostname(), self._networks)
 
     def _leave(self, job_id: int) -> dict[str, Exception]:
         """The nodes of batch job ``job_id`` are to leave (cancelled, requeued): remove what

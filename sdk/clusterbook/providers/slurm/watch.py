@@ -83,7 +83,9 @@ class JobWatch:
         self.requeue_after = requeue_after
         self._leaving = leaving  # told before a requeue ends an allocation's nodes
         self.jobs: dict[int, Followed] = {}  # by job id, in the order submitted
-        self.released: set[int] = set()  # allocations scale() cancelled: their rows go
+        # Allocations scale() cancelled: their rows go, and their nodes get no more work.
+        # (Replaced, not changed in place: readers on other threads look at it meanwhile.)
+        self.released: frozenset[int] = frozenset()
         self._error: str | None = None
         self._watching = threading.Event()
         self._thread: threading.Thread | None = None
@@ -145,8 +147,15 @@ class JobWatch:
 
     def release(self, job_id: int) -> None:
         """Follow job ``job_id`` no more: ``scale()`` cancels it (its nodes leave the rows)."""
-        self.released.add(job_id)
+        self.released |= {job_id}
         self.jobs.pop(job_id, None)
+
+    def cancelled(self, node: str) -> bool:
+        """Whether ``node`` is of an allocation :meth:`release` let go: its agent may be in the
+        round a while longer (until Slurm's SIGTERM reaches it and it leaves, or its heartbeats
+        stop), but no job is placed on it any more."""
+        released = self.released
+        return bool(released) and node.endswith(tuple(f"-{i}" for i in released))
 
     def _follow(self, changed: Callable[[], None]) -> None:
         while not self._watching.wait(self.poll if self.missing() else 4 * self.poll):
@@ -241,8 +250,7 @@ class JobWatch:
     def node_statuses(self) -> list[NodeStatus]:
         """The nodes that joined, and a pending row for each node an allocation still owes,
         with Slurm's state and reason (``Slurm job 42 is PENDING (Resources)``)."""
-        gone = tuple(f"-{i}" for i in self.released)
-        rows = [s for s in self.agents.node_statuses() if not (gone and s.name.endswith(gone))]
+        rows = [s for s in self.agents.node_statuses() if not self.cancelled(s.name)]
         if self.stopping:
             return rows
         pending = []

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -25,6 +26,9 @@ from clusterbook.providers.slurm.batch import (
     sbatch_argv,
 )
 from clusterbook.providers.slurm.provider import SlurmProvider
+from clusterbook.rendezvous.backends.tcp import TcpBackend
+from clusterbook.rendezvous.registry import parse_join_url
+from clusterbook.rendezvous.step import Operation, Step
 from clusterbook.scaling import Adapt
 from clusterbook.testing import FakeSlurm
 from clusterbook.views.html import render_nodes
@@ -231,3 +235,39 @@ def test_adapt_grows_for_ranks_beyond_the_slots_and_lets_idle_nodes_go_after_the
         assert fake.commands("scancel") == []
         resizer.adapt_once(settings, now=112.0)  # the grace has passed: the added ones go
         assert fake.commands("scancel") == [["scancel", "3"], ["scancel", "2"]]
+
+
+def test_the_nodes_of_a_cancelled_allocation_get_no_job_before_their_agent_has_left(tmp_path):
+    """scale() cancels an allocation: its node leaves the cluster's nodes (where jobs go) at
+    once, though its agent is still in the round until Slurm's SIGTERM reaches it."""
+    fake = FakeSlurm(state="RUNNING", reason=None)
+    with _cluster(fake, tmp_path, nodes=1, max_nodes=2) as cluster:
+        cluster.scale(2)
+        head = cluster._provider.head  # type: ignore[attr-defined]
+        assert head.join_url is not None
+        assert head.secret is not None
+        store_url, joined = parse_join_url(head.join_url)
+        agents = []
+        try:
+            for name in ("snode1-1", "snode2-2"):  # (this machine's: nothing to reach)
+                agent = TcpBackend(store_url, head.secret, node=name, timeout=30.0)
+                agents.append(agent)
+                now = time.time()
+                report = {"hostname": socket.gethostname(), "slots": 2}
+                agent.update(Step((Operation.JOIN,), name, joined, now, now + 60.0, report))
+            deadline = time.monotonic() + 30
+            while [n.name for n in cluster.nodes] != ["snode1-1", "snode2-2"]:
+                assert time.monotonic() < deadline, cluster.nodes
+                time.sleep(0.02)
+            cluster.scale(1)
+            assert fake.commands("scancel") == [["scancel", "2"]]
+            assert [name for name, _ in head.participants()] == ["snode1-1", "snode2-2"]
+            assert [n.name for n in cluster.nodes] == ["snode1-1"]
+            assert cluster.total_slots == 2
+            assert list(cluster.status().node) == ["snode1-1"]
+        finally:
+            for agent, name in zip(agents, ("snode1-1", "snode2-2"), strict=False):
+                now = time.time()  # they leave (the cluster's stop waits for its agents)
+                agent.update(Step((Operation.EXIT,), name, joined, now, now + 5.0))
+                agent.close()
+            fake.set_state(1, "COMPLETED")  # and their batch job ends with them
