@@ -5,8 +5,10 @@ from __future__ import annotations
 
 import contextlib
 import os
+import shlex
 import shutil
 import subprocess
+import sys
 from collections.abc import Callable, Iterator
 from dataclasses import replace
 from pathlib import Path
@@ -100,6 +102,16 @@ def test_ranks_run_on_far_agents_through_their_own_sshd(testbed, far_agents, mpi
 
         result = cluster.mpirun(["python", str(script)], np=4, timeout=120).wait()
         result.check()
+        # Nor a login to check them: their agents probed their node for the cluster's MPI
+        # (the join command asks them to), and the head took what they reported, where they
+        # run the cluster's Python (the agents run the test's; MPICH's is another: what an
+        # agent found of mpi4py is not the ranks', so the head logs in to check).
+        assert cluster.join_command is not None
+        assert "--probe-mpi" in shlex.split(cluster.join_command)
+        probed = mpi_python == sys.executable
+        for h in hosts:
+            log = (Path.home() / ".clusterbook" / f"sshd-{h.agent_id}" / "sshd.log").read_text()
+            assert ("Accepted publickey" in log) is not probed, log
         logs = cluster.jobs[-1].logs()
         ranks = logs[logs["rank"] >= 0]
         lines = sorted(ranks["line"])
@@ -176,13 +188,36 @@ def test_a_far_node_whose_sshd_key_is_not_the_reported_one_is_refused(
     with elastic_cluster(testbed, openmpi_python, tmp_path, 1) as cluster:
         far_agents(host, cluster, "--start-sshd", str(SSHD_PORT))
         cluster.wait_ready(timeout=60)
-        # Someone else answers on the agent's address and port with another host key.
+        # Someone else answers on the agent's address and port with another host key (the
+        # fake host's own sshd's); and the agent reported no probe of its node, so the head
+        # logs in to check it before the job.
         node, report = next(iter(cluster._provider.head.reports().items()))
-        # the fake host's own sshd key
-        cluster._provider.head.set_report(node, replace(report, sshd_host_key=host.host_public_key))
+        changed = replace(report, sshd_host_key=host.host_public_key, probe=None)
+        cluster._provider.head.set_report(node, changed)
         with pytest.raises(BootstrapError, match="has CHANGED") as info:
             cluster.mpirun(["python", "-c", "pass"], np=1)
         assert host.addr in str(info.value) or node in str(info.value)
+
+
+def test_a_probed_far_node_whose_sshd_key_changed_is_refused_at_the_first_login(
+    testbed, far_agents, openmpi_python, tmp_path
+):
+    """A node its agent probed needs no login before a job; the first login there is (a
+    put()) refuses the changed key, and stop() says what it could not remove."""
+    host = testbed.hosts[2]
+    with elastic_cluster(testbed, openmpi_python, tmp_path, 1) as cluster:
+        far_agents(host, cluster, "--start-sshd", str(SSHD_PORT))
+        cluster.wait_ready(timeout=60)
+        node, report = next(iter(cluster._provider.head.reports().items()))
+        assert report.probe is not None
+        changed = replace(report, sshd_host_key=host.host_public_key)
+        cluster._provider.head.set_report(node, changed)
+        sent = tmp_path / "sent.txt"
+        sent.write_text("x")
+        with pytest.raises(cb.ClusterError, match="has CHANGED"):
+            cluster.put(sent)
+        with pytest.warns(cb.CleanupWarning, match="has CHANGED"):
+            cluster.stop()
 
 
 def test_no_agent_or_sshd_is_left_in_the_hosts_after_stop(

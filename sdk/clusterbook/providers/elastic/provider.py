@@ -18,6 +18,7 @@ from pathlib import Path
 
 from clusterbook.durations import Duration, duration
 from clusterbook.errors import CleanupWarning
+from clusterbook.launch.flavour import Launcher
 from clusterbook.providers.base import Provider, StartContext
 from clusterbook.providers.elastic.far import networks_here, round_nodes
 from clusterbook.providers.elastic.reach import FarReach
@@ -31,11 +32,15 @@ from clusterbook.spec import NodeSpec, validate_channel_port
 __all__ = ["ElasticProvider", "join_command", "warn_unclean"]
 
 
-def join_command(head: RendezvousHead) -> str | None:
-    """The command a node joins ``head``'s rendezvous with, once it is served."""
+def join_command(head: RendezvousHead, launcher: Launcher | None = None) -> str | None:
+    """The command a node joins ``head``'s rendezvous with, once it is served. With the
+    cluster's ``launcher``, its agent checks the node for it as the head would
+    (``--probe-mpi``): a node with its own sshd is then checked without a login, where it runs
+    the cluster's Python (else the head logs in to check it, as without)."""
     if head.join_url is None or head.token_file is None:
         return None
-    return shlex.join(agent_argv(None, head.join_url, head.token_file))
+    probe = None if launcher is None else (launcher.flavour.value, launcher.prefix)
+    return shlex.join(agent_argv(None, head.join_url, head.token_file, probe_mpi=probe))
 
 
 def warn_unclean(cluster_id: str, problems: dict[str, Exception]) -> None:
@@ -87,6 +92,7 @@ class ElasticProvider(Provider):
         self.head = RendezvousHead(settings, listen=listen, port=port, channel_port=channel_port)
         self.announce = announce
         self._cluster_id: str | None = None
+        self._launcher: Launcher | None = None  # the cluster's, once started
         self._networks: list[str] = []
         self._watch = AgentWatch(self.head, hint=self._hint)
         self.far = FarReach(self.head, lambda: self.nodes)
@@ -109,7 +115,7 @@ class ElasticProvider(Provider):
 
     @property
     def join_command(self) -> str | None:
-        return join_command(self.head)
+        return join_command(self.head, self._launcher)
 
     @property
     def watch(self) -> NodeWatch:
@@ -125,7 +131,7 @@ class ElasticProvider(Provider):
         return round_nodes(self.head.participants(), socket.gethostname(), self._networks)
 
     def start(self, ctx: StartContext) -> None:
-        self._cluster_id = ctx.cluster_id
+        self._cluster_id, self._launcher = ctx.cluster_id, ctx.launcher
         try:
             # A node that joins is checked now (its master connection too), not at the next job.
             self.head.start(ctx.cluster_id, self.far.on_change(ctx.changed))

@@ -168,7 +168,7 @@ class SlurmProvider(Provider):
 
     @property
     def join_command(self) -> str | None:
-        return join_command(self.head)
+        return join_command(self.head, None if self._ctx is None else self._ctx.launcher)
 
     @property
     def watch(self) -> NodeWatch:
