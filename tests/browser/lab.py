@@ -266,6 +266,12 @@ def open_notebook(lab: Lab, page: Any, path: str, *, reset: bool = False) -> Non
     page.goto(f"{lab.url}/lab/tree/{path}?token={lab.token}")
     # "idle" shows before the kernel exists; Run All before it is there asks for a kernel.
     kernel = page.locator(".jp-NotebookPanel-toolbar .jp-Toolbar-kernelName")
+    # A loaded machine's server may fail a request of the page's own (seen: the theme's
+    # stylesheet), and JupyterLab then holds the page behind a dialog saying so: load it again.
+    failed = page.locator(".jp-Dialog", has_text=re.compile(r"^Error Loading"))
+    expect(kernel.or_(failed).first).to_be_visible()
+    if failed.count():
+        page.reload()
     expect(kernel).to_contain_text("ipykernel")
     expect(page.locator(".jp-Notebook-ExecutionIndicator[data-status=idle]")).to_be_visible()
 

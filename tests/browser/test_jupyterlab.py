@@ -169,3 +169,24 @@ def _luminance(css: str) -> float:
     """0 (black) to 1 (white)."""
     r, g, b = (v / 255 for v in _rgb(css))
     return 0.2126 * r + 0.7152 * g + 0.0722 * b
+
+
+def test_a_page_whose_theme_failed_to_load_is_loaded_again(lab: Lab, page: Any) -> None:
+    """A loaded server may fail one of the page's own requests (the theme's stylesheet, seen
+    in CI): JupyterLab shows a dialog over the page; opening a notebook loads it again."""
+    from playwright.sync_api import expect
+
+    expect.set_options(timeout=WAIT)
+    failed: list[str] = []
+
+    def fail_once(route: Any) -> None:
+        if failed:
+            route.continue_()
+        else:
+            failed.append(route.request.url)
+            route.abort()
+
+    page.route("**/theme-light-extension/index.css", fail_once)
+    open_notebook(lab, page, "cluster.ipynb")
+    assert failed  # the first load's stylesheet did fail
+    expect(page.locator(".jp-Dialog")).to_have_count(0)

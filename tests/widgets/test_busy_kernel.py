@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import ast
 import queue
+import shutil
+import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -13,7 +15,7 @@ from typing import Any
 
 import pytest
 from jupyter_client.blocking.client import BlockingKernelClient
-from jupyter_client.manager import KernelManager, start_new_kernel
+from jupyter_client.manager import KernelManager
 
 from tests.conftest import wait_gone
 from tests.notebooks.runner import kernel_env
@@ -105,14 +107,20 @@ class Kernel:
 def kernel(tmp_path: Path, openmpi_python: str) -> Iterator[Kernel]:
     home = tmp_path / "home"
     home.mkdir()
-    manager, client = start_new_kernel(
-        kernel_name="python3", env=kernel_env(home), cwd=str(tmp_path), startup_timeout=_REPLY
-    )
+    # Over Unix sockets, not TCP ports picked free before the kernel binds them: on a loaded
+    # machine another process took one meanwhile ("Address already in use").
+    sockets = Path(tempfile.mkdtemp(prefix="cbk-"))  # short: a socket's path holds 107 bytes
+    manager = KernelManager(kernel_name="python3", transport="ipc", ip=str(sockets / "k"))
+    manager.start_kernel(env=kernel_env(home), cwd=str(tmp_path))
+    client = manager.client()
+    client.start_channels()
     try:
+        client.wait_for_ready(timeout=_REPLY)
         yield Kernel(manager, client)
     finally:
         client.stop_channels()
         manager.shutdown_kernel(now=False)  # the kernel's end stops its cluster
+        shutil.rmtree(sockets, ignore_errors=True)
         left = wait_gone(str(tmp_path), timeout=15)
         for p in left:
             p.kill()
