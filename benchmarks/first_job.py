@@ -37,7 +37,7 @@ import clusterbook as cb
 from clusterbook.launch.command import OPENMPI_TUNING
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests.testbed: the fake hosts
-from benchmarks.warm import UNBOUND, end_agent
+from benchmarks.warm import bare_argv, end_agent
 from tests.testbed import FakeHost, Testbed, agent_argv, make_testbed
 
 TIMEOUT = 60.0
@@ -78,12 +78,7 @@ def cluster_once(bed: Testbed, hosts: int, work: Path, probe: bool) -> float:
 
 
 def bare_once(bed: Testbed, hosts: int, work: Path) -> float:
-    venv = Path(sys.executable).parent.parent
-    ssh = [o for o in bed.ssh_options() if o not in ("-F", "none")]
-    host_list = ",".join(f"{h.addr}:2" for h in bed.hosts[:hosts])
-    argv = [str(venv / "bin" / "mpirun"), "--allow-run-as-root", "--host", host_list]
-    argv += ["-n", str(2 * hosts), "--prefix", str(venv), *UNBOUND]
-    argv += ["--prtemca", "plm_ssh_args", " ".join(ssh), "hostname"]
+    argv = bare_argv(bed, hosts, ["hostname"], None)
     start = time.perf_counter()
     try:
         done = subprocess.run(

@@ -118,7 +118,9 @@ def end_agent(proc: subprocess.Popen[bytes]) -> None:
     proc.wait(timeout=10)
 
 
-def bare_argv(bed: Testbed, hosts: int, hello: Path, control: Path | None) -> list[str]:
+def bare_argv(bed: Testbed, hosts: int, program: list[str], control: Path | None) -> list[str]:
+    """``mpirun --host`` of ``program`` on 2 slots of each of ``hosts`` testbed hosts, over the
+    testbed's ssh (through master connections in ``control``, where given)."""
     venv = Path(sys.executable).parent.parent
     ssh = [o for o in bed.ssh_options() if o not in ("-F", "none")]
     if control is not None:
@@ -128,7 +130,7 @@ def bare_argv(bed: Testbed, hosts: int, hello: Path, control: Path | None) -> li
     argv = [str(venv / "bin" / "mpirun"), "--allow-run-as-root", "--host", host_list]
     argv += ["-n", str(2 * hosts), "--prefix", str(venv), *UNBOUND]
     argv += ["--prtemca", "plm_ssh_args", " ".join(ssh)]
-    return [*argv, sys.executable, str(hello)]
+    return [*argv, *program]
 
 
 def table(times: dict[str, list[tuple[float, ...]]], load: list[float]) -> None:
@@ -210,7 +212,8 @@ def main() -> int:
         agents += [far_agent(host, elastic, work) for host in bed.hosts[: args.hosts]]
         elastic.wait_ready(timeout=60, progress=False)
         sides["elastic warm"] = lambda: cluster_once(elastic, hello, np)
-        plain, mastered = (bare_argv(bed, args.hosts, hello, c) for c in (None, control))
+        program = [sys.executable, str(hello)]
+        plain, mastered = (bare_argv(bed, args.hosts, program, c) for c in (None, control))
         sides["bare mpirun --host"] = lambda: bare_once(plain, env, work)
         sides["bare mpirun --host, ssh ControlMaster"] = lambda: bare_once(mastered, env, work)
         times: dict[str, list[tuple[float, ...]]] = {label: [] for label in sides}
