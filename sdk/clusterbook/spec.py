@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from clusterbook.durations import duration, optional_duration
 from clusterbook.errors import ConfigError
 from clusterbook.gpus import GPUS, NO_GPUS, GPUInfo, Slots
+from clusterbook.nodes.tasks.cpus import parse_place
 from clusterbook.wording import spell
 
 __all__ = [
@@ -231,6 +232,11 @@ class NodeSpec:
     gpus
         The node's GPUs (none until known): each rank there gets one of them in
         ``CUDA_VISIBLE_DEVICES``.
+    place
+        Where its cores are, when known: its machine (the kernel's boot id) and the CPUs its
+        affinity allows there, as ``MACHINE/CPUS`` (``9178a1e2-.../0-3``). Hosts of one
+        machine (containers, network namespaces, several sshds) whose CPUs overlap share
+        them: a job's ranks there are counted together against them.
     """
 
     name: str
@@ -238,6 +244,7 @@ class NodeSpec:
     slots: int
     cores: int | None = None
     gpus: GPUInfo = NO_GPUS
+    place: str | None = None
 
     @property
     def here(self) -> bool:
@@ -251,6 +258,11 @@ class NodeSpec:
         if not isinstance(self.gpus, GPUInfo):
             raise ConfigError(
                 f"gpus of node {self.name!r} must be a GPUInfo, got {type(self.gpus).__name__}."
+            )
+        if self.place is not None and parse_place(self.place) is None:
+            raise ConfigError(
+                f"place of node {self.name!r} must be MACHINE/CPUS (like 'b00t-1d/0-3'), "
+                f"got {self.place!r}."
             )
 
 

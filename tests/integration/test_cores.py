@@ -17,8 +17,9 @@ from pathlib import Path
 import pytest
 
 import clusterbook as cb
-from clusterbook.nodes.tasks.cpus import cgroup_dirs
-from tests.conftest import require, wait_gone
+from clusterbook.launch.flavour import MPIFlavour
+from clusterbook.nodes.tasks.cpus import cgroup_dirs, cpu_list
+from tests.conftest import rank_lines, require, wait_gone
 from tests.testbed import testbed as fake_hosts
 
 testbed = fake_hosts
@@ -177,3 +178,30 @@ def test_an_ssh_nodes_cores_are_what_its_sessions_may_use(testbed, openmpi_pytho
         for pid in sshd:
             with contextlib.suppress(ProcessLookupError):
                 os.sched_setaffinity(pid, allowed)
+
+
+SHARING = (
+    "import os; from mpi4py import MPI; "
+    "print(len(os.sched_getaffinity(0)), os.environ.get('OMPI_MCA_mpi_yield_when_idle', '-'))"
+)
+
+
+@pytest.mark.root
+@pytest.mark.sshd
+def test_hosts_of_one_machine_share_its_cpus(testbed, mpi_python, tmp_path):
+    # The test bed's hosts are network namespaces of this machine: each host alone has room
+    # for its 2 ranks, but its MPI daemon would bind them to the CPUs the other's binds to.
+    cpus = os.sched_getaffinity(testbed.hosts[0].processes()[0])
+    require(len(cpus) >= 2, "needs two CPUs, to give each host 2 slots")
+    with testbed.cluster(mpi_python, tmp_path / "run", hosts=2, slots=2) as cluster:
+        places = {n.place for n in cluster.nodes}
+        assert len(places) == 1
+        assert next(iter(places)).endswith("/" + cpu_list(cpus))
+        job = cluster.mpirun(["python", "-c", SHARING], np=4, oversubscribe=True)
+        result = job.wait(timeout=120)
+        assert result.ok, result.summary()
+    # Every rank unbound; Open MPI's ranks yield while they wait where 4 ranks are more than
+    # the machine's CPUs (MPICH's yield on their own).
+    openmpi = job.plan.launcher.flavour is MPIFlavour.OPENMPI
+    yields = "1" if openmpi and len(cpus) < 4 else "-"
+    assert rank_lines(job) == [f"{len(cpus)} {yields}"] * 4

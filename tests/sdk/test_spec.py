@@ -352,3 +352,9 @@ def test_forward_env_takes_names_and_prefixes_each_once() -> None:
 def test_forward_env_refuses_what_names_no_variable(given: object, said: str) -> None:
     with pytest.raises(ConfigError, match=re.escape(said)):
         validate_forward_env(given)
+
+
+def test_a_nodes_place_is_its_machine_and_cpus_or_a_clear_error() -> None:
+    assert NodeSpec("n", "h", 1, place="b00t-1d/0-3,8").place == "b00t-1d/0-3,8"
+    with pytest.raises(ConfigError, match=r"place of node 'n' must be MACHINE/CPUS.*'0-3'"):
+        NodeSpec("n", "h", 1, place="0-3")

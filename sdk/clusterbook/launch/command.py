@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from clusterbook.launch.direct import prterun_start
 from clusterbook.launch.flavour import Launcher, MPIFlavour
 from clusterbook.launch.guard import ENV as GUARD_ENV
+from clusterbook.launch.machines import MachineLoad, machine_loads
 from clusterbook.launch.rankwrap import HOOK_DIR, wrap_argv
 from clusterbook.launch.remote import RemoteLaunch
 from clusterbook.spec import HERE, NodeSpec
@@ -25,6 +26,7 @@ __all__ = [
     "OPENMPI_OUTPUT",
     "OPENMPI_TUNING",
     "TORCH_ENV",
+    "YIELD",
     "LaunchCommand",
     "LaunchPlan",
     "binding",
@@ -33,6 +35,7 @@ __all__ = [
     "host_gpus",
     "host_load",
     "host_ranks",
+    "machine_load",
     "master_addr",
     "placement",
     "placement_args",
@@ -44,6 +47,10 @@ __all__ = [
 #: costs about a second at every start and brings nothing on Ethernet or shared memory.
 OPENMPI_TUNING: Mapping[str, str] = {"OMPI_MCA_btl": "^ofi", "OMPI_MCA_mtl": "^ofi"}
 OPENMPI_OUTPUT = "tag:raw,merge-stderr-to-stdout"
+#: Open MPI's ranks yield the processor while they wait, instead of polling: set on a machine
+#: given more ranks than cores (:mod:`~clusterbook.launch.machines`), unless the job or the
+#: head's environment sets it.
+YIELD = "OMPI_MCA_mpi_yield_when_idle"
 
 #: What the system around the head says of the job (names, or prefixes ending in ``*``): these
 #: of the head's variables reach every rank, under either MPI. A variable that describes the
@@ -138,13 +145,16 @@ def placement_args(
 
 
 def binding(nodes: tuple[NodeSpec, ...], np: int) -> str:
-    """``core`` when every node has a core per rank it gets, else ``none``.
+    """``core`` when every machine has a core per rank it gets and no two of its hosts
+    that get ranks share CPUs (:mod:`~clusterbook.launch.machines`), else ``none``.
 
     Binding more ranks than cores makes Open MPI refuse to start; an unknown core count is
-    treated as too few.
+    treated as too few. Each host's daemon binds its ranks from the first CPUs it may use:
+    two hosts of one machine would bind theirs to the same ones.
     """
-    hosts = host_load(nodes, np).values()
-    fits = all(cores is not None and ranks <= cores for ranks, cores in hosts)
+    fits = all(
+        m.cores is not None and not m.crowded and not m.overlap for m in machine_load(nodes, np)
+    )
     return "core" if fits else "none"
 
 
@@ -153,6 +163,15 @@ def _binding(plan: LaunchPlan) -> str:
     (:func:`shared_hostnames`): each one's daemon binds its ranks from the machine's first
     core, the same cores for all."""
     return "none" if shared_hostnames(plan) else binding(plan.nodes, plan.np)
+
+
+def machine_load(nodes: tuple[NodeSpec, ...], np: int) -> list[MachineLoad]:
+    """The load :func:`placement` puts on each machine of ``nodes``
+    (:func:`~clusterbook.launch.machines.machine_loads`)."""
+    per_node = [0] * len(nodes)
+    for i in placement(nodes, np):
+        per_node[i] += 1
+    return machine_loads(nodes, per_node)
 
 
 def host_load(nodes: tuple[NodeSpec, ...], np: int) -> dict[str, tuple[int, int | None]]:
@@ -297,6 +316,9 @@ def _openmpi(plan: LaunchPlan) -> LaunchCommand:
         # of two daemons on one machine under one name would write into each other's (a
         # segfault in btl_sm, now and then). The job's ranks talk over TCP instead.
         extra["OMPI_MCA_btl"] = "^ofi,sm"
+    mine = YIELD not in plan.env and YIELD not in plan.inherited_env
+    if mine and any(m.crowded for m in machine_load(plan.nodes, plan.np)):
+        extra[YIELD] = "1"  # Open MPI's own: only for more ranks than slots on one host
     mapping = "slot:OVERSUBSCRIBE" if plan.oversubscribe else "slot"
     argv = [plan.launcher.path, "--hostfile", plan.hostfile, "-n", str(plan.np)]
     places = (("--map-by", mapping), ("--bind-to", _binding(plan)))

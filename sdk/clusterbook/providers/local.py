@@ -28,7 +28,7 @@ from clusterbook.errors import ClusterError
 from clusterbook.gpus import GPUS, GPUInfo, Slots, probe_gpus, slots_from_gpus
 from clusterbook.launch.guard import guard, kill_tagged
 from clusterbook.nodes.tasks.common import AGENTS, process_tag
-from clusterbook.nodes.tasks.cpus import usable_cores_here
+from clusterbook.nodes.tasks.cpus import place_here, usable_cores_here
 from clusterbook.providers.base import Provider, StartContext
 from clusterbook.providers.reach import LocalReach, NodeReach
 from clusterbook.providers.watch import AgentWatch, NodeWatch
@@ -76,7 +76,7 @@ def local_nodes(
     among the nodes in order, so that no two nodes count the same GPU."""
     validate_positive_int(workers, "workers")
     asked = None if slots is None else validate_slots(slots)
-    usable = cores()
+    usable, place = cores(), place_here()
     shares = share_cores(usable, workers)
     if gpus is None:
         gpus = probe_gpus()
@@ -89,7 +89,7 @@ def local_nodes(
             )
         else:
             count = shares[i] if asked is None else asked
-        nodes.append(NodeSpec(name, HERE, count, cores=usable, gpus=share))
+        nodes.append(NodeSpec(name, HERE, count, cores=usable, gpus=share, place=place))
     return tuple(nodes)
 
 
@@ -153,7 +153,7 @@ class LocalAgentsProvider(Provider):
         """The nodes, once their agents joined (none before)."""
         joined = dict(self.head.participants())
         return tuple(
-            replace(n, cores=joined[n.name].cores or n.cores)
+            replace(n, cores=joined[n.name].cores or n.cores, place=joined[n.name].place or n.place)
             for n in self._spec
             if n.name in joined
         )

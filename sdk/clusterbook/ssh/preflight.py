@@ -9,6 +9,7 @@ from typing import Any
 
 from clusterbook.errors import ConfigError
 from clusterbook.gpus import GPUS, NO_GPUS, GPUInfo, Slots, gpu_info, slots_from_gpus
+from clusterbook.nodes.tasks.cpus import parse_place
 
 __all__ = ["NodeFacts", "all_problems", "problems", "resolve_slots"]
 
@@ -28,6 +29,7 @@ class NodeFacts:
     launcher_found: bool | None
     mpi4py_error: str | None = None
     gpus: GPUInfo = NO_GPUS
+    place: str | None = None  # MACHINE/CPUS (NodeSpec.place); None from an older node program
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> NodeFacts:
@@ -35,6 +37,7 @@ class NodeFacts:
         given: dict[str, Any] = {name: data.get(name) for name in names}
         raw = data.get("gpus")  # what nvidia-smi said there
         given["gpus"] = gpu_info(raw) if isinstance(raw, Mapping) else NO_GPUS
+        given["place"] = given["place"] if parse_place(given["place"]) else None
         return cls(**given)
 
     @property

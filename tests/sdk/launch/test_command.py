@@ -12,6 +12,7 @@ from clusterbook.gpus import GPU, GPUInfo
 from clusterbook.launch.command import (
     HYDRA_LAST,
     OPENMPI_TUNING,
+    YIELD,
     LaunchPlan,
     binding,
     build_command,
@@ -660,3 +661,37 @@ def test_no_gpu_variable_without_gpus_or_when_the_job_chose_them() -> None:
     assert ordered["CLUSTERBOOK_USER_SET"] == "CUDA_DEVICE_ORDER"
     # Open MPI exports it by name, as every other variable of the ranks.
     assert "CLUSTERBOOK_GPUS" in x_names(build_command(plan(nodes=GPU_NODES)).argv)
+
+
+def test_hosts_of_one_machine_on_the_same_cpus_run_unbound_and_yield() -> None:
+    # Two network namespaces of one 2-core machine: each host's daemon alone would bind its
+    # 2 ranks to cores 0 and 1, and count them free.
+    box = (
+        NodeSpec("node1", "10.0.0.11", 2, cores=2, place="b00t-1d/0-1"),
+        NodeSpec("node2", "10.0.0.12", 2, cores=2, place="b00t-1d/0-1"),
+    )
+    assert binding(box, 4) == "none"
+    cmd = build_command(plan(nodes=box, np=4, remote=REMOTE))
+    assert cmd.argv[cmd.argv.index("--bind-to") + 1] == "none"
+    assert cmd.env[YIELD] == "1"
+    assert "-bind-to" in (mpich := build_command(plan(MPICH, nodes=box, np=4, remote=REMOTE)).argv)
+    assert mpich[mpich.index("-bind-to") + 1] == "none"
+    # A rank on each: a core each, and waiting ranks poll (unbound still: the hosts' CPUs
+    # overlap, and each daemon would bind its rank to core 0).
+    one = tuple(replace(n, slots=1) for n in box)
+    assert YIELD not in build_command(plan(nodes=one, np=2, remote=REMOTE)).env
+    assert binding(one, 2) == "none"
+    # CPUs of their own on one machine (containers with cpusets): bound, polling.
+    own = (replace(box[0], place="b00t-1d/0-1"), replace(box[1], place="b00t-1d/2-3"))
+    assert binding(own, 4) == "core"
+    assert YIELD not in build_command(plan(nodes=own, np=4, remote=REMOTE)).env
+
+
+def test_ranks_yield_wherever_a_machine_has_more_of_them_than_cores() -> None:
+    crowded = plan(nodes=(NodeSpec("local-0", "localhost", 4, cores=2),), np=4)
+    assert build_command(crowded).env[YIELD] == "1"
+    assert YIELD not in build_command(replace(crowded, np=2)).env
+    # The job's own choice, or the head's environment's, stands.
+    job = build_command(replace(crowded, env={YIELD: "0"}))
+    assert job.env[YIELD] == "0"
+    assert YIELD not in build_command(replace(crowded, inherited_env={YIELD: "0"})).env

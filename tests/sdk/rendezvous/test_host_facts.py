@@ -12,6 +12,8 @@ import psutil
 import pytest
 
 from clusterbook.gpus import GPU, NO_GPUS, GPUInfo
+from clusterbook.nodes.tasks.cpus import place_here
+from clusterbook.providers.elastic.far import round_nodes
 from clusterbook.rendezvous import host_facts
 from clusterbook.rendezvous.report import NodeReport
 from clusterbook.testing import fake_nvidia_smi
@@ -151,3 +153,14 @@ def test_a_report_carries_its_use_and_reads_it_back() -> None:
     old = NodeReport.from_json({"hostname": "h", "cpu": "busy"})  # an older agent, or tampered
     assert (old.cpu, old.gpu_used) == (None, None)
     assert old.usage() == {"cpu": None, "memory_used_gib": None, "memory_gib": None, "gpu": None}
+
+
+def test_a_report_says_where_its_cores_are_and_keeps_only_a_place_it_can_read() -> None:
+    report = NodeReport.here(2)
+    assert report.place == place_here() is not None
+    assert NodeReport.from_json(report.to_json()).place == report.place
+    for bad in ("b00t/3-1", "no place", 7):
+        assert NodeReport.from_json({**report.to_json(), "place": bad}).place is None
+    # A node with it counts its ranks with the other hosts of its machine.
+    (node,) = round_nodes([("node1", report)], "another-host", ["10.0.0.0/8"])
+    assert node.place == report.place

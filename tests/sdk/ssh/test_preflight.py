@@ -7,6 +7,7 @@ from dataclasses import replace
 
 import pytest
 
+from clusterbook.nodes.tasks.cpus import place_here
 from clusterbook.nodes.tasks.probe import probe
 from clusterbook.ssh.preflight import NodeFacts, problems
 
@@ -60,3 +61,10 @@ def test_facts_round_trip_from_the_probe():
     assert facts.python == sys.executable
     assert facts.cores >= 1
     assert facts.minor == ".".join(map(str, sys.version_info[:2]))
+
+
+def test_the_probe_says_where_the_nodes_cores_are_and_a_bad_answer_reads_as_unknown() -> None:
+    facts = probe({})
+    assert NodeFacts.from_json(facts).place == place_here() is not None
+    assert NodeFacts.from_json({**facts, "place": "b00t/x"}).place is None
+    assert NodeFacts.from_json({k: v for k, v in facts.items() if k != "place"}).place is None

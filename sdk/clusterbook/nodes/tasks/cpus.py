@@ -147,3 +147,60 @@ def usable_cores_here(
         read(os.path.join(proc, "cgroup")) or "", read(os.path.join(proc, "mountinfo")) or ""
     )
     return usable_cores(affinity, cpu_quotas(dirs, read))
+
+
+#: The kernel's id for this boot: the same for every process of a machine, whatever
+#: namespace or container it runs in, and only on that machine.
+BOOT_ID = "/proc/sys/kernel/random/boot_id"
+
+
+def cpu_list(cpus: "Iterable[int]") -> str:
+    """``cpus`` as the kernel lists CPUs (``0-3,8``), in order."""
+    ids = sorted(set(cpus))
+    runs: list[str] = []
+    i = 0
+    while i < len(ids):
+        j = i
+        while j + 1 < len(ids) and ids[j + 1] == ids[j] + 1:
+            j += 1
+        runs.append(str(ids[i]) if i == j else f"{ids[i]}-{ids[j]}")
+        i = j + 1
+    return ",".join(runs)
+
+
+def parse_place(text: object) -> "tuple[str, frozenset[int]] | None":
+    """A place (:func:`place_here`'s ``MACHINE/CPUS``) as the machine's id and the CPU ids;
+    None for what is not one."""
+    if not isinstance(text, str) or text.count("/") != 1:
+        return None
+    machine, listed = text.split("/")
+    if (
+        not machine
+        or not machine.isascii()
+        or not listed
+        or not all(c.isalnum() or c == "-" for c in machine)
+    ):
+        return None
+    cpus: set[int] = set()
+    for run in listed.split(","):
+        ends = run.split("-")
+        if (
+            len(ends) > 2
+            or not all(e.isascii() and e.isdigit() for e in ends)
+            or int(ends[-1]) < int(ends[0])
+        ):
+            return None
+        cpus.update(range(int(ends[0]), int(ends[-1]) + 1))
+    return machine, frozenset(cpus)
+
+
+def place_here(read: "Callable[[str], str | None]" = read_text) -> "str | None":
+    """Where this process's cores are: its machine (the kernel's boot id) and the CPUs its
+    affinity allows, as ``MACHINE/CPUS`` (``3f2a...-9c01/0-3``); None where either is not
+    known (no Linux ``/proc``). Nodes of one machine (containers, network namespaces, several
+    sshds) have the same machine, and share the CPUs their lists have in common."""
+    machine = (read(BOOT_ID) or "").strip()
+    if not machine or not hasattr(os, "sched_getaffinity"):
+        return None
+    place = f"{machine}/{cpu_list(os.sched_getaffinity(0))}"
+    return place if parse_place(place) is not None else None

@@ -9,7 +9,7 @@ import socket
 import sys
 
 from .common import TYPE_CHECKING, Args, Reply
-from .cpus import usable_cores_here
+from .cpus import place_here, usable_cores_here
 
 if TYPE_CHECKING:
     from typing import Any
@@ -22,6 +22,7 @@ def probe(args: Args) -> Reply:
         "python": sys.executable,
         "python_version": ".".join(map(str, sys.version_info[:3])),
         "cores": usable_cores_here(),
+        "place": place_here(),
         "mpi4py": None,
         "mpi_library": None,
         "clusterbook": None,

@@ -174,7 +174,11 @@ def round_nodes(
     for node, report in participants:
         addresses = list(report.addresses) or ["?"]
         host = HERE if report.hostname == hostname else pick_address(addresses, head_networks)
-        out.append(NodeSpec(node, host, report.slots, cores=report.cores, gpus=report.gpus))
+        out.append(
+            NodeSpec(
+                node, host, report.slots, cores=report.cores, gpus=report.gpus, place=report.place
+            )
+        )
     return tuple(out)
 
 

@@ -162,7 +162,12 @@ class Bootstrap:
         self.facts = facts
         self.nodes = tuple(
             NodeSpec(
-                n.name, n.host, slots[n.host], cores=facts[n.host].cores, gpus=facts[n.host].gpus
+                n.name,
+                n.host,
+                slots[n.host],
+                cores=facts[n.host].cores,
+                gpus=facts[n.host].gpus,
+                place=facts[n.host].place,
             )
             for n in self.nodes
         )

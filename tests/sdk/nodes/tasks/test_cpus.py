@@ -9,10 +9,14 @@ from pathlib import Path
 import pytest
 
 from clusterbook.nodes.tasks.cpus import (
+    BOOT_ID,
     cgroup_dirs,
+    cpu_list,
     cpu_quotas,
     parse_cfs,
     parse_cpu_max,
+    parse_place,
+    place_here,
     usable_cores,
     usable_cores_here,
 )
@@ -105,3 +109,42 @@ def test_this_process_cores_are_read_from_its_cgroup_files(tmp_path: Path) -> No
     assert usable_cores_here(str(proc)) == 1  # the parent's quota holds
     (tree / "cpu.max").write_text("max 100000\n")
     assert usable_cores_here(str(proc)) == len(os.sched_getaffinity(0))
+
+
+@pytest.mark.parametrize(
+    ("cpus", "listed"),
+    [([0], "0"), ([3, 0, 1, 2], "0-3"), ([0, 1, 2, 3, 8, 10, 11], "0-3,8,10-11"), ([5, 7], "5,7")],
+)
+def test_a_cpu_list_is_written_as_the_kernel_lists_cpus_and_read_back(
+    cpus: list[int], listed: str
+) -> None:
+    assert cpu_list(cpus) == listed
+    assert parse_place(f"b00t-1d/{listed}") == ("b00t-1d", frozenset(cpus))
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        None,
+        3,
+        "",
+        "b00t",
+        "/0-1",
+        "b00t/",
+        "b00t/3-1",
+        "b00t/0-",
+        "b00t/x",
+        "a/b/0",
+        "b 0t/0",
+        "b00t/\u00b2",
+        "b\u00e9/0",
+    ],
+)
+def test_what_is_no_place_reads_as_none(text: object) -> None:
+    assert parse_place(text) is None
+
+
+def test_the_place_here_is_this_kernels_boot_and_this_process_cpus() -> None:
+    boot = Path(BOOT_ID).read_text().strip()
+    assert place_here() == f"{boot}/{cpu_list(os.sched_getaffinity(0))}"
+    assert place_here(lambda path: None) is None  # no /proc to read the boot id from
