@@ -1,12 +1,17 @@
 """Whether a job crowds its hosts: more ranks on a host than the cores it may give them.
 
-Nodes on one host share its cores (a local cluster's workers, two sshds of one machine), so
-ranks are counted by host, as the launcher places them (:func:`~.command.host_load`), against
-the host's cores (its CPU affinity and cgroup quota, counted where the node runs). A host whose
-cores are not known is never counted as crowded. Crowding is not refused: both MPIs run the
-ranks (clusterbook turns core binding off and, for Open MPI, allows it), but unless the job
-says ``oversubscribe=True`` it is told in an :class:`~clusterbook.errors.OversubscriptionWarning`,
+Nodes on one host share its cores (a local cluster's workers, say), so ranks are counted by
+host, as the launcher places them (:func:`~.command.host_load`), against the host's cores (its
+CPU affinity and cgroup quota, counted where the node runs). A host whose cores are not known
+is never counted as crowded. Crowding is not refused: both MPIs run the ranks (clusterbook
+turns core binding off and, for Open MPI, allows it), but unless the job says
+``oversubscribe=True`` it is told in an :class:`~clusterbook.errors.OversubscriptionWarning`,
 so that a default never oversubscribes by accident and both flavours say the same.
+
+Hosts that are one machine (network namespaces, containers, several sshds of one computer) are
+counted here each on its own cores, as the user gave them: such hosts are most often meant (a
+test bed, stand-in hosts), and a warning at every job would be noise. What the launcher does
+about them (no core binding, Open MPI's ranks yielding) :mod:`~.machines` decides.
 """
 
 from __future__ import annotations
