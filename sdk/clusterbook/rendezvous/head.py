@@ -19,6 +19,7 @@ agent.gives_up_after`), and nothing starts it again."""
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
 import time
@@ -141,7 +142,8 @@ class RendezvousHead:
 
     def close(self) -> None:
         """Close the rendezvous (the agents leave), give them a moment, stop serving, remove
-        the token file. Safe to call again."""
+        the token file, and the cluster's directory if nothing else is left in it (a record,
+        a job's output, a Slurm batch script stay, and it with them). Safe to call again."""
         server, self._server = self._server, None
         if server is None:
             return
@@ -166,6 +168,8 @@ class RendezvousHead:
                     closing.close()
             if self.token_file is not None:
                 self.token_file.unlink(missing_ok=True)
+                with contextlib.suppress(OSError):  # not empty: what is in it is kept
+                    self.token_file.parent.rmdir()
 
     def _closed_state(self, blob: bytes | None) -> bytes | None:
         """The stored state, closed: no node may join any more, the agents leave. A state that

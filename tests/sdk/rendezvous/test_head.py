@@ -5,6 +5,7 @@ than one frame of the store, read in parts."""
 from __future__ import annotations
 
 import os
+import shutil
 import socket
 import threading
 import time
@@ -222,3 +223,22 @@ def test_a_bad_channel_port_is_refused_before_anything_starts(given, said) -> No
         cb.Cluster.elastic(1, 1, port=29400, channel_port=given)
     with pytest.raises(cb.ConfigError, match=said):
         cb.Cluster.slurm(1, port=29400, channel_port=given)
+
+
+def test_a_closed_head_takes_its_directory_along_unless_something_else_is_in_it() -> None:
+    settings = RendezvousSettings("gone", 1, 1)
+    for kept in (None, "slurm-job.sh"):
+        head = RendezvousHead(settings)
+        head.start(f"gone-{os.getpid()}-{kept is None}", lambda: None)
+        assert head.token_file is not None
+        directory = head.token_file.parent
+        try:
+            if kept is not None:
+                (directory / kept).write_text("#!/bin/sh\n")
+            head.close()
+            assert not head.token_file.exists()
+            assert [p.name for p in directory.glob("*")] == ([kept] if kept else [])
+            assert directory.exists() == (kept is not None)
+        finally:
+            head.close()
+            shutil.rmtree(directory, ignore_errors=True)
