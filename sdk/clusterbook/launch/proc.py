@@ -33,6 +33,11 @@ def spawn(
     )
 
 
+def _own_tree(proc: subprocess.Popen[bytes]) -> list[psutil.Process]:
+    """:func:`tree` of ``proc`` while it runs or is a zombie of ours; none once reaped."""
+    return tree(proc.pid) if proc.returncode is None else []
+
+
 def tree(pid: int) -> list[psutil.Process]:
     """``pid`` and all its descendants that are alive now."""
     try:
@@ -45,8 +50,12 @@ def tree(pid: int) -> list[psutil.Process]:
 def kill_tree(proc: subprocess.Popen[bytes], grace: float, token: str = "") -> None:
     """SIGTERM the process (which passes it on to its ranks), SIGKILL what is left after
     ``grace`` seconds: its descendants, and every process tagged with job ``token`` (which
-    finds them even after they lost their parent)."""
-    members = tree(proc.pid)
+    finds them even after they lost their parent).
+
+    The process's own tree is looked at only while it has not been reaped: once it has, its
+    pid may be another process's (pids wrap, soon in a PID namespace of 32768), and its
+    orphans carry the token."""
+    members = _own_tree(proc)
     if token:
         members += [p for pid in tagged([token]) if (p := _process(pid)) is not None]
     left = leftovers([p.pid for p in members])
@@ -55,7 +64,7 @@ def kill_tree(proc: subprocess.Popen[bytes], grace: float, token: str = "") -> N
     deadline = time.monotonic() + grace
     with contextlib.suppress(subprocess.TimeoutExpired):
         proc.wait(timeout=grace)
-    members += tree(proc.pid)
+    members += _own_tree(proc)
     if token:
         members += [p for pid in tagged([token]) if (p := _process(pid)) is not None]
     # A zombie has ended, though it stays in /proc until its (new) parent reaps it, which
