@@ -168,8 +168,8 @@ def main() -> int:
     if 2 * args.hosts > len(os.sched_getaffinity(0)):  # bare: as clusterbook does on its own
         env.setdefault(YIELD, "1")
     print(f"clusterbook {cb.__version__}, {os.cpu_count()} CPUs, {args.hosts} hosts x 2 slots")
-    given = " ".join([*UNBOUND, *(f"{YIELD}={env[YIELD]}" for _ in [1] if YIELD in env)])
-    print(f"bare mpirun is given: {given}")
+    yielding = f" {YIELD}={env[YIELD]}" if YIELD in env else ""
+    print(f"bare mpirun is given: {' '.join(UNBOUND)}{yielding}")
     with tempfile.TemporaryDirectory() as scratch, contextlib.ExitStack() as stack:
         work = Path(scratch)
         hello = work / "hello.py"
