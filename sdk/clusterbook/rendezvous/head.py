@@ -13,13 +13,11 @@ fast path); one that stops heartbeating, after ``keep_alive_interval x keep_aliv
 seconds. A state that cannot be decoded never kills the follower: it is reported
 (:meth:`problem`) until a good one comes, and closing replaces it with a closed one.
 
-A head that started its agents knows their lease, so when a node gone has given up for good:
-its agent stops trying once it lost the store for its lease (:func:`~clusterbook.rendezvous.
-agent.gives_up_after`), and nothing starts it again."""
+A head that started its agents knows their lease, so when a node gone has given up for good
+(its agent stops once it lost the store that long: :func:`.agent.gives_up_after`)."""
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import threading
 import time
@@ -37,6 +35,7 @@ from clusterbook.rendezvous.api import (
     RendezvousSettings,
     RendezvousStateError,
 )
+from clusterbook.rendezvous.backends._secret import remove_secret
 from clusterbook.rendezvous.backends.tcp import TcpBackend, write_secret
 from clusterbook.rendezvous.backends.tcp_server import StoreServer
 from clusterbook.rendezvous.channels import ChannelServer
@@ -142,8 +141,7 @@ class RendezvousHead:
 
     def close(self) -> None:
         """Close the rendezvous (the agents leave), give them a moment, stop serving, remove
-        the token file, and the cluster's directory if nothing else is left in it (a record,
-        a job's output, a Slurm batch script stay, and it with them). Safe to call again."""
+        the token file (its directory too, if that empties it). Safe to call again."""
         server, self._server = self._server, None
         if server is None:
             return
@@ -167,9 +165,7 @@ class RendezvousHead:
                 if closing is not None:
                     closing.close()
             if self.token_file is not None:
-                self.token_file.unlink(missing_ok=True)
-                with contextlib.suppress(OSError):  # not empty: what is in it is kept
-                    self.token_file.parent.rmdir()
+                remove_secret(self.token_file)
 
     def _closed_state(self, blob: bytes | None) -> bytes | None:
         """The stored state, closed: no node may join any more, the agents leave. A state that

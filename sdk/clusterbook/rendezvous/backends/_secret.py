@@ -7,12 +7,14 @@ the wire.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import stat
+from pathlib import Path
 
 from clusterbook.errors import ConfigError
 
-__all__ = ["check_secret", "read_secret", "write_secret"]
+__all__ = ["check_secret", "read_secret", "remove_secret", "write_secret"]
 
 _MIN_SECRET = 16
 
@@ -66,6 +68,14 @@ def write_secret(path: str | os.PathLike[str], secret: bytes | None = None) -> b
         raise
     os.close(fd)
     return secret
+
+
+def remove_secret(path: str | os.PathLike[str]) -> None:
+    """Remove the token file ``path``, and its directory if nothing else is left in it (what
+    is, a record or a job's output, keeps it)."""
+    Path(path).unlink(missing_ok=True)
+    with contextlib.suppress(OSError):
+        Path(path).parent.rmdir()
 
 
 def read_secret(path: str | os.PathLike[str]) -> bytes:
