@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import subprocess
 import sys
+import time
+from pathlib import Path
 
 import pytest
 
@@ -46,6 +49,7 @@ def test_sigkill_of_the_parent_kills_the_job_within_two_seconds(mpi_python, tmp_
         stdout=subprocess.PIPE,
         text=True,
     )
+    secret = None
     try:
         assert driver.stdout is not None
         ready, cluster_id = driver.stdout.readline().split()
@@ -57,12 +61,19 @@ def test_sigkill_of_the_parent_kills_the_job_within_two_seconds(mpi_python, tmp_
         ]
         assert len(ranks) == 2  # both ranks run before the parent dies
         assert processes_mentioning(f"/{cluster_id}?")  # and its node agent (the store's URL)
+        secret = Path.home() / ".clusterbook" / "clusters" / cluster_id
+        assert (secret / "token").exists()
         os.kill(driver.pid, signal.SIGKILL)
         driver.wait(timeout=10)
         survivors = wait_gone(str(script), timeout=2.0)
         assert survivors == [], [p.cmdline() for p in survivors]
         agents = wait_gone(f"/{cluster_id}?", timeout=2.0)  # the node agents go too
         assert agents == [], [p.cmdline() for p in agents]
+        # The head's token goes with them, and its directory, which held nothing else.
+        deadline = time.monotonic() + 5.0
+        while secret.exists() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert not secret.exists(), sorted(p.name for p in secret.iterdir())
     finally:
         driver.kill()
         driver.wait(timeout=10)
@@ -70,3 +81,5 @@ def test_sigkill_of_the_parent_kills_the_job_within_two_seconds(mpi_python, tmp_
             driver.stdout.close()
         for p in processes_mentioning(str(script)) + processes_mentioning(f"{name}-"):
             p.kill()
+        if secret is not None:  # what a failed check left
+            shutil.rmtree(secret, ignore_errors=True)

@@ -11,7 +11,6 @@ there; :meth:`LocalHead.changed` only tells the subscribers and the record.
 from __future__ import annotations
 
 import atexit
-import contextlib
 import logging
 import threading
 import time
@@ -34,6 +33,7 @@ from clusterbook.head.mirror import Mirror
 from clusterbook.head.services import HeadServices
 from clusterbook.head.state import HeadTerms, HeadTimes
 from clusterbook.launch.flavour import Launcher, find_launcher
+from clusterbook.launch.guard import guard
 from clusterbook.launch.job import Job
 from clusterbook.launch.jobstatus import job_status, with_running_jobs
 from clusterbook.launch.setaside import Bench
@@ -177,6 +177,7 @@ class LocalHead(NodeCalls, ResourceFrames, Resizing):
         total = len(self.provider.watch.node_statuses()) or None
         self._state = "starting"
         self._services.write()
+        guard.watch_dir(str(cluster_dir(self.id)))  # its token and keys, if we die running
         try:
             with self._watch.showing(bar(progress, f"starting {self.name}", total, "node")):
                 ctx = StartContext(
@@ -255,8 +256,7 @@ class LocalHead(NodeCalls, ResourceFrames, Resizing):
         """What stop() does once the nodes are released, whatever happened before."""
         self.times.stopped = time.time()
         self._services.close()
-        with contextlib.suppress(OSError):  # empty once the provider cleaned it
-            cluster_dir(self.id).rmdir()
+        guard.release_dir(str(cluster_dir(self.id)))  # empty once the provider cleaned it
         # Stopped once all of it is done: whoever waits for it finds it all done.
         with self._lock:
             self._state = "stopped"

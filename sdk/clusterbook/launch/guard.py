@@ -1,4 +1,5 @@
-"""Make sure a job's processes die with the Python process that started them.
+"""Make sure a job's processes die with the Python process that started them, and that a
+cluster whose head dies with it leaves no secret behind on this machine.
 
 Every process of a job carries ``CLUSTERBOOK_JOB=<token>`` in its environment (the launcher
 passes it to the ranks; their children inherit it). A guard process, one per Python process,
@@ -6,12 +7,15 @@ holds the read end of a pipe from us. When we die, even by SIGKILL, the kernel c
 the guard then finds every process whose environment carries a live job's token, wherever it
 was reparented to, and stops it (SIGTERM, SIGKILL a second later). A launcher's own clean-up
 on its parent's death is not relied on: it can die half-way (seen with Open MPI's prterun).
+The head of a cluster that runs here registers its directory too: the guard then removes its
+rendezvous token and ssh keys (its nodes clean theirs when they lose the head).
 """
 
 from __future__ import annotations
 
 import atexit
 import contextlib
+import os
 import subprocess
 import sys
 import threading
@@ -54,6 +58,17 @@ class Guard:
     def release(self, token: str) -> None:
         """The job has ended: nothing to do for ``token`` any more."""
         self._send(f"- {token}")
+
+    def watch_dir(self, directory: str) -> None:
+        """Remove what a cluster's head keeps in ``directory`` (its token, its keys) if this
+        process dies with the cluster running (``nodes.tasks.procs.remove_head_files``)."""
+        self._send(f"+dir {directory}")
+
+    def release_dir(self, directory: str) -> None:
+        """The cluster has stopped and cleaned ``directory``: remove it if that emptied it."""
+        with contextlib.suppress(OSError):
+            os.rmdir(directory)
+        self._send(f"-dir {directory}")
 
     def close(self) -> None:
         """At exit: end the guard the way our death would (jobs still registered die)."""

@@ -280,16 +280,44 @@ def hold(args: Args) -> Reply:
     return {"held": [[p, process_name(p)] for p in held if _state(p) not in ("Z", "")]}
 
 
+#: What a cluster's head keeps in its directory on its own machine (``~/.clusterbook/clusters/
+#: ID``): the rendezvous token, the cluster's ssh key pair and files, the agents' keys.
+HEAD_FILES = (
+    "token",
+    "id_ed25519",
+    "id_ed25519.pub",
+    "known_hosts",
+    "ssh_config",
+    "ssh",
+    "ssh-warm",
+    "launch-agent",
+)
+
+
+def remove_head_files(directory: str) -> None:
+    """Remove what a head keeps in ``directory`` (:data:`HEAD_FILES`, its ``keys``), and the
+    directory if that empties it: what else is there (a job's output) keeps it."""
+    for name in HEAD_FILES:
+        with contextlib.suppress(OSError):
+            os.unlink(os.path.join(directory, name))
+    _rmtree(os.path.join(directory, "keys"))
+    with contextlib.suppress(OSError):
+        os.rmdir(directory)
+
+
 def reap() -> None:
     """The guard of a Python process (``python -S .../clusterbook/nodes/tasks reap``): it
-    reads ``+ TOKEN`` and ``- TOKEN`` lines on stdin; at end of input, which means that
-    process has died, it kills every process of the jobs still registered."""
-    tokens = set()
+    reads ``+ TOKEN`` and ``- TOKEN`` lines on stdin, and ``+dir PATH`` and ``-dir PATH`` for
+    the directories of the clusters it runs the head of; at end of input, which means that
+    process has died, it kills every process of the jobs still registered, then removes what
+    those heads kept in their directories (a secret and keys no one will use again)."""
+    held: dict[str, set[str]] = {"": set(), "dir": set()}  # tokens, and directories
     for line in sys.stdin:
-        op, _, token = line.strip().partition(" ")
-        if op == "+":
-            tokens.add(token)
-        else:
-            tokens.discard(token)
+        op, _, value = line.rstrip("\n").partition(" ")
+        if op[:1] in ("+", "-") and op[1:] in held:
+            (held[op[1:]].add if op[0] == "+" else held[op[1:]].discard)(value)
+    tokens, dirs = held[""], held["dir"]
     if tokens:
         kill_tagged(sorted(tokens), 1.0)
+    for directory in sorted(dirs):
+        remove_head_files(directory)

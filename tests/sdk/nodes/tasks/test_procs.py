@@ -9,6 +9,7 @@ import time
 from pathlib import Path
 
 from clusterbook.nodes.tasks.procs import kill_tagged, tagged
+from clusterbook.nodes.tasks.program import ENTRY
 
 
 def test_tagged_matches_whole_tokens_unless_asked_for_a_prefix():
@@ -68,3 +69,34 @@ def test_a_tagged_mpi_daemon_gets_its_sigkill_once_the_programs_are_gone(tmp_pat
             proc.wait()
         if daemon.stdout is not None:
             daemon.stdout.close()
+
+
+def test_the_guard_removes_what_a_dead_head_kept_and_nothing_else(tmp_path):
+    # Three heads' directories: one whose process died running it, one that also holds a
+    # job's output, one whose cluster stopped (released) before the process died.
+    dirs = {name: tmp_path / name for name in ("dead", "output", "stopped")}
+    for directory in dirs.values():
+        (directory / "keys").mkdir(parents=True)
+        (directory / "keys" / "agent").write_text("key")
+        for name in ("token", "id_ed25519", "id_ed25519.pub", "known_hosts", "launch-agent"):
+            (directory / name).write_text(name)
+    (dirs["output"] / "slurm-7.out").write_text("the job's output")
+    guard = subprocess.Popen(
+        [sys.executable, "-S", ENTRY, "reap"], stdin=subprocess.PIPE, text=True
+    )
+    assert guard.stdin is not None
+    for directory in dirs.values():
+        guard.stdin.write(f"+dir {directory}\n")
+    guard.stdin.write(f"-dir {dirs['stopped']}\n")
+    guard.stdin.close()  # what the kernel does when the process dies
+    assert guard.wait(timeout=30) == 0
+    assert not dirs["dead"].exists()
+    assert [p.name for p in dirs["output"].iterdir()] == ["slurm-7.out"]
+    assert sorted(p.name for p in dirs["stopped"].iterdir()) == [
+        "id_ed25519",
+        "id_ed25519.pub",
+        "keys",
+        "known_hosts",
+        "launch-agent",
+        "token",
+    ]
