@@ -152,37 +152,42 @@ def binding(nodes: tuple[NodeSpec, ...], np: int) -> str:
     treated as too few. Each host's daemon binds its ranks from the first CPUs it may use:
     two hosts of one machine would bind theirs to the same ones.
     """
-    fits = all(
-        m.cores is not None and not m.crowded and not m.overlap for m in machine_load(nodes, np)
-    )
+    return _bind(machine_load(nodes, np))
+
+
+def _bind(loads: list[MachineLoad]) -> str:
+    fits = all(m.cores is not None and not m.crowded and not m.overlap for m in loads)
     return "core" if fits else "none"
 
 
-def _binding(plan: LaunchPlan) -> str:
-    """:func:`binding`, but ``none`` where two of the job's hosts are one machine
-    (:func:`shared_hostnames`): each one's daemon binds its ranks from the machine's first
-    core, the same cores for all."""
-    return "none" if shared_hostnames(plan) else binding(plan.nodes, plan.np)
+def _binding(plan: LaunchPlan, loads: list[MachineLoad]) -> str:
+    """:func:`binding` of the plan's machine ``loads``, but ``none`` where two of the job's
+    hosts report one host name (:func:`shared_hostnames`; nodes that do not say where their
+    cores are): each one's daemon binds its ranks from the machine's first core, the same
+    cores for all."""
+    return "none" if shared_hostnames(plan) else _bind(loads)
+
+
+def _ranks_per_node(nodes: tuple[NodeSpec, ...], np: int) -> list[int]:
+    """How many of ``np`` ranks :func:`placement` puts on each of ``nodes``."""
+    per_node = [0] * len(nodes)
+    for i in placement(nodes, np):
+        per_node[i] += 1
+    return per_node
 
 
 def machine_load(nodes: tuple[NodeSpec, ...], np: int) -> list[MachineLoad]:
     """The load :func:`placement` puts on each machine of ``nodes``
     (:func:`~clusterbook.launch.machines.machine_loads`)."""
-    per_node = [0] * len(nodes)
-    for i in placement(nodes, np):
-        per_node[i] += 1
-    return machine_loads(nodes, per_node)
+    return machine_loads(nodes, _ranks_per_node(nodes, np))
 
 
 def host_load(nodes: tuple[NodeSpec, ...], np: int) -> dict[str, tuple[int, int | None]]:
     """The ranks ``np`` ranks put on each host of ``nodes`` (nodes on one host share its
     cores) and the host's cores (its first node's; None when not known), in the nodes'
     order."""
-    per_node = [0] * len(nodes)
-    for i in placement(nodes, np):
-        per_node[i] += 1
     hosts: dict[str, tuple[int, int | None]] = {}
-    for node, count in zip(nodes, per_node, strict=True):
+    for node, count in zip(nodes, _ranks_per_node(nodes, np), strict=True):
         ranks, cores = hosts.get(node.host, (0, node.cores))
         hosts[node.host] = (ranks + count, cores)
     return hosts
@@ -316,12 +321,13 @@ def _openmpi(plan: LaunchPlan) -> LaunchCommand:
         # of two daemons on one machine under one name would write into each other's (a
         # segfault in btl_sm, now and then). The job's ranks talk over TCP instead.
         extra["OMPI_MCA_btl"] = "^ofi,sm"
+    loads = machine_load(plan.nodes, plan.np)  # once: for the yielding and the binding
     mine = YIELD not in plan.env and YIELD not in plan.inherited_env
-    if mine and any(m.crowded for m in machine_load(plan.nodes, plan.np)):
+    if mine and any(m.crowded for m in loads):
         extra[YIELD] = "1"  # Open MPI's own: only for more ranks than slots on one host
     mapping = "slot:OVERSUBSCRIBE" if plan.oversubscribe else "slot"
     argv = [plan.launcher.path, "--hostfile", plan.hostfile, "-n", str(plan.np)]
-    places = (("--map-by", mapping), ("--bind-to", _binding(plan)))
+    places = (("--map-by", mapping), ("--bind-to", _binding(plan, loads)))
     argv += placement_args(plan.launcher_args, places)
     # Every chunk of rank output as it comes, tagged, on mpirun's stdout (see launch.parse).
     argv += ["--output", OPENMPI_OUTPUT]
@@ -353,7 +359,8 @@ def _mpich(plan: LaunchPlan) -> LaunchCommand:
     env = rank_env(plan)
     out = plan.output_dir
     argv = [plan.launcher.path, "-f", plan.hostfile, "-n", str(plan.np)]
-    argv += placement_args(plan.launcher_args, (("-bind-to", _binding(plan)),))
+    binds = _binding(plan, machine_load(plan.nodes, plan.np))
+    argv += placement_args(plan.launcher_args, (("-bind-to", binds),))
     if plan.remote is not None:
         # Hydra's proxies connect back to the head: give them an address they can reach.
         ssh = plan.remote.launch_agent or plan.remote.ssh_wrapper
