@@ -34,7 +34,9 @@ def _job_state(bed: SlurmBed, job_id: int) -> str:
     return bed.run("squeue", "-h", "-t", "all", "-j", str(job_id), "-o", "%T").strip()
 
 
-def _netns_pids(i: int) -> list[psutil.Process]:
+def _netns_commands(i: int) -> list[tuple[str, str]]:
+    """(name, command line) of each live process in fake host ``i``'s namespace; one that ends
+    while being read (a zombie whose parent was not told yet, or gone) is not there."""
     out = subprocess.run(
         ["ip", "netns", "pids", f"slurmh{i}"], capture_output=True, text=True, check=False
     ).stdout
@@ -42,9 +44,8 @@ def _netns_pids(i: int) -> list[psutil.Process]:
     for pid in out.split():
         try:
             process = psutil.Process(int(pid))
-            if process.status() != psutil.STATUS_ZOMBIE:  # ended, its parent not told yet
-                found.append(process)
-        except psutil.NoSuchProcess:
+            found.append((process.name(), " ".join(process.cmdline())))
+        except (psutil.NoSuchProcess, psutil.ZombieProcess):
             continue
     return found
 
@@ -56,9 +57,9 @@ def _left_on_nodes(bed: SlurmBed) -> dict[str, list[str]]:
     while True:
         left = {}
         for i, host in enumerate(bed.hosts, 1):
-            others = [p for p in _netns_pids(i) if p.name() != "slurmd"]
+            others = [line for name, line in _netns_commands(i) if name != "slurmd"]
             if others:
-                left[host] = [" ".join(p.cmdline()) for p in others]
+                left[host] = others
         if not left or time.monotonic() > deadline:
             return left
         time.sleep(0.2)
