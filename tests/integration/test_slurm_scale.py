@@ -364,8 +364,9 @@ def test_a_node_that_joins_is_checked_and_reached_through_its_agents_channel_bef
     [new] = [n for n in joined(cluster) if n.endswith(f"-{added}")]
     assert not channels.without(joined(cluster), 5.0)
     assert cluster.jobs == []
-    result = cluster.mpirun(["hostname"], np=4, timeout=60).wait()
-    assert result.ok, result.summary()
+    job = cluster.mpirun(["hostname"], np=4, timeout=60)
+    result = job.wait()
+    assert result.ok, result.summary() + told(cluster, job)()
     assert sorted(set(cluster.jobs[-1].logs().query("rank >= 0").line)) == ["snode1", "snode2"]
     assert (launched := cluster._provider.far.remote()) is not None
     assert launched.launch_agent is not None  # the daemons start through the agents
@@ -382,8 +383,9 @@ def test_a_node_that_joins_is_checked_and_reached_through_its_agents_channel_bef
     eventually(lambda: len(joined(cluster)) == 1, 30, cluster.status)
     eventually(lambda: not channels.has(new), 30, lambda: new)
     cluster.wait_ready(timeout=60)
-    result = cluster.mpirun(["hostname"], timeout=60).wait()
-    assert result.ok, result.summary()
+    job = cluster.mpirun(["hostname"], timeout=60)
+    result = job.wait()
+    assert result.ok, result.summary() + told(cluster, job)()
     assert not channels.without([first], 5.0)  # dialled again after its launch
     cluster.stop()
     assert masters_of(cluster) == []
