@@ -267,10 +267,15 @@ def open_notebook(lab: Lab, page: Any, path: str, *, reset: bool = False) -> Non
     # "idle" shows before the kernel exists; Run All before it is there asks for a kernel.
     kernel = page.locator(".jp-NotebookPanel-toolbar .jp-Toolbar-kernelName")
     # A loaded machine's server may fail a request of the page's own (seen: the theme's
-    # stylesheet), and JupyterLab then holds the page behind a dialog saying so: load it again.
-    failed = page.locator(".jp-Dialog", has_text=re.compile(r"^Error Loading"))
-    expect(kernel.or_(failed).first).to_be_visible()
-    if failed.count():
+    # stylesheet, "Error Loading ...", and the notebook itself, "File Load Error for ...
+    # Failed to fetch", with the toolbar saying "No Kernel"), and JupyterLab then holds the
+    # page behind a dialog saying so: load it again (twice at most).
+    failed = page.locator(".jp-Dialog", has_text=re.compile(r"^(Error Loading|File Load Error)"))
+    started = kernel.filter(has_text="ipykernel")
+    for _ in range(2):
+        expect(started.or_(failed).first).to_be_visible()
+        if not failed.count():
+            break
         page.reload()
     expect(kernel).to_contain_text("ipykernel")
     expect(page.locator(".jp-Notebook-ExecutionIndicator[data-status=idle]")).to_be_visible()
